@@ -1,0 +1,145 @@
+package lint
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"sort"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/ferrymq/ferrymq"
+
+// rules lists, per package (and its sub-packages, unless a longer entry names
+// them), the module packages it may import. "*" allows anything.
+var rules = map[string][]string{
+	"protocol":           {},
+	"storage":            {"internal/vfs"},
+	"internal/vfs":       {},
+	"routing":            {"protocol"},
+	"internal/transport": {"protocol"},
+	"metaserver/fsm":     {"protocol", "routing"},
+	"metaserver/client":  {"protocol", "routing", "internal/transport"},
+	"metaserver":         {"metaserver/fsm", "metaserver/client", "protocol", "routing", "internal/transport"},
+	"broker":             {"storage", "protocol", "routing", "internal/transport", "metaserver/client"},
+	"producer":           {"protocol", "routing", "internal/transport", "metaserver/client"},
+	"cmd":                {"*"},
+	"scripts":            {},
+	"internal/lint":      {},
+	"tests":              {"*"},
+}
+
+// ruleFor returns the rule key that governs pkg (a path inside the module):
+// the longest key equal to pkg or a parent of it.
+func ruleFor(pkg string) (string, bool) {
+	best := ""
+	for k := range rules {
+		if (pkg == k || strings.HasPrefix(pkg, k+"/")) && len(k) > len(best) {
+			best = k
+		}
+	}
+	return best, best != ""
+}
+
+// allowed reports whether from may import to (both paths inside the module).
+func allowed(from, to string) bool {
+	if strings.HasPrefix(to, "cmd/") || to == "cmd" {
+		return false // nothing imports a program
+	}
+	key, ok := ruleFor(from)
+	if !ok {
+		return false
+	}
+	if toKey, ok := ruleFor(to); ok && toKey == key {
+		return true // within one component
+	}
+	for _, a := range rules[key] {
+		if a == "*" || to == a || strings.HasPrefix(to, a+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func TestAllowedMatchesDesign(t *testing.T) {
+	cases := []struct {
+		from, to string
+		want     bool
+	}{
+		{"producer", "protocol", true},
+		{"producer", "broker", false},
+		{"producer", "storage", false},
+		{"producer", "metaserver", false},
+		{"producer", "metaserver/fsm", false},
+		{"producer", "metaserver/client", true},
+		{"broker", "storage", true},
+		{"broker", "metaserver", false},
+		{"storage", "protocol", false},
+		{"storage", "internal/vfs", true},
+		{"protocol", "routing", false},
+		{"metaserver/fsm", "internal/transport", false},
+		{"metaserver/fsm", "routing", true},
+		{"metaserver", "metaserver/fsm", true},
+		{"cmd/ferryctl", "producer", true},
+		{"broker", "cmd/ferryctl", false},
+		{"unlisted", "protocol", false},
+	}
+	for _, c := range cases {
+		if got := allowed(c.from, c.to); got != c.want {
+			t.Errorf("allowed(%q, %q) = %v, want %v", c.from, c.to, got, c.want)
+		}
+	}
+}
+
+type listedPackage struct {
+	ImportPath string
+	Imports    []string
+}
+
+// TestForbiddenImports lists every package of the module with `go list` and
+// fails on an import the rules do not allow, or on a package no rule covers.
+func TestForbiddenImports(t *testing.T) {
+	cmd := exec.Command("go", "list", "-json", module+"/...")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, stderr.String())
+	}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	var problems []string
+	seen := 0
+	for {
+		var p listedPackage
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		seen++
+		from := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		if _, ok := ruleFor(from); !ok {
+			problems = append(problems, "package "+from+" has no import rule: add it to rules")
+			continue
+		}
+		for _, imp := range p.Imports {
+			if imp != module && !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			to := strings.TrimPrefix(strings.TrimPrefix(imp, module), "/")
+			if !allowed(from, to) {
+				problems = append(problems, from+" imports "+to)
+			}
+		}
+	}
+	if seen < 5 {
+		t.Fatalf("go list found only %d packages", seen)
+	}
+	sort.Strings(problems)
+	for _, p := range problems {
+		t.Error("forbidden import: " + p)
+	}
+}

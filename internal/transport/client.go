@@ -1,0 +1,262 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// ClientConfig tunes a Client. The zero value of a field means its default.
+type ClientConfig struct {
+	// DialTimeout bounds connecting. Default 3 s.
+	DialTimeout time.Duration
+	// CallTimeout is the deadline of a call whose context has none. Default 10 s.
+	CallTimeout time.Duration
+	// MaxWriteBuffer is how many bytes of requests may wait to be written
+	// before callers block. Default 4 MiB.
+	MaxWriteBuffer int
+}
+
+func (c ClientConfig) withDefaults() ClientConfig {
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 3 * time.Second
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = 10 * time.Second
+	}
+	if c.MaxWriteBuffer <= 0 {
+		c.MaxWriteBuffer = 4 << 20
+	}
+	return c
+}
+
+// Client is a connection to one address carrying many concurrent calls. It
+// dials on first use and again after the connection is lost. It is safe for
+// concurrent use.
+type Client struct {
+	addr   string
+	cfg    ClientConfig
+	opaque atomic.Uint32
+
+	mu     sync.Mutex // guards conn and closed; held while dialing
+	conn   *clientConn
+	closed bool
+}
+
+// NewClient returns a client for addr. It does not dial until the first call.
+func NewClient(addr string, cfg ClientConfig) *Client {
+	return &Client{addr: addr, cfg: cfg.withDefaults()}
+}
+
+// Addr is the address the client talks to.
+func (c *Client) Addr() string { return c.addr }
+
+type result struct {
+	frame protocol.Frame
+	err   error
+}
+
+// clientConn is one live connection and its pending calls.
+type clientConn struct {
+	nc   net.Conn
+	w    *writer
+	done chan struct{} // closed when both goroutines have exited
+
+	mu      sync.Mutex
+	pending map[uint32]chan result
+	err     error // set once the connection is dead
+}
+
+// Call sends a request and waits for its response, until ctx is done or,
+// without a deadline, for CallTimeout. A response whose status is not OK
+// returns the frame and a *protocol.Error naming the status (its body, the
+// error text, is the message). A lost connection returns ErrConnLost; a
+// passed deadline returns an error matching both protocol.ErrTimeout and
+// context.DeadlineExceeded.
+func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (protocol.Frame, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
+		defer cancel()
+	}
+	cc, err := c.connect(ctx)
+	if err != nil {
+		return protocol.Frame{}, err
+	}
+	opaque := c.opaque.Add(1)
+	ch := make(chan result, 1)
+	if err := cc.register(opaque, ch); err != nil {
+		return protocol.Frame{}, err
+	}
+	req := protocol.Frame{Code: code, Opaque: opaque, Body: body}
+	if err := cc.w.enqueue(&req); err != nil {
+		cc.unregister(opaque)
+		return protocol.Frame{}, c.wrap(code, err)
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return protocol.Frame{}, c.wrap(code, r.err)
+		}
+		if r.frame.Status != protocol.StatusOK {
+			return r.frame, protocol.ErrorForStatus(r.frame.Status, string(r.frame.Body))
+		}
+		return r.frame, nil
+	case <-ctx.Done():
+		cc.unregister(opaque)
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return protocol.Frame{}, fmt.Errorf("transport: %v to %s: %w: %w", code, c.addr, protocol.ErrTimeout, ctx.Err())
+		}
+		return protocol.Frame{}, c.wrap(code, ctx.Err())
+	}
+}
+
+// Send sends a oneway request: it returns once the request is queued for
+// writing, and no response comes back.
+func (c *Client) Send(ctx context.Context, code protocol.Code, body []byte) error {
+	cc, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	req := protocol.Frame{Flags: protocol.FlagOneway, Code: code, Opaque: c.opaque.Add(1), Body: body}
+	if err := cc.w.enqueue(&req); err != nil {
+		return c.wrap(code, err)
+	}
+	return nil
+}
+
+func (c *Client) wrap(code protocol.Code, err error) error {
+	return fmt.Errorf("transport: %v to %s: %w", code, c.addr, err)
+}
+
+// connect returns the live connection, dialing if there is none.
+func (c *Client) connect(ctx context.Context) (*clientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.conn != nil {
+		return c.conn, nil
+	}
+	d := net.Dialer{Timeout: c.cfg.DialTimeout}
+	nc, err := d.DialContext(ctx, "tcp", c.addr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: dial %s: %w: %w", c.addr, ErrConnLost, err)
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	cc := &clientConn{
+		nc:      nc,
+		w:       newWriter(c.cfg.MaxWriteBuffer),
+		done:    make(chan struct{}),
+		pending: make(map[uint32]chan result),
+	}
+	c.conn = cc
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := cc.w.run(nc); err != nil {
+			c.fail(cc, err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		c.fail(cc, cc.readLoop())
+	}()
+	go func() {
+		wg.Wait()
+		close(cc.done)
+	}()
+	return cc, nil
+}
+
+// readLoop delivers responses to their calls until the connection breaks.
+func (cc *clientConn) readLoop() error {
+	br := bufio.NewReaderSize(cc.nc, 64<<10)
+	for {
+		f, err := readFrame(br)
+		if err != nil {
+			return err
+		}
+		if !f.IsResponse() {
+			return fmt.Errorf("%w: a request (code %v) sent to a client", ErrBadFrame, f.Code)
+		}
+		cc.mu.Lock()
+		ch, ok := cc.pending[f.Opaque]
+		delete(cc.pending, f.Opaque)
+		cc.mu.Unlock()
+		if ok {
+			ch <- result{frame: f} // buffered; never blocks
+		}
+		// A response to a call that already timed out is dropped.
+	}
+}
+
+// fail kills cc: it closes the socket, stops the writer, fails every pending
+// call, and detaches cc from the client so the next call dials again.
+func (c *Client) fail(cc *clientConn, cause error) {
+	cc.mu.Lock()
+	if cc.err != nil {
+		cc.mu.Unlock()
+		return
+	}
+	if errors.Is(cause, ErrClosed) {
+		cc.err = ErrClosed
+	} else {
+		cc.err = fmt.Errorf("%w: %w", ErrConnLost, cause)
+	}
+	pending := cc.pending
+	cc.pending = nil
+	cc.mu.Unlock()
+
+	cc.w.close(cc.err)
+	_ = cc.nc.Close()
+	for _, ch := range pending {
+		ch <- result{err: cc.err}
+	}
+	c.mu.Lock()
+	if c.conn == cc {
+		c.conn = nil
+	}
+	c.mu.Unlock()
+}
+
+func (cc *clientConn) register(opaque uint32, ch chan result) error {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.err != nil {
+		return cc.err
+	}
+	cc.pending[opaque] = ch
+	return nil
+}
+
+func (cc *clientConn) unregister(opaque uint32) {
+	cc.mu.Lock()
+	delete(cc.pending, opaque)
+	cc.mu.Unlock()
+}
+
+// Close fails every pending call with ErrClosed, closes the connection and
+// waits for its goroutines. Calls after Close return ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	cc := c.conn
+	c.mu.Unlock()
+	if cc != nil {
+		c.fail(cc, ErrClosed)
+		<-cc.done
+	}
+	return nil
+}

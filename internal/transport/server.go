@@ -1,0 +1,403 @@
+package transport
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// Handler serves one request. It must answer it exactly once with
+// req.Reply or req.ReplyError (unless the request is oneway), either before
+// returning or later from any goroutine. It must not keep req.Body after
+// answering.
+type Handler func(req *Request)
+
+// ServerConfig tunes a Server. The zero value of a field means its default.
+type ServerConfig struct {
+	// Workers is the number of goroutines running handlers. Default 4 x GOMAXPROCS.
+	Workers int
+	// QueueSize bounds requests read but not yet picked up by a worker; a
+	// connection's reader waits when it is full. Default 1024.
+	QueueSize int
+	// MaxInflightPerConn bounds requests read from one connection and not yet
+	// answered; the reader stops reading that connection until one is
+	// answered. Default 4096.
+	MaxInflightPerConn int
+	// MaxWriteBuffer is how many bytes of responses may wait to be written on
+	// one connection before repliers block. Default 4 MiB.
+	MaxWriteBuffer int
+	// ShutdownGrace bounds how long Close waits for requests already read to
+	// be answered. Default 5 s.
+	ShutdownGrace time.Duration
+	// Logger receives connection errors. Default: a null logger.
+	Logger hclog.Logger
+}
+
+func (c ServerConfig) withDefaults() ServerConfig {
+	if c.Workers <= 0 {
+		c.Workers = 4 * runtime.GOMAXPROCS(0)
+	}
+	if c.QueueSize <= 0 {
+		c.QueueSize = 1024
+	}
+	if c.MaxInflightPerConn <= 0 {
+		c.MaxInflightPerConn = 4096
+	}
+	if c.MaxWriteBuffer <= 0 {
+		c.MaxWriteBuffer = 4 << 20
+	}
+	if c.ShutdownGrace <= 0 {
+		c.ShutdownGrace = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	return c
+}
+
+// Server serves framed requests on one listener.
+type Server struct {
+	cfg      ServerConfig
+	log      hclog.Logger
+	handlers map[protocol.Code]Handler // written only before Serve
+	tasks    chan *Request
+	stop     chan struct{} // closed by Close: readers stop, workers drain and exit
+	inflight atomic.Int64  // requests read and not yet answered, all connections
+
+	// Close waits for these in order: the acceptor and the readers (no new
+	// requests), then the workers (every queued request handled), then the
+	// writers (every answer flushed).
+	readWG, workWG, writeWG sync.WaitGroup
+
+	mu      sync.Mutex
+	ln      net.Listener
+	conns   map[*serverConn]struct{}
+	serving bool
+	closed  bool
+}
+
+// NewServer returns a server with no handlers.
+func NewServer(cfg ServerConfig) *Server {
+	cfg = cfg.withDefaults()
+	return &Server{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		handlers: make(map[protocol.Code]Handler),
+		tasks:    make(chan *Request, cfg.QueueSize),
+		stop:     make(chan struct{}),
+		conns:    make(map[*serverConn]struct{}),
+	}
+}
+
+// Handle registers h for code. It must be called before Serve or Listen.
+func (s *Server) Handle(code protocol.Code, h Handler) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.serving {
+		panic("transport: Handle called after Serve")
+	}
+	s.handlers[code] = h
+}
+
+// Listen listens on addr (e.g. "127.0.0.1:0") and serves in the background.
+// It returns the address actually bound.
+func (s *Server) Listen(addr string) (net.Addr, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: listen %s: %w", addr, err)
+	}
+	if err := s.Serve(ln); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	return ln.Addr(), nil
+}
+
+// Serve serves ln in the background until Close. A server serves one listener.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if s.serving {
+		return errors.New("transport: server already serving")
+	}
+	s.serving = true
+	s.ln = ln
+	for range s.cfg.Workers {
+		s.workWG.Add(1)
+		go s.worker()
+	}
+	s.readWG.Add(1)
+	go s.accept(ln)
+	return nil
+}
+
+// Addr is the listener's address, or nil before Serve.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+func (s *Server) accept(ln net.Listener) {
+	defer s.readWG.Done()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			select {
+			case <-s.stop:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			s.log.Error("accept failed", "error", err)
+			return
+		}
+		if tc, ok := nc.(*net.TCPConn); ok {
+			_ = tc.SetNoDelay(true)
+		}
+		c := &serverConn{
+			s:   s,
+			nc:  nc,
+			w:   newWriter(s.cfg.MaxWriteBuffer),
+			sem: make(chan struct{}, s.cfg.MaxInflightPerConn),
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			_ = nc.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.readWG.Add(1)
+		s.writeWG.Add(1)
+		go c.readLoop()
+		go c.writeLoop()
+	}
+}
+
+// worker runs handlers until Close closes the task queue, after the readers
+// stopped; so every request read is handled.
+func (s *Server) worker() {
+	defer s.workWG.Done()
+	for req := range s.tasks {
+		s.run(req)
+	}
+}
+
+func (s *Server) run(req *Request) {
+	h := s.handlers[req.Code]
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("handler panicked", "code", req.Code.String(), "panic", p)
+			req.ReplyError(&protocol.Error{Status: protocol.StatusInternal, Message: fmt.Sprint("handler panicked: ", p)})
+		}
+		if req.IsOneway() {
+			req.finish()
+		}
+	}()
+	h(req)
+}
+
+// Close stops accepting and reading, waits up to ShutdownGrace for every
+// request already read to be answered, flushes the answers, closes every
+// connection and waits for every goroutine the server started.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.stop)
+	if s.ln != nil {
+		_ = s.ln.Close()
+	}
+	conns := make([]*serverConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+
+	// Stop the readers; requests already read stay queued for the workers.
+	for _, c := range conns {
+		_ = c.nc.SetReadDeadline(time.Unix(1, 0))
+	}
+	s.readWG.Wait()
+	if s.serving {
+		close(s.tasks)
+		s.workWG.Wait()
+	}
+	deadline := time.Now().Add(s.cfg.ShutdownGrace)
+	for s.inflight.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	if n := s.inflight.Load(); n > 0 {
+		s.log.Warn("closing with requests unanswered", "requests", n)
+	}
+	for _, c := range conns {
+		c.w.close(ErrClosed) // the writer flushes, then exits and closes the socket
+	}
+	s.writeWG.Wait()
+	return nil
+}
+
+// serverConn is one accepted connection.
+type serverConn struct {
+	s   *Server
+	nc  net.Conn
+	w   *writer
+	sem chan struct{} // one slot per request read and not yet answered
+}
+
+func (c *serverConn) readLoop() {
+	defer c.s.readWG.Done()
+	br := bufio.NewReaderSize(c.nc, 64<<10)
+	for {
+		select {
+		case c.sem <- struct{}{}:
+		case <-c.s.stop:
+			return
+		}
+		f, err := readFrame(br)
+		if err != nil {
+			<-c.sem
+			c.readFailed(err)
+			return
+		}
+		if f.IsResponse() {
+			<-c.sem
+			c.readFailed(fmt.Errorf("%w: a response (opaque %d) sent to a server", ErrBadFrame, f.Opaque))
+			return
+		}
+		req := &Request{Frame: f, conn: c}
+		c.s.inflight.Add(1)
+		if _, ok := c.s.handlers[f.Code]; !ok {
+			req.ReplyError(&protocol.Error{Status: protocol.StatusUnknownCode,
+				Message: fmt.Sprintf("no handler for request code %d", uint16(f.Code))})
+			if f.IsOneway() {
+				req.finish()
+			}
+			continue
+		}
+		select {
+		case c.s.tasks <- req:
+		case <-c.s.stop:
+			req.ReplyError(protocol.ErrShuttingDown)
+			if f.IsOneway() {
+				req.finish()
+			}
+			return
+		}
+	}
+}
+
+// readFailed ends a connection whose reading failed. A peer that went away
+// or a server that is closing is normal; a bad frame is logged, and the
+// connection is closed at once without waiting for its pending answers.
+func (c *serverConn) readFailed(err error) {
+	select {
+	case <-c.s.stop:
+		return // Close owns the shutdown of this connection
+	default:
+	}
+	if errors.Is(err, ErrBadFrame) {
+		c.s.log.Warn("closing connection after a bad frame", "remote", c.nc.RemoteAddr().String(), "error", err)
+		c.w.close(err)
+		_ = c.nc.Close()
+		return
+	}
+	if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		c.s.log.Debug("connection read failed", "remote", c.nc.RemoteAddr().String(), "error", err)
+	}
+	// The peer closed its side: answers in flight have nowhere to go.
+	c.w.close(ErrConnLost)
+}
+
+func (c *serverConn) writeLoop() {
+	defer c.s.writeWG.Done()
+	if err := c.w.run(c.nc); err != nil {
+		c.s.log.Debug("connection write failed", "remote", c.nc.RemoteAddr().String(), "error", err)
+	}
+	_ = c.nc.Close()
+	c.s.mu.Lock()
+	delete(c.s.conns, c)
+	c.s.mu.Unlock()
+}
+
+// Request is one request read from a connection.
+type Request struct {
+	protocol.Frame
+	conn     *serverConn
+	answered atomic.Bool
+}
+
+// RemoteAddr is the address of the peer that sent the request.
+func (r *Request) RemoteAddr() net.Addr { return r.conn.nc.RemoteAddr() }
+
+// Reply answers the request with OK and body. Only the first answer counts;
+// later ones return an error. A oneway request is never answered.
+func (r *Request) Reply(body []byte) error {
+	return r.reply(protocol.StatusOK, body)
+}
+
+// ReplyError answers the request with err's status (protocol.StatusOf) and
+// its text as the body.
+func (r *Request) ReplyError(err error) {
+	_ = r.reply(protocol.StatusOf(err), []byte(err.Error()))
+}
+
+// ReplyStatus answers the request with status and body.
+func (r *Request) ReplyStatus(status protocol.Status, body []byte) error {
+	return r.reply(status, body)
+}
+
+func (r *Request) reply(status protocol.Status, body []byte) error {
+	if r.IsOneway() {
+		return nil
+	}
+	if !r.answered.CompareAndSwap(false, true) {
+		return errors.New("transport: request answered twice")
+	}
+	defer r.release()
+	resp := protocol.Frame{Flags: protocol.FlagResponse, Code: r.Code, Status: status, Opaque: r.Opaque, Body: body}
+	err := r.conn.w.enqueue(&resp)
+	if errors.Is(err, protocol.ErrFrameTooLarge) {
+		msg := []byte(err.Error())
+		resp = protocol.Frame{Flags: protocol.FlagResponse, Code: r.Code, Status: protocol.StatusMessageTooLarge, Opaque: r.Opaque, Body: msg}
+		err = r.conn.w.enqueue(&resp)
+	}
+	return err
+}
+
+// finish releases a oneway request once its handler returned.
+func (r *Request) finish() {
+	if r.answered.CompareAndSwap(false, true) {
+		r.release()
+	}
+}
+
+func (r *Request) release() {
+	<-r.conn.sem
+	r.conn.s.inflight.Add(-1)
+}

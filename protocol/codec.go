@@ -1,0 +1,143 @@
+package protocol
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// ErrMalformed marks every decoding failure: truncated input, a length that
+// points past the end, an unknown enum value, trailing bytes.
+var ErrMalformed = errors.New("protocol: malformed")
+
+func appendU8(dst []byte, v uint8) []byte   { return append(dst, v) }
+func appendU16(dst []byte, v uint16) []byte { return binary.BigEndian.AppendUint16(dst, v) }
+func appendU32(dst []byte, v uint32) []byte { return binary.BigEndian.AppendUint32(dst, v) }
+func appendU64(dst []byte, v uint64) []byte { return binary.BigEndian.AppendUint64(dst, v) }
+func appendI64(dst []byte, v int64) []byte  { return appendU64(dst, uint64(v)) }
+
+// appendStr16 appends a string with a u16 length prefix. Callers validate the
+// length first (see checkStr16).
+func appendStr16(dst []byte, s string) []byte {
+	dst = appendU16(dst, uint16(len(s)))
+	return append(dst, s...)
+}
+
+func appendBytes32(dst []byte, b []byte) []byte {
+	dst = appendU32(dst, uint32(len(b)))
+	return append(dst, b...)
+}
+
+// reader decodes primitives from a byte slice with a sticky error: after the
+// first failure every read returns zero values and err keeps the first cause,
+// so callers check once at the end (like franz-go's kbin.Reader).
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) fail(what string) {
+	if r.err == nil {
+		r.err = fmt.Errorf("%w: %s", ErrMalformed, what)
+	}
+	r.b = nil
+}
+
+func (r *reader) need(n int, what string) bool {
+	if r.err != nil {
+		return false
+	}
+	if n < 0 || len(r.b) < n {
+		r.fail(what + ": truncated")
+		return false
+	}
+	return true
+}
+
+func (r *reader) u8(what string) uint8 {
+	if !r.need(1, what) {
+		return 0
+	}
+	v := r.b[0]
+	r.b = r.b[1:]
+	return v
+}
+
+func (r *reader) u16(what string) uint16 {
+	if !r.need(2, what) {
+		return 0
+	}
+	v := binary.BigEndian.Uint16(r.b)
+	r.b = r.b[2:]
+	return v
+}
+
+func (r *reader) u32(what string) uint32 {
+	if !r.need(4, what) {
+		return 0
+	}
+	v := binary.BigEndian.Uint32(r.b)
+	r.b = r.b[4:]
+	return v
+}
+
+func (r *reader) u64(what string) uint64 {
+	if !r.need(8, what) {
+		return 0
+	}
+	v := binary.BigEndian.Uint64(r.b)
+	r.b = r.b[8:]
+	return v
+}
+
+func (r *reader) i64(what string) int64 { return int64(r.u64(what)) }
+
+// span returns the next n bytes without copying.
+func (r *reader) span(n int, what string) []byte {
+	if !r.need(n, what) {
+		return nil
+	}
+	v := r.b[:n:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) str16(what string) string {
+	n := int(r.u16(what))
+	return string(r.span(n, what))
+}
+
+func (r *reader) bytes32(what string, max int) []byte {
+	n := r.u32(what)
+	if r.err == nil && uint64(n) > uint64(max) {
+		r.fail(fmt.Sprintf("%s: length %d over the cap %d", what, n, max))
+		return nil
+	}
+	return r.span(int(n), what)
+}
+
+// count reads a u32 element count and checks that at least count*minSize
+// bytes remain, so a hostile count can never cause a large allocation.
+func (r *reader) count(what string, minSize int) int {
+	n := r.u32(what)
+	if r.err != nil {
+		return 0
+	}
+	if uint64(n)*uint64(minSize) > uint64(len(r.b)) || uint64(n) > math.MaxInt32 {
+		r.fail(fmt.Sprintf("%s: count %d does not fit in %d bytes", what, n, len(r.b)))
+		return 0
+	}
+	return int(n)
+}
+
+// done reports the sticky error, or an error if bytes are left over.
+func (r *reader) done(what string) error {
+	if r.err != nil {
+		return r.err
+	}
+	if len(r.b) != 0 {
+		return fmt.Errorf("%w: %s: %d trailing bytes", ErrMalformed, what, len(r.b))
+	}
+	return nil
+}

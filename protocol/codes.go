@@ -1,0 +1,52 @@
+package protocol
+
+import "fmt"
+
+// Code is a request code: what a request asks for. A response echoes it.
+type Code uint16
+
+// Request codes. Ranges: 1x broker data path, 2x replication, 3x metaserver
+// broker-facing, 4x metaserver admin.
+const (
+	CodeSend Code = 10 // SEND a batch of messages (SendRequest -> SendResponse)
+	CodePull Code = 11 // PULL stored messages of one queue (PullRequest -> PullResponse)
+
+	CodeHAFetch Code = 20 // a slave fetches raw log bytes from its master
+
+	CodeHeartbeat   Code = 30 // a broker's heartbeat to the metaserver leader
+	CodeRouteLookup Code = 31 // a route lookup, served by any metaserver node
+
+	CodeAdminGroups       Code = 40
+	CodeAdminTopics       Code = 41
+	CodeAdminCreateTopic  Code = 42
+	CodeAdminAddQueues    Code = 43
+	CodeAdminSetGroupMode Code = 44
+	CodeAdminRaftStatus   Code = 45
+	CodeAdminAddVoter     Code = 46
+	CodeAdminRemoveVoter  Code = 47
+	CodeAdminApply        Code = 48 // a follower forwards a command to the leader
+)
+
+var codeNames = map[Code]string{
+	CodeSend:              "SEND",
+	CodePull:              "PULL",
+	CodeHAFetch:           "HA_FETCH",
+	CodeHeartbeat:         "HEARTBEAT",
+	CodeRouteLookup:       "ROUTE_LOOKUP",
+	CodeAdminGroups:       "ADMIN_GROUPS",
+	CodeAdminTopics:       "ADMIN_TOPICS",
+	CodeAdminCreateTopic:  "ADMIN_CREATE_TOPIC",
+	CodeAdminAddQueues:    "ADMIN_ADD_QUEUES",
+	CodeAdminSetGroupMode: "ADMIN_SET_GROUP_MODE",
+	CodeAdminRaftStatus:   "ADMIN_RAFT_STATUS",
+	CodeAdminAddVoter:     "ADMIN_ADD_VOTER",
+	CodeAdminRemoveVoter:  "ADMIN_REMOVE_VOTER",
+	CodeAdminApply:        "ADMIN_APPLY",
+}
+
+func (c Code) String() string {
+	if n, ok := codeNames[c]; ok {
+		return n
+	}
+	return fmt.Sprintf("CODE(%d)", uint16(c))
+}

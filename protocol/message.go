@@ -1,0 +1,202 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Reliability is a message's delivery guarantee.
+type Reliability uint8
+
+const (
+	// Normal messages are answered after the master's append (and flush,
+	// when the broker flushes synchronously).
+	Normal Reliability = 0
+	// High messages are answered only after the slave confirmed them.
+	High Reliability = 1
+)
+
+func (r Reliability) String() string {
+	switch r {
+	case Normal:
+		return "NORMAL"
+	case High:
+		return "HIGH"
+	}
+	return fmt.Sprintf("RELIABILITY(%d)", uint8(r))
+}
+
+// ParseReliability parses "normal" or "high" (any case).
+func ParseReliability(s string) (Reliability, error) {
+	switch strings.ToLower(s) {
+	case "normal":
+		return Normal, nil
+	case "high":
+		return High, nil
+	}
+	return 0, fmt.Errorf("protocol: unknown reliability %q (want normal or high)", s)
+}
+
+// Limits on message fields.
+const (
+	MaxIDLen       = 128 // producer-made message id
+	MaxTopicLen    = 255
+	MaxProperties  = 256
+	MaxPropertyLen = 4096 // key or value
+)
+
+// Property is one key/value of a message's properties. Properties keep their
+// order on the wire.
+type Property struct {
+	Key, Value string
+}
+
+// Message is one message as it crosses the wire and as it is stored.
+//
+// Wire encoding:
+//
+//	id          u16 length + bytes
+//	topic       u16 length + bytes
+//	queue       u32
+//	reliability u8
+//	timestamp   i64, unix milliseconds
+//	properties  u16 count, then per property: u16 length + key, u16 length + value
+//	body        u32 length + bytes
+type Message struct {
+	ID          string
+	Topic       string
+	Queue       uint32
+	Reliability Reliability
+	Timestamp   int64
+	Properties  []Property
+	Body        []byte // aliases the decoded buffer
+}
+
+// minMessageSize is the encoding of a message whose strings and body are empty.
+const minMessageSize = 2 + 2 + 4 + 1 + 8 + 2 + 4
+
+// EncodedSize is the number of bytes AppendMessage appends.
+func (m *Message) EncodedSize() int {
+	n := minMessageSize + len(m.ID) + len(m.Topic) + len(m.Body)
+	for _, p := range m.Properties {
+		n += 4 + len(p.Key) + len(p.Value)
+	}
+	return n
+}
+
+// Validate reports every problem with m that would make a broker refuse it.
+// A body over MaxMessageSize is reported as ErrMessageTooLarge, anything
+// else as ErrInvalid.
+func (m *Message) Validate() error {
+	var errs []error
+	if len(m.Body) > MaxMessageSize {
+		errs = append(errs, &Error{Status: StatusMessageTooLarge,
+			Message: fmt.Sprintf("body of %d bytes over the cap %d", len(m.Body), MaxMessageSize)})
+	}
+	invalid := func(format string, args ...any) {
+		errs = append(errs, &Error{Status: StatusInvalid, Message: fmt.Sprintf(format, args...)})
+	}
+	if m.ID == "" || len(m.ID) > MaxIDLen {
+		invalid("message id must be 1 to %d bytes, got %d", MaxIDLen, len(m.ID))
+	}
+	if err := ValidateTopic(m.Topic); err != nil {
+		invalid("%v", err)
+	}
+	if m.Reliability != Normal && m.Reliability != High {
+		invalid("unknown reliability %d", m.Reliability)
+	}
+	if len(m.Properties) > MaxProperties {
+		invalid("%d properties over the cap %d", len(m.Properties), MaxProperties)
+	}
+	for _, p := range m.Properties {
+		if p.Key == "" || len(p.Key) > MaxPropertyLen || len(p.Value) > MaxPropertyLen {
+			invalid("property %.32q: key must be 1 to %d bytes and value at most %d", p.Key, MaxPropertyLen, MaxPropertyLen)
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateTopic checks a topic name: 1 to MaxTopicLen bytes of letters,
+// digits, '.', '_' and '-'.
+func ValidateTopic(t string) error {
+	if t == "" || len(t) > MaxTopicLen {
+		return fmt.Errorf("topic must be 1 to %d bytes, got %d", MaxTopicLen, len(t))
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("topic %q: byte %q not allowed (letters, digits, '.', '_', '-')", t, c)
+		}
+	}
+	return nil
+}
+
+// AppendMessage appends m's encoding. Fields over their u16 length limit are
+// the caller's error (Validate catches them); they are truncated here rather
+// than corrupting the stream.
+func AppendMessage(dst []byte, m *Message) []byte {
+	dst = appendStr16(dst, clip16(m.ID))
+	dst = appendStr16(dst, clip16(m.Topic))
+	dst = appendU32(dst, m.Queue)
+	dst = appendU8(dst, uint8(m.Reliability))
+	dst = appendI64(dst, m.Timestamp)
+	props := m.Properties
+	if len(props) > 1<<16-1 {
+		props = props[:1<<16-1]
+	}
+	dst = appendU16(dst, uint16(len(props)))
+	for _, p := range props {
+		dst = appendStr16(dst, clip16(p.Key))
+		dst = appendStr16(dst, clip16(p.Value))
+	}
+	return appendBytes32(dst, m.Body)
+}
+
+func clip16(s string) string {
+	if len(s) > 1<<16-1 {
+		return s[:1<<16-1]
+	}
+	return s
+}
+
+func (r *reader) message(m *Message) {
+	m.ID = r.str16("message id")
+	m.Topic = r.str16("topic")
+	m.Queue = r.u32("queue")
+	m.Reliability = Reliability(r.u8("reliability"))
+	if r.err == nil && m.Reliability != Normal && m.Reliability != High {
+		r.fail(fmt.Sprintf("unknown reliability %d", m.Reliability))
+	}
+	m.Timestamp = r.i64("timestamp")
+	n := int(r.u16("property count"))
+	m.Properties = nil
+	if n > 0 && r.need(4*n, "properties") {
+		m.Properties = make([]Property, n)
+		for i := range m.Properties {
+			m.Properties[i].Key = r.str16("property key")
+			m.Properties[i].Value = r.str16("property value")
+		}
+	}
+	m.Body = r.bytes32("body", MaxFrameSize)
+}
+
+// DecodeMessage decodes exactly one message from b.
+func DecodeMessage(b []byte) (Message, error) {
+	var m Message
+	r := reader{b: b}
+	r.message(&m)
+	if err := r.done("message"); err != nil {
+		return Message{}, err
+	}
+	return m, nil
+}
+
+// Equal reports whether two messages are the same, field by field.
+func (m *Message) Equal(o *Message) bool {
+	return m.ID == o.ID && m.Topic == o.Topic && m.Queue == o.Queue &&
+		m.Reliability == o.Reliability && m.Timestamp == o.Timestamp &&
+		slices.Equal(m.Properties, o.Properties) && string(m.Body) == string(o.Body)
+}

@@ -1,0 +1,293 @@
+package protocol
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"runtime"
+	"testing"
+)
+
+func sampleMessages() []Message {
+	return []Message{
+		{ID: "m-1", Topic: "orders", Queue: 3, Reliability: Normal, Timestamp: 1700000000123,
+			Body: []byte("hello")},
+		{ID: "m-2", Topic: "orders.eu", Queue: 0, Reliability: High, Timestamp: -1,
+			Properties: []Property{{"key", "k1"}, {"trace", ""}}, Body: bytes.Repeat([]byte{0xAB}, 1000)},
+		{ID: "m-3", Topic: "t", Queue: 1<<32 - 1, Body: nil},
+	}
+}
+
+func TestFrameRoundTrip(t *testing.T) {
+	cases := []struct {
+		name string
+		f    Frame
+	}{
+		{"empty request", Frame{Code: CodeSend, Opaque: 1}},
+		{"response with status", Frame{Flags: FlagResponse, Code: CodePull, Status: StatusReadOnly, Opaque: 1<<32 - 1, Body: []byte("group g1 is read-only")}},
+		{"oneway with header", Frame{Flags: FlagOneway, Code: CodeHeartbeat, Header: []byte{1, 2, 3}, Body: []byte("x")}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := AppendFrame(nil, &tc.f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(b) != tc.f.Size() {
+				t.Fatalf("encoded %d bytes, Size says %d", len(b), tc.f.Size())
+			}
+			got, err := DecodeFrame(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Flags != tc.f.Flags || got.Code != tc.f.Code || got.Status != tc.f.Status ||
+				got.Opaque != tc.f.Opaque || !bytes.Equal(got.Header, tc.f.Header) || !bytes.Equal(got.Body, tc.f.Body) {
+				t.Fatalf("round trip: got %+v want %+v", got, tc.f)
+			}
+		})
+	}
+}
+
+func TestFrameCaps(t *testing.T) {
+	big := Frame{Code: CodeSend, Body: make([]byte, MaxFrameSize-FixedHeaderSize+1)}
+	if _, err := AppendFrame(nil, &big); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("frame over the cap: got %v, want ErrFrameTooLarge", err)
+	}
+	fits := Frame{Code: CodeSend, Body: make([]byte, MaxFrameSize-FixedHeaderSize)}
+	if _, err := AppendFrame(nil, &fits); err != nil {
+		t.Fatalf("frame at the cap: %v", err)
+	}
+	hdr := Frame{Header: make([]byte, MaxHeaderSize+1)}
+	if _, err := AppendFrame(nil, &hdr); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("header over the cap: got %v", err)
+	}
+	if _, err := FrameLength([]byte{0x01, 0, 0, 1}); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("length over the cap: got %v", err)
+	}
+	if _, err := FrameLength([]byte{0, 0, 0, 3}); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("length under the header: got %v", err)
+	}
+}
+
+func TestFrameRejectsBadFields(t *testing.T) {
+	good, _ := AppendFrame(nil, &Frame{Code: CodeSend, Opaque: 7, Body: []byte("abc")})
+	mutate := func(i int, v byte) []byte {
+		b := bytes.Clone(good)
+		b[i] = v
+		return b
+	}
+	cases := map[string][]byte{
+		"bad magic":         mutate(4, 0),
+		"bad version":       mutate(6, 9),
+		"unknown flag":      mutate(7, 0x80),
+		"oneway response":   mutate(7, FlagOneway|FlagResponse),
+		"header past end":   mutate(17, 200),
+		"length mismatch":   good[:len(good)-1],
+		"empty":             nil,
+		"short length word": good[:3],
+	}
+	for name, b := range cases {
+		t.Run(name, func(t *testing.T) {
+			if _, err := DecodeFrame(b); !errors.Is(err, ErrMalformed) {
+				t.Fatalf("got %v, want ErrMalformed", err)
+			}
+		})
+	}
+}
+
+func TestSendRoundTrip(t *testing.T) {
+	msgs := sampleMessages()
+	b := AppendSendRequest(nil, msgs)
+	size := 4
+	for i := range msgs {
+		size += msgs[i].EncodedSize()
+	}
+	if len(b) != size {
+		t.Fatalf("encoded %d bytes, EncodedSize sums to %d", len(b), size)
+	}
+	got, err := DecodeSendRequest(b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(msgs) {
+		t.Fatalf("got %d messages, want %d", len(got), len(msgs))
+	}
+	for i := range msgs {
+		if !got[i].Equal(&msgs[i]) {
+			t.Errorf("message %d: got %+v want %+v", i, got[i], msgs[i])
+		}
+	}
+	// Every strict prefix is an error, never a panic or a partial batch.
+	for n := 0; n < len(b); n++ {
+		if out, err := DecodeSendRequest(b[:n], nil); err == nil || len(out) != 0 {
+			t.Fatalf("prefix of %d bytes: got %d messages, err %v", n, len(out), err)
+		}
+	}
+
+	results := []SendResult{{StatusOK, 0, 0}, {StatusReadOnly, 0, 0}, {StatusOK, 1 << 40, 1 << 50}}
+	rb := AppendSendResponse(nil, results)
+	gotRes, err := DecodeSendResponse(rb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(gotRes) != fmt.Sprint(results) {
+		t.Fatalf("results: got %v want %v", gotRes, results)
+	}
+}
+
+func TestHostileCountDoesNotAllocate(t *testing.T) {
+	// A count of 2^32-1 messages in a 4-byte body must fail before allocating.
+	b := []byte{0xff, 0xff, 0xff, 0xff}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 10 {
+		if _, err := DecodeSendRequest(b, nil); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("got %v", err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 64<<10 {
+		t.Fatalf("%d bytes allocated for 10 hostile counts", n)
+	}
+	if _, err := DecodePullResponse(append(make([]byte, 24), b...)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("pull response with hostile count: %v", err)
+	}
+}
+
+func TestPullRoundTrip(t *testing.T) {
+	req := PullRequest{Topic: "orders", Queue: 2, Offset: 42, MaxBytes: 1 << 20}
+	got, err := DecodePullRequest(AppendPullRequest(nil, &req))
+	if err != nil || got != req {
+		t.Fatalf("got %+v, %v; want %+v", got, err, req)
+	}
+	neg := req
+	neg.Offset = -1
+	if _, err := DecodePullRequest(AppendPullRequest(nil, &neg)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("negative offset: %v", err)
+	}
+	msgs := sampleMessages()
+	resp := PullResponse{NextOffset: 45, MinOffset: 0, MaxOffset: 100}
+	for i, m := range msgs {
+		resp.Messages = append(resp.Messages, StoredMessage{QueueOffset: 42 + int64(i), LogOffset: int64(i) * 1000, Message: m})
+	}
+	b := AppendPullResponse(nil, &resp)
+	// The raw form a broker writes gives the same bytes.
+	raw := AppendPullResponseHeader(nil, 45, 0, 100, len(msgs))
+	for i := range msgs {
+		raw = AppendStoredRaw(raw, 42+int64(i), int64(i)*1000, AppendMessage(nil, &msgs[i]))
+	}
+	if !bytes.Equal(b, raw) {
+		t.Fatal("AppendStoredRaw differs from AppendStoredMessage")
+	}
+	gotResp, err := DecodePullResponse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotResp.NextOffset != 45 || gotResp.MaxOffset != 100 || len(gotResp.Messages) != len(msgs) {
+		t.Fatalf("got %+v", gotResp)
+	}
+	for i := range msgs {
+		sm := gotResp.Messages[i]
+		if sm.QueueOffset != 42+int64(i) || !sm.Message.Equal(&msgs[i]) {
+			t.Errorf("message %d: got %+v", i, sm)
+		}
+	}
+}
+
+func TestMessageValidate(t *testing.T) {
+	ok := Message{ID: "a", Topic: "t-1.x_y", Body: []byte("b")}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("valid message: %v", err)
+	}
+	cases := []struct {
+		name string
+		edit func(m *Message)
+		want error
+	}{
+		{"too large", func(m *Message) { m.Body = make([]byte, MaxMessageSize+1) }, ErrMessageTooLarge},
+		{"no id", func(m *Message) { m.ID = "" }, ErrInvalid},
+		{"no topic", func(m *Message) { m.Topic = "" }, ErrInvalid},
+		{"bad topic byte", func(m *Message) { m.Topic = "a/b" }, ErrInvalid},
+		{"bad reliability", func(m *Message) { m.Reliability = 7 }, ErrInvalid},
+		{"empty property key", func(m *Message) { m.Properties = []Property{{"", "v"}} }, ErrInvalid},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := ok
+			tc.edit(&m)
+			if err := m.Validate(); !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestStatusTable(t *testing.T) {
+	for s := Status(0); s < 64; s++ {
+		if !s.Known() {
+			if s.Retriable() {
+				t.Errorf("unknown status %d is retriable", s)
+			}
+			continue
+		}
+		if s.String() == "" || s.String()[0] == 'S' && s.String()[:6] == "STATUS" {
+			t.Errorf("status %d has no name", s)
+		}
+	}
+	retriable := []Status{StatusReadOnly, StatusNotMaster, StatusSlaveLagging, StatusNoRoute, StatusBusy, StatusStoreError}
+	for _, s := range retriable {
+		if !s.Retriable() {
+			t.Errorf("%v should be retriable", s)
+		}
+	}
+	final := []Status{StatusOK, StatusMessageTooLarge, StatusInvalid, StatusUnknownTopic, StatusDuplicate}
+	for _, s := range final {
+		if s.Retriable() {
+			t.Errorf("%v should not be retriable", s)
+		}
+	}
+	err := fmt.Errorf("send: %w", ErrorForStatus(StatusReadOnly, "group g1"))
+	if !errors.Is(err, ErrReadOnly) || errors.Is(err, ErrNotMaster) {
+		t.Fatalf("errors.Is on a wrapped status error is wrong: %v", err)
+	}
+	if StatusOf(err) != StatusReadOnly || !IsRetriable(err) {
+		t.Fatalf("StatusOf = %v", StatusOf(err))
+	}
+	if StatusOf(fmt.Errorf("x: %w", ErrMalformed)) != StatusInvalid || StatusOf(errors.New("boom")) != StatusInternal {
+		t.Fatal("StatusOf maps plain errors wrong")
+	}
+	if ErrorForStatus(StatusOK, "") != nil {
+		t.Fatal("OK must be a nil error")
+	}
+}
+
+func BenchmarkAppendSendRequest(b *testing.B) {
+	msgs := make([]Message, 64)
+	for i := range msgs {
+		msgs[i] = Message{ID: fmt.Sprintf("id-%d", i), Topic: "bench", Queue: uint32(i % 8), Body: make([]byte, 1024)}
+	}
+	buf := make([]byte, 0, 128<<10)
+	b.SetBytes(int64(len(AppendSendRequest(nil, msgs))))
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendSendRequest(buf[:0], msgs)
+	}
+}
+
+func BenchmarkDecodeSendRequest(b *testing.B) {
+	msgs := make([]Message, 64)
+	for i := range msgs {
+		msgs[i] = Message{ID: fmt.Sprintf("id-%d", i), Topic: "bench", Queue: uint32(i % 8), Body: make([]byte, 1024)}
+	}
+	enc := AppendSendRequest(nil, msgs)
+	out := make([]Message, 0, 64)
+	b.SetBytes(int64(len(enc)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		out, err = DecodeSendRequest(enc, out[:0])
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,123 @@
+package protocol
+
+import "fmt"
+
+// PullRequest asks for the stored messages of one queue from an offset.
+//
+//	topic      u16 length + bytes
+//	queue      u32
+//	offset     i64, the first queue offset wanted
+//	max bytes  u32, a soft cap on the messages returned (at least one is
+//	           returned if any is there)
+type PullRequest struct {
+	Topic    string
+	Queue    uint32
+	Offset   int64
+	MaxBytes uint32
+}
+
+// AppendPullRequest appends p's encoding.
+func AppendPullRequest(dst []byte, p *PullRequest) []byte {
+	dst = appendStr16(dst, clip16(p.Topic))
+	dst = appendU32(dst, p.Queue)
+	dst = appendI64(dst, p.Offset)
+	return appendU32(dst, p.MaxBytes)
+}
+
+// DecodePullRequest decodes a PULL request body.
+func DecodePullRequest(b []byte) (PullRequest, error) {
+	var p PullRequest
+	r := reader{b: b}
+	p.Topic = r.str16("topic")
+	p.Queue = r.u32("queue")
+	p.Offset = r.i64("offset")
+	p.MaxBytes = r.u32("max bytes")
+	if err := r.done("pull request"); err != nil {
+		return PullRequest{}, err
+	}
+	if p.Offset < 0 {
+		return PullRequest{}, fmt.Errorf("%w: negative offset %d", ErrMalformed, p.Offset)
+	}
+	return p, nil
+}
+
+// StoredMessage is a message as read back from a queue.
+type StoredMessage struct {
+	QueueOffset int64
+	LogOffset   int64
+	Message     Message
+}
+
+// PullResponse carries the messages found and where the next pull starts.
+//
+//	next offset  i64: the queue offset after the last message returned (the
+//	             request's offset when none was)
+//	min offset   i64: the queue's oldest available offset
+//	max offset   i64: the queue's next offset to be written
+//	count        u32, then per message: queue offset i64, log offset i64,
+//	             the message's encoding
+type PullResponse struct {
+	NextOffset int64
+	MinOffset  int64
+	MaxOffset  int64
+	Messages   []StoredMessage
+}
+
+// AppendPullResponse appends p's encoding.
+func AppendPullResponse(dst []byte, p *PullResponse) []byte {
+	dst = appendI64(dst, p.NextOffset)
+	dst = appendI64(dst, p.MinOffset)
+	dst = appendI64(dst, p.MaxOffset)
+	dst = appendU32(dst, uint32(len(p.Messages)))
+	for i := range p.Messages {
+		dst = AppendStoredMessage(dst, p.Messages[i].QueueOffset, p.Messages[i].LogOffset, &p.Messages[i].Message)
+	}
+	return dst
+}
+
+// AppendPullResponseHeader appends the part of a PULL response before its
+// messages; the caller then appends count entries with AppendStoredMessage
+// or AppendStoredRaw. It lets a broker copy stored encodings without decoding them.
+func AppendPullResponseHeader(dst []byte, next, minOff, maxOff int64, count int) []byte {
+	dst = appendI64(dst, next)
+	dst = appendI64(dst, minOff)
+	dst = appendI64(dst, maxOff)
+	return appendU32(dst, uint32(count))
+}
+
+// AppendStoredMessage appends one entry of a PULL response.
+func AppendStoredMessage(dst []byte, queueOffset, logOffset int64, m *Message) []byte {
+	dst = appendI64(dst, queueOffset)
+	dst = appendI64(dst, logOffset)
+	return AppendMessage(dst, m)
+}
+
+// AppendStoredRaw appends one entry of a PULL response whose message is
+// already encoded (as AppendMessage wrote it).
+func AppendStoredRaw(dst []byte, queueOffset, logOffset int64, encoded []byte) []byte {
+	dst = appendI64(dst, queueOffset)
+	dst = appendI64(dst, logOffset)
+	return append(dst, encoded...)
+}
+
+// DecodePullResponse decodes a PULL response body. Message bodies alias b.
+func DecodePullResponse(b []byte) (PullResponse, error) {
+	var p PullResponse
+	r := reader{b: b}
+	p.NextOffset = r.i64("next offset")
+	p.MinOffset = r.i64("min offset")
+	p.MaxOffset = r.i64("max offset")
+	n := r.count("message count", 16+minMessageSize)
+	if n > 0 {
+		p.Messages = make([]StoredMessage, n)
+		for i := 0; i < n && r.err == nil; i++ {
+			p.Messages[i].QueueOffset = r.i64("queue offset")
+			p.Messages[i].LogOffset = r.i64("log offset")
+			r.message(&p.Messages[i].Message)
+		}
+	}
+	if err := r.done("pull response"); err != nil {
+		return PullResponse{}, err
+	}
+	return p, nil
+}

@@ -1,0 +1,75 @@
+package protocol
+
+// A SEND request body is a batch of messages:
+//
+//	count u32, then count messages (see Message)
+//
+// The response body has one result per message, in the same order:
+//
+//	count u32, then per message: status u16, queue offset i64, log offset i64
+
+// AppendSendRequest appends a SEND body carrying msgs.
+func AppendSendRequest(dst []byte, msgs []Message) []byte {
+	dst = appendU32(dst, uint32(len(msgs)))
+	for i := range msgs {
+		dst = AppendMessage(dst, &msgs[i])
+	}
+	return dst
+}
+
+// DecodeSendRequest decodes a SEND body, appending its messages to msgs (pass
+// a reused slice to avoid allocating). Message bodies alias b.
+func DecodeSendRequest(b []byte, msgs []Message) ([]Message, error) {
+	r := reader{b: b}
+	n := r.count("message count", minMessageSize)
+	if n == 0 && r.err == nil {
+		return msgs, r.done("send request")
+	}
+	base := len(msgs)
+	msgs = append(msgs, make([]Message, n)...)
+	for i := base; i < len(msgs) && r.err == nil; i++ {
+		r.message(&msgs[i])
+	}
+	if err := r.done("send request"); err != nil {
+		return msgs[:base], err
+	}
+	return msgs, nil
+}
+
+// SendResult is the outcome of one message of a SEND batch.
+type SendResult struct {
+	Status      Status
+	QueueOffset int64 // the message's offset in its queue; valid when Status is OK
+	LogOffset   int64 // the message's byte offset in the commit log; valid when Status is OK
+}
+
+const sendResultSize = 2 + 8 + 8
+
+// AppendSendResponse appends a SEND response body.
+func AppendSendResponse(dst []byte, results []SendResult) []byte {
+	dst = appendU32(dst, uint32(len(results)))
+	for _, res := range results {
+		dst = appendU16(dst, uint16(res.Status))
+		dst = appendI64(dst, res.QueueOffset)
+		dst = appendI64(dst, res.LogOffset)
+	}
+	return dst
+}
+
+// DecodeSendResponse decodes a SEND response body, appending to results.
+func DecodeSendResponse(b []byte, results []SendResult) ([]SendResult, error) {
+	r := reader{b: b}
+	n := r.count("result count", sendResultSize)
+	base := len(results)
+	for i := 0; i < n && r.err == nil; i++ {
+		results = append(results, SendResult{
+			Status:      Status(r.u16("status")),
+			QueueOffset: r.i64("queue offset"),
+			LogOffset:   r.i64("log offset"),
+		})
+	}
+	if err := r.done("send response"); err != nil {
+		return results[:base], err
+	}
+	return results, nil
+}

@@ -1,0 +1,166 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Status is the outcome of a request or of one message in a batch. It crosses
+// the wire as a u16; on either end a non-OK status is a Go error (*Error).
+type Status uint16
+
+// The status codes. The table below gives each its name and whether a
+// producer may retry it (on another broker group, after refreshing routes).
+const (
+	StatusOK               Status = 0
+	StatusReadOnly         Status = 1  // the broker group is read-only
+	StatusNotMaster        Status = 2  // this broker is not its group's master
+	StatusSlaveLagging     Status = 3  // a HIGH message while the slave is absent or behind
+	StatusSlaveSyncTimeout Status = 4  // the slave did not confirm a HIGH message in time; it may be stored
+	StatusFlushTimeout     Status = 5  // the flush did not finish in time; the message may be stored
+	StatusNoRoute          Status = 6  // the queue is not routed to this broker group
+	StatusMessageTooLarge  Status = 7  // a message over MaxMessageSize, or a frame over MaxFrameSize
+	StatusInvalid          Status = 8  // a malformed request or message
+	StatusStoreError       Status = 9  // the commit log failed (disk full, I/O error)
+	StatusBusy             Status = 10 // too much in flight; try later or elsewhere
+	StatusNotLeader        Status = 11 // a metaserver follower; the body names the leader
+	StatusDuplicate        Status = 12 // the message id was already stored
+	StatusUnknownCode      Status = 13 // the server has no handler for the request code
+	StatusUnknownTopic     Status = 14 // the topic does not exist and auto-create is off
+	StatusTimeout          Status = 15 // the request's deadline passed
+	StatusConflict         Status = 16 // a precondition (expected version) failed
+	StatusNotFound         Status = 17 // the named object does not exist
+	StatusShuttingDown     Status = 18 // the server is closing
+	StatusInternal         Status = 19 // a bug or an unexpected failure on the server
+)
+
+type statusInfo struct {
+	name      string
+	retriable bool
+}
+
+var statusTable = map[Status]statusInfo{
+	StatusOK:               {"OK", false},
+	StatusReadOnly:         {"READ_ONLY", true},
+	StatusNotMaster:        {"NOT_MASTER", true},
+	StatusSlaveLagging:     {"SLAVE_LAGGING", true},
+	StatusSlaveSyncTimeout: {"SLAVE_SYNC_TIMEOUT", true},
+	StatusFlushTimeout:     {"FLUSH_TIMEOUT", true},
+	StatusNoRoute:          {"NO_ROUTE", true},
+	StatusMessageTooLarge:  {"MESSAGE_TOO_LARGE", false},
+	StatusInvalid:          {"INVALID", false},
+	StatusStoreError:       {"STORE_ERROR", true},
+	StatusBusy:             {"BUSY", true},
+	StatusNotLeader:        {"NOT_LEADER", true},
+	StatusDuplicate:        {"DUPLICATE", false},
+	StatusUnknownCode:      {"UNKNOWN_CODE", false},
+	StatusUnknownTopic:     {"UNKNOWN_TOPIC", false},
+	StatusTimeout:          {"TIMEOUT", true},
+	StatusConflict:         {"CONFLICT", false},
+	StatusNotFound:         {"NOT_FOUND", false},
+	StatusShuttingDown:     {"SHUTTING_DOWN", true},
+	StatusInternal:         {"INTERNAL", false},
+}
+
+// String returns the status's name, e.g. "READ_ONLY".
+func (s Status) String() string {
+	if i, ok := statusTable[s]; ok {
+		return i.name
+	}
+	return fmt.Sprintf("STATUS(%d)", uint16(s))
+}
+
+// Retriable reports whether a producer may retry a message that got s.
+// Unknown statuses are not retriable.
+func (s Status) Retriable() bool { return statusTable[s].retriable }
+
+// Known reports whether s is in the table.
+func (s Status) Known() bool {
+	_, ok := statusTable[s]
+	return ok
+}
+
+// Error is a non-OK status as a Go error. Two Errors match with errors.Is
+// when their statuses are equal, whatever their messages, so callers write
+// errors.Is(err, protocol.ErrReadOnly).
+type Error struct {
+	Status  Status
+	Message string // optional detail from the side that raised it
+}
+
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return "ferrymq: " + e.Status.String()
+	}
+	return "ferrymq: " + e.Status.String() + ": " + e.Message
+}
+
+// Is matches another *Error with the same status.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Status == e.Status
+}
+
+// Retriable reports whether the status may be retried.
+func (e *Error) Retriable() bool { return e.Status.Retriable() }
+
+// Sentinels, one per status, for errors.Is.
+var (
+	ErrReadOnly         = &Error{Status: StatusReadOnly}
+	ErrNotMaster        = &Error{Status: StatusNotMaster}
+	ErrSlaveLagging     = &Error{Status: StatusSlaveLagging}
+	ErrSlaveSyncTimeout = &Error{Status: StatusSlaveSyncTimeout}
+	ErrFlushTimeout     = &Error{Status: StatusFlushTimeout}
+	ErrNoRoute          = &Error{Status: StatusNoRoute}
+	ErrMessageTooLarge  = &Error{Status: StatusMessageTooLarge}
+	ErrInvalid          = &Error{Status: StatusInvalid}
+	ErrStoreError       = &Error{Status: StatusStoreError}
+	ErrBusy             = &Error{Status: StatusBusy}
+	ErrNotLeader        = &Error{Status: StatusNotLeader}
+	ErrDuplicate        = &Error{Status: StatusDuplicate}
+	ErrUnknownCode      = &Error{Status: StatusUnknownCode}
+	ErrUnknownTopic     = &Error{Status: StatusUnknownTopic}
+	ErrTimeout          = &Error{Status: StatusTimeout}
+	ErrConflict         = &Error{Status: StatusConflict}
+	ErrNotFound         = &Error{Status: StatusNotFound}
+	ErrShuttingDown     = &Error{Status: StatusShuttingDown}
+	ErrInternal         = &Error{Status: StatusInternal}
+
+	// ErrFrameTooLarge marks a frame or header over its cap. It is also a
+	// MESSAGE_TOO_LARGE status when it crosses the wire.
+	ErrFrameTooLarge = errors.New("protocol: frame too large")
+)
+
+// ErrorForStatus returns the error for s, or nil for StatusOK.
+func ErrorForStatus(s Status, msg string) error {
+	if s == StatusOK {
+		return nil
+	}
+	return &Error{Status: s, Message: msg}
+}
+
+// StatusOf maps an error to the status that carries it across the wire:
+// a *Error anywhere in the chain gives its status, ErrMalformed gives
+// INVALID, ErrFrameTooLarge gives MESSAGE_TOO_LARGE, anything else INTERNAL.
+func StatusOf(err error) Status {
+	if err == nil {
+		return StatusOK
+	}
+	var pe *Error
+	switch {
+	case errors.As(err, &pe):
+		return pe.Status
+	case errors.Is(err, ErrMalformed):
+		return StatusInvalid
+	case errors.Is(err, ErrFrameTooLarge):
+		return StatusMessageTooLarge
+	default:
+		return StatusInternal
+	}
+}
+
+// IsRetriable reports whether err carries a retriable status.
+func IsRetriable(err error) bool {
+	var pe *Error
+	return errors.As(err, &pe) && pe.Status.Retriable()
+}
