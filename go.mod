@@ -5,6 +5,7 @@ go 1.26
 require (
 	github.com/hashicorp/go-hclog v1.6.3
 	go.uber.org/goleak v1.3.0
+	pgregory.net/rapid v1.3.0
 )
 
 require (

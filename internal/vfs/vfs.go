@@ -1,0 +1,106 @@
+// Package vfs is the file-system seam of the storage package: every disk
+// access goes through FS, so tests can inject faults (FaultFS: a full disk,
+// a failing sync) without touching real hardware, like pebble's vfs.
+package vfs
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+)
+
+// File is an open file used with positional reads and writes only.
+type File interface {
+	io.ReaderAt
+	io.WriterAt
+	// Sync makes the file's data durable (fdatasync where the OS has it).
+	Sync() error
+	// Truncate changes the file's size.
+	Truncate(size int64) error
+	// Size returns the file's current size.
+	Size() (int64, error)
+	Close() error
+	// Name is the path the file was opened with.
+	Name() string
+}
+
+// FS opens and lists files.
+type FS interface {
+	// Create creates a new file, failing if it exists.
+	Create(name string) (File, error)
+	// OpenRW opens an existing file for reading and writing.
+	OpenRW(name string) (File, error)
+	Remove(name string) error
+	// List returns the names (not paths) of the entries of dir, sorted.
+	List(dir string) ([]string, error)
+	MkdirAll(dir string) error
+	// SyncDir makes dir's entries (created and removed files) durable.
+	SyncDir(dir string) error
+}
+
+// Default is the operating system's file system.
+var Default FS = osFS{}
+
+type osFS struct{}
+
+type osFile struct{ *os.File }
+
+func (f osFile) Sync() error { return fdatasync(f.File) }
+
+func (f osFile) Size() (int64, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	return st.Size(), nil
+}
+
+func (osFS) Create(name string) (File, error) {
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return osFile{f}, nil
+}
+
+func (osFS) OpenRW(name string) (File, error) {
+	f, err := os.OpenFile(name, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	return osFile{f}, nil
+}
+
+func (osFS) Remove(name string) error { return os.Remove(name) }
+
+func (osFS) List(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+func (osFS) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o755) }
+
+func (osFS) SyncDir(dir string) error {
+	d, err := os.Open(filepath.Clean(dir))
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if errors.Is(err, os.ErrInvalid) {
+		return nil // some file systems cannot sync a directory
+	}
+	return err
+}

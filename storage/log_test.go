@@ -1,0 +1,644 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/ferrymq/ferrymq/internal/vfs"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func openLog(t testing.TB, cfg Config) *Log {
+	t.Helper()
+	l, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// payloadFor makes a payload that names its queue and queue offset, so a
+// reader can tell a right record from a wrong one.
+func payloadFor(topic string, queue uint32, qo int64, size int) []byte {
+	p := make([]byte, max(size, 24))
+	copy(p, fmt.Sprintf("%s/%d/%d|", topic, queue, qo))
+	for i := len(p) - 8; i < len(p); i++ {
+		p[i] = byte(qo)
+	}
+	return p
+}
+
+func mustAppend(t testing.TB, l *Log, entries []Entry, flush bool) []Position {
+	t.Helper()
+	pos, err := l.Append(entries, flush)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pos
+}
+
+func TestAppendAndRead(t *testing.T) {
+	l := openLog(t, Config{Dir: t.TempDir()})
+	defer l.Close()
+	var want = map[queueKey][][]byte{}
+	end := int64(0)
+	for i := range 50 {
+		var batch []Entry
+		for j := range i%5 + 1 {
+			k := queueKey{fmt.Sprintf("t%d", j%2), uint32((i + j) % 3)}
+			p := payloadFor(k.topic, k.queue, int64(len(want[k])), 10+i*j)
+			want[k] = append(want[k], p) // tentative; offsets are checked below
+			batch = append(batch, Entry{Topic: k.topic, Queue: k.queue, Payload: p})
+		}
+		pos := mustAppend(t, l, batch, false)
+		for j, p := range pos {
+			if p.LogOffset != end {
+				t.Fatalf("batch %d entry %d at log offset %d, want %d (records must be contiguous)", i, j, p.LogOffset, end)
+			}
+			end = p.End
+		}
+	}
+	if l.EndOffset() != end {
+		t.Fatalf("EndOffset %d, want %d", l.EndOffset(), end)
+	}
+	for k, payloads := range want {
+		first, next := l.QueueRange(k.topic, k.queue)
+		if first != 0 || next != int64(len(payloads)) {
+			t.Fatalf("%v: range [%d,%d), want [0,%d)", k, first, next, len(payloads))
+		}
+		got, err := l.Read(k.topic, k.queue, 0, 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(payloads) {
+			t.Fatalf("%v: read %d entries, want %d", k, len(got), len(payloads))
+		}
+		for i, e := range got {
+			if e.QueueOffset != int64(i) || !bytes.Equal(e.Payload, payloads[i]) {
+				t.Fatalf("%v offset %d: got queue offset %d payload %q", k, i, e.QueueOffset, e.Payload[:16])
+			}
+		}
+		// maxBytes caps a read, but a read returns at least one entry.
+		one, err := l.Read(k.topic, k.queue, 1, 1)
+		if err != nil || len(one) != 1 || one[0].QueueOffset != 1 {
+			t.Fatalf("%v: small read gave %d entries, %v", k, len(one), err)
+		}
+		if past, err := l.Read(k.topic, k.queue, next, 1<<20); err != nil || len(past) != 0 {
+			t.Fatalf("%v: read at the end gave %d entries, %v", k, len(past), err)
+		}
+	}
+	if got, err := l.Read("nope", 0, 0, 100); err != nil || got != nil {
+		t.Fatalf("unknown queue: %v %v", got, err)
+	}
+}
+
+func TestInvalidEntries(t *testing.T) {
+	l := openLog(t, Config{Dir: t.TempDir(), MaxPayloadSize: 100})
+	defer l.Close()
+	for name, e := range map[string]Entry{
+		"empty topic":     {Topic: "", Payload: []byte("x")},
+		"long topic":      {Topic: string(make([]byte, 256)), Payload: []byte("x")},
+		"payload too big": {Topic: "t", Payload: make([]byte, 101)},
+	} {
+		if _, err := l.Append([]Entry{{Topic: "ok"}, e}, false); !errors.Is(err, ErrInvalidEntry) {
+			t.Errorf("%s: got %v, want ErrInvalidEntry", name, err)
+		}
+	}
+	if l.EndOffset() != 0 {
+		t.Fatalf("a refused batch wrote %d bytes", l.EndOffset())
+	}
+}
+
+func TestSegmentsRollAndReopenExactly(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, SegmentSize: 1024}
+	l := openLog(t, cfg)
+	for i := range 200 {
+		mustAppend(t, l, []Entry{{Topic: "roll", Queue: uint32(i % 4), Payload: payloadFor("roll", uint32(i%4), int64(i/4), 40+i%100)}}, false)
+	}
+	// One entry bigger than a segment gets a segment of its own.
+	mustAppend(t, l, []Entry{{Topic: "big", Payload: make([]byte, 3000)}}, false)
+	end := l.EndOffset()
+	before := dumpQueues(t, l)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	names, _ := vfs.Default.List(dir)
+	segs := 0
+	var total int64
+	for _, n := range names {
+		if filepath.Ext(n) == ".log" {
+			segs++
+			st, _ := os.Stat(filepath.Join(dir, n))
+			if st.Size() > 1024 && st.Size() < 3000 {
+				t.Errorf("segment %s has %d bytes, over the 1024 size without a single big record", n, st.Size())
+			}
+			total += st.Size()
+		}
+	}
+	if segs < 10 || total != end {
+		t.Fatalf("%d segments holding %d bytes; want many segments holding %d", segs, total, end)
+	}
+
+	l = openLog(t, cfg)
+	defer l.Close()
+	if l.EndOffset() != end || l.FlushedOffset() != end {
+		t.Fatalf("reopened end %d flushed %d, want %d", l.EndOffset(), l.FlushedOffset(), end)
+	}
+	after := dumpQueues(t, l)
+	if fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Fatal("queues differ after a clean close and reopen")
+	}
+	pos := mustAppend(t, l, []Entry{{Topic: "roll", Queue: 1, Payload: []byte("next")}}, false)
+	if pos[0].QueueOffset != 50 || pos[0].LogOffset != end {
+		t.Fatalf("append after reopen at %+v, want queue offset 50 at %d", pos[0], end)
+	}
+}
+
+// dumpQueues reads every queue whole: key -> entries.
+func dumpQueues(t testing.TB, l *Log) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	var keys []queueKey
+	l.Queues(func(topic string, queue uint32, first, next int64) { keys = append(keys, queueKey{topic, queue}) })
+	for _, k := range keys {
+		es, err := l.Read(k.topic, k.queue, 0, 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range es {
+			out[fmt.Sprint(k)] = append(out[fmt.Sprint(k)], fmt.Sprintf("%d@%d:%x", e.QueueOffset, e.LogOffset, e.Payload))
+		}
+	}
+	return out
+}
+
+func TestConcurrentAppendsAndReads(t *testing.T) {
+	l := openLog(t, Config{Dir: t.TempDir(), SegmentSize: 64 << 10})
+	defer l.Close()
+	const writers, perWriter = 8, 150
+	var wg sync.WaitGroup
+	errs := make(chan error, writers+4)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			q := uint32(w % 4)
+			for i := range perWriter {
+				e := Entry{Topic: "c", Queue: q, Payload: []byte(fmt.Sprintf("w%d-%d", w, i))}
+				if _, err := l.Append([]Entry{e, e}, i%10 == 0); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	stop := make(chan struct{})
+	var rg sync.WaitGroup
+	for q := range uint32(4) {
+		rg.Add(1)
+		go func() {
+			defer rg.Done()
+			var next int64
+			lastSeen := map[string]int{}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				es, err := l.Read("c", q, next, 4096)
+				if err != nil {
+					errs <- err
+					return
+				}
+				for _, e := range es {
+					if e.QueueOffset != next {
+						errs <- fmt.Errorf("queue %d: got offset %d, want %d", q, e.QueueOffset, next)
+						return
+					}
+					var w, i int
+					if _, err := fmt.Sscanf(string(e.Payload), "w%d-%d", &w, &i); err != nil {
+						errs <- fmt.Errorf("queue %d offset %d: garbage payload %q", q, next, e.Payload)
+						return
+					}
+					// Each writer's entries appear in its order (each twice).
+					key := fmt.Sprint(w)
+					if prev, ok := lastSeen[key]; ok && i < prev {
+						errs <- fmt.Errorf("writer %d: entry %d after %d", w, i, prev)
+						return
+					}
+					lastSeen[key] = i
+					next++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	rg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	total := int64(0)
+	for q := range uint32(4) {
+		_, next := l.QueueRange("c", q)
+		total += next
+	}
+	if total != writers*perWriter*2 {
+		t.Fatalf("%d entries stored, want %d", total, writers*perWriter*2)
+	}
+}
+
+func TestSyncModeGroupCommit(t *testing.T) {
+	ffs := vfs.NewFaultFS(vfs.Default)
+	l := openLog(t, Config{Dir: t.TempDir(), FS: ffs, Flush: FlushSync})
+	defer l.Close()
+	_, syncsBefore := ffs.Counts()
+	const appenders = 64
+	var wg sync.WaitGroup
+	for i := range appenders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pos, err := l.Append([]Entry{{Topic: "s", Queue: uint32(i % 2), Payload: make([]byte, 100)}}, false)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			// Complete means synced.
+			if f := l.FlushedOffset(); f < pos[0].End {
+				t.Errorf("append completed at end %d with the log flushed only to %d", pos[0].End, f)
+			}
+		}()
+	}
+	wg.Wait()
+	_, syncsAfter := ffs.Counts()
+	syncs := syncsAfter - syncsBefore
+	t.Logf("%d sync appends shared %d syncs", appenders, syncs)
+	if syncs < 1 || syncs > appenders/2 {
+		t.Fatalf("%d concurrent sync appends took %d syncs; waiting appends must share syncs", appenders, syncs)
+	}
+}
+
+func TestAsyncFlush(t *testing.T) {
+	ffs := vfs.NewFaultFS(vfs.Default)
+	dir := t.TempDir()
+	l := openLog(t, Config{Dir: dir, FS: ffs, FlushInterval: 20 * time.Millisecond})
+	defer l.Close()
+	pos := mustAppend(t, l, []Entry{{Topic: "a", Payload: []byte("x")}}, false)
+	deadline := time.Now().Add(5 * time.Second)
+	for l.FlushedOffset() < pos[0].End {
+		if time.Now().After(deadline) {
+			t.Fatal("the async flusher never synced")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Asking for the flush of one append waits for it.
+	l2 := openLog(t, Config{Dir: t.TempDir(), FS: ffs, FlushInterval: time.Hour})
+	defer l2.Close()
+	pos = mustAppend(t, l2, []Entry{{Topic: "a", Payload: []byte("y")}}, true)
+	if l2.FlushedOffset() < pos[0].End {
+		t.Fatal("append with flush=true completed before its flush")
+	}
+	mustAppend(t, l2, []Entry{{Topic: "a", Payload: []byte("z")}}, false)
+	if l2.FlushedOffset() == l2.EndOffset() {
+		t.Fatal("an async append with an hour's interval was synced at once")
+	}
+	if err := l2.Flush(); err != nil || l2.FlushedOffset() != l2.EndOffset() {
+		t.Fatalf("Flush: %v, flushed %d of %d", err, l2.FlushedOffset(), l2.EndOffset())
+	}
+}
+
+func TestDiskFullOnWrite(t *testing.T) {
+	ffs := vfs.NewFaultFS(vfs.Default)
+	dir := t.TempDir()
+	l := openLog(t, Config{Dir: dir, FS: ffs, SegmentSize: 4096})
+	acked := mustAppend(t, l, []Entry{{Topic: "d", Payload: []byte("kept-0")}, {Topic: "d", Payload: []byte("kept-1")}}, true)
+	end := l.EndOffset()
+
+	ffs.FailWrites(vfs.ErrNoSpace, 13) // a partial write, then ENOSPC
+	for range 3 {
+		_, err := l.Append([]Entry{{Topic: "d", Payload: make([]byte, 500)}, {Topic: "e", Payload: []byte("x")}}, false)
+		if !errors.Is(err, syscall.ENOSPC) {
+			t.Fatalf("append on a full disk: got %v, want ENOSPC", err)
+		}
+	}
+	// Rolling into a new segment on a full disk fails the same way.
+	if _, err := l.Append([]Entry{{Topic: "d", Payload: make([]byte, 5000)}}, false); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("append needing a new segment: %v", err)
+	}
+	if l.EndOffset() != end {
+		t.Fatalf("failed appends moved the end from %d to %d", end, l.EndOffset())
+	}
+	ffs.FailWrites(nil, 0)
+	pos := mustAppend(t, l, []Entry{{Topic: "d", Payload: []byte("after")}}, false)
+	if pos[0].QueueOffset != 2 || pos[0].LogOffset != end {
+		t.Fatalf("append after space returned at %+v; want queue offset 2 at %d", pos[0], end)
+	}
+	es, err := l.Read("d", 0, 0, 1<<20)
+	if err != nil || len(es) != 3 || string(es[0].Payload) != "kept-0" || string(es[2].Payload) != "after" {
+		t.Fatalf("read after a full disk: %v entries, %v", len(es), err)
+	}
+	if _, next := l.QueueRange("e", 0); next != 0 {
+		t.Fatal("a queue only written by failed appends has entries")
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = openLog(t, Config{Dir: dir})
+	defer l.Close()
+	if got := dumpQueues(t, l); len(got[fmt.Sprint(queueKey{"d", 0})]) != 3 || acked[1].End > l.EndOffset() {
+		t.Fatalf("after reopen: %v", got)
+	}
+}
+
+func TestDiskFullOnSync(t *testing.T) {
+	ffs := vfs.NewFaultFS(vfs.Default)
+	dir := t.TempDir()
+	l := openLog(t, Config{Dir: dir, FS: ffs, Flush: FlushSync})
+	mustAppend(t, l, []Entry{{Topic: "s", Payload: []byte("a")}}, false)
+	ffs.FailSyncs(vfs.ErrNoSpace)
+	if _, err := l.Append([]Entry{{Topic: "s", Payload: []byte("b")}}, false); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("append whose sync fails: %v", err)
+	}
+	ffs.FailSyncs(nil)
+	pos := mustAppend(t, l, []Entry{{Topic: "s", Payload: []byte("c")}}, false)
+	if l.FlushedOffset() < pos[0].End {
+		t.Fatal("append completed unsynced after syncs recovered")
+	}
+	// The record whose sync failed stays in the log (it may be durable: at
+	// least once); the acknowledged ones are there.
+	es, err := l.Read("s", 0, 0, 1<<20)
+	if err != nil || len(es) != 3 || string(es[0].Payload) != "a" || string(es[2].Payload) != "c" {
+		t.Fatalf("read after a failed sync: %d entries, %v", len(es), err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRawReplicationIsByteIdentical(t *testing.T) {
+	master := openLog(t, Config{Dir: t.TempDir(), SegmentSize: 2048})
+	defer master.Close()
+	slave := openLog(t, Config{Dir: t.TempDir(), SegmentSize: 2048})
+	defer slave.Close()
+	for i := range 300 {
+		mustAppend(t, master, []Entry{{Topic: "r", Queue: uint32(i % 3), Payload: payloadFor("r", uint32(i%3), int64(i/3), i%200)}}, false)
+		if i%37 == 0 { // the slave copies while the master writes
+			copyLog(t, master, slave, 700)
+		}
+	}
+	copyLog(t, master, slave, 1500)
+	if slave.EndOffset() != master.EndOffset() {
+		t.Fatalf("slave ends at %d, master at %d", slave.EndOffset(), master.EndOffset())
+	}
+	if !bytes.Equal(allBytes(t, master), allBytes(t, slave)) {
+		t.Fatal("slave log differs from the master's")
+	}
+	if fmt.Sprint(dumpQueues(t, master)) != fmt.Sprint(dumpQueues(t, slave)) {
+		t.Fatal("slave index differs from the master's")
+	}
+
+	// Bytes that do not continue the log are refused and leave no trace.
+	end := slave.EndOffset()
+	raw, _ := master.ReadRaw(0, 100)
+	if _, err := slave.AppendRaw(end, raw, false); !errors.Is(err, ErrOffsetMismatch) {
+		t.Fatalf("records with old queue offsets: %v", err)
+	}
+	if _, err := slave.AppendRaw(end-1, raw, false); !errors.Is(err, ErrOffsetMismatch) {
+		t.Fatalf("raw append at the wrong offset: %v", err)
+	}
+	mustAppend(t, master, []Entry{{Topic: "r", Queue: 0, Payload: []byte("fresh")}}, false)
+	fresh, _ := master.ReadRaw(end, 1<<20)
+	bad := bytes.Clone(fresh)
+	bad[len(bad)-1] ^= 0xff
+	if _, err := slave.AppendRaw(end, bad, false); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("corrupt raw record: %v", err)
+	}
+	if _, err := slave.AppendRaw(end, fresh[:len(fresh)-1], false); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("torn raw record: %v", err)
+	}
+	if slave.EndOffset() != end {
+		t.Fatal("a refused raw append changed the slave")
+	}
+	if got, err := slave.AppendRaw(end, fresh, false); err != nil || got != master.EndOffset() {
+		t.Fatalf("good raw append: %d, %v", got, err)
+	}
+	if _, err := master.ReadRaw(master.EndOffset()+1, 10); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("ReadRaw past the end: %v", err)
+	}
+}
+
+// copyLog streams master into slave from the slave's end, as HA sync does.
+func copyLog(t testing.TB, master, slave *Log, chunk int) {
+	t.Helper()
+	for {
+		from := slave.EndOffset()
+		raw, err := master.ReadRaw(from, chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(raw) == 0 {
+			return
+		}
+		if _, err := slave.AppendRaw(from, raw, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// allBytes is the whole log as one byte stream, read through ReadRaw.
+func allBytes(t testing.TB, l *Log) []byte {
+	t.Helper()
+	var out []byte
+	for off := int64(0); off < l.EndOffset(); {
+		raw, err := l.ReadRaw(off, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, raw...)
+		off += int64(len(raw))
+	}
+	return out
+}
+
+func TestTornTailIsTruncated(t *testing.T) {
+	cases := map[string]func(t *testing.T, path string, size int64){
+		"cut mid-record": func(t *testing.T, path string, size int64) { must(t, os.Truncate(path, size-7)) },
+		"cut mid-header": func(t *testing.T, path string, size int64) {
+			last := lastRecordStart(t, path)
+			must(t, os.Truncate(path, last+3))
+		},
+		"garbage appended": func(t *testing.T, path string, size int64) {
+			writeAt(t, path, size, []byte("\x00\x00\x01\x00garbage that is not a record"))
+		},
+		"zeros appended":       func(t *testing.T, path string, size int64) { writeAt(t, path, size, make([]byte, 4096)) },
+		"last record bit flip": func(t *testing.T, path string, size int64) { flipByte(t, path, size-3) },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			l := openLog(t, Config{Dir: dir})
+			mustAppend(t, l, []Entry{{Topic: "t", Payload: []byte("durable-0")}, {Topic: "t", Payload: []byte("durable-1")}}, true)
+			durable := l.EndOffset()
+			mustAppend(t, l, []Entry{{Topic: "t", Payload: []byte("unsynced")}}, false)
+			crash(l)
+			path := filepath.Join(dir, fmt.Sprintf("%020d.log", 0))
+			st, _ := os.Stat(path)
+			mutate(t, path, st.Size())
+
+			l = openLog(t, Config{Dir: dir})
+			defer l.Close()
+			es, err := l.Read("t", 0, 0, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(es) < 2 || string(es[0].Payload) != "durable-0" || string(es[1].Payload) != "durable-1" {
+				t.Fatalf("durable records lost: %d entries", len(es))
+			}
+			if len(es) == 3 && string(es[2].Payload) != "unsynced" {
+				t.Fatalf("read back garbage: %q", es[2].Payload)
+			}
+			if l.EndOffset() < durable {
+				t.Fatalf("end %d before the durable %d", l.EndOffset(), durable)
+			}
+			pos := mustAppend(t, l, []Entry{{Topic: "t", Payload: []byte("next")}}, false)
+			if pos[0].QueueOffset != int64(len(es)) {
+				t.Fatalf("append after recovery got queue offset %d, want %d", pos[0].QueueOffset, len(es))
+			}
+		})
+	}
+}
+
+func TestMidLogCorruptionIsReported(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, Config{Dir: dir, SegmentSize: 512})
+	var second Position
+	for i := range 40 {
+		pos := mustAppend(t, l, []Entry{{Topic: "m", Payload: payloadFor("m", 0, int64(i), 60)}}, false)
+		if i == 5 {
+			second = pos[0]
+		}
+	}
+	must(t, l.Close())
+	// Flip a byte inside record 5, long before the checkpoint.
+	seg, local := locate(t, dir, second.LogOffset+20)
+	st, _ := os.Stat(seg)
+	flipByte(t, seg, local)
+
+	_, err := Open(Config{Dir: dir, SegmentSize: 512})
+	var ce *CorruptError
+	if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("open over mid-log corruption: got %v, want a *CorruptError", err)
+	}
+	if ce.Offset != second.LogOffset {
+		t.Fatalf("corruption reported at %d, want %d", ce.Offset, second.LogOffset)
+	}
+	if st2, _ := os.Stat(seg); st2.Size() != st.Size() {
+		t.Fatal("open truncated a corrupt segment in the middle of the log")
+	}
+}
+
+func crash(l *Log) {
+	l.crashed = true
+	_ = l.Close()
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeAt(t testing.TB, path string, off int64, b []byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	must(t, err)
+	defer f.Close()
+	_, err = f.WriteAt(b, off)
+	must(t, err)
+}
+
+func flipByte(t testing.TB, path string, off int64) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	must(t, err)
+	b[off] ^= 0x5a
+	must(t, os.WriteFile(path, b, 0o644))
+}
+
+// lastRecordStart walks a segment's records and returns where the last begins.
+func lastRecordStart(t testing.TB, path string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	must(t, err)
+	at, last := 0, 0
+	for at+8 <= len(b) {
+		n := int(binary.BigEndian.Uint32(b[at:])) + 8
+		if at+n > len(b) {
+			break
+		}
+		last = at
+		at += n
+	}
+	return int64(last)
+}
+
+// locate maps a log offset to its segment file and the offset in it.
+func locate(t testing.TB, dir string, off int64) (string, int64) {
+	t.Helper()
+	names, err := vfs.Default.List(dir)
+	must(t, err)
+	var path string
+	var base int64
+	for _, n := range names {
+		var b int64
+		if _, err := fmt.Sscanf(n, "%020d.log", &b); err == nil && b <= off {
+			path, base = filepath.Join(dir, n), b
+		}
+	}
+	return path, off - base
+}
+
+func BenchmarkAppend(b *testing.B) {
+	for _, mode := range []FlushMode{FlushAsync, FlushSync} {
+		for _, conc := range []int{1, 64} {
+			b.Run(fmt.Sprintf("flush=%v/appenders=%d/1KiB", mode, conc), func(b *testing.B) {
+				l := openLog(b, Config{Dir: b.TempDir(), Flush: mode, SegmentSize: 256 << 20})
+				defer l.Close()
+				payload := make([]byte, 1024)
+				var wg sync.WaitGroup
+				per := b.N/conc + 1
+				b.SetBytes(1024)
+				b.ResetTimer()
+				for g := range conc {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range per {
+							if _, err := l.Append([]Entry{{Topic: "bench", Queue: uint32(g % 8), Payload: payload}}, false); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+			})
+		}
+	}
+}

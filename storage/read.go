@@ -1,0 +1,156 @@
+package storage
+
+import (
+	"fmt"
+)
+
+// QueueRange returns a queue's oldest queue offset and its next one (the
+// offset the next append will get). A queue never written has 0, 0.
+func (l *Log) QueueRange(topic string, queue uint32) (first, next int64) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if qi := l.index[queueKey{topic, queue}]; qi != nil {
+		return qi.base, qi.next()
+	}
+	return 0, 0
+}
+
+// Queues calls fn for every queue the log holds, with its offset range.
+func (l *Log) Queues(fn func(topic string, queue uint32, first, next int64)) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for k, qi := range l.index {
+		fn(k.topic, k.queue, qi.base, qi.next())
+	}
+}
+
+type span struct {
+	seg   *segment
+	at    int64 // log offset
+	n     int
+	first int // index of its first entry in the result
+	count int
+}
+
+// Read returns the entries of one queue from offset on, in order, as many
+// as fit in maxBytes (of records), but at least one if there is one. An
+// offset at or past the queue's end returns nothing; one before its start
+// returns ErrOutOfRange. Payloads are fresh copies, CRC-checked.
+func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]StoredEntry, error) {
+	l.mu.RLock()
+	if l.closed {
+		l.mu.RUnlock()
+		return nil, ErrClosed
+	}
+	qi := l.index[queueKey{topic, queue}]
+	if qi == nil || offset >= qi.next() {
+		l.mu.RUnlock()
+		return nil, nil
+	}
+	if offset < qi.base {
+		l.mu.RUnlock()
+		return nil, fmt.Errorf("%w: queue offset %d before the queue's first %d", ErrOutOfRange, offset, qi.base)
+	}
+	// Plan the reads under the lock: runs of adjacent records in one
+	// segment become one read.
+	var spans []span
+	total := 0
+	count := 0
+	for i := int(offset - qi.base); i < len(qi.pos); i++ {
+		pos, size := qi.pos[i], int(qi.size[i])
+		if count > 0 && total+size > maxBytes {
+			break
+		}
+		seg, _, _ := l.segmentFor(pos)
+		if last := len(spans) - 1; last >= 0 && spans[last].seg == seg && spans[last].at+int64(spans[last].n) == pos {
+			spans[last].n += size
+			spans[last].count++
+		} else {
+			spans = append(spans, span{seg: seg, at: pos, n: size, first: count, count: 1})
+		}
+		total += size
+		count++
+	}
+	l.mu.RUnlock()
+
+	out := make([]StoredEntry, 0, count)
+	buf := make([]byte, total)
+	for _, sp := range spans {
+		b := buf[:sp.n]
+		buf = buf[sp.n:]
+		if _, err := sp.seg.f.ReadAt(b, sp.at-sp.seg.base); err != nil {
+			return nil, fmt.Errorf("storage: read %s at %d: %w", sp.seg.name, sp.at-sp.seg.base, err)
+		}
+		at := sp.at
+		for range sp.count {
+			n, err := recordLen(b, l.maxRecord)
+			if err == nil && n > len(b) {
+				err = fmt.Errorf("record of %d bytes past its span", n)
+			}
+			if err != nil {
+				return nil, &CorruptError{Offset: at, Segment: sp.seg.name, Reason: err.Error()}
+			}
+			rec, err := decodeRecord(b[:n])
+			if err != nil {
+				return nil, &CorruptError{Offset: at, Segment: sp.seg.name, Reason: err.Error()}
+			}
+			out = append(out, StoredEntry{QueueOffset: rec.QueueOffset, LogOffset: at, StoreTime: rec.StoreTime, Payload: rec.Payload})
+			at += int64(n)
+			b = b[n:]
+		}
+	}
+	return out, nil
+}
+
+// ReadRaw returns whole records from log offset offset (which must be a
+// record boundary, such as a slave's end offset), as many as fit in maxBytes
+// but at least one, all from one segment. At the end of the log it returns
+// nothing; past it, ErrOutOfRange. This is what a master streams to its slave.
+func (l *Log) ReadRaw(offset int64, maxBytes int) ([]byte, error) {
+	end := l.end.Load()
+	if offset == end {
+		return nil, nil
+	}
+	if offset > end || offset < 0 {
+		return nil, fmt.Errorf("%w: log offset %d, log ends at %d", ErrOutOfRange, offset, end)
+	}
+	l.mu.RLock()
+	if l.closed {
+		l.mu.RUnlock()
+		return nil, ErrClosed
+	}
+	seg, segEnd, ok := l.segmentFor(offset)
+	l.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("%w: log offset %d before the first segment", ErrOutOfRange, offset)
+	}
+	segEnd = min(segEnd, end)
+	n := int(min(int64(max(maxBytes, recordHeaderSize)), segEnd-offset))
+	buf := make([]byte, n)
+	if _, err := seg.f.ReadAt(buf, offset-seg.base); err != nil {
+		return nil, fmt.Errorf("storage: read %s at %d: %w", seg.name, offset-seg.base, err)
+	}
+	// Keep whole records; if the first does not fit, read it whole.
+	good := 0
+	for good < len(buf) {
+		rl, err := recordLen(buf[good:], l.maxRecord)
+		if err != nil && len(buf)-good >= recordHeaderSize {
+			return nil, &CorruptError{Offset: offset + int64(good), Segment: seg.name, Reason: err.Error()}
+		}
+		if err != nil || good+rl > len(buf) {
+			if good == 0 && err == nil && offset+int64(rl) <= segEnd {
+				whole := make([]byte, rl)
+				if _, err := seg.f.ReadAt(whole, offset-seg.base); err != nil {
+					return nil, fmt.Errorf("storage: read %s at %d: %w", seg.name, offset-seg.base, err)
+				}
+				return whole, nil
+			}
+			if good == 0 {
+				return nil, &CorruptError{Offset: offset, Segment: seg.name, Reason: "not a record boundary"}
+			}
+			break
+		}
+		good += rl
+	}
+	return buf[:good], nil
+}

@@ -1,0 +1,129 @@
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+)
+
+const (
+	recordHeaderSize  = 8                     // length + CRC
+	recordFixedSize   = 1 + 1 + 2 + 4 + 8 + 8 // content without topic and payload
+	recordVersion     = 0xF1
+	maxTopicLen       = 255
+	defaultMaxPayload = 16 << 20
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Errors of the storage package.
+var (
+	// ErrCorrupt marks a record that fails its checks.
+	ErrCorrupt = errors.New("storage: corrupt record")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("storage: log closed")
+	// ErrBroken is returned after a failed write could not be undone; the log
+	// must be reopened (which recovers it).
+	ErrBroken = errors.New("storage: log broken by an unrecoverable write error")
+	// ErrOffsetMismatch is returned by AppendRaw when the bytes do not start
+	// at the log's end or do not continue its queues.
+	ErrOffsetMismatch = errors.New("storage: raw append does not continue the log")
+	// ErrOutOfRange is returned for a log offset past the end of the log or
+	// before its first segment.
+	ErrOutOfRange = errors.New("storage: offset out of range")
+	// ErrInvalidEntry is returned for an entry the log cannot store (empty or
+	// too long topic, payload over the cap).
+	ErrInvalidEntry = errors.New("storage: invalid entry")
+)
+
+// CorruptError reports corruption found in durable data, with its place.
+type CorruptError struct {
+	Offset  int64  // log offset of the bad record
+	Segment string // file holding it
+	Reason  string
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("storage: corrupt record at log offset %d in %s: %s", e.Offset, e.Segment, e.Reason)
+}
+
+func (e *CorruptError) Unwrap() error { return ErrCorrupt }
+
+// record is a decoded record; Payload aliases the buffer it came from.
+type record struct {
+	Topic       string
+	Queue       uint32
+	QueueOffset int64
+	StoreTime   int64
+	Payload     []byte
+}
+
+func recordSize(topicLen, payloadLen int) int {
+	return recordHeaderSize + recordFixedSize + topicLen + payloadLen
+}
+
+// appendRecord appends one encoded record to dst.
+func appendRecord(dst []byte, topic string, queue uint32, queueOffset, storeTime int64, payload []byte) []byte {
+	start := len(dst)
+	contentLen := recordFixedSize + len(topic) + len(payload)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(contentLen))
+	dst = binary.BigEndian.AppendUint32(dst, 0) // CRC, filled below
+	dst = append(dst, recordVersion, 0)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(topic)))
+	dst = append(dst, topic...)
+	dst = binary.BigEndian.AppendUint32(dst, queue)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(queueOffset))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(storeTime))
+	dst = append(dst, payload...)
+	crc := crc32.Checksum(dst[start+recordHeaderSize:], castagnoli)
+	binary.BigEndian.PutUint32(dst[start+4:], crc)
+	return dst
+}
+
+// recordLen reads a record's total size from its header, checking it
+// against maxSize. It needs 8 bytes.
+func recordLen(hdr []byte, maxSize int) (int, error) {
+	if len(hdr) < recordHeaderSize {
+		return 0, errors.New("truncated header")
+	}
+	l := binary.BigEndian.Uint32(hdr)
+	if l < recordFixedSize {
+		return 0, fmt.Errorf("content length %d under the minimum %d", l, recordFixedSize)
+	}
+	total := uint64(l) + recordHeaderSize
+	if total > uint64(maxSize) {
+		return 0, fmt.Errorf("record length %d over the cap %d", total, maxSize)
+	}
+	return int(total), nil
+}
+
+// decodeRecord checks and decodes one whole record (header included).
+func decodeRecord(b []byte) (record, error) {
+	var r record
+	if len(b) < recordHeaderSize+recordFixedSize {
+		return r, errors.New("truncated record")
+	}
+	content := b[recordHeaderSize:]
+	if int(binary.BigEndian.Uint32(b)) != len(content) {
+		return r, errors.New("length does not match")
+	}
+	if crc := crc32.Checksum(content, castagnoli); crc != binary.BigEndian.Uint32(b[4:]) {
+		return r, fmt.Errorf("CRC mismatch (stored %#08x, computed %#08x)", binary.BigEndian.Uint32(b[4:]), crc)
+	}
+	if content[0] != recordVersion {
+		return r, fmt.Errorf("unknown record version %#02x", content[0])
+	}
+	tl := int(binary.BigEndian.Uint16(content[2:]))
+	if tl == 0 || tl > maxTopicLen || 4+tl+4+8+8 > len(content) {
+		return r, fmt.Errorf("bad topic length %d", tl)
+	}
+	p := content[4:]
+	r.Topic = string(p[:tl])
+	p = p[tl:]
+	r.Queue = binary.BigEndian.Uint32(p)
+	r.QueueOffset = int64(binary.BigEndian.Uint64(p[4:]))
+	r.StoreTime = int64(binary.BigEndian.Uint64(p[12:]))
+	r.Payload = p[20:]
+	return r, nil
+}

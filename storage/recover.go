@@ -1,0 +1,253 @@
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+const (
+	checkpointName  = "checkpoint"
+	checkpointMagic = "FYCP"
+	checkpointSize  = 16
+)
+
+// readCheckpoint returns the flushed offset the checkpoint records, or 0 if
+// there is none or it does not check out (recovery then checks everything
+// as tail, which is only more conservative).
+func (l *Log) readCheckpoint() int64 {
+	f, err := l.fs.OpenRW(filepath.Join(l.cfg.Dir, checkpointName))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var b [checkpointSize]byte
+	if _, err := f.ReadAt(b[:], 0); err != nil {
+		return 0
+	}
+	if string(b[12:]) != checkpointMagic || crc32.Checksum(b[:8], castagnoli) != binary.BigEndian.Uint32(b[8:]) {
+		l.log.Warn("ignoring a checkpoint that does not check out")
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(b[:8]))
+}
+
+// writeCheckpoint records that the log is synced up to off. It is called by
+// the flusher after a sync, and is not synced itself.
+func (l *Log) writeCheckpoint(off int64) {
+	if l.checkpoint == nil {
+		return
+	}
+	var b [checkpointSize]byte
+	binary.BigEndian.PutUint64(b[:], uint64(off))
+	binary.BigEndian.PutUint32(b[8:], crc32.Checksum(b[:8], castagnoli))
+	copy(b[12:], checkpointMagic)
+	if _, err := l.checkpoint.WriteAt(b[:], 0); err != nil {
+		l.log.Warn("checkpoint write failed", "error", err)
+	}
+}
+
+func (l *Log) openCheckpointFile() error {
+	name := filepath.Join(l.cfg.Dir, checkpointName)
+	f, err := l.fs.OpenRW(name)
+	if err != nil {
+		f, err = l.fs.Create(name)
+	}
+	if err != nil {
+		return fmt.Errorf("storage: open checkpoint: %w", err)
+	}
+	l.checkpoint = f
+	return nil
+}
+
+// recover opens the segments, checks every record, truncates a torn tail
+// and rebuilds the indexes. See the package doc for the rules.
+func (l *Log) recover() error {
+	names, err := l.fs.List(l.cfg.Dir)
+	if err != nil {
+		return fmt.Errorf("storage: list %s: %w", l.cfg.Dir, err)
+	}
+	var bases []int64
+	for _, n := range names {
+		if !strings.HasSuffix(n, ".log") {
+			continue
+		}
+		base, err := strconv.ParseInt(strings.TrimSuffix(n, ".log"), 10, 64)
+		if err != nil || len(n) != 24 {
+			return fmt.Errorf("storage: unexpected file %s in %s", n, l.cfg.Dir)
+		}
+		bases = append(bases, base)
+	}
+	checkpoint := l.readCheckpoint()
+	for _, base := range bases {
+		f, err := l.fs.OpenRW(l.segmentPath(base))
+		if err != nil {
+			return fmt.Errorf("storage: open segment: %w", err)
+		}
+		size, err := f.Size()
+		if err != nil {
+			_ = f.Close()
+			return fmt.Errorf("storage: size of %s: %w", l.segmentPath(base), err)
+		}
+		l.segments = append(l.segments, &segment{base: base, name: l.segmentPath(base), f: f, size: size})
+	}
+
+	end := int64(0)
+	if len(l.segments) > 0 {
+		end = l.segments[0].base
+	}
+	for i := 0; i < len(l.segments); i++ {
+		s := l.segments[i]
+		if s.base != end {
+			if end >= checkpoint {
+				// A segment that does not continue the log after the durable
+				// part: a tail left by a crash during a roll.
+				return l.truncateTail(i, 0, end, checkpoint, fmt.Sprintf("segment %s does not start at %d", s.name, end))
+			}
+			return &CorruptError{Offset: end, Segment: s.name, Reason: fmt.Sprintf("segment starts at %d, want %d", s.base, end)}
+		}
+		good, reason, err := l.scanSegment(s)
+		if err != nil {
+			return err
+		}
+		end = s.base + good
+		if reason != "" {
+			if end < checkpoint {
+				return &CorruptError{Offset: end, Segment: s.name, Reason: reason}
+			}
+			return l.truncateTail(i, good, end, checkpoint, reason)
+		}
+	}
+	if end < checkpoint {
+		return &CorruptError{Offset: end, Segment: l.lastSegmentName(), Reason: fmt.Sprintf("log ends at %d, before its checkpoint %d", end, checkpoint)}
+	}
+	return l.finishRecovery(end)
+}
+
+func (l *Log) lastSegmentName() string {
+	if len(l.segments) == 0 {
+		return l.cfg.Dir
+	}
+	return l.segments[len(l.segments)-1].name
+}
+
+// truncateTail cuts segment i at good bytes and removes every later segment.
+func (l *Log) truncateTail(i int, good, end, checkpoint int64, reason string) error {
+	s := l.segments[i]
+	var lost int64
+	for _, t := range l.segments[i:] {
+		lost += t.size
+	}
+	lost -= good
+	l.log.Warn("truncating a torn tail", "segment", s.name, "offset", end, "checkpoint", checkpoint, "bytes", lost, "reason", reason)
+	if good == 0 && i > 0 {
+		i-- // drop the whole segment
+	} else {
+		if err := s.f.Truncate(good); err != nil {
+			return fmt.Errorf("storage: truncate %s: %w", s.name, err)
+		}
+		s.size = good
+	}
+	for _, t := range l.segments[i+1:] {
+		_ = t.f.Close()
+		if err := l.fs.Remove(t.name); err != nil {
+			return fmt.Errorf("storage: remove %s: %w", t.name, err)
+		}
+	}
+	l.segments = l.segments[:i+1]
+	if err := l.fs.SyncDir(l.cfg.Dir); err != nil {
+		return fmt.Errorf("storage: sync dir: %w", err)
+	}
+	return l.finishRecovery(end)
+}
+
+func (l *Log) finishRecovery(end int64) error {
+	if len(l.segments) == 0 {
+		s, err := l.createSegment(0)
+		if err != nil {
+			return err
+		}
+		l.segments = append(l.segments, s)
+	}
+	// What a crashed process left in the page cache is made durable now.
+	for _, s := range l.segments {
+		if err := s.f.Sync(); err != nil {
+			return fmt.Errorf("storage: sync %s: %w", s.name, err)
+		}
+	}
+	if err := l.openCheckpointFile(); err != nil {
+		return err
+	}
+	l.end.Store(end)
+	l.flushed.Store(end)
+	l.writeCheckpoint(end)
+	return nil
+}
+
+// scanSegment checks s record by record and indexes every good record. It
+// returns the length of the good prefix and, if a bad record or stray bytes
+// follow it, why.
+func (l *Log) scanSegment(s *segment) (good int64, reason string, err error) {
+	const chunkSize = 4 << 20
+	var buf []byte
+	bufAt := int64(0) // segment offset of buf[0]
+	// fill makes buf hold [at, at+n) if the segment has it.
+	fill := func(at int64, n int) (bool, error) {
+		if at >= bufAt && at+int64(n) <= bufAt+int64(len(buf)) {
+			return true, nil
+		}
+		if at+int64(n) > s.size {
+			return false, nil
+		}
+		want := max(n, chunkSize)
+		if rest := s.size - at; int64(want) > rest {
+			want = int(rest)
+		}
+		if cap(buf) < want {
+			buf = make([]byte, want)
+		}
+		buf = buf[:want]
+		if _, err := s.f.ReadAt(buf, at); err != nil && !errors.Is(err, io.EOF) {
+			return false, fmt.Errorf("storage: read %s at %d: %w", s.name, at, err)
+		}
+		bufAt = at
+		return true, nil
+	}
+	at := int64(0)
+	for at < s.size {
+		ok, err := fill(at, recordHeaderSize)
+		if err != nil {
+			return at, "", err
+		}
+		if !ok {
+			return at, fmt.Sprintf("%d stray bytes at the end", s.size-at), nil
+		}
+		n, lerr := recordLen(buf[at-bufAt:], l.maxRecord)
+		if lerr != nil {
+			return at, lerr.Error(), nil
+		}
+		ok, err = fill(at, n)
+		if err != nil {
+			return at, "", err
+		}
+		if !ok {
+			return at, fmt.Sprintf("record of %d bytes runs past the end of the segment", n), nil
+		}
+		rec, derr := decodeRecord(buf[at-bufAt : at-bufAt+int64(n)])
+		if derr != nil {
+			return at, derr.Error(), nil
+		}
+		k := queueKey{rec.Topic, rec.Queue}
+		if qi := l.index[k]; qi != nil && rec.QueueOffset != qi.next() {
+			return at, fmt.Sprintf("queue offset %d of %s/%d does not follow %d", rec.QueueOffset, rec.Topic, rec.Queue, qi.next()-1), nil
+		}
+		l.indexAdd(k, rec.QueueOffset, s.base+at, int32(n))
+		at += int64(n)
+	}
+	return at, "", nil
+}
