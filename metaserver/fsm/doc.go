@@ -1,6 +1,31 @@
 // Package fsm is the metaserver's pure, deterministic state machine: typed
 // commands in (register a broker, set a group's state, create a topic, add
-// queues), routing state out. It does no I/O, reads no clock and draws no
-// random numbers: the leader stamps times into the commands, so every node
-// that applies the same log reaches the same state.
+// queues, remove a broker or a group, record a member's address), routing
+// state out.
+//
+// # Contract
+//
+// hashicorp/raft calls Apply, Snapshot and Restore from its FSM goroutine,
+// one at a time; readers (route lookups, the judge, the admin API) call the
+// read methods from any goroutine, under a read lock. Apply is a function of
+// the state and the command only: it reads no clock, draws no random number
+// and does no I/O. The leader stamps times into the commands, so every node
+// that applies the same log reaches the same state. A test fails if this
+// package imports time, randomness, os or net.
+//
+// Snapshot copies the state (cheap: the registry is small); Persist encodes
+// the copy to the sink on raft's snapshot goroutine.
+//
+// # Commands
+//
+// An encoded command is one type byte followed by its JSON body. A type
+// byte with the IgnoreUnknown bit set may be skipped by a node that does not
+// know it (a rolling upgrade adding an optional command); an unknown type
+// without the bit is a broken invariant and panics, as raft requires.
+//
+// Each command carries a precondition where a retry or a stale decision
+// could do harm: SetGroupReasons and RemoveGroup name the group version they
+// were decided on, AddQueues the topic version, CreateTopic requires the
+// topic not to exist. A command whose precondition fails changes nothing and
+// returns a CONFLICT error through the apply future's Response.
 package fsm

@@ -1,0 +1,235 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+// ErrNoNode is returned when no metaserver node could be reached.
+var ErrNoNode = errors.New("metaserver client: no metaserver node reachable")
+
+// Config configures a Client.
+type Config struct {
+	// Addrs are the metaserver nodes' RPC addresses. Required.
+	Addrs []string
+	// CallTimeout bounds one call (all its retries) when the context has no
+	// deadline. Default 5 s.
+	CallTimeout time.Duration
+	// Transport tunes the connections.
+	Transport transport.ClientConfig
+}
+
+// Client is the typed metaserver client. Reads go to any node (the last one
+// that answered first); writes and heartbeats go to the leader, following
+// NOT_LEADER answers; a node that cannot be reached is skipped. It is safe
+// for concurrent use.
+type Client struct {
+	cfg Config
+
+	mu     sync.Mutex
+	conns  map[string]*transport.Client
+	leader string // last known leader RPC address
+	good   string // last node that answered a read
+	closed bool
+}
+
+// New returns a client; it dials lazily.
+func New(cfg Config) (*Client, error) {
+	if len(cfg.Addrs) == 0 {
+		return nil, errors.New("metaserver client: no addresses")
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 5 * time.Second
+	}
+	return &Client{cfg: cfg, conns: map[string]*transport.Client{}}, nil
+}
+
+// Close closes every connection.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	conns := c.conns
+	c.conns = map[string]*transport.Client{}
+	c.mu.Unlock()
+	for _, tc := range conns {
+		_ = tc.Close()
+	}
+	return nil
+}
+
+func (c *Client) conn(addr string) (*transport.Client, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, transport.ErrClosed
+	}
+	tc := c.conns[addr]
+	if tc == nil {
+		tc = transport.NewClient(addr, c.cfg.Transport)
+		c.conns[addr] = tc
+	}
+	return tc, nil
+}
+
+// order returns the addresses to try, first the preferred one.
+func (c *Client) order(preferLeader bool) []string {
+	c.mu.Lock()
+	first := c.good
+	if preferLeader {
+		first = c.leader
+	}
+	c.mu.Unlock()
+	out := make([]string, 0, len(c.cfg.Addrs)+1)
+	if first != "" {
+		out = append(out, first)
+	}
+	for _, a := range c.cfg.Addrs {
+		if a != first {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// call sends a request to the leader (toLeader) or to any node, retrying
+// other nodes on connection errors and following NOT_LEADER.
+func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader bool) ([]byte, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
+		defer cancel()
+	}
+	body, ok := req.([]byte) // already encoded
+	if !ok {
+		var err error
+		if body, err = json.Marshal(req); err != nil {
+			return nil, fmt.Errorf("metaserver client: encode %v: %w", code, err)
+		}
+	}
+	var lastErr error
+	backoff := 20 * time.Millisecond
+	for round := 0; ; round++ {
+		queue := c.order(toLeader)
+		for len(queue) > 0 {
+			addr := queue[0]
+			queue = queue[1:]
+			tc, err := c.conn(addr)
+			if err != nil {
+				return nil, err
+			}
+			resp, err := tc.Call(ctx, code, body)
+			if err == nil {
+				c.mu.Lock()
+				if toLeader {
+					c.leader = addr
+				} else {
+					c.good = addr
+				}
+				c.mu.Unlock()
+				return resp.Body, nil
+			}
+			lastErr = err
+			if errors.Is(err, protocol.ErrNotLeader) {
+				if leader := string(resp.Body); leader != "" {
+					c.mu.Lock()
+					c.leader = leader
+					c.mu.Unlock()
+					if leader != addr {
+						queue = append([]string{leader}, queue...)
+					}
+				}
+				continue
+			}
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("metaserver client: %v: %w", code, err)
+			}
+			var pe *protocol.Error
+			if errors.As(err, &pe) && !pe.Retriable() {
+				return nil, err // the cluster answered: no other node will say otherwise
+			}
+			// A connection error, BUSY or SHUTTING_DOWN: try the next node.
+		}
+		// Every node tried: wait (an election may be under way) and go again.
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %v after %d rounds: %w", ErrNoNode, code, round+1, lastErr)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+func decode[T any](b []byte, err error) (T, error) {
+	var v T
+	if err != nil {
+		return v, err
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return v, fmt.Errorf("metaserver client: decode %T: %w", v, err)
+	}
+	return v, nil
+}
+
+// Heartbeat sends a broker's heartbeat to the leader.
+func (c *Client) Heartbeat(ctx context.Context, hb Heartbeat) (HeartbeatReply, error) {
+	return decode[HeartbeatReply](c.call(ctx, protocol.CodeHeartbeat, hb, true))
+}
+
+// Route looks a topic's route up on any node. An unknown topic with
+// auto-create off returns protocol.ErrUnknownTopic.
+func (c *Client) Route(ctx context.Context, topic string) (routing.Route, error) {
+	body, err := c.call(ctx, protocol.CodeRouteLookup, []byte(topic), false)
+	if err != nil {
+		return routing.Route{}, err
+	}
+	return routing.DecodeRoute(body)
+}
+
+// Groups lists the broker groups with their heartbeats (from the leader).
+func (c *Client) Groups(ctx context.Context) ([]GroupInfo, error) {
+	return decode[[]GroupInfo](c.call(ctx, protocol.CodeAdminGroups, struct{}{}, true))
+}
+
+// Topics lists the topics (from any node).
+func (c *Client) Topics(ctx context.Context) ([]routing.Topic, error) {
+	return decode[[]routing.Topic](c.call(ctx, protocol.CodeAdminTopics, struct{}{}, false))
+}
+
+// CreateTopic creates a topic and returns its route.
+func (c *Client) CreateTopic(ctx context.Context, req CreateTopicRequest) (routing.Route, error) {
+	return decode[routing.Route](c.call(ctx, protocol.CodeAdminCreateTopic, req, true))
+}
+
+// AddQueues adds queues to a topic and returns its route.
+func (c *Client) AddQueues(ctx context.Context, topic string, count int) (routing.Route, error) {
+	return decode[routing.Route](c.call(ctx, protocol.CodeAdminAddQueues, AddQueuesRequest{Topic: topic, Count: count}, true))
+}
+
+// SetGroupReadOnly marks a group read-only (sticky) or clears that mark.
+func (c *Client) SetGroupReadOnly(ctx context.Context, group string, readOnly bool) (routing.Group, error) {
+	return decode[routing.Group](c.call(ctx, protocol.CodeAdminSetGroupMode, SetGroupModeRequest{Group: group, ReadOnly: readOnly}, true))
+}
+
+// RaftStatus returns the Raft cluster as the leader (or, without one, any
+// node) sees it.
+func (c *Client) RaftStatus(ctx context.Context) (RaftStatus, error) {
+	return decode[RaftStatus](c.call(ctx, protocol.CodeAdminRaftStatus, struct{}{}, false))
+}
+
+// AddVoter adds a metaserver node as a voter.
+func (c *Client) AddVoter(ctx context.Context, req VoterRequest) (RaftStatus, error) {
+	return decode[RaftStatus](c.call(ctx, protocol.CodeAdminAddVoter, req, true))
+}
+
+// RemoveVoter removes a metaserver node.
+func (c *Client) RemoveVoter(ctx context.Context, id string) (RaftStatus, error) {
+	return decode[RaftStatus](c.call(ctx, protocol.CodeAdminRemoveVoter, VoterRequest{ID: id}, true))
+}

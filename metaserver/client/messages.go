@@ -1,0 +1,98 @@
+package client
+
+import "github.com/ferrymq/ferrymq/routing"
+
+// The control plane's bodies are JSON: they are small and rare next to the
+// data path, and readable in captures.
+
+// Heartbeat is what a broker sends to the metaserver leader every interval.
+type Heartbeat struct {
+	Group    string `json:"group"`
+	Role     string `json:"role"` // "master" or "slave"
+	BrokerID string `json:"broker_id"`
+	Addr     string `json:"addr"`
+	HAAddr   string `json:"ha_addr,omitempty"`
+	// LogEnd is the broker's commit-log end offset.
+	LogEnd int64 `json:"log_end"`
+	// Master only: the slave's state as the master sees it.
+	SlaveConnected bool  `json:"slave_connected"`
+	SlaveAckOffset int64 `json:"slave_ack_offset"`
+	LagBytes       int64 `json:"lag_bytes"`
+	// LagMillis is how long the slave has not been caught up (0 if it is).
+	LagMillis int64 `json:"lag_millis"`
+}
+
+// HeartbeatReply carries the group as the registry has it; the broker
+// enforces its state.
+type HeartbeatReply struct {
+	Group routing.Group `json:"group"`
+}
+
+// RouteRequest asks for a topic's route.
+type RouteRequest struct {
+	Topic string `json:"topic"`
+}
+
+// GroupInfo is a group with what only the leader knows: its heartbeats.
+type GroupInfo struct {
+	routing.Group
+	State   string `json:"state"`   // RW or RO
+	Reason  string `json:"reason"`  // e.g. "heartbeat-lost,slave-lag"
+	Holders int    `json:"holders"` // queues routed to the group
+	// MasterHeartbeatAgeMillis is the age of the last heartbeat from the
+	// master, -1 if none was seen since this leader took over.
+	MasterHeartbeatAgeMillis int64     `json:"master_heartbeat_age_ms"`
+	SlaveHeartbeatAgeMillis  int64     `json:"slave_heartbeat_age_ms"`
+	Last                     Heartbeat `json:"last_master_heartbeat"`
+}
+
+// CreateTopicRequest creates a topic with Queues queues spread over the
+// writable groups (or exactly on Groups if given).
+type CreateTopicRequest struct {
+	Name   string   `json:"name"`
+	Queues int      `json:"queues"`
+	Groups []string `json:"groups,omitempty"`
+	// IfMissing makes creating an existing topic return it instead of an error.
+	IfMissing bool `json:"if_missing,omitempty"`
+}
+
+// AddQueuesRequest adds Count queues to a topic, spread over writable groups.
+type AddQueuesRequest struct {
+	Topic string `json:"topic"`
+	Count int    `json:"count"`
+}
+
+// SetGroupModeRequest marks a group read-only or writable as an admin.
+type SetGroupModeRequest struct {
+	Group    string `json:"group"`
+	ReadOnly bool   `json:"read_only"`
+}
+
+// VoterRequest adds or removes a metaserver node.
+type VoterRequest struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr,omitempty"`
+	RPCAddr  string `json:"rpc_addr,omitempty"`
+}
+
+// RaftMember is one node of the metaserver cluster.
+type RaftMember struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	RPCAddr  string `json:"rpc_addr"`
+	Suffrage string `json:"suffrage"`
+	Leader   bool   `json:"leader"`
+}
+
+// RaftStatus is one node's view of the Raft cluster.
+type RaftStatus struct {
+	Node         string       `json:"node"`
+	State        string       `json:"state"`
+	LeaderID     string       `json:"leader_id"`
+	LeaderAddr   string       `json:"leader_rpc_addr"`
+	Term         uint64       `json:"term"`
+	LastIndex    uint64       `json:"last_index"`
+	CommitIndex  uint64       `json:"commit_index"`
+	AppliedIndex uint64       `json:"applied_index"`
+	Members      []RaftMember `json:"members"`
+}

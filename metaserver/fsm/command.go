@@ -1,0 +1,146 @@
+package fsm
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+// CommandType is the first byte of an encoded command.
+type CommandType uint8
+
+// IgnoreUnknown marks a command type that a node not knowing it may skip.
+const IgnoreUnknown CommandType = 0x80
+
+// Command types.
+const (
+	TypeRegisterBroker  CommandType = 1
+	TypeSetGroupReasons CommandType = 2
+	TypeCreateTopic     CommandType = 3
+	TypeAddQueues       CommandType = 4
+	TypeRemoveGroup     CommandType = 5
+	TypeRemoveBroker    CommandType = 6
+	TypeSetMember       CommandType = 7 | IgnoreUnknown
+	TypeRemoveMember    CommandType = 8 | IgnoreUnknown
+)
+
+// Command is implemented by every command.
+type Command interface {
+	Type() CommandType
+}
+
+// Role of a broker in its group.
+const (
+	RoleMaster = "master"
+	RoleSlave  = "slave"
+)
+
+// RegisterBroker adds a broker to its group (creating the group, writable)
+// or updates its addresses. Registering what is already there changes
+// nothing, so retries are harmless.
+type RegisterBroker struct {
+	Group  string         `json:"group"`
+	Role   string         `json:"role"`
+	Broker routing.Broker `json:"broker"`
+	At     int64          `json:"at"` // unix ms, stamped by the leader
+}
+
+// SetGroupReasons adds and removes read-only reasons of a group.
+type SetGroupReasons struct {
+	Group         string          `json:"group"`
+	Set           routing.Reasons `json:"set"`
+	Clear         routing.Reasons `json:"clear"`
+	ExpectVersion uint64          `json:"expect_version"` // 0: any
+	At            int64           `json:"at"`
+}
+
+// CreateTopic creates a topic whose queue i lives on Queues[i].
+type CreateTopic struct {
+	Name   string   `json:"name"`
+	Queues []string `json:"queues"`
+}
+
+// AddQueues appends queues, living on Groups, to a topic.
+type AddQueues struct {
+	Topic         string   `json:"topic"`
+	Groups        []string `json:"groups"`
+	ExpectVersion uint64   `json:"expect_version"` // 0: any
+}
+
+// RemoveGroup removes a group no topic uses.
+type RemoveGroup struct {
+	Group         string `json:"group"`
+	ExpectVersion uint64 `json:"expect_version"` // 0: any
+}
+
+// RemoveBroker removes the master or the slave of a group.
+type RemoveBroker struct {
+	Group string `json:"group"`
+	Role  string `json:"role"`
+}
+
+// SetMember records the RPC address of a metaserver node by its raft ID.
+type SetMember struct {
+	ID      string `json:"id"`
+	RPCAddr string `json:"rpc_addr"`
+}
+
+// RemoveMember forgets a metaserver node.
+type RemoveMember struct {
+	ID string `json:"id"`
+}
+
+func (RegisterBroker) Type() CommandType  { return TypeRegisterBroker }
+func (SetGroupReasons) Type() CommandType { return TypeSetGroupReasons }
+func (CreateTopic) Type() CommandType     { return TypeCreateTopic }
+func (AddQueues) Type() CommandType       { return TypeAddQueues }
+func (RemoveGroup) Type() CommandType     { return TypeRemoveGroup }
+func (RemoveBroker) Type() CommandType    { return TypeRemoveBroker }
+func (SetMember) Type() CommandType       { return TypeSetMember }
+func (RemoveMember) Type() CommandType    { return TypeRemoveMember }
+
+// Encode returns a command's log entry: its type byte and JSON body.
+func Encode(c Command) ([]byte, error) {
+	body, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("fsm: encode %T: %w", c, err)
+	}
+	return append([]byte{byte(c.Type())}, body...), nil
+}
+
+// Decode parses a log entry. It returns (nil, nil) for an unknown type that
+// may be ignored.
+func Decode(b []byte) (Command, error) {
+	if len(b) == 0 {
+		return nil, fmt.Errorf("fsm: empty command")
+	}
+	var c Command
+	switch CommandType(b[0]) {
+	case TypeRegisterBroker:
+		c = &RegisterBroker{}
+	case TypeSetGroupReasons:
+		c = &SetGroupReasons{}
+	case TypeCreateTopic:
+		c = &CreateTopic{}
+	case TypeAddQueues:
+		c = &AddQueues{}
+	case TypeRemoveGroup:
+		c = &RemoveGroup{}
+	case TypeRemoveBroker:
+		c = &RemoveBroker{}
+	case TypeSetMember:
+		c = &SetMember{}
+	case TypeRemoveMember:
+		c = &RemoveMember{}
+	default:
+		if CommandType(b[0])&IgnoreUnknown != 0 {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("fsm: unknown command type %d", b[0])
+	}
+	if err := json.Unmarshal(b[1:], c); err != nil {
+		return nil, fmt.Errorf("fsm: decode command type %d: %w", b[0], err)
+	}
+	return c, nil
+}

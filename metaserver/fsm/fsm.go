@@ -1,0 +1,373 @@
+package fsm
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+// State is the whole registry. It is what snapshots hold.
+type State struct {
+	// Version increases with every change.
+	Version uint64                    `json:"version"`
+	Groups  map[string]*routing.Group `json:"groups"`
+	Topics  map[string]*routing.Topic `json:"topics"`
+	// Members maps metaserver raft IDs to their RPC addresses.
+	Members map[string]string `json:"members"`
+}
+
+func newState() *State {
+	return &State{Groups: map[string]*routing.Group{}, Topics: map[string]*routing.Topic{}, Members: map[string]string{}}
+}
+
+func (s *State) clone() *State {
+	c := &State{Version: s.Version, Groups: make(map[string]*routing.Group, len(s.Groups)),
+		Topics: make(map[string]*routing.Topic, len(s.Topics)), Members: make(map[string]string, len(s.Members))}
+	for k, g := range s.Groups {
+		g2 := *g
+		c.Groups[k] = &g2
+	}
+	for k, t := range s.Topics {
+		t2 := *t
+		t2.Queues = slices.Clone(t.Queues)
+		c.Topics[k] = &t2
+	}
+	for k, v := range s.Members {
+		c.Members[k] = v
+	}
+	return c
+}
+
+// Result is what a successful Apply returns through the future's Response.
+type Result struct {
+	Changed bool   // false when the command found nothing to do
+	Version uint64 // the object's version after the command (group or topic)
+}
+
+// FSM is the registry's raft.FSM.
+type FSM struct {
+	mu sync.RWMutex
+	s  *State
+}
+
+// New returns an empty registry.
+func New() *FSM { return &FSM{s: newState()} }
+
+var _ raft.FSM = (*FSM)(nil)
+
+func conflict(format string, args ...any) error {
+	return &protocol.Error{Status: protocol.StatusConflict, Message: fmt.Sprintf(format, args...)}
+}
+
+func notFound(format string, args ...any) error {
+	return &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf(format, args...)}
+}
+
+// Apply applies one committed log entry. It returns *Result or an error.
+func (f *FSM) Apply(l *raft.Log) any {
+	if l.Type != raft.LogCommand {
+		return nil
+	}
+	c, err := Decode(l.Data)
+	if err != nil {
+		// A committed entry no node can decode: the log is broken.
+		panic(fmt.Sprintf("fsm: undecodable committed entry at index %d: %v", l.Index, err))
+	}
+	if c == nil {
+		return &Result{}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.apply(c)
+}
+
+// ApplyCommand applies a command directly (tests and tools; the node goes
+// through raft).
+func (f *FSM) ApplyCommand(c Command) any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.apply(c)
+}
+
+func (f *FSM) apply(c Command) any {
+	s := f.s
+	switch c := c.(type) {
+	case *RegisterBroker:
+		return f.registerBroker(c)
+	case *SetGroupReasons:
+		g := s.Groups[c.Group]
+		if g == nil {
+			return notFound("group %q", c.Group)
+		}
+		if c.ExpectVersion != 0 && c.ExpectVersion != g.Version {
+			return conflict("group %q is at version %d, not %d", c.Group, g.Version, c.ExpectVersion)
+		}
+		next := (g.Reasons | c.Set) &^ c.Clear
+		if next == g.Reasons {
+			return &Result{Version: g.Version}
+		}
+		g.Reasons = next
+		g.ChangedAt = c.At
+		return f.bumpGroup(g)
+	case *CreateTopic:
+		if err := protocol.ValidateTopic(c.Name); err != nil {
+			return &protocol.Error{Status: protocol.StatusInvalid, Message: err.Error()}
+		}
+		if t := s.Topics[c.Name]; t != nil {
+			if slices.Equal(t.Queues, c.Queues) {
+				return &Result{Version: t.Version} // a retried create
+			}
+			return conflict("topic %q exists", c.Name)
+		}
+		if len(c.Queues) == 0 {
+			return &protocol.Error{Status: protocol.StatusInvalid, Message: "a topic needs at least one queue"}
+		}
+		for _, g := range c.Queues {
+			if s.Groups[g] == nil {
+				return notFound("group %q", g)
+			}
+		}
+		s.Version++
+		s.Topics[c.Name] = &routing.Topic{Name: c.Name, Queues: slices.Clone(c.Queues), Version: s.Version}
+		return &Result{Changed: true, Version: s.Version}
+	case *AddQueues:
+		t := s.Topics[c.Topic]
+		if t == nil {
+			return notFound("topic %q", c.Topic)
+		}
+		if c.ExpectVersion != 0 && c.ExpectVersion != t.Version {
+			return conflict("topic %q is at version %d, not %d", c.Topic, t.Version, c.ExpectVersion)
+		}
+		for _, g := range c.Groups {
+			if s.Groups[g] == nil {
+				return notFound("group %q", g)
+			}
+		}
+		if len(c.Groups) == 0 {
+			return &Result{Version: t.Version}
+		}
+		s.Version++
+		t.Queues = append(t.Queues, c.Groups...)
+		t.Version = s.Version
+		return &Result{Changed: true, Version: t.Version}
+	case *RemoveGroup:
+		g := s.Groups[c.Group]
+		if g == nil {
+			return &Result{} // already gone
+		}
+		if c.ExpectVersion != 0 && c.ExpectVersion != g.Version {
+			return conflict("group %q is at version %d, not %d", c.Group, g.Version, c.ExpectVersion)
+		}
+		for _, t := range sortedTopics(s) {
+			if slices.Contains(t.Queues, c.Group) {
+				return conflict("group %q holds queues of topic %q", c.Group, t.Name)
+			}
+		}
+		delete(s.Groups, c.Group)
+		s.Version++
+		return &Result{Changed: true, Version: s.Version}
+	case *RemoveBroker:
+		g := s.Groups[c.Group]
+		if g == nil {
+			return notFound("group %q", c.Group)
+		}
+		switch c.Role {
+		case RoleMaster:
+			if g.Master == (routing.Broker{}) {
+				return &Result{Version: g.Version}
+			}
+			g.Master = routing.Broker{}
+		case RoleSlave:
+			if g.Slave == (routing.Broker{}) {
+				return &Result{Version: g.Version}
+			}
+			g.Slave = routing.Broker{}
+		default:
+			return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown role %q", c.Role)}
+		}
+		return f.bumpGroup(g)
+	case *SetMember:
+		if s.Members[c.ID] == c.RPCAddr {
+			return &Result{}
+		}
+		s.Members[c.ID] = c.RPCAddr
+		s.Version++
+		return &Result{Changed: true, Version: s.Version}
+	case *RemoveMember:
+		if _, ok := s.Members[c.ID]; !ok {
+			return &Result{}
+		}
+		delete(s.Members, c.ID)
+		s.Version++
+		return &Result{Changed: true, Version: s.Version}
+	}
+	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown command %T", c)}
+}
+
+func (f *FSM) registerBroker(c *RegisterBroker) any {
+	if c.Group == "" || c.Broker.ID == "" || c.Broker.Addr == "" {
+		return &protocol.Error{Status: protocol.StatusInvalid, Message: "register: group, broker id and address are required"}
+	}
+	g := f.s.Groups[c.Group]
+	if g == nil {
+		g = &routing.Group{Name: c.Group, ChangedAt: c.At}
+		f.s.Groups[c.Group] = g
+	}
+	var slot *routing.Broker
+	switch c.Role {
+	case RoleMaster:
+		slot = &g.Master
+	case RoleSlave:
+		slot = &g.Slave
+	default:
+		return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown role %q", c.Role)}
+	}
+	if *slot == c.Broker && g.Version != 0 {
+		return &Result{Version: g.Version}
+	}
+	*slot = c.Broker
+	return f.bumpGroup(g)
+}
+
+func (f *FSM) bumpGroup(g *routing.Group) *Result {
+	f.s.Version++
+	g.Version = f.s.Version
+	return &Result{Changed: true, Version: g.Version}
+}
+
+func sortedTopics(s *State) []*routing.Topic {
+	out := make([]*routing.Topic, 0, len(s.Topics))
+	for _, t := range s.Topics {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Version is the registry's version.
+func (f *FSM) Version() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.s.Version
+}
+
+// Route returns the route of a topic, and whether it exists.
+func (f *FSM) Route(topic string) (routing.Route, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	t := f.s.Topics[topic]
+	if t == nil {
+		return routing.Route{}, false
+	}
+	r := routing.Route{Topic: topic, Version: f.s.Version, Queues: make([]routing.QueueRoute, len(t.Queues))}
+	for i, gname := range t.Queues {
+		q := routing.QueueRoute{Queue: uint32(i), Group: gname}
+		if g := f.s.Groups[gname]; g != nil {
+			q.Master = g.Master.Addr
+			q.Writable = g.Writable() && g.Master.Addr != ""
+		}
+		r.Queues[i] = q
+	}
+	return r, true
+}
+
+// Group returns a copy of a group, and whether it exists.
+func (f *FSM) Group(name string) (routing.Group, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	g := f.s.Groups[name]
+	if g == nil {
+		return routing.Group{}, false
+	}
+	return *g, true
+}
+
+// Groups returns copies of every group, sorted by name.
+func (f *FSM) Groups() []routing.Group {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]routing.Group, 0, len(f.s.Groups))
+	for _, g := range f.s.Groups {
+		out = append(out, *g)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Topics returns copies of every topic, sorted by name.
+func (f *FSM) Topics() []routing.Topic {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]routing.Topic, 0, len(f.s.Topics))
+	for _, t := range sortedTopics(f.s) {
+		t2 := *t
+		t2.Queues = slices.Clone(t.Queues)
+		out = append(out, t2)
+	}
+	return out
+}
+
+// Members returns the metaserver nodes' RPC addresses by raft ID.
+func (f *FSM) Members() map[string]string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[string]string, len(f.s.Members))
+	for k, v := range f.s.Members {
+		out[k] = v
+	}
+	return out
+}
+
+// State returns a deep copy of the whole state.
+func (f *FSM) State() *State {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.s.clone()
+}
+
+// Snapshot copies the state; Persist writes the copy.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	return &snapshot{s: f.State()}, nil
+}
+
+// Restore replaces the state with a snapshot's.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	s := newState()
+	if err := json.NewDecoder(rc).Decode(s); err != nil {
+		return fmt.Errorf("fsm: restore: %w", err)
+	}
+	if s.Groups == nil {
+		s.Groups = map[string]*routing.Group{}
+	}
+	if s.Topics == nil {
+		s.Topics = map[string]*routing.Topic{}
+	}
+	if s.Members == nil {
+		s.Members = map[string]string{}
+	}
+	f.mu.Lock()
+	f.s = s
+	f.mu.Unlock()
+	return nil
+}
+
+type snapshot struct{ s *State }
+
+func (s *snapshot) Persist(sink raft.SnapshotSink) error {
+	if err := json.NewEncoder(sink).Encode(s.s); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("fsm: persist snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *snapshot) Release() {}

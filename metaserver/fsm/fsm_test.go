@@ -1,0 +1,223 @@
+package fsm
+
+import (
+	"bytes"
+	"errors"
+	"go/parser"
+	"go/token"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+func apply(t *testing.T, f *FSM, c Command) (*Result, error) {
+	t.Helper()
+	b, err := Encode(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch r := f.Apply(&raft.Log{Type: raft.LogCommand, Data: b, Index: 1}).(type) {
+	case *Result:
+		return r, nil
+	case error:
+		return nil, r
+	default:
+		t.Fatalf("Apply returned %T", r)
+		return nil, nil
+	}
+}
+
+func mustApply(t *testing.T, f *FSM, c Command) *Result {
+	t.Helper()
+	r, err := apply(t, f, c)
+	if err != nil {
+		t.Fatalf("%T: %v", c, err)
+	}
+	return r
+}
+
+func seeded(t *testing.T) *FSM {
+	f := New()
+	for _, g := range []string{"g1", "g2"} {
+		mustApply(t, f, &RegisterBroker{Group: g, Role: RoleMaster, Broker: routing.Broker{ID: g + "-m", Addr: g + "-m:9000", HAAddr: g + "-m:9001"}, At: 1})
+		mustApply(t, f, &RegisterBroker{Group: g, Role: RoleSlave, Broker: routing.Broker{ID: g + "-s", Addr: g + "-s:9000"}, At: 1})
+	}
+	mustApply(t, f, &CreateTopic{Name: "orders", Queues: []string{"g1", "g2", "g1"}})
+	mustApply(t, f, &SetMember{ID: "n1", RPCAddr: "127.0.0.1:7000"})
+	return f
+}
+
+func TestCommands(t *testing.T) {
+	f := seeded(t)
+	r, ok := f.Route("orders")
+	if !ok || len(r.Queues) != 3 || r.Queues[1].Group != "g2" || r.Queues[1].Master != "g2-m:9000" || !r.Queues[1].Writable {
+		t.Fatalf("route: %+v", r)
+	}
+	v := f.Version()
+
+	// Registering what is there changes nothing.
+	if res := mustApply(t, f, &RegisterBroker{Group: "g1", Role: RoleMaster, Broker: routing.Broker{ID: "g1-m", Addr: "g1-m:9000", HAAddr: "g1-m:9001"}, At: 5}); res.Changed || f.Version() != v {
+		t.Fatal("a repeated registration changed the state")
+	}
+
+	g1, _ := f.Group("g1")
+	res := mustApply(t, f, &SetGroupReasons{Group: "g1", Set: routing.HeartbeatLost, ExpectVersion: g1.Version, At: 100})
+	if !res.Changed {
+		t.Fatal("setting a reason changed nothing")
+	}
+	g1b, _ := f.Group("g1")
+	if g1b.Writable() || g1b.ChangedAt != 100 || g1b.Version <= g1.Version {
+		t.Fatalf("group after RO: %+v", g1b)
+	}
+	r, _ = f.Route("orders")
+	if r.Queues[0].Writable || !r.Queues[1].Writable || r.Version <= v {
+		t.Fatalf("route after RO: %+v", r)
+	}
+	// A stale decision (made on the old version) is refused harmlessly.
+	if _, err := apply(t, f, &SetGroupReasons{Group: "g1", Clear: routing.HeartbeatLost, ExpectVersion: g1.Version}); !errors.Is(err, protocol.ErrConflict) {
+		t.Fatalf("stale command: %v", err)
+	}
+	if g, _ := f.Group("g1"); g.Writable() {
+		t.Fatal("a stale command changed the state")
+	}
+
+	cases := []struct {
+		name string
+		cmd  Command
+		want error
+	}{
+		{"topic exists with other queues", &CreateTopic{Name: "orders", Queues: []string{"g1"}}, protocol.ErrConflict},
+		{"topic on an unknown group", &CreateTopic{Name: "x", Queues: []string{"g9"}}, protocol.ErrNotFound},
+		{"topic with no queues", &CreateTopic{Name: "y"}, protocol.ErrInvalid},
+		{"bad topic name", &CreateTopic{Name: "a b", Queues: []string{"g1"}}, protocol.ErrInvalid},
+		{"add queues to a stale version", &AddQueues{Topic: "orders", Groups: []string{"g2"}, ExpectVersion: 1}, protocol.ErrConflict},
+		{"add queues to an unknown topic", &AddQueues{Topic: "nope", Groups: []string{"g2"}}, protocol.ErrNotFound},
+		{"remove a group in use", &RemoveGroup{Group: "g2"}, protocol.ErrConflict},
+		{"bad role", &RegisterBroker{Group: "g1", Role: "boss", Broker: routing.Broker{ID: "x", Addr: "y"}}, protocol.ErrInvalid},
+		{"state of an unknown group", &SetGroupReasons{Group: "g9", Set: routing.Admin}, protocol.ErrNotFound},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.State()
+			if _, err := apply(t, f, tc.cmd); !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+			if !reflect.DeepEqual(before, f.State()) {
+				t.Fatal("a refused command changed the state")
+			}
+		})
+	}
+
+	// A retried create is harmless.
+	if res := mustApply(t, f, &CreateTopic{Name: "orders", Queues: []string{"g1", "g2", "g1"}}); res.Changed {
+		t.Fatal("a retried create changed the state")
+	}
+	topic := f.Topics()[0]
+	mustApply(t, f, &AddQueues{Topic: "orders", Groups: []string{"g2"}, ExpectVersion: topic.Version})
+	if r, _ := f.Route("orders"); len(r.Queues) != 4 || r.Queues[3].Queue != 3 {
+		t.Fatalf("after add queues: %+v", r)
+	}
+	mustApply(t, f, &RegisterBroker{Group: "g3", Role: RoleMaster, Broker: routing.Broker{ID: "g3-m", Addr: "a"}})
+	mustApply(t, f, &RemoveGroup{Group: "g3"})
+	if _, ok := f.Group("g3"); ok {
+		t.Fatal("group not removed")
+	}
+	mustApply(t, f, &RemoveBroker{Group: "g2", Role: RoleSlave})
+	if g, _ := f.Group("g2"); g.Slave.ID != "" {
+		t.Fatal("slave not removed")
+	}
+}
+
+type memSink struct {
+	bytes.Buffer
+	canceled bool
+}
+
+func (s *memSink) ID() string    { return "mem" }
+func (s *memSink) Cancel() error { s.canceled = true; return nil }
+func (s *memSink) Close() error  { return nil }
+
+func TestSnapshotRestoreRoundTrip(t *testing.T) {
+	f := seeded(t)
+	mustApply(t, f, &SetGroupReasons{Group: "g2", Set: routing.Admin | routing.SlaveLag, At: 7})
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Changes after Snapshot do not leak into it.
+	mustApply(t, f, &CreateTopic{Name: "later", Queues: []string{"g1"}})
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+
+	g := New()
+	if err := g.Restore(io.NopCloser(&sink)); err != nil {
+		t.Fatal(err)
+	}
+	want := seeded(t)
+	mustApply(t, want, &SetGroupReasons{Group: "g2", Set: routing.Admin | routing.SlaveLag, At: 7})
+	if !reflect.DeepEqual(g.State(), want.State()) {
+		t.Fatalf("restored state differs:\n got %+v\nwant %+v", g.State(), want.State())
+	}
+	if err := New().Restore(io.NopCloser(strings.NewReader("{not json"))); err == nil {
+		t.Fatal("restoring garbage succeeded")
+	}
+}
+
+func TestDecodeUnknown(t *testing.T) {
+	if c, err := Decode([]byte{byte(IgnoreUnknown | 0x3f), '{', '}'}); c != nil || err != nil {
+		t.Fatalf("ignorable unknown: %v %v", c, err)
+	}
+	if _, err := Decode([]byte{0x3f, '{', '}'}); err == nil {
+		t.Fatal("unknown command without the ignore bit decoded")
+	}
+	if _, err := Decode(nil); err == nil {
+		t.Fatal("empty command decoded")
+	}
+}
+
+// TestDeterministic fails if the FSM package can read a clock, draw random
+// numbers or do I/O of its own.
+func TestDeterministic(t *testing.T) {
+	forbidden := map[string]bool{"time": true, "math/rand": true, "math/rand/v2": true, "crypto/rand": true,
+		"os": true, "net": true, "net/http": true, "io/ioutil": true, "syscall": true, "os/exec": true}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		af, err := parser.ParseFile(token.NewFileSet(), name, src, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range af.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if forbidden[p] {
+				t.Errorf("%s imports %q: the FSM must be deterministic (the leader stamps times into commands)", name, p)
+			}
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatal("no source files checked")
+	}
+}

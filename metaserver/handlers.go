@@ -1,0 +1,285 @@
+package metaserver
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/metaserver/fsm"
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+type empty struct{}
+
+func (s *Server) routes() {
+	handle(s, protocol.CodeHeartbeat, true, s.heartbeat)
+	s.rpc.Handle(protocol.CodeRouteLookup, s.handleRouteLookup)
+	handle(s, protocol.CodeAdminGroups, true, s.groups)
+	handle(s, protocol.CodeAdminTopics, false, func(context.Context, empty) ([]routing.Topic, error) {
+		return s.fsm.Topics(), nil
+	})
+	handle(s, protocol.CodeAdminCreateTopic, true, s.createTopic)
+	handle(s, protocol.CodeAdminAddQueues, true, s.addQueues)
+	handle(s, protocol.CodeAdminSetGroupMode, true, s.setGroupMode)
+	handle(s, protocol.CodeAdminRaftStatus, false, func(context.Context, empty) (client.RaftStatus, error) {
+		return s.raftStatus(), nil
+	})
+	handle(s, protocol.CodeAdminAddVoter, true, s.addVoter)
+	handle(s, protocol.CodeAdminRemoveVoter, true, s.removeVoter)
+}
+
+func invalid(format string, args ...any) error {
+	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf(format, args...)}
+}
+
+func (s *Server) heartbeat(ctx context.Context, hb client.Heartbeat) (client.HeartbeatReply, error) {
+	if hb.Group == "" || hb.BrokerID == "" || hb.Addr == "" || (hb.Role != fsm.RoleMaster && hb.Role != fsm.RoleSlave) {
+		return client.HeartbeatReply{}, invalid("heartbeat needs a group, a broker id, an address and a role (master or slave)")
+	}
+	now := time.Now()
+	want := routing.Broker{ID: hb.BrokerID, Addr: hb.Addr, HAAddr: hb.HAAddr}
+	g, ok := s.fsm.Group(hb.Group)
+	have := g.Slave
+	if hb.Role == fsm.RoleMaster {
+		have = g.Master
+	}
+	if !ok || have != want {
+		if _, err := s.apply(ctx, &fsm.RegisterBroker{Group: hb.Group, Role: hb.Role, Broker: want, At: now.UnixMilli()}); err != nil {
+			return client.HeartbeatReply{}, err
+		}
+		s.log.Info("broker registered", "group", hb.Group, "role", hb.Role, "broker", hb.BrokerID, "addr", hb.Addr)
+	}
+	s.judge.heartbeat(hb, now)
+	s.judge.judgeGroup(ctx, hb.Group)
+	g, _ = s.fsm.Group(hb.Group)
+	return client.HeartbeatReply{Group: g}, nil
+}
+
+// handleRouteLookup answers a route lookup: the body is the topic name, the
+// answer a binary route (routing.AppendRoute). Encoded routes are cached per
+// topic until the registry's version moves.
+func (s *Server) handleRouteLookup(r *transport.Request) {
+	if !s.started.Load() {
+		r.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: "metaserver node is starting"})
+		return
+	}
+	topic := string(r.Body)
+	version := s.fsm.Version()
+	if body, ok := s.routeCache.get(topic, version); ok {
+		_ = r.Reply(body)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	route, err := s.routeLookup(ctx, client.RouteRequest{Topic: topic})
+	if err != nil {
+		r.ReplyError(err)
+		return
+	}
+	body := routing.AppendRoute(nil, &route)
+	if route.Version == version {
+		s.routeCache.put(topic, version, body)
+	}
+	_ = r.Reply(body)
+}
+
+// routeCache holds encoded routes by topic, valid for one registry version.
+type routeCache struct {
+	mu      sync.RWMutex
+	version uint64
+	routes  map[string][]byte
+}
+
+func (c *routeCache) get(topic string, version uint64) ([]byte, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.version != version {
+		return nil, false
+	}
+	b, ok := c.routes[topic]
+	return b, ok
+}
+
+func (c *routeCache) put(topic string, version uint64, body []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.version != version {
+		c.version, c.routes = version, map[string][]byte{}
+	}
+	if len(c.routes) < 100_000 {
+		c.routes[topic] = body
+	}
+}
+
+func (s *Server) routeLookup(ctx context.Context, req client.RouteRequest) (routing.Route, error) {
+	if err := protocol.ValidateTopic(req.Topic); err != nil {
+		return routing.Route{}, invalid("%v", err)
+	}
+	if r, ok := s.fsm.Route(req.Topic); ok {
+		return r, nil
+	}
+	if !s.cfg.AutoCreateTopics {
+		return routing.Route{}, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist and auto-create is off", req.Topic)}
+	}
+	create := client.CreateTopicRequest{Name: req.Topic, Queues: s.cfg.DefaultQueues, IfMissing: true}
+	if s.IsLeader() {
+		return s.createTopic(ctx, create)
+	}
+	return s.peers.CreateTopic(ctx, create)
+}
+
+func (s *Server) groups(context.Context, empty) ([]client.GroupInfo, error) {
+	now := time.Now()
+	holders := map[string]int{}
+	for _, t := range s.fsm.Topics() {
+		for _, g := range t.Queues {
+			holders[g]++
+		}
+	}
+	var out []client.GroupInfo
+	for _, g := range s.fsm.Groups() {
+		gi := s.judge.info(g, now)
+		gi.Holders = holders[g.Name]
+		out = append(out, gi)
+	}
+	return out, nil
+}
+
+// writableGroups returns the writable groups that have a master.
+func (s *Server) writableGroups() []string {
+	var out []string
+	for _, g := range s.fsm.Groups() {
+		if g.Writable() && g.Master.Addr != "" {
+			out = append(out, g.Name)
+		}
+	}
+	return out
+}
+
+func (s *Server) createTopic(ctx context.Context, req client.CreateTopicRequest) (routing.Route, error) {
+	if err := protocol.ValidateTopic(req.Name); err != nil {
+		return routing.Route{}, invalid("%v", err)
+	}
+	if r, ok := s.fsm.Route(req.Name); ok {
+		if req.IfMissing {
+			return r, nil
+		}
+		return routing.Route{}, &protocol.Error{Status: protocol.StatusConflict, Message: fmt.Sprintf("topic %q exists", req.Name)}
+	}
+	n := req.Queues
+	if n <= 0 {
+		n = s.cfg.DefaultQueues
+	}
+	if n > 4096 {
+		return routing.Route{}, invalid("%d queues is over the limit of 4096", n)
+	}
+	groups := req.Groups
+	if len(groups) == 0 {
+		groups = s.writableGroups()
+	}
+	if len(groups) == 0 {
+		return routing.Route{}, &protocol.Error{Status: protocol.StatusNoRoute, Message: "no writable broker group to place queues on"}
+	}
+	queues := routing.SpreadQueues(n, groups, len(s.fsm.Topics()))
+	if _, err := s.apply(ctx, &fsm.CreateTopic{Name: req.Name, Queues: queues}); err != nil {
+		return routing.Route{}, err
+	}
+	s.log.Info("topic created", "topic", req.Name, "queues", n)
+	r, _ := s.fsm.Route(req.Name)
+	return r, nil
+}
+
+func (s *Server) addQueues(ctx context.Context, req client.AddQueuesRequest) (routing.Route, error) {
+	if req.Count <= 0 || req.Count > 4096 {
+		return routing.Route{}, invalid("queue count must be 1 to 4096, got %d", req.Count)
+	}
+	topics := s.fsm.Topics()
+	i := sort.Search(len(topics), func(i int) bool { return topics[i].Name >= req.Topic })
+	if i == len(topics) || topics[i].Name != req.Topic {
+		return routing.Route{}, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q", req.Topic)}
+	}
+	groups := s.writableGroups()
+	if len(groups) == 0 {
+		return routing.Route{}, &protocol.Error{Status: protocol.StatusNoRoute, Message: "no writable broker group to place queues on"}
+	}
+	add := routing.SpreadQueues(req.Count, groups, len(topics[i].Queues))
+	if _, err := s.apply(ctx, &fsm.AddQueues{Topic: req.Topic, Groups: add, ExpectVersion: topics[i].Version}); err != nil {
+		return routing.Route{}, err
+	}
+	r, _ := s.fsm.Route(req.Topic)
+	return r, nil
+}
+
+func (s *Server) setGroupMode(ctx context.Context, req client.SetGroupModeRequest) (routing.Group, error) {
+	cmd := &fsm.SetGroupReasons{Group: req.Group, At: time.Now().UnixMilli()}
+	if req.ReadOnly {
+		cmd.Set = routing.Admin
+	} else {
+		cmd.Clear = routing.Admin
+	}
+	if _, err := s.apply(ctx, cmd); err != nil {
+		return routing.Group{}, err
+	}
+	s.log.Info("admin changed a group's mode", "group", req.Group, "read-only", req.ReadOnly)
+	g, _ := s.fsm.Group(req.Group)
+	return g, nil
+}
+
+func (s *Server) raftStatus() client.RaftStatus {
+	stats := s.raft.Stats()
+	parse := func(k string) uint64 {
+		var v uint64
+		_, _ = fmt.Sscan(stats[k], &v)
+		return v
+	}
+	_, leaderID := s.raft.LeaderWithID()
+	st := client.RaftStatus{
+		Node: s.cfg.ID, State: s.raft.State().String(), LeaderID: string(leaderID), LeaderAddr: s.leaderRPC(),
+		Term: parse("term"), LastIndex: parse("last_log_index"), CommitIndex: parse("commit_index"), AppliedIndex: parse("applied_index"),
+	}
+	members := s.fsm.Members()
+	if f := s.raft.GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			st.Members = append(st.Members, client.RaftMember{ID: string(srv.ID), RaftAddr: string(srv.Address),
+				RPCAddr: members[string(srv.ID)], Suffrage: srv.Suffrage.String(), Leader: srv.ID == leaderID})
+		}
+	}
+	return st
+}
+
+func (s *Server) addVoter(ctx context.Context, req client.VoterRequest) (client.RaftStatus, error) {
+	if req.ID == "" || req.RaftAddr == "" || req.RPCAddr == "" {
+		return client.RaftStatus{}, invalid("add voter needs an id, a raft address and an RPC address")
+	}
+	if _, err := s.apply(ctx, &fsm.SetMember{ID: req.ID, RPCAddr: req.RPCAddr}); err != nil {
+		return client.RaftStatus{}, err
+	}
+	if err := s.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr), 0, 10*time.Second).Error(); err != nil {
+		return client.RaftStatus{}, fmt.Errorf("add voter %s: %w", req.ID, err)
+	}
+	s.log.Info("voter added", "id", req.ID, "raft-addr", req.RaftAddr)
+	return s.raftStatus(), nil
+}
+
+func (s *Server) removeVoter(ctx context.Context, req client.VoterRequest) (client.RaftStatus, error) {
+	if req.ID == "" {
+		return client.RaftStatus{}, invalid("remove voter needs an id")
+	}
+	if err := s.raft.RemoveServer(raft.ServerID(req.ID), 0, 10*time.Second).Error(); err != nil {
+		return client.RaftStatus{}, fmt.Errorf("remove voter %s: %w", req.ID, err)
+	}
+	if req.ID != s.cfg.ID {
+		if _, err := s.apply(ctx, &fsm.RemoveMember{ID: req.ID}); err != nil {
+			return client.RaftStatus{}, err
+		}
+	}
+	s.log.Info("voter removed", "id", req.ID)
+	return s.raftStatus(), nil
+}

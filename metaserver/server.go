@@ -1,0 +1,389 @@
+package metaserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/metaserver/fsm"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// Server is one metaserver node: a raft member over the registry FSM, an
+// RPC server for brokers, producers and admins, and, while it leads, the
+// judge of broker groups.
+//
+// Goroutines: the RPC server's (see transport), raft's, the leadership loop
+// (leaderLoop), and while leading one leader-work goroutine (lead) that runs
+// the judge. Close stops all of them.
+type Server struct {
+	cfg  Config
+	log  hclog.Logger
+	fsm  *fsm.FSM
+	rpc  *transport.Server
+	addr string // advertised RPC address
+
+	trans *raft.NetworkTransport
+	store *raftboltdb.BoltStore
+	snaps raft.SnapshotStore
+	raft  *raft.Raft
+	// started is set once raft runs; handlers refuse work before.
+	started atomic.Bool
+
+	peers    *client.Client // to reach the leader for forwarded work
+	leaderCh chan bool
+	stop     chan struct{}
+	loopDone chan struct{}
+
+	judge      judge
+	routeCache routeCache
+
+	closeOnce sync.Once
+}
+
+// New binds the node's RPC and raft listeners and opens its stores, but
+// does not start raft: call Start. Splitting the two lets a caller learn
+// every node's bound addresses (port 0) before building the peer list.
+func New(cfg Config) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Logger.Named("metaserver").With("node", cfg.ID),
+		fsm:      fsm.New(),
+		leaderCh: make(chan bool, 16),
+		stop:     make(chan struct{}),
+		loopDone: make(chan struct{}),
+	}
+	s.judge.init(s)
+	var err error
+	defer func() {
+		if err != nil {
+			s.closeResources()
+		}
+	}()
+	if s.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")}); err != nil {
+		return nil, fmt.Errorf("metaserver: open raft store in %s: %w", cfg.Dir, err)
+	}
+	if s.snaps, err = raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, s.log.Named("snapshots")); err != nil {
+		return nil, fmt.Errorf("metaserver: open snapshot store: %w", err)
+	}
+	var stream *streamLayer
+	if stream, err = newStreamLayer(cfg.RaftAddr); err != nil {
+		return nil, fmt.Errorf("metaserver: raft transport on %s: %w", cfg.RaftAddr, err)
+	}
+	s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: s.log.Named("raft-net"),
+	})
+	s.rpc = transport.NewServer(transport.ServerConfig{Logger: s.log.Named("rpc")})
+	s.routes()
+	var bound net.Addr
+	if bound, err = s.rpc.Listen(cfg.RPCAddr); err != nil {
+		return nil, fmt.Errorf("metaserver: %w", err)
+	}
+	s.addr = cfg.AdvertiseRPC
+	if s.addr == "" {
+		s.addr = bound.String()
+	}
+	return s, nil
+}
+
+// Open is New then Start with cfg.Peers.
+func Open(cfg Config) (*Server, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Start(cfg.Peers); err != nil {
+		_ = s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// RPCAddr is the node's advertised RPC address.
+func (s *Server) RPCAddr() string { return s.addr }
+
+// RaftAddr is the node's raft transport address.
+func (s *Server) RaftAddr() string { return string(s.trans.LocalAddr()) }
+
+// ID is the node's raft ID.
+func (s *Server) ID() string { return s.cfg.ID }
+
+// FSM exposes the node's registry for reads.
+func (s *Server) FSM() *fsm.FSM { return s.fsm }
+
+// Start starts raft. If the node has no raft state yet and its ID is in
+// peers, it bootstraps the cluster from peers (identical on every node, so
+// whichever node's bootstrap wins, they agree); a node with state ignores
+// peers and resumes.
+func (s *Server) Start(peers []Peer) error {
+	s.cfg.Peers = peers
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(s.cfg.ID)
+	rc.Logger = s.log.Named("raft")
+	rc.NotifyCh = s.leaderCh
+	rc.SnapshotInterval = s.cfg.SnapshotInterval
+	rc.SnapshotThreshold = s.cfg.SnapshotThreshold
+	if s.cfg.RaftHeartbeatTimeout > 0 {
+		rc.HeartbeatTimeout = s.cfg.RaftHeartbeatTimeout
+	}
+	if s.cfg.RaftElectionTimeout > 0 {
+		rc.ElectionTimeout = s.cfg.RaftElectionTimeout
+	}
+	if s.cfg.RaftLeaderLeaseTimeout > 0 {
+		rc.LeaderLeaseTimeout = s.cfg.RaftLeaderLeaseTimeout
+	}
+	if err := raft.ValidateConfig(rc); err != nil {
+		return fmt.Errorf("metaserver: raft config: %w", err)
+	}
+	hasState, err := raft.HasExistingState(s.store, s.store, s.snaps)
+	if err != nil {
+		return fmt.Errorf("metaserver: read raft state: %w", err)
+	}
+	r, err := raft.NewRaft(rc, s.fsm, s.store, s.store, s.snaps, s.trans)
+	if err != nil {
+		return fmt.Errorf("metaserver: start raft: %w", err)
+	}
+	s.raft = r
+	var addrs []string
+	inPeers := false
+	var servers []raft.Server
+	for _, p := range peers {
+		servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr), Suffrage: raft.Voter})
+		addrs = append(addrs, p.RPCAddr)
+		inPeers = inPeers || p.ID == s.cfg.ID
+	}
+	if !hasState && inPeers {
+		err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+		if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			return fmt.Errorf("metaserver: bootstrap: %w", err)
+		}
+		s.log.Info("bootstrapped the cluster", "peers", len(peers))
+	} else if hasState {
+		s.log.Info("resuming from existing raft state")
+	}
+	if len(addrs) == 0 {
+		addrs = []string{s.addr}
+	}
+	s.peers, _ = client.New(client.Config{Addrs: addrs})
+	s.started.Store(true)
+	go s.leaderLoop()
+	return nil
+}
+
+// leaderLoop follows raft's leadership notifications: it starts the leader
+// work when this node becomes leader and stops it when it steps down.
+func (s *Server) leaderLoop() {
+	defer close(s.loopDone)
+	var work *leaderWork
+	defer func() { work.stop() }()
+	for {
+		select {
+		case leading := <-s.leaderCh:
+			if leading && work == nil {
+				work = s.startLeading()
+			} else if !leading {
+				work.stop()
+				work = nil
+			}
+		case <-s.stop:
+			return
+		}
+	}
+}
+
+// leaderWork is the running leader work of one term of leadership.
+type leaderWork struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (s *Server) startLeading() *leaderWork {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &leaderWork{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		s.lead(ctx)
+	}()
+	return w
+}
+
+// stop cancels the work and waits for it; a nil work is a no-op.
+func (w *leaderWork) stop() {
+	if w == nil {
+		return
+	}
+	w.cancel()
+	<-w.done
+}
+
+// lead is the leader's work: a barrier so the FSM holds every committed
+// entry, recording the members' RPC addresses, then the judge until ctx ends.
+func (s *Server) lead(ctx context.Context) {
+	s.log.Info("gained leadership; waiting for the barrier")
+	if err := s.raft.Barrier(10 * time.Second).Error(); err != nil {
+		s.log.Warn("barrier failed after gaining leadership", "error", err)
+		return
+	}
+	members := s.fsm.Members()
+	want := map[string]string{s.cfg.ID: s.addr}
+	for _, p := range s.cfg.Peers {
+		if _, known := members[p.ID]; !known && p.ID != s.cfg.ID {
+			want[p.ID] = p.RPCAddr
+		}
+	}
+	for id, addr := range want {
+		if members[id] != addr {
+			if _, err := s.apply(ctx, &fsm.SetMember{ID: id, RPCAddr: addr}); err != nil {
+				s.log.Warn("recording a member's address failed", "member", id, "error", err)
+			}
+		}
+	}
+	s.judge.run(ctx)
+	s.log.Info("lost leadership; judge stopped")
+}
+
+// IsLeader reports whether this node leads and its leader work is ready.
+func (s *Server) IsLeader() bool {
+	return s.started.Load() && s.raft.State() == raft.Leader && s.judge.ready.Load()
+}
+
+// leaderRPC returns the current leader's RPC address, or "" if none is known.
+func (s *Server) leaderRPC() string {
+	if !s.started.Load() {
+		return ""
+	}
+	_, id := s.raft.LeaderWithID()
+	if id == "" {
+		return ""
+	}
+	if id == raft.ServerID(s.cfg.ID) {
+		return s.addr
+	}
+	if addr, ok := s.fsm.Members()[string(id)]; ok {
+		return addr
+	}
+	for _, p := range s.cfg.Peers {
+		if p.ID == string(id) {
+			return p.RPCAddr
+		}
+	}
+	return ""
+}
+
+// apply commits a command through raft and returns the FSM's result.
+func (s *Server) apply(ctx context.Context, cmd fsm.Command) (*fsm.Result, error) {
+	b, err := fsm.Encode(cmd)
+	if err != nil {
+		return nil, err
+	}
+	timeout := 5 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	f := s.raft.Apply(b, timeout)
+	if err := f.Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+			return nil, &protocol.Error{Status: protocol.StatusNotLeader, Message: s.leaderRPC()}
+		}
+		return nil, fmt.Errorf("metaserver: apply %T: %w", cmd, err)
+	}
+	switch r := f.Response().(type) {
+	case error:
+		return nil, r
+	case *fsm.Result:
+		return r, nil
+	default:
+		return &fsm.Result{}, nil
+	}
+}
+
+// Close stops the node: the RPC server, the leader work, raft, and the stores.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		if s.rpc != nil {
+			_ = s.rpc.Close()
+		}
+		if s.started.Load() {
+			<-s.loopDone
+			if err := s.raft.Shutdown().Error(); err != nil {
+				s.log.Warn("raft shutdown failed", "error", err)
+			}
+		}
+		if s.peers != nil {
+			_ = s.peers.Close()
+		}
+		s.closeResources()
+	})
+	return nil
+}
+
+func (s *Server) closeResources() {
+	if s.rpc != nil && !s.started.Load() {
+		_ = s.rpc.Close()
+	}
+	if s.trans != nil {
+		_ = s.trans.Close()
+	}
+	if s.store != nil {
+		_ = s.store.Close()
+	}
+}
+
+// handle registers a JSON request/response handler. leaderOnly handlers
+// answer NOT_LEADER (with the leader's address as the body) on a follower.
+func handle[Req, Resp any](s *Server, code protocol.Code, leaderOnly bool, fn func(ctx context.Context, req Req) (Resp, error)) {
+	s.rpc.Handle(code, func(r *transport.Request) {
+		if !s.started.Load() {
+			r.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: "metaserver node is starting"})
+			return
+		}
+		if leaderOnly && !s.IsLeader() {
+			if s.raft.State() == raft.Leader {
+				r.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: "leader is not ready yet"})
+				return
+			}
+			_ = r.ReplyStatus(protocol.StatusNotLeader, []byte(s.leaderRPC()))
+			return
+		}
+		var req Req
+		if err := json.Unmarshal(r.Body, &req); err != nil {
+			r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("decode %v request: %v", code, err)})
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := fn(ctx, req)
+		if err != nil {
+			var pe *protocol.Error
+			if errors.As(err, &pe) && pe.Status == protocol.StatusNotLeader {
+				_ = r.ReplyStatus(protocol.StatusNotLeader, []byte(pe.Message))
+				return
+			}
+			r.ReplyError(err)
+			return
+		}
+		body, err := json.Marshal(resp)
+		if err != nil {
+			r.ReplyError(fmt.Errorf("encode %v response: %w", code, err))
+			return
+		}
+		_ = r.Reply(body)
+	})
+}

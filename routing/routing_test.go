@@ -1,0 +1,79 @@
+package routing
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func sampleRoute() Route {
+	return Route{Topic: "orders", Version: 42, Queues: []QueueRoute{
+		{Queue: 0, Group: "g1", Master: "127.0.0.1:9001", Writable: true},
+		{Queue: 1, Group: "g2", Master: "127.0.0.1:9002", Writable: false},
+		{Queue: 2, Group: "g1", Master: "", Writable: false},
+	}}
+}
+
+func TestRouteCodecRoundTrip(t *testing.T) {
+	for _, r := range []Route{sampleRoute(), {Topic: "empty", Version: 1}} {
+		b := AppendRoute(nil, &r)
+		got, err := DecodeRoute(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, r) {
+			t.Fatalf("got %+v want %+v", got, r)
+		}
+		for n := 0; n < len(b); n++ {
+			if _, err := DecodeRoute(b[:n]); !errors.Is(err, ErrMalformedRoute) {
+				t.Fatalf("prefix of %d bytes: %v", n, err)
+			}
+		}
+	}
+}
+
+func FuzzDecodeRoute(f *testing.F) {
+	r := sampleRoute()
+	f.Add(AppendRoute(nil, &r))
+	f.Add([]byte{0, 1, 'x', 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeRoute(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformedRoute) {
+				t.Fatalf("error does not wrap ErrMalformedRoute: %v", err)
+			}
+			return
+		}
+		// Flags other than bit 0 are dropped, so compare re-encodings.
+		again, err := DecodeRoute(AppendRoute(nil, &r))
+		if err != nil || !reflect.DeepEqual(again, r) {
+			t.Fatalf("re-decode: %+v, %v", again, err)
+		}
+	})
+}
+
+func TestReasons(t *testing.T) {
+	if !Reasons(0).Writable() || Reasons(0).State() != "RW" || Reasons(0).String() != "" {
+		t.Fatal("no reasons must be writable")
+	}
+	r := HeartbeatLost | Admin
+	if r.Writable() || r.State() != "RO" || r.String() != "heartbeat-lost,admin" {
+		t.Fatalf("got %v %v", r.State(), r.String())
+	}
+}
+
+func TestSpreadQueues(t *testing.T) {
+	got := SpreadQueues(5, []string{"g2", "g1"}, 1)
+	want := []string{"g2", "g1", "g2", "g1", "g2"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v want %v", got, want)
+	}
+	r := sampleRoute()
+	if w := r.WritableQueues(); len(w) != 1 || w[0].Queue != 0 {
+		t.Fatalf("writable queues: %+v", w)
+	}
+	if g := r.Groups(); !bytes.Equal([]byte(g[0]+g[1]), []byte("g1g2")) {
+		t.Fatalf("groups: %v", g)
+	}
+}
