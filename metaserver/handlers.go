@@ -20,7 +20,8 @@ type empty struct{}
 
 func (s *Server) routes() {
 	handle(s, protocol.CodeHeartbeat, true, s.heartbeat)
-	s.rpc.Handle(protocol.CodeRouteLookup, s.handleRouteLookup)
+	s.rpc.Handle(protocol.CodeRouteLookup, func(r *transport.Request) { s.handleRouteLookup(r, s.cfg.AutoCreateTopics) })
+	s.rpc.Handle(protocol.CodeRouteGet, func(r *transport.Request) { s.handleRouteLookup(r, false) })
 	handle(s, protocol.CodeAdminGroups, true, s.groups)
 	handle(s, protocol.CodeAdminTopics, false, func(context.Context, empty) ([]routing.Topic, error) {
 		return s.fsm.Topics(), nil
@@ -65,7 +66,7 @@ func (s *Server) heartbeat(ctx context.Context, hb client.Heartbeat) (client.Hea
 // handleRouteLookup answers a route lookup: the body is the topic name, the
 // answer a binary route (routing.AppendRoute). Encoded routes are cached per
 // topic until the registry's version moves.
-func (s *Server) handleRouteLookup(r *transport.Request) {
+func (s *Server) handleRouteLookup(r *transport.Request, create bool) {
 	if !s.started.Load() {
 		r.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: "metaserver node is starting"})
 		return
@@ -78,7 +79,7 @@ func (s *Server) handleRouteLookup(r *transport.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	route, err := s.routeLookup(ctx, client.RouteRequest{Topic: topic})
+	route, err := s.routeLookup(ctx, topic, create)
 	if err != nil {
 		r.ReplyError(err)
 		return
@@ -118,21 +119,21 @@ func (c *routeCache) put(topic string, version uint64, body []byte) {
 	}
 }
 
-func (s *Server) routeLookup(ctx context.Context, req client.RouteRequest) (routing.Route, error) {
-	if err := protocol.ValidateTopic(req.Topic); err != nil {
+func (s *Server) routeLookup(ctx context.Context, topic string, create bool) (routing.Route, error) {
+	if err := protocol.ValidateTopic(topic); err != nil {
 		return routing.Route{}, invalid("%v", err)
 	}
-	if r, ok := s.fsm.Route(req.Topic); ok {
+	if r, ok := s.fsm.Route(topic); ok {
 		return r, nil
 	}
-	if !s.cfg.AutoCreateTopics {
-		return routing.Route{}, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist and auto-create is off", req.Topic)}
+	if !create {
+		return routing.Route{}, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", topic)}
 	}
-	create := client.CreateTopicRequest{Name: req.Topic, Queues: s.cfg.DefaultQueues, IfMissing: true}
+	req := client.CreateTopicRequest{Name: topic, Queues: s.cfg.DefaultQueues, IfMissing: true}
 	if s.IsLeader() {
-		return s.createTopic(ctx, create)
+		return s.createTopic(ctx, req)
 	}
-	return s.peers.CreateTopic(ctx, create)
+	return s.peers.CreateTopic(ctx, req)
 }
 
 func (s *Server) groups(context.Context, empty) ([]client.GroupInfo, error) {

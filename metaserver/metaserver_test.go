@@ -218,6 +218,9 @@ func TestAutoCreateOff(t *testing.T) {
 	if _, err := c.client().Route(context.Background(), "missing"); !errors.Is(err, protocol.ErrUnknownTopic) {
 		t.Fatalf("unknown topic with auto-create off: %v", err)
 	}
+	if _, err := c.client().RouteExisting(context.Background(), "missing"); !errors.Is(err, protocol.ErrUnknownTopic) {
+		t.Fatalf("RouteExisting of an unknown topic: %v", err)
+	}
 	if _, err := c.client().Route(context.Background(), "bad name!"); !errors.Is(err, protocol.ErrInvalid) {
 		t.Fatalf("bad topic name: %v", err)
 	}

@@ -15,6 +15,7 @@ const (
 
 	CodeHeartbeat   Code = 30 // a broker's heartbeat to the metaserver leader
 	CodeRouteLookup Code = 31 // a route lookup, served by any metaserver node
+	CodeRouteGet    Code = 32 // a route lookup that never auto-creates (brokers use it)
 
 	CodeAdminGroups       Code = 40
 	CodeAdminTopics       Code = 41
@@ -33,6 +34,7 @@ var codeNames = map[Code]string{
 	CodeHAFetch:           "HA_FETCH",
 	CodeHeartbeat:         "HEARTBEAT",
 	CodeRouteLookup:       "ROUTE_LOOKUP",
+	CodeRouteGet:          "ROUTE_GET",
 	CodeAdminGroups:       "ADMIN_GROUPS",
 	CodeAdminTopics:       "ADMIN_TOPICS",
 	CodeAdminCreateTopic:  "ADMIN_CREATE_TOPIC",

@@ -135,3 +135,31 @@ func FuzzDecodeMessage(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeHAFetchRequest(f *testing.F) {
+	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, MaxBytes: 1 << 20, WaitMillis: 100}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req, err := DecodeHAFetchRequest(b)
+		if err != nil {
+			checkMalformed(t, err)
+			return
+		}
+		if out := AppendHAFetchRequest(nil, &req); !bytes.Equal(out, b) {
+			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
+		}
+	})
+}
+
+func FuzzDecodeHAFetchResponse(f *testing.F) {
+	addWithPrefixes(f, append(AppendHAFetchResponseHeader(nil, 77), "records"...))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		resp, err := DecodeHAFetchResponse(b)
+		if err != nil {
+			checkMalformed(t, err)
+			return
+		}
+		if out := append(AppendHAFetchResponseHeader(nil, resp.MasterEnd), resp.Records...); !bytes.Equal(out, b) {
+			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
+		}
+	})
+}

@@ -186,7 +186,18 @@ func (c *Client) Heartbeat(ctx context.Context, hb Heartbeat) (HeartbeatReply, e
 // Route looks a topic's route up on any node. An unknown topic with
 // auto-create off returns protocol.ErrUnknownTopic.
 func (c *Client) Route(ctx context.Context, topic string) (routing.Route, error) {
-	body, err := c.call(ctx, protocol.CodeRouteLookup, []byte(topic), false)
+	return c.route(ctx, protocol.CodeRouteLookup, topic)
+}
+
+// RouteExisting looks a topic's route up and never creates the topic: an
+// unknown topic returns protocol.ErrUnknownTopic. Brokers use it to check
+// where a queue belongs.
+func (c *Client) RouteExisting(ctx context.Context, topic string) (routing.Route, error) {
+	return c.route(ctx, protocol.CodeRouteGet, topic)
+}
+
+func (c *Client) route(ctx context.Context, code protocol.Code, topic string) (routing.Route, error) {
+	body, err := c.call(ctx, code, []byte(topic), false)
 	if err != nil {
 		return routing.Route{}, err
 	}

@@ -28,11 +28,6 @@ type HeartbeatReply struct {
 	Group routing.Group `json:"group"`
 }
 
-// RouteRequest asks for a topic's route.
-type RouteRequest struct {
-	Topic string `json:"topic"`
-}
-
 // GroupInfo is a group with what only the leader knows: its heartbeats.
 type GroupInfo struct {
 	routing.Group

@@ -1,0 +1,110 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver"
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/storage"
+)
+
+// BenchmarkSend measures one master taking 1 KiB messages in batches of 64
+// from 16 concurrent senders over 4 connections on loopback. b.N counts
+// messages. It reports messages/s, MB/s and the p50/p99 batch latency.
+//
+//	go test -run '^$' -bench BenchmarkSend -benchtime 200000x ./broker
+func BenchmarkSend(b *testing.B) {
+	cases := []struct {
+		name  string
+		flush storage.FlushMode
+		rel   protocol.Reliability
+		slave bool
+	}{
+		{"normal-async", storage.FlushAsync, protocol.Normal, false},
+		{"normal-sync", storage.FlushSync, protocol.Normal, false},
+		{"high-async-slave", storage.FlushAsync, protocol.High, true},
+	}
+	for _, tc := range cases {
+		b.Run(tc.name, func(b *testing.B) {
+			meta := startMeta(b, func(c *metaserver.Config) { c.LagTime = time.Minute })
+			g := startGroup(b, meta, "g1", tc.slave, func(c *Config) {
+				c.Flush = tc.flush
+				c.SegmentSize = 256 << 20
+				c.HeartbeatInterval = time.Second
+				c.SessionTimeout = time.Minute
+			})
+			createTopic(b, meta, "bench", "g1", "g1", "g1", "g1", "g1", "g1", "g1", "g1")
+			benchSend(b, g.master.Addr(), tc.rel, 64, 16, 4)
+		})
+	}
+}
+
+func benchSend(b *testing.B, addr string, rel protocol.Reliability, batchSize, senders, conns int) {
+	clients := make([]*transport.Client, conns)
+	for i := range clients {
+		clients[i] = dial(b, addr)
+	}
+	body := make([]byte, 1024)
+	batches := (b.N + batchSize - 1) / batchSize
+	var next atomic.Int64
+	lat := make([][]time.Duration, senders)
+	var wg sync.WaitGroup
+	b.SetBytes(1024)
+	b.ResetTimer()
+	start := time.Now()
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := clients[s%conns]
+			msgs := make([]protocol.Message, batchSize)
+			var buf []byte
+			for n := next.Add(1); n <= int64(batches); n = next.Add(1) {
+				for i := range msgs {
+					msgs[i] = protocol.Message{ID: fmt.Sprintf("%d-%d-%d", s, n, i), Topic: "bench", Queue: uint32((int(n) + i) % 8),
+						Reliability: rel, Timestamp: 1, Body: body}
+				}
+				buf = protocol.AppendSendRequest(buf[:0], msgs)
+				t0 := time.Now()
+				resp, err := c.Call(context.Background(), protocol.CodeSend, buf)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				lat[s] = append(lat[s], time.Since(t0))
+				res, err := protocol.DecodeSendResponse(resp.Body, nil)
+				if err != nil || len(res) != batchSize {
+					b.Errorf("bad response: %v", err)
+					return
+				}
+				for _, r := range res {
+					if r.Status != protocol.StatusOK {
+						b.Errorf("status %v", r.Status)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	slices.Sort(all)
+	if len(all) > 0 {
+		msgs := float64(len(all) * batchSize)
+		b.ReportMetric(msgs/elapsed.Seconds(), "msgs/s")
+		b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
+		b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+	}
+}

@@ -1,0 +1,153 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/ferrymq/ferrymq/internal/vfs"
+	"github.com/ferrymq/ferrymq/storage"
+)
+
+// Roles of a broker in its group.
+const (
+	RoleMaster = "master"
+	RoleSlave  = "slave"
+)
+
+// Config configures a broker. Zero fields take their defaults.
+type Config struct {
+	// ID names the broker. Required.
+	ID string
+	// Group is the broker group. Required.
+	Group string
+	// Role is RoleMaster or RoleSlave. Required.
+	Role string
+	// Dir holds the commit log. Required.
+	Dir string
+	// Addr is where producers and consumers connect (host:port; port 0 picks).
+	Addr string
+	// AdvertiseAddr is the address registered with the metaserver. Default:
+	// the bound address.
+	AdvertiseAddr string
+	// HAAddr is where a master serves its slave (host:port; port 0 picks).
+	// Masters only; default "127.0.0.1:0".
+	HAAddr string
+	// MasterHAAddr is the master's HA address for a slave. Default: learned
+	// from the metaserver (the group's master).
+	MasterHAAddr string
+	// MetaAddrs are the metaserver nodes' RPC addresses. Required.
+	MetaAddrs []string
+
+	// Flush is the commit log's flush mode. Default storage.FlushAsync.
+	Flush storage.FlushMode
+	// FlushInterval for async flush. Default 500 ms.
+	FlushInterval time.Duration
+	// SegmentSize of the commit log. Default 1 GiB.
+	SegmentSize int64
+	// FS is the file system (tests inject faults). Default the OS's.
+	FS vfs.FS
+
+	// HeartbeatInterval and SessionTimeout: a heartbeat every interval; no
+	// heartbeat accepted for a session makes the broker read-only by itself.
+	// Defaults 2 s and 10 s.
+	HeartbeatInterval time.Duration
+	SessionTimeout    time.Duration
+	// HighWait bounds how long a HIGH message waits for the slave before
+	// SLAVE_SYNC_TIMEOUT. Default 3 s.
+	HighWait time.Duration
+	// SlaveLagBytes and SlaveLagTime: a slave further behind, or not caught
+	// up for longer, makes HIGH messages fail at once with SLAVE_LAGGING.
+	// Defaults 64 MiB and 5 s.
+	SlaveLagBytes int64
+	SlaveLagTime  time.Duration
+	// HAFetchWait is how long a master holds a slave's fetch when it has no
+	// new data; it is also the slave's acknowledgement tick. Default 100 ms.
+	HAFetchWait time.Duration
+	// HAFetchBytes caps one fetch. Default 4 MiB.
+	HAFetchBytes int
+
+	// MaxInflightRequests and MaxInflightBytes bound the SEND requests (and
+	// their bytes) being processed across the broker; past them a request
+	// gets BUSY. Defaults 8192 and 256 MiB.
+	MaxInflightRequests int64
+	MaxInflightBytes    int64
+	// MaxInflightPerConn bounds requests read from one connection and not yet
+	// answered; past it the broker stops reading that connection until one is
+	// answered (backpressure). Default 1024.
+	MaxInflightPerConn int
+	// Workers is the number of request workers. Default 4 x GOMAXPROCS.
+	Workers int
+
+	// Logger is the root logger. Default: stderr at info.
+	Logger hclog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.HAAddr == "" {
+		c.HAAddr = "127.0.0.1:0"
+	}
+	if c.FlushInterval <= 0 {
+		c.FlushInterval = 500 * time.Millisecond
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 2 * time.Second
+	}
+	if c.SessionTimeout <= 0 {
+		c.SessionTimeout = 10 * time.Second
+	}
+	if c.HighWait <= 0 {
+		c.HighWait = 3 * time.Second
+	}
+	if c.SlaveLagBytes <= 0 {
+		c.SlaveLagBytes = 64 << 20
+	}
+	if c.SlaveLagTime <= 0 {
+		c.SlaveLagTime = 5 * time.Second
+	}
+	if c.HAFetchWait <= 0 {
+		c.HAFetchWait = 100 * time.Millisecond
+	}
+	if c.HAFetchBytes <= 0 {
+		c.HAFetchBytes = 4 << 20
+	}
+	if c.MaxInflightRequests <= 0 {
+		c.MaxInflightRequests = 8192
+	}
+	if c.MaxInflightBytes <= 0 {
+		c.MaxInflightBytes = 256 << 20
+	}
+	if c.MaxInflightPerConn <= 0 {
+		c.MaxInflightPerConn = 1024
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "broker", Level: hclog.Info})
+	}
+	return c
+}
+
+// Validate reports every problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ID == "" {
+		errs = append(errs, errors.New("broker: ID is required"))
+	}
+	if c.Group == "" {
+		errs = append(errs, errors.New("broker: Group is required"))
+	}
+	if c.Role != RoleMaster && c.Role != RoleSlave {
+		errs = append(errs, fmt.Errorf("broker: Role must be %q or %q, got %q", RoleMaster, RoleSlave, c.Role))
+	}
+	if c.Dir == "" {
+		errs = append(errs, errors.New("broker: Dir is required"))
+	}
+	if c.Addr == "" {
+		errs = append(errs, errors.New("broker: Addr is required"))
+	}
+	if len(c.MetaAddrs) == 0 {
+		errs = append(errs, errors.New("broker: MetaAddrs is required"))
+	}
+	return errors.Join(errs...)
+}
