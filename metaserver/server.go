@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -76,6 +77,9 @@ func New(cfg Config) (*Server, error) {
 			s.closeResources()
 		}
 	}()
+	if err = os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("metaserver: data directory: %w", err)
+	}
 	if s.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")}); err != nil {
 		return nil, fmt.Errorf("metaserver: open raft store in %s: %w", cfg.Dir, err)
 	}

@@ -1,0 +1,129 @@
+package producer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+// Opt configures a Client. Options are sealed: only this package makes them.
+type Opt interface{ apply(*config) }
+
+type optFunc func(*config)
+
+func (f optFunc) apply(c *config) { f(c) }
+
+type config struct {
+	metaAddrs       []string
+	linger          time.Duration
+	maxBatchBytes   int
+	maxInflight     int
+	maxRecords      int
+	maxBytes        int64
+	failWhenFull    bool
+	deliveryTimeout time.Duration
+	requestTimeout  time.Duration
+	retryBackoff    time.Duration
+	routeRefresh    time.Duration
+	avoider         routing.Avoider
+	logger          hclog.Logger
+}
+
+func defaults() config {
+	return config{
+		linger:          2 * time.Millisecond,
+		maxBatchBytes:   1 << 20,
+		maxInflight:     5,
+		maxRecords:      100_000,
+		maxBytes:        64 << 20,
+		deliveryTimeout: 30 * time.Second,
+		requestTimeout:  10 * time.Second,
+		retryBackoff:    50 * time.Millisecond,
+		routeRefresh:    30 * time.Second,
+		logger:          hclog.NewNullLogger(),
+	}
+}
+
+func (c *config) validate() error {
+	var errs []error
+	if len(c.metaAddrs) == 0 {
+		errs = append(errs, errors.New("producer: MetaAddrs is required"))
+	}
+	if c.linger < 0 {
+		errs = append(errs, fmt.Errorf("producer: Linger %v is negative", c.linger))
+	}
+	if c.maxBatchBytes <= 0 {
+		errs = append(errs, fmt.Errorf("producer: MaxBatchBytes %d must be positive", c.maxBatchBytes))
+	}
+	if c.maxInflight <= 0 {
+		errs = append(errs, fmt.Errorf("producer: MaxInflightPerGroup %d must be positive", c.maxInflight))
+	}
+	if c.maxRecords <= 0 || c.maxBytes <= 0 {
+		errs = append(errs, fmt.Errorf("producer: MaxBuffered(%d, %d) must be positive", c.maxRecords, c.maxBytes))
+	}
+	if c.deliveryTimeout <= 0 || c.requestTimeout <= 0 {
+		errs = append(errs, errors.New("producer: DeliveryTimeout and RequestTimeout must be positive"))
+	}
+	if c.retryBackoff <= 0 || c.routeRefresh <= 0 {
+		errs = append(errs, errors.New("producer: RetryBackoff and RouteRefresh must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// MetaAddrs sets the metaserver nodes' RPC addresses. Required.
+func MetaAddrs(addrs ...string) Opt {
+	return optFunc(func(c *config) { c.metaAddrs = append([]string(nil), addrs...) })
+}
+
+// Linger is how long a batch waits for more messages before it is sent,
+// when the group already has a batch in flight or none is urgent. A
+// synchronous Send does not wait for it. Default 2 ms; 0 sends at once.
+func Linger(d time.Duration) Opt { return optFunc(func(c *config) { c.linger = d }) }
+
+// MaxBatchBytes caps the messages of one batch (a single message may be
+// larger). Default 1 MiB.
+func MaxBatchBytes(n int) Opt { return optFunc(func(c *config) { c.maxBatchBytes = n }) }
+
+// MaxInflightPerGroup bounds the batches in flight to one broker group;
+// while it is reached, new messages accumulate into the next batch.
+// Default 5.
+func MaxInflightPerGroup(n int) Opt { return optFunc(func(c *config) { c.maxInflight = n }) }
+
+// MaxBuffered bounds the messages (and their bytes) accepted and not yet
+// answered. When full, a send blocks until there is room or its context
+// ends, unless FailWhenFull is set. Defaults 100,000 and 64 MiB.
+func MaxBuffered(records int, bytes int64) Opt {
+	return optFunc(func(c *config) { c.maxRecords, c.maxBytes = records, bytes })
+}
+
+// FailWhenFull makes a send fail at once with ErrBufferFull instead of
+// blocking when the buffer is full.
+func FailWhenFull() Opt { return optFunc(func(c *config) { c.failWhenFull = true }) }
+
+// DeliveryTimeout bounds a message's whole delivery, retries included.
+// A synchronous Send's context deadline, if sooner, wins. Default 30 s.
+func DeliveryTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.deliveryTimeout = d }) }
+
+// RequestTimeout bounds one SEND request to a broker. Default 10 s.
+func RequestTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.requestTimeout = d }) }
+
+// RetryBackoff is the first retry's backoff; it doubles per attempt, up to
+// 1 s, with jitter. Default 50 ms.
+func RetryBackoff(d time.Duration) Opt { return optFunc(func(c *config) { c.retryBackoff = d }) }
+
+// RouteRefresh is how often cached routes are refreshed. They are also
+// refreshed at once (at most once a second per topic) after READ_ONLY,
+// NOT_MASTER or NO_ROUTE. Default 30 s.
+func RouteRefresh(d time.Duration) Opt { return optFunc(func(c *config) { c.routeRefresh = d }) }
+
+// Avoider sets the latency-fault avoidance policy. Default: RocketMQ's
+// latency table (routing.NewLatencyTable); routing.NewDecayingLatency is
+// the alternative.
+func Avoider(a routing.Avoider) Opt { return optFunc(func(c *config) { c.avoider = a }) }
+
+// Logger sets the logger. Default: none.
+func Logger(l hclog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }

@@ -1,0 +1,521 @@
+package producer
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+// Errors of the producer.
+var (
+	// ErrClosed is returned by a closed producer.
+	ErrClosed = errors.New("producer: closed")
+	// ErrBufferFull is returned when the buffer is full and FailWhenFull is set.
+	ErrBufferFull = errors.New("producer: buffer full")
+)
+
+// Message is what a user sends.
+type Message struct {
+	Topic string
+	// Key, if set, picks the queue by its hash (so one key's messages keep
+	// their order while the queue's group is writable) and is stored as the
+	// property "key".
+	Key         string
+	Properties  map[string]string
+	Body        []byte
+	Reliability protocol.Reliability
+}
+
+// Result is where a message was stored.
+type Result struct {
+	ID          string // the producer-made message id
+	Topic       string
+	Queue       uint32
+	QueueOffset int64
+	LogOffset   int64
+	Group       string // the broker group
+	Broker      string // the master's address
+}
+
+// Client is a producer. It is safe for concurrent use.
+type Client struct {
+	cfg    config
+	meta   *client.Client
+	sel    *routing.Selector
+	prefix string
+	seq    atomic.Uint64
+
+	mu     sync.Mutex
+	routes map[string]*topicRoute
+	sinks  map[string]*sink
+	conns  map[string]*transport.Client
+	closed bool // no new sends
+	dead   bool // Close gave up waiting: everything left fails
+
+	bufMu      sync.Mutex
+	bufRecords int
+	bufBytes   int64
+	waiters    int
+	space      chan struct{} // closed when room frees and someone waits
+
+	flushing atomic.Int32
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+type topicRoute struct {
+	route      routing.Route
+	fetched    time.Time
+	lastForced time.Time
+}
+
+// New returns a producer. It checks every option at once.
+func New(opts ...Opt) (*Client, error) {
+	cfg := defaults()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.avoider == nil {
+		cfg.avoider = routing.NewLatencyTable(nil)
+	}
+	meta, err := client.New(client.Config{Addrs: cfg.metaAddrs})
+	if err != nil {
+		return nil, err
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	c := &Client{
+		cfg: cfg, meta: meta, sel: routing.NewSelector(cfg.avoider), prefix: hex.EncodeToString(b[:]),
+		routes: map[string]*topicRoute{}, sinks: map[string]*sink{}, conns: map[string]*transport.Client{},
+		space: make(chan struct{}), stop: make(chan struct{}),
+	}
+	c.wg.Add(1)
+	go c.refresher()
+	return c, nil
+}
+
+// record is one message on its way, with its one promise.
+type record struct {
+	msg      protocol.Message
+	size     int
+	ctx      context.Context
+	deadline time.Time
+	key      string
+	promise  func(Result, error)
+	done     atomic.Bool
+
+	// Set by dispatch, read by the batch that carries the record.
+	group    string
+	addr     string
+	attempts int
+	lastErr  error
+}
+
+// Send sends one message and waits for its result. It does not wait for
+// Linger. An error names the cause: a *protocol.Error for a broker's status
+// (errors.Is(err, protocol.ErrReadOnly) and the like), ErrClosed,
+// ErrBufferFull, or the context's error if it ended before the message was
+// handed to a broker.
+func (c *Client) Send(ctx context.Context, m *Message) (Result, error) {
+	type out struct {
+		r   Result
+		err error
+	}
+	ch := make(chan out, 1)
+	c.send(ctx, m, true, func(r Result, err error) { ch <- out{r, err} })
+	o := <-ch
+	return o.r, o.err
+}
+
+// SendAsync sends one message in the background and calls promise exactly
+// once with its result or error, from an internal goroutine (or, for an
+// error found at once, before SendAsync returns). Promises should be quick.
+// ctx bounds waiting for buffer room and for the message to be handed to a
+// broker.
+func (c *Client) SendAsync(ctx context.Context, m *Message, promise func(Result, error)) {
+	c.send(ctx, m, false, promise)
+}
+
+func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func(Result, error)) {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		promise(Result{}, ErrClosed)
+		return
+	}
+	rec := &record{ctx: ctx, key: m.Key, promise: promise}
+	rec.msg = protocol.Message{
+		ID:          c.prefix + "-" + strconv.FormatUint(c.seq.Add(1), 36),
+		Topic:       m.Topic,
+		Reliability: m.Reliability,
+		Timestamp:   time.Now().UnixMilli(),
+		Body:        m.Body,
+	}
+	if len(m.Properties) > 0 || m.Key != "" {
+		props := make([]protocol.Property, 0, len(m.Properties)+1)
+		for k, v := range m.Properties {
+			props = append(props, protocol.Property{Key: k, Value: v})
+		}
+		sort.Slice(props, func(i, j int) bool { return props[i].Key < props[j].Key })
+		if m.Key != "" {
+			props = append(props, protocol.Property{Key: "key", Value: m.Key})
+		}
+		rec.msg.Properties = props
+	}
+	if err := rec.msg.Validate(); err != nil {
+		promise(Result{}, fmt.Errorf("producer: message to %q: %w", m.Topic, err))
+		return
+	}
+	rec.size = rec.msg.EncodedSize()
+	rec.deadline = time.Now().Add(c.cfg.deliveryTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(rec.deadline) {
+		rec.deadline = dl
+	}
+	if err := c.acquire(ctx, rec.size); err != nil {
+		promise(Result{}, err)
+		return
+	}
+	c.dispatch(rec, urgent)
+}
+
+// acquire takes buffer room for one message.
+func (c *Client) acquire(ctx context.Context, size int) error {
+	c.bufMu.Lock()
+	for c.bufRecords >= c.cfg.maxRecords || (c.bufRecords > 0 && c.bufBytes+int64(size) > c.cfg.maxBytes) {
+		if c.cfg.failWhenFull {
+			c.bufMu.Unlock()
+			return fmt.Errorf("%w: %d messages, %d bytes buffered", ErrBufferFull, c.cfg.maxRecords, c.cfg.maxBytes)
+		}
+		c.waiters++
+		ch := c.space
+		c.bufMu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			c.bufMu.Lock()
+			c.waiters--
+			c.bufMu.Unlock()
+			return fmt.Errorf("producer: waiting for buffer room: %w", ctx.Err())
+		case <-c.stop:
+			c.bufMu.Lock()
+			c.waiters--
+			c.bufMu.Unlock()
+			return ErrClosed
+		}
+		c.bufMu.Lock()
+		c.waiters--
+	}
+	c.bufRecords++
+	c.bufBytes += int64(size)
+	c.bufMu.Unlock()
+	return nil
+}
+
+func (c *Client) releaseBuf(size int) {
+	c.bufMu.Lock()
+	c.bufRecords--
+	c.bufBytes -= int64(size)
+	if c.waiters > 0 {
+		close(c.space)
+		c.space = make(chan struct{})
+	}
+	c.bufMu.Unlock()
+}
+
+// finish completes a record exactly once.
+func (c *Client) finish(rec *record, res Result, err error) {
+	if !rec.done.CompareAndSwap(false, true) {
+		return
+	}
+	c.releaseBuf(rec.size)
+	rec.promise(res, err)
+}
+
+// dispatch picks a queue for the record and hands it to that group's sink.
+func (c *Client) dispatch(rec *record, urgent bool) {
+	c.mu.Lock()
+	dead := c.dead
+	c.mu.Unlock()
+	if dead {
+		c.finish(rec, Result{}, ErrClosed)
+		return
+	}
+	if err := rec.ctx.Err(); err != nil {
+		c.finish(rec, Result{}, fmt.Errorf("producer: message %s not sent: %w", rec.msg.ID, err))
+		return
+	}
+	route, err := c.route(rec.ctx, rec.msg.Topic)
+	if err != nil {
+		c.retryOrFail(rec, err)
+		return
+	}
+	q, err := c.pick(&route, rec)
+	if err != nil {
+		c.refreshSoon(rec.msg.Topic)
+		c.retryOrFail(rec, &protocol.Error{Status: protocol.StatusNoRoute, Message: fmt.Sprintf("topic %q: %v", rec.msg.Topic, err)})
+		return
+	}
+	rec.msg.Queue, rec.group, rec.addr = q.Queue, q.Group, q.Master
+	c.sink(q.Group).add(rec, urgent)
+}
+
+func (c *Client) pick(route *routing.Route, rec *record) (routing.QueueRoute, error) {
+	if rec.key != "" && len(route.Queues) > 0 {
+		q := route.Queues[fnv32(rec.key)%uint32(len(route.Queues))]
+		if q.Writable && q.Group != lastGroup(rec) {
+			return q, nil
+		}
+	}
+	return c.sel.Select(route, lastGroup(rec), time.Now())
+}
+
+func lastGroup(rec *record) string {
+	if rec.attempts == 0 {
+		return ""
+	}
+	return rec.group
+}
+
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
+}
+
+// retryable reports whether a failed send may be tried again elsewhere.
+func retryable(err error) bool {
+	return protocol.IsRetriable(err) || errors.Is(err, transport.ErrConnLost) || errors.Is(err, client.ErrNoNode)
+}
+
+// retryOrFail schedules another attempt with backoff and jitter, or ends the
+// record when the error is final or its delivery deadline would pass.
+func (c *Client) retryOrFail(rec *record, err error) {
+	rec.lastErr = err
+	if !retryable(err) {
+		c.finish(rec, Result{}, fmt.Errorf("producer: message %s to %q: %w", rec.msg.ID, rec.msg.Topic, err))
+		return
+	}
+	rec.attempts++
+	backoff := routing.Jitter(min(c.cfg.retryBackoff<<min(rec.attempts-1, 10), time.Second))
+	if time.Now().Add(backoff).After(rec.deadline) {
+		c.finish(rec, Result{}, fmt.Errorf("producer: message %s to %q not delivered in time after %d attempts: %w",
+			rec.msg.ID, rec.msg.Topic, rec.attempts, err))
+		return
+	}
+	c.wg.Add(1)
+	t := time.NewTimer(backoff)
+	go func() {
+		defer c.wg.Done()
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-c.stop:
+		}
+		c.dispatch(rec, true)
+	}()
+}
+
+// route returns the cached route of a topic, looking it up on first use.
+func (c *Client) route(ctx context.Context, topic string) (routing.Route, error) {
+	c.mu.Lock()
+	tr := c.routes[topic]
+	c.mu.Unlock()
+	if tr != nil {
+		return tr.route, nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
+	defer cancel()
+	r, err := c.meta.Route(lctx, topic)
+	if err != nil {
+		return routing.Route{}, fmt.Errorf("producer: route of %q: %w", topic, err)
+	}
+	c.storeRoute(topic, r, false)
+	return r, nil
+}
+
+func (c *Client) storeRoute(topic string, r routing.Route, forced bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tr := c.routes[topic]
+	if tr == nil {
+		tr = &topicRoute{}
+		c.routes[topic] = tr
+	}
+	if r.Version >= tr.route.Version {
+		tr.route = r
+	}
+	tr.fetched = time.Now()
+	if forced {
+		tr.lastForced = tr.fetched
+	}
+}
+
+// refreshSoon refreshes a topic's route in the background, at most once a
+// second per topic.
+func (c *Client) refreshSoon(topic string) {
+	c.mu.Lock()
+	tr := c.routes[topic]
+	if c.closed || tr == nil || time.Since(tr.lastForced) < time.Second {
+		c.mu.Unlock()
+		return
+	}
+	tr.lastForced = time.Now()
+	c.mu.Unlock()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.refresh(topic, true)
+	}()
+}
+
+func (c *Client) refresh(topic string, forced bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.requestTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	r, err := c.meta.Route(ctx, topic)
+	if err != nil {
+		c.cfg.logger.Warn("route refresh failed", "topic", topic, "error", err)
+		return
+	}
+	c.storeRoute(topic, r, forced)
+}
+
+// refresher refreshes routes older than RouteRefresh.
+func (c *Client) refresher() {
+	defer c.wg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-tick.C:
+		}
+		c.mu.Lock()
+		var stale []string
+		for t, tr := range c.routes {
+			if time.Since(tr.fetched) >= c.cfg.routeRefresh {
+				stale = append(stale, t)
+			}
+		}
+		c.mu.Unlock()
+		for _, t := range stale {
+			c.refresh(t, false)
+		}
+	}
+}
+
+// conn returns the connection to a broker, or nil once the producer is dead.
+func (c *Client) conn(addr string) *transport.Client {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return nil
+	}
+	tc := c.conns[addr]
+	if tc == nil {
+		tc = transport.NewClient(addr, transport.ClientConfig{CallTimeout: c.cfg.requestTimeout})
+		c.conns[addr] = tc
+	}
+	return tc
+}
+
+// Flush sends everything buffered now (not waiting for Linger) and waits
+// until every message sent before it has its result, or ctx ends.
+func (c *Client) Flush(ctx context.Context) error {
+	c.flushing.Add(1)
+	defer c.flushing.Add(-1)
+	c.mu.Lock()
+	sinks := make([]*sink, 0, len(c.sinks))
+	for _, s := range c.sinks {
+		sinks = append(sinks, s)
+	}
+	c.mu.Unlock()
+	for _, s := range sinks {
+		s.kick()
+	}
+	for {
+		c.bufMu.Lock()
+		if c.bufRecords == 0 {
+			c.bufMu.Unlock()
+			return nil
+		}
+		c.waiters++
+		ch := c.space
+		c.bufMu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			c.bufMu.Lock()
+			c.waiters--
+			c.bufMu.Unlock()
+			return fmt.Errorf("producer: flush: %w", ctx.Err())
+		}
+		c.bufMu.Lock()
+		c.waiters--
+		c.bufMu.Unlock()
+	}
+}
+
+// Close stops taking messages, sends everything buffered (waiting up to the
+// delivery timeout), fails what is still left with ErrClosed, and stops
+// every goroutine and connection.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.deliveryTimeout)
+	flushErr := c.Flush(ctx)
+	cancel()
+
+	c.mu.Lock()
+	c.dead = true
+	sinks := make([]*sink, 0, len(c.sinks))
+	for _, s := range c.sinks {
+		sinks = append(sinks, s)
+	}
+	conns := c.conns
+	c.mu.Unlock()
+	close(c.stop)
+	for _, s := range sinks {
+		s.failAll(ErrClosed)
+	}
+	for _, tc := range conns {
+		_ = tc.Close() // fails batches still in flight
+	}
+	c.wg.Wait()
+	_ = c.meta.Close()
+	if flushErr != nil {
+		return fmt.Errorf("producer: close: messages still buffered failed with ErrClosed: %w", flushErr)
+	}
+	return nil
+}

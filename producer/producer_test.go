@@ -1,0 +1,264 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+func TestSendSyncAndAsync(t *testing.T) {
+	c := startCluster(t, clusterOpts{groups: []string{"g1", "g2"}, slaves: true, dirs: t.TempDir})
+	c.createTopic(t, "orders", "g1", "g2", "g1", "g2")
+	p := newProducer(t, c)
+	ctx := context.Background()
+
+	// Synchronous sends from many goroutines, NORMAL and HIGH.
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 10 {
+				rel := protocol.Normal
+				if i%2 == 0 {
+					rel = protocol.High
+				}
+				body := fmt.Sprintf("sync-%d-%d", w, i)
+				r, err := p.Send(ctx, &Message{Topic: "orders", Body: []byte(body), Reliability: rel, Properties: map[string]string{"w": fmt.Sprint(w)}})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got := pull(t, c.masters[r.Group].Addr(), r)
+				if string(got.Body) != body || got.ID != r.ID || got.Reliability != rel || got.Properties[0].Value != fmt.Sprint(w) {
+					t.Errorf("read back %+v for %q", got, body)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	// Asynchronous sends: every promise called once, every message stored
+	// where its result says.
+	pr := newPromises(t)
+	bodies := map[string]string{}
+	var bmu sync.Mutex
+	for i := range 500 {
+		body := fmt.Sprintf("async-%d", i)
+		cb := pr.next(i)
+		p.SendAsync(ctx, &Message{Topic: "orders", Body: []byte(body)}, func(r Result, err error) {
+			if err == nil {
+				bmu.Lock()
+				bodies[r.ID] = body
+				bmu.Unlock()
+			}
+			cb(r, err)
+		})
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pr.wg.Wait()
+	if len(pr.errs) != 0 || len(pr.results) != 500 {
+		t.Fatalf("%d results, errors %v", len(pr.results), pr.errs)
+	}
+	perGroup := map[string]int{}
+	for id, r := range pr.results {
+		perGroup[r.Group]++
+		if got := pull(t, r.Broker, r); string(got.Body) != bodies[id] {
+			t.Fatalf("message %s stored as %q, want %q", id, got.Body, bodies[id])
+		}
+	}
+	if perGroup["g1"] < 100 || perGroup["g2"] < 100 {
+		t.Fatalf("sends not spread over the groups: %v", perGroup)
+	}
+}
+
+func TestKeyKeepsQueue(t *testing.T) {
+	c := startCluster(t, clusterOpts{groups: []string{"g1", "g2"}, dirs: t.TempDir})
+	c.createTopic(t, "keyed", "g1", "g2", "g1", "g2")
+	p := newProducer(t, c)
+	var first Result
+	for i := range 20 {
+		r, err := p.Send(context.Background(), &Message{Topic: "keyed", Key: "customer-42", Body: []byte("x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = r
+		} else if r.Queue != first.Queue || r.QueueOffset != first.QueueOffset+int64(i) {
+			t.Fatalf("keyed message %d went to queue %d offset %d; first was %d/%d", i, r.Queue, r.QueueOffset, first.Queue, first.QueueOffset)
+		}
+	}
+}
+
+func TestReadOnlyGroupIsAvoided(t *testing.T) {
+	c := startCluster(t, clusterOpts{groups: []string{"g1", "g2"}, dirs: t.TempDir})
+	c.createTopic(t, "ro", "g1", "g2")
+	p := newProducer(t, c, RouteRefresh(200*time.Millisecond))
+	ctx := context.Background()
+	if _, err := p.Send(ctx, &Message{Topic: "ro", Body: []byte("warm")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.metaClient(t).SetGroupReadOnly(ctx, "g1", true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "g1's master to enforce RO", func() bool { return !c.masters["g1"].Writable() })
+	for i := range 50 {
+		r, err := p.Send(ctx, &Message{Topic: "ro", Body: []byte(fmt.Sprint(i))})
+		if err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+		if r.Group != "g2" {
+			t.Fatalf("send %d went to the read-only group %s", i, r.Group)
+		}
+	}
+	// After the refresh, the producer no longer even tries g1.
+	time.Sleep(300 * time.Millisecond)
+	before := c.masters["g1"].Stats().Refused.Load()
+	for range 20 {
+		if _, err := p.Send(ctx, &Message{Topic: "ro", Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := c.masters["g1"].Stats().Refused.Load(); after != before {
+		t.Fatalf("%d sends still went to the read-only group after the route refresh", after-before)
+	}
+}
+
+func TestKilledBrokerIsRetriedElsewhere(t *testing.T) {
+	c := startCluster(t, clusterOpts{groups: []string{"g1", "g2"}, dirs: t.TempDir})
+	c.createTopic(t, "kill", "g1", "g2", "g1", "g2")
+	p := newProducer(t, c, RetryBackoff(10*time.Millisecond))
+	ctx := context.Background()
+	pr := newPromises(t)
+	stop := make(chan struct{})
+	var sent int
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p.SendAsync(ctx, &Message{Topic: "kill", Body: []byte("m")}, pr.next(sent))
+			sent++
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	_ = c.masters["g1"].Close()
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pr.wg.Wait()
+	if len(pr.errs) != 0 {
+		t.Fatalf("%d of %d messages failed; first: %v", len(pr.errs), sent, pr.errs[0])
+	}
+	if len(pr.results) != sent {
+		t.Fatalf("%d results for %d messages", len(pr.results), sent)
+	}
+	late := 0
+	for _, r := range pr.results {
+		if r.Group == "g2" {
+			late++
+		}
+	}
+	t.Logf("%d messages, %d on g2", sent, late)
+}
+
+func TestCloseSendsBuffered(t *testing.T) {
+	c := startCluster(t, clusterOpts{groups: []string{"g1"}, dirs: t.TempDir})
+	c.createTopic(t, "close", "g1")
+	p, err := New(MetaAddrs(c.meta.RPCAddr()), Linger(time.Hour), MaxInflightPerGroup(1), MaxBatchBytes(1<<30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := newPromises(t)
+	for i := range 100 {
+		p.SendAsync(context.Background(), &Message{Topic: "close", Body: []byte("b")}, pr.next(i))
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	pr.wg.Wait()
+	if len(pr.results) != 100 || len(pr.errs) != 0 {
+		t.Fatalf("after Close: %d results, %d errors", len(pr.results), len(pr.errs))
+	}
+	if _, err := p.Send(context.Background(), &Message{Topic: "close", Body: []byte("late")}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("send after Close: %v", err)
+	}
+}
+
+func TestCloseFailsWhatCannotBeSent(t *testing.T) {
+	c := startCluster(t, clusterOpts{groups: []string{"g1"}, dirs: t.TempDir})
+	c.createTopic(t, "dead", "g1")
+	p, err := New(MetaAddrs(c.meta.RPCAddr()), DeliveryTimeout(500*time.Millisecond), RetryBackoff(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Send(context.Background(), &Message{Topic: "dead", Body: []byte("warm")}); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.masters["g1"].Close()
+	pr := newPromises(t)
+	for i := range 50 {
+		p.SendAsync(context.Background(), &Message{Topic: "dead", Body: []byte("x")}, pr.next(i))
+	}
+	_ = p.Close()
+	pr.wg.Wait()
+	if len(pr.errs) != 50 || len(pr.results) != 0 {
+		t.Fatalf("with the only broker gone: %d errors, %d results", len(pr.errs), len(pr.results))
+	}
+}
+
+func TestErrorsNameTheCause(t *testing.T) {
+	if _, err := New(); err == nil || !strings.Contains(err.Error(), "MetaAddrs") {
+		t.Fatalf("New without addresses: %v", err)
+	}
+	if _, err := New(MetaAddrs("x:1"), Linger(-1), MaxInflightPerGroup(0)); err == nil ||
+		!strings.Contains(err.Error(), "Linger") || !strings.Contains(err.Error(), "MaxInflightPerGroup") {
+		t.Fatalf("bad options must all be named: %v", err)
+	}
+	c := startCluster(t, clusterOpts{groups: []string{"g1"}, autoOff: true, dirs: t.TempDir})
+	p := newProducer(t, c)
+	ctx := context.Background()
+	if _, err := p.Send(ctx, &Message{Topic: "nope", Body: []byte("x")}); !errors.Is(err, protocol.ErrUnknownTopic) {
+		t.Fatalf("unknown topic: %v", err)
+	}
+	if _, err := p.Send(ctx, &Message{Topic: "nope", Body: make([]byte, protocol.MaxMessageSize+1)}); !errors.Is(err, protocol.ErrMessageTooLarge) {
+		t.Fatalf("message too large: %v", err)
+	}
+	if _, err := p.Send(ctx, &Message{Topic: "bad topic", Body: []byte("x")}); !errors.Is(err, protocol.ErrInvalid) {
+		t.Fatalf("bad topic: %v", err)
+	}
+	c.createTopic(t, "full", "g1")
+	// With an hour's linger the first message stays buffered, so the buffer
+	// of one is full for the second.
+	full := newProducer(t, c, FailWhenFull(), MaxBuffered(1, 1<<20), Linger(time.Hour))
+	pr := newPromises(t)
+	full.SendAsync(ctx, &Message{Topic: "full", Body: []byte("1")}, pr.next(0))
+	_, err := full.Send(ctx, &Message{Topic: "full", Body: []byte("2")})
+	if !errors.Is(err, ErrBufferFull) {
+		t.Fatalf("full buffer with FailWhenFull: %v", err)
+	}
+	if err := full.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pr.wg.Wait()
+	if len(pr.results) != 1 {
+		t.Fatalf("the buffered message: %v", pr.errs)
+	}
+}

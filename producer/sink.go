@@ -1,0 +1,190 @@
+package producer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// sink batches the records bound for one broker group. A batch leaves when
+// it is full, when it is urgent (a synchronous Send or a Flush), or when the
+// oldest record has lingered long enough, and only while fewer than
+// MaxInflightPerGroup batches are in flight: under load records pile up
+// behind the in-flight batches and leave together.
+type sink struct {
+	c     *Client
+	group string
+
+	mu       sync.Mutex
+	buf      []*record
+	bufBytes int
+	oldest   time.Time
+	urgent   bool
+	inflight int
+	timer    *time.Timer
+}
+
+func (c *Client) sink(group string) *sink {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sinks[group]
+	if s == nil {
+		s = &sink{c: c, group: group}
+		c.sinks[group] = s
+	}
+	return s
+}
+
+func (s *sink) add(rec *record, urgent bool) {
+	s.mu.Lock()
+	if len(s.buf) == 0 {
+		s.oldest = time.Now()
+	}
+	s.buf = append(s.buf, rec)
+	s.bufBytes += rec.size
+	s.urgent = s.urgent || urgent
+	s.sendLocked()
+	s.mu.Unlock()
+}
+
+func (s *sink) kick() {
+	s.mu.Lock()
+	s.sendLocked()
+	s.mu.Unlock()
+}
+
+// sendLocked starts as many batches as may leave now.
+func (s *sink) sendLocked() {
+	cfg := &s.c.cfg
+	for len(s.buf) > 0 && s.inflight < cfg.maxInflight {
+		ready := s.urgent || cfg.linger == 0 || s.bufBytes >= cfg.maxBatchBytes ||
+			s.c.flushing.Load() > 0 || time.Since(s.oldest) >= cfg.linger
+		if !ready {
+			if s.timer == nil {
+				s.timer = time.AfterFunc(cfg.linger-time.Since(s.oldest), func() {
+					s.mu.Lock()
+					s.timer = nil
+					s.sendLocked()
+					s.mu.Unlock()
+				})
+			}
+			return
+		}
+		n, bytes := 0, 0
+		for n < len(s.buf) && (n == 0 || bytes+s.buf[n].size <= cfg.maxBatchBytes) {
+			bytes += s.buf[n].size
+			n++
+		}
+		batch := make([]*record, n)
+		copy(batch, s.buf)
+		s.buf = append(s.buf[:0], s.buf[n:]...)
+		s.bufBytes -= bytes
+		if len(s.buf) == 0 {
+			s.urgent = false
+		} else {
+			s.oldest = time.Now()
+		}
+		s.inflight++
+		s.c.wg.Add(1)
+		go s.send(batch)
+	}
+}
+
+// send sends one batch and hands every record its result, or a retry.
+func (s *sink) send(batch []*record) {
+	defer s.c.wg.Done()
+	c := s.c
+	msgs := make([]protocol.Message, len(batch))
+	deadline := time.Now().Add(c.cfg.requestTimeout)
+	for i, r := range batch {
+		msgs[i] = r.msg
+		if r.deadline.Before(deadline) {
+			deadline = r.deadline
+		}
+	}
+	addr := batch[len(batch)-1].addr // the newest route's master
+	body := protocol.AppendSendRequest(make([]byte, 0, 4+sizeOf(batch)), msgs)
+	conn := c.conn(addr)
+	if conn == nil {
+		s.mu.Lock()
+		s.inflight--
+		s.mu.Unlock()
+		for _, r := range batch {
+			c.finish(r, Result{}, ErrClosed)
+		}
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	start := time.Now()
+	resp, err := conn.Call(ctx, protocol.CodeSend, body)
+	cancel()
+	latency := time.Since(start)
+
+	s.mu.Lock()
+	s.inflight--
+	s.sendLocked()
+	s.mu.Unlock()
+
+	var results []protocol.SendResult
+	if err == nil {
+		results, err = protocol.DecodeSendResponse(resp.Body, nil)
+		if err == nil && len(results) != len(batch) {
+			err = fmt.Errorf("producer: broker %s answered %d results for %d messages", addr, len(results), len(batch))
+		}
+	}
+	if err != nil {
+		c.sel.Avoider().Report(s.group, latency, true, time.Now())
+		for _, r := range batch {
+			c.retryOrFail(r, fmt.Errorf("send to group %s at %s: %w", s.group, addr, err))
+		}
+		return
+	}
+	failed := false
+	for _, res := range results {
+		switch res.Status {
+		case protocol.StatusStoreError, protocol.StatusBusy, protocol.StatusSlaveSyncTimeout, protocol.StatusFlushTimeout:
+			failed = true
+		}
+	}
+	c.sel.Avoider().Report(s.group, latency, failed, time.Now())
+	for i, res := range results {
+		r := batch[i]
+		if res.Status == protocol.StatusOK {
+			c.finish(r, Result{ID: r.msg.ID, Topic: r.msg.Topic, Queue: r.msg.Queue, QueueOffset: res.QueueOffset,
+				LogOffset: res.LogOffset, Group: s.group, Broker: addr}, nil)
+			continue
+		}
+		switch res.Status {
+		case protocol.StatusReadOnly, protocol.StatusNotMaster, protocol.StatusNoRoute:
+			c.refreshSoon(r.msg.Topic)
+		}
+		c.retryOrFail(r, &protocol.Error{Status: res.Status, Message: fmt.Sprintf("from group %s at %s", s.group, addr)})
+	}
+}
+
+func sizeOf(batch []*record) int {
+	n := 0
+	for _, r := range batch {
+		n += r.size
+	}
+	return n
+}
+
+// failAll ends every buffered record with err.
+func (s *sink) failAll(err error) {
+	s.mu.Lock()
+	buf := s.buf
+	s.buf = nil
+	s.bufBytes = 0
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
+	s.mu.Unlock()
+	for _, r := range buf {
+		s.c.finish(r, Result{}, err)
+	}
+}
