@@ -77,6 +77,7 @@ type Client struct {
 
 type topicRoute struct {
 	route      routing.Route
+	plan       *routing.Plan
 	fetched    time.Time
 	lastForced time.Time
 }
@@ -260,12 +261,12 @@ func (c *Client) dispatch(rec *record, urgent bool) {
 		c.finish(rec, Result{}, fmt.Errorf("producer: message %s not sent: %w", rec.msg.ID, err))
 		return
 	}
-	route, err := c.route(rec.ctx, rec.msg.Topic)
+	plan, err := c.route(rec.ctx, rec.msg.Topic)
 	if err != nil {
 		c.retryOrFail(rec, err)
 		return
 	}
-	q, err := c.pick(&route, rec)
+	q, err := c.pick(plan, rec)
 	if err != nil {
 		c.refreshSoon(rec.msg.Topic)
 		c.retryOrFail(rec, &protocol.Error{Status: protocol.StatusNoRoute, Message: fmt.Sprintf("topic %q: %v", rec.msg.Topic, err)})
@@ -275,14 +276,14 @@ func (c *Client) dispatch(rec *record, urgent bool) {
 	c.sink(q.Group).add(rec, urgent)
 }
 
-func (c *Client) pick(route *routing.Route, rec *record) (routing.QueueRoute, error) {
-	if rec.key != "" && len(route.Queues) > 0 {
-		q := route.Queues[fnv32(rec.key)%uint32(len(route.Queues))]
+func (c *Client) pick(plan *routing.Plan, rec *record) (routing.QueueRoute, error) {
+	if qs := plan.Route.Queues; rec.key != "" && len(qs) > 0 {
+		q := qs[fnv32(rec.key)%uint32(len(qs))]
 		if q.Writable && q.Group != lastGroup(rec) {
 			return q, nil
 		}
 	}
-	return c.sel.Select(route, lastGroup(rec), time.Now())
+	return c.sel.SelectPlan(plan, lastGroup(rec), time.Now())
 }
 
 func lastGroup(rec *record) string {
@@ -335,24 +336,23 @@ func (c *Client) retryOrFail(rec *record, err error) {
 }
 
 // route returns the cached route of a topic, looking it up on first use.
-func (c *Client) route(ctx context.Context, topic string) (routing.Route, error) {
+func (c *Client) route(ctx context.Context, topic string) (*routing.Plan, error) {
 	c.mu.Lock()
 	tr := c.routes[topic]
 	c.mu.Unlock()
 	if tr != nil {
-		return tr.route, nil
+		return tr.plan, nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
 	defer cancel()
 	r, err := c.meta.Route(lctx, topic)
 	if err != nil {
-		return routing.Route{}, fmt.Errorf("producer: route of %q: %w", topic, err)
+		return nil, fmt.Errorf("producer: route of %q: %w", topic, err)
 	}
-	c.storeRoute(topic, r, false)
-	return r, nil
+	return c.storeRoute(topic, r, false), nil
 }
 
-func (c *Client) storeRoute(topic string, r routing.Route, forced bool) {
+func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *routing.Plan {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	tr := c.routes[topic]
@@ -360,13 +360,14 @@ func (c *Client) storeRoute(topic string, r routing.Route, forced bool) {
 		tr = &topicRoute{}
 		c.routes[topic] = tr
 	}
-	if r.Version >= tr.route.Version {
-		tr.route = r
+	if tr.plan == nil || r.Version >= tr.route.Version {
+		tr.route, tr.plan = r, routing.NewPlan(r)
 	}
 	tr.fetched = time.Now()
 	if forced {
 		tr.lastForced = tr.fetched
 	}
+	return tr.plan
 }
 
 // refreshSoon refreshes a topic's route in the background, at most once a

@@ -45,46 +45,86 @@ func NewSelector(avoider Avoider) *Selector {
 // Avoider returns the selector's policy.
 func (s *Selector) Avoider() Avoider { return s.avoider }
 
-// Select picks a queue of r. avoid names a group that just failed ("" for none).
+// Plan is a route prepared for fast selection: its writable queues and
+// their distinct groups. Build it once per route version with NewPlan.
+type Plan struct {
+	Route    Route
+	writable []QueueRoute
+	groupOf  []int          // groupOf[i]: index in groups of writable[i]'s group
+	groups   []string       // distinct groups of writable queues, in first-seen order
+	byGroup  [][]QueueRoute // each group's writable queues
+	rr       []atomic.Uint64
+}
+
+// NewPlan prepares r for selection.
+func NewPlan(r Route) *Plan {
+	p := &Plan{Route: r}
+	idx := map[string]int{}
+	for _, q := range r.Queues {
+		if !q.Writable {
+			continue
+		}
+		g, ok := idx[q.Group]
+		if !ok {
+			g = len(p.groups)
+			idx[q.Group] = g
+			p.groups = append(p.groups, q.Group)
+			p.byGroup = append(p.byGroup, nil)
+		}
+		p.writable = append(p.writable, q)
+		p.groupOf = append(p.groupOf, g)
+		p.byGroup[g] = append(p.byGroup[g], q)
+	}
+	p.rr = make([]atomic.Uint64, len(p.groups))
+	return p
+}
+
+// Select picks a queue of r. avoid names a group that just failed ("" for
+// none). For many sends to one route, build a Plan and use SelectPlan.
 func (s *Selector) Select(r *Route, avoid string, now time.Time) (QueueRoute, error) {
-	writable := r.WritableQueues()
-	if len(writable) == 0 {
+	return s.SelectPlan(NewPlan(*r), avoid, now)
+}
+
+// SelectPlan picks a queue: the queue under the round-robin cursor, unless
+// the avoider prefers another group (offered in ring order from the
+// cursor's group), in which case that group's next queue.
+func (s *Selector) SelectPlan(p *Plan, avoid string, now time.Time) (QueueRoute, error) {
+	if len(p.writable) == 0 {
 		return QueueRoute{}, ErrNoWritableQueue
 	}
-	if avoid != "" {
-		kept := writable[:0:0]
-		for _, q := range writable {
-			if q.Group != avoid {
-				kept = append(kept, q)
-			}
-		}
-		if len(kept) > 0 {
-			writable = kept
-		}
+	n := uint64(len(p.writable))
+	cursor := int(s.rr.Add(1) % n)
+	first := p.groupOf[cursor]
+	if len(p.groups) == 1 {
+		return p.writable[cursor], nil
 	}
-	start := int(s.rr.Add(1) % uint64(len(writable)))
-	// The distinct groups in round-robin order from the cursor, each with
-	// its first queue at or after the cursor.
-	var groups []string
-	var firstQueue []QueueRoute
-	for i := range writable {
-		q := writable[(start+i)%len(writable)]
-		seen := false
-		for _, g := range groups {
-			if g == q.Group {
-				seen = true
-				break
-			}
+	var buf [8]string
+	cands := buf[:0]
+	var candIdx [8]int
+	for i := range p.groups {
+		g := (first + i) % len(p.groups)
+		if p.groups[g] == avoid {
+			continue
 		}
-		if !seen {
-			groups = append(groups, q.Group)
-			firstQueue = append(firstQueue, q)
+		if len(cands) == len(buf) {
+			break
 		}
+		candIdx[len(cands)] = g
+		cands = append(cands, p.groups[g])
 	}
-	if len(groups) == 1 {
-		return firstQueue[0], nil
+	if len(cands) == 0 {
+		return p.writable[cursor], nil // only the avoided group is writable
 	}
-	return firstQueue[s.avoider.Choose(groups, now)], nil
+	pick := 0
+	if len(cands) > 1 {
+		pick = s.avoider.Choose(cands, now)
+	}
+	g := candIdx[pick]
+	if g == first {
+		return p.writable[cursor], nil
+	}
+	qs := p.byGroup[g]
+	return qs[int(p.rr[g].Add(1)%uint64(len(qs)))], nil
 }
 
 // LatencyTable is RocketMQ's policy: a send that took at least
