@@ -24,8 +24,9 @@ import (
 // A new leader starts every session at the moment it took over, so no
 // broker is expired by an election alone (one full session of grace).
 type judge struct {
-	s     *Server
-	ready atomic.Bool
+	s          *Server
+	ready      atomic.Bool
+	heartbeats atomic.Int64 // heartbeats taken while leading, for metrics
 
 	mu       sync.Mutex
 	since    time.Time // when this leadership's judge started
@@ -78,6 +79,7 @@ func (j *judge) sessionLocked(group string) *session {
 
 // heartbeat records a heartbeat.
 func (j *judge) heartbeat(hb client.Heartbeat, now time.Time) {
+	j.heartbeats.Add(1)
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	s := j.sessionLocked(hb.Group)

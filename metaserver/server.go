@@ -262,6 +262,17 @@ func (s *Server) lead(ctx context.Context) {
 	s.log.Info("lost leadership; judge stopped")
 }
 
+// Heartbeats is how many broker heartbeats this node took as leader.
+func (s *Server) Heartbeats() int64 { return s.judge.heartbeats.Load() }
+
+// RaftStatus is this node's view of the Raft cluster.
+func (s *Server) RaftStatus() client.RaftStatus {
+	if !s.started.Load() {
+		return client.RaftStatus{Node: s.cfg.ID, State: "Starting"}
+	}
+	return s.raftStatus()
+}
+
 // IsLeader reports whether this node leads and its leader work is ready.
 func (s *Server) IsLeader() bool {
 	return s.started.Load() && s.raft.State() == raft.Leader && s.judge.ready.Load()

@@ -152,6 +152,10 @@ type Log struct {
 	index    map[queueKey]*queueIndex
 	closed   bool
 
+	// Flushes and FlushNanos count the syncs and their total time, for metrics.
+	Flushes    atomic.Int64
+	FlushNanos atomic.Int64
+
 	end     atomic.Int64 // log offset after the last record written
 	flushed atomic.Int64 // log offset up to which the log is synced
 	broken  error        // writer-owned: set when a failed write could not be undone
@@ -646,7 +650,10 @@ func (l *Log) syncOnce() {
 	target := l.end.Load()
 	var err error
 	if target > l.flushed.Load() {
+		start := time.Now()
 		err = l.syncSegments(l.flushed.Load())
+		l.Flushes.Add(1)
+		l.FlushNanos.Add(int64(time.Since(start)))
 		if err == nil {
 			l.flushed.Store(target)
 			l.writeCheckpoint(target)

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/spf13/cobra"
+
+	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/producer"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+type benchOptions struct {
+	topic       string
+	queues      int
+	producers   int
+	size        int
+	count       int64
+	duration    time.Duration
+	reliability string
+	mode        string
+	window      int
+	linger      time.Duration
+	progress    bool
+}
+
+// benchResult is what bench prints.
+type benchResult struct {
+	Topic       string  `json:"topic"`
+	Mode        string  `json:"mode"`
+	Reliability string  `json:"reliability"`
+	Producers   int     `json:"producers"`
+	Size        int     `json:"size"`
+	Sent        int64   `json:"sent"`
+	Errors      int64   `json:"errors"`
+	FirstError  string  `json:"first_error,omitempty"`
+	Seconds     float64 `json:"seconds"`
+	MsgsPerSec  float64 `json:"msgs_per_sec"`
+	MBPerSec    float64 `json:"mb_per_sec"`
+	P50Micros   int64   `json:"p50_us"`
+	P90Micros   int64   `json:"p90_us"`
+	P99Micros   int64   `json:"p99_us"`
+	P999Micros  int64   `json:"p999_us"`
+	MaxMicros   int64   `json:"max_us"`
+}
+
+func newBenchCommand(g *globalOptions) *cobra.Command {
+	o := &benchOptions{}
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Send messages as fast as the cluster takes them and report throughput and latency",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.producers <= 0 || o.size < 0 || o.window <= 0 || (o.count <= 0 && o.duration <= 0) {
+				return usageError{fmt.Errorf("bench needs --producers > 0, --window > 0, --size >= 0 and a --count or --duration")}
+			}
+			if o.mode != "sync" && o.mode != "async" {
+				return usageError{fmt.Errorf("--mode must be sync or async, got %q", o.mode)}
+			}
+			rel, err := protocol.ParseReliability(o.reliability)
+			if err != nil {
+				return usageError{err}
+			}
+			res, err := runBench(cmd.Context(), g, o, rel)
+			if err != nil {
+				return err
+			}
+			return g.printer().print(res, []string{"MODE", "RELIABILITY", "SENT", "ERRORS", "SECONDS", "MSGS/S", "MB/S", "P50", "P90", "P99", "P99.9", "MAX"},
+				[][]string{{res.Mode, res.Reliability, fmt.Sprint(res.Sent), fmt.Sprint(res.Errors), fmt.Sprintf("%.2f", res.Seconds),
+					fmt.Sprintf("%.0f", res.MsgsPerSec), fmt.Sprintf("%.1f", res.MBPerSec), us(res.P50Micros), us(res.P90Micros),
+					us(res.P99Micros), us(res.P999Micros), us(res.MaxMicros)}})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.topic, "topic", "bench", "topic to send to (created if missing)")
+	f.IntVar(&o.queues, "queues", 8, "queues of the topic if bench creates it")
+	f.IntVar(&o.producers, "producers", 4, "producer clients, each in its own goroutine")
+	f.IntVar(&o.size, "size", 1024, "message body size in bytes")
+	f.Int64Var(&o.count, "count", 100000, "messages to send in all (0: until --duration)")
+	f.DurationVar(&o.duration, "duration", 0, "stop after this long (0: until --count)")
+	f.StringVar(&o.reliability, "reliability", "normal", "normal or high")
+	f.StringVar(&o.mode, "mode", "async", "sync (one message at a time per producer) or async (--window in flight per producer)")
+	f.IntVar(&o.window, "window", 1000, "async: messages in flight per producer")
+	f.DurationVar(&o.linger, "linger", 2*time.Millisecond, "producer linger")
+	f.BoolVar(&o.progress, "progress", true, "show a progress line when the output is a terminal")
+	return cmd
+}
+
+func us(v int64) string { return (time.Duration(v) * time.Microsecond).String() }
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protocol.Reliability) (benchResult, error) {
+	cl, mctx, done, err := g.metaClient(ctx)
+	if err != nil {
+		return benchResult{}, err
+	}
+	_, err = cl.CreateTopic(mctx, client.CreateTopicRequest{Name: o.topic, Queues: o.queues, IfMissing: true})
+	done()
+	if err != nil {
+		return benchResult{}, fmt.Errorf("create topic %s: %w", o.topic, err)
+	}
+
+	body := make([]byte, o.size)
+	for i := range body {
+		body[i] = byte('a' + i%26)
+	}
+	var sent, errs, started atomic.Int64
+	var firstErr atomic.Value
+	hists := make([]*hdrhistogram.Histogram, o.producers)
+	var hmu = make([]sync.Mutex, o.producers)
+	deadline := time.Time{}
+	if o.duration > 0 {
+		deadline = time.Now().Add(o.duration)
+	}
+	more := func() bool {
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			return false
+		}
+		return o.count <= 0 || started.Add(1) <= o.count
+	}
+	record := func(i int, t0 time.Time, err error) {
+		if err != nil {
+			errs.Add(1)
+			firstErr.CompareAndSwap(nil, err.Error())
+			return
+		}
+		sent.Add(1)
+		hmu[i].Lock()
+		_ = hists[i].RecordValue(time.Since(t0).Microseconds())
+		hmu[i].Unlock()
+	}
+	producers := make([]*producer.Client, o.producers)
+	for i := range producers {
+		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
+		p, err := producer.New(producer.MetaAddrs(g.addrs()...), producer.Linger(o.linger),
+			producer.MaxBuffered(max(o.window, 1), 1<<30), producer.DeliveryTimeout(30*time.Second))
+		if err != nil {
+			return benchResult{}, usageError{err}
+		}
+		producers[i] = p
+	}
+	stopProgress := make(chan struct{})
+	var pwg sync.WaitGroup
+	if o.progress && !g.json && isTerminal(g.out) {
+		pwg.Add(1)
+		go func() {
+			defer pwg.Done()
+			progress(g.out, o, &sent, &errs, stopProgress)
+		}()
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, p := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msg := &producer.Message{Topic: o.topic, Body: body, Reliability: rel}
+			if o.mode == "sync" {
+				for more() {
+					t0 := time.Now()
+					_, err := p.Send(ctx, msg)
+					record(i, t0, err)
+				}
+				return
+			}
+			// The producer's buffer (--window messages) bounds what is in flight:
+			// SendAsync blocks until a promise frees room.
+			for more() {
+				t0 := time.Now()
+				p.SendAsync(ctx, msg, func(_ producer.Result, err error) { record(i, t0, err) })
+			}
+			_ = p.Flush(ctx)
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(stopProgress)
+	pwg.Wait()
+	for _, p := range producers {
+		_ = p.Close()
+	}
+	h := hdrhistogram.New(1, 60_000_000, 3)
+	for _, x := range hists {
+		h.Merge(x)
+	}
+	res := benchResult{Topic: o.topic, Mode: o.mode, Reliability: rel.String(), Producers: o.producers, Size: o.size,
+		Sent: sent.Load(), Errors: errs.Load(), Seconds: elapsed.Seconds(),
+		P50Micros: h.ValueAtQuantile(50), P90Micros: h.ValueAtQuantile(90), P99Micros: h.ValueAtQuantile(99),
+		P999Micros: h.ValueAtQuantile(99.9), MaxMicros: h.Max()}
+	res.MsgsPerSec = float64(res.Sent) / elapsed.Seconds()
+	res.MBPerSec = res.MsgsPerSec * float64(o.size) / 1e6
+	if v, ok := firstErr.Load().(string); ok {
+		res.FirstError = v
+	}
+	if res.Sent == 0 && res.Errors > 0 {
+		return res, fmt.Errorf("every send failed; first error: %s", res.FirstError)
+	}
+	return res, nil
+}
+
+// progress redraws one line until stop.
+func progress(w io.Writer, o *benchOptions, sent, errs *atomic.Int64, stop chan struct{}) {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	start := time.Now()
+	for {
+		select {
+		case <-stop:
+			fmt.Fprint(w, "\r\033[K")
+			return
+		case <-tick.C:
+		}
+		n := sent.Load()
+		rate := float64(n) / time.Since(start).Seconds()
+		if o.count > 0 {
+			width := 30
+			done := int(float64(width) * float64(n) / float64(o.count))
+			done = min(done, width)
+			fmt.Fprintf(w, "\r[%s%s] %d/%d  %.0f msgs/s  %d errors", repeat('#', done), repeat('.', width-done), n, o.count, rate, errs.Load())
+		} else {
+			fmt.Fprintf(w, "\r%d sent  %.0f msgs/s  %d errors  %v", n, rate, errs.Load(), time.Since(start).Round(time.Second))
+		}
+	}
+}
+
+func repeat(c byte, n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = c
+	}
+	return string(b)
+}

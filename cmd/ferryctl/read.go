@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+type readOptions struct {
+	queue    uint32
+	from     int64
+	limit    int
+	maxBytes uint32
+}
+
+// storedJSON is a read message as --json prints it.
+type storedJSON struct {
+	QueueOffset int64             `json:"queue_offset"`
+	LogOffset   int64             `json:"log_offset"`
+	ID          string            `json:"id"`
+	Timestamp   int64             `json:"timestamp"`
+	Reliability string            `json:"reliability"`
+	Properties  map[string]string `json:"properties,omitempty"`
+	Body        string            `json:"body"`
+}
+
+func newReadCommand(g *globalOptions) *cobra.Command {
+	o := &readOptions{}
+	cmd := &cobra.Command{
+		Use:   "read TOPIC",
+		Short: "Print stored messages of one queue, from an offset",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, ctx, done, err := g.metaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			route, err := cl.RouteExisting(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if int(o.queue) >= len(route.Queues) {
+				return usageError{fmt.Errorf("topic %s has %d queues; no queue %d", args[0], len(route.Queues), o.queue)}
+			}
+			addr := route.Queues[o.queue].Master
+			msgs, err := pull(ctx, addr, &protocol.PullRequest{Topic: args[0], Queue: o.queue, Offset: o.from, MaxBytes: o.maxBytes}, o.limit)
+			if err != nil {
+				return fmt.Errorf("read from %s: %w", addr, err)
+			}
+			out := make([]storedJSON, 0, len(msgs))
+			var rows [][]string
+			for _, m := range msgs {
+				s := storedJSON{QueueOffset: m.QueueOffset, LogOffset: m.LogOffset, ID: m.Message.ID, Timestamp: m.Message.Timestamp,
+					Reliability: m.Message.Reliability.String(), Body: string(m.Message.Body)}
+				var props []string
+				for _, p := range m.Message.Properties {
+					if s.Properties == nil {
+						s.Properties = map[string]string{}
+					}
+					s.Properties[p.Key] = p.Value
+					props = append(props, p.Key+"="+p.Value)
+				}
+				out = append(out, s)
+				body := s.Body
+				if len(body) > 60 {
+					body = body[:57] + "..."
+				}
+				rows = append(rows, []string{fmt.Sprint(s.QueueOffset), fmt.Sprint(s.LogOffset), s.ID, s.Reliability, orDash(strings.Join(props, ",")), fmt.Sprintf("%q", body)})
+			}
+			return g.printer().print(out, []string{"OFFSET", "LOG-OFFSET", "ID", "RELIABILITY", "PROPERTIES", "BODY"}, rows)
+		},
+	}
+	cmd.Flags().Uint32Var(&o.queue, "queue", 0, "queue id")
+	cmd.Flags().Int64Var(&o.from, "from", 0, "first queue offset")
+	cmd.Flags().IntVar(&o.limit, "limit", 20, "at most this many messages")
+	cmd.Flags().Uint32Var(&o.maxBytes, "max-bytes", 1<<20, "bytes per PULL")
+	return cmd
+}
+
+// pull reads up to limit messages from a broker.
+func pull(ctx context.Context, addr string, req *protocol.PullRequest, limit int) ([]protocol.StoredMessage, error) {
+	tc := transport.NewClient(addr, transport.ClientConfig{})
+	defer tc.Close()
+	var out []protocol.StoredMessage
+	for len(out) < limit {
+		resp, err := tc.Call(ctx, protocol.CodePull, protocol.AppendPullRequest(nil, req))
+		if err != nil {
+			return nil, err
+		}
+		pr, err := protocol.DecodePullResponse(resp.Body)
+		if err != nil {
+			return nil, err
+		}
+		if len(pr.Messages) == 0 {
+			break
+		}
+		out = append(out, pr.Messages...) // bodies alias the response buffer, which is not reused
+		req.Offset = pr.NextOffset
+	}
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}

@@ -1,0 +1,109 @@
+// Package brokerd is the ferry-broker program: flags to a broker.Config,
+// the broker, its metrics, and a clean shutdown.
+package brokerd
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ferrymq/ferrymq/broker"
+	"github.com/ferrymq/ferrymq/cmd/internal/cli"
+	"github.com/ferrymq/ferrymq/storage"
+)
+
+// Run runs a broker until ctx ends.
+func Run(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("ferry-broker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg broker.Config
+	var meta, flush, metricsAddr string
+	var logf cli.LogFlags
+	fs.StringVar(&cfg.ID, "id", "", "broker ID (required)")
+	fs.StringVar(&cfg.Group, "group", "", "broker group (required)")
+	fs.StringVar(&cfg.Role, "role", broker.RoleMaster, "role in the group: master or slave")
+	fs.StringVar(&cfg.Dir, "dir", "", "commit log directory (required)")
+	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:7401", "address for producers and consumers")
+	fs.StringVar(&cfg.AdvertiseAddr, "advertise", "", "address registered with the metaserver (default: the bound one)")
+	fs.StringVar(&cfg.HAAddr, "ha-addr", "127.0.0.1:7501", "master: where the slave fetches the log")
+	fs.StringVar(&cfg.MasterHAAddr, "master-ha", "", "slave: the master's HA address (default: learned from the metaserver)")
+	fs.StringVar(&meta, "meta", "127.0.0.1:7101", "metaserver RPC addresses, comma-separated")
+	fs.StringVar(&flush, "flush", "async", "commit log flush: async (every -flush-interval) or sync (before every answer)")
+	fs.DurationVar(&cfg.FlushInterval, "flush-interval", 500*time.Millisecond, "async flush interval")
+	fs.Int64Var(&cfg.SegmentSize, "segment-size", 1<<30, "commit log segment size in bytes")
+	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat", 2*time.Second, "heartbeat interval")
+	fs.DurationVar(&cfg.SessionTimeout, "session", 10*time.Second, "no heartbeat accepted for this long makes the broker read-only")
+	fs.DurationVar(&cfg.HighWait, "high-wait", 3*time.Second, "how long a HIGH message waits for the slave")
+	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
+	logf.Register(fs)
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.Flush, err = storage.ParseFlushMode(flush); err != nil {
+		return &cli.ConfigError{Err: err}
+	}
+	for _, a := range strings.Split(meta, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			cfg.MetaAddrs = append(cfg.MetaAddrs, a)
+		}
+	}
+	if cfg.Logger, err = logf.Logger("broker", stderr); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return &cli.ConfigError{Err: err}
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return &cli.ConfigError{Err: fmt.Errorf("data directory: %w", err)}
+	}
+	b, err := broker.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	m := cli.NewMetrics()
+	register(m, b)
+	if err := m.Serve(metricsAddr, cfg.Logger); err != nil {
+		return &cli.ConfigError{Err: err}
+	}
+	defer m.Close()
+	<-ctx.Done()
+	cfg.Logger.Info("shutting down")
+	return nil
+}
+
+func register(m *cli.Metrics, b *broker.Broker) {
+	st := b.Stats()
+	f := func(v interface{ Load() int64 }) func() float64 { return func() float64 { return float64(v.Load()) } }
+	m.CounterFunc("ferrymq_broker_messages_in_total", "Messages stored.", f(&st.MessagesIn))
+	m.CounterFunc("ferrymq_broker_bytes_in_total", "Message body bytes stored.", f(&st.BytesIn))
+	m.CounterFunc("ferrymq_broker_messages_refused_total", "Messages answered with a non-OK status.", f(&st.Refused))
+	m.CounterFunc("ferrymq_broker_send_requests_total", "SEND requests answered.", f(&st.Batches))
+	m.CounterFunc("ferrymq_broker_send_seconds_total", "Total time from reading a SEND to answering it; divide by send_requests_total for the mean.",
+		func() float64 { return time.Duration(st.BatchNanos.Load()).Seconds() })
+	m.CounterFunc("ferrymq_broker_high_acked_total", "HIGH messages confirmed by the slave.", f(&st.HighAcked))
+	m.CounterFunc("ferrymq_broker_high_timeouts_total", "HIGH messages answered SLAVE_SYNC_TIMEOUT.", f(&st.HighTimeouts))
+	m.CounterFunc("ferrymq_broker_flushes_total", "Commit log syncs.", f(&b.Store().Flushes))
+	m.CounterFunc("ferrymq_broker_flush_seconds_total", "Total time in commit log syncs; divide by flushes_total for the mean.",
+		func() float64 { return time.Duration(b.Store().FlushNanos.Load()).Seconds() })
+	m.GaugeFunc("ferrymq_broker_log_end_offset", "Commit log end offset.", func() float64 { return float64(b.Store().EndOffset()) })
+	m.GaugeFunc("ferrymq_broker_writable", "1 if the broker takes writes.", func() float64 {
+		if b.IsMaster() && b.Writable() {
+			return 1
+		}
+		return 0
+	})
+	m.GaugeFunc("ferrymq_broker_slave_lag_bytes", "Master: bytes the slave is behind.", func() float64 { return float64(b.Slave().LagBytes) })
+	m.GaugeFunc("ferrymq_broker_slave_lag_seconds", "Master: time the slave has not been caught up.", func() float64 { return b.Slave().LagTime.Seconds() })
+	m.GaugeFunc("ferrymq_broker_slave_connected", "Master: 1 if the slave is fetching.", func() float64 {
+		if b.Slave().Connected {
+			return 1
+		}
+		return 0
+	})
+}

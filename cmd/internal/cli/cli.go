@@ -1,0 +1,167 @@
+// Package cli holds what ferrymq's programs share: a config file under the
+// flags, the root logger, and the Prometheus metrics endpoint.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Exit codes of the servers.
+const (
+	ExitOK     = 0
+	ExitError  = 1 // the server failed while running
+	ExitConfig = 2 // a bad flag, config file or setting
+)
+
+// ConfigError marks an error in the settings (exit code 2).
+type ConfigError struct{ Err error }
+
+func (e *ConfigError) Error() string { return e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// ExitCode maps a Run error to the process exit code.
+func ExitCode(err error) int {
+	var ce *ConfigError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return ExitOK
+	case errors.As(err, &ce):
+		return ExitConfig
+	default:
+		return ExitError
+	}
+}
+
+// Parse parses args into fs, then fills every flag not given on the command
+// line from the JSON object in the file named by the -config flag (keys are
+// flag names; values strings, numbers or booleans).
+func Parse(fs *flag.FlagSet, args []string) error {
+	config := fs.String("config", "", "a JSON file of settings (keys are flag names); flags given on the command line win")
+	if err := fs.Parse(args); err != nil {
+		return &ConfigError{err}
+	}
+	if fs.NArg() > 0 {
+		return &ConfigError{fmt.Errorf("unexpected arguments: %v", fs.Args())}
+	}
+	if *config == "" {
+		return nil
+	}
+	b, err := os.ReadFile(*config)
+	if err != nil {
+		return &ConfigError{fmt.Errorf("read config file: %w", err)}
+	}
+	var values map[string]any
+	if err := json.Unmarshal(b, &values); err != nil {
+		return &ConfigError{fmt.Errorf("config file %s: %w", *config, err)}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for k, v := range values {
+		if fs.Lookup(k) == nil || k == "config" {
+			return &ConfigError{fmt.Errorf("config file %s: unknown setting %q", *config, k)}
+		}
+		if set[k] {
+			continue
+		}
+		if err := fs.Set(k, fmt.Sprint(v)); err != nil {
+			return &ConfigError{fmt.Errorf("config file %s: %s: %w", *config, k, err)}
+		}
+	}
+	return nil
+}
+
+// LogFlags are the logging flags every server has.
+type LogFlags struct {
+	JSON  bool
+	Level string
+}
+
+// Register adds -log-json and -log-level to fs.
+func (l *LogFlags) Register(fs *flag.FlagSet) {
+	fs.BoolVar(&l.JSON, "log-json", false, "write logs as JSON lines")
+	fs.StringVar(&l.Level, "log-level", "info", "log level: trace, debug, info, warn or error")
+}
+
+// Logger builds the root logger.
+func (l *LogFlags) Logger(name string, out io.Writer) (hclog.Logger, error) {
+	level := hclog.LevelFromString(l.Level)
+	if level == hclog.NoLevel {
+		return nil, &ConfigError{fmt.Errorf("unknown log level %q", l.Level)}
+	}
+	return hclog.New(&hclog.LoggerOptions{Name: name, Level: level, JSONFormat: l.JSON, Output: out}), nil
+}
+
+// Metrics serves a registry (with the Go and process collectors added) on
+// addr at /metrics until Close. An empty addr serves nothing.
+type Metrics struct {
+	Registry *prometheus.Registry
+	srv      *http.Server
+	done     chan struct{}
+	Addr     string
+}
+
+// NewMetrics makes the registry; Serve starts the endpoint.
+func NewMetrics() *Metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &Metrics{Registry: reg}
+}
+
+// Serve listens on addr and serves /metrics in the background.
+func (m *Metrics) Serve(addr string, log hclog.Logger) error {
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
+	}
+	m.Addr = ln.Addr().String()
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	m.done = make(chan struct{})
+	go func() {
+		defer close(m.done)
+		if err := m.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server failed", "error", err)
+		}
+	}()
+	log.Info("serving metrics", "addr", m.Addr)
+	return nil
+}
+
+// Close stops the endpoint.
+func (m *Metrics) Close() {
+	if m.srv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = m.srv.Shutdown(ctx)
+	<-m.done
+}
+
+// GaugeFunc registers a gauge read at scrape time.
+func (m *Metrics) GaugeFunc(name, help string, f func() float64) {
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
+}
+
+// CounterFunc registers a counter read at scrape time.
+func (m *Metrics) CounterFunc(name, help string, f func() float64) {
+	m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
+}

@@ -1,0 +1,122 @@
+// Package metaserverd is the ferry-metaserver program: flags to a
+// metaserver.Config, the node, its metrics, and a clean shutdown.
+package metaserverd
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferrymq/ferrymq/cmd/internal/cli"
+	"github.com/ferrymq/ferrymq/metaserver"
+)
+
+// ParsePeers parses "id=raftAddr/rpcAddr,..." into peers.
+func ParsePeers(s string) ([]metaserver.Peer, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var peers []metaserver.Peer
+	for _, item := range strings.Split(s, ",") {
+		id, addrs, ok := strings.Cut(strings.TrimSpace(item), "=")
+		raft, rpc, ok2 := strings.Cut(addrs, "/")
+		if !ok || !ok2 || id == "" || raft == "" || rpc == "" {
+			return nil, fmt.Errorf("peer %q: want id=raftAddr/rpcAddr", item)
+		}
+		peers = append(peers, metaserver.Peer{ID: id, RaftAddr: raft, RPCAddr: rpc})
+	}
+	return peers, nil
+}
+
+// Run runs a metaserver node until ctx ends.
+func Run(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("ferry-metaserver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := metaserver.DefaultConfig()
+	var cfg metaserver.Config
+	var peers, metricsAddr string
+	var logf cli.LogFlags
+	fs.StringVar(&cfg.ID, "id", "", "this node's raft ID (required)")
+	fs.StringVar(&cfg.Dir, "dir", "", "data directory for the raft log and snapshots (required)")
+	fs.StringVar(&cfg.RaftAddr, "raft-addr", "127.0.0.1:7201", "raft transport address")
+	fs.StringVar(&cfg.RPCAddr, "rpc-addr", "127.0.0.1:7101", "RPC address for brokers, producers and ferryctl")
+	fs.StringVar(&cfg.AdvertiseRPC, "advertise-rpc", "", "RPC address others use (default: the bound one)")
+	fs.StringVar(&peers, "peers", "", "bootstrap peers, identical on every node: id=raftAddr/rpcAddr,...")
+	fs.BoolVar(&cfg.AutoCreateTopics, "auto-create", false, "create a topic on its first route lookup")
+	fs.IntVar(&cfg.DefaultQueues, "default-queues", def.DefaultQueues, "queues of an auto-created topic")
+	fs.DurationVar(&cfg.SessionTimeout, "session", def.SessionTimeout, "a master unheard of this long makes its group read-only")
+	fs.Int64Var(&cfg.LagBytes, "lag-bytes", def.LagBytes, "a slave this many bytes behind makes its group read-only")
+	fs.DurationVar(&cfg.LagTime, "lag-time", def.LagTime, "a slave not caught up this long makes its group read-only")
+	fs.IntVar(&cfg.RecoverHeartbeats, "recover-heartbeats", def.RecoverHeartbeats, "healthy heartbeats in a row that make a group writable again")
+	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
+	logf.Register(fs)
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.Peers, err = ParsePeers(peers); err != nil {
+		return &cli.ConfigError{Err: err}
+	}
+	if cfg.Logger, err = logf.Logger("metaserver", stderr); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return &cli.ConfigError{Err: err}
+	}
+	s, err := metaserver.Open(cfg)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	m := cli.NewMetrics()
+	register(m, s)
+	if err := m.Serve(metricsAddr, cfg.Logger); err != nil {
+		return &cli.ConfigError{Err: err}
+	}
+	defer m.Close()
+	cfg.Logger.Info("metaserver running", "id", cfg.ID, "rpc-addr", s.RPCAddr(), "raft-addr", s.RaftAddr())
+	<-ctx.Done()
+	cfg.Logger.Info("shutting down")
+	return nil
+}
+
+var raftStates = []string{"Follower", "Candidate", "Leader", "Shutdown"}
+
+func register(m *cli.Metrics, s *metaserver.Server) {
+	for _, st := range raftStates {
+		m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ferrymq_metaserver_raft_state", Help: "1 for the node's current raft state.",
+			ConstLabels: prometheus.Labels{"state": st},
+		}, func() float64 {
+			if s.RaftStatus().State == st {
+				return 1
+			}
+			return 0
+		}))
+	}
+	m.GaugeFunc("ferrymq_metaserver_raft_term", "The node's raft term.", func() float64 { return float64(s.RaftStatus().Term) })
+	m.GaugeFunc("ferrymq_metaserver_raft_last_index", "The node's last raft log index.", func() float64 { return float64(s.RaftStatus().LastIndex) })
+	m.CounterFunc("ferrymq_metaserver_heartbeats_total", "Broker heartbeats taken as leader.", func() float64 { return float64(s.Heartbeats()) })
+	m.Registry.MustRegister(groupCollector{s})
+}
+
+// groupCollector exports every broker group's state.
+type groupCollector struct{ s *metaserver.Server }
+
+var groupDesc = prometheus.NewDesc("ferrymq_metaserver_group_writable", "1 if the broker group takes writes, 0 if read-only.", []string{"group", "reasons"}, nil)
+
+func (c groupCollector) Describe(ch chan<- *prometheus.Desc) { ch <- groupDesc }
+
+func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, g := range c.s.FSM().Groups() {
+		v := 0.0
+		if g.Writable() {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(groupDesc, prometheus.GaugeValue, v, g.Name, g.Reasons.String())
+	}
+}
