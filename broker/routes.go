@@ -7,8 +7,10 @@ import (
 )
 
 const (
-	routeTTL        = 30 * time.Second
-	routeMinRefresh = time.Second
+	routeTTL = 30 * time.Second
+	// routeMinRefresh spaces the lookups of a queue that was not routed here:
+	// short, because a producer with a newer route than ours is waiting.
+	routeMinRefresh = 100 * time.Millisecond
 )
 
 // routeCache knows which queues of each topic are routed to this broker's

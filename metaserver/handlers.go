@@ -127,6 +127,11 @@ func (s *Server) routeLookup(ctx context.Context, topic string, create bool) (ro
 		return r, nil
 	}
 	if !create {
+		// A follower may not have applied the topic's creation yet: only the
+		// leader's "unknown" is the cluster's.
+		if leader := s.leaderRPC(); leader != "" && leader != s.addr {
+			return s.leaderRoute(ctx, leader, topic)
+		}
 		return routing.Route{}, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", topic)}
 	}
 	req := client.CreateTopicRequest{Name: topic, Queues: s.cfg.DefaultQueues, IfMissing: true}
@@ -283,4 +288,22 @@ func (s *Server) removeVoter(ctx context.Context, req client.VoterRequest) (clie
 	}
 	s.log.Info("voter removed", "id", req.ID)
 	return s.raftStatus(), nil
+}
+
+// leaderRoute asks the leader for a route that this follower does not know.
+func (s *Server) leaderRoute(ctx context.Context, leader, topic string) (routing.Route, error) {
+	s.leaderMu.Lock()
+	if s.leaderConn == nil || s.leaderConn.Addr() != leader {
+		if s.leaderConn != nil {
+			_ = s.leaderConn.Close()
+		}
+		s.leaderConn = transport.NewClient(leader, transport.ClientConfig{})
+	}
+	conn := s.leaderConn
+	s.leaderMu.Unlock()
+	resp, err := conn.Call(ctx, protocol.CodeRouteGet, []byte(topic))
+	if err != nil {
+		return routing.Route{}, err
+	}
+	return routing.DecodeRoute(resp.Body)
 }

@@ -51,6 +51,9 @@ type Server struct {
 	judge      judge
 	routeCache routeCache
 
+	leaderMu   sync.Mutex
+	leaderConn *transport.Client // to ask the leader for routes this node lacks
+
 	closeOnce sync.Once
 }
 
@@ -344,6 +347,11 @@ func (s *Server) Close() error {
 		if s.peers != nil {
 			_ = s.peers.Close()
 		}
+		s.leaderMu.Lock()
+		if s.leaderConn != nil {
+			_ = s.leaderConn.Close()
+		}
+		s.leaderMu.Unlock()
 		s.closeResources()
 	})
 	return nil

@@ -1,6 +1,186 @@
 #!/usr/bin/env bash
-# Starts, stops and demonstrates a local ferrymq cluster. The servers and the
-# admin CLI are not built yet (issue #7); until they are, say so and fail.
+# cluster.sh: a whole ferrymq cluster on this machine, as real processes on
+# 127.0.0.1: 3 metaservers and 2 broker groups (a master and a slave each).
+#
+#   scripts/cluster.sh start    build the binaries, start every process, wait until ready
+#   scripts/cluster.sh stop     stop every process this script started, by its PID
+#   scripts/cluster.sh status   show the processes, the Raft cluster and the broker groups
+#   scripts/cluster.sh demo     start, create a topic, send with `ferryctl bench`, show the
+#                               routes and brokers, read messages back, stop
+#
+# Environment:
+#   FERRY_HOME       data, logs, PIDs and binaries (default: .cluster in the repository)
+#   FERRY_BASE_PORT  first port of the 60 the cluster uses (default 7100)
+#   FERRY_FLUSH      brokers' flush mode, async or sync (default async)
+#
+# Ports, from BASE: metaserver RPC +1..+3, raft +11..+13, metrics +21..+23;
+# brokers (g1 master, g1 slave, g2 master, g2 slave) data +31..+34, HA +41..+44, metrics +51..+54.
 set -euo pipefail
-echo "ferrymq: the local cluster needs cmd/ferry-metaserver, cmd/ferry-broker and ferryctl, which are not built yet (issue #7)." >&2
-exit 2
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+FERRY_HOME="${FERRY_HOME:-$ROOT/.cluster}"
+BASE="${FERRY_BASE_PORT:-7100}"
+FLUSH="${FERRY_FLUSH:-async}"
+BIN="$FERRY_HOME/bin"
+PIDS="$FERRY_HOME/pids"
+LOGS="$FERRY_HOME/logs"
+META="127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))"
+BROKERS=(g1:master g1:slave g2:master g2:slave)
+
+ctl() { "$BIN/ferryctl" --meta "$META" "$@"; }
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+build() {
+  mkdir -p "$BIN"
+  echo "building binaries into $BIN"
+  (cd "$ROOT" && go build -o "$BIN/" ./cmd/ferry-metaserver ./cmd/ferry-broker ./cmd/ferryctl)
+}
+
+# launch NAME CMD...: start a process in the background, logs and PID under FERRY_HOME.
+launch() {
+  local name="$1"
+  shift
+  "$@" >"$LOGS/$name.log" 2>&1 &
+  echo $! >"$PIDS/$name.pid"
+}
+
+start() {
+  mkdir -p "$PIDS" "$LOGS"
+  for f in "$PIDS"/*.pid; do
+    if alive "$f"; then
+      echo "cluster.sh: a cluster is already running under $FERRY_HOME ($(basename "$f" .pid) is up); run '$0 stop' first" >&2
+      exit 1
+    fi
+  done
+  rm -f "$PIDS"/*.pid
+  build
+  local peers="" i
+  for i in 1 2 3; do
+    peers="${peers:+$peers,}m$i=127.0.0.1:$((BASE + 10 + i))/127.0.0.1:$((BASE + i))"
+  done
+  for i in 1 2 3; do
+    launch "meta-m$i" "$BIN/ferry-metaserver" -id "m$i" -dir "$FERRY_HOME/data/meta-m$i" \
+      -rpc-addr "127.0.0.1:$((BASE + i))" -raft-addr "127.0.0.1:$((BASE + 10 + i))" -peers "$peers" \
+      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" -auto-create -session 4s -lag-time 5s
+  done
+  local j=0 spec group role
+  for spec in "${BROKERS[@]}"; do
+    j=$((j + 1))
+    group="${spec%%:*}"
+    role="${spec##*:}"
+    launch "$group-$role" "$BIN/ferry-broker" -id "$group-$role" -group "$group" -role "$role" \
+      -dir "$FERRY_HOME/data/$group-$role" -addr "127.0.0.1:$((BASE + 30 + j))" -ha-addr "127.0.0.1:$((BASE + 40 + j))" \
+      -metrics-addr "127.0.0.1:$((BASE + 50 + j))" -meta "$META" -flush "$FLUSH" -heartbeat 1s -session 4s
+  done
+  wait_ready
+}
+
+# wait_ready waits until both groups are registered with their slaves and writable.
+wait_ready() {
+  local deadline=$((SECONDS + 60)) out
+  while [ $SECONDS -lt $deadline ]; do
+    for f in "$PIDS"/*.pid; do
+      if ! alive "$f"; then
+        echo "cluster.sh: $(basename "$f" .pid) exited; its log:" >&2
+        tail -n 20 "$LOGS/$(basename "$f" .pid).log" >&2
+        stop
+        exit 1
+      fi
+    done
+    if out="$(ctl --timeout 2s brokers --json 2>/dev/null)" &&
+      [ "$(grep -c '"state": "RW"' <<<"$out")" = 2 ] &&
+      [ "$(grep -c '"slave_heartbeat_age_ms": -1' <<<"$out")" = 0 ]; then
+      echo "cluster ready: metaservers $META"
+      return 0
+    fi
+    sleep 0.5
+  done
+  echo "cluster.sh: the cluster did not become ready within 60 s; logs are in $LOGS" >&2
+  stop
+  exit 1
+}
+
+stop() {
+  local f pid name n
+  for f in "$PIDS"/*.pid; do
+    [ -f "$f" ] || continue
+    pid="$(cat "$f")"
+    name="$(basename "$f" .pid)"
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      for n in $(seq 1 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+      done
+      if kill -0 "$pid" 2>/dev/null; then
+        echo "$name (pid $pid) did not stop in 10 s; killing it" >&2
+        kill -KILL "$pid" 2>/dev/null || true
+      fi
+      echo "stopped $name (pid $pid)"
+    fi
+    rm -f "$f"
+  done
+}
+
+status() {
+  local f any=0
+  for f in "$PIDS"/*.pid; do
+    [ -f "$f" ] || continue
+    any=1
+    if alive "$f"; then
+      echo "$(basename "$f" .pid): running (pid $(cat "$f"))"
+    else
+      echo "$(basename "$f" .pid): not running"
+    fi
+  done
+  if [ $any = 0 ]; then
+    echo "no cluster under $FERRY_HOME"
+    return 0
+  fi
+  echo
+  ctl meta status || true
+  echo
+  ctl brokers || true
+}
+
+demo() {
+  start
+  trap stop EXIT
+  echo
+  echo "== ferryctl topic create demo --queues 8"
+  ctl topic create demo --queues 8
+  echo
+  echo "== ferryctl bench --topic demo --count 50000 --size 1024 (NORMAL, async)"
+  ctl bench --topic demo --count 50000 --size 1024 --producers 4 --progress=false
+  echo
+  echo "== ferryctl bench --topic demo --count 10000 --reliability high"
+  ctl bench --topic demo --count 10000 --size 1024 --producers 4 --reliability high --progress=false
+  echo
+  echo "== ferryctl send demo --body 'hello, ferrymq'"
+  ctl send demo --body 'hello, ferrymq' --key greeting
+  echo
+  echo "== ferryctl routes demo"
+  ctl routes demo
+  echo
+  echo "== ferryctl brokers"
+  ctl brokers
+  echo
+  echo "== ferryctl meta status"
+  ctl meta status
+  echo
+  echo "== ferryctl read demo --queue 0 --from 0 --limit 5"
+  ctl read demo --queue 0 --from 0 --limit 5
+  echo
+}
+
+case "${1:-}" in
+start) start ;;
+stop) stop ;;
+status) status ;;
+demo) demo ;;
+*)
+  echo "usage: $0 start|stop|status|demo" >&2
+  exit 2
+  ;;
+esac

@@ -186,18 +186,22 @@ func (c *Client) Heartbeat(ctx context.Context, hb Heartbeat) (HeartbeatReply, e
 // Route looks a topic's route up on any node. An unknown topic with
 // auto-create off returns protocol.ErrUnknownTopic.
 func (c *Client) Route(ctx context.Context, topic string) (routing.Route, error) {
-	return c.route(ctx, protocol.CodeRouteLookup, topic)
+	return c.route(ctx, protocol.CodeRouteLookup, topic, false)
 }
 
 // RouteExisting looks a topic's route up and never creates the topic: an
 // unknown topic returns protocol.ErrUnknownTopic. Brokers use it to check
 // where a queue belongs.
+//
+// It asks the last known leader first: a broker (which learns the leader
+// from its heartbeats) then sees a topic as soon as its creation committed,
+// where a follower may not have applied it yet.
 func (c *Client) RouteExisting(ctx context.Context, topic string) (routing.Route, error) {
-	return c.route(ctx, protocol.CodeRouteGet, topic)
+	return c.route(ctx, protocol.CodeRouteGet, topic, true)
 }
 
-func (c *Client) route(ctx context.Context, code protocol.Code, topic string) (routing.Route, error) {
-	body, err := c.call(ctx, code, []byte(topic), false)
+func (c *Client) route(ctx context.Context, code protocol.Code, topic string, leaderFirst bool) (routing.Route, error) {
+	body, err := c.call(ctx, code, []byte(topic), leaderFirst)
 	if err != nil {
 		return routing.Route{}, err
 	}

@@ -1,0 +1,196 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferrymq/producer"
+)
+
+// freeBase finds a base port whose 60 ports are all free on 127.0.0.1.
+func freeBase(t *testing.T) int {
+	t.Helper()
+	for try := range 50 {
+		base := 20000 + ((os.Getpid()+try*7919)%600)*60
+		ok := true
+		for p := base + 1; p < base+60 && ok; p++ {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				ok = false
+				break
+			}
+			ln.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no free range of 60 ports")
+	return 0
+}
+
+type localCluster struct {
+	t    *testing.T
+	root string
+	home string
+	env  []string
+	meta string
+}
+
+func (c *localCluster) script(args ...string) string {
+	c.t.Helper()
+	cmd := exec.Command("bash", append([]string{filepath.Join(c.root, "scripts", "cluster.sh")}, args...)...)
+	cmd.Env = c.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		c.t.Fatalf("cluster.sh %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func (c *localCluster) ctl(args ...string) string {
+	c.t.Helper()
+	cmd := exec.Command(filepath.Join(c.home, "bin", "ferryctl"), append([]string{"--meta", c.meta}, args...)...)
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		c.t.Fatalf("ferryctl %v: %v\n%s%s", args, err, out, stderr)
+	}
+	return string(out)
+}
+
+func (c *localCluster) pid(name string) int {
+	c.t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.home, "pids", name+".pid"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return pid
+}
+
+type groupJSON struct {
+	Name   string `json:"name"`
+	State  string `json:"state"`
+	Reason string `json:"reason"`
+}
+
+// TestLocalCluster starts the cluster with scripts/cluster.sh, sends and
+// reads back messages through the real processes, kills one group's master
+// with SIGKILL, sees that group turn read-only and sends move to the other
+// group, and stops every process.
+func TestLocalCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := freeBase(t)
+	c := &localCluster{t: t, root: root, home: t.TempDir()}
+	c.env = append(os.Environ(), "FERRY_HOME="+c.home, fmt.Sprintf("FERRY_BASE_PORT=%d", base))
+	c.meta = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", base+1, base+2, base+3)
+	out := c.script("start")
+	t.Cleanup(func() { c.script("stop") })
+	if !strings.Contains(out, "cluster ready") {
+		t.Fatalf("start:\n%s", out)
+	}
+	c.ctl("topic", "create", "e2e", "--queues", "4")
+
+	p, err := producer.New(producer.MetaAddrs(strings.Split(c.meta, ",")...), producer.RouteRefresh(500*time.Millisecond),
+		producer.RetryBackoff(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	byGroup := map[string]int{}
+	for i := range 100 {
+		r, err := p.Send(ctx, &producer.Message{Topic: "e2e", Body: []byte(fmt.Sprintf("m%d", i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		byGroup[r.Group]++
+	}
+	if byGroup["g1"] == 0 || byGroup["g2"] == 0 {
+		t.Fatalf("sends not spread: %v", byGroup)
+	}
+	// Read everything back through ferryctl and the brokers.
+	stored := 0
+	for q := range 4 {
+		var msgs []map[string]any
+		if err := json.Unmarshal([]byte(c.ctl("read", "e2e", "--queue", fmt.Sprint(q), "--limit", "1000", "--json")), &msgs); err != nil {
+			t.Fatal(err)
+		}
+		stored += len(msgs)
+	}
+	if stored != 100 {
+		t.Fatalf("read back %d of 100 messages", stored)
+	}
+
+	// Kill g1's master: its group turns read-only, sends move to g2.
+	if err := syscall.Kill(c.pid("g1-master"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var groups []groupJSON
+		if err := json.Unmarshal([]byte(c.ctl("brokers", "--json")), &groups); err != nil {
+			t.Fatal(err)
+		}
+		if len(groups) == 2 && groups[0].Name == "g1" && groups[0].State == "RO" && strings.Contains(groups[0].Reason, "heartbeat-lost") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("g1 not read-only 20 s after its master was killed: %+v", groups)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("g1 read-only %v after its master was killed", time.Since(killed).Round(100*time.Millisecond))
+	time.Sleep(time.Second) // one route refresh
+	for i := range 50 {
+		r, err := p.Send(ctx, &producer.Message{Topic: "e2e", Body: []byte(fmt.Sprintf("after-%d", i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Group != "g2" {
+			t.Fatalf("send %d after the kill went to %s", i, r.Group)
+		}
+	}
+	if out := c.ctl("brokers"); !strings.Contains(out, "heartbeat-lost") {
+		t.Fatalf("brokers table does not show the reason:\n%s", out)
+	}
+
+	names := []string{"meta-m1", "meta-m2", "meta-m3", "g1-slave", "g2-master", "g2-slave"}
+	pids := map[string]int{}
+	for _, name := range names {
+		pids[name] = c.pid(name)
+	}
+	out = c.script("stop")
+	for _, name := range names {
+		if !strings.Contains(out, "stopped "+name) {
+			t.Fatalf("stop did not stop %s:\n%s", name, out)
+		}
+		if err := syscall.Kill(pids[name], 0); err == nil {
+			t.Fatalf("%s (pid %d) still runs after stop", name, pids[name])
+		}
+	}
+}
