@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -24,7 +25,7 @@ import (
 const (
 	ExitOK     = 0
 	ExitError  = 1 // the server failed while running
-	ExitConfig = 2 // a bad flag, config file or setting
+	ExitConfig = 2 // a bad flag, config file or setting, a taken port, an unusable directory
 )
 
 // ConfigError marks an error in the settings (exit code 2).
@@ -39,7 +40,9 @@ func ExitCode(err error) int {
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return ExitOK
-	case errors.As(err, &ce):
+	case errors.As(err, &ce), errors.Is(err, syscall.EADDRINUSE), errors.Is(err, syscall.EADDRNOTAVAIL),
+		errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EROFS):
+		// A taken port or an unusable data directory is a setting to fix.
 		return ExitConfig
 	default:
 		return ExitError

@@ -1,0 +1,52 @@
+package metaserverd
+
+import (
+	"context"
+	"io"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/ferrymq/ferrymq/cmd/internal/cli"
+)
+
+func TestParsePeers(t *testing.T) {
+	peers, err := ParsePeers("m1=127.0.0.1:1/127.0.0.1:2, m2=h:3/h:4")
+	if err != nil || len(peers) != 2 || peers[1].ID != "m2" || peers[1].RaftAddr != "h:3" || peers[1].RPCAddr != "h:4" {
+		t.Fatalf("got %+v, %v", peers, err)
+	}
+	for _, bad := range []string{"m1", "m1=a", "=a/b", "m1=a/"} {
+		if _, err := ParsePeers(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+func TestBadSettingsFailClearly(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dir := t.TempDir()
+	cases := []struct {
+		name string
+		args []string
+		want string
+		code int
+	}{
+		{"missing id", []string{"-dir", dir}, "ID is required", cli.ExitConfig},
+		{"bad peers", []string{"-id", "m1", "-dir", dir, "-peers", "m1"}, "raftAddr/rpcAddr", cli.ExitConfig},
+		{"bad log level", []string{"-id", "m1", "-dir", dir, "-log-level", "loud"}, "log level", cli.ExitConfig},
+		{"unusable dir", []string{"-id", "m1", "-dir", "/proc/version/x", "-rpc-addr", "127.0.0.1:0", "-raft-addr", "127.0.0.1:0"}, "data directory", cli.ExitConfig},
+		{"taken raft port", []string{"-id", "m1", "-dir", dir, "-raft-addr", taken.Addr().String(), "-rpc-addr", "127.0.0.1:0"}, "address already in use", cli.ExitConfig},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Run(context.Background(), tc.args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || cli.ExitCode(err) != tc.code {
+				t.Fatalf("got %v (exit %d), want an error naming %q with exit %d", err, cli.ExitCode(err), tc.want, tc.code)
+			}
+		})
+	}
+}
