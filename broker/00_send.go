@@ -64,7 +64,7 @@ func (b *Broker) handleSend(r *transport.Request) {
 		r.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: fmt.Sprintf("broker %s has too many requests in flight", b.cfg.ID)})
 		return
 	}
-	msgs, err := protocol.DecodeSendRequest(r.Body, nil)
+	msgs, raws, err := protocol.DecodeSendRequestRaw(r.Body)
 	if err != nil {
 		b.release(size)
 		r.ReplyError(err)
@@ -73,24 +73,21 @@ func (b *Broker) handleSend(r *transport.Request) {
 	sb := &sendBatch{b: b, req: r, size: size, start: time.Now(), results: make([]protocol.SendResult, len(msgs))}
 	sb.pending.Store(int64(len(msgs)) + 1) // +1: the handler's own hold, dropped at the end
 
-	// Check every message; the good ones are encoded into one buffer.
+	// Check every message; the good ones are stored as they came, in the
+	// encoding the producer sent (it aliases the request's buffer, which the
+	// commit log copies before the append completes).
 	good := make([]int, 0, len(msgs))
-	need := 0
 	for i := range msgs {
 		if st := b.check(&msgs[i]); st != protocol.StatusOK {
 			sb.complete(i, protocol.SendResult{Status: st})
 			continue
 		}
 		good = append(good, i)
-		need += msgs[i].EncodedSize()
 	}
 	if len(good) > 0 {
-		buf := make([]byte, 0, need)
 		entries := make([]storage.Entry, len(good))
 		for j, i := range good {
-			start := len(buf)
-			buf = protocol.AppendMessage(buf, &msgs[i])
-			entries[j] = storage.Entry{Topic: msgs[i].Topic, Queue: msgs[i].Queue, Payload: buf[start:len(buf):len(buf)]}
+			entries[j] = storage.Entry{Topic: msgs[i].Topic, Queue: msgs[i].Queue, Payload: raws[i]}
 		}
 		b.store.AppendAsync(entries, false, func(pos []storage.Position, err error) {
 			b.appended(sb, msgs, good, pos, err)

@@ -106,7 +106,16 @@ func (s *sink) send(batch []*record) {
 		}
 	}
 	addr := batch[len(batch)-1].addr // the newest route's master
-	body := protocol.AppendSendRequest(make([]byte, 0, 4+sizeOf(batch)), msgs)
+	// The transport copies the body into its write buffer before Call
+	// waits, so the buffer goes back to the pool once Call returns.
+	bp := bodyPool.Get().(*[]byte)
+	body := protocol.AppendSendRequest((*bp)[:0], msgs)
+	defer func() {
+		if cap(body) <= 4<<20 {
+			*bp = body[:0]
+			bodyPool.Put(bp)
+		}
+	}()
 	conn := c.conn(addr)
 	if conn == nil {
 		s.mu.Lock()
@@ -165,13 +174,7 @@ func (s *sink) send(batch []*record) {
 	}
 }
 
-func sizeOf(batch []*record) int {
-	n := 0
-	for _, r := range batch {
-		n += r.size
-	}
-	return n
-}
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
 // failAll ends every buffered record with err.
 func (s *sink) failAll(err error) {

@@ -117,6 +117,16 @@ func TestSendRoundTrip(t *testing.T) {
 			t.Errorf("message %d: got %+v want %+v", i, got[i], msgs[i])
 		}
 	}
+	// The raw form gives each message's own encoding.
+	rmsgs, raws, err := DecodeSendRequestRaw(b)
+	if err != nil || len(raws) != len(msgs) {
+		t.Fatalf("raw decode: %d raws, %v", len(raws), err)
+	}
+	for i := range msgs {
+		if !bytes.Equal(raws[i], AppendMessage(nil, &msgs[i])) || !rmsgs[i].Equal(&msgs[i]) {
+			t.Fatalf("raw message %d differs", i)
+		}
+	}
 	// Every strict prefix is an error, never a panic or a partial batch.
 	for n := 0; n < len(b); n++ {
 		if out, err := DecodeSendRequest(b[:n], nil); err == nil || len(out) != 0 {

@@ -20,20 +20,41 @@ func AppendSendRequest(dst []byte, msgs []Message) []byte {
 // DecodeSendRequest decodes a SEND body, appending its messages to msgs (pass
 // a reused slice to avoid allocating). Message bodies alias b.
 func DecodeSendRequest(b []byte, msgs []Message) ([]Message, error) {
+	msgs, _, err := decodeSendRequest(b, msgs, false)
+	return msgs, err
+}
+
+// DecodeSendRequestRaw is DecodeSendRequest that also returns each message's
+// encoding (as AppendMessage writes it), aliasing b, so a broker can store a
+// message without encoding it again.
+func DecodeSendRequestRaw(b []byte) ([]Message, [][]byte, error) {
+	return decodeSendRequest(b, nil, true)
+}
+
+func decodeSendRequest(b []byte, msgs []Message, wantRaw bool) ([]Message, [][]byte, error) {
 	r := reader{b: b}
 	n := r.count("message count", minMessageSize)
 	if n == 0 && r.err == nil {
-		return msgs, r.done("send request")
+		return msgs, nil, r.done("send request")
 	}
 	base := len(msgs)
 	msgs = append(msgs, make([]Message, n)...)
+	var raws [][]byte
+	if wantRaw {
+		raws = make([][]byte, n)
+	}
 	for i := base; i < len(msgs) && r.err == nil; i++ {
+		start := r.b
 		r.message(&msgs[i])
+		if wantRaw && r.err == nil {
+			used := len(start) - len(r.b)
+			raws[i-base] = start[:used:used]
+		}
 	}
 	if err := r.done("send request"); err != nil {
-		return msgs[:base], err
+		return msgs[:base], nil, err
 	}
-	return msgs, nil
+	return msgs, raws, nil
 }
 
 // SendResult is the outcome of one message of a SEND batch.
