@@ -76,7 +76,8 @@ start() {
   wait_ready
 }
 
-# wait_ready waits until both groups are registered with their slaves and writable.
+# wait_ready waits until both groups are writable and each master reports its
+# slave connected (so HIGH messages are taken at once).
 wait_ready() {
   local deadline=$((SECONDS + 60)) out
   while [ $SECONDS -lt $deadline ]; do
@@ -90,7 +91,8 @@ wait_ready() {
     done
     if out="$(ctl --timeout 2s brokers --json 2>/dev/null)" &&
       [ "$(grep -c '"state": "RW"' <<<"$out")" = 2 ] &&
-      [ "$(grep -c '"slave_heartbeat_age_ms": -1' <<<"$out")" = 0 ]; then
+      [ "$(grep -c '"slave_heartbeat_age_ms": -1' <<<"$out")" = 0 ] &&
+      [ "$(grep -c '"slave_connected": true' <<<"$out")" = 2 ]; then
       echo "cluster ready: metaservers $META"
       return 0
     fi
