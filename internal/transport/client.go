@@ -154,9 +154,11 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	w := newWriter(c.cfg.MaxWriteBuffer)
+	w.inline = nc
 	cc := &clientConn{
 		nc:      nc,
-		w:       newWriter(c.cfg.MaxWriteBuffer),
+		w:       w,
 		done:    make(chan struct{}),
 		pending: make(map[uint32]chan result),
 	}

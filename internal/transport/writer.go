@@ -15,6 +15,13 @@ type writer struct {
 	max  int
 	wake chan struct{} // capacity 1: "buf has data or the writer is closing"
 
+	// inline, when set, lets enqueue write a frame itself, from the caller's
+	// goroutine, when no write is in progress: a lone request then leaves
+	// without waking the writer goroutine (one thread wake-up less per call).
+	// wmu serializes writes to the socket between callers and run.
+	inline net.Conn
+	wmu    sync.Mutex
+
 	mu    sync.Mutex
 	space *sync.Cond // signalled when buf is drained or the writer closes
 	buf   []byte
@@ -29,9 +36,14 @@ func newWriter(max int) *writer {
 	return w
 }
 
+var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
 // enqueue appends f to the buffer. It fails if f is over the frame cap or
 // the writer is closed.
 func (w *writer) enqueue(f *protocol.Frame) error {
+	if w.inline != nil && w.wmu.TryLock() {
+		return w.writeInline(f)
+	}
 	w.mu.Lock()
 	for len(w.buf) >= w.max && !w.closed {
 		w.space.Wait()
@@ -50,6 +62,33 @@ func (w *writer) enqueue(f *protocol.Frame) error {
 	select {
 	case w.wake <- struct{}{}:
 	default:
+	}
+	return nil
+}
+
+// writeInline writes f from the caller's goroutine; wmu is held.
+func (w *writer) writeInline(f *protocol.Frame) error {
+	defer w.wmu.Unlock()
+	w.mu.Lock()
+	closed, cerr := w.closed, w.err
+	w.mu.Unlock()
+	if closed {
+		return cerr
+	}
+	bp := framePool.Get().(*[]byte)
+	b, err := protocol.AppendFrame((*bp)[:0], f)
+	if err != nil {
+		framePool.Put(bp)
+		return err
+	}
+	_, err = w.inline.Write(b)
+	if cap(b) <= 64<<10 {
+		*bp = b[:0]
+		framePool.Put(bp)
+	}
+	if err != nil {
+		w.close(err)
+		return err
 	}
 	return nil
 }
@@ -89,7 +128,10 @@ func (w *writer) run(conn net.Conn) error {
 				}
 				break
 			}
-			if _, err := conn.Write(out); err != nil {
+			w.wmu.Lock()
+			_, err := conn.Write(out)
+			w.wmu.Unlock()
+			if err != nil {
 				w.close(err)
 				return err
 			}
