@@ -62,7 +62,7 @@ type Client struct {
 	sinks  map[string]*sink
 	conns  map[string]*transport.Client
 	closed bool // no new sends
-	dead   bool // Close gave up waiting: everything left fails
+	dead   atomic.Bool // Close gave up waiting: everything left fails
 
 	bufMu      sync.Mutex
 	bufRecords int
@@ -250,10 +250,7 @@ func (c *Client) finish(rec *record, res Result, err error) {
 
 // dispatch picks a queue for the record and hands it to that group's sink.
 func (c *Client) dispatch(rec *record, urgent bool) {
-	c.mu.Lock()
-	dead := c.dead
-	c.mu.Unlock()
-	if dead {
+	if c.dead.Load() {
 		c.finish(rec, Result{}, ErrClosed)
 		return
 	}
@@ -435,7 +432,7 @@ func (c *Client) refresher() {
 func (c *Client) conn(addr string) *transport.Client {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.dead {
+	if c.dead.Load() {
 		return nil
 	}
 	tc := c.conns[addr]
@@ -499,7 +496,7 @@ func (c *Client) Close() error {
 	cancel()
 
 	c.mu.Lock()
-	c.dead = true
+	c.dead.Store(true)
 	sinks := make([]*sink, 0, len(c.sinks))
 	for _, s := range c.sinks {
 		sinks = append(sinks, s)

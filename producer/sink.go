@@ -25,6 +25,19 @@ type sink struct {
 	urgent   bool
 	inflight int
 	timer    *time.Timer
+	// closedOut holds records sendLocked could not send because the producer
+	// is closed; unlock ends them (promises never run under mu).
+	closedOut []*record
+}
+
+// unlock releases mu and ends the records found closed meanwhile.
+func (s *sink) unlock() {
+	out := s.closedOut
+	s.closedOut = nil
+	s.mu.Unlock()
+	for _, r := range out {
+		s.c.finish(r, Result{}, ErrClosed)
+	}
 }
 
 func (c *Client) sink(group string) *sink {
@@ -47,13 +60,13 @@ func (s *sink) add(rec *record, urgent bool) {
 	s.bufBytes += rec.size
 	s.urgent = s.urgent || urgent
 	s.sendLocked()
-	s.mu.Unlock()
+	s.unlock()
 }
 
 func (s *sink) kick() {
 	s.mu.Lock()
 	s.sendLocked()
-	s.mu.Unlock()
+	s.unlock()
 }
 
 // sendLocked starts as many batches as may leave now.
@@ -68,7 +81,7 @@ func (s *sink) sendLocked() {
 					s.mu.Lock()
 					s.timer = nil
 					s.sendLocked()
-					s.mu.Unlock()
+					s.unlock()
 				})
 			}
 			return
@@ -86,6 +99,11 @@ func (s *sink) sendLocked() {
 			s.urgent = false
 		} else {
 			s.oldest = time.Now()
+		}
+		if s.c.dead.Load() {
+			// Closed: no goroutine may start now (Close may be waiting).
+			s.closedOut = append(s.closedOut, batch...)
+			continue
 		}
 		s.inflight++
 		s.c.wg.Add(1)
@@ -135,7 +153,7 @@ func (s *sink) send(batch []*record) {
 	s.mu.Lock()
 	s.inflight--
 	s.sendLocked()
-	s.mu.Unlock()
+	s.unlock()
 
 	var results []protocol.SendResult
 	if err == nil {
