@@ -61,7 +61,7 @@ type Client struct {
 	routes map[string]*topicRoute
 	sinks  map[string]*sink
 	conns  map[string]*transport.Client
-	closed bool // no new sends
+	closed bool        // no new sends
 	dead   atomic.Bool // Close gave up waiting: everything left fails
 
 	bufMu      sync.Mutex
