@@ -3,6 +3,7 @@ package metaserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -202,6 +203,26 @@ func TestRoutesOnEveryNode(t *testing.T) {
 			t.Fatalf("node %d auto-create: %+v, %v", i, auto, err)
 		}
 		one.Close()
+	}
+	// A follower that has not applied a fresh topic yet asks the leader
+	// before calling it unknown, so a topic is visible everywhere as soon
+	// as its creation returns.
+	for i := range 5 {
+		name := fmt.Sprintf("fresh-%d", i)
+		if _, err := cl.CreateTopic(ctx, client.CreateTopicRequest{Name: name, Queues: 2}); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range c.nodes {
+			one, err := client.New(client.Config{Addrs: []string{s.RPCAddr()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := one.RouteExisting(ctx, name)
+			one.Close()
+			if err != nil || len(r.Queues) != 2 {
+				t.Fatalf("node %s right after creating %s: %+v, %v", s.ID(), name, r, err)
+			}
+		}
 	}
 	if _, err := cl.CreateTopic(ctx, client.CreateTopicRequest{Name: "spread", Queues: 1}); !errors.Is(err, protocol.ErrConflict) {
 		t.Fatalf("creating an existing topic: %v", err)
