@@ -160,12 +160,16 @@ func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func
 		promise(Result{}, ErrClosed)
 		return
 	}
+	now := time.Now()
+	var idBuf [40]byte
+	id := append(append(idBuf[:0], c.prefix...), '-')
+	id = strconv.AppendUint(id, c.seq.Add(1), 36)
 	rec := &record{ctx: ctx, key: m.Key, promise: promise}
 	rec.msg = protocol.Message{
-		ID:          c.prefix + "-" + strconv.FormatUint(c.seq.Add(1), 36),
+		ID:          string(id),
 		Topic:       m.Topic,
 		Reliability: m.Reliability,
-		Timestamp:   time.Now().UnixMilli(),
+		Timestamp:   now.UnixMilli(),
 		Body:        m.Body,
 	}
 	if len(m.Properties) > 0 || m.Key != "" {
@@ -184,7 +188,7 @@ func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func
 		return
 	}
 	rec.size = rec.msg.EncodedSize()
-	rec.deadline = time.Now().Add(c.cfg.deliveryTimeout)
+	rec.deadline = now.Add(c.cfg.deliveryTimeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(rec.deadline) {
 		rec.deadline = dl
 	}

@@ -2,6 +2,7 @@ package producer
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"time"
@@ -115,10 +116,8 @@ func (s *sink) sendLocked() {
 func (s *sink) send(batch []*record) {
 	defer s.c.wg.Done()
 	c := s.c
-	msgs := make([]protocol.Message, len(batch))
 	deadline := time.Now().Add(c.cfg.requestTimeout)
-	for i, r := range batch {
-		msgs[i] = r.msg
+	for _, r := range batch {
 		if r.deadline.Before(deadline) {
 			deadline = r.deadline
 		}
@@ -127,7 +126,12 @@ func (s *sink) send(batch []*record) {
 	// The transport copies the body into its write buffer before Call
 	// waits, so the buffer goes back to the pool once Call returns.
 	bp := bodyPool.Get().(*[]byte)
-	body := protocol.AppendSendRequest((*bp)[:0], msgs)
+	// A SEND body is a u32 count and the messages, encoded straight from the
+	// records (no copy of the messages into a slice first).
+	body := binary.BigEndian.AppendUint32((*bp)[:0], uint32(len(batch)))
+	for _, r := range batch {
+		body = protocol.AppendMessage(body, &r.msg)
+	}
 	defer func() {
 		if cap(body) <= 4<<20 {
 			*bp = body[:0]

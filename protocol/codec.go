@@ -35,6 +35,9 @@ func appendBytes32(dst []byte, b []byte) []byte {
 type reader struct {
 	b   []byte
 	err error
+	// lastTopic lets consecutive messages of one topic share its string
+	// (a batch is usually one topic): one allocation per batch, not per message.
+	lastTopic string
 }
 
 func (r *reader) fail(what string) {

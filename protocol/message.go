@@ -164,7 +164,12 @@ func clip16(s string) string {
 
 func (r *reader) message(m *Message) {
 	m.ID = r.str16("message id")
-	m.Topic = r.str16("topic")
+	if t := r.span(int(r.u16("topic")), "topic"); string(t) == r.lastTopic {
+		m.Topic = r.lastTopic
+	} else {
+		m.Topic = string(t)
+		r.lastTopic = m.Topic
+	}
 	m.Queue = r.u32("queue")
 	m.Reliability = Reliability(r.u8("reliability"))
 	if r.err == nil && m.Reliability != Normal && m.Reliability != High {
