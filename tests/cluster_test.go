@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,6 +147,17 @@ func TestLocalCluster(t *testing.T) {
 		t.Fatalf("read back %d of 100 messages", stored)
 	}
 
+	// Both kinds of server export Prometheus metrics.
+	brokerMetrics := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", base+51)) // g1's master
+	if !strings.Contains(brokerMetrics, "ferrymq_broker_writable 1") || !strings.Contains(brokerMetrics, "ferrymq_broker_slave_connected 1") ||
+		strings.Contains(brokerMetrics, "ferrymq_broker_messages_in_total 0\n") {
+		t.Fatalf("g1 master's metrics:\n%s", grepLines(brokerMetrics, "ferrymq_"))
+	}
+	metaMetrics := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", base+21))
+	if !strings.Contains(metaMetrics, `ferrymq_metaserver_group_writable{group="g1",reasons=""} 1`) || !strings.Contains(metaMetrics, "ferrymq_metaserver_raft_term") {
+		t.Fatalf("metaserver metrics:\n%s", grepLines(metaMetrics, "ferrymq_"))
+	}
+
 	// Kill g1's master: its group turns read-only, sends move to g2.
 	if err := syscall.Kill(c.pid("g1-master"), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -193,4 +206,28 @@ func TestLocalCluster(t *testing.T) {
 			t.Fatalf("%s (pid %d) still runs after stop", name, pids[name])
 		}
 	}
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
+	}
+	return string(b)
+}
+
+func grepLines(s, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
