@@ -5,8 +5,8 @@
 #   scripts/cluster.sh start    build the binaries, start every process, wait until ready
 #   scripts/cluster.sh stop     stop every process this script started, by its PID
 #   scripts/cluster.sh status   show the processes, the Raft cluster and the broker groups
-#   scripts/cluster.sh demo     start, create a topic, send with `ferryctl bench`, show the
-#                               routes and brokers, read messages back, stop
+#   scripts/cluster.sh demo     start from empty data, create a topic, send with `ferryctl bench`,
+#                               show the routes and brokers, read messages back, stop
 #
 # Environment:
 #   FERRY_HOME       data, logs, PIDs and binaries (default: .cluster in the repository)
@@ -45,7 +45,7 @@ launch() {
   echo $! >"$PIDS/$name.pid"
 }
 
-start() {
+refuse_if_running() {
   mkdir -p "$PIDS" "$LOGS"
   for f in "$PIDS"/*.pid; do
     if alive "$f"; then
@@ -54,6 +54,10 @@ start() {
     fi
   done
   rm -f "$PIDS"/*.pid
+}
+
+start() {
+  refuse_if_running
   build
   local peers="" i
   for i in 1 2 3; do
@@ -147,6 +151,9 @@ status() {
 }
 
 demo() {
+  # The demo starts from empty data, so it runs the same every time.
+  refuse_if_running
+  rm -rf "$FERRY_HOME/data"
   start
   trap stop EXIT
   echo
