@@ -112,6 +112,9 @@ func New(cfg Config) (*Broker, error) {
 		b.goFunc(b.slaveLoop)
 	}
 	b.goFunc(b.heartbeatLoop)
+	if cfg.RetentionBytes > 0 {
+		b.goFunc(b.retentionLoop)
+	}
 	b.log.Info("broker started", "addr", b.addr, "ha-addr", b.haAddr, "log-end", b.store.EndOffset(), "flush", cfg.Flush.String())
 	return b, nil
 }
@@ -199,5 +202,26 @@ func statusOfStoreError(err error) protocol.Status {
 		return protocol.StatusShuttingDown
 	default:
 		return protocol.StatusStoreError
+	}
+}
+
+// retentionLoop deletes whole segments before the last RetentionBytes of
+// the log, every RetentionCheck. A slave runs it on its own copy.
+func (b *Broker) retentionLoop() {
+	tick := time.NewTicker(b.cfg.RetentionCheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		end := b.store.EndOffset()
+		if end-b.store.StartOffset() <= b.cfg.RetentionBytes {
+			continue
+		}
+		if _, err := b.store.DeleteBefore(end - b.cfg.RetentionBytes); err != nil {
+			b.log.Warn("retention failed", "error", err)
+		}
 	}
 }

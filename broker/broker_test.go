@@ -288,3 +288,43 @@ func TestBadInputKeepsServing(t *testing.T) {
 		t.Fatalf("good send after bad input: %v", r[0].Status)
 	}
 }
+
+func TestRetentionKeepsQueuesReadable(t *testing.T) {
+	meta := startMeta(t)
+	g := startGroup(t, meta, "g1", true, func(c *Config) {
+		c.SegmentSize = 64 << 10
+		c.RetentionBytes = 256 << 10
+		c.RetentionCheck = 20 * time.Millisecond
+	})
+	createTopic(t, meta, "ret", "g1")
+	c := dial(t, g.master.Addr())
+	for i := range 100 {
+		batch := make([]protocol.Message, 10)
+		for j := range batch {
+			batch[j] = msg("ret", 0, protocol.Normal, fmt.Sprintf("%d-%d-%s", i, j, bytes.Repeat([]byte("x"), 1000)))
+		}
+		for _, r := range send(t, c, batch) {
+			if r.Status != protocol.StatusOK {
+				t.Fatal(r.Status)
+			}
+		}
+	}
+	for _, b := range []*Broker{g.master, g.slave} {
+		waitFor(t, 5*time.Second, "retention to trim the log", func() bool {
+			return b.Store().EndOffset()-b.Store().StartOffset() < 400<<10
+		})
+	}
+	// PULL from 0 starts at the queue's first kept message.
+	resp, err := c.Call(context.Background(), protocol.CodePull, protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "ret", Queue: 0, Offset: 0, MaxBytes: 4096}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := protocol.DecodePullResponse(resp.Body)
+	if err != nil || pr.MinOffset == 0 || pr.MaxOffset != 1000 || len(pr.Messages) == 0 || pr.Messages[0].QueueOffset != pr.MinOffset {
+		t.Fatalf("pull after retention: min %d max %d, %d messages, %v", pr.MinOffset, pr.MaxOffset, len(pr.Messages), err)
+	}
+	// Sends go on at the right queue offset.
+	if r := send(t, c, []protocol.Message{msg("ret", 0, protocol.Normal, "after")}); r[0].Status != protocol.StatusOK || r[0].QueueOffset != 1000 {
+		t.Fatalf("send after retention: %+v", r[0])
+	}
+}

@@ -49,6 +49,11 @@ type Config struct {
 	SegmentSize int64
 	// FS is the file system (tests inject faults). Default the OS's.
 	FS vfs.FS
+	// RetentionBytes bounds the commit log: every RetentionCheck, whole
+	// segments before the last RetentionBytes are deleted. 0 keeps everything.
+	RetentionBytes int64
+	// RetentionCheck is how often retention runs. Default 30 s.
+	RetentionCheck time.Duration
 
 	// HeartbeatInterval and SessionTimeout: a heartbeat every interval; no
 	// heartbeat accepted for a session makes the broker read-only by itself.
@@ -91,6 +96,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FlushInterval <= 0 {
 		c.FlushInterval = 500 * time.Millisecond
+	}
+	if c.RetentionCheck <= 0 {
+		c.RetentionCheck = 30 * time.Second
 	}
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = 2 * time.Second

@@ -66,7 +66,14 @@ func TestCrashLosesNoFlushedRecord(t *testing.T) {
 		model := map[queueKey][]appended{}
 		var acked int64 // every record ending at or before this was acknowledged as flushed
 		for i, n := 0, rapid.IntRange(1, 30).Draw(rt, "ops"); i < n; i++ {
-			if rapid.IntRange(0, 9).Draw(rt, "op") == 0 {
+			op := rapid.IntRange(0, 19).Draw(rt, "op")
+			if op == 1 { // retention: drop whole segments before a random offset
+				if _, err := l.DeleteBefore(rapid.Int64Range(0, l.EndOffset()).Draw(rt, "delete before")); err != nil {
+					rt.Fatal(err)
+				}
+				continue
+			}
+			if op == 0 {
 				if err := l.Flush(); err != nil {
 					rt.Fatal(err)
 				}
@@ -146,22 +153,29 @@ func TestCrashLosesNoFlushedRecord(t *testing.T) {
 		if l.EndOffset() < acked {
 			rt.Fatalf("recovered end %d is before the acknowledged flush at %d", l.EndOffset(), acked)
 		}
+		start := l.StartOffset()
 		for k, want := range model {
-			got, err := l.Read(k.topic, k.queue, 0, 1<<30)
+			first, _ := l.QueueRange(k.topic, k.queue)
+			got, err := l.Read(k.topic, k.queue, first, 1<<30)
 			if err != nil {
 				rt.Fatal(err)
 			}
-			if len(got) > len(want) {
-				rt.Fatalf("%v: %d records read back, only %d appended", k, len(got), len(want))
+			if int(first)+len(got) > len(want) {
+				rt.Fatalf("%v: records up to %d read back, only %d appended", k, int(first)+len(got), len(want))
 			}
 			for i, w := range want {
-				if w.end <= acked && i >= len(got) {
+				kept := w.end > start // not deleted by retention
+				present := i >= int(first) && i < int(first)+len(got)
+				if kept && i < int(first) {
+					rt.Fatalf("%v: record %d (ending at %d) is after the log start %d but before the queue's first offset %d", k, i, w.end, start, first)
+				}
+				if kept && w.end <= acked && !present {
 					rt.Fatalf("%v: acknowledged record %d (ending at %d, flush acknowledged to %d) lost", k, i, w.end, acked)
 				}
-				if damage == "none" && i >= len(got) {
+				if kept && damage == "none" && !present {
 					rt.Fatalf("%v: record %d lost with no damage at all", k, i)
 				}
-				if i < len(got) && !bytes.Equal(got[i].Payload, w.payload) {
+				if present && !bytes.Equal(got[i-int(first)].Payload, w.payload) {
 					rt.Fatalf("%v: record %d read back as different bytes", k, i)
 				}
 			}
@@ -169,8 +183,8 @@ func TestCrashLosesNoFlushedRecord(t *testing.T) {
 			if err != nil {
 				rt.Fatal(err)
 			}
-			if pos[0].QueueOffset != int64(len(got)) {
-				rt.Fatalf("%v: append after recovery got queue offset %d, want %d", k, pos[0].QueueOffset, len(got))
+			if want := first + int64(len(got)); pos[0].QueueOffset != want {
+				rt.Fatalf("%v: append after recovery got queue offset %d, want %d", k, pos[0].QueueOffset, want)
 			}
 		}
 	})

@@ -127,7 +127,29 @@ type segment struct {
 	name string
 	f    vfs.File
 	size int64 // bytes written; changed by the writer under Log.mu
+
+	// Readers and the flusher hold a reference while they use the file
+	// outside Log.mu; a segment removed by retention is closed by whoever
+	// drops the last reference.
+	refs      atomic.Int32
+	removed   atomic.Bool
+	closeOnce sync.Once
 }
+
+// acquire takes a reference; Log.mu must be held (read or write) so the
+// segment cannot be removed meanwhile.
+func (s *segment) acquire() *segment {
+	s.refs.Add(1)
+	return s
+}
+
+func (s *segment) release() {
+	if s.refs.Add(-1) == 0 && s.removed.Load() {
+		s.close()
+	}
+}
+
+func (s *segment) close() { s.closeOnce.Do(func() { _ = s.f.Close() }) }
 
 // Log is a segmented commit log. Appends from any goroutine are queued and
 // written by one writer goroutine in groups (group commit); a flusher
@@ -166,6 +188,7 @@ type Log struct {
 	flushWake chan struct{}
 
 	checkpoint vfs.File
+	retainMu   sync.Mutex // serializes DeleteBefore
 	// crashed makes Close skip its final sync, as a killed process would
 	// (tests only).
 	crashed    bool
@@ -354,6 +377,9 @@ func (l *Log) writeGroup(batch []*appendReq) {
 		return
 	}
 	now := l.cfg.Now().UnixMilli()
+	// Placement reads the segments and the indexes, which only this goroutine
+	// grows but DeleteBefore may trim: hold the read lock until it is done.
+	l.mu.RLock()
 	active := l.segments[len(l.segments)-1]
 	pos := l.end.Load()
 	chunks := []chunk{{seg: active, base: active.base, start: active.size, buf: l.buf[:0]}}
@@ -401,6 +427,7 @@ func (l *Log) writeGroup(batch []*appendReq) {
 		r.end = pos
 		ok = append(ok, r)
 	}
+	l.mu.RUnlock()
 	if cap(chunks[0].buf) <= 64<<20 {
 		l.buf = chunks[0].buf[:0] // keep the scratch buffer unless a burst made it huge
 	}
@@ -687,10 +714,15 @@ func (l *Log) syncSegments(from int64) error {
 	var segs []*segment
 	for i, s := range l.segments {
 		if i == len(l.segments)-1 || l.segments[i+1].base > from {
-			segs = append(segs, s)
+			segs = append(segs, s.acquire())
 		}
 	}
 	l.mu.RUnlock()
+	defer func() {
+		for _, s := range segs {
+			s.release()
+		}
+	}()
 	for _, s := range segs {
 		if err := s.f.Sync(); err != nil {
 			return fmt.Errorf("sync %s: %w", s.name, err)
@@ -732,7 +764,7 @@ func (l *Log) Close() error {
 func (l *Log) closeFiles() error {
 	var errs []error
 	for _, s := range l.segments {
-		errs = append(errs, s.f.Close())
+		s.closeOnce.Do(func() { errs = append(errs, s.f.Close()) })
 	}
 	if l.checkpoint != nil {
 		errs = append(errs, l.checkpoint.Close())

@@ -171,9 +171,14 @@ func dumpQueues(t testing.TB, l *Log) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
 	var keys []queueKey
-	l.Queues(func(topic string, queue uint32, first, next int64) { keys = append(keys, queueKey{topic, queue}) })
+	firsts := map[queueKey]int64{}
+	l.Queues(func(topic string, queue uint32, first, next int64) {
+		keys = append(keys, queueKey{topic, queue})
+		firsts[queueKey{topic, queue}] = first
+		out[fmt.Sprint(queueKey{topic, queue})] = []string{fmt.Sprintf("range [%d,%d)", first, next)}
+	})
 	for _, k := range keys {
-		es, err := l.Read(k.topic, k.queue, 0, 1<<30)
+		es, err := l.Read(k.topic, k.queue, firsts[k], 1<<30)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -360,7 +365,7 @@ func TestDiskFullOnWrite(t *testing.T) {
 	}
 	l = openLog(t, Config{Dir: dir})
 	defer l.Close()
-	if got := dumpQueues(t, l); len(got[fmt.Sprint(queueKey{"d", 0})]) != 3 || acked[1].End > l.EndOffset() {
+	if got := dumpQueues(t, l); len(got[fmt.Sprint(queueKey{"d", 0})]) != 4 || acked[1].End > l.EndOffset() {
 		t.Fatalf("after reopen: %v", got)
 	}
 }

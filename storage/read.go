@@ -66,12 +66,17 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 			spans[last].n += size
 			spans[last].count++
 		} else {
-			spans = append(spans, span{seg: seg, at: pos, n: size, first: count, count: 1})
+			spans = append(spans, span{seg: seg.acquire(), at: pos, n: size, first: count, count: 1})
 		}
 		total += size
 		count++
 	}
 	l.mu.RUnlock()
+	defer func() {
+		for _, sp := range spans {
+			sp.seg.release()
+		}
+	}()
 
 	out := make([]StoredEntry, 0, count)
 	buf := make([]byte, total)
@@ -120,6 +125,10 @@ func (l *Log) ReadRaw(offset int64, maxBytes int) ([]byte, error) {
 		return nil, ErrClosed
 	}
 	seg, segEnd, ok := l.segmentFor(offset)
+	if ok {
+		seg.acquire()
+		defer seg.release()
+	}
 	l.mu.RUnlock()
 	if !ok {
 		return nil, fmt.Errorf("%w: log offset %d before the first segment", ErrOutOfRange, offset)

@@ -129,6 +129,22 @@ func (l *Log) recover() error {
 	return l.finishRecovery(end)
 }
 
+// restoreQueueFloors gives every queue whose records were all deleted by
+// retention its next offset back. Queues with records take their offsets
+// from the records.
+func (l *Log) restoreQueueFloors() error {
+	floors, err := l.readQueues()
+	if err != nil {
+		return err
+	}
+	for k, first := range floors {
+		if l.index[k] == nil {
+			l.index[k] = &queueIndex{base: first}
+		}
+	}
+	return nil
+}
+
 func (l *Log) lastSegmentName() string {
 	if len(l.segments) == 0 {
 		return l.cfg.Dir
@@ -167,6 +183,9 @@ func (l *Log) truncateTail(i int, good, end, checkpoint int64, reason string) er
 }
 
 func (l *Log) finishRecovery(end int64) error {
+	if err := l.restoreQueueFloors(); err != nil {
+		return err
+	}
 	if len(l.segments) == 0 {
 		s, err := l.createSegment(0)
 		if err != nil {

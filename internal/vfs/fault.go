@@ -70,6 +70,7 @@ func (f *FaultFS) wrap(file File, err error) (File, error) {
 func (f *FaultFS) Create(name string) (File, error) { return f.wrap(f.FS.Create(name)) }
 func (f *FaultFS) OpenRW(name string) (File, error) { return f.wrap(f.FS.OpenRW(name)) }
 func (f *FaultFS) Remove(name string) error         { return f.FS.Remove(name) }
+func (f *FaultFS) Rename(o, n string) error         { return f.FS.Rename(o, n) }
 func (f *FaultFS) List(dir string) ([]string, error) {
 	return f.FS.List(dir)
 }

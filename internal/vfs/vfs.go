@@ -33,6 +33,8 @@ type FS interface {
 	// OpenRW opens an existing file for reading and writing.
 	OpenRW(name string) (File, error)
 	Remove(name string) error
+	// Rename renames a file, replacing newname if it exists.
+	Rename(oldname, newname string) error
 	// List returns the names (not paths) of the entries of dir, sorted.
 	List(dir string) ([]string, error)
 	MkdirAll(dir string) error
@@ -74,6 +76,8 @@ func (osFS) OpenRW(name string) (File, error) {
 }
 
 func (osFS) Remove(name string) error { return os.Remove(name) }
+
+func (osFS) Rename(oldname, newname string) error { return os.Rename(oldname, newname) }
 
 func (osFS) List(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)

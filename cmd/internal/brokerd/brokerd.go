@@ -35,6 +35,8 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&flush, "flush", "async", "commit log flush: async (every -flush-interval) or sync (before every answer)")
 	fs.DurationVar(&cfg.FlushInterval, "flush-interval", 500*time.Millisecond, "async flush interval")
 	fs.Int64Var(&cfg.SegmentSize, "segment-size", 1<<30, "commit log segment size in bytes")
+	fs.Int64Var(&cfg.RetentionBytes, "retention-bytes", 0, "keep about this many bytes of log, deleting whole old segments (0: keep everything)")
+	fs.DurationVar(&cfg.RetentionCheck, "retention-check", 30*time.Second, "how often retention runs")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat", 2*time.Second, "heartbeat interval")
 	fs.DurationVar(&cfg.SessionTimeout, "session", 10*time.Second, "no heartbeat accepted for this long makes the broker read-only")
 	fs.DurationVar(&cfg.HighWait, "high-wait", 3*time.Second, "how long a HIGH message waits for the slave")
@@ -92,6 +94,7 @@ func register(m *cli.Metrics, b *broker.Broker) {
 	m.CounterFunc("ferrymq_broker_flush_seconds_total", "Total time in commit log syncs; divide by flushes_total for the mean.",
 		func() float64 { return time.Duration(b.Store().FlushNanos.Load()).Seconds() })
 	m.GaugeFunc("ferrymq_broker_log_end_offset", "Commit log end offset.", func() float64 { return float64(b.Store().EndOffset()) })
+	m.GaugeFunc("ferrymq_broker_log_start_offset", "Commit log start offset (after retention).", func() float64 { return float64(b.Store().StartOffset()) })
 	m.GaugeFunc("ferrymq_broker_writable", "1 if the broker takes writes.", func() float64 {
 		if b.IsMaster() && b.Writable() {
 			return 1
