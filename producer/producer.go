@@ -202,33 +202,42 @@ func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func
 // acquire takes buffer room for one message.
 func (c *Client) acquire(ctx context.Context, size int) error {
 	c.bufMu.Lock()
-	for c.bufRecords >= c.cfg.maxRecords || (c.bufRecords > 0 && c.bufBytes+int64(size) > c.cfg.maxBytes) {
-		if c.cfg.failWhenFull {
-			c.bufMu.Unlock()
-			return fmt.Errorf("%w: %d messages, %d bytes buffered", ErrBufferFull, c.cfg.maxRecords, c.cfg.maxBytes)
-		}
-		c.waiters++
-		ch := c.space
-		c.bufMu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			c.bufMu.Lock()
-			c.waiters--
-			c.bufMu.Unlock()
-			return fmt.Errorf("producer: waiting for buffer room: %w", ctx.Err())
-		case <-c.stop:
-			c.bufMu.Lock()
-			c.waiters--
-			c.bufMu.Unlock()
-			return ErrClosed
-		}
-		c.bufMu.Lock()
-		c.waiters--
+	defer c.bufMu.Unlock()
+	room := func() bool {
+		return c.bufRecords < c.cfg.maxRecords && (c.bufRecords == 0 || c.bufBytes+int64(size) <= c.cfg.maxBytes)
+	}
+	if !room() && c.cfg.failWhenFull {
+		return fmt.Errorf("%w: %d messages, %d bytes buffered", ErrBufferFull, c.cfg.maxRecords, c.cfg.maxBytes)
+	}
+	if err := c.waitBuf(ctx, room); err != nil {
+		return fmt.Errorf("producer: waiting for buffer room: %w", err)
 	}
 	c.bufRecords++
 	c.bufBytes += int64(size)
-	c.bufMu.Unlock()
+	return nil
+}
+
+// waitBuf waits until ready holds, ctx ends or the producer stops. bufMu is
+// held on entry and on return; releaseBuf wakes the waiters.
+func (c *Client) waitBuf(ctx context.Context, ready func() bool) error {
+	for !ready() {
+		c.waiters++
+		ch := c.space
+		c.bufMu.Unlock()
+		var err error
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-c.stop:
+			err = ErrClosed
+		}
+		c.bufMu.Lock()
+		c.waiters--
+		if err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -461,27 +470,12 @@ func (c *Client) Flush(ctx context.Context) error {
 	for _, s := range sinks {
 		s.kick()
 	}
-	for {
-		c.bufMu.Lock()
-		if c.bufRecords == 0 {
-			c.bufMu.Unlock()
-			return nil
-		}
-		c.waiters++
-		ch := c.space
-		c.bufMu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			c.bufMu.Lock()
-			c.waiters--
-			c.bufMu.Unlock()
-			return fmt.Errorf("producer: flush: %w", ctx.Err())
-		}
-		c.bufMu.Lock()
-		c.waiters--
-		c.bufMu.Unlock()
+	c.bufMu.Lock()
+	defer c.bufMu.Unlock()
+	if err := c.waitBuf(ctx, func() bool { return c.bufRecords == 0 }); err != nil {
+		return fmt.Errorf("producer: flush: %w", err)
 	}
+	return nil
 }
 
 // Close stops taking messages, sends everything buffered (waiting up to the

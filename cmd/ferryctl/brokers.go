@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -14,12 +15,7 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 		Use:   "brokers",
 		Short: "List the broker groups: members, state and reasons, heartbeats, lag",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			groups, err := cl.Groups(ctx)
 			if err != nil {
 				return err
@@ -38,7 +34,7 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				groups = []client.GroupInfo{}
 			}
 			return g.printer().print(groups, []string{"GROUP", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES"}, rows)
-		},
+		}),
 	}
 }
 

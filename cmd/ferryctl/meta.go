@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -35,18 +36,13 @@ func newMetaStatusCommand(g *globalOptions) *cobra.Command {
 		Use:   "status",
 		Short: "Show the Raft cluster: members, leader, term, last index",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			st, err := cl.RaftStatus(ctx)
 			if err != nil {
 				return err
 			}
 			return printRaft(g, st)
-		},
+		}),
 	}
 }
 
@@ -58,18 +54,13 @@ func newMetaAddVoterCommand(g *globalOptions) *cobra.Command {
 		Use:   "add-voter ID",
 		Short: "Add a metaserver node (started without bootstrapping) as a voter",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			st, err := cl.AddVoter(ctx, client.VoterRequest{ID: args[0], RaftAddr: o.raftAddr, RPCAddr: o.rpcAddr})
 			if err != nil {
 				return err
 			}
 			return printRaft(g, st)
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&o.raftAddr, "raft-addr", "", "the node's raft address")
 	cmd.Flags().StringVar(&o.rpcAddr, "rpc-addr", "", "the node's RPC address")
@@ -83,17 +74,12 @@ func newMetaRemoveVoterCommand(g *globalOptions) *cobra.Command {
 		Use:   "remove-voter ID",
 		Short: "Remove a metaserver node from the cluster",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			st, err := cl.RemoveVoter(ctx, args[0])
 			if err != nil {
 				return err
 			}
 			return printRaft(g, st)
-		},
+		}),
 	}
 }

@@ -51,6 +51,19 @@ func (g *globalOptions) metaClient(ctx context.Context) (*client.Client, context
 	return cl, ctx, func() { cancel(); _ = cl.Close() }, nil
 }
 
+// metaRun makes a command's RunE that opens a metaserver client bounded by
+// --timeout for run and closes it after.
+func (g *globalOptions) metaRun(run func(ctx context.Context, cl *client.Client, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		cl, ctx, done, err := g.metaClient(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer done()
+		return run(ctx, cl, args)
+	}
+}
+
 func (g *globalOptions) printer() printer {
 	if g.json {
 		return jsonPrinter{g.out}

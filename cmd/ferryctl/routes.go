@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
@@ -13,12 +15,7 @@ func newRoutesCommand(g *globalOptions) *cobra.Command {
 		Use:   "routes [TOPIC]",
 		Short: "Show where a topic's queues live (every topic's without TOPIC)",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			var topics []string
 			if len(args) == 1 {
 				topics = args
@@ -48,6 +45,6 @@ func newRoutesCommand(g *globalOptions) *cobra.Command {
 				}
 			}
 			return g.printer().print(routes, []string{"TOPIC", "QUEUE", "GROUP", "MASTER", "STATE"}, rows)
-		},
+		}),
 	}
 }

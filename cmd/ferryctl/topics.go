@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -15,12 +16,7 @@ func newTopicsCommand(g *globalOptions) *cobra.Command {
 		Use:   "topics",
 		Short: "List the topics",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			topics, err := cl.Topics(ctx)
 			if err != nil {
 				return err
@@ -37,7 +33,7 @@ func newTopicsCommand(g *globalOptions) *cobra.Command {
 				topics = []routing.Topic{}
 			}
 			return g.printer().print(topics, []string{"TOPIC", "QUEUES", "GROUPS", "VERSION"}, rows)
-		},
+		}),
 	}
 }
 
@@ -85,18 +81,13 @@ func newTopicAddQueuesCommand(g *globalOptions) *cobra.Command {
 		Use:   "add-queues NAME",
 		Short: "Add queues to a topic",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			r, err := cl.AddQueues(ctx, args[0], count)
 			if err != nil {
 				return err
 			}
 			return printRoute(g, r)
-		},
+		}),
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "queues to add")
 	return cmd
