@@ -77,8 +77,9 @@ func (b *Broker) handleSend(r *transport.Request) {
 	// encoding the producer sent (it aliases the request's buffer, which the
 	// commit log copies before the append completes).
 	good := make([]int, 0, len(msgs))
+	checks := b.newBatchCheck()
 	for i := range msgs {
-		if st := b.check(&msgs[i]); st != protocol.StatusOK {
+		if st := checks.check(&msgs[i]); st != protocol.StatusOK {
 			sb.complete(i, protocol.SendResult{Status: st})
 			continue
 		}
@@ -126,22 +127,44 @@ func (b *Broker) appended(sb *sendBatch, msgs []protocol.Message, good []int, po
 	b.repl.notify()
 }
 
-// check decides whether a message may be appended here.
-func (b *Broker) check(m *protocol.Message) protocol.Status {
-	if !b.IsMaster() {
-		return protocol.StatusNotMaster
+// batchCheck decides whether each message of one batch may be appended
+// here. The broker's role, its writability and the slave's lag are read
+// once per batch, not per message.
+type batchCheck struct {
+	b        *Broker
+	state    protocol.Status // NOT_MASTER, READ_ONLY or OK for the whole batch
+	lagKnown bool
+	lagging  bool
+}
+
+func (b *Broker) newBatchCheck() batchCheck {
+	c := batchCheck{b: b, state: protocol.StatusOK}
+	switch {
+	case !b.IsMaster():
+		c.state = protocol.StatusNotMaster
+	case !b.Writable():
+		c.state = protocol.StatusReadOnly
 	}
-	if !b.Writable() {
-		return protocol.StatusReadOnly
+	return c
+}
+
+func (c *batchCheck) check(m *protocol.Message) protocol.Status {
+	if c.state != protocol.StatusOK {
+		return c.state
 	}
 	if err := m.Validate(); err != nil {
 		return protocol.StatusOf(err)
 	}
-	if !b.routedHere(m.Topic, m.Queue) {
+	if !c.b.routedHere(m.Topic, m.Queue) {
 		return protocol.StatusNoRoute
 	}
-	if m.Reliability == protocol.High && b.repl.lagging() {
-		return protocol.StatusSlaveLagging
+	if m.Reliability == protocol.High {
+		if !c.lagKnown {
+			c.lagging, c.lagKnown = c.b.repl.lagging(), true
+		}
+		if c.lagging {
+			return protocol.StatusSlaveLagging
+		}
 	}
 	return protocol.StatusOK
 }

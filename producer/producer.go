@@ -72,6 +72,8 @@ type Client struct {
 
 	flushing atomic.Int32
 	stop     chan struct{}
+	ctx      context.Context // cancelled when stop closes: bounds background lookups
+	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 }
 
@@ -105,6 +107,7 @@ func New(opts ...Opt) (*Client, error) {
 		routes: map[string]*topicRoute{}, sinks: map[string]*sink{}, conns: map[string]*transport.Client{},
 		space: make(chan struct{}), stop: make(chan struct{}),
 	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.wg.Add(1)
 	go c.refresher()
 	return c, nil
@@ -399,15 +402,8 @@ func (c *Client) refreshSoon(topic string) {
 }
 
 func (c *Client) refresh(topic string, forced bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.requestTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.requestTimeout)
 	defer cancel()
-	go func() {
-		select {
-		case <-c.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	r, err := c.meta.Route(ctx, topic)
 	if err != nil {
 		c.cfg.logger.Warn("route refresh failed", "topic", topic, "error", err)
@@ -502,6 +498,7 @@ func (c *Client) Close() error {
 	conns := c.conns
 	c.mu.Unlock()
 	close(c.stop)
+	c.cancel()
 	for _, s := range sinks {
 		s.failAll(ErrClosed)
 	}

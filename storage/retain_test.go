@@ -89,10 +89,7 @@ func TestCrashMidDeletion(t *testing.T) {
 		mustAppend(t, l, []Entry{{Topic: "c", Queue: uint32(i % 2), Payload: payloadFor("c", uint32(i%2), int64(i/2), 80)}}, false)
 	}
 	want := dumpQueues(t, l)
-	l.mu.RLock()
-	floors := map[queueKey]int64{{"c", 0}: 10, {"c", 1}: 10}
-	l.mu.RUnlock()
-	must(t, l.writeQueues(floors))
+	must(t, l.writeQueues(map[queueKey]int64{{"c", 0}: 10, {"c", 1}: 10}))
 	crash(l)
 	l = openLog(t, cfg)
 	defer l.Close()

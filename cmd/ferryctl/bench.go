@@ -56,7 +56,7 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Send messages as fast as the cluster takes them and report throughput and latency",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.producers <= 0 || o.size < 0 || o.window <= 0 || (o.count <= 0 && o.duration <= 0) {
 				return usageError{fmt.Errorf("bench needs --producers > 0, --window > 0, --size >= 0 and a --count or --duration")}

@@ -14,7 +14,7 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "brokers",
 		Short: "List the broker groups: members, state and reasons, heartbeats, lag",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			groups, err := cl.Groups(ctx)
 			if err != nil {
@@ -65,7 +65,7 @@ func newBrokerCommand(g *globalOptions) *cobra.Command {
 		cmd.AddCommand(&cobra.Command{
 			Use:   mode.use + " GROUP",
 			Short: mode.short,
-			Args:  cobra.ExactArgs(1),
+			Args:  usageArgs(cobra.ExactArgs(1)),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				cl, ctx, done, err := g.metaClient(cmd.Context())
 				if err != nil {

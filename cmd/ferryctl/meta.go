@@ -35,7 +35,7 @@ func newMetaStatusCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
 		Short: "Show the Raft cluster: members, leader, term, last index",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			st, err := cl.RaftStatus(ctx)
 			if err != nil {
@@ -53,7 +53,7 @@ func newMetaAddVoterCommand(g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "add-voter ID",
 		Short: "Add a metaserver node (started without bootstrapping) as a voter",
-		Args:  cobra.ExactArgs(1),
+		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			st, err := cl.AddVoter(ctx, client.VoterRequest{ID: args[0], RaftAddr: o.raftAddr, RPCAddr: o.rpcAddr})
 			if err != nil {
@@ -73,7 +73,7 @@ func newMetaRemoveVoterCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "remove-voter ID",
 		Short: "Remove a metaserver node from the cluster",
-		Args:  cobra.ExactArgs(1),
+		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			st, err := cl.RemoveVoter(ctx, args[0])
 			if err != nil {

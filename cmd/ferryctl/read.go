@@ -35,7 +35,7 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "read TOPIC",
 		Short: "Print stored messages of one queue, from an offset",
-		Args:  cobra.ExactArgs(1),
+		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			route, err := cl.RouteExisting(ctx, args[0])
 			if err != nil {

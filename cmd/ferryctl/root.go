@@ -75,6 +75,16 @@ type usageError struct{ error }
 
 func (e usageError) Unwrap() error { return e.error }
 
+// usageArgs marks a wrong argument count as a usage error.
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+}
+
 // newRootCommand builds ferryctl's command tree.
 func newRootCommand(out io.Writer) *cobra.Command {
 	g := &globalOptions{out: out}
@@ -84,6 +94,7 @@ func newRootCommand(out io.Writer) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.meta, "meta", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "metaserver RPC addresses, comma-separated")
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 5*time.Second, "how long to wait for the cluster")
@@ -123,8 +134,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 func exitCode(err error) int {
 	var ue usageError
 	switch {
-	case errors.As(err, &ue), strings.Contains(err.Error(), "unknown command"), strings.Contains(err.Error(), "unknown flag"),
-		strings.Contains(err.Error(), "arg(s)"), strings.Contains(err.Error(), "required flag"):
+	case errors.As(err, &ue),
+		// cobra reports these two as plain errors, with no hook to type them.
+		strings.Contains(err.Error(), "unknown command"), strings.Contains(err.Error(), "required flag"):
 		return exitUsage
 	case errors.Is(err, client.ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, protocol.ErrTimeout):

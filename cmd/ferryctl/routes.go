@@ -14,7 +14,7 @@ func newRoutesCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "routes [TOPIC]",
 		Short: "Show where a topic's queues live (every topic's without TOPIC)",
-		Args:  cobra.MaximumNArgs(1),
+		Args:  usageArgs(cobra.MaximumNArgs(1)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			var topics []string
 			if len(args) == 1 {

@@ -22,7 +22,7 @@ func newSendCommand(g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "send TOPIC",
 		Short: "Send one message and print where it was stored",
-		Args:  cobra.ExactArgs(1),
+		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rel, err := protocol.ParseReliability(o.reliability)
 			if err != nil {

@@ -15,7 +15,7 @@ func newTopicsCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "topics",
 		Short: "List the topics",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			topics, err := cl.Topics(ctx)
 			if err != nil {
@@ -53,7 +53,7 @@ func newTopicCreateCommand(g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create a topic with queues spread over the writable broker groups",
-		Args:  cobra.ExactArgs(1),
+		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.queues <= 0 {
 				return usageError{fmt.Errorf("--queues must be positive, got %d", o.queues)}
@@ -80,7 +80,7 @@ func newTopicAddQueuesCommand(g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "add-queues NAME",
 		Short: "Add queues to a topic",
-		Args:  cobra.ExactArgs(1),
+		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			r, err := cl.AddQueues(ctx, args[0], count)
 			if err != nil {

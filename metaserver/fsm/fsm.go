@@ -89,14 +89,6 @@ func (f *FSM) Apply(l *raft.Log) any {
 	return f.apply(c)
 }
 
-// ApplyCommand applies a command directly (tests and tools; the node goes
-// through raft).
-func (f *FSM) ApplyCommand(c Command) any {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.apply(c)
-}
-
 func (f *FSM) apply(c Command) any {
 	s := f.s
 	switch c := c.(type) {
