@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/storage"
@@ -239,7 +240,7 @@ func TestKilledMasterKeepsAcknowledged(t *testing.T) {
 		t.Fatalf("only %d messages acknowledged before the kill", len(ack))
 	}
 
-	cfg.Logger = testLogger("restarted")
+	cfg.Logger = testlog.New("restarted")
 	b := startBroker(t, cfg)
 	rc := dial(t, b.Addr())
 	stored := map[uint32][]protocol.StoredMessage{0: pullAll(t, rc, "durable", 0), 1: pullAll(t, rc, "durable", 1)}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/ferrymq/ferrymq/internal/testlog"
 )
 
 const childEnv = "FERRY_BROKER_CHILD"
@@ -21,7 +23,7 @@ func runChildBroker() {
 		fmt.Println("ERR", err)
 		os.Exit(2)
 	}
-	cfg.Logger = testLogger("child")
+	cfg.Logger = testlog.New("child")
 	b, err := New(cfg)
 	if err != nil {
 		fmt.Println("ERR", err)

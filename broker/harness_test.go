@@ -3,15 +3,14 @@ package broker
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
 
+	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -27,14 +26,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func testLogger(name string) hclog.Logger {
-	var out io.Writer = io.Discard
-	if os.Getenv("FERRY_TEST_LOG") != "" {
-		out = os.Stderr
-	}
-	return hclog.New(&hclog.LoggerOptions{Name: name, Output: out, Level: hclog.Debug})
-}
-
 // startMeta starts a one-node metaserver with test timings.
 func startMeta(t testing.TB, edits ...func(*metaserver.Config)) *metaserver.Server {
 	t.Helper()
@@ -44,7 +35,7 @@ func startMeta(t testing.TB, edits ...func(*metaserver.Config)) *metaserver.Serv
 		SessionTimeout: time.Second, LagBytes: 64 << 20, LagTime: time.Second, RecoverHeartbeats: 2,
 		JudgeInterval: 50 * time.Millisecond, RaftHeartbeatTimeout: 200 * time.Millisecond,
 		RaftElectionTimeout: 200 * time.Millisecond, RaftLeaderLeaseTimeout: 100 * time.Millisecond,
-		Logger: testLogger("meta"),
+		Logger: testlog.New("meta"),
 	}
 	for _, e := range edits {
 		e(&cfg)
@@ -66,7 +57,7 @@ func brokerConfig(meta string, group, role, dir string) Config {
 		ID: group + "-" + role, Group: group, Role: role, Dir: dir, Addr: "127.0.0.1:0", MetaAddrs: []string{meta},
 		HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: time.Second, HighWait: time.Second,
 		SlaveLagTime: time.Second, HAFetchWait: 50 * time.Millisecond, SegmentSize: 1 << 20,
-		Logger: testLogger(group + "-" + role),
+		Logger: testlog.New(group + "-" + role),
 	}
 }
 

@@ -3,28 +3,18 @@ package metaserver
 import (
 	"context"
 	"fmt"
-	"io"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
 
+	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func testLogger(name string) hclog.Logger {
-	var out io.Writer = io.Discard
-	if os.Getenv("FERRY_TEST_LOG") != "" {
-		out = os.Stderr
-	}
-	return hclog.New(&hclog.LoggerOptions{Name: name, Output: out, Level: hclog.Debug})
-}
 
 // testConfig is a node config with timings shrunk for tests.
 func testConfig(id, dir string) Config {
@@ -35,7 +25,7 @@ func testConfig(id, dir string) Config {
 		RecoverHeartbeats: 3, JudgeInterval: 50 * time.Millisecond,
 		RaftHeartbeatTimeout: 300 * time.Millisecond, RaftElectionTimeout: 300 * time.Millisecond,
 		RaftLeaderLeaseTimeout: 150 * time.Millisecond,
-		Logger:                 testLogger(id),
+		Logger:                 testlog.New(id),
 	}
 }
 

@@ -2,16 +2,14 @@ package producer
 
 import (
 	"context"
-	"io"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
 
 	"github.com/ferrymq/ferrymq/broker"
+	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -20,14 +18,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func quietLogger(name string) hclog.Logger {
-	var out io.Writer = io.Discard
-	if os.Getenv("FERRY_TEST_LOG") != "" {
-		out = os.Stderr
-	}
-	return hclog.New(&hclog.LoggerOptions{Name: name, Output: out, Level: hclog.Debug})
-}
 
 // cluster is an in-process metaserver and broker groups on loopback.
 type cluster struct {
@@ -69,7 +59,7 @@ func newCluster(o clusterOpts) (*cluster, error) {
 		AutoCreateTopics: !o.autoOff, DefaultQueues: 4, SessionTimeout: 2 * time.Second, LagTime: time.Minute,
 		RecoverHeartbeats: 2, JudgeInterval: 50 * time.Millisecond,
 		RaftHeartbeatTimeout: 200 * time.Millisecond, RaftElectionTimeout: 200 * time.Millisecond,
-		RaftLeaderLeaseTimeout: 100 * time.Millisecond, Logger: quietLogger("meta"),
+		RaftLeaderLeaseTimeout: 100 * time.Millisecond, Logger: testlog.New("meta"),
 	})
 	if err != nil {
 		return nil, err
@@ -89,7 +79,7 @@ func newCluster(o clusterOpts) (*cluster, error) {
 			b, err := broker.New(broker.Config{
 				ID: g + "-" + role, Group: g, Role: role, Dir: o.dirs(), Addr: "127.0.0.1:0", MetaAddrs: []string{meta.RPCAddr()},
 				HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: 2 * time.Second, HAFetchWait: 20 * time.Millisecond,
-				SegmentSize: 256 << 20, Flush: o.flush, Logger: quietLogger(g + "-" + role),
+				SegmentSize: 256 << 20, Flush: o.flush, Logger: testlog.New(g + "-" + role),
 			})
 			if err != nil {
 				c.Close()

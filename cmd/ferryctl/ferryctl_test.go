@@ -4,28 +4,18 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
 
 	"github.com/ferrymq/ferrymq/broker"
+	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/metaserver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func quiet(name string) hclog.Logger {
-	var out io.Writer = io.Discard
-	if os.Getenv("FERRY_TEST_LOG") != "" {
-		out = os.Stderr
-	}
-	return hclog.New(&hclog.LoggerOptions{Name: name, Output: out})
-}
 
 // startCluster starts a metaserver and two single-broker groups in-process.
 func startCluster(t *testing.T) string {
@@ -33,7 +23,7 @@ func startCluster(t *testing.T) string {
 	meta, err := metaserver.New(metaserver.Config{ID: "m1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
 		AutoCreateTopics: true, DefaultQueues: 2, JudgeInterval: 50 * time.Millisecond,
 		RaftHeartbeatTimeout: 200 * time.Millisecond, RaftElectionTimeout: 200 * time.Millisecond, RaftLeaderLeaseTimeout: 100 * time.Millisecond,
-		Logger: quiet("meta")})
+		Logger: testlog.New("meta")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +33,7 @@ func startCluster(t *testing.T) string {
 	t.Cleanup(func() { _ = meta.Close() })
 	for _, g := range []string{"g1", "g2"} {
 		b, err := broker.New(broker.Config{ID: g + "-m", Group: g, Role: broker.RoleMaster, Dir: t.TempDir(), Addr: "127.0.0.1:0",
-			MetaAddrs: []string{meta.RPCAddr()}, HeartbeatInterval: 100 * time.Millisecond, Logger: quiet(g)})
+			MetaAddrs: []string{meta.RPCAddr()}, HeartbeatInterval: 100 * time.Millisecond, Logger: testlog.New(g)})
 		if err != nil {
 			t.Fatal(err)
 		}

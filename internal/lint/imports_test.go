@@ -29,6 +29,7 @@ var rules = map[string][]string{
 	"cmd":                {"*"},
 	"scripts":            {},
 	"internal/lint":      {},
+	"internal/testlog":   {},
 	"tests":              {"*"},
 }
 
