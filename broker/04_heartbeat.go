@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 )
 
 // heartbeatLoop sends a heartbeat every interval and enforces the group
@@ -25,7 +25,7 @@ func (b *Broker) heartbeatLoop() {
 }
 
 func (b *Broker) heartbeat(failing *bool) {
-	hb := client.Heartbeat{Group: b.cfg.Group, Role: b.cfg.Role, BrokerID: b.cfg.ID, Addr: b.addr, HAAddr: b.haAddr,
+	hb := api.Heartbeat{Group: b.cfg.Group, Role: b.cfg.Role, BrokerID: b.cfg.ID, Addr: b.addr, HAAddr: b.haAddr,
 		LogEnd: b.store.EndOffset()}
 	if b.IsMaster() {
 		s := b.Slave()

@@ -13,6 +13,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -99,7 +100,7 @@ func New(cfg Config) (*Broker, error) {
 	if b.addr == "" {
 		b.addr = bound.String()
 	}
-	if cfg.Role == RoleMaster {
+	if cfg.Role == routing.RoleMaster {
 		b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, Logger: b.log.Named("ha")})
 		b.ha.Handle(protocol.CodeHAFetch, b.repl.handleFetch)
 		haBound, err := b.ha.Listen(cfg.HAAddr)
@@ -137,7 +138,7 @@ func (b *Broker) HAAddr() string { return b.haAddr }
 func (b *Broker) Store() *storage.Log { return b.store }
 
 // IsMaster reports the broker's role.
-func (b *Broker) IsMaster() bool { return b.cfg.Role == RoleMaster }
+func (b *Broker) IsMaster() bool { return b.cfg.Role == routing.RoleMaster }
 
 // Writable reports whether the broker takes writes now: the metaserver's
 // last word is writable, and it was said within one session.

@@ -13,6 +13,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -189,7 +190,7 @@ func TestCutOffFromMetaserverTurnsReadOnly(t *testing.T) {
 func TestKilledMasterKeepsAcknowledged(t *testing.T) {
 	meta := startMeta(t)
 	dir := t.TempDir()
-	cfg := brokerConfig(meta.RPCAddr(), "g1", RoleMaster, dir)
+	cfg := brokerConfig(meta.RPCAddr(), "g1", routing.RoleMaster, dir)
 	cfg.Flush = storage.FlushSync
 	addr, proc := startChild(t, cfg)
 	waitFor(t, 10*time.Second, "the child to register", func() bool { _, ok := meta.FSM().Group("g1"); return ok })

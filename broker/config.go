@@ -7,14 +7,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/ferrymq/ferrymq/internal/vfs"
+	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
-)
-
-// Roles of a broker in its group.
-const (
-	RoleMaster = "master"
-	RoleSlave  = "slave"
+	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
 // Config configures a broker. Zero fields take their defaults.
@@ -23,8 +18,8 @@ type Config struct {
 	ID string
 	// Group is the broker group. Required.
 	Group string
-	// Role is RoleMaster or RoleSlave. Required.
-	Role string
+	// Role is routing.RoleMaster or routing.RoleSlave. Required.
+	Role routing.Role
 	// Dir holds the commit log. Required.
 	Dir string
 	// Addr is where producers and consumers connect (host:port; port 0 picks).
@@ -145,8 +140,8 @@ func (c Config) Validate() error {
 	if c.Group == "" {
 		errs = append(errs, errors.New("broker: Group is required"))
 	}
-	if c.Role != RoleMaster && c.Role != RoleSlave {
-		errs = append(errs, fmt.Errorf("broker: Role must be %q or %q, got %q", RoleMaster, RoleSlave, c.Role))
+	if !c.Role.Valid() {
+		errs = append(errs, fmt.Errorf("broker: Role must be %q or %q, got %q", routing.RoleMaster, routing.RoleSlave, c.Role))
 	}
 	if c.Dir == "" {
 		errs = append(errs, errors.New("broker: Dir is required"))

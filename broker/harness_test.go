@@ -13,8 +13,10 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -52,12 +54,12 @@ func startMeta(t testing.TB, edits ...func(*metaserver.Config)) *metaserver.Serv
 	return s
 }
 
-func brokerConfig(meta string, group, role, dir string) Config {
+func brokerConfig(meta string, group string, role routing.Role, dir string) Config {
 	return Config{
-		ID: group + "-" + role, Group: group, Role: role, Dir: dir, Addr: "127.0.0.1:0", MetaAddrs: []string{meta},
+		ID: group + "-" + string(role), Group: group, Role: role, Dir: dir, Addr: "127.0.0.1:0", MetaAddrs: []string{meta},
 		HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: time.Second, HighWait: time.Second,
 		SlaveLagTime: time.Second, HAFetchWait: 50 * time.Millisecond, SegmentSize: 1 << 20,
-		Logger: testlog.New(group + "-" + role),
+		Logger: testlog.New(group + "-" + string(role)),
 	}
 }
 
@@ -80,13 +82,13 @@ type group struct {
 func startGroup(t testing.TB, meta *metaserver.Server, name string, withSlave bool, edit func(*Config)) *group {
 	t.Helper()
 	g := &group{mdir: t.TempDir(), sdir: t.TempDir()}
-	mc := brokerConfig(meta.RPCAddr(), name, RoleMaster, g.mdir)
+	mc := brokerConfig(meta.RPCAddr(), name, routing.RoleMaster, g.mdir)
 	if edit != nil {
 		edit(&mc)
 	}
 	g.master = startBroker(t, mc)
 	if withSlave {
-		sc := brokerConfig(meta.RPCAddr(), name, RoleSlave, g.sdir)
+		sc := brokerConfig(meta.RPCAddr(), name, routing.RoleSlave, g.sdir)
 		if edit != nil {
 			edit(&sc)
 		}
@@ -99,7 +101,7 @@ func startGroup(t testing.TB, meta *metaserver.Server, name string, withSlave bo
 
 func (g *group) startSlave(t testing.TB, meta *metaserver.Server, name string) {
 	t.Helper()
-	g.slave = startBroker(t, brokerConfig(meta.RPCAddr(), name, RoleSlave, g.sdir))
+	g.slave = startBroker(t, brokerConfig(meta.RPCAddr(), name, routing.RoleSlave, g.sdir))
 }
 
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
@@ -124,7 +126,7 @@ func metaClient(t testing.TB, meta *metaserver.Server) *client.Client {
 
 func createTopic(t testing.TB, meta *metaserver.Server, name string, groups ...string) {
 	t.Helper()
-	if _, err := metaClient(t, meta).CreateTopic(context.Background(), client.CreateTopicRequest{Name: name, Queues: len(groups), Groups: groups}); err != nil {
+	if _, err := metaClient(t, meta).CreateTopic(context.Background(), api.CreateTopicRequest{Name: name, Queues: len(groups), Groups: groups}); err != nil {
 		t.Fatal(err)
 	}
 }

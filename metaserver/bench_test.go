@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 )
 
@@ -36,10 +37,10 @@ func benchCluster(b *testing.B) (*Server, *client.Client) {
 	}
 	b.Cleanup(func() { _ = cl.Close() })
 	ctx := context.Background()
-	if _, err := cl.Heartbeat(ctx, client.Heartbeat{Group: "g1", Role: "master", BrokerID: "g1-m", Addr: "127.0.0.1:1"}); err != nil {
+	if _, err := cl.Heartbeat(ctx, api.Heartbeat{Group: "g1", Role: "master", BrokerID: "g1-m", Addr: "127.0.0.1:1"}); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := cl.CreateTopic(ctx, client.CreateTopicRequest{Name: "bench", Queues: 8}); err != nil {
+	if _, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: "bench", Queues: 8}); err != nil {
 		b.Fatal(err)
 	}
 	return s, cl
@@ -85,7 +86,7 @@ func BenchmarkHeartbeat(b *testing.B) {
 	parallel(b, 32, func() error {
 		// 64 distinct groups' masters, as a large cluster would send.
 		g := fmt.Sprintf("hb%d", id.Add(1)%64)
-		_, err := cl.Heartbeat(ctx, client.Heartbeat{Group: g, Role: "master", BrokerID: g + "-m", Addr: "127.0.0.1:1"})
+		_, err := cl.Heartbeat(ctx, api.Heartbeat{Group: g, Role: "master", BrokerID: g + "-m", Addr: "127.0.0.1:1"})
 		return err
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ferrymq/ferrymq/internal/testlog"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -136,21 +137,21 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // fakeBroker heartbeats like a broker, with a lag the test can change.
 type fakeBroker struct {
 	cl       *client.Client
-	hb       client.Heartbeat
+	hb       api.Heartbeat
 	interval time.Duration
 
 	mu       sync.Mutex
 	lagMs    int64
 	lastErr  error
-	lastResp client.HeartbeatReply
+	lastResp api.HeartbeatReply
 
 	stopCh chan struct{}
 	done   chan struct{}
 }
 
-func startBroker(t *testing.T, cl *client.Client, group, role string) *fakeBroker {
+func startBroker(t *testing.T, cl *client.Client, group string, role routing.Role) *fakeBroker {
 	b := &fakeBroker{cl: cl, interval: 100 * time.Millisecond, stopCh: make(chan struct{}), done: make(chan struct{}),
-		hb: client.Heartbeat{Group: group, Role: role, BrokerID: group + "-" + role, Addr: "127.0.0.1:1" + group[len(group)-1:], HAAddr: "127.0.0.1:2"}}
+		hb: api.Heartbeat{Group: group, Role: role, BrokerID: group + "-" + string(role), Addr: "127.0.0.1:1" + group[len(group)-1:], HAAddr: "127.0.0.1:2"}}
 	go b.loop()
 	t.Cleanup(b.stop)
 	return b

@@ -10,7 +10,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
-	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
@@ -29,7 +29,7 @@ func (s *Server) routes() {
 	handle(s, protocol.CodeAdminCreateTopic, true, s.createTopic)
 	handle(s, protocol.CodeAdminAddQueues, true, s.addQueues)
 	handle(s, protocol.CodeAdminSetGroupMode, true, s.setGroupMode)
-	handle(s, protocol.CodeAdminRaftStatus, false, func(context.Context, empty) (client.RaftStatus, error) {
+	handle(s, protocol.CodeAdminRaftStatus, false, func(context.Context, empty) (api.RaftStatus, error) {
 		return s.raftStatus(), nil
 	})
 	handle(s, protocol.CodeAdminAddVoter, true, s.addVoter)
@@ -40,27 +40,27 @@ func invalid(format string, args ...any) error {
 	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf(format, args...)}
 }
 
-func (s *Server) heartbeat(ctx context.Context, hb client.Heartbeat) (client.HeartbeatReply, error) {
-	if hb.Group == "" || hb.BrokerID == "" || hb.Addr == "" || (hb.Role != fsm.RoleMaster && hb.Role != fsm.RoleSlave) {
-		return client.HeartbeatReply{}, invalid("heartbeat needs a group, a broker id, an address and a role (master or slave)")
+func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.HeartbeatReply, error) {
+	if hb.Group == "" || hb.BrokerID == "" || hb.Addr == "" || (hb.Role != routing.RoleMaster && hb.Role != routing.RoleSlave) {
+		return api.HeartbeatReply{}, invalid("heartbeat needs a group, a broker id, an address and a role (master or slave)")
 	}
 	now := time.Now()
 	want := routing.Broker{ID: hb.BrokerID, Addr: hb.Addr, HAAddr: hb.HAAddr}
 	g, ok := s.fsm.Group(hb.Group)
 	have := g.Slave
-	if hb.Role == fsm.RoleMaster {
+	if hb.Role == routing.RoleMaster {
 		have = g.Master
 	}
 	if !ok || have != want {
 		if _, err := s.apply(ctx, &fsm.RegisterBroker{Group: hb.Group, Role: hb.Role, Broker: want, At: now.UnixMilli()}); err != nil {
-			return client.HeartbeatReply{}, err
+			return api.HeartbeatReply{}, err
 		}
 		s.log.Info("broker registered", "group", hb.Group, "role", hb.Role, "broker", hb.BrokerID, "addr", hb.Addr)
 	}
 	s.judge.heartbeat(hb, now)
 	s.judge.judgeGroup(ctx, hb.Group)
 	g, _ = s.fsm.Group(hb.Group)
-	return client.HeartbeatReply{Group: g}, nil
+	return api.HeartbeatReply{Group: g}, nil
 }
 
 // handleRouteLookup answers a route lookup: the body is the topic name, the
@@ -134,14 +134,14 @@ func (s *Server) routeLookup(ctx context.Context, topic string, create bool) (ro
 		}
 		return routing.Route{}, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", topic)}
 	}
-	req := client.CreateTopicRequest{Name: topic, Queues: s.cfg.DefaultQueues, IfMissing: true}
+	req := api.CreateTopicRequest{Name: topic, Queues: s.cfg.DefaultQueues, IfMissing: true}
 	if s.IsLeader() {
 		return s.createTopic(ctx, req)
 	}
 	return s.peers.CreateTopic(ctx, req)
 }
 
-func (s *Server) groups(context.Context, empty) ([]client.GroupInfo, error) {
+func (s *Server) groups(context.Context, empty) ([]api.GroupInfo, error) {
 	now := time.Now()
 	holders := map[string]int{}
 	for _, t := range s.fsm.Topics() {
@@ -149,7 +149,7 @@ func (s *Server) groups(context.Context, empty) ([]client.GroupInfo, error) {
 			holders[g]++
 		}
 	}
-	var out []client.GroupInfo
+	var out []api.GroupInfo
 	for _, g := range s.fsm.Groups() {
 		gi := s.judge.info(g, now)
 		gi.Holders = holders[g.Name]
@@ -169,7 +169,7 @@ func (s *Server) writableGroups() []string {
 	return out
 }
 
-func (s *Server) createTopic(ctx context.Context, req client.CreateTopicRequest) (routing.Route, error) {
+func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (routing.Route, error) {
 	if err := protocol.ValidateTopic(req.Name); err != nil {
 		return routing.Route{}, invalid("%v", err)
 	}
@@ -202,7 +202,7 @@ func (s *Server) createTopic(ctx context.Context, req client.CreateTopicRequest)
 	return r, nil
 }
 
-func (s *Server) addQueues(ctx context.Context, req client.AddQueuesRequest) (routing.Route, error) {
+func (s *Server) addQueues(ctx context.Context, req api.AddQueuesRequest) (routing.Route, error) {
 	if req.Count <= 0 || req.Count > 4096 {
 		return routing.Route{}, invalid("queue count must be 1 to 4096, got %d", req.Count)
 	}
@@ -223,7 +223,7 @@ func (s *Server) addQueues(ctx context.Context, req client.AddQueuesRequest) (ro
 	return r, nil
 }
 
-func (s *Server) setGroupMode(ctx context.Context, req client.SetGroupModeRequest) (routing.Group, error) {
+func (s *Server) setGroupMode(ctx context.Context, req api.SetGroupModeRequest) (routing.Group, error) {
 	cmd := &fsm.SetGroupReasons{Group: req.Group, At: time.Now().UnixMilli()}
 	if req.ReadOnly {
 		cmd.Set = routing.Admin
@@ -238,7 +238,7 @@ func (s *Server) setGroupMode(ctx context.Context, req client.SetGroupModeReques
 	return g, nil
 }
 
-func (s *Server) raftStatus() client.RaftStatus {
+func (s *Server) raftStatus() api.RaftStatus {
 	stats := s.raft.Stats()
 	parse := func(k string) uint64 {
 		var v uint64
@@ -246,44 +246,44 @@ func (s *Server) raftStatus() client.RaftStatus {
 		return v
 	}
 	_, leaderID := s.raft.LeaderWithID()
-	st := client.RaftStatus{
+	st := api.RaftStatus{
 		Node: s.cfg.ID, State: s.raft.State().String(), LeaderID: string(leaderID), LeaderAddr: s.leaderRPC(),
 		Term: parse("term"), LastIndex: parse("last_log_index"), CommitIndex: parse("commit_index"), AppliedIndex: parse("applied_index"),
 	}
 	members := s.fsm.Members()
 	if f := s.raft.GetConfiguration(); f.Error() == nil {
 		for _, srv := range f.Configuration().Servers {
-			st.Members = append(st.Members, client.RaftMember{ID: string(srv.ID), RaftAddr: string(srv.Address),
+			st.Members = append(st.Members, api.RaftMember{ID: string(srv.ID), RaftAddr: string(srv.Address),
 				RPCAddr: members[string(srv.ID)], Suffrage: srv.Suffrage.String(), Leader: srv.ID == leaderID})
 		}
 	}
 	return st
 }
 
-func (s *Server) addVoter(ctx context.Context, req client.VoterRequest) (client.RaftStatus, error) {
+func (s *Server) addVoter(ctx context.Context, req api.VoterRequest) (api.RaftStatus, error) {
 	if req.ID == "" || req.RaftAddr == "" || req.RPCAddr == "" {
-		return client.RaftStatus{}, invalid("add voter needs an id, a raft address and an RPC address")
+		return api.RaftStatus{}, invalid("add voter needs an id, a raft address and an RPC address")
 	}
 	if _, err := s.apply(ctx, &fsm.SetMember{ID: req.ID, RPCAddr: req.RPCAddr}); err != nil {
-		return client.RaftStatus{}, err
+		return api.RaftStatus{}, err
 	}
 	if err := s.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr), 0, 10*time.Second).Error(); err != nil {
-		return client.RaftStatus{}, fmt.Errorf("add voter %s: %w", req.ID, err)
+		return api.RaftStatus{}, fmt.Errorf("add voter %s: %w", req.ID, err)
 	}
 	s.log.Info("voter added", "id", req.ID, "raft-addr", req.RaftAddr)
 	return s.raftStatus(), nil
 }
 
-func (s *Server) removeVoter(ctx context.Context, req client.VoterRequest) (client.RaftStatus, error) {
+func (s *Server) removeVoter(ctx context.Context, req api.VoterRequest) (api.RaftStatus, error) {
 	if req.ID == "" {
-		return client.RaftStatus{}, invalid("remove voter needs an id")
+		return api.RaftStatus{}, invalid("remove voter needs an id")
 	}
 	if err := s.raft.RemoveServer(raft.ServerID(req.ID), 0, 10*time.Second).Error(); err != nil {
-		return client.RaftStatus{}, fmt.Errorf("remove voter %s: %w", req.ID, err)
+		return api.RaftStatus{}, fmt.Errorf("remove voter %s: %w", req.ID, err)
 	}
 	if req.ID != s.cfg.ID {
 		if _, err := s.apply(ctx, &fsm.RemoveMember{ID: req.ID}); err != nil {
-			return client.RaftStatus{}, err
+			return api.RaftStatus{}, err
 		}
 	}
 	s.log.Info("voter removed", "id", req.ID)

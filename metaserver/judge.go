@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -40,7 +40,7 @@ type session struct {
 	seenSlave  bool
 	streak     int // healthy master heartbeats in a row
 	lagBad     bool
-	last       client.Heartbeat
+	last       api.Heartbeat
 }
 
 func (j *judge) init(s *Server) { j.s = s }
@@ -78,12 +78,12 @@ func (j *judge) sessionLocked(group string) *session {
 }
 
 // heartbeat records a heartbeat.
-func (j *judge) heartbeat(hb client.Heartbeat, now time.Time) {
+func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 	j.heartbeats.Add(1)
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	s := j.sessionLocked(hb.Group)
-	if hb.Role != fsm.RoleMaster {
+	if hb.Role != routing.RoleMaster {
 		s.lastSlave, s.seenSlave = now, true
 		return
 	}
@@ -147,8 +147,8 @@ func (j *judge) judgeGroup(ctx context.Context, name string) {
 }
 
 // info returns what the judge knows of a group's heartbeats.
-func (j *judge) info(g routing.Group, now time.Time) client.GroupInfo {
-	gi := client.GroupInfo{Group: g, State: g.Reasons.State(), Reason: g.Reasons.String(),
+func (j *judge) info(g routing.Group, now time.Time) api.GroupInfo {
+	gi := api.GroupInfo{Group: g, State: g.Reasons.State(), Reason: g.Reasons.String(),
 		MasterHeartbeatAgeMillis: -1, SlaveHeartbeatAgeMillis: -1}
 	j.mu.Lock()
 	defer j.mu.Unlock()

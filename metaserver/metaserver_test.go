@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
@@ -20,7 +21,7 @@ func TestBootstrapAndRestartKeepState(t *testing.T) {
 	b := startBroker(t, cl, "g1", "master")
 	waitFor(t, 5*time.Second, "g1 to register", func() bool { _, ok := c.nodes[0].FSM().Group("g1"); return ok })
 	ctx := context.Background()
-	route, err := cl.CreateTopic(ctx, client.CreateTopicRequest{Name: "orders", Queues: 3})
+	route, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: "orders", Queues: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestLeaderLossKeepsRoutesAndHeartbeats(t *testing.T) {
 	b := startBroker(t, cl, "g1", "master")
 	waitFor(t, 5*time.Second, "g1 to register", func() bool { _, ok := c.nodes[0].FSM().Group("g1"); return ok })
 	ctx := context.Background()
-	if _, err := cl.CreateTopic(ctx, client.CreateTopicRequest{Name: "t1", Queues: 2}); err != nil {
+	if _, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: "t1", Queues: 2}); err != nil {
 		t.Fatal(err)
 	}
 	old, leader := c.leader()
@@ -180,7 +181,7 @@ func TestRoutesOnEveryNode(t *testing.T) {
 	startBroker(t, cl, "g2", "master")
 	waitFor(t, 5*time.Second, "two groups", func() bool { return len(leader.FSM().Groups()) == 2 })
 	ctx := context.Background()
-	created, err := cl.CreateTopic(ctx, client.CreateTopicRequest{Name: "spread", Queues: 4})
+	created, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: "spread", Queues: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +210,7 @@ func TestRoutesOnEveryNode(t *testing.T) {
 	// as its creation returns.
 	for i := range 5 {
 		name := fmt.Sprintf("fresh-%d", i)
-		if _, err := cl.CreateTopic(ctx, client.CreateTopicRequest{Name: name, Queues: 2}); err != nil {
+		if _, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: name, Queues: 2}); err != nil {
 			t.Fatal(err)
 		}
 		for _, s := range c.nodes {
@@ -224,7 +225,7 @@ func TestRoutesOnEveryNode(t *testing.T) {
 			}
 		}
 	}
-	if _, err := cl.CreateTopic(ctx, client.CreateTopicRequest{Name: "spread", Queues: 1}); !errors.Is(err, protocol.ErrConflict) {
+	if _, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: "spread", Queues: 1}); !errors.Is(err, protocol.ErrConflict) {
 		t.Fatalf("creating an existing topic: %v", err)
 	}
 	more, err := cl.AddQueues(ctx, "spread", 2)
@@ -281,11 +282,11 @@ func TestAddAndRemoveVoter(t *testing.T) {
 	}
 	ctx := context.Background()
 	cl := c.client()
-	st, err := cl.AddVoter(ctx, client.VoterRequest{ID: "m4", RaftAddr: n4.RaftAddr(), RPCAddr: n4.RPCAddr()})
+	st, err := cl.AddVoter(ctx, api.VoterRequest{ID: "m4", RaftAddr: n4.RaftAddr(), RPCAddr: n4.RPCAddr()})
 	if err != nil || len(st.Members) != 4 {
 		t.Fatalf("add voter: %+v, %v", st, err)
 	}
-	if _, err := cl.CreateTopic(ctx, client.CreateTopicRequest{Name: "after-join", Queues: 1, Groups: nil}); err == nil {
+	if _, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: "after-join", Queues: 1, Groups: nil}); err == nil {
 		t.Fatal("created a topic with no broker groups")
 	}
 	waitFor(t, 5*time.Second, "m4 to catch up", func() bool { return len(n4.FSM().Members()) == 4 })

@@ -17,6 +17,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -269,9 +270,9 @@ func (s *Server) lead(ctx context.Context) {
 func (s *Server) Heartbeats() int64 { return s.judge.heartbeats.Load() }
 
 // RaftStatus is this node's view of the Raft cluster.
-func (s *Server) RaftStatus() client.RaftStatus {
+func (s *Server) RaftStatus() api.RaftStatus {
 	if !s.started.Load() {
-		return client.RaftStatus{Node: s.cfg.ID, State: "Starting"}
+		return api.RaftStatus{Node: s.cfg.ID, State: "Starting"}
 	}
 	return s.raftStatus()
 }

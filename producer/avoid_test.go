@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
@@ -64,7 +65,7 @@ func startFakeBroker(t *testing.T, meta string, group string) *fakeBroker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hb := client.Heartbeat{Group: group, Role: "master", BrokerID: group, Addr: addr.String()}
+	hb := api.Heartbeat{Group: group, Role: "master", BrokerID: group, Addr: addr.String()}
 	if _, err := cl.Heartbeat(context.Background(), hb); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 // Example sends one message synchronously and a few asynchronously. It
@@ -68,7 +69,7 @@ func startLocalCluster() (string, func()) {
 	if err := meta.Start([]metaserver.Peer{{ID: "m1", RaftAddr: meta.RaftAddr(), RPCAddr: meta.RPCAddr()}}); err != nil {
 		log.Fatal(err)
 	}
-	b, err := broker.New(broker.Config{ID: "b1", Group: "g1", Role: broker.RoleMaster, Dir: dir + "/broker",
+	b, err := broker.New(broker.Config{ID: "b1", Group: "g1", Role: routing.RoleMaster, Dir: dir + "/broker",
 		Addr: "127.0.0.1:0", MetaAddrs: []string{meta.RPCAddr()}, HeartbeatInterval: 100 * time.Millisecond, Logger: quiet()})
 	if err != nil {
 		log.Fatal(err)

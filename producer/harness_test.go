@@ -12,8 +12,10 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -71,22 +73,22 @@ func newCluster(o clusterOpts) (*cluster, error) {
 		return nil, err
 	}
 	for _, g := range o.groups {
-		roles := []string{broker.RoleMaster}
+		roles := []routing.Role{routing.RoleMaster}
 		if o.slaves {
-			roles = append(roles, broker.RoleSlave)
+			roles = append(roles, routing.RoleSlave)
 		}
 		for _, role := range roles {
 			b, err := broker.New(broker.Config{
-				ID: g + "-" + role, Group: g, Role: role, Dir: o.dirs(), Addr: "127.0.0.1:0", MetaAddrs: []string{meta.RPCAddr()},
+				ID: g + "-" + string(role), Group: g, Role: role, Dir: o.dirs(), Addr: "127.0.0.1:0", MetaAddrs: []string{meta.RPCAddr()},
 				HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: 2 * time.Second, HAFetchWait: 20 * time.Millisecond,
-				SegmentSize: 256 << 20, Flush: o.flush, Logger: testlog.New(g + "-" + role),
+				SegmentSize: 256 << 20, Flush: o.flush, Logger: testlog.New(g + "-" + string(role)),
 			})
 			if err != nil {
 				c.Close()
 				return nil, err
 			}
 			c.closers = append(c.closers, func() { _ = b.Close() })
-			if role == broker.RoleMaster {
+			if role == routing.RoleMaster {
 				c.masters[g] = b
 			} else {
 				c.slaves[g] = b
@@ -121,7 +123,7 @@ func (c *cluster) metaClient(tb testing.TB) *client.Client {
 
 func (c *cluster) createTopic(tb testing.TB, name string, groups ...string) {
 	tb.Helper()
-	if _, err := c.metaClient(tb).CreateTopic(context.Background(), client.CreateTopicRequest{Name: name, Queues: len(groups), Groups: groups}); err != nil {
+	if _, err := c.metaClient(tb).CreateTopic(context.Background(), api.CreateTopicRequest{Name: name, Queues: len(groups), Groups: groups}); err != nil {
 		tb.Fatal(err)
 	}
 }

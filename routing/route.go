@@ -46,6 +46,18 @@ func (r Reasons) State() string {
 	return "RO"
 }
 
+// Role is a broker's place in its group.
+type Role string
+
+// The roles of a broker group.
+const (
+	RoleMaster Role = "master"
+	RoleSlave  Role = "slave"
+)
+
+// Valid reports whether r is a known role.
+func (r Role) Valid() bool { return r == RoleMaster || r == RoleSlave }
+
 // Broker is one member of a broker group.
 type Broker struct {
 	ID     string `json:"id"`

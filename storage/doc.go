@@ -1,7 +1,7 @@
 // Package storage is the broker's disk: a segmented, CRC-checked commit log
 // with group commit, synchronous or asynchronous flush, per-queue indexes,
 // raw access for replication, and crash recovery. It knows bytes and
-// offsets, never the network. All file access goes through internal/vfs.
+// offsets, never the network. All file access goes through storage/vfs.
 //
 // # Offsets
 //

@@ -12,7 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/ferrymq/ferrymq/internal/vfs"
+	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
 // FlushMode says when an append is complete.

@@ -14,7 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/ferrymq/ferrymq/internal/vfs"
+	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

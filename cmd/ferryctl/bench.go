@@ -12,7 +12,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/spf13/cobra"
 
-	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -109,7 +109,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	if err != nil {
 		return benchResult{}, err
 	}
-	_, err = cl.CreateTopic(mctx, client.CreateTopicRequest{Name: o.topic, Queues: o.queues, IfMissing: true})
+	_, err = cl.CreateTopic(mctx, api.CreateTopicRequest{Name: o.topic, Queues: o.queues, IfMissing: true})
 	done()
 	if err != nil {
 		return benchResult{}, fmt.Errorf("create topic %s: %w", o.topic, err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 )
 
@@ -31,7 +32,7 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 					(time.Duration(gi.Last.LagMillis) * time.Millisecond).String(), fmt.Sprint(gi.Holders)})
 			}
 			if groups == nil {
-				groups = []client.GroupInfo{}
+				groups = []api.GroupInfo{}
 			}
 			return g.printer().print(groups, []string{"GROUP", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES"}, rows)
 		}),

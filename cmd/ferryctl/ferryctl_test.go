@@ -13,6 +13,7 @@ import (
 	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/metaserver"
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -32,7 +33,7 @@ func startCluster(t *testing.T) string {
 	}
 	t.Cleanup(func() { _ = meta.Close() })
 	for _, g := range []string{"g1", "g2"} {
-		b, err := broker.New(broker.Config{ID: g + "-m", Group: g, Role: broker.RoleMaster, Dir: t.TempDir(), Addr: "127.0.0.1:0",
+		b, err := broker.New(broker.Config{ID: g + "-m", Group: g, Role: routing.RoleMaster, Dir: t.TempDir(), Addr: "127.0.0.1:0",
 			MetaAddrs: []string{meta.RPCAddr()}, HeartbeatInterval: 100 * time.Millisecond, Logger: testlog.New(g)})
 		if err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 )
 
@@ -15,7 +16,7 @@ func newMetaCommand(g *globalOptions) *cobra.Command {
 	return cmd
 }
 
-func printRaft(g *globalOptions, st client.RaftStatus) error {
+func printRaft(g *globalOptions, st api.RaftStatus) error {
 	var rows [][]string
 	for _, m := range st.Members {
 		role := "follower"
@@ -55,7 +56,7 @@ func newMetaAddVoterCommand(g *globalOptions) *cobra.Command {
 		Short: "Add a metaserver node (started without bootstrapping) as a voter",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
-			st, err := cl.AddVoter(ctx, client.VoterRequest{ID: args[0], RaftAddr: o.raftAddr, RPCAddr: o.rpcAddr})
+			st, err := cl.AddVoter(ctx, api.VoterRequest{ID: args[0], RaftAddr: o.raftAddr, RPCAddr: o.rpcAddr})
 			if err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -63,7 +64,7 @@ func newTopicCreateCommand(g *globalOptions) *cobra.Command {
 				return err
 			}
 			defer done()
-			r, err := cl.CreateTopic(ctx, client.CreateTopicRequest{Name: args[0], Queues: o.queues, Groups: o.groups})
+			r, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: args[0], Queues: o.queues, Groups: o.groups})
 			if err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -17,21 +18,29 @@ const module = "github.com/ferrymq/ferrymq"
 // them), the module packages it may import. "*" allows anything.
 var rules = map[string][]string{
 	"protocol":           {},
-	"storage":            {"internal/vfs"},
-	"internal/vfs":       {},
+	"storage":            {},
+	"metaserver/api":     {"protocol", "routing"},
 	"routing":            {"protocol"},
 	"internal/transport": {"protocol"},
 	"metaserver/fsm":     {"protocol", "routing"},
-	"metaserver/client":  {"protocol", "routing", "internal/transport"},
-	"metaserver":         {"metaserver/fsm", "metaserver/client", "protocol", "routing", "internal/transport"},
-	"broker":             {"storage", "internal/vfs", "protocol", "routing", "internal/transport", "metaserver/client"},
-	"producer":           {"protocol", "routing", "internal/transport", "metaserver/client"},
+	"metaserver/client":  {"protocol", "routing", "internal/transport", "metaserver/api"},
+	"metaserver":         {"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport"},
+	"broker":             {"storage", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"},
+	"producer":           {"protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"},
 	"cmd":                {"*"},
 	"scripts":            {},
 	"internal/lint":      {},
 	"internal/testlog":   {},
-	"tests":              {"*"},
+	// The test harness starts whole clusters; only tests may import it
+	// (testOnly below).
+	"internal/testcluster": {"broker", "metaserver", "metaserver/api", "metaserver/client", "internal/transport",
+		"internal/testlog", "protocol", "routing", "storage"},
+	"tests": {"*"},
 }
+
+// testOnly are packages that only test files may import: a program or a
+// library that imported them would start test clusters.
+var testOnly = []string{"internal/testcluster", "internal/testlog"}
 
 // ruleFor returns the rule key that governs pkg (a path inside the module):
 // the longest key equal to pkg or a parent of it.
@@ -82,7 +91,7 @@ func TestAllowedMatchesDesign(t *testing.T) {
 		{"broker", "storage", true},
 		{"broker", "metaserver", false},
 		{"storage", "protocol", false},
-		{"storage", "internal/vfs", true},
+		{"storage", "storage/vfs", true},
 		{"protocol", "routing", false},
 		{"metaserver/fsm", "internal/transport", false},
 		{"metaserver/fsm", "routing", true},
@@ -101,8 +110,10 @@ func TestAllowedMatchesDesign(t *testing.T) {
 }
 
 type listedPackage struct {
-	ImportPath string
-	Imports    []string
+	ImportPath   string
+	Imports      []string
+	TestImports  []string
+	XTestImports []string
 }
 
 // TestForbiddenImports lists every package of the module with `go list` and
@@ -138,6 +149,16 @@ func TestForbiddenImports(t *testing.T) {
 			to := strings.TrimPrefix(strings.TrimPrefix(imp, module), "/")
 			if !allowed(from, to) {
 				problems = append(problems, from+" imports "+to)
+			}
+			if slices.Contains(testOnly, to) && !slices.Contains(testOnly, from) {
+				problems = append(problems, from+" imports the test-only "+to+" outside its tests")
+			}
+		}
+		// Tests may import the test-only packages, but no program.
+		for _, imp := range append(p.TestImports, p.XTestImports...) {
+			to := strings.TrimPrefix(strings.TrimPrefix(imp, module), "/")
+			if strings.HasPrefix(to, "cmd/") && !strings.HasPrefix(from, "cmd/") && from != "tests" {
+				problems = append(problems, "tests of "+from+" import the program "+to)
 			}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -179,8 +180,8 @@ func decode[T any](b []byte, err error) (T, error) {
 }
 
 // Heartbeat sends a broker's heartbeat to the leader.
-func (c *Client) Heartbeat(ctx context.Context, hb Heartbeat) (HeartbeatReply, error) {
-	return decode[HeartbeatReply](c.call(ctx, protocol.CodeHeartbeat, hb, true))
+func (c *Client) Heartbeat(ctx context.Context, hb api.Heartbeat) (api.HeartbeatReply, error) {
+	return decode[api.HeartbeatReply](c.call(ctx, protocol.CodeHeartbeat, hb, true))
 }
 
 // Route looks a topic's route up on any node. An unknown topic with
@@ -209,8 +210,8 @@ func (c *Client) route(ctx context.Context, code protocol.Code, topic string, le
 }
 
 // Groups lists the broker groups with their heartbeats (from the leader).
-func (c *Client) Groups(ctx context.Context) ([]GroupInfo, error) {
-	return decode[[]GroupInfo](c.call(ctx, protocol.CodeAdminGroups, struct{}{}, true))
+func (c *Client) Groups(ctx context.Context) ([]api.GroupInfo, error) {
+	return decode[[]api.GroupInfo](c.call(ctx, protocol.CodeAdminGroups, struct{}{}, true))
 }
 
 // Topics lists the topics (from any node).
@@ -219,32 +220,32 @@ func (c *Client) Topics(ctx context.Context) ([]routing.Topic, error) {
 }
 
 // CreateTopic creates a topic and returns its route.
-func (c *Client) CreateTopic(ctx context.Context, req CreateTopicRequest) (routing.Route, error) {
+func (c *Client) CreateTopic(ctx context.Context, req api.CreateTopicRequest) (routing.Route, error) {
 	return decode[routing.Route](c.call(ctx, protocol.CodeAdminCreateTopic, req, true))
 }
 
 // AddQueues adds queues to a topic and returns its route.
 func (c *Client) AddQueues(ctx context.Context, topic string, count int) (routing.Route, error) {
-	return decode[routing.Route](c.call(ctx, protocol.CodeAdminAddQueues, AddQueuesRequest{Topic: topic, Count: count}, true))
+	return decode[routing.Route](c.call(ctx, protocol.CodeAdminAddQueues, api.AddQueuesRequest{Topic: topic, Count: count}, true))
 }
 
 // SetGroupReadOnly marks a group read-only (sticky) or clears that mark.
 func (c *Client) SetGroupReadOnly(ctx context.Context, group string, readOnly bool) (routing.Group, error) {
-	return decode[routing.Group](c.call(ctx, protocol.CodeAdminSetGroupMode, SetGroupModeRequest{Group: group, ReadOnly: readOnly}, true))
+	return decode[routing.Group](c.call(ctx, protocol.CodeAdminSetGroupMode, api.SetGroupModeRequest{Group: group, ReadOnly: readOnly}, true))
 }
 
 // RaftStatus returns the Raft cluster as the leader (or, without one, any
 // node) sees it.
-func (c *Client) RaftStatus(ctx context.Context) (RaftStatus, error) {
-	return decode[RaftStatus](c.call(ctx, protocol.CodeAdminRaftStatus, struct{}{}, false))
+func (c *Client) RaftStatus(ctx context.Context) (api.RaftStatus, error) {
+	return decode[api.RaftStatus](c.call(ctx, protocol.CodeAdminRaftStatus, struct{}{}, false))
 }
 
 // AddVoter adds a metaserver node as a voter.
-func (c *Client) AddVoter(ctx context.Context, req VoterRequest) (RaftStatus, error) {
-	return decode[RaftStatus](c.call(ctx, protocol.CodeAdminAddVoter, req, true))
+func (c *Client) AddVoter(ctx context.Context, req api.VoterRequest) (api.RaftStatus, error) {
+	return decode[api.RaftStatus](c.call(ctx, protocol.CodeAdminAddVoter, req, true))
 }
 
 // RemoveVoter removes a metaserver node.
-func (c *Client) RemoveVoter(ctx context.Context, id string) (RaftStatus, error) {
-	return decode[RaftStatus](c.call(ctx, protocol.CodeAdminRemoveVoter, VoterRequest{ID: id}, true))
+func (c *Client) RemoveVoter(ctx context.Context, id string) (api.RaftStatus, error) {
+	return decode[api.RaftStatus](c.call(ctx, protocol.CodeAdminRemoveVoter, api.VoterRequest{ID: id}, true))
 }

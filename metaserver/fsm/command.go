@@ -30,18 +30,12 @@ type Command interface {
 	Type() CommandType
 }
 
-// Role of a broker in its group.
-const (
-	RoleMaster = "master"
-	RoleSlave  = "slave"
-)
-
 // RegisterBroker adds a broker to its group (creating the group, writable)
 // or updates its addresses. Registering what is already there changes
 // nothing, so retries are harmless.
 type RegisterBroker struct {
 	Group  string         `json:"group"`
-	Role   string         `json:"role"`
+	Role   routing.Role   `json:"role"`
 	Broker routing.Broker `json:"broker"`
 	At     int64          `json:"at"` // unix ms, stamped by the leader
 }
@@ -76,8 +70,8 @@ type RemoveGroup struct {
 
 // RemoveBroker removes the master or the slave of a group.
 type RemoveBroker struct {
-	Group string `json:"group"`
-	Role  string `json:"role"`
+	Group string       `json:"group"`
+	Role  routing.Role `json:"role"`
 }
 
 // SetMember records the RPC address of a metaserver node by its raft ID.

@@ -172,12 +172,12 @@ func (f *FSM) apply(c Command) any {
 			return notFound("group %q", c.Group)
 		}
 		switch c.Role {
-		case RoleMaster:
+		case routing.RoleMaster:
 			if g.Master == (routing.Broker{}) {
 				return &Result{Version: g.Version}
 			}
 			g.Master = routing.Broker{}
-		case RoleSlave:
+		case routing.RoleSlave:
 			if g.Slave == (routing.Broker{}) {
 				return &Result{Version: g.Version}
 			}
@@ -215,9 +215,9 @@ func (f *FSM) registerBroker(c *RegisterBroker) any {
 	}
 	var slot *routing.Broker
 	switch c.Role {
-	case RoleMaster:
+	case routing.RoleMaster:
 		slot = &g.Master
-	case RoleSlave:
+	case routing.RoleSlave:
 		slot = &g.Slave
 	default:
 		return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown role %q", c.Role)}

@@ -48,8 +48,8 @@ func mustApply(t *testing.T, f *FSM, c Command) *Result {
 func seeded(t *testing.T) *FSM {
 	f := New()
 	for _, g := range []string{"g1", "g2"} {
-		mustApply(t, f, &RegisterBroker{Group: g, Role: RoleMaster, Broker: routing.Broker{ID: g + "-m", Addr: g + "-m:9000", HAAddr: g + "-m:9001"}, At: 1})
-		mustApply(t, f, &RegisterBroker{Group: g, Role: RoleSlave, Broker: routing.Broker{ID: g + "-s", Addr: g + "-s:9000"}, At: 1})
+		mustApply(t, f, &RegisterBroker{Group: g, Role: routing.RoleMaster, Broker: routing.Broker{ID: g + "-m", Addr: g + "-m:9000", HAAddr: g + "-m:9001"}, At: 1})
+		mustApply(t, f, &RegisterBroker{Group: g, Role: routing.RoleSlave, Broker: routing.Broker{ID: g + "-s", Addr: g + "-s:9000"}, At: 1})
 	}
 	mustApply(t, f, &CreateTopic{Name: "orders", Queues: []string{"g1", "g2", "g1"}})
 	mustApply(t, f, &SetMember{ID: "n1", RPCAddr: "127.0.0.1:7000"})
@@ -65,7 +65,7 @@ func TestCommands(t *testing.T) {
 	v := f.Version()
 
 	// Registering what is there changes nothing.
-	if res := mustApply(t, f, &RegisterBroker{Group: "g1", Role: RoleMaster, Broker: routing.Broker{ID: "g1-m", Addr: "g1-m:9000", HAAddr: "g1-m:9001"}, At: 5}); res.Changed || f.Version() != v {
+	if res := mustApply(t, f, &RegisterBroker{Group: "g1", Role: routing.RoleMaster, Broker: routing.Broker{ID: "g1-m", Addr: "g1-m:9000", HAAddr: "g1-m:9001"}, At: 5}); res.Changed || f.Version() != v {
 		t.Fatal("a repeated registration changed the state")
 	}
 
@@ -126,12 +126,12 @@ func TestCommands(t *testing.T) {
 	if r, _ := f.Route("orders"); len(r.Queues) != 4 || r.Queues[3].Queue != 3 {
 		t.Fatalf("after add queues: %+v", r)
 	}
-	mustApply(t, f, &RegisterBroker{Group: "g3", Role: RoleMaster, Broker: routing.Broker{ID: "g3-m", Addr: "a"}})
+	mustApply(t, f, &RegisterBroker{Group: "g3", Role: routing.RoleMaster, Broker: routing.Broker{ID: "g3-m", Addr: "a"}})
 	mustApply(t, f, &RemoveGroup{Group: "g3"})
 	if _, ok := f.Group("g3"); ok {
 		t.Fatal("group not removed")
 	}
-	mustApply(t, f, &RemoveBroker{Group: "g2", Role: RoleSlave})
+	mustApply(t, f, &RemoveBroker{Group: "g2", Role: routing.RoleSlave})
 	if g, _ := f.Group("g2"); g.Slave.ID != "" {
 		t.Fatal("slave not removed")
 	}

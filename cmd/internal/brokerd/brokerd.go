@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
+	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -21,11 +22,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ferry-broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg broker.Config
-	var meta, flush, metricsAddr string
+	var meta, flush, role, metricsAddr string
 	var logf cli.LogFlags
 	fs.StringVar(&cfg.ID, "id", "", "broker ID (required)")
 	fs.StringVar(&cfg.Group, "group", "", "broker group (required)")
-	fs.StringVar(&cfg.Role, "role", broker.RoleMaster, "role in the group: master or slave")
+	fs.StringVar(&role, "role", string(routing.RoleMaster), "role in the group: master or slave")
 	fs.StringVar(&cfg.Dir, "dir", "", "commit log directory (required)")
 	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:7401", "address for producers and consumers")
 	fs.StringVar(&cfg.AdvertiseAddr, "advertise", "", "address registered with the metaserver (default: the bound one)")
@@ -45,6 +46,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
+	cfg.Role = routing.Role(role)
 	var err error
 	if cfg.Flush, err = storage.ParseFlushMode(flush); err != nil {
 		return &cli.ConfigError{Err: err}

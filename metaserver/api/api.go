@@ -1,4 +1,4 @@
-package client
+package api
 
 import "github.com/ferrymq/ferrymq/routing"
 
@@ -7,11 +7,11 @@ import "github.com/ferrymq/ferrymq/routing"
 
 // Heartbeat is what a broker sends to the metaserver leader every interval.
 type Heartbeat struct {
-	Group    string `json:"group"`
-	Role     string `json:"role"` // "master" or "slave"
-	BrokerID string `json:"broker_id"`
-	Addr     string `json:"addr"`
-	HAAddr   string `json:"ha_addr,omitempty"`
+	Group    string       `json:"group"`
+	Role     routing.Role `json:"role"`
+	BrokerID string       `json:"broker_id"`
+	Addr     string       `json:"addr"`
+	HAAddr   string       `json:"ha_addr,omitempty"`
 	// LogEnd is the broker's commit-log end offset.
 	LogEnd int64 `json:"log_end"`
 	// Master only: the slave's state as the master sees it.
