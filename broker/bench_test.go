@@ -1,4 +1,4 @@
-package broker
+package broker_test
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/broker"
+	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -33,15 +35,15 @@ func BenchmarkSend(b *testing.B) {
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			meta := startMeta(b, func(c *metaserver.Config) { c.LagTime = time.Minute })
-			g := startGroup(b, meta, "g1", tc.slave, func(c *Config) {
+			meta := testcluster.StartMeta(b, 1, func(c *metaserver.Config) { c.LagTime = time.Minute })
+			g := testcluster.StartGroup(b, meta.Addrs(), "g1", testcluster.GroupOpts{Slave: tc.slave, Edit: func(c *broker.Config) {
 				c.Flush = tc.flush
 				c.SegmentSize = 256 << 20
 				c.HeartbeatInterval = time.Second
 				c.SessionTimeout = time.Minute
-			})
-			createTopic(b, meta, "bench", "g1", "g1", "g1", "g1", "g1", "g1", "g1", "g1")
-			benchSend(b, g.master.Addr(), tc.rel, 64, 16, 4)
+			}})
+			meta.CreateTopic(b, "bench", "g1", "g1", "g1", "g1", "g1", "g1", "g1", "g1")
+			benchSend(b, g.Master.Addr(), tc.rel, 64, 16, 4)
 		})
 	}
 }
@@ -49,7 +51,14 @@ func BenchmarkSend(b *testing.B) {
 func benchSend(b *testing.B, addr string, rel protocol.Reliability, batchSize, senders, conns int) {
 	clients := make([]*transport.Client, conns)
 	for i := range clients {
-		clients[i] = dial(b, addr)
+		clients[i] = testcluster.Dial(b, addr)
+	}
+	// A fresh topic is NO_ROUTE until the broker has looked it up.
+	for q := range uint32(8) {
+		testcluster.WaitFor(b, 5*time.Second, "the route", func() bool {
+			msg := []protocol.Message{{ID: "warm", Topic: "bench", Queue: q, Reliability: rel, Timestamp: 1, Body: []byte("w")}}
+			return testcluster.Send(b, clients[0], msg)[0].Status == protocol.StatusOK
+		})
 	}
 	body := make([]byte, 1024)
 	batches := (b.N + batchSize - 1) / batchSize

@@ -2,28 +2,40 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
-// Broker is one broker of a group, master or slave.
+// Broker is one broker of a group, master or slave. It is built from parts,
+// each with only what it needs (see DESIGN.md, section 11):
+//
+//   - sender (send.go): the send path; on a slave it refuses SENDs.
+//   - handlePull (pull.go): reads, on either role.
+//   - replication (replication.go), master only: serves the slave's
+//     fetches and releases HIGH messages.
+//   - follower (follower.go), slave only: copies the master's log.
+//   - heartbeater and writeLease (heartbeat.go): heartbeats and the
+//     permission to take writes.
+//   - routeCache (routecache.go): which queues are routed to this group.
+//   - retainer (retention.go): deletes old segments.
 //
 // Goroutines: the data server's and (master) the HA server's, from package
-// transport; the heartbeat loop; (master) the HA loop that answers parked
-// fetches and expires HIGH waiters; (slave) the fetch loop that copies the
-// master's log. The commit log has its writer and flusher. Close stops all
-// of them, in an order that answers every request already read.
+// transport; the heartbeat loop; the route refresher; (master) the
+// replication loop; (slave) the follower; the retention loop if enabled. The
+// commit log has its writer and flusher. Close stops all of them, in an
+// order that answers every request already read.
 type Broker struct {
 	cfg   Config
 	log   hclog.Logger
@@ -35,20 +47,15 @@ type Broker struct {
 	ha     *transport.Server // master only
 	haAddr string
 
-	routes routeCache
-	repl   replication // master only
+	lease  *writeLease
+	routes *routeCache
+	send   *sender
+	repl   *replication // master only
+	follow *follower    // slave only
 	stats  Stats
 
-	// metaWritable is the group's state in the last accepted heartbeat reply;
-	// lastAccepted is when that was (unix nanoseconds, 0 before the first).
-	metaWritable atomic.Bool
-	lastAccepted atomic.Int64
-	masterHA     atomic.Value // string: the master's HA address, learned (slave)
+	masterHA atomic.Value // string: the master's HA address (slave)
 
-	inflightReqs  atomic.Int64
-	inflightBytes atomic.Int64
-
-	closing   atomic.Bool
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -58,20 +65,19 @@ type Broker struct {
 // New opens the commit log (recovering it), binds the listeners and starts
 // the broker. It is read-only until a heartbeat is accepted.
 func New(cfg Config) (*Broker, error) {
-	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	b := &Broker{cfg: cfg, log: cfg.Logger.Named("broker").With("broker", cfg.ID, "group", cfg.Group, "role", cfg.Role)}
+	cfg = cfg.withDefaults()
+	lg := cfg.Logger.Named("broker").With("broker", cfg.ID, "group", cfg.Group, "role", string(cfg.Role))
+	b := &Broker{cfg: cfg, log: lg}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.masterHA.Store(cfg.MasterHAAddr)
-	b.routes.init()
-	b.repl.init(b)
 
 	var err error
 	b.store, err = storage.Open(storage.Config{
 		Dir: cfg.Dir, FS: cfg.FS, SegmentSize: cfg.SegmentSize, Flush: cfg.Flush, FlushInterval: cfg.FlushInterval,
-		MaxPayloadSize: protocol.MaxFrameSize, Logger: b.log.Named("storage"),
+		MaxPayloadSize: protocol.MaxFrameSize, Logger: lg.Named("storage"),
 	})
 	if err != nil {
 		b.cancel()
@@ -83,15 +89,30 @@ func New(cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	fail := func(err error) (*Broker, error) {
-		b.closeStarted()
+		_ = b.shutdown()
 		return nil, err
 	}
 
+	b.lease = &writeLease{clock: cfg.Clock, session: cfg.SessionTimeout}
+	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
+	if cfg.Role == routing.RoleMaster {
+		b.repl = newReplication(b.store, replConfig{
+			HighWait: cfg.HighWait, FetchBytes: cfg.HAFetchBytes, FetchWait: cfg.HAFetchWait,
+			SlaveLagBytes: cfg.SlaveLagBytes, SlaveLagTime: cfg.SlaveLagTime,
+		}, &b.stats, cfg.Clock, lg.Named("replication"))
+	} else {
+		b.follow = &follower{log: b.store, dial: dialMaster, fetchBytes: cfg.HAFetchBytes, fetchWait: cfg.HAFetchWait,
+			clock: cfg.Clock, lg: lg.Named("follower"),
+			masterAddr: func() string { a, _ := b.masterHA.Load().(string); return a }}
+	}
+	b.send = &sender{id: cfg.ID, store: b.store, lease: b.lease, routes: b.routes, repl: b.repl, stats: &b.stats,
+		clock: cfg.Clock, lg: lg, maxReqs: cfg.MaxInflightRequests, maxBytes: cfg.MaxInflightBytes}
+
 	b.rpc = transport.NewServer(transport.ServerConfig{
-		Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, Logger: b.log.Named("rpc"),
+		Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, Logger: lg.Named("rpc"),
 	})
-	b.rpc.Handle(protocol.CodeSend, b.handleSend)
-	b.rpc.Handle(protocol.CodePull, b.handlePull)
+	b.rpc.Handle(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) })
+	b.rpc.Handle(protocol.CodePull, func(r *transport.Request) { handlePull(b.store, r, r.Body) })
 	bound, err := b.rpc.Listen(cfg.Addr)
 	if err != nil {
 		return fail(fmt.Errorf("broker: %w", err))
@@ -100,32 +121,54 @@ func New(cfg Config) (*Broker, error) {
 	if b.addr == "" {
 		b.addr = bound.String()
 	}
-	if cfg.Role == routing.RoleMaster {
-		b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, Logger: b.log.Named("ha")})
-		b.ha.Handle(protocol.CodeHAFetch, b.repl.handleFetch)
+	if b.repl != nil {
+		b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, Logger: lg.Named("ha")})
+		b.ha.Handle(protocol.CodeHAFetch, func(r *transport.Request) { b.repl.handleFetch(r, r.Body) })
 		haBound, err := b.ha.Listen(cfg.HAAddr)
 		if err != nil {
 			return fail(fmt.Errorf("broker: HA %w", err))
 		}
 		b.haAddr = haBound.String()
-		b.goFunc(b.repl.loop)
+		b.goFunc(b.repl.run)
 	} else {
-		b.goFunc(b.slaveLoop)
+		b.goFunc(b.follow.run)
 	}
-	b.goFunc(b.heartbeatLoop)
+	hb := &heartbeater{meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
+		log: lg.Named("heartbeat"), describe: b.describe, observe: b.observe}
+	b.goFunc(hb.run)
+	b.goFunc(b.routes.run)
 	if cfg.RetentionBytes > 0 {
-		b.goFunc(b.retentionLoop)
+		r := &retainer{log: b.store, keep: cfg.RetentionBytes, every: cfg.RetentionCheck, clock: cfg.Clock, lg: lg.Named("retention")}
+		b.goFunc(r.run)
 	}
-	b.log.Info("broker started", "addr", b.addr, "ha-addr", b.haAddr, "log-end", b.store.EndOffset(), "flush", cfg.Flush.String())
+	lg.Info("broker started", "addr", b.addr, "ha-addr", b.haAddr, "log-end", b.store.EndOffset(), "flush", cfg.Flush.String())
 	return b, nil
 }
 
-func (b *Broker) goFunc(f func()) {
+func (b *Broker) goFunc(f func(context.Context)) {
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		f()
+		f(b.ctx)
 	}()
+}
+
+// describe fills a heartbeat with the broker's state.
+func (b *Broker) describe(hb *api.Heartbeat) {
+	*hb = api.Heartbeat{Group: b.cfg.Group, Role: b.cfg.Role, BrokerID: b.cfg.ID, Addr: b.addr, HAAddr: b.haAddr,
+		LogEnd: b.store.EndOffset()}
+	if b.repl != nil {
+		s := b.repl.state()
+		hb.SlaveConnected, hb.SlaveAckOffset, hb.LagBytes, hb.LagMillis = s.Connected, s.AckOffset, s.LagBytes, s.LagTime.Milliseconds()
+	}
+}
+
+// observe takes the group as the registry has it: a slave learns where its
+// master serves the log, unless configured with it.
+func (b *Broker) observe(g routing.Group) {
+	if b.follow != nil && b.cfg.MasterHAAddr == "" {
+		b.masterHA.Store(g.Master.HAAddr)
+	}
 }
 
 // Addr is the broker's advertised data address.
@@ -138,14 +181,25 @@ func (b *Broker) HAAddr() string { return b.haAddr }
 func (b *Broker) Store() *storage.Log { return b.store }
 
 // IsMaster reports the broker's role.
-func (b *Broker) IsMaster() bool { return b.cfg.Role == routing.RoleMaster }
+func (b *Broker) IsMaster() bool { return b.repl != nil }
+
+// Clock is the clock the broker reads.
+func (b *Broker) Clock() clockwork.Clock { return b.cfg.Clock }
 
 // Writable reports whether the broker takes writes now: the metaserver's
 // last word is writable, and it was said within one session.
-func (b *Broker) Writable() bool {
-	last := b.lastAccepted.Load()
-	return b.metaWritable.Load() && last != 0 && time.Since(time.Unix(0, last)) < b.cfg.SessionTimeout
+func (b *Broker) Writable() bool { return b.lease.valid() }
+
+// Slave returns the master's view of its slave (the zero state on a slave).
+func (b *Broker) Slave() SlaveState {
+	if b.repl == nil {
+		return SlaveState{}
+	}
+	return b.repl.state()
 }
+
+// Stats returns the broker's counters.
+func (b *Broker) Stats() *Stats { return &b.stats }
 
 // Close stops the broker: it refuses new requests, fails HIGH messages still
 // waiting for the slave, answers every request already read, stops its
@@ -154,20 +208,25 @@ func (b *Broker) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
 		b.log.Info("broker closing")
-		b.closing.Store(true)
-		b.repl.failWaiters("the broker is shutting down")
-		err = b.closeStarted()
+		b.send.closing.Store(true)
+		if b.repl != nil {
+			b.repl.failWaiters("the broker is shutting down")
+		}
+		err = b.shutdown()
 	})
 	return err
 }
 
-func (b *Broker) closeStarted() error {
-	b.closing.Store(true)
+// shutdown stops what New started, in order: the data server (answering
+// every request read), the broker's goroutines (the replication loop
+// answers its parked fetches), the HA server, the metaserver client, and
+// the commit log.
+func (b *Broker) shutdown() error {
 	b.cancel()
 	if b.rpc != nil {
 		_ = b.rpc.Close()
 	}
-	b.wg.Wait() // the HA loop answers its parked fetches as it stops
+	b.wg.Wait()
 	if b.ha != nil {
 		_ = b.ha.Close()
 	}
@@ -178,51 +237,38 @@ func (b *Broker) closeStarted() error {
 	return nil
 }
 
-// admit counts a request in, or refuses it when the broker is over its bounds.
-func (b *Broker) admit(size int) bool {
-	n := b.inflightReqs.Add(1)
-	by := b.inflightBytes.Add(int64(size))
-	if n > b.cfg.MaxInflightRequests || by > b.cfg.MaxInflightBytes {
-		b.release(size)
-		return false
-	}
-	return true
+// retainLog is the part of the commit log that retention trims.
+type retainLog interface {
+	StartOffset() int64
+	EndOffset() int64
+	DeleteBefore(offset int64) (int64, error)
 }
 
-func (b *Broker) release(size int) {
-	b.inflightReqs.Add(-1)
-	b.inflightBytes.Add(-int64(size))
+// retainer deletes whole segments before the last keep bytes of the log,
+// every interval. A slave runs it on its own copy.
+type retainer struct {
+	log   retainLog
+	keep  int64
+	every time.Duration
+	clock clockwork.Clock
+	lg    hclog.Logger
 }
 
-// statusOfStoreError maps a commit-log error to a message status.
-func statusOfStoreError(err error) protocol.Status {
-	switch {
-	case errors.Is(err, storage.ErrInvalidEntry):
-		return protocol.StatusInvalid
-	case errors.Is(err, storage.ErrClosed):
-		return protocol.StatusShuttingDown
-	default:
-		return protocol.StatusStoreError
-	}
-}
-
-// retentionLoop deletes whole segments before the last RetentionBytes of
-// the log, every RetentionCheck. A slave runs it on its own copy.
-func (b *Broker) retentionLoop() {
-	tick := time.NewTicker(b.cfg.RetentionCheck)
+func (r *retainer) run(ctx context.Context) {
+	tick := r.clock.NewTicker(r.every)
 	defer tick.Stop()
 	for {
 		select {
-		case <-b.ctx.Done():
+		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick.Chan():
 		}
-		end := b.store.EndOffset()
-		if end-b.store.StartOffset() <= b.cfg.RetentionBytes {
+		end := r.log.EndOffset()
+		if end-r.log.StartOffset() <= r.keep {
 			continue
 		}
-		if _, err := b.store.DeleteBefore(end - b.cfg.RetentionBytes); err != nil {
-			b.log.Warn("retention failed", "error", err)
+		if _, err := r.log.DeleteBefore(end - r.keep); err != nil {
+			r.lg.Warn("retention failed", "error", err)
 		}
 	}
 }

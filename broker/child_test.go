@@ -1,4 +1,4 @@
-package broker
+package broker_test
 
 import (
 	"bufio"
@@ -10,21 +10,32 @@ import (
 	"syscall"
 	"testing"
 
+	"go.uber.org/goleak"
+
+	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/testlog"
 )
 
 const childEnv = "FERRY_BROKER_CHILD"
 
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		runChildBroker()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
 // runChildBroker runs a broker in this process until it is killed: the
 // test binary re-executed, so a test can kill -9 a real broker process.
 func runChildBroker() {
-	var cfg Config
+	var cfg broker.Config
 	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &cfg); err != nil {
 		fmt.Println("ERR", err)
 		os.Exit(2)
 	}
 	cfg.Logger = testlog.New("child")
-	b, err := New(cfg)
+	b, err := broker.New(cfg)
 	if err != nil {
 		fmt.Println("ERR", err)
 		os.Exit(2)
@@ -35,7 +46,7 @@ func runChildBroker() {
 
 // startChild starts a master broker in a child process and returns its
 // address and the process.
-func startChild(t *testing.T, cfg Config) (string, *exec.Cmd) {
+func startChild(t *testing.T, cfg broker.Config) (string, *exec.Cmd) {
 	t.Helper()
 	cfg.Logger = nil
 	enc, err := json.Marshal(cfg)

@@ -6,13 +6,16 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
-// Config configures a broker. Zero fields take their defaults.
+// Config configures a broker. Zero fields take their defaults; negative
+// ones are refused by Validate.
 type Config struct {
 	// ID names the broker. Required.
 	ID string
@@ -43,7 +46,7 @@ type Config struct {
 	// SegmentSize of the commit log. Default 1 GiB.
 	SegmentSize int64
 	// FS is the file system (tests inject faults). Default the OS's.
-	FS vfs.FS
+	FS vfs.FS `json:"-"`
 	// RetentionBytes bounds the commit log: every RetentionCheck, whole
 	// segments before the last RetentionBytes are deleted. 0 keeps everything.
 	RetentionBytes int64
@@ -82,7 +85,11 @@ type Config struct {
 	Workers int
 
 	// Logger is the root logger. Default: stderr at info.
-	Logger hclog.Logger
+	Logger hclog.Logger `json:"-"`
+	// Clock is read for every timing decision: heartbeats and the write
+	// lease, HIGH deadlines, parked fetches, route freshness, backoffs.
+	// Tests move a fake one. Default: the real clock.
+	Clock clockwork.Clock `json:"-"`
 }
 
 func (c Config) withDefaults() Config {
@@ -128,12 +135,55 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "broker", Level: hclog.Info})
 	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
 	return c
 }
 
-// Validate reports every problem at once.
+// Validate reports every problem at once: required fields, negative
+// values (zero means the default, a negative value is a mistake) and
+// settings that contradict each other. New validates the config with its
+// defaults filled in.
 func (c Config) Validate() error {
 	var errs []error
+	negative := func(name string, v int64) {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("broker: %s must not be negative, got %d", name, v))
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"FlushInterval", c.FlushInterval}, {"RetentionCheck", c.RetentionCheck}, {"HeartbeatInterval", c.HeartbeatInterval},
+		{"SessionTimeout", c.SessionTimeout}, {"HighWait", c.HighWait}, {"SlaveLagTime", c.SlaveLagTime}, {"HAFetchWait", c.HAFetchWait},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("broker: %s must not be negative, got %v", d.name, d.v))
+		}
+	}
+	negative("SegmentSize", c.SegmentSize)
+	negative("RetentionBytes", c.RetentionBytes)
+	negative("SlaveLagBytes", c.SlaveLagBytes)
+	negative("HAFetchBytes", int64(c.HAFetchBytes))
+	negative("MaxInflightRequests", c.MaxInflightRequests)
+	negative("MaxInflightBytes", c.MaxInflightBytes)
+	negative("MaxInflightPerConn", int64(c.MaxInflightPerConn))
+	negative("Workers", int64(c.Workers))
+	d := c.withDefaults()
+	if d.HeartbeatInterval >= d.SessionTimeout {
+		errs = append(errs, fmt.Errorf("broker: HeartbeatInterval (%v) must be shorter than SessionTimeout (%v), or one lost heartbeat fences the broker",
+			d.HeartbeatInterval, d.SessionTimeout))
+	}
+	if d.HAFetchWait >= d.HighWait {
+		errs = append(errs, fmt.Errorf("broker: HAFetchWait (%v) must be shorter than HighWait (%v): the slave acknowledges once per fetch",
+			d.HAFetchWait, d.HighWait))
+	}
+	if d.HAFetchBytes > protocol.MaxFrameSize-64 {
+		errs = append(errs, fmt.Errorf("broker: HAFetchBytes (%d) must fit in one frame (%d bytes)", d.HAFetchBytes, protocol.MaxFrameSize))
+	}
+
 	if c.ID == "" {
 		errs = append(errs, errors.New("broker: ID is required"))
 	}

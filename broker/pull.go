@@ -1,0 +1,73 @@
+package broker
+
+import (
+	"errors"
+
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/storage"
+)
+
+const (
+	defaultPullBytes = 1 << 20
+	maxPullBytes     = 8 << 20
+)
+
+// queueReader is the part of the commit log that PULL reads.
+type queueReader interface {
+	QueueRange(topic string, queue uint32) (first, next int64)
+	Read(topic string, queue uint32, offset int64, maxBytes int) ([]storage.StoredEntry, error)
+}
+
+// pullBytes is how many message bytes a PULL asks for, after the defaults
+// and the cap.
+func pullBytes(req protocol.PullRequest) int {
+	if req.MaxBytes == 0 {
+		return defaultPullBytes
+	}
+	return min(int(req.MaxBytes), maxPullBytes)
+}
+
+// pullReplySize estimates the answer to a PULL request body, which the
+// transport reserves before it admits the request: the bytes asked for and
+// a header. An answer can exceed it by one message, since a PULL returns at
+// least one whole message.
+func pullReplySize(body []byte) int {
+	req, err := protocol.DecodePullRequest(body)
+	if err != nil {
+		return 256 // the error's text
+	}
+	return 64 + pullBytes(req)
+}
+
+// handlePull answers PULL from the commit log, on a master or a slave.
+func handlePull(store queueReader, rep replier, body []byte) {
+	req, err := protocol.DecodePullRequest(body)
+	if err != nil {
+		rep.ReplyError(err)
+		return
+	}
+	first, next := store.QueueRange(req.Topic, req.Queue)
+	offset := max(req.Offset, first)
+	entries, err := store.Read(req.Topic, req.Queue, offset, pullBytes(req))
+	if err != nil {
+		st := protocol.StatusStoreError
+		if errors.Is(err, storage.ErrOutOfRange) {
+			st = protocol.StatusInvalid
+		}
+		rep.ReplyError(&protocol.Error{Status: st, Message: err.Error()})
+		return
+	}
+	nextOffset := offset
+	size := 0
+	for _, e := range entries {
+		size += 16 + len(e.Payload)
+	}
+	if len(entries) > 0 {
+		nextOffset = entries[len(entries)-1].QueueOffset + 1
+	}
+	out := protocol.AppendPullResponseHeader(make([]byte, 0, 28+size), nextOffset, first, next, len(entries))
+	for _, e := range entries {
+		out = protocol.AppendStoredRaw(out, e.QueueOffset, e.LogOffset, e.Payload)
+	}
+	_ = rep.Reply(out)
+}

@@ -1,0 +1,198 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+// fakeLookup answers route lookups from a table, counting them; while gate
+// is not nil, every lookup waits for it.
+type fakeLookup struct {
+	calls atomic.Int64
+	mu    sync.Mutex
+	gate  chan struct{}
+	route map[string][]string // topic -> group of each queue
+	err   error
+}
+
+func (f *fakeLookup) RouteExisting(ctx context.Context, topic string) (routing.Route, error) {
+	f.calls.Add(1)
+	f.mu.Lock()
+	gate := f.gate
+	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return routing.Route{}, ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return routing.Route{}, f.err
+	}
+	groups, ok := f.route[topic]
+	if !ok {
+		return routing.Route{}, errors.New("unknown topic")
+	}
+	r := routing.Route{Topic: topic}
+	for i, g := range groups {
+		r.Queues = append(r.Queues, routing.QueueRoute{Queue: uint32(i), Group: g})
+	}
+	return r, nil
+}
+
+func startRouteCache(t *testing.T, l *fakeLookup, clock clockwork.Clock) *routeCache {
+	t.Helper()
+	c := newRouteCache("g1", l, clock, hclog.NewNullLogger())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return c
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// settle waits until no lookup is queued or running.
+func settle(t *testing.T, c *routeCache) {
+	t.Helper()
+	waitUntil(t, "the lookups to finish", func() bool {
+		c.qmu.Lock()
+		defer c.qmu.Unlock()
+		return len(c.pending) == 0
+	})
+}
+
+// A burst of misses while the metaserver hangs answers every message at
+// once (not routed) and costs one lookup.
+func TestRouteCacheMissesNeverWaitAndLookUpOnce(t *testing.T) {
+	gate := make(chan struct{})
+	l := &fakeLookup{gate: gate, route: map[string][]string{"t": {"g1", "g2"}}}
+	c := startRouteCache(t, l, clockwork.NewFakeClock())
+
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if c.routed("t", 0) {
+				t.Error("routed before any lookup returned")
+			}
+		}()
+	}
+	wg.Wait() // every check returned while the lookup hangs
+	waitUntil(t, "the lookup to start", func() bool { return l.calls.Load() == 1 })
+	if c.routed("t", 0) {
+		t.Fatal("routed while the lookup hangs")
+	}
+	close(gate)
+	waitUntil(t, "the route to be cached", func() bool { return c.routed("t", 0) })
+	if c.routed("t", 1) {
+		t.Fatal("queue 1 belongs to g2")
+	}
+	if n := l.calls.Load(); n != 1 {
+		t.Fatalf("%d lookups for one topic, want 1", n)
+	}
+}
+
+// A known route is served without lookups while fresh, still served while
+// a refresh runs once it is stale (and while the metaserver is away), and
+// a queue not routed here is looked up again at most once per interval.
+func TestRouteCacheFreshnessAndRefresh(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	l := &fakeLookup{route: map[string][]string{"t": {"g1", "g2"}}}
+	c := startRouteCache(t, l, clock)
+	c.routed("t", 0)
+	waitUntil(t, "the route", func() bool { return c.routed("t", 0) })
+	settle(t, c)
+	base := l.calls.Load()
+
+	for range 100 {
+		c.routed("t", 0)
+	}
+	if n := l.calls.Load(); n != base {
+		t.Fatalf("%d lookups for a fresh route", n-base)
+	}
+
+	// Not routed here: at most one lookup per routeMinRefresh.
+	for round := range int64(2) {
+		clock.Advance(routeMinRefresh)
+		for range 100 {
+			if c.routed("t", 1) {
+				t.Fatal("queue 1 belongs to g2")
+			}
+		}
+		settle(t, c)
+		if n := l.calls.Load(); n != base+round+1 {
+			t.Fatalf("round %d: %d lookups, want %d", round, n-base, round+1)
+		}
+	}
+	base += 2
+
+	// Stale, metaserver away: the old route is served, and refreshed in the background.
+	l.mu.Lock()
+	l.err = errors.New("metaserver unreachable")
+	l.mu.Unlock()
+	clock.Advance(routeTTL)
+	if !c.routed("t", 0) {
+		t.Fatal("a stale route must be served while it is refreshed")
+	}
+	waitUntil(t, "the stale refresh", func() bool { return l.calls.Load() == base+1 })
+	if !c.routed("t", 0) {
+		t.Fatal("a failed refresh must keep the last known route")
+	}
+}
+
+// Unknown topics are forgotten after a TTL, so made-up names do not pile up.
+func TestRouteCachePrunesUnknownTopics(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	l := &fakeLookup{route: map[string][]string{"t": {"g1"}}}
+	c := startRouteCache(t, l, clock)
+	c.routed("t", 0)
+	c.routed("nope", 0)
+	waitUntil(t, "both lookups", func() bool {
+		c.mu.RLock()
+		defer c.mu.RUnlock()
+		return len(c.topics) == 2
+	})
+	settle(t, c)
+	clock.Advance(routeTTL)
+	waitUntil(t, "the unknown topic to be pruned", func() bool {
+		c.mu.RLock()
+		defer c.mu.RUnlock()
+		_, known := c.topics["nope"]
+		return !known
+	})
+	c.mu.RLock()
+	_, kept := c.topics["t"]
+	c.mu.RUnlock()
+	if !kept {
+		t.Fatal("a topic with queues here was pruned")
+	}
+}

@@ -1,0 +1,230 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/storage"
+)
+
+// appender is the part of the commit log that the send path writes.
+type appender interface {
+	AppendAsync(entries []storage.Entry, flush bool, done func([]storage.Position, error))
+}
+
+// sender is the send path. A SEND request goes from the connection's reader
+// to a worker, which decodes the batch, gives every message its own future,
+// checks each one and appends the good ones as one group, and returns. The
+// answer goes out from the completions: the commit log's goroutines for
+// NORMAL messages, replication's for HIGH ones. Nothing here waits on a
+// disk, the slave or a metaserver.
+type sender struct {
+	id     string
+	store  appender
+	lease  *writeLease
+	routes *routeCache
+	repl   *replication // nil on a slave: it refuses every SEND with NOT_MASTER
+	stats  *Stats
+	clock  clockwork.Clock
+	lg     hclog.Logger
+
+	// Broker-wide bounds on SEND requests in flight and their bytes; past
+	// them a request is refused whole with BUSY.
+	maxReqs, maxBytes int64
+	reqs, bytes       atomic.Int64
+	closing           atomic.Bool // set by Close: new SENDs get SHUTTING_DOWN
+}
+
+// sendBatch is one SEND request in flight. Every message is its own future:
+// it completes once, with a status and, when stored, its offsets, either at
+// the checks, when the commit log has it (NORMAL), or when the slave
+// confirmed it or the wait ran out (HIGH). The last message to complete
+// answers the request with every result, in order.
+//
+// results[i] is written only by message i's completion, before it
+// decrements pending; the goroutine that brings pending to zero reads them
+// all, so the atomic counter orders every write before the read.
+type sendBatch struct {
+	s       *sender
+	rep     replier
+	size    int
+	start   time.Time
+	results []protocol.SendResult
+	pending atomic.Int64
+}
+
+func (sb *sendBatch) complete(i int, res protocol.SendResult) {
+	sb.results[i] = res
+	sb.done1()
+}
+
+func (sb *sendBatch) done1() {
+	if sb.pending.Add(-1) != 0 {
+		return
+	}
+	refused := 0
+	for _, r := range sb.results {
+		if r.Status != protocol.StatusOK {
+			refused++
+		}
+	}
+	st := sb.s.stats
+	st.Refused.Add(int64(refused))
+	st.Batches.Add(1)
+	st.BatchNanos.Add(int64(sb.s.clock.Since(sb.start)))
+	_ = sb.rep.Reply(protocol.AppendSendResponse(make([]byte, 0, sendReplySize(len(sb.results))), sb.results))
+	sb.s.release(sb.size)
+}
+
+// sendReplySize is the size of a SEND answer for n messages.
+func sendReplySize(n int) int { return 4 + 18*n }
+
+// handle serves one SEND request body; it runs on a request worker.
+func (s *sender) handle(rep replier, body []byte) {
+	if s.closing.Load() {
+		rep.ReplyError(&protocol.Error{Status: protocol.StatusShuttingDown, Message: "broker " + s.id + " is shutting down"})
+		return
+	}
+	size := len(body)
+	if !s.admit(size) {
+		rep.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: fmt.Sprintf("broker %s has too many requests in flight", s.id)})
+		return
+	}
+	msgs, raws, err := protocol.DecodeSendRequestRaw(body)
+	if err != nil {
+		s.release(size)
+		rep.ReplyError(err)
+		return
+	}
+	sb := &sendBatch{s: s, rep: rep, size: size, start: s.clock.Now(), results: make([]protocol.SendResult, len(msgs))}
+	sb.pending.Store(int64(len(msgs)) + 1) // +1: the handler's own hold, dropped at the end
+
+	// Check every message; the good ones are stored as they came, in the
+	// encoding the producer sent (it aliases the request's buffer, which the
+	// commit log copies before the append completes).
+	good := make([]int, 0, len(msgs))
+	checks := s.newBatchCheck()
+	for i := range msgs {
+		if st := checks.check(&msgs[i]); st != protocol.StatusOK {
+			sb.complete(i, protocol.SendResult{Status: st})
+			continue
+		}
+		good = append(good, i)
+	}
+	if len(good) > 0 {
+		entries := make([]storage.Entry, len(good))
+		for j, i := range good {
+			entries[j] = storage.Entry{Topic: msgs[i].Topic, Queue: msgs[i].Queue, Payload: raws[i]}
+		}
+		s.store.AppendAsync(entries, false, func(pos []storage.Position, err error) {
+			s.appended(sb, msgs, good, pos, err)
+		})
+	}
+	sb.done1()
+}
+
+// appended completes the stored messages of a batch. It runs on the commit
+// log's writer or flusher goroutine, so it only records results and hands
+// HIGH messages to replication.
+func (s *sender) appended(sb *sendBatch, msgs []protocol.Message, good []int, pos []storage.Position, err error) {
+	if err != nil {
+		st := statusOfStoreError(err)
+		s.lg.Warn("append failed", "messages", len(good), "status", st.String(), "error", err)
+		for _, i := range good {
+			sb.complete(i, protocol.SendResult{Status: st})
+		}
+		return
+	}
+	var bytes int64
+	for j, i := range good {
+		bytes += int64(len(msgs[i].Body))
+		res := protocol.SendResult{Status: protocol.StatusOK, QueueOffset: pos[j].QueueOffset, LogOffset: pos[j].LogOffset}
+		if msgs[i].Reliability == protocol.High {
+			s.repl.await(pos[j].End, func(st protocol.Status) {
+				res.Status = st
+				sb.complete(i, res)
+			})
+			continue
+		}
+		sb.complete(i, res)
+	}
+	s.stats.MessagesIn.Add(int64(len(good)))
+	s.stats.BytesIn.Add(bytes)
+	s.repl.notify()
+}
+
+// admit counts a request in, or refuses it when the broker is over its bounds.
+func (s *sender) admit(size int) bool {
+	n := s.reqs.Add(1)
+	by := s.bytes.Add(int64(size))
+	if n > s.maxReqs || by > s.maxBytes {
+		s.release(size)
+		return false
+	}
+	return true
+}
+
+func (s *sender) release(size int) {
+	s.reqs.Add(-1)
+	s.bytes.Add(-int64(size))
+}
+
+// statusOfStoreError maps a commit-log error to a message status.
+func statusOfStoreError(err error) protocol.Status {
+	switch {
+	case errors.Is(err, storage.ErrInvalidEntry):
+		return protocol.StatusInvalid
+	case errors.Is(err, storage.ErrClosed):
+		return protocol.StatusShuttingDown
+	default:
+		return protocol.StatusStoreError
+	}
+}
+
+// batchCheck decides whether each message of one batch may be appended
+// here. The broker's role, its write lease and the slave's lag are read
+// once per batch, not per message.
+type batchCheck struct {
+	s        *sender
+	state    protocol.Status // NOT_MASTER, READ_ONLY or OK for the whole batch
+	lagKnown bool
+	lagging  bool
+}
+
+func (s *sender) newBatchCheck() batchCheck {
+	c := batchCheck{s: s, state: protocol.StatusOK}
+	switch {
+	case s.repl == nil:
+		c.state = protocol.StatusNotMaster
+	case !s.lease.valid():
+		c.state = protocol.StatusReadOnly
+	}
+	return c
+}
+
+func (c *batchCheck) check(m *protocol.Message) protocol.Status {
+	if c.state != protocol.StatusOK {
+		return c.state
+	}
+	if err := m.Validate(); err != nil {
+		return protocol.StatusOf(err)
+	}
+	if !c.s.routes.routed(m.Topic, m.Queue) {
+		return protocol.StatusNoRoute
+	}
+	if m.Reliability == protocol.High {
+		if !c.lagKnown {
+			c.lagging, c.lagKnown = c.s.repl.lagging(), true
+		}
+		if c.lagging {
+			return protocol.StatusSlaveLagging
+		}
+	}
+	return protocol.StatusOK
+}
