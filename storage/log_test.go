@@ -268,10 +268,10 @@ func TestConcurrentAppendsAndReads(t *testing.T) {
 }
 
 func TestSyncModeGroupCommit(t *testing.T) {
-	ffs := vfs.NewFaultFS(vfs.Default)
-	l := openLog(t, Config{Dir: t.TempDir(), FS: ffs, Flush: FlushSync})
+	efs := vfs.NewErrorFS(vfs.Default)
+	l := openLog(t, Config{Dir: t.TempDir(), FS: efs, Flush: FlushSync})
 	defer l.Close()
-	_, syncsBefore := ffs.Counts()
+	syncsBefore := efs.Calls(vfs.OpSync)
 	const appenders = 64
 	var wg sync.WaitGroup
 	for i := range appenders {
@@ -290,7 +290,7 @@ func TestSyncModeGroupCommit(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	_, syncsAfter := ffs.Counts()
+	syncsAfter := efs.Calls(vfs.OpSync)
 	syncs := syncsAfter - syncsBefore
 	t.Logf("%d sync appends shared %d syncs", appenders, syncs)
 	if syncs < 1 || syncs > appenders/2 {
@@ -299,9 +299,8 @@ func TestSyncModeGroupCommit(t *testing.T) {
 }
 
 func TestAsyncFlush(t *testing.T) {
-	ffs := vfs.NewFaultFS(vfs.Default)
 	dir := t.TempDir()
-	l := openLog(t, Config{Dir: dir, FS: ffs, FlushInterval: 20 * time.Millisecond})
+	l := openLog(t, Config{Dir: dir, FlushInterval: 20 * time.Millisecond})
 	defer l.Close()
 	pos := mustAppend(t, l, []Entry{{Topic: "a", Payload: []byte("x")}}, false)
 	deadline := time.Now().Add(5 * time.Second)
@@ -312,7 +311,7 @@ func TestAsyncFlush(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	// Asking for the flush of one append waits for it.
-	l2 := openLog(t, Config{Dir: t.TempDir(), FS: ffs, FlushInterval: time.Hour})
+	l2 := openLog(t, Config{Dir: t.TempDir(), FlushInterval: time.Hour})
 	defer l2.Close()
 	pos = mustAppend(t, l2, []Entry{{Topic: "a", Payload: []byte("y")}}, true)
 	if l2.FlushedOffset() < pos[0].End {
@@ -328,13 +327,14 @@ func TestAsyncFlush(t *testing.T) {
 }
 
 func TestDiskFullOnWrite(t *testing.T) {
-	ffs := vfs.NewFaultFS(vfs.Default)
+	efs := vfs.NewErrorFS(vfs.Default)
 	dir := t.TempDir()
-	l := openLog(t, Config{Dir: dir, FS: ffs, SegmentSize: 4096})
+	l := openLog(t, Config{Dir: dir, FS: efs, SegmentSize: 4096})
 	acked := mustAppend(t, l, []Entry{{Topic: "d", Payload: []byte("kept-0")}, {Topic: "d", Payload: []byte("kept-1")}}, true)
 	end := l.EndOffset()
 
-	ffs.FailWrites(vfs.ErrNoSpace, 13) // a partial write, then ENOSPC
+	full := vfs.Fail(vfs.OpWrite).Partial(13).With(syscall.ENOSPC) // a partial write, then ENOSPC
+	efs.Inject(full)
 	for range 3 {
 		_, err := l.Append([]Entry{{Topic: "d", Payload: make([]byte, 500)}, {Topic: "e", Payload: []byte("x")}}, false)
 		if !errors.Is(err, syscall.ENOSPC) {
@@ -348,7 +348,7 @@ func TestDiskFullOnWrite(t *testing.T) {
 	if l.EndOffset() != end {
 		t.Fatalf("failed appends moved the end from %d to %d", end, l.EndOffset())
 	}
-	ffs.FailWrites(nil, 0)
+	efs.Drop(full)
 	pos := mustAppend(t, l, []Entry{{Topic: "d", Payload: []byte("after")}}, false)
 	if pos[0].QueueOffset != 2 || pos[0].LogOffset != end {
 		t.Fatalf("append after space returned at %+v; want queue offset 2 at %d", pos[0], end)
@@ -371,15 +371,16 @@ func TestDiskFullOnWrite(t *testing.T) {
 }
 
 func TestDiskFullOnSync(t *testing.T) {
-	ffs := vfs.NewFaultFS(vfs.Default)
+	efs := vfs.NewErrorFS(vfs.Default)
 	dir := t.TempDir()
-	l := openLog(t, Config{Dir: dir, FS: ffs, Flush: FlushSync})
+	l := openLog(t, Config{Dir: dir, FS: efs, Flush: FlushSync})
 	mustAppend(t, l, []Entry{{Topic: "s", Payload: []byte("a")}}, false)
-	ffs.FailSyncs(vfs.ErrNoSpace)
+	failSync := vfs.Fail(vfs.OpSync).With(syscall.ENOSPC)
+	efs.Inject(failSync)
 	if _, err := l.Append([]Entry{{Topic: "s", Payload: []byte("b")}}, false); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("append whose sync fails: %v", err)
 	}
-	ffs.FailSyncs(nil)
+	efs.Drop(failSync)
 	pos := mustAppend(t, l, []Entry{{Topic: "s", Payload: []byte("c")}}, false)
 	if l.FlushedOffset() < pos[0].End {
 		t.Fatal("append completed unsynced after syncs recovered")
