@@ -81,9 +81,10 @@ type Log struct {
 }
 
 // Open opens (or creates) the log in cfg.Dir, recovering it after a crash.
+// It refuses a Config that does not pass Validate.
 func Open(cfg Config) (*Log, error) {
-	if cfg.Dir == "" {
-		return nil, errors.New("storage: Config.Dir is required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	l := &Log{

@@ -8,11 +8,10 @@ import (
 )
 
 const (
-	recordHeaderSize  = 8                     // length + CRC
-	recordFixedSize   = 1 + 1 + 2 + 4 + 8 + 8 // content without topic and payload
-	recordVersion     = 0xF1
-	maxTopicLen       = 255
-	defaultMaxPayload = 16 << 20
+	recordHeaderSize = 8                     // length + CRC
+	recordFixedSize  = 1 + 1 + 2 + 4 + 8 + 8 // content without topic and payload
+	recordVersion    = 0xF1
+	maxTopicLen      = 255
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
