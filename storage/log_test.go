@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -323,76 +322,6 @@ func TestAsyncFlush(t *testing.T) {
 	}
 	if err := l2.Flush(); err != nil || l2.FlushedOffset() != l2.EndOffset() {
 		t.Fatalf("Flush: %v, flushed %d of %d", err, l2.FlushedOffset(), l2.EndOffset())
-	}
-}
-
-func TestDiskFullOnWrite(t *testing.T) {
-	efs := vfs.NewErrorFS(vfs.Default)
-	dir := t.TempDir()
-	l := openLog(t, Config{Dir: dir, FS: efs, SegmentSize: 4096})
-	acked := mustAppend(t, l, []Entry{{Topic: "d", Payload: []byte("kept-0")}, {Topic: "d", Payload: []byte("kept-1")}}, true)
-	end := l.EndOffset()
-
-	full := vfs.Fail(vfs.OpWrite).Partial(13).With(syscall.ENOSPC) // a partial write, then ENOSPC
-	efs.Inject(full)
-	for range 3 {
-		_, err := l.Append([]Entry{{Topic: "d", Payload: make([]byte, 500)}, {Topic: "e", Payload: []byte("x")}}, false)
-		if !errors.Is(err, syscall.ENOSPC) {
-			t.Fatalf("append on a full disk: got %v, want ENOSPC", err)
-		}
-	}
-	// Rolling into a new segment on a full disk fails the same way.
-	if _, err := l.Append([]Entry{{Topic: "d", Payload: make([]byte, 5000)}}, false); !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("append needing a new segment: %v", err)
-	}
-	if l.EndOffset() != end {
-		t.Fatalf("failed appends moved the end from %d to %d", end, l.EndOffset())
-	}
-	efs.Drop(full)
-	pos := mustAppend(t, l, []Entry{{Topic: "d", Payload: []byte("after")}}, false)
-	if pos[0].QueueOffset != 2 || pos[0].LogOffset != end {
-		t.Fatalf("append after space returned at %+v; want queue offset 2 at %d", pos[0], end)
-	}
-	es, err := l.Read("d", 0, 0, 1<<20)
-	if err != nil || len(es) != 3 || string(es[0].Payload) != "kept-0" || string(es[2].Payload) != "after" {
-		t.Fatalf("read after a full disk: %v entries, %v", len(es), err)
-	}
-	if _, next := l.QueueRange("e", 0); next != 0 {
-		t.Fatal("a queue only written by failed appends has entries")
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l = openLog(t, Config{Dir: dir})
-	defer l.Close()
-	if got := dumpQueues(t, l); len(got[fmt.Sprint(queueKey{"d", 0})]) != 4 || acked[1].End > l.EndOffset() {
-		t.Fatalf("after reopen: %v", got)
-	}
-}
-
-func TestDiskFullOnSync(t *testing.T) {
-	efs := vfs.NewErrorFS(vfs.Default)
-	dir := t.TempDir()
-	l := openLog(t, Config{Dir: dir, FS: efs, Flush: FlushSync})
-	mustAppend(t, l, []Entry{{Topic: "s", Payload: []byte("a")}}, false)
-	failSync := vfs.Fail(vfs.OpSync).With(syscall.ENOSPC)
-	efs.Inject(failSync)
-	if _, err := l.Append([]Entry{{Topic: "s", Payload: []byte("b")}}, false); !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("append whose sync fails: %v", err)
-	}
-	efs.Drop(failSync)
-	pos := mustAppend(t, l, []Entry{{Topic: "s", Payload: []byte("c")}}, false)
-	if l.FlushedOffset() < pos[0].End {
-		t.Fatal("append completed unsynced after syncs recovered")
-	}
-	// The record whose sync failed stays in the log (it may be durable: at
-	// least once); the acknowledged ones are there.
-	es, err := l.Read("s", 0, 0, 1<<20)
-	if err != nil || len(es) != 3 || string(es[0].Payload) != "a" || string(es[2].Payload) != "c" {
-		t.Fatalf("read after a failed sync: %d entries, %v", len(es), err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -189,6 +189,9 @@ func (l *Log) finishRecovery(end int64) error {
 	if len(l.segments) == 0 {
 		s, err := l.createSegment(0)
 		if err != nil {
+			if s != nil {
+				_ = l.discard(s)
+			}
 			return err
 		}
 		l.segments = append(l.segments, s)

@@ -1,7 +1,9 @@
 package storage
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -44,18 +46,29 @@ func (l *Log) segmentPath(base int64) string {
 	return filepath.Join(l.cfg.Dir, fmt.Sprintf("%020d.log", base))
 }
 
+// createSegment creates the segment file starting at base and makes its
+// name durable. If the file was created but its directory could not be
+// synced, it returns the segment with the error: the caller removes it.
 func (l *Log) createSegment(base int64) (*segment, error) {
 	name := l.segmentPath(base)
 	f, err := l.fs.Create(name)
 	if err != nil {
 		return nil, fmt.Errorf("storage: create segment %s: %w", name, err)
 	}
+	s := &segment{base: base, name: name, f: f}
 	if err := l.fs.SyncDir(l.cfg.Dir); err != nil {
-		_ = f.Close()
-		_ = l.fs.Remove(name)
-		return nil, fmt.Errorf("storage: sync dir %s: %w", l.cfg.Dir, err)
+		return s, fmt.Errorf("storage: sync dir %s: %w", l.cfg.Dir, err)
 	}
-	return &segment{base: base, name: name, f: f}, nil
+	return s, nil
+}
+
+// discard closes and removes a segment that never held a published record.
+func (l *Log) discard(s *segment) error {
+	s.close()
+	if err := l.fs.Remove(s.name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", s.name, err)
+	}
+	return nil
 }
 
 // publish makes a written group visible to readers: new segments, sizes,

@@ -170,17 +170,26 @@ func (l *Log) placeRaw(r *appendReq, pos *int64, nextOffset func(queueKey) int64
 }
 
 // writeChunks writes a group's chunks, creating new segments as needed. On
-// failure it undoes everything it did.
+// failure it undoes everything it did: it removes the segments it created
+// and cuts the active one back. If that fails too, the files no longer match
+// the log in memory, and the log is broken until it is reopened.
 func (l *Log) writeChunks(chunks []chunk) error {
 	var created []*segment
+	wroteActive := false
 	undo := func(cause error) error {
+		var errs []error
 		for _, s := range created {
-			_ = s.f.Close()
-			_ = l.fs.Remove(s.name)
+			if err := l.discard(s); err != nil {
+				errs = append(errs, err)
+			}
 		}
-		first := chunks[0]
-		if err := first.seg.f.Truncate(first.start); err != nil {
-			l.broken = fmt.Errorf("%w: truncate %s after a failed write: %w (write: %w)", ErrBroken, first.seg.name, err, cause)
+		if first := chunks[0]; wroteActive {
+			if err := first.seg.f.Truncate(first.start); err != nil {
+				errs = append(errs, fmt.Errorf("truncate %s: %w", first.seg.name, err))
+			}
+		}
+		if len(errs) > 0 {
+			l.broken = fmt.Errorf("%w: undoing a failed write: %w (write: %w)", ErrBroken, errors.Join(errs...), cause)
 			l.log.Error("log broken", "error", l.broken)
 			return l.broken
 		}
@@ -190,15 +199,18 @@ func (l *Log) writeChunks(chunks []chunk) error {
 		c := &chunks[i]
 		if c.seg == nil {
 			s, err := l.createSegment(c.base)
+			if s != nil {
+				created = append(created, s)
+			}
 			if err != nil {
 				return undo(err)
 			}
-			created = append(created, s)
 			c.seg = s
 		}
 		if len(c.buf) == 0 {
 			continue
 		}
+		wroteActive = wroteActive || i == 0
 		if _, err := c.seg.f.WriteAt(c.buf, c.start); err != nil {
 			l.log.Warn("commit log write failed", "segment", c.seg.name, "bytes", len(c.buf), "error", err)
 			return undo(fmt.Errorf("storage: write %s: %w", c.seg.name, err))
