@@ -336,3 +336,83 @@ func TestSyncFails(t *testing.T) {
 	defer l.Close()
 	m.check(t, l)
 }
+
+// Open never takes a read error for a torn tail: it fails and truncates
+// nothing, and a later Open finds everything.
+func TestRecoveryReadErrorFailsOpen(t *testing.T) {
+	for _, c := range []struct {
+		name, path string
+	}{
+		{"segment", "*.log"},
+		{"checkpoint", checkpointName},
+		{"queue offsets", queuesName},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := Config{Dir: dir, SegmentSize: 1000}
+			l := openLog(t, cfg)
+			m := model{}
+			for i := range 30 {
+				must(t, m.append(t, l, false, entry(uint32(i%3), fmt.Sprint("r", i), 100)))
+			}
+			if _, err := l.DeleteBefore(1000); err != nil { // writes the queue offsets file
+				t.Fatal(err)
+			}
+			must(t, l.Close())
+			sizes := map[string]int64{}
+			names, _ := os.ReadDir(dir)
+			for _, n := range names {
+				sizes[n.Name()] = fileSize(t, filepath.Join(dir, n.Name()))
+			}
+
+			efs := vfs.NewErrorFS(vfs.Default)
+			efs.Inject(vfs.Fail(vfs.OpRead).Path(c.path).With(syscall.EIO))
+			cfg.FS = efs
+			if _, err := Open(cfg); !errors.Is(err, syscall.EIO) {
+				t.Fatalf("Open with an unreadable %s: %v, want EIO", c.name, err)
+			}
+			after, _ := os.ReadDir(dir)
+			for _, n := range after {
+				if s := fileSize(t, filepath.Join(dir, n.Name())); s != sizes[n.Name()] {
+					t.Fatalf("the failed Open changed %s from %d to %d bytes", n.Name(), sizes[n.Name()], s)
+				}
+			}
+			if len(after) != len(names) {
+				t.Fatalf("the failed Open changed the directory from %d to %d files", len(names), len(after))
+			}
+			cfg.FS = nil
+			l = openLog(t, cfg)
+			defer l.Close()
+			m.check(t, l)
+		})
+	}
+}
+
+// Corruption before the checkpoint is reported even when the checkpoint
+// cannot be read: Open must not take the durable records after it for a torn
+// tail and cut them.
+func TestUnreadableCheckpointDoesNotHideCorruption(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, Config{Dir: dir, SegmentSize: 512})
+	var fifth Position
+	for i := range 40 {
+		pos := mustAppend(t, l, []Entry{{Topic: "m", Payload: payloadFor("m", 0, int64(i), 60)}}, false)
+		if i == 5 {
+			fifth = pos[0]
+		}
+	}
+	must(t, l.Close())
+	seg, local := locate(t, dir, fifth.LogOffset+20)
+	flipByte(t, seg, local)
+
+	efs := vfs.NewErrorFS(vfs.Default)
+	efs.Inject(vfs.Fail(vfs.OpRead).Path(checkpointName).With(syscall.EIO))
+	if _, err := Open(Config{Dir: dir, SegmentSize: 512, FS: efs}); err == nil {
+		t.Fatal("Open succeeded with an unreadable checkpoint over mid-log corruption")
+	}
+	_, err := Open(Config{Dir: dir, SegmentSize: 512})
+	var ce *CorruptError
+	if !errors.As(err, &ce) || ce.Offset != fifth.LogOffset {
+		t.Fatalf("Open after the checkpoint is readable again: %v, want corruption at %d", err, fifth.LogOffset)
+	}
+}
