@@ -28,6 +28,9 @@
 //     fs.ErrNotExist.
 //   - Rename replaces newname if it exists, atomically: after a crash the
 //     name refers to the old file or the new one, never to neither.
+//   - A removed file stays readable and writable through the Files already
+//     open on it until they are closed, as on POSIX systems: retention
+//     removes a segment that a reader may still be reading.
 //   - List returns the names of a directory's entries (not their paths),
 //     sorted.
 //
