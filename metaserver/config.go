@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jonboulle/clockwork"
 )
 
 // Peer is one node of the static bootstrap list.
@@ -50,6 +51,12 @@ type Config struct {
 	RecoverHeartbeats int
 	// JudgeInterval is how often the leader checks every group. Default 500 ms.
 	JudgeInterval time.Duration
+	// Clock is what the leader's failure detection reads: the times the
+	// heartbeat handler records, the sessions, the judge's ticker and the
+	// times stamped into the commands it applies. Raft's own timings stay
+	// on the real clock. Default: the real clock; tests pass a
+	// clockwork.FakeClock and move it.
+	Clock clockwork.Clock
 
 	// Raft timings. Defaults: the hashicorp/raft library's.
 	RaftHeartbeatTimeout   time.Duration
@@ -92,6 +99,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = 16384
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
 	}
 	if c.Logger == nil {
 		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "metaserver", Level: hclog.Info})
