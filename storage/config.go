@@ -69,8 +69,10 @@ type Config struct {
 	Flush FlushMode
 	// FlushInterval is how often FlushAsync syncs. Default 500 ms.
 	FlushInterval time.Duration
-	// MaxPayloadSize caps one entry's payload, at most MaxPayloadLimit.
-	// Default 16 MiB.
+	// MaxPayloadSize caps the payload of an entry given to Append or
+	// AppendAsync, at most MaxPayloadLimit. It does not apply to records
+	// already stored or copied with AppendRaw: a log written under a larger
+	// cap reopens and reads. Default 16 MiB.
 	MaxPayloadSize int
 	// Logger gets recovery and error reports. Default: a null logger.
 	Logger hclog.Logger

@@ -19,7 +19,7 @@ func (q *queueIndex) next() int64 { return q.base + int64(len(q.pos)) }
 // l.mu is held.
 func (l *Log) indexRaw(raw []byte, at int64) {
 	for len(raw) > 0 {
-		n, _ := recordLen(raw, l.maxRecord)
+		n, _ := recordLen(raw, maxRecordSize)
 		rec, _ := decodeRecord(raw[:n]) // validated by placeRaw
 		l.indexAdd(queueKey{rec.Topic, rec.Queue}, rec.QueueOffset, at, int32(n))
 		at += int64(n)

@@ -38,10 +38,9 @@ type StoredEntry struct {
 // goroutine syncs. Reads run alongside and see only whole records that were
 // written. All methods are safe for concurrent use.
 type Log struct {
-	cfg       Config
-	fs        vfs.FS
-	log       hclog.Logger
-	maxRecord int
+	cfg Config
+	fs  vfs.FS
+	log hclog.Logger
 
 	// The append queue, fed by Append and drained by the writer.
 	qmu     sync.Mutex
@@ -91,7 +90,6 @@ func Open(cfg Config) (*Log, error) {
 		cfg:        cfg,
 		fs:         cfg.FS,
 		log:        cfg.Logger,
-		maxRecord:  recordSize(maxTopicLen, cfg.MaxPayloadSize),
 		wake:       make(chan struct{}, 1),
 		index:      make(map[queueKey]*queueIndex),
 		flushWake:  make(chan struct{}, 1),

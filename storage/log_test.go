@@ -577,3 +577,32 @@ func BenchmarkAppend(b *testing.B) {
 		}
 	}
 }
+
+// MaxPayloadSize limits new appends only: records stored under a larger cap
+// (or copied from a master with one) stay readable, recoverable and copyable.
+func TestPayloadCapIsForNewAppendsOnly(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, Config{Dir: dir})
+	big := payloadFor("p", 0, 0, 100<<10)
+	mustAppend(t, l, []Entry{{Topic: "p", Payload: big}}, false)
+	mustAppend(t, l, []Entry{{Topic: "p", Payload: []byte("small")}}, false)
+	raw, err := l.ReadRaw(0, 1<<20)
+	must(t, err)
+	must(t, l.Close())
+
+	small := Config{Dir: dir, MaxPayloadSize: 1024}
+	l = openLog(t, small)
+	defer l.Close()
+	es, err := l.Read("p", 0, 0, 1<<20)
+	if err != nil || len(es) != 2 || !bytes.Equal(es[0].Payload, big) {
+		t.Fatalf("reopened with a smaller cap: %d entries, %v", len(es), err)
+	}
+	if _, err := l.Append([]Entry{{Topic: "p", Payload: make([]byte, 1025)}}, false); !errors.Is(err, ErrInvalidEntry) {
+		t.Fatalf("append over the new cap: %v", err)
+	}
+	slave := openLog(t, Config{Dir: t.TempDir(), MaxPayloadSize: 1024})
+	defer slave.Close()
+	if end, err := slave.AppendRaw(0, raw, false); err != nil || end != int64(len(raw)) {
+		t.Fatalf("copying a record over the slave's cap: %d, %v", end, err)
+	}
+}

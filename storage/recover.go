@@ -268,7 +268,7 @@ func (l *Log) scanSegment(s *segment) (good int64, reason string, err error) {
 		if !ok {
 			return at, fmt.Sprintf("%d stray bytes at the end", s.size-at), nil
 		}
-		n, lerr := recordLen(buf[at-bufAt:], l.maxRecord)
+		n, lerr := recordLen(buf[at-bufAt:], maxRecordSize)
 		if lerr != nil {
 			return at, lerr.Error(), nil
 		}

@@ -131,7 +131,7 @@ func (l *Log) placeRaw(r *appendReq, pos *int64, nextOffset func(queueKey) int64
 	local := make(map[queueKey]int64)
 	var sizes []int
 	for b := r.raw; len(b) > 0; {
-		n, err := recordLen(b, l.maxRecord)
+		n, err := recordLen(b, maxRecordSize)
 		if err == nil && n > len(b) {
 			err = errors.New("truncated record")
 		}
