@@ -141,21 +141,9 @@ func (s *Server) FSM() *fsm.FSM { return s.fsm }
 // peers and resumes.
 func (s *Server) Start(peers []Peer) error {
 	s.cfg.Peers = peers
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(s.cfg.ID)
+	rc := s.cfg.raftConfig()
 	rc.Logger = s.log.Named("raft")
 	rc.NotifyCh = s.leaderCh
-	rc.SnapshotInterval = s.cfg.SnapshotInterval
-	rc.SnapshotThreshold = s.cfg.SnapshotThreshold
-	if s.cfg.RaftHeartbeatTimeout > 0 {
-		rc.HeartbeatTimeout = s.cfg.RaftHeartbeatTimeout
-	}
-	if s.cfg.RaftElectionTimeout > 0 {
-		rc.ElectionTimeout = s.cfg.RaftElectionTimeout
-	}
-	if s.cfg.RaftLeaderLeaseTimeout > 0 {
-		rc.LeaderLeaseTimeout = s.cfg.RaftLeaderLeaseTimeout
-	}
 	if err := raft.ValidateConfig(rc); err != nil {
 		return fmt.Errorf("metaserver: raft config: %w", err)
 	}
