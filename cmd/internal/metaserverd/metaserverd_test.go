@@ -41,9 +41,13 @@ func TestBadSettingsFailClearly(t *testing.T) {
 		{"unusable dir", []string{"-id", "m1", "-dir", "/proc/version/x", "-rpc-addr", "127.0.0.1:0", "-raft-addr", "127.0.0.1:0"}, "data directory", cli.ExitConfig},
 		{"taken raft port", []string{"-id", "m1", "-dir", dir, "-raft-addr", taken.Addr().String(), "-rpc-addr", "127.0.0.1:0"}, "address already in use", cli.ExitConfig},
 	}
+	// An already-done context: a setting wrongly accepted makes Run start
+	// and return nil at once, failing the case instead of hanging the test.
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := Run(context.Background(), tc.args, io.Discard)
+			err := Run(done, tc.args, io.Discard)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || cli.ExitCode(err) != tc.code {
 				t.Fatalf("got %v (exit %d), want an error naming %q with exit %d", err, cli.ExitCode(err), tc.want, tc.code)
 			}
