@@ -1,4 +1,4 @@
-package metaserver
+package metaserver_test
 
 import (
 	"context"
@@ -6,36 +6,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
+	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 )
 
-// benchCluster is a one-node cluster with one group and one topic.
-func benchCluster(b *testing.B) (*Server, *client.Client) {
+// benchMeta is a one-node cluster with one group and one topic.
+func benchMeta(b *testing.B) *client.Client {
 	b.Helper()
-	cfg := testConfig("b1", b.TempDir())
-	s, err := New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Start([]Peer{{ID: "b1", RaftAddr: s.RaftAddr(), RPCAddr: s.RPCAddr()}}); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = s.Close() })
-	deadline := time.Now().Add(10 * time.Second)
-	for !s.IsLeader() {
-		if time.Now().After(deadline) {
-			b.Fatal("no leader")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cl, err := client.New(client.Config{Addrs: []string{s.RPCAddr()}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cl.Close() })
+	m := testcluster.StartMeta(b, 1, nil)
+	cl := m.Client(b)
 	ctx := context.Background()
 	if _, err := cl.Heartbeat(ctx, api.Heartbeat{Group: "g1", Role: "master", BrokerID: "g1-m", Addr: "127.0.0.1:1"}); err != nil {
 		b.Fatal(err)
@@ -43,7 +24,7 @@ func benchCluster(b *testing.B) (*Server, *client.Client) {
 	if _, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: "bench", Queues: 8}); err != nil {
 		b.Fatal(err)
 	}
-	return s, cl
+	return cl
 }
 
 // parallel runs op b.N times from conc goroutines.
@@ -69,7 +50,7 @@ func parallel(b *testing.B, conc int, op func() error) {
 func BenchmarkRouteLookup(b *testing.B) {
 	for _, conc := range []int{1, 32} {
 		b.Run(fmt.Sprintf("inflight=%d", conc), func(b *testing.B) {
-			_, cl := benchCluster(b)
+			cl := benchMeta(b)
 			ctx := context.Background()
 			parallel(b, conc, func() error {
 				_, err := cl.Route(ctx, "bench")
@@ -80,7 +61,7 @@ func BenchmarkRouteLookup(b *testing.B) {
 }
 
 func BenchmarkHeartbeat(b *testing.B) {
-	_, cl := benchCluster(b)
+	cl := benchMeta(b)
 	ctx := context.Background()
 	var id atomic.Int64
 	parallel(b, 32, func() error {

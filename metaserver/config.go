@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	"github.com/jonboulle/clockwork"
 )
 
 // Peer is one node of the static bootstrap list.
@@ -15,7 +17,8 @@ type Peer struct {
 	RPCAddr  string // client, broker and admin RPC address
 }
 
-// Config configures a metaserver node. Zero fields take their defaults.
+// Config configures a metaserver node. Zero fields take their defaults;
+// negative ones are errors (see Validate).
 type Config struct {
 	// ID is this node's raft ID. Required.
 	ID string
@@ -48,10 +51,20 @@ type Config struct {
 	// RecoverHeartbeats is how many healthy master heartbeats in a row make
 	// a group writable again. Default 3.
 	RecoverHeartbeats int
-	// JudgeInterval is how often the leader checks every group. Default 500 ms.
+	// JudgeInterval is how often the leader checks every group. Default
+	// 500 ms; it must be shorter than SessionTimeout.
 	JudgeInterval time.Duration
+	// Clock is what the leader's failure detection reads: the times the
+	// heartbeat handler records, the sessions, the judge's ticker and the
+	// times stamped into the commands it applies. Raft's own timings stay
+	// on the real clock. Default: the real clock; tests pass a
+	// clockwork.FakeClock and move it.
+	Clock clockwork.Clock
 
-	// Raft timings. Defaults: the hashicorp/raft library's.
+	// Raft timings. Defaults: the hashicorp/raft library's (1 s, 1 s,
+	// 500 ms). Raft's rules apply to the values in effect: each at least
+	// 5 ms, the lease not longer than the heartbeat timeout, the election
+	// timeout not shorter than it.
 	RaftHeartbeatTimeout   time.Duration
 	RaftElectionTimeout    time.Duration
 	RaftLeaderLeaseTimeout time.Duration
@@ -63,35 +76,49 @@ type Config struct {
 	Logger hclog.Logger
 }
 
+// Limits that Validate enforces.
+const (
+	// maxQueues is the most queues one topic creation may ask for.
+	maxQueues = 4096
+	// minRaftTimeout is hashicorp/raft's floor for its timeouts and for
+	// the snapshot interval (raft.ValidateConfig).
+	minRaftTimeout = 5 * time.Millisecond
+)
+
 // DefaultConfig returns a config with every default filled in.
 func DefaultConfig() Config {
 	return Config{}.withDefaults()
 }
 
+// withDefaults fills in zero fields. Negative ones are left for Validate to
+// report.
 func (c Config) withDefaults() Config {
-	if c.DefaultQueues <= 0 {
+	if c.DefaultQueues == 0 {
 		c.DefaultQueues = 8
 	}
-	if c.SessionTimeout <= 0 {
+	if c.SessionTimeout == 0 {
 		c.SessionTimeout = 10 * time.Second
 	}
-	if c.LagBytes <= 0 {
+	if c.LagBytes == 0 {
 		c.LagBytes = 64 << 20
 	}
-	if c.LagTime <= 0 {
+	if c.LagTime == 0 {
 		c.LagTime = 5 * time.Second
 	}
-	if c.RecoverHeartbeats <= 0 {
+	if c.RecoverHeartbeats == 0 {
 		c.RecoverHeartbeats = 3
 	}
-	if c.JudgeInterval <= 0 {
+	if c.JudgeInterval == 0 {
 		c.JudgeInterval = 500 * time.Millisecond
 	}
-	if c.SnapshotInterval <= 0 {
+	if c.SnapshotInterval == 0 {
 		c.SnapshotInterval = 30 * time.Second
 	}
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = 16384
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
 	}
 	if c.Logger == nil {
 		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "metaserver", Level: hclog.Info})
@@ -99,30 +126,143 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports every problem at once.
+// raftConfig is the hashicorp/raft config of the node: the library's
+// defaults with this config's timings over them.
+func (c Config) raftConfig() *raft.Config {
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(c.ID)
+	if c.RaftHeartbeatTimeout != 0 {
+		rc.HeartbeatTimeout = c.RaftHeartbeatTimeout
+	}
+	if c.RaftElectionTimeout != 0 {
+		rc.ElectionTimeout = c.RaftElectionTimeout
+	}
+	if c.RaftLeaderLeaseTimeout != 0 {
+		rc.LeaderLeaseTimeout = c.RaftLeaderLeaseTimeout
+	}
+	if c.SnapshotInterval != 0 {
+		rc.SnapshotInterval = c.SnapshotInterval
+	}
+	if c.SnapshotThreshold != 0 {
+		rc.SnapshotThreshold = c.SnapshotThreshold
+	}
+	return rc
+}
+
+// Validate reports every problem at once (errors.Join), each naming the
+// field. It checks the config as given, with zero fields standing for their
+// defaults: no field may be negative, and the values in effect must fit
+// together (the judge must look more often than a session lasts; raft's
+// own rules on its timings hold).
 func (c Config) Validate() error {
 	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("metaserver: "+format, args...)) }
 	if c.ID == "" {
-		errs = append(errs, errors.New("metaserver: ID is required"))
+		bad("ID is required")
 	}
 	if c.Dir == "" {
-		errs = append(errs, errors.New("metaserver: Dir is required"))
+		bad("Dir is required")
 	}
 	if c.RaftAddr == "" {
-		errs = append(errs, errors.New("metaserver: RaftAddr is required"))
+		bad("RaftAddr is required")
 	}
 	if c.RPCAddr == "" {
-		errs = append(errs, errors.New("metaserver: RPCAddr is required"))
+		bad("RPCAddr is required")
 	}
-	seen := map[string]bool{}
+	ids, raftAddrs, rpcAddrs := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, p := range c.Peers {
 		if p.ID == "" || p.RaftAddr == "" || p.RPCAddr == "" {
-			errs = append(errs, fmt.Errorf("metaserver: peer %+v needs an ID, a raft address and an RPC address", p))
+			bad("peer %+v needs an ID, a raft address and an RPC address", p)
 		}
-		if seen[p.ID] {
-			errs = append(errs, fmt.Errorf("metaserver: peer %q listed twice", p.ID))
+		if p.ID != "" && ids[p.ID] {
+			bad("peer %q listed twice", p.ID)
 		}
-		seen[p.ID] = true
+		if p.RaftAddr != "" && raftAddrs[p.RaftAddr] {
+			bad("peer %q: raft address %s is another peer's too", p.ID, p.RaftAddr)
+		}
+		if p.RPCAddr != "" && rpcAddrs[p.RPCAddr] {
+			bad("peer %q: RPC address %s is another peer's too", p.ID, p.RPCAddr)
+		}
+		ids[p.ID], raftAddrs[p.RaftAddr], rpcAddrs[p.RPCAddr] = true, true, true
+	}
+
+	// Nothing negative: zero means "the default", a negative value is a
+	// mistake, never silently a default.
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"DefaultQueues", int64(c.DefaultQueues)},
+		{"LagBytes", c.LagBytes},
+		{"RecoverHeartbeats", int64(c.RecoverHeartbeats)},
+	} {
+		if f.v < 0 {
+			bad("%s is %d; it must be positive (0 means the default)", f.name, f.v)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"SessionTimeout", c.SessionTimeout},
+		{"LagTime", c.LagTime},
+		{"JudgeInterval", c.JudgeInterval},
+		{"RaftHeartbeatTimeout", c.RaftHeartbeatTimeout},
+		{"RaftElectionTimeout", c.RaftElectionTimeout},
+		{"RaftLeaderLeaseTimeout", c.RaftLeaderLeaseTimeout},
+		{"SnapshotInterval", c.SnapshotInterval},
+	} {
+		if f.v < 0 {
+			bad("%s is %v; it must be positive (0 means the default)", f.name, f.v)
+		}
+	}
+
+	// Relations between the values in effect, checked only where the fields
+	// involved are not already reported as negative.
+	d := c.withDefaults()
+	if d.DefaultQueues > maxQueues {
+		bad("DefaultQueues is %d, over the limit of %d queues per topic", d.DefaultQueues, maxQueues)
+	}
+	if c.LagTime > 0 && c.LagTime < time.Millisecond {
+		bad("LagTime is %v; brokers report lag in whole milliseconds, so it must be at least 1ms", c.LagTime)
+	}
+	if c.SessionTimeout >= 0 && c.JudgeInterval >= 0 && d.JudgeInterval >= d.SessionTimeout {
+		bad("JudgeInterval (%v%s) must be shorter than SessionTimeout (%v%s), so a lost master is noticed soon after its session ends",
+			d.JudgeInterval, dflt(c.JudgeInterval), d.SessionTimeout, dflt(c.SessionTimeout))
+	}
+
+	// hashicorp/raft's rules (raft.ValidateConfig), on the values in effect,
+	// reported here with this config's field names and before any port is
+	// bound.
+	rc := d.raftConfig()
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"RaftHeartbeatTimeout", c.RaftHeartbeatTimeout},
+		{"RaftElectionTimeout", c.RaftElectionTimeout},
+		{"RaftLeaderLeaseTimeout", c.RaftLeaderLeaseTimeout},
+		{"SnapshotInterval", c.SnapshotInterval},
+	} {
+		if f.v > 0 && f.v < minRaftTimeout {
+			bad("%s is %v; raft needs at least %v", f.name, f.v, minRaftTimeout)
+		}
+	}
+	if c.RaftLeaderLeaseTimeout >= 0 && c.RaftHeartbeatTimeout >= 0 && rc.LeaderLeaseTimeout > rc.HeartbeatTimeout {
+		bad("RaftLeaderLeaseTimeout (%v%s) must not be longer than RaftHeartbeatTimeout (%v%s)",
+			rc.LeaderLeaseTimeout, dflt(c.RaftLeaderLeaseTimeout), rc.HeartbeatTimeout, dflt(c.RaftHeartbeatTimeout))
+	}
+	if c.RaftElectionTimeout >= 0 && c.RaftHeartbeatTimeout >= 0 && rc.ElectionTimeout < rc.HeartbeatTimeout {
+		bad("RaftElectionTimeout (%v%s) must not be shorter than RaftHeartbeatTimeout (%v%s)",
+			rc.ElectionTimeout, dflt(c.RaftElectionTimeout), rc.HeartbeatTimeout, dflt(c.RaftHeartbeatTimeout))
 	}
 	return errors.Join(errs...)
+}
+
+// dflt marks a value in an error as the default when its field was zero.
+func dflt(set time.Duration) string {
+	if set == 0 {
+		return ", the default"
+	}
+	return ""
 }

@@ -44,7 +44,7 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 	if hb.Group == "" || hb.BrokerID == "" || hb.Addr == "" || (hb.Role != routing.RoleMaster && hb.Role != routing.RoleSlave) {
 		return api.HeartbeatReply{}, invalid("heartbeat needs a group, a broker id, an address and a role (master or slave)")
 	}
-	now := time.Now()
+	now := s.cfg.Clock.Now()
 	want := routing.Broker{ID: hb.BrokerID, Addr: hb.Addr, HAAddr: hb.HAAddr}
 	g, ok := s.fsm.Group(hb.Group)
 	have := g.Slave
@@ -58,7 +58,7 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 		s.log.Info("broker registered", "group", hb.Group, "role", hb.Role, "broker", hb.BrokerID, "addr", hb.Addr)
 	}
 	s.judge.heartbeat(hb, now)
-	s.judge.judgeGroup(ctx, hb.Group)
+	s.judge.judgeGroup(ctx, hb.Group, now)
 	g, _ = s.fsm.Group(hb.Group)
 	return api.HeartbeatReply{Group: g}, nil
 }
@@ -142,7 +142,7 @@ func (s *Server) routeLookup(ctx context.Context, topic string, create bool) (ro
 }
 
 func (s *Server) groups(context.Context, empty) ([]api.GroupInfo, error) {
-	now := time.Now()
+	now := s.cfg.Clock.Now()
 	holders := map[string]int{}
 	for _, t := range s.fsm.Topics() {
 		for _, g := range t.Queues {
@@ -224,7 +224,7 @@ func (s *Server) addQueues(ctx context.Context, req api.AddQueuesRequest) (routi
 }
 
 func (s *Server) setGroupMode(ctx context.Context, req api.SetGroupModeRequest) (routing.Group, error) {
-	cmd := &fsm.SetGroupReasons{Group: req.Group, At: time.Now().UnixMilli()}
+	cmd := &fsm.SetGroupReasons{Group: req.Group, At: s.cfg.Clock.Now().UnixMilli()}
 	if req.ReadOnly {
 		cmd.Set = routing.Admin
 	} else {

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
 	"github.com/ferrymq/ferrymq/routing"
@@ -15,7 +17,7 @@ import (
 // memory (never in raft); it applies a state change only when a group's
 // state should change:
 //
-//   - no master heartbeat for SessionTimeout -> RO(heartbeat-lost);
+//   - no master heartbeat for more than SessionTimeout -> RO(heartbeat-lost);
 //   - the master reports its slave behind by more than LagBytes, or not
 //     caught up for more than LagTime -> RO(slave-lag);
 //   - RecoverHeartbeats healthy master heartbeats in a row clear both;
@@ -23,14 +25,27 @@ import (
 //
 // A new leader starts every session at the moment it took over, so no
 // broker is expired by an election alone (one full session of grace).
+//
+// Every time it reads comes from cfg.Clock (the heartbeat handler passes
+// the time it read from the same clock), and the times it stamps into
+// commands too, so a test can move a fake clock; the FSM only sees those
+// stamps. The judge needs no raft: it reads the registry from fsm and
+// changes it through apply.
 type judge struct {
-	s          *Server
+	cfg   Config // timings and Clock, defaults filled in
+	fsm   *fsm.FSM
+	apply func(context.Context, fsm.Command) (*fsm.Result, error)
+	log   hclog.Logger
+
 	ready      atomic.Bool
 	heartbeats atomic.Int64 // heartbeats taken while leading, for metrics
+	rounds     atomic.Int64 // rounds over every group finished, for metrics and tests
 
-	mu       sync.Mutex
-	since    time.Time // when this leadership's judge started
-	sessions map[string]*session
+	mu        sync.Mutex
+	since     time.Time // when this leadership's judge started
+	sessions  map[string]*session
+	lastRound time.Time     // the clock reading of the last finished round
+	roundDone chan struct{} // closed (and replaced) when a round finishes
 }
 
 type session struct {
@@ -43,26 +58,66 @@ type session struct {
 	last       api.Heartbeat
 }
 
-func (j *judge) init(s *Server) { j.s = s }
+func (j *judge) init(cfg Config, f *fsm.FSM, apply func(context.Context, fsm.Command) (*fsm.Result, error), log hclog.Logger) {
+	j.cfg, j.fsm, j.apply, j.log = cfg, f, apply, log
+	j.roundDone = make(chan struct{})
+}
 
-// run judges every group each JudgeInterval until ctx ends.
-func (j *judge) run(ctx context.Context) {
+// begin starts a term of leadership: every session starts now.
+func (j *judge) begin() {
 	j.mu.Lock()
-	j.since = time.Now()
+	defer j.mu.Unlock()
+	j.since = j.cfg.Clock.Now()
 	j.sessions = map[string]*session{}
-	j.mu.Unlock()
+}
+
+// run judges every group each JudgeInterval of the clock until ctx ends.
+// The ticker exists before the judge reports ready, so a test that sees
+// the node lead can move a fake clock past a tick.
+func (j *judge) run(ctx context.Context) {
+	j.begin()
+	tick := j.cfg.Clock.NewTicker(j.cfg.JudgeInterval)
+	defer tick.Stop()
 	j.ready.Store(true)
 	defer j.ready.Store(false)
-	tick := time.NewTicker(j.s.cfg.JudgeInterval)
-	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
-			for _, g := range j.s.fsm.Groups() {
-				j.judgeGroup(ctx, g.Name)
-			}
+		case <-tick.Chan():
+			j.round(ctx)
+		}
+	}
+}
+
+// round judges every group at one reading of the clock.
+func (j *judge) round(ctx context.Context) {
+	now := j.cfg.Clock.Now()
+	for _, g := range j.fsm.Groups() {
+		j.judgeGroup(ctx, g.Name, now)
+	}
+	j.rounds.Add(1)
+	j.mu.Lock()
+	j.lastRound = now
+	close(j.roundDone)
+	j.roundDone = make(chan struct{})
+	j.mu.Unlock()
+}
+
+// waitRound waits until a round that read the clock at or after at has
+// finished, or ctx ends.
+func (j *judge) waitRound(ctx context.Context, at time.Time) error {
+	for {
+		j.mu.Lock()
+		last, done := j.lastRound, j.roundDone
+		j.mu.Unlock()
+		if !last.Before(at) {
+			return nil
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 }
@@ -77,7 +132,7 @@ func (j *judge) sessionLocked(group string) *session {
 	return s
 }
 
-// heartbeat records a heartbeat.
+// heartbeat records a heartbeat taken at now (read from cfg.Clock).
 func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 	j.heartbeats.Add(1)
 	j.mu.Lock()
@@ -87,10 +142,10 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 		s.lastSlave, s.seenSlave = now, true
 		return
 	}
-	if now.Sub(s.lastMaster) > j.s.cfg.SessionTimeout {
+	if now.Sub(s.lastMaster) > j.cfg.SessionTimeout {
 		s.streak = 0 // heartbeats resumed after a loss: count again from here
 	}
-	s.lagBad = hb.LagBytes > j.s.cfg.LagBytes || hb.LagMillis > j.s.cfg.LagTime.Milliseconds()
+	s.lagBad = hb.LagBytes > j.cfg.LagBytes || hb.LagMillis > j.cfg.LagTime.Milliseconds()
 	if s.lagBad {
 		s.streak = 0
 	} else {
@@ -99,22 +154,21 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 	s.lastMaster, s.seenMaster, s.last = now, true, hb
 }
 
-// judgeGroup decides a group's reasons from its session and applies a
-// change if there is one.
-func (j *judge) judgeGroup(ctx context.Context, name string) {
-	g, ok := j.s.fsm.Group(name)
+// judgeGroup decides a group's reasons from its session as of now (read
+// from cfg.Clock) and applies a change if there is one.
+func (j *judge) judgeGroup(ctx context.Context, name string, now time.Time) {
+	g, ok := j.fsm.Group(name)
 	if !ok {
 		return
 	}
-	now := time.Now()
 	j.mu.Lock()
 	s := j.sessionLocked(name)
-	lost := now.Sub(s.lastMaster) > j.s.cfg.SessionTimeout
+	lost := now.Sub(s.lastMaster) > j.cfg.SessionTimeout
 	lagBad, streak := s.lagBad, s.streak
 	j.mu.Unlock()
 
 	want := g.Reasons
-	recovered := streak >= j.s.cfg.RecoverHeartbeats
+	recovered := streak >= j.cfg.RecoverHeartbeats
 	switch {
 	case lost:
 		want |= routing.HeartbeatLost
@@ -133,16 +187,16 @@ func (j *judge) judgeGroup(ctx context.Context, name string) {
 	if want == g.Reasons {
 		return
 	}
-	_, err := j.s.apply(ctx, &fsm.SetGroupReasons{Group: name, Set: want &^ g.Reasons, Clear: g.Reasons &^ want,
+	_, err := j.apply(ctx, &fsm.SetGroupReasons{Group: name, Set: want &^ g.Reasons, Clear: g.Reasons &^ want,
 		ExpectVersion: g.Version, At: now.UnixMilli()})
 	if err != nil {
-		j.s.log.Warn("changing a group's state failed", "group", name, "to", want.String(), "error", err)
+		j.log.Warn("changing a group's state failed", "group", name, "to", want.String(), "error", err)
 		return
 	}
 	if want.Writable() {
-		j.s.log.Info("broker group writable", "group", name, "cleared", (g.Reasons &^ want).String())
+		j.log.Info("broker group writable", "group", name, "cleared", (g.Reasons &^ want).String())
 	} else {
-		j.s.log.Warn("broker group read-only", "group", name, "reasons", want.String())
+		j.log.Warn("broker group read-only", "group", name, "reasons", want.String())
 	}
 }
 

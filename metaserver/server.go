@@ -74,7 +74,7 @@ func New(cfg Config) (*Server, error) {
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
-	s.judge.init(s)
+	s.judge.init(cfg, s.fsm, s.apply, s.log.Named("judge"))
 	var err error
 	defer func() {
 		if err != nil {
@@ -141,21 +141,9 @@ func (s *Server) FSM() *fsm.FSM { return s.fsm }
 // peers and resumes.
 func (s *Server) Start(peers []Peer) error {
 	s.cfg.Peers = peers
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(s.cfg.ID)
+	rc := s.cfg.raftConfig()
 	rc.Logger = s.log.Named("raft")
 	rc.NotifyCh = s.leaderCh
-	rc.SnapshotInterval = s.cfg.SnapshotInterval
-	rc.SnapshotThreshold = s.cfg.SnapshotThreshold
-	if s.cfg.RaftHeartbeatTimeout > 0 {
-		rc.HeartbeatTimeout = s.cfg.RaftHeartbeatTimeout
-	}
-	if s.cfg.RaftElectionTimeout > 0 {
-		rc.ElectionTimeout = s.cfg.RaftElectionTimeout
-	}
-	if s.cfg.RaftLeaderLeaseTimeout > 0 {
-		rc.LeaderLeaseTimeout = s.cfg.RaftLeaderLeaseTimeout
-	}
 	if err := raft.ValidateConfig(rc); err != nil {
 		return fmt.Errorf("metaserver: raft config: %w", err)
 	}
@@ -268,6 +256,18 @@ func (s *Server) lead(ctx context.Context) {
 
 // Heartbeats is how many broker heartbeats this node took as leader.
 func (s *Server) Heartbeats() int64 { return s.judge.heartbeats.Load() }
+
+// JudgeRounds is how many rounds over every group the judge has finished on
+// this node while leading (over all its terms).
+func (s *Server) JudgeRounds() int64 { return s.judge.rounds.Load() }
+
+// WaitJudged waits until the judge on this node has finished a round over
+// every group that read Config.Clock at or after at, or until ctx ends. A
+// test that moves a fake clock by at least JudgeInterval waits here for the
+// judge to have looked at the new time, instead of sleeping.
+func (s *Server) WaitJudged(ctx context.Context, at time.Time) error {
+	return s.judge.waitRound(ctx, at)
+}
 
 // RaftStatus is this node's view of the Raft cluster.
 func (s *Server) RaftStatus() api.RaftStatus {

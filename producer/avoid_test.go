@@ -4,97 +4,19 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/ferrymq/ferrymq/internal/transport"
-	"github.com/ferrymq/ferrymq/metaserver/api"
-	"github.com/ferrymq/ferrymq/metaserver/client"
-	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
-// fakeBroker answers SEND like a broker: OK for every message, after a
-// delay, or BUSY while it is failing. It heartbeats to the metaserver so the
-// route points at it.
-type fakeBroker struct {
-	srv     *transport.Server
-	delay   atomic.Int64 // nanoseconds
-	failing atomic.Bool
-	batches atomic.Int64
-	msgs    atomic.Int64
-	stop    chan struct{}
-	done    chan struct{}
-}
-
-func startFakeBroker(t *testing.T, meta string, group string) *fakeBroker {
-	t.Helper()
-	f := &fakeBroker{srv: transport.NewServer(transport.ServerConfig{}), stop: make(chan struct{}), done: make(chan struct{})}
-	var offset atomic.Int64
-	f.srv.Handle(protocol.CodeSend, func(r *transport.Request) {
-		msgs, err := protocol.DecodeSendRequest(r.Body, nil)
-		if err != nil {
-			r.ReplyError(err)
-			return
-		}
-		f.batches.Add(1)
-		reply := func() {
-			if f.failing.Load() {
-				r.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: "fake broker failing"})
-				return
-			}
-			f.msgs.Add(int64(len(msgs)))
-			res := make([]protocol.SendResult, len(msgs))
-			for i := range res {
-				res[i] = protocol.SendResult{Status: protocol.StatusOK, QueueOffset: offset.Add(1), LogOffset: 0}
-			}
-			_ = r.Reply(protocol.AppendSendResponse(nil, res))
-		}
-		if d := time.Duration(f.delay.Load()); d > 0 {
-			time.AfterFunc(d, reply)
-			return
-		}
-		reply()
-	})
-	addr, err := f.srv.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(client.Config{Addrs: []string{meta}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hb := api.Heartbeat{Group: group, Role: "master", BrokerID: group, Addr: addr.String()}
-	if _, err := cl.Heartbeat(context.Background(), hb); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(f.done)
-		defer cl.Close()
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-f.stop:
-				return
-			case <-tick.C:
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				_, _ = cl.Heartbeat(ctx, hb)
-				cancel()
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		close(f.stop)
-		<-f.done
-		_ = f.srv.Close()
-	})
-	return f
-}
-
 // TestAvoidanceMovesAwayAndBack runs each policy against two fake groups:
-// while g1 fails, sends move to g2; once g1 recovers, they come back.
+// while g1 fails, sends move to g2; once g1 recovers, they come back. The
+// avoider's clock is the test's: it moves a millisecond per send, and past
+// the avoidance window once g1 recovers.
 func TestAvoidanceMovesAwayAndBack(t *testing.T) {
 	policies := map[string]func() routing.Avoider{
 		"latency-table": func() routing.Avoider {
@@ -113,11 +35,12 @@ func TestAvoidanceMovesAwayAndBack(t *testing.T) {
 	}
 	for name, policy := range policies {
 		t.Run(name, func(t *testing.T) {
-			c := startCluster(t, clusterOpts{dirs: t.TempDir})
-			g1 := startFakeBroker(t, c.meta.RPCAddr(), "g1")
-			g2 := startFakeBroker(t, c.meta.RPCAddr(), "g2")
-			c.createTopic(t, "avoid", "g1", "g2", "g1", "g2")
-			p := newProducer(t, c, Avoider(policy()), RetryBackoff(5*time.Millisecond), Linger(0))
+			c := testcluster.Start(t, testcluster.Opts{MetaEdit: steadyMeta})
+			g1 := startFakeBroker(t, c.MetaAddr(), "g1")
+			g2 := startFakeBroker(t, c.MetaAddr(), "g2")
+			c.Meta.CreateTopic(t, "avoid", "g1", "g2", "g1", "g2")
+			clk := clockwork.NewFakeClock()
+			p := newProducer(t, c, Avoider(policy()), RetryBackoff(5*time.Millisecond), Linger(0), withClock(clk))
 			ctx := context.Background()
 			sendN := func(n int) (g1Share float64) {
 				b1 := g1.msgs.Load()
@@ -132,7 +55,7 @@ func TestAvoidanceMovesAwayAndBack(t *testing.T) {
 								t.Error(err)
 								return
 							}
-							time.Sleep(time.Millisecond)
+							clk.Advance(time.Millisecond)
 						}
 					}()
 				}
@@ -146,7 +69,7 @@ func TestAvoidanceMovesAwayAndBack(t *testing.T) {
 			failingShare := sendN(200)
 			triedWhileFailing := g1.batches.Load() - tried
 			g1.failing.Store(false)
-			time.Sleep(400 * time.Millisecond) // past the avoidance window
+			clk.Advance(400 * time.Millisecond) // past the avoidance window
 			recovered := sendN(400)
 			t.Logf("%s: g1's share healthy %.2f, failing %.2f, recovered %.2f (batches tried on g1 while failing: %d)", name, healthy, failingShare, recovered, triedWhileFailing)
 			if healthy < 0.2 {
@@ -173,11 +96,11 @@ func TestSlowGroupIsAvoided(t *testing.T) {
 			if name == "decaying-latency" {
 				a = routing.NewDecayingLatency()
 			}
-			c := startCluster(t, clusterOpts{dirs: t.TempDir})
-			slow := startFakeBroker(t, c.meta.RPCAddr(), "slow")
-			startFakeBroker(t, c.meta.RPCAddr(), "fast")
+			c := testcluster.Start(t, testcluster.Opts{MetaEdit: steadyMeta})
+			slow := startFakeBroker(t, c.MetaAddr(), "slow")
+			startFakeBroker(t, c.MetaAddr(), "fast")
 			slow.delay.Store(int64(60 * time.Millisecond))
-			c.createTopic(t, "slowfast", "slow", "fast")
+			c.Meta.CreateTopic(t, "slowfast", "slow", "fast")
 			p := newProducer(t, c, Avoider(a), Linger(0))
 			for i := range 100 {
 				if _, err := p.Send(context.Background(), &Message{Topic: "slowfast", Body: []byte(fmt.Sprint(i))}); err != nil {

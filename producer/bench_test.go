@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/broker"
+	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/storage"
 )
@@ -32,8 +34,14 @@ func BenchmarkProduce(b *testing.B) {
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			c := startCluster(b, clusterOpts{groups: []string{"g1"}, slaves: tc.slave, flush: tc.flush, dirs: b.TempDir})
-			c.createTopic(b, "bench", "g1", "g1", "g1", "g1", "g1", "g1", "g1", "g1")
+			// The old harness's broker settings: 256 MiB segments (1 MiB ones
+			// would roll every thousand messages) and 20 ms HA fetch waits.
+			c := testcluster.Start(b, testcluster.Opts{Groups: []string{"g1"}, Slaves: tc.slave, MetaEdit: steadyMeta,
+				BrokerEdit: func(cfg *broker.Config) {
+					steadyBroker(cfg)
+					cfg.SegmentSize, cfg.HAFetchWait, cfg.Flush = 256<<20, 20*time.Millisecond, tc.flush
+				}})
+			c.Meta.CreateTopic(b, "bench", "g1", "g1", "g1", "g1", "g1", "g1", "g1", "g1")
 			p := newProducer(b, c, MaxBuffered(50_000, 256<<20))
 			ctx := context.Background()
 			body := make([]byte, 1024)

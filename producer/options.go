@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
@@ -31,6 +33,7 @@ type config struct {
 	routeRefresh    time.Duration
 	avoider         routing.Avoider
 	logger          hclog.Logger
+	clock           clockwork.Clock
 }
 
 func defaults() config {
@@ -45,31 +48,63 @@ func defaults() config {
 		retryBackoff:    50 * time.Millisecond,
 		routeRefresh:    30 * time.Second,
 		logger:          hclog.NewNullLogger(),
+		clock:           clockwork.NewRealClock(),
 	}
 }
 
+// maxBatchBytes is the most MaxBatchBytes may be: a batch's frame (its fixed
+// header and the batch's message count besides the messages) fits in
+// protocol.MaxFrameSize.
+const maxBatchBytes = protocol.MaxFrameSize - protocol.FixedHeaderSize - 4
+
+// validate checks every option and names each bad one: a negative or zero
+// duration or size is an error, never a default.
 func (c *config) validate() error {
 	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("producer: "+format, args...)) }
 	if len(c.metaAddrs) == 0 {
-		errs = append(errs, errors.New("producer: MetaAddrs is required"))
+		bad("MetaAddrs is required")
+	}
+	for _, a := range c.metaAddrs {
+		if a == "" {
+			bad("MetaAddrs has an empty address")
+			break
+		}
 	}
 	if c.linger < 0 {
-		errs = append(errs, fmt.Errorf("producer: Linger %v is negative", c.linger))
+		bad("Linger %v is negative", c.linger)
 	}
-	if c.maxBatchBytes <= 0 {
-		errs = append(errs, fmt.Errorf("producer: MaxBatchBytes %d must be positive", c.maxBatchBytes))
+	if c.maxBatchBytes <= 0 || c.maxBatchBytes > maxBatchBytes {
+		bad("MaxBatchBytes %d must be from 1 to %d (a batch must fit in one frame)", c.maxBatchBytes, maxBatchBytes)
 	}
 	if c.maxInflight <= 0 {
-		errs = append(errs, fmt.Errorf("producer: MaxInflightPerGroup %d must be positive", c.maxInflight))
+		bad("MaxInflightPerGroup %d must be positive", c.maxInflight)
 	}
-	if c.maxRecords <= 0 || c.maxBytes <= 0 {
-		errs = append(errs, fmt.Errorf("producer: MaxBuffered(%d, %d) must be positive", c.maxRecords, c.maxBytes))
+	if c.maxRecords <= 0 {
+		bad("MaxBuffered records %d must be positive", c.maxRecords)
 	}
-	if c.deliveryTimeout <= 0 || c.requestTimeout <= 0 {
-		errs = append(errs, errors.New("producer: DeliveryTimeout and RequestTimeout must be positive"))
+	if c.maxBytes <= 0 {
+		bad("MaxBuffered bytes %d must be positive", c.maxBytes)
 	}
-	if c.retryBackoff <= 0 || c.routeRefresh <= 0 {
-		errs = append(errs, errors.New("producer: RetryBackoff and RouteRefresh must be positive"))
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"DeliveryTimeout", c.deliveryTimeout},
+		{"RequestTimeout", c.requestTimeout},
+		{"RetryBackoff", c.retryBackoff},
+		{"RouteRefresh", c.routeRefresh},
+	} {
+		if d.v <= 0 {
+			bad("%s %v must be positive", d.name, d.v)
+		}
+	}
+	// Relations between options, checked when both sides are valid alone.
+	if c.linger >= 0 && c.deliveryTimeout > 0 && c.linger >= c.deliveryTimeout {
+		bad("Linger %v must be shorter than DeliveryTimeout %v (a lingering message would expire unsent)", c.linger, c.deliveryTimeout)
+	}
+	if c.maxBatchBytes > 0 && c.maxBytes > 0 && int64(c.maxBatchBytes) > c.maxBytes {
+		bad("MaxBatchBytes %d must not be larger than MaxBuffered bytes %d (a batch could never fill)", c.maxBatchBytes, c.maxBytes)
 	}
 	return errors.Join(errs...)
 }
@@ -82,10 +117,12 @@ func MetaAddrs(addrs ...string) Opt {
 // Linger is how long a batch waits for more messages before it is sent,
 // when the group already has a batch in flight or none is urgent. A
 // synchronous Send does not wait for it. Default 2 ms; 0 sends at once.
+// It must be shorter than DeliveryTimeout.
 func Linger(d time.Duration) Opt { return optFunc(func(c *config) { c.linger = d }) }
 
 // MaxBatchBytes caps the messages of one batch (a single message may be
-// larger). Default 1 MiB.
+// larger). Default 1 MiB. It must fit in a frame (protocol.MaxFrameSize,
+// less a few bytes) and be at most MaxBuffered's bytes.
 func MaxBatchBytes(n int) Opt { return optFunc(func(c *config) { c.maxBatchBytes = n }) }
 
 // MaxInflightPerGroup bounds the batches in flight to one broker group;
@@ -116,11 +153,15 @@ func RequestTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.re
 func RetryBackoff(d time.Duration) Opt { return optFunc(func(c *config) { c.retryBackoff = d }) }
 
 // RouteRefresh is how often cached routes are refreshed. They are also
-// refreshed at once (at most once a second per topic) after READ_ONLY,
-// NOT_MASTER or NO_ROUTE. Default 30 s.
+// refreshed at once (at most once a second per topic) after a status whose
+// row in the status table says so (protocol.Status.RefreshesRoute:
+// READ_ONLY, NOT_MASTER, NO_ROUTE). Default 30 s.
 func RouteRefresh(d time.Duration) Opt { return optFunc(func(c *config) { c.routeRefresh = d }) }
 
-// Avoider sets the latency-fault avoidance policy. Default: RocketMQ's
+// Avoider sets the latency-fault avoidance policy (nil: the default).
+// Which broker answers count as faults is the status table's Fault column
+// (protocol.Status.Fault); a broken connection or a late answer always does.
+// Default: RocketMQ's
 // latency table (routing.NewLatencyTable). routing.NewDecayingLatency (a
 // decaying latency estimate with two choices) sends fewer messages to a
 // group while it is slow (routing's BenchmarkAvoiders), but it herds: a
@@ -128,5 +169,25 @@ func RouteRefresh(d time.Duration) Opt { return optFunc(func(c *config) { c.rout
 // fill unevenly. Choose it when latency matters more than balance.
 func Avoider(a routing.Avoider) Opt { return optFunc(func(c *config) { c.avoider = a }) }
 
-// Logger sets the logger. Default: none.
-func Logger(l hclog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
+// Logger sets the logger (nil: none). Default: none.
+func Logger(l hclog.Logger) Opt {
+	return optFunc(func(c *config) {
+		if l == nil {
+			l = hclog.NewNullLogger()
+		}
+		c.logger = l
+	})
+}
+
+// withClock sets the clock of route refreshes (the RouteRefresh period and
+// the at-most-once-a-second refresh after routing errors) and of the
+// avoider's "now", so tests can move it. Linger, retry backoff, request
+// timeouts and delivery deadlines stay on the real clock: they bound real
+// waits on sockets. Default: the real clock.
+func withClock(clk clockwork.Clock) Opt {
+	return optFunc(func(c *config) {
+		if clk != nil {
+			c.clock = clk
+		}
+	})
+}

@@ -12,18 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
-)
-
-// Errors of the producer.
-var (
-	// ErrClosed is returned by a closed producer.
-	ErrClosed = errors.New("producer: closed")
-	// ErrBufferFull is returned when the buffer is full and FailWhenFull is set.
-	ErrBufferFull = errors.New("producer: buffer full")
 )
 
 // Message is what a user sends.
@@ -71,12 +65,20 @@ type Client struct {
 	space      chan struct{} // closed when room frees and someone waits
 
 	flushing atomic.Int32
-	stop     chan struct{}
-	ctx      context.Context // cancelled when stop closes: bounds background lookups
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	// For tests: route refreshes started by routing errors (refreshSoon),
+	// and passes of the refresher done (stale routes refreshed).
+	forcedRefreshes atomic.Int64
+	refreshPasses   atomic.Int64
+	// refreshTick drives the refresher; made in New so that a test's clock
+	// has it before the first Advance.
+	refreshTick clockwork.Ticker
+	stop        chan struct{}
+	ctx         context.Context // cancelled when stop closes: bounds background lookups
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
 }
 
+// topicRoute is a cached route. Its times are the producer's clock's.
 type topicRoute struct {
 	route      routing.Route
 	plan       *routing.Plan
@@ -108,6 +110,7 @@ func New(opts ...Opt) (*Client, error) {
 		space: make(chan struct{}), stop: make(chan struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.refreshTick = cfg.clock.NewTicker(min(time.Second, cfg.routeRefresh))
 	c.wg.Add(1)
 	go c.refresher()
 	return c, nil
@@ -131,10 +134,11 @@ type record struct {
 }
 
 // Send sends one message and waits for its result. It does not wait for
-// Linger. An error names the cause: a *protocol.Error for a broker's status
-// (errors.Is(err, protocol.ErrReadOnly) and the like), ErrClosed,
-// ErrBufferFull, or the context's error if it ended before the message was
-// handed to a broker.
+// Linger. An error names the cause, for errors.Is: a status
+// (protocol.ErrInvalid and the like), ErrDeliveryTimeout with the last
+// retriable cause (ErrConnLost, ErrUnreachable, protocol.ErrReadOnly...),
+// ErrClosed, ErrBufferFull, or the context's error if it ended before the
+// message was handed to a broker (see Errors in the package documentation).
 func (c *Client) Send(ctx context.Context, m *Message) (Result, error) {
 	type out struct {
 		r   Result
@@ -271,18 +275,26 @@ func (c *Client) dispatch(rec *record, urgent bool) {
 		return
 	}
 	if err := rec.ctx.Err(); err != nil {
-		c.finish(rec, Result{}, fmt.Errorf("producer: message %s not sent: %w", rec.msg.ID, err))
+		if rec.lastErr != nil {
+			err = fmt.Errorf("%w (last attempt: %w)", err, rec.lastErr)
+		}
+		c.finish(rec, Result{}, fmt.Errorf("producer: message %s to %q not sent: %w", rec.msg.ID, rec.msg.Topic, err))
 		return
 	}
-	plan, err := c.route(rec.ctx, rec.msg.Topic)
+	plan, err := c.route(rec)
 	if err != nil {
 		c.retryOrFail(rec, err)
 		return
 	}
 	q, err := c.pick(plan, rec)
 	if err != nil {
-		c.refreshSoon(rec.msg.Topic)
-		c.retryOrFail(rec, &protocol.Error{Status: protocol.StatusNoRoute, Message: fmt.Sprintf("topic %q: %v", rec.msg.Topic, err)})
+		// No writable queue: the topic's groups are read-only (or have no
+		// master), or it has no queues at all. Both refresh the route.
+		st := protocol.StatusReadOnly
+		if len(plan.Route.Queues) == 0 {
+			st = protocol.StatusNoRoute
+		}
+		c.retryOrFail(rec, &protocol.Error{Status: st, Message: fmt.Sprintf("topic %q: %v", rec.msg.Topic, err)})
 		return
 	}
 	rec.msg.Queue, rec.group, rec.addr = q.Queue, q.Group, q.Master
@@ -296,7 +308,7 @@ func (c *Client) pick(plan *routing.Plan, rec *record) (routing.QueueRoute, erro
 			return q, nil
 		}
 	}
-	return c.sel.SelectPlan(plan, lastGroup(rec), time.Now())
+	return c.sel.SelectPlan(plan, lastGroup(rec), c.cfg.clock.Now())
 }
 
 func lastGroup(rec *record) string {
@@ -315,15 +327,16 @@ func fnv32(s string) uint32 {
 	return h
 }
 
-// retryable reports whether a failed send may be tried again elsewhere.
-func retryable(err error) bool {
-	return protocol.IsRetriable(err) || errors.Is(err, transport.ErrConnLost) || errors.Is(err, client.ErrNoNode)
-}
-
 // retryOrFail schedules another attempt with backoff and jitter, or ends the
-// record when the error is final or its delivery deadline would pass.
+// record when the error is final or its delivery deadline would pass. A
+// status that says the route is stale refreshes it first.
 func (c *Client) retryOrFail(rec *record, err error) {
+	prev := rec.lastErr
 	rec.lastErr = err
+	var pe *protocol.Error
+	if errors.As(err, &pe) && pe.Status.RefreshesRoute() {
+		c.refreshSoon(rec.msg.Topic)
+	}
 	if !retryable(err) {
 		c.finish(rec, Result{}, fmt.Errorf("producer: message %s to %q: %w", rec.msg.ID, rec.msg.Topic, err))
 		return
@@ -331,8 +344,13 @@ func (c *Client) retryOrFail(rec *record, err error) {
 	rec.attempts++
 	backoff := routing.Jitter(min(c.cfg.retryBackoff<<min(rec.attempts-1, 10), time.Second))
 	if time.Now().Add(backoff).After(rec.deadline) {
-		c.finish(rec, Result{}, fmt.Errorf("producer: message %s to %q not delivered in time after %d attempts: %w",
-			rec.msg.ID, rec.msg.Topic, rec.attempts, err))
+		if prev != nil && errors.Is(err, protocol.ErrTimeout) && !errors.Is(prev, protocol.ErrTimeout) {
+			// The last attempt ran into the delivery deadline: the attempt
+			// before says why the message was still not delivered.
+			err = fmt.Errorf("%w (the attempt before: %w)", err, prev)
+		}
+		c.finish(rec, Result{}, fmt.Errorf("%w: message %s to %q (attempts: %d): %w",
+			ErrDeliveryTimeout, rec.msg.ID, rec.msg.Topic, rec.attempts, err))
 		return
 	}
 	c.wg.Add(1)
@@ -348,19 +366,25 @@ func (c *Client) retryOrFail(rec *record, err error) {
 	}()
 }
 
-// route returns the cached route of a topic, looking it up on first use.
-func (c *Client) route(ctx context.Context, topic string) (*routing.Plan, error) {
+// route returns the cached route of the record's topic, looking it up on
+// first use. The lookup ends by the record's delivery deadline.
+func (c *Client) route(rec *record) (*routing.Plan, error) {
+	topic := rec.msg.Topic
 	c.mu.Lock()
 	tr := c.routes[topic]
 	c.mu.Unlock()
 	if tr != nil {
 		return tr.plan, nil
 	}
-	lctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
+	deadline := time.Now().Add(c.cfg.requestTimeout)
+	if rec.deadline.Before(deadline) {
+		deadline = rec.deadline
+	}
+	lctx, cancel := context.WithDeadline(rec.ctx, deadline)
 	defer cancel()
 	r, err := c.meta.Route(lctx, topic)
 	if err != nil {
-		return nil, fmt.Errorf("producer: route of %q: %w", topic, err)
+		return nil, lookupErr(topic, err)
 	}
 	return c.storeRoute(topic, r, false), nil
 }
@@ -376,7 +400,7 @@ func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *routing
 	if tr.plan == nil || r.Version >= tr.route.Version {
 		tr.route, tr.plan = r, routing.NewPlan(r)
 	}
-	tr.fetched = time.Now()
+	tr.fetched = c.cfg.clock.Now()
 	if forced {
 		tr.lastForced = tr.fetched
 	}
@@ -384,15 +408,17 @@ func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *routing
 }
 
 // refreshSoon refreshes a topic's route in the background, at most once a
-// second per topic.
+// second per topic (by the producer's clock).
 func (c *Client) refreshSoon(topic string) {
 	c.mu.Lock()
 	tr := c.routes[topic]
-	if c.closed || tr == nil || time.Since(tr.lastForced) < time.Second {
+	now := c.cfg.clock.Now()
+	if c.closed || tr == nil || now.Sub(tr.lastForced) < time.Second {
 		c.mu.Unlock()
 		return
 	}
-	tr.lastForced = time.Now()
+	tr.lastForced = now
+	c.forcedRefreshes.Add(1)
 	c.mu.Unlock()
 	c.wg.Add(1)
 	go func() {
@@ -412,21 +438,22 @@ func (c *Client) refresh(topic string, forced bool) {
 	c.storeRoute(topic, r, forced)
 }
 
-// refresher refreshes routes older than RouteRefresh.
+// refresher refreshes routes older than RouteRefresh (by the producer's
+// clock).
 func (c *Client) refresher() {
 	defer c.wg.Done()
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
+	defer c.refreshTick.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
-		case <-tick.C:
+		case <-c.refreshTick.Chan():
 		}
 		c.mu.Lock()
 		var stale []string
+		now := c.cfg.clock.Now()
 		for t, tr := range c.routes {
-			if time.Since(tr.fetched) >= c.cfg.routeRefresh {
+			if now.Sub(tr.fetched) >= c.cfg.routeRefresh {
 				stale = append(stale, t)
 			}
 		}
@@ -434,6 +461,7 @@ func (c *Client) refresher() {
 		for _, t := range stale {
 			c.refresh(t, false)
 		}
+		c.refreshPasses.Add(1)
 	}
 }
 

@@ -3,6 +3,7 @@ package producer
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -163,34 +164,36 @@ func (s *sink) send(batch []*record) {
 	if err == nil {
 		results, err = protocol.DecodeSendResponse(resp.Body, nil)
 		if err == nil && len(results) != len(batch) {
-			err = fmt.Errorf("producer: broker %s answered %d results for %d messages", addr, len(results), len(batch))
+			err = fmt.Errorf("%w: broker answered %d results for %d messages", protocol.ErrMalformed, len(results), len(batch))
 		}
 	}
 	if err != nil {
-		c.sel.Avoider().Report(s.group, latency, true, time.Now())
+		// A broken connection or a late answer counts against the group;
+		// a status the broker answered for the whole batch, as its row of
+		// the status table says.
+		var pe *protocol.Error
+		fault := !errors.As(err, &pe) || pe.Status.Fault()
+		c.sel.Avoider().Report(s.group, latency, fault, c.cfg.clock.Now())
+		err = sendErr(s.group, addr, err)
 		for _, r := range batch {
-			c.retryOrFail(r, fmt.Errorf("send to group %s at %s: %w", s.group, addr, err))
+			c.retryOrFail(r, err)
 		}
 		return
 	}
-	failed := false
+	fault := false
 	for _, res := range results {
-		switch res.Status {
-		case protocol.StatusStoreError, protocol.StatusBusy, protocol.StatusSlaveSyncTimeout, protocol.StatusFlushTimeout:
-			failed = true
+		if res.Status != protocol.StatusOK && res.Status.Fault() {
+			fault = true
+			break
 		}
 	}
-	c.sel.Avoider().Report(s.group, latency, failed, time.Now())
+	c.sel.Avoider().Report(s.group, latency, fault, c.cfg.clock.Now())
 	for i, res := range results {
 		r := batch[i]
 		if res.Status == protocol.StatusOK {
 			c.finish(r, Result{ID: r.msg.ID, Topic: r.msg.Topic, Queue: r.msg.Queue, QueueOffset: res.QueueOffset,
 				LogOffset: res.LogOffset, Group: s.group, Broker: addr}, nil)
 			continue
-		}
-		switch res.Status {
-		case protocol.StatusReadOnly, protocol.StatusNotMaster, protocol.StatusNoRoute:
-			c.refreshSoon(r.msg.Topic)
 		}
 		c.retryOrFail(r, &protocol.Error{Status: res.Status, Message: fmt.Sprintf("from group %s at %s", s.group, addr)})
 	}

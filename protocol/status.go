@@ -9,8 +9,10 @@ import (
 // the wire as a u16; on either end a non-OK status is a Go error (*Error).
 type Status uint16
 
-// The status codes. The table below gives each its name and whether a
-// producer may retry it (on another broker group, after refreshing routes).
+// The status codes. The table below gives each its name and how a producer
+// treats it: whether it may retry it (on another broker group), whether it
+// counts as a fault of the group for latency-fault avoidance, and whether it
+// means the producer's cached route is stale.
 const (
 	StatusOK               Status = 0
 	StatusReadOnly         Status = 1  // the broker group is read-only
@@ -34,51 +36,88 @@ const (
 	StatusInternal         Status = 19 // a bug or an unexpected failure on the server
 )
 
+// statusFlags are the columns of the status table.
+type statusFlags uint8
+
+const (
+	// retry: a producer may retry the message, on another broker group if
+	// there is one.
+	retry statusFlags = 1 << iota
+	// fault: the broker group failed or is overloaded; latency-fault
+	// avoidance counts it like a failed send and steers away from the group
+	// for a while.
+	fault
+	// refresh: the producer's route is stale (the group is read-only, the
+	// broker is not master, the queue is not routed there): refresh it at
+	// once (rate-limited).
+	refresh
+)
+
 type statusInfo struct {
-	name      string
-	retriable bool
+	name  string
+	flags statusFlags
 }
 
-var statusTable = map[Status]statusInfo{
-	StatusOK:               {"OK", false},
-	StatusReadOnly:         {"READ_ONLY", true},
-	StatusNotMaster:        {"NOT_MASTER", true},
-	StatusSlaveLagging:     {"SLAVE_LAGGING", true},
-	StatusSlaveSyncTimeout: {"SLAVE_SYNC_TIMEOUT", true},
-	StatusFlushTimeout:     {"FLUSH_TIMEOUT", true},
-	StatusNoRoute:          {"NO_ROUTE", true},
-	StatusMessageTooLarge:  {"MESSAGE_TOO_LARGE", false},
-	StatusInvalid:          {"INVALID", false},
-	StatusStoreError:       {"STORE_ERROR", true},
-	StatusBusy:             {"BUSY", true},
-	StatusNotLeader:        {"NOT_LEADER", true},
-	StatusDuplicate:        {"DUPLICATE", false},
-	StatusUnknownCode:      {"UNKNOWN_CODE", false},
-	StatusUnknownTopic:     {"UNKNOWN_TOPIC", false},
-	StatusTimeout:          {"TIMEOUT", true},
-	StatusConflict:         {"CONFLICT", false},
-	StatusNotFound:         {"NOT_FOUND", false},
-	StatusShuttingDown:     {"SHUTTING_DOWN", true},
-	StatusInternal:         {"INTERNAL", false},
+// statusTable is the one table of status codes, indexed by status (an
+// array: producers read it once per message). A status with no name is
+// unknown.
+var statusTable = [...]statusInfo{
+	StatusOK:               {"OK", 0},
+	StatusReadOnly:         {"READ_ONLY", retry | refresh},
+	StatusNotMaster:        {"NOT_MASTER", retry | refresh},
+	StatusSlaveLagging:     {"SLAVE_LAGGING", retry},
+	StatusSlaveSyncTimeout: {"SLAVE_SYNC_TIMEOUT", retry | fault},
+	StatusFlushTimeout:     {"FLUSH_TIMEOUT", retry | fault},
+	StatusNoRoute:          {"NO_ROUTE", retry | refresh}, // also while a broker's route cache refreshes
+	StatusMessageTooLarge:  {"MESSAGE_TOO_LARGE", 0},
+	StatusInvalid:          {"INVALID", 0},
+	StatusStoreError:       {"STORE_ERROR", retry | fault},
+	StatusBusy:             {"BUSY", retry | fault},
+	StatusNotLeader:        {"NOT_LEADER", retry},
+	StatusDuplicate:        {"DUPLICATE", 0},
+	StatusUnknownCode:      {"UNKNOWN_CODE", 0},
+	StatusUnknownTopic:     {"UNKNOWN_TOPIC", 0},
+	StatusTimeout:          {"TIMEOUT", retry | fault},
+	StatusConflict:         {"CONFLICT", 0},
+	StatusNotFound:         {"NOT_FOUND", 0},
+	StatusShuttingDown:     {"SHUTTING_DOWN", retry | fault},
+	StatusInternal:         {"INTERNAL", fault},
 }
 
 // String returns the status's name, e.g. "READ_ONLY".
 func (s Status) String() string {
-	if i, ok := statusTable[s]; ok {
+	if i := s.info(); i.name != "" {
 		return i.name
 	}
 	return fmt.Sprintf("STATUS(%d)", uint16(s))
 }
 
+// info is s's row of the table; an unknown status has the zero row.
+func (s Status) info() statusInfo {
+	if int(s) < len(statusTable) {
+		return statusTable[s]
+	}
+	return statusInfo{}
+}
+
 // Retriable reports whether a producer may retry a message that got s.
 // Unknown statuses are not retriable.
-func (s Status) Retriable() bool { return statusTable[s].retriable }
+func (s Status) Retriable() bool { return s.info().flags&retry != 0 }
+
+// Fault reports whether s counts as a fault of the broker group that
+// answered it, for latency-fault avoidance (a failed send: the group is
+// avoided for a while). Statuses that blame the message (INVALID,
+// MESSAGE_TOO_LARGE) or the route (READ_ONLY, NOT_MASTER, NO_ROUTE) are not
+// faults. Unknown statuses are not.
+func (s Status) Fault() bool { return s.info().flags&fault != 0 }
+
+// RefreshesRoute reports whether s means the sender's cached route is stale
+// and should be refreshed at once (READ_ONLY, NOT_MASTER, NO_ROUTE).
+// Unknown statuses do not.
+func (s Status) RefreshesRoute() bool { return s.info().flags&refresh != 0 }
 
 // Known reports whether s is in the table.
-func (s Status) Known() bool {
-	_, ok := statusTable[s]
-	return ok
-}
+func (s Status) Known() bool { return s.info().name != "" }
 
 // Error is a non-OK status as a Go error. Two Errors match with errors.Is
 // when their statuses are equal, whatever their messages, so callers write

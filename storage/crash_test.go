@@ -2,14 +2,19 @@ package storage
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
 type segFile struct {
@@ -185,6 +190,171 @@ func TestCrashLosesNoFlushedRecord(t *testing.T) {
 			}
 			if want := first + int64(len(got)); pos[0].QueueOffset != want {
 				rt.Fatalf("%v: append after recovery got queue offset %d, want %d", k, pos[0].QueueOffset, want)
+			}
+		}
+	})
+}
+
+// TestFaultsLoseNoAcknowledgedRecord appends, flushes and deletes while
+// random file-system calls fail (a full disk, an I/O error, on writes,
+// syncs, creations, directory syncs, truncations, removals and renames),
+// then crashes the process (what was written stays in the page cache) and
+// reopens the log with a healthy disk. An append that fails must fail whole;
+// every record the log took must be there after the reopen, byte for byte,
+// unless retention deleted it; queue offsets must stay dense. Only when the
+// log broke (a failed write could not be undone) may records of the append
+// that broke it survive, after all the others.
+func TestFaultsLoseNoAcknowledgedRecord(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		dir, err := os.MkdirTemp("", "ferrymq-faults-")
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		efs := vfs.NewErrorFS(vfs.Default)
+		cfg := Config{
+			Dir:           dir,
+			FS:            efs,
+			SegmentSize:   rapid.SampledFrom([]int64{300, 1024}).Draw(rt, "segment size"),
+			Flush:         rapid.SampledFrom([]FlushMode{FlushAsync, FlushSync}).Draw(rt, "flush mode"),
+			FlushInterval: time.Hour,
+		}
+		l, err := Open(cfg)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		type stored struct {
+			payload string
+			end     int64 // log offset just past the record
+		}
+		model := map[queueKey][]stored{} // what the log holds, per queue, in offset order
+		broke := false
+		for i, n := 0, rapid.IntRange(1, 40).Draw(rt, "ops"); i < n; i++ {
+			switch op := rapid.IntRange(0, 9).Draw(rt, "op"); op {
+			case 0:
+				kind := rapid.SampledFrom([]vfs.Op{vfs.OpWrite, vfs.OpSync, vfs.OpCreate, vfs.OpSyncDir,
+					vfs.OpTruncate, vfs.OpRemove, vfs.OpRename}).Draw(rt, "fault")
+				rule := vfs.Fail(kind).Nth(rapid.IntRange(1, 3).Draw(rt, "nth")).
+					With(rapid.SampledFrom([]error{syscall.ENOSPC, syscall.EIO}).Draw(rt, "errno"))
+				if kind == vfs.OpWrite {
+					rule.Partial(rapid.IntRange(0, 400).Draw(rt, "partial"))
+				}
+				efs.Inject(rule)
+			case 1:
+				efs.DropAll()
+			case 2:
+				_ = l.Flush()
+			case 3:
+				before := l.StartOffset()
+				start, err := l.DeleteBefore(rapid.Int64Range(0, l.EndOffset()).Draw(rt, "delete before"))
+				if start != l.StartOffset() || start < before {
+					rt.Fatalf("DeleteBefore returned %d (%v); the log starts at %d, was %d", start, err, l.StartOffset(), before)
+				}
+			default:
+				var batch []Entry
+				nexts := map[queueKey]int64{}
+				for j, m := 0, rapid.IntRange(1, 3).Draw(rt, "batch"); j < m; j++ {
+					q := uint32(rapid.IntRange(0, 2).Draw(rt, "queue"))
+					p := fmt.Sprintf("%d-%d|", i, j) + strings.Repeat("x", rapid.IntRange(0, 150).Draw(rt, "size"))
+					batch = append(batch, Entry{Topic: "fault", Queue: q, Payload: []byte(p)})
+					k := queueKey{"fault", q}
+					_, nexts[k] = l.QueueRange(k.topic, k.queue)
+				}
+				pos, err := l.Append(batch, rapid.Bool().Draw(rt, "flush"))
+				if errors.Is(err, ErrBroken) {
+					broke = true
+				}
+				if err == nil {
+					for j, e := range batch {
+						k := queueKey{e.Topic, e.Queue}
+						if pos[j].QueueOffset != int64(len(model[k])) {
+							rt.Fatalf("%v: appended at %d, want %d", k, pos[j].QueueOffset, len(model[k]))
+						}
+						model[k] = append(model[k], stored{string(e.Payload), pos[j].End})
+					}
+					continue
+				}
+				// A failed append is all or nothing: nothing if its write
+				// failed, everything if only its sync did.
+				added := map[queueKey]int64{}
+				for _, e := range batch {
+					added[queueKey{e.Topic, e.Queue}]++
+				}
+				all, none := true, true
+				for k, before := range nexts {
+					_, next := l.QueueRange(k.topic, k.queue)
+					all = all && next == before+added[k]
+					none = none && next == before
+				}
+				if !all && !none {
+					rt.Fatalf("a failed append (%v) was stored in part", err)
+				}
+				if none {
+					continue
+				}
+				for k, before := range nexts { // read back where it landed
+					es, rerr := l.Read(k.topic, k.queue, before, 1<<30)
+					if rerr != nil {
+						rt.Fatal(rerr)
+					}
+					for _, e := range es {
+						model[k] = append(model[k], stored{string(e.Payload), e.LogOffset + int64(recordSize(len(k.topic), len(e.Payload)))})
+					}
+				}
+			}
+		}
+		efs.DropAll()
+		crash(l)
+
+		l, err = Open(Config{Dir: dir, SegmentSize: cfg.SegmentSize})
+		if err != nil {
+			rt.Fatalf("reopen after faults: %v", err)
+		}
+		defer l.Close()
+		start := l.StartOffset()
+		for q := range uint32(3) {
+			k := queueKey{"fault", q}
+			want := model[k]
+			first, next := l.QueueRange(k.topic, k.queue)
+			es, err := l.Read(k.topic, k.queue, first, 1<<30)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			if int64(len(es)) != next-first {
+				rt.Fatalf("%v: read %d entries of [%d,%d)", k, len(es), first, next)
+			}
+			if first > int64(len(want)) {
+				rt.Fatalf("%v: starts at %d, only %d stored", k, first, len(want))
+			}
+			for i, w := range want {
+				if int64(i) < first {
+					if w.end > start {
+						rt.Fatalf("%v: record %d (ending at %d) lost; the log starts at %d", k, i, w.end, start)
+					}
+					continue
+				}
+				if int64(i) >= next {
+					rt.Fatalf("%v: record %d lost; the queue ends at %d", k, i, next)
+				}
+				e := es[int64(i)-first]
+				if e.QueueOffset != int64(i) || string(e.Payload) != w.payload {
+					rt.Fatalf("%v: record %d reads back as %d %q, want %q", k, i, e.QueueOffset, e.Payload, w.payload)
+				}
+			}
+			if extra := next - int64(max(len(want), int(first))); extra > 0 && !broke {
+				rt.Fatalf("%v: %d records that no append stored", k, extra)
+			}
+			for i, e := range es {
+				if e.QueueOffset != first+int64(i) {
+					rt.Fatalf("%v: offsets not dense: %d at %d", k, e.QueueOffset, i)
+				}
+			}
+			pos, err := l.Append([]Entry{{Topic: k.topic, Queue: k.queue, Payload: []byte("after")}}, false)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			if pos[0].QueueOffset != next {
+				rt.Fatalf("%v: append after the reopen at %d, want %d", k, pos[0].QueueOffset, next)
 			}
 		}
 	})

@@ -1,7 +1,8 @@
 // Package storage is the broker's disk: a segmented, CRC-checked commit log
 // with group commit, synchronous or asynchronous flush, per-queue indexes,
-// raw access for replication, and crash recovery. It knows bytes and
-// offsets, never the network. All file access goes through storage/vfs.
+// raw access for replication, retention, and crash recovery. It knows bytes
+// and offsets, never the network. All file access goes through a vfs.FS
+// (package storage/vfs), so tests can make the disk fail on purpose.
 //
 // # Offsets
 //
@@ -14,8 +15,10 @@
 // # Files
 //
 // A log directory holds segment files named by the log offset of their first
-// byte, as 20 decimal digits with the suffix ".log", and one "checkpoint"
-// file. Segments are contiguous: a segment ends where the next begins. A
+// byte, as 20 decimal digits with the suffix ".log", one "checkpoint" file
+// and, once retention has deleted segments, one "queues" file (see
+// DeleteBefore). Segments are contiguous: a segment ends where the next
+// begins. A
 // record never spans two segments: when the next record would make the
 // active segment larger than Config.SegmentSize, a new segment starts at the
 // current end offset (so segments may be a little shorter than the size).
@@ -41,7 +44,9 @@
 // The checkpoint file holds the log offset up to which the log is known to
 // be on disk (the last flush), with a CRC: 8 bytes offset, 4 bytes CRC32C of
 // those 8 bytes, 4 bytes magic "FYCP". It is rewritten after every flush and
-// never synced itself: a stale checkpoint is only more conservative.
+// never synced itself: a stale checkpoint is only more conservative. A
+// missing, short or bad checkpoint counts as 0; one that cannot be read
+// fails Open.
 //
 // # Recovery
 //
@@ -55,6 +60,10 @@
 //   - before the checkpoint, it is corruption in the middle of durable data:
 //     Open fails with a *CorruptError naming the offset, and truncates nothing.
 //
+// A read error is never taken for a bad record: Open fails and truncates
+// nothing. Records are checked against the format's limits, not against
+// Config.MaxPayloadSize, which limits new appends only.
+//
 // # Flush
 //
 // FlushAsync (the default) syncs every Config.FlushInterval and on Close;
@@ -65,11 +74,23 @@
 //
 // # Errors
 //
-// A failed write (ENOSPC, EIO) fails the appends it carried; the segment is
-// truncated back to where the write began, so the log holds only whole
-// records and later appends can succeed once space returns. A failed sync
-// fails the appends waiting for it; their records stay in the log and may be
-// durable, so a producer that retries may store a duplicate (at least once).
-// If a failed write cannot even be undone, the log refuses every later append
-// with ErrBroken until it is reopened.
+// A failed write (ENOSPC, EIO), or a failure to create a new segment or to
+// sync its directory, fails the appends of its group; the active segment is
+// truncated back to where the write began and new segments are removed, so
+// the log holds only whole records and later appends can succeed once space
+// returns. A failed sync fails the appends waiting for it; their records stay
+// in the log and may be durable, so a producer that retries may store a
+// duplicate (at least once). If a failed write cannot even be undone (the
+// truncation or a removal fails too), the log refuses every later append with
+// ErrBroken until it is reopened; reads go on, and reopening recovers the
+// log, where records of the group that broke it may then survive after all
+// the others.
+//
+// A deletion (DeleteBefore) that fails reports the error and leaves a log
+// that starts at a segment, on disk as in memory: the queue offsets are
+// written before any segment goes, and segments are removed oldest first,
+// stopping at the first that cannot be. Calling it again finishes the job.
+//
+// Open refuses a Config with negative sizes or intervals or an unknown flush
+// mode (Config.Validate names every bad field).
 package storage

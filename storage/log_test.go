@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -268,10 +267,10 @@ func TestConcurrentAppendsAndReads(t *testing.T) {
 }
 
 func TestSyncModeGroupCommit(t *testing.T) {
-	ffs := vfs.NewFaultFS(vfs.Default)
-	l := openLog(t, Config{Dir: t.TempDir(), FS: ffs, Flush: FlushSync})
+	efs := vfs.NewErrorFS(vfs.Default)
+	l := openLog(t, Config{Dir: t.TempDir(), FS: efs, Flush: FlushSync})
 	defer l.Close()
-	_, syncsBefore := ffs.Counts()
+	syncsBefore := efs.Calls(vfs.OpSync)
 	const appenders = 64
 	var wg sync.WaitGroup
 	for i := range appenders {
@@ -290,7 +289,7 @@ func TestSyncModeGroupCommit(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	_, syncsAfter := ffs.Counts()
+	syncsAfter := efs.Calls(vfs.OpSync)
 	syncs := syncsAfter - syncsBefore
 	t.Logf("%d sync appends shared %d syncs", appenders, syncs)
 	if syncs < 1 || syncs > appenders/2 {
@@ -299,9 +298,8 @@ func TestSyncModeGroupCommit(t *testing.T) {
 }
 
 func TestAsyncFlush(t *testing.T) {
-	ffs := vfs.NewFaultFS(vfs.Default)
 	dir := t.TempDir()
-	l := openLog(t, Config{Dir: dir, FS: ffs, FlushInterval: 20 * time.Millisecond})
+	l := openLog(t, Config{Dir: dir, FlushInterval: 20 * time.Millisecond})
 	defer l.Close()
 	pos := mustAppend(t, l, []Entry{{Topic: "a", Payload: []byte("x")}}, false)
 	deadline := time.Now().Add(5 * time.Second)
@@ -312,7 +310,7 @@ func TestAsyncFlush(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	// Asking for the flush of one append waits for it.
-	l2 := openLog(t, Config{Dir: t.TempDir(), FS: ffs, FlushInterval: time.Hour})
+	l2 := openLog(t, Config{Dir: t.TempDir(), FlushInterval: time.Hour})
 	defer l2.Close()
 	pos = mustAppend(t, l2, []Entry{{Topic: "a", Payload: []byte("y")}}, true)
 	if l2.FlushedOffset() < pos[0].End {
@@ -324,74 +322,6 @@ func TestAsyncFlush(t *testing.T) {
 	}
 	if err := l2.Flush(); err != nil || l2.FlushedOffset() != l2.EndOffset() {
 		t.Fatalf("Flush: %v, flushed %d of %d", err, l2.FlushedOffset(), l2.EndOffset())
-	}
-}
-
-func TestDiskFullOnWrite(t *testing.T) {
-	ffs := vfs.NewFaultFS(vfs.Default)
-	dir := t.TempDir()
-	l := openLog(t, Config{Dir: dir, FS: ffs, SegmentSize: 4096})
-	acked := mustAppend(t, l, []Entry{{Topic: "d", Payload: []byte("kept-0")}, {Topic: "d", Payload: []byte("kept-1")}}, true)
-	end := l.EndOffset()
-
-	ffs.FailWrites(vfs.ErrNoSpace, 13) // a partial write, then ENOSPC
-	for range 3 {
-		_, err := l.Append([]Entry{{Topic: "d", Payload: make([]byte, 500)}, {Topic: "e", Payload: []byte("x")}}, false)
-		if !errors.Is(err, syscall.ENOSPC) {
-			t.Fatalf("append on a full disk: got %v, want ENOSPC", err)
-		}
-	}
-	// Rolling into a new segment on a full disk fails the same way.
-	if _, err := l.Append([]Entry{{Topic: "d", Payload: make([]byte, 5000)}}, false); !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("append needing a new segment: %v", err)
-	}
-	if l.EndOffset() != end {
-		t.Fatalf("failed appends moved the end from %d to %d", end, l.EndOffset())
-	}
-	ffs.FailWrites(nil, 0)
-	pos := mustAppend(t, l, []Entry{{Topic: "d", Payload: []byte("after")}}, false)
-	if pos[0].QueueOffset != 2 || pos[0].LogOffset != end {
-		t.Fatalf("append after space returned at %+v; want queue offset 2 at %d", pos[0], end)
-	}
-	es, err := l.Read("d", 0, 0, 1<<20)
-	if err != nil || len(es) != 3 || string(es[0].Payload) != "kept-0" || string(es[2].Payload) != "after" {
-		t.Fatalf("read after a full disk: %v entries, %v", len(es), err)
-	}
-	if _, next := l.QueueRange("e", 0); next != 0 {
-		t.Fatal("a queue only written by failed appends has entries")
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l = openLog(t, Config{Dir: dir})
-	defer l.Close()
-	if got := dumpQueues(t, l); len(got[fmt.Sprint(queueKey{"d", 0})]) != 4 || acked[1].End > l.EndOffset() {
-		t.Fatalf("after reopen: %v", got)
-	}
-}
-
-func TestDiskFullOnSync(t *testing.T) {
-	ffs := vfs.NewFaultFS(vfs.Default)
-	dir := t.TempDir()
-	l := openLog(t, Config{Dir: dir, FS: ffs, Flush: FlushSync})
-	mustAppend(t, l, []Entry{{Topic: "s", Payload: []byte("a")}}, false)
-	ffs.FailSyncs(vfs.ErrNoSpace)
-	if _, err := l.Append([]Entry{{Topic: "s", Payload: []byte("b")}}, false); !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("append whose sync fails: %v", err)
-	}
-	ffs.FailSyncs(nil)
-	pos := mustAppend(t, l, []Entry{{Topic: "s", Payload: []byte("c")}}, false)
-	if l.FlushedOffset() < pos[0].End {
-		t.Fatal("append completed unsynced after syncs recovered")
-	}
-	// The record whose sync failed stays in the log (it may be durable: at
-	// least once); the acknowledged ones are there.
-	es, err := l.Read("s", 0, 0, 1<<20)
-	if err != nil || len(es) != 3 || string(es[0].Payload) != "a" || string(es[2].Payload) != "c" {
-		t.Fatalf("read after a failed sync: %d entries, %v", len(es), err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -645,5 +575,34 @@ func BenchmarkAppend(b *testing.B) {
 				wg.Wait()
 			})
 		}
+	}
+}
+
+// MaxPayloadSize limits new appends only: records stored under a larger cap
+// (or copied from a master with one) stay readable, recoverable and copyable.
+func TestPayloadCapIsForNewAppendsOnly(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, Config{Dir: dir})
+	big := payloadFor("p", 0, 0, 100<<10)
+	mustAppend(t, l, []Entry{{Topic: "p", Payload: big}}, false)
+	mustAppend(t, l, []Entry{{Topic: "p", Payload: []byte("small")}}, false)
+	raw, err := l.ReadRaw(0, 1<<20)
+	must(t, err)
+	must(t, l.Close())
+
+	small := Config{Dir: dir, MaxPayloadSize: 1024}
+	l = openLog(t, small)
+	defer l.Close()
+	es, err := l.Read("p", 0, 0, 1<<20)
+	if err != nil || len(es) != 2 || !bytes.Equal(es[0].Payload, big) {
+		t.Fatalf("reopened with a smaller cap: %d entries, %v", len(es), err)
+	}
+	if _, err := l.Append([]Entry{{Topic: "p", Payload: make([]byte, 1025)}}, false); !errors.Is(err, ErrInvalidEntry) {
+		t.Fatalf("append over the new cap: %v", err)
+	}
+	slave := openLog(t, Config{Dir: t.TempDir(), MaxPayloadSize: 1024})
+	defer slave.Close()
+	if end, err := slave.AppendRaw(0, raw, false); err != nil || end != int64(len(raw)) {
+		t.Fatalf("copying a record over the slave's cap: %d, %v", end, err)
 	}
 }

@@ -88,7 +88,7 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 		}
 		at := sp.at
 		for range sp.count {
-			n, err := recordLen(b, l.maxRecord)
+			n, err := recordLen(b, maxRecordSize)
 			if err == nil && n > len(b) {
 				err = fmt.Errorf("record of %d bytes past its span", n)
 			}
@@ -142,7 +142,7 @@ func (l *Log) ReadRaw(offset int64, maxBytes int) ([]byte, error) {
 	// Keep whole records; if the first does not fit, read it whole.
 	good := 0
 	for good < len(buf) {
-		rl, err := recordLen(buf[good:], l.maxRecord)
+		rl, err := recordLen(buf[good:], maxRecordSize)
 		if err != nil && len(buf)-good >= recordHeaderSize {
 			return nil, &CorruptError{Offset: offset + int64(good), Segment: seg.name, Reason: err.Error()}
 		}

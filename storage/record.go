@@ -8,11 +8,15 @@ import (
 )
 
 const (
-	recordHeaderSize  = 8                     // length + CRC
-	recordFixedSize   = 1 + 1 + 2 + 4 + 8 + 8 // content without topic and payload
-	recordVersion     = 0xF1
-	maxTopicLen       = 255
-	defaultMaxPayload = 16 << 20
+	recordHeaderSize = 8                     // length + CRC
+	recordFixedSize  = 1 + 1 + 2 + 4 + 8 + 8 // content without topic and payload
+	recordVersion    = 0xF1
+	maxTopicLen      = 255
+	// maxRecordSize is the largest record the format holds. Reads, recovery
+	// and raw appends check lengths against it, not against
+	// Config.MaxPayloadSize, which limits new appends only: a log written
+	// under a larger cap, or copied from a master with one, stays readable.
+	maxRecordSize = recordHeaderSize + recordFixedSize + maxTopicLen + MaxPayloadLimit
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,23 +19,33 @@ const (
 )
 
 // readCheckpoint returns the flushed offset the checkpoint records, or 0 if
-// there is none or it does not check out (recovery then checks everything
-// as tail, which is only more conservative).
-func (l *Log) readCheckpoint() int64 {
-	f, err := l.fs.OpenRW(filepath.Join(l.cfg.Dir, checkpointName))
+// there is none, or it is short or does not check out (a crash while it was
+// first written or rewritten: it is never synced). A checkpoint that cannot
+// be read is an error: taking it for 0 would let recovery take corruption
+// in durable records for a torn tail and cut them.
+func (l *Log) readCheckpoint() (int64, error) {
+	name := filepath.Join(l.cfg.Dir, checkpointName)
+	f, err := l.fs.OpenRW(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
 	if err != nil {
-		return 0
+		return 0, fmt.Errorf("storage: open checkpoint: %w", err)
 	}
 	defer f.Close()
 	var b [checkpointSize]byte
-	if _, err := f.ReadAt(b[:], 0); err != nil {
-		return 0
+	if n, err := f.ReadAt(b[:], 0); n < checkpointSize {
+		if errors.Is(err, io.EOF) {
+			l.log.Warn("ignoring a short checkpoint")
+			return 0, nil
+		}
+		return 0, fmt.Errorf("storage: read checkpoint %s: %w", name, err)
 	}
 	if string(b[12:]) != checkpointMagic || crc32.Checksum(b[:8], castagnoli) != binary.BigEndian.Uint32(b[8:]) {
 		l.log.Warn("ignoring a checkpoint that does not check out")
-		return 0
+		return 0, nil
 	}
-	return int64(binary.BigEndian.Uint64(b[:8]))
+	return int64(binary.BigEndian.Uint64(b[:8])), nil
 }
 
 // writeCheckpoint records that the log is synced up to off. It is called by
@@ -55,7 +66,7 @@ func (l *Log) writeCheckpoint(off int64) {
 func (l *Log) openCheckpointFile() error {
 	name := filepath.Join(l.cfg.Dir, checkpointName)
 	f, err := l.fs.OpenRW(name)
-	if err != nil {
+	if errors.Is(err, os.ErrNotExist) {
 		f, err = l.fs.Create(name)
 	}
 	if err != nil {
@@ -83,7 +94,10 @@ func (l *Log) recover() error {
 		}
 		bases = append(bases, base)
 	}
-	checkpoint := l.readCheckpoint()
+	checkpoint, err := l.readCheckpoint()
+	if err != nil {
+		return err
+	}
 	for _, base := range bases {
 		f, err := l.fs.OpenRW(l.segmentPath(base))
 		if err != nil {
@@ -189,6 +203,9 @@ func (l *Log) finishRecovery(end int64) error {
 	if len(l.segments) == 0 {
 		s, err := l.createSegment(0)
 		if err != nil {
+			if s != nil {
+				_ = l.discard(s)
+			}
 			return err
 		}
 		l.segments = append(l.segments, s)
@@ -231,7 +248,12 @@ func (l *Log) scanSegment(s *segment) (good int64, reason string, err error) {
 			buf = make([]byte, want)
 		}
 		buf = buf[:want]
-		if _, err := s.f.ReadAt(buf, at); err != nil && !errors.Is(err, io.EOF) {
+		if got, err := s.f.ReadAt(buf, at); got < want {
+			// The segment had these bytes when it was opened: a short
+			// read is an error, not a torn tail.
+			if err == nil || errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
 			return false, fmt.Errorf("storage: read %s at %d: %w", s.name, at, err)
 		}
 		bufAt = at
@@ -246,7 +268,7 @@ func (l *Log) scanSegment(s *segment) (good int64, reason string, err error) {
 		if !ok {
 			return at, fmt.Sprintf("%d stray bytes at the end", s.size-at), nil
 		}
-		n, lerr := recordLen(buf[at-bufAt:], l.maxRecord)
+		n, lerr := recordLen(buf[at-bufAt:], maxRecordSize)
 		if lerr != nil {
 			return at, lerr.Error(), nil
 		}

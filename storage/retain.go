@@ -34,9 +34,15 @@ func (l *Log) StartOffset() int64 {
 
 // DeleteBefore removes every whole segment that ends at or before offset
 // (never the active one) and the index entries of their records. It
-// returns the new start offset. A reader that raced with the deletion
-// still reads the removed segment: its file is closed when the last
-// reference to it is dropped.
+// returns the start offset after the deletion. A reader that raced with
+// the deletion still reads the removed segment: its file is closed when the
+// last reference to it is dropped.
+//
+// If a step fails, DeleteBefore returns the error and the start offset the
+// log has: the queue offsets file is written before any segment goes, and
+// segments are removed oldest first, stopping at the first that cannot be
+// removed, so the log (on disk and in memory) still starts at a segment
+// and reopens as it is. Calling DeleteBefore again finishes the job.
 func (l *Log) DeleteBefore(offset int64) (int64, error) {
 	l.retainMu.Lock()
 	defer l.retainMu.Unlock()
@@ -46,31 +52,42 @@ func (l *Log) DeleteBefore(offset int64) (int64, error) {
 		l.mu.RUnlock()
 		return 0, ErrClosed
 	}
+	start := l.segments[0].base
 	n := 0
 	for n < len(l.segments)-1 && l.segments[n+1].base <= offset {
 		n++
 	}
 	if n == 0 {
-		start := l.segments[0].base
 		l.mu.RUnlock()
 		return start, nil
 	}
-	newStart := l.segments[n].base
-	floors := make(map[queueKey]int64, len(l.index))
-	for k, qi := range l.index {
-		floors[k] = qi.base + int64(sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= newStart }))
-	}
+	// Only DeleteBefore (serialized by retainMu) drops segments, and the
+	// writer only adds them at the end: these stay the first n.
+	doomed := slices.Clone(l.segments[:n])
+	floors := queueFloors(l.index, l.segments[n].base)
 	l.mu.RUnlock()
 
 	if err := l.writeQueues(floors); err != nil {
-		return 0, err
+		return start, err
+	}
+	var errs []error
+	removed := 0
+	for _, s := range doomed {
+		if err := l.fs.Remove(s.name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("storage: remove %s: %w", s.name, err))
+			break // a later segment removed would leave a hole in the log
+		}
+		removed++
+	}
+	if removed == 0 {
+		return start, errors.Join(errs...)
 	}
 
 	l.mu.Lock()
-	removed := slices.Clone(l.segments[:n])
-	l.segments = slices.Clone(l.segments[n:])
+	l.segments = slices.Clone(l.segments[removed:])
+	start = l.segments[0].base
 	for _, qi := range l.index {
-		k := sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= newStart })
+		k := sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= start })
 		if k > 0 {
 			qi.base += int64(k)
 			qi.pos = slices.Clone(qi.pos[k:])
@@ -79,11 +96,7 @@ func (l *Log) DeleteBefore(offset int64) (int64, error) {
 	}
 	l.mu.Unlock()
 
-	var errs []error
-	for _, s := range removed {
-		if err := l.fs.Remove(s.name); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("storage: remove %s: %w", s.name, err))
-		}
+	for _, s := range doomed[:removed] {
 		s.removed.Store(true)
 		if s.refs.Load() == 0 {
 			s.close() // else the last reader closes it
@@ -92,8 +105,20 @@ func (l *Log) DeleteBefore(offset int64) (int64, error) {
 	if err := l.fs.SyncDir(l.cfg.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("storage: sync dir: %w", err))
 	}
-	l.log.Info("deleted old segments", "segments", len(removed), "start", newStart)
-	return newStart, errors.Join(errs...)
+	l.log.Info("deleted old segments", "segments", removed, "start", start)
+	return start, errors.Join(errs...)
+}
+
+// queueFloors returns, for every queue, its first queue offset once the
+// records before log offset start are gone. Higher floors than needed (if
+// fewer segments end up removed) are harmless: recovery takes a queue's
+// offsets from its records when it has any.
+func queueFloors(index map[queueKey]*queueIndex, start int64) map[queueKey]int64 {
+	floors := make(map[queueKey]int64, len(index))
+	for k, qi := range index {
+		floors[k] = qi.base + int64(sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= start }))
+	}
+	return floors
 }
 
 func (l *Log) writeQueues(floors map[queueKey]int64) error {

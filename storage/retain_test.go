@@ -6,8 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
 func TestDeleteBeforeKeepsQueueOffsets(t *testing.T) {
@@ -162,5 +165,107 @@ func TestDeleteWhileReadingAndWriting(t *testing.T) {
 	first, next := l.QueueRange("d", 0)
 	if first == 0 || next <= first {
 		t.Fatalf("range after deletions: [%d,%d)", first, next)
+	}
+}
+
+// A deletion that fails at any step reports the error and leaves a log that
+// reads, appends, reopens and deletes again: the segments on disk are the
+// ones in memory, a prefix of them is gone, and queue offsets hold.
+func TestDeleteBeforeFailures(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		rule      func(dir string) *vfs.Rule
+		wantStart int64 // where the log starts after the failed deletion
+	}{
+		{"create the queue offsets file", func(string) *vfs.Rule {
+			return vfs.Fail(vfs.OpCreate).Path(queuesName + ".tmp").With(syscall.ENOSPC)
+		}, 0},
+		{"write the queue offsets file", func(string) *vfs.Rule {
+			return vfs.Fail(vfs.OpWrite).Path(queuesName + ".tmp").Partial(5).With(syscall.ENOSPC)
+		}, 0},
+		{"sync the queue offsets file", func(string) *vfs.Rule {
+			return vfs.Fail(vfs.OpSync).Path(queuesName + ".tmp").With(syscall.EIO)
+		}, 0},
+		{"rename the queue offsets file", func(string) *vfs.Rule {
+			return vfs.Fail(vfs.OpRename).Path(queuesName).With(syscall.EIO)
+		}, 0},
+		{"remove the first segment", func(dir string) *vfs.Rule {
+			return vfs.Fail(vfs.OpRemove).Path(segName(dir, 0)).With(syscall.EACCES)
+		}, 0},
+		{"remove the second segment", func(dir string) *vfs.Rule {
+			return vfs.Fail(vfs.OpRemove).Path(segName(dir, 1000)).With(syscall.EIO)
+		}, 1000},
+		{"sync the directory after removing", func(dir string) *vfs.Rule {
+			return vfs.Fail(vfs.OpSyncDir).After(1).With(syscall.EIO) // the first is the queue offsets file's
+		}, 3000},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			efs := vfs.NewErrorFS(vfs.Default)
+			dir := t.TempDir()
+			cfg := Config{Dir: dir, FS: efs, SegmentSize: 1000, FlushInterval: time.Hour}
+			l := openLog(t, cfg)
+			m := model{}
+			// Queue 3 lives only in the first segment, so a deletion takes all
+			// its records; the others span every segment.
+			var ends []int64
+			for i := range 35 {
+				q := uint32(i % 3)
+				if i == 4 {
+					q = 3
+				}
+				must(t, m.append(t, l, false, entry(q, fmt.Sprint("r", i), 100)))
+				ends = append(ends, l.EndOffset())
+			}
+			rule := c.rule(dir)
+			efs.Inject(rule)
+			start, err := l.DeleteBefore(3000)
+			isInjected(t, err, nil)
+			if rule.Fired() != 1 {
+				t.Fatalf("the rule failed %d calls", rule.Fired())
+			}
+			efs.DropAll()
+			if start != c.wantStart || l.StartOffset() != c.wantStart {
+				t.Fatalf("after the failed deletion: returned %d, starts at %d; want %d", start, l.StartOffset(), c.wantStart)
+			}
+			for _, base := range []int64{0, 1000, 2000, 3000} {
+				_, err := os.Stat(segName(dir, base))
+				if onDisk := err == nil; onDisk != (base >= c.wantStart) {
+					t.Fatalf("segment %d on disk: %v; the log starts at %d", base, onDisk, c.wantStart)
+				}
+			}
+			// Each queue starts at its first record still held.
+			firsts := map[queueKey]int64{}
+			for i, end := range ends {
+				q := uint32(i % 3)
+				if i == 4 {
+					q = 3
+				}
+				if end <= c.wantStart {
+					firsts[queueKey{"f", q}]++
+				}
+			}
+			for k := range m {
+				if first, _ := l.QueueRange(k.topic, k.queue); first != firsts[k] {
+					t.Fatalf("%v starts at %d, want %d", k, first, firsts[k])
+				}
+			}
+			m.check(t, l)
+			must(t, m.append(t, l, false, entry(3, "after", 100), entry(0, "after", 100)))
+			m.check(t, l)
+			before := dumpQueues(t, l)
+			must(t, l.Close())
+
+			cfg.FS = nil
+			l = openLog(t, cfg)
+			defer l.Close()
+			if l.StartOffset() != c.wantStart || fmt.Sprint(dumpQueues(t, l)) != fmt.Sprint(before) {
+				t.Fatalf("reopened: starts at %d, queues differ: %v", l.StartOffset(), fmt.Sprint(dumpQueues(t, l)) != fmt.Sprint(before))
+			}
+			// Deleting again finishes the job.
+			if start, err := l.DeleteBefore(3000); err != nil || start != 3000 {
+				t.Fatalf("deleting again: %d, %v", start, err)
+			}
+			m.check(t, l)
+		})
 	}
 }

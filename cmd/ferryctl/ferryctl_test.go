@@ -6,48 +6,19 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
-	"github.com/ferrymq/ferrymq/broker"
-	"github.com/ferrymq/ferrymq/internal/testlog"
-	"github.com/ferrymq/ferrymq/metaserver"
-	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/internal/testcluster"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// startCluster starts a metaserver and two single-broker groups in-process.
+// startCluster starts a metaserver and two single-broker groups, g1 and g2,
+// in-process, and returns the metaserver's RPC address.
 func startCluster(t *testing.T) string {
 	t.Helper()
-	meta, err := metaserver.New(metaserver.Config{ID: "m1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
-		AutoCreateTopics: true, DefaultQueues: 2, JudgeInterval: 50 * time.Millisecond,
-		RaftHeartbeatTimeout: 200 * time.Millisecond, RaftElectionTimeout: 200 * time.Millisecond, RaftLeaderLeaseTimeout: 100 * time.Millisecond,
-		Logger: testlog.New("meta")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := meta.Start([]metaserver.Peer{{ID: "m1", RaftAddr: meta.RaftAddr(), RPCAddr: meta.RPCAddr()}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = meta.Close() })
-	for _, g := range []string{"g1", "g2"} {
-		b, err := broker.New(broker.Config{ID: g + "-m", Group: g, Role: routing.RoleMaster, Dir: t.TempDir(), Addr: "127.0.0.1:0",
-			MetaAddrs: []string{meta.RPCAddr()}, HeartbeatInterval: 100 * time.Millisecond, Logger: testlog.New(g)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = b.Close() })
-		deadline := time.Now().Add(10 * time.Second)
-		for !b.Writable() {
-			if time.Now().After(deadline) {
-				t.Fatal("broker not writable")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	return meta.RPCAddr()
+	return testcluster.Start(t, testcluster.Opts{Groups: []string{"g1", "g2"}}).MetaAddr()
 }
 
 // ctl runs ferryctl and returns its exit code, stdout and stderr.

@@ -2,9 +2,6 @@ package api
 
 import "github.com/ferrymq/ferrymq/routing"
 
-// The control plane's bodies are JSON: they are small and rare next to the
-// data path, and readable in captures.
-
 // Heartbeat is what a broker sends to the metaserver leader every interval.
 type Heartbeat struct {
 	Group    string       `json:"group"`

@@ -1,6 +1,3 @@
-// Package vfs is the file-system seam of the storage package: every disk
-// access goes through FS, so tests can inject faults (FaultFS: a full disk,
-// a failing sync) without touching real hardware, like pebble's vfs.
 package vfs
 
 import (
@@ -11,7 +8,8 @@ import (
 	"sort"
 )
 
-// File is an open file used with positional reads and writes only.
+// File is an open file used with positional reads and writes only. See the
+// package documentation for what the storage package expects of it.
 type File interface {
 	io.ReaderAt
 	io.WriterAt
@@ -26,7 +24,8 @@ type File interface {
 	Name() string
 }
 
-// FS opens and lists files.
+// FS creates, opens, renames, removes and lists files. See the package
+// documentation for what the storage package expects of it.
 type FS interface {
 	// Create creates a new file, failing if it exists.
 	Create(name string) (File, error)
@@ -42,7 +41,8 @@ type FS interface {
 	SyncDir(dir string) error
 }
 
-// Default is the operating system's file system.
+// Default is the operating system's file system. Its File.Sync is
+// fdatasync where the system has it (data and size, not timestamps).
 var Default FS = osFS{}
 
 type osFS struct{}

@@ -36,11 +36,51 @@ func TestBadSettingsFailClearly(t *testing.T) {
 		{"unusable dir", []string{"-id", "b", "-group", "g", "-dir", filepath.Join(file, "sub"), "-addr", "127.0.0.1:0"}, "directory", cli.ExitConfig},
 		{"taken port", []string{"-id", "b", "-group", "g", "-dir", filepath.Join(dir, "d"), "-addr", taken.Addr().String(), "-ha-addr", "127.0.0.1:0"}, "address already in use", cli.ExitConfig},
 	}
+	// An already-done context: a setting wrongly accepted makes Run start
+	// and return nil at once, failing the case instead of hanging the test.
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := Run(context.Background(), tc.args, io.Discard)
+			err := Run(done, tc.args, io.Discard)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || cli.ExitCode(err) != tc.code {
 				t.Fatalf("got %v (exit %d), want an error naming %q with exit %d", err, cli.ExitCode(err), tc.want, tc.code)
+			}
+		})
+	}
+}
+
+// TestNegativeDurationFlagsAreConfigErrors: a negative duration flag is a
+// bad setting (exit 2, naming the config field), never silently the
+// default. It depends on broker.Config.Validate rejecting negative
+// durations; until that lands, the negative value takes the default, the
+// broker starts and this test fails.
+func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
+	base := func() []string {
+		return []string{"-id", "b", "-group", "g", "-dir", t.TempDir(), "-addr", "127.0.0.1:0", "-ha-addr", "127.0.0.1:0", "-meta", "127.0.0.1:1"}
+	}
+	// Run gets a context that is already done: a config it accepts starts a
+	// broker, stops it at once and returns nil, so a wrongly accepted
+	// setting fails the test instead of hanging it.
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	t.Run("base settings are accepted", func(t *testing.T) {
+		if err := Run(done, base(), io.Discard); err != nil {
+			t.Fatalf("the settings the cases below start from fail: %v", err)
+		}
+	})
+	for _, tc := range []struct{ flag, value, field string }{
+		{"-session", "-5s", "SessionTimeout"},
+		{"-heartbeat", "-1s", "HeartbeatInterval"},
+		{"-high-wait", "-1s", "HighWait"},
+		{"-flush-interval", "-1ms", "FlushInterval"},
+		{"-retention-check", "-1m", "RetentionCheck"},
+	} {
+		t.Run(tc.flag+" "+tc.value, func(t *testing.T) {
+			err := Run(done, append(base(), tc.flag, tc.value), io.Discard)
+			if err == nil || cli.ExitCode(err) != cli.ExitConfig || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("%s %s: got %v (exit %d), want a config error naming %s (exit %d)",
+					tc.flag, tc.value, err, cli.ExitCode(err), tc.field, cli.ExitConfig)
 			}
 		})
 	}

@@ -1,0 +1,57 @@
+package producer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// Errors of the producer. The package documentation's Errors section says
+// which errors every call can give and how to match them.
+var (
+	// ErrClosed is returned by a closed producer.
+	ErrClosed = errors.New("producer: closed")
+	// ErrBufferFull is returned when the buffer is full and FailWhenFull is set.
+	ErrBufferFull = errors.New("producer: buffer full")
+	// ErrConnLost means a broker's connection broke or could not be made.
+	ErrConnLost = errors.New("producer: connection to broker lost")
+	// ErrUnreachable means no metaserver node answered a route lookup.
+	ErrUnreachable = errors.New("producer: metaserver unreachable")
+	// ErrDeliveryTimeout means retries ran out of time; the last cause is
+	// wrapped too.
+	ErrDeliveryTimeout = errors.New("producer: not delivered in time")
+)
+
+// sendErr gives an error of a SEND call to a broker its public sentinel.
+func sendErr(group, addr string, err error) error {
+	switch {
+	case errors.Is(err, transport.ErrClosed):
+		// Only Close closes the producer's connections.
+		return fmt.Errorf("%w: send to group %s at %s: %w", ErrClosed, group, addr, err)
+	case errors.Is(err, transport.ErrConnLost):
+		return fmt.Errorf("%w: group %s at %s: %w", ErrConnLost, group, addr, err)
+	}
+	return fmt.Errorf("send to group %s at %s: %w", group, addr, err)
+}
+
+// lookupErr gives an error of a route lookup its public sentinel. A lookup
+// that got no answer (no node reachable, a broken connection, no answer in
+// time) means the metaserver is unreachable; a status the cluster answered
+// (UNKNOWN_TOPIC, INVALID) stays as it is.
+func lookupErr(topic string, err error) error {
+	switch {
+	case errors.Is(err, transport.ErrClosed):
+		return fmt.Errorf("%w: route of %q: %w", ErrClosed, topic, err)
+	case errors.Is(err, client.ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, protocol.ErrTimeout):
+		return fmt.Errorf("%w: route of %q: %w", ErrUnreachable, topic, err)
+	}
+	return fmt.Errorf("producer: route of %q: %w", topic, err)
+}
+
+// retryable reports whether a failed attempt may be tried again elsewhere.
+func retryable(err error) bool {
+	return protocol.IsRetriable(err) || errors.Is(err, ErrConnLost) || errors.Is(err, ErrUnreachable)
+}

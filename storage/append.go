@@ -1,0 +1,95 @@
+package storage
+
+import "fmt"
+
+// appendReq is one queued append (of entries or of raw records) and, once
+// the writer has placed it, its result.
+type appendReq struct {
+	entries []Entry
+	// raw != nil makes this a raw append of whole records at rawOffset.
+	raw       []byte
+	rawOffset int64
+	flush     bool
+	done      func([]Position, error)
+
+	positions []Position
+	err       error
+	end       int64
+}
+
+// Append appends entries as one group and waits until they are written (and
+// synced, in FlushSync mode or when flush is true). It returns each entry's
+// position, in order. Either every entry is appended or none is.
+func (l *Log) Append(entries []Entry, flush bool) ([]Position, error) {
+	type res struct {
+		pos []Position
+		err error
+	}
+	ch := make(chan res, 1)
+	l.AppendAsync(entries, flush, func(p []Position, err error) { ch <- res{p, err} })
+	r := <-ch
+	return r.pos, r.err
+}
+
+// AppendAsync queues entries as one group and calls done exactly once with
+// their positions or an error, when Append would have returned. done runs on
+// the log's writer or flusher goroutine: it must be quick and must not call
+// back into the log's append methods.
+func (l *Log) AppendAsync(entries []Entry, flush bool, done func([]Position, error)) {
+	for _, e := range entries {
+		if err := l.checkEntry(e); err != nil {
+			done(nil, err)
+			return
+		}
+	}
+	if len(entries) == 0 {
+		done(nil, nil)
+		return
+	}
+	l.enqueue(&appendReq{entries: entries, flush: flush, done: done})
+}
+
+func (l *Log) checkEntry(e Entry) error {
+	if e.Topic == "" || len(e.Topic) > maxTopicLen {
+		return fmt.Errorf("%w: topic must be 1 to %d bytes, got %d", ErrInvalidEntry, maxTopicLen, len(e.Topic))
+	}
+	if len(e.Payload) > l.cfg.MaxPayloadSize {
+		return fmt.Errorf("%w: payload of %d bytes over the cap %d", ErrInvalidEntry, len(e.Payload), l.cfg.MaxPayloadSize)
+	}
+	return nil
+}
+
+// AppendRaw appends whole records copied from another log (a slave copying
+// its master): data must start at this log's end offset, hold only whole,
+// valid records, and continue every queue's offsets. The log then holds the
+// same bytes at the same offsets. It returns the new end offset.
+func (l *Log) AppendRaw(offset int64, data []byte, flush bool) (int64, error) {
+	if len(data) == 0 {
+		return l.end.Load(), nil
+	}
+	type res struct {
+		end int64
+		err error
+	}
+	ch := make(chan res, 1)
+	req := &appendReq{raw: data, rawOffset: offset, flush: flush}
+	req.done = func(_ []Position, err error) { ch <- res{req.end, err} }
+	l.enqueue(req)
+	r := <-ch
+	return r.end, r.err
+}
+
+func (l *Log) enqueue(req *appendReq) {
+	l.qmu.Lock()
+	if l.closing {
+		l.qmu.Unlock()
+		req.done(nil, ErrClosed)
+		return
+	}
+	l.queue = append(l.queue, req)
+	l.qmu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,149 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/ferrymq/ferrymq/storage/vfs"
+)
+
+// FlushMode says when an append is complete.
+type FlushMode int
+
+const (
+	// FlushAsync completes an append once written to the page cache; a
+	// flusher syncs every FlushInterval. The default.
+	FlushAsync FlushMode = iota
+	// FlushSync completes an append only after fdatasync covers it.
+	FlushSync
+)
+
+func (m FlushMode) String() string {
+	switch m {
+	case FlushAsync:
+		return "async"
+	case FlushSync:
+		return "sync"
+	}
+	return fmt.Sprintf("FlushMode(%d)", int(m))
+}
+
+// ParseFlushMode parses "async" or "sync".
+func ParseFlushMode(s string) (FlushMode, error) {
+	switch s {
+	case "async":
+		return FlushAsync, nil
+	case "sync":
+		return FlushSync, nil
+	}
+	return 0, fmt.Errorf("storage: unknown flush mode %q (want async or sync)", s)
+}
+
+// Defaults of Config.
+const (
+	DefaultSegmentSize    = 1 << 30
+	DefaultFlushInterval  = 500 * time.Millisecond
+	DefaultMaxPayloadSize = 16 << 20
+)
+
+// MaxPayloadLimit is the largest MaxPayloadSize: a record, with the longest
+// topic, must fit the format's 32-bit length.
+const MaxPayloadLimit = math.MaxInt32 - recordHeaderSize - recordFixedSize - maxTopicLen
+
+// Config configures a Log. Zero fields take their defaults; negative ones
+// are refused (see Validate).
+type Config struct {
+	// Dir holds the segments and the checkpoint. Required.
+	Dir string
+	// FS is the file system. Default vfs.Default.
+	FS vfs.FS
+	// SegmentSize is the size at which a new segment starts. A record never
+	// spans two segments, so a record larger than SegmentSize gets a segment
+	// of its own: SegmentSize does not bound MaxPayloadSize. Default 1 GiB.
+	SegmentSize int64
+	// Flush is the flush mode. Default FlushAsync.
+	Flush FlushMode
+	// FlushInterval is how often FlushAsync syncs. Default 500 ms.
+	FlushInterval time.Duration
+	// MaxPayloadSize caps the payload of an entry given to Append or
+	// AppendAsync, at most MaxPayloadLimit. It does not apply to records
+	// already stored or copied with AppendRaw: a log written under a larger
+	// cap reopens and reads. Default 16 MiB.
+	MaxPayloadSize int
+	// Logger gets recovery and error reports. Default: a null logger.
+	Logger hclog.Logger
+	// Now is the clock stamped into records. Default time.Now.
+	Now func() time.Time
+}
+
+// ErrInvalidConfig is matched (with errors.Is) by every error of
+// Config.Validate.
+var ErrInvalidConfig = errors.New("storage: invalid config")
+
+// ConfigError is one problem Config.Validate found.
+type ConfigError struct {
+	Field   string // the Config field, such as "SegmentSize"
+	Problem string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("storage: Config.%s %s", e.Field, e.Problem)
+}
+
+// Unwrap returns ErrInvalidConfig.
+func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+
+// Validate reports every problem of c at once (joined with errors.Join),
+// each a *ConfigError naming its field. Zero values are valid: they mean
+// the defaults. Open validates its Config.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &ConfigError{Field: field, Problem: fmt.Sprintf(format, args...)})
+	}
+	if c.Dir == "" {
+		bad("Dir", "is required")
+	}
+	if c.SegmentSize < 0 {
+		bad("SegmentSize", "is %d; it must not be negative (0 means the default, %d)", c.SegmentSize, DefaultSegmentSize)
+	}
+	if c.Flush != FlushAsync && c.Flush != FlushSync {
+		bad("Flush", "is %d; it must be FlushAsync or FlushSync", int(c.Flush))
+	}
+	if c.FlushInterval < 0 {
+		bad("FlushInterval", "is %v; it must not be negative (0 means the default, %v)", c.FlushInterval, DefaultFlushInterval)
+	}
+	if c.MaxPayloadSize < 0 {
+		bad("MaxPayloadSize", "is %d; it must not be negative (0 means the default, %d)", c.MaxPayloadSize, DefaultMaxPayloadSize)
+	}
+	if c.MaxPayloadSize > MaxPayloadLimit {
+		bad("MaxPayloadSize", "is %d; it must be at most %d (a record's length has 32 bits)", c.MaxPayloadSize, MaxPayloadLimit)
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) withDefaults() Config {
+	if c.FS == nil {
+		c.FS = vfs.Default
+	}
+	if c.SegmentSize == 0 {
+		c.SegmentSize = DefaultSegmentSize
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = DefaultFlushInterval
+	}
+	if c.MaxPayloadSize == 0 {
+		c.MaxPayloadSize = DefaultMaxPayloadSize
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}

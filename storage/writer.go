@@ -1,0 +1,278 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+)
+
+// writer takes every queued append and writes it as one group, until Close.
+func (l *Log) writer() {
+	defer close(l.writerDone)
+	var batch []*appendReq
+	for range l.wake {
+		for {
+			// Let appenders that are already runnable join this group: one
+			// larger write costs far less than several small ones.
+			runtime.Gosched()
+			l.qmu.Lock()
+			batch, l.queue = l.queue, batch[:0]
+			closing := l.closing
+			l.qmu.Unlock()
+			if len(batch) == 0 {
+				if closing {
+					return
+				}
+				break
+			}
+			l.writeGroup(batch)
+			clear(batch)
+		}
+	}
+}
+
+// chunk is a run of bytes written to one segment in a group.
+type chunk struct {
+	seg   *segment // nil: a new segment starting at base
+	base  int64
+	start int64 // offset in the segment where buf goes
+	buf   []byte
+}
+
+// writeGroup writes a group of appends. The group is all or nothing on disk:
+// if a write fails, every touched segment is cut back and new segments are
+// removed, and every append of the group fails.
+func (l *Log) writeGroup(batch []*appendReq) {
+	if l.broken != nil {
+		for _, r := range batch {
+			r.done(nil, l.broken)
+		}
+		return
+	}
+	now := l.cfg.Now().UnixMilli()
+	// Placement reads the segments and the indexes, which only this goroutine
+	// grows but DeleteBefore may trim: hold the read lock until it is done.
+	l.mu.RLock()
+	active := l.segments[len(l.segments)-1]
+	pos := l.end.Load()
+	chunks := []chunk{{seg: active, base: active.base, start: active.size, buf: l.buf[:0]}}
+	next := make(map[queueKey]int64) // tentative next queue offsets in this group
+	nextOffset := func(k queueKey) int64 {
+		if n, ok := next[k]; ok {
+			return n
+		}
+		if qi := l.index[k]; qi != nil {
+			return qi.next()
+		}
+		return 0
+	}
+	// place makes room for a record of n bytes, rolling to a new segment if
+	// the current one would pass SegmentSize (a record never spans two).
+	place := func(n int) *chunk {
+		c := &chunks[len(chunks)-1]
+		if used := c.start + int64(len(c.buf)); used > 0 && used+int64(n) > l.cfg.SegmentSize {
+			chunks = append(chunks, chunk{base: pos})
+			c = &chunks[len(chunks)-1]
+		}
+		return c
+	}
+	var ok []*appendReq
+	for _, r := range batch {
+		if r.raw != nil {
+			if err := l.placeRaw(r, &pos, nextOffset, next, place); err != nil {
+				r.err = err
+				continue
+			}
+			ok = append(ok, r)
+			continue
+		}
+		r.positions = make([]Position, len(r.entries))
+		for i, e := range r.entries {
+			k := queueKey{e.Topic, e.Queue}
+			qo := nextOffset(k)
+			size := recordSize(len(e.Topic), len(e.Payload))
+			c := place(size)
+			c.buf = appendRecord(c.buf, e.Topic, e.Queue, qo, now, e.Payload)
+			r.positions[i] = Position{QueueOffset: qo, LogOffset: pos, End: pos + int64(size)}
+			next[k] = qo + 1
+			pos += int64(size)
+		}
+		r.end = pos
+		ok = append(ok, r)
+	}
+	l.mu.RUnlock()
+	if cap(chunks[0].buf) <= 64<<20 {
+		l.buf = chunks[0].buf[:0] // keep the scratch buffer unless a burst made it huge
+	}
+
+	if err := l.writeChunks(chunks); err != nil {
+		for _, r := range ok {
+			r.err = err
+		}
+		ok = nil
+	}
+	if len(ok) > 0 {
+		l.publish(chunks, ok)
+	}
+	for _, r := range batch {
+		if r.err != nil {
+			r.done(nil, r.err)
+		}
+	}
+	l.complete(ok)
+}
+
+// placeRaw checks a raw append record by record and places its bytes.
+func (l *Log) placeRaw(r *appendReq, pos *int64, nextOffset func(queueKey) int64, next map[queueKey]int64, place func(int) *chunk) error {
+	if r.rawOffset != *pos {
+		return fmt.Errorf("%w: data starts at %d but the log ends at %d", ErrOffsetMismatch, r.rawOffset, *pos)
+	}
+	// Validate everything before placing anything, so a bad record leaves no trace.
+	local := make(map[queueKey]int64)
+	var sizes []int
+	for b := r.raw; len(b) > 0; {
+		n, err := recordLen(b, maxRecordSize)
+		if err == nil && n > len(b) {
+			err = errors.New("truncated record")
+		}
+		if err != nil {
+			return fmt.Errorf("%w: raw record at %d: %w", ErrCorrupt, *pos+int64(len(r.raw)-len(b)), err)
+		}
+		rec, err := decodeRecord(b[:n])
+		if err != nil {
+			return fmt.Errorf("%w: raw record at %d: %w", ErrCorrupt, *pos+int64(len(r.raw)-len(b)), err)
+		}
+		k := queueKey{rec.Topic, rec.Queue}
+		want, seen := local[k]
+		if !seen {
+			want = nextOffset(k)
+		}
+		if rec.QueueOffset != want {
+			return fmt.Errorf("%w: record at %d has queue offset %d for %s/%d, want %d",
+				ErrOffsetMismatch, *pos+int64(len(r.raw)-len(b)), rec.QueueOffset, rec.Topic, rec.Queue, want)
+		}
+		local[k] = want + 1
+		sizes = append(sizes, n)
+		b = b[n:]
+	}
+	from := 0
+	for _, n := range sizes {
+		c := place(n)
+		c.buf = append(c.buf, r.raw[from:from+n]...)
+		from += n
+		*pos += int64(n)
+	}
+	for k, v := range local {
+		next[k] = v
+	}
+	r.end = *pos
+	return nil
+}
+
+// writeChunks writes a group's chunks, creating new segments as needed. On
+// failure it undoes everything it did: it removes the segments it created
+// and cuts the active one back. If that fails too, the files no longer match
+// the log in memory, and the log is broken until it is reopened.
+func (l *Log) writeChunks(chunks []chunk) error {
+	var created []*segment
+	wroteActive := false
+	undo := func(cause error) error {
+		var errs []error
+		for _, s := range created {
+			if err := l.discard(s); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if first := chunks[0]; wroteActive {
+			if err := first.seg.f.Truncate(first.start); err != nil {
+				errs = append(errs, fmt.Errorf("truncate %s: %w", first.seg.name, err))
+			}
+		}
+		if len(errs) > 0 {
+			l.broken = fmt.Errorf("%w: undoing a failed write: %w (write: %w)", ErrBroken, errors.Join(errs...), cause)
+			l.log.Error("log broken", "error", l.broken)
+			return l.broken
+		}
+		return cause
+	}
+	for i := range chunks {
+		c := &chunks[i]
+		if c.seg == nil {
+			s, err := l.createSegment(c.base)
+			if s != nil {
+				created = append(created, s)
+			}
+			if err != nil {
+				return undo(err)
+			}
+			c.seg = s
+		}
+		if len(c.buf) == 0 {
+			continue
+		}
+		wroteActive = wroteActive || i == 0
+		if _, err := c.seg.f.WriteAt(c.buf, c.start); err != nil {
+			l.log.Warn("commit log write failed", "segment", c.seg.name, "bytes", len(c.buf), "error", err)
+			return undo(fmt.Errorf("storage: write %s: %w", c.seg.name, err))
+		}
+	}
+	return nil
+}
+
+// index entries and the end offset.
+func (l *Log) publish(chunks []chunk, ok []*appendReq) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range chunks {
+		c := &chunks[i]
+		if c.seg != l.segments[len(l.segments)-1] {
+			l.segments = append(l.segments, c.seg)
+		}
+		c.seg.size = c.start + int64(len(c.buf))
+	}
+	for _, r := range ok {
+		if r.raw != nil {
+			l.indexRaw(r.raw, r.rawOffset)
+			continue
+		}
+		for i, e := range r.entries {
+			p := r.positions[i]
+			l.indexAdd(queueKey{e.Topic, e.Queue}, p.QueueOffset, p.LogOffset, int32(p.End-p.LogOffset))
+		}
+	}
+	l.end.Store(ok[len(ok)-1].end) // appends are placed in order: the last ends the group
+}
+
+// them.
+func (l *Log) complete(ok []*appendReq) {
+	var wait bool
+	for _, r := range ok {
+		if l.cfg.Flush == FlushSync || r.flush {
+			wait = true
+			break
+		}
+	}
+	if !wait {
+		for _, r := range ok {
+			r.done(r.positions, nil)
+		}
+		return
+	}
+	l.fmu.Lock()
+	var now []*appendReq
+	for _, r := range ok {
+		if l.cfg.Flush == FlushSync || r.flush {
+			l.waiters = append(l.waiters, flushWaiter{end: r.end, req: r})
+		} else {
+			now = append(now, r)
+		}
+	}
+	l.fmu.Unlock()
+	select {
+	case l.flushWake <- struct{}{}:
+	default:
+	}
+	for _, r := range now {
+		r.done(r.positions, nil)
+	}
+}
