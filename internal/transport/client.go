@@ -20,8 +20,15 @@ type ClientConfig struct {
 	// CallTimeout is the deadline of a call whose context has none. Default 10 s.
 	CallTimeout time.Duration
 	// MaxWriteBuffer is how many bytes of requests may wait to be written
-	// before callers block. Default 4 MiB.
+	// (besides the batch being written) before callers wait for room; a
+	// caller waits at most until its context is done. Default 4 MiB.
 	MaxWriteBuffer int
+	// WriteTimeout fails the connection when the server read nothing of
+	// what the client had to write for that long (at most 2.25 times that
+	// after the last byte it read): every pending call fails with ErrConnLost
+	// and the next call dials again. It bounds how long a caller writing a
+	// request itself can be held by the socket. Default 10 s.
+	WriteTimeout time.Duration
 }
 
 func (c ClientConfig) withDefaults() ClientConfig {
@@ -33,6 +40,9 @@ func (c ClientConfig) withDefaults() ClientConfig {
 	}
 	if c.MaxWriteBuffer <= 0 {
 		c.MaxWriteBuffer = 4 << 20
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 10 * time.Second
 	}
 	return c
 }
@@ -75,9 +85,10 @@ type clientConn struct {
 }
 
 // Call sends a request and waits for its response, until ctx is done or,
-// without a deadline, for CallTimeout. A response whose status is not OK
-// returns the frame and a *protocol.Error naming the status (its body, the
-// error text, is the message). A lost connection returns ErrConnLost; a
+// without a deadline, for CallTimeout (the wait for room in the write buffer
+// included). A response whose status is not OK returns the frame and a
+// *protocol.Error naming the status (its body, the error text, is the
+// message). A lost connection returns ErrConnLost; a
 // passed deadline returns an error matching both protocol.ErrTimeout and
 // context.DeadlineExceeded.
 func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (protocol.Frame, error) {
@@ -96,9 +107,12 @@ func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (pro
 		return protocol.Frame{}, err
 	}
 	req := protocol.Frame{Code: code, Opaque: opaque, Body: body}
-	if err := cc.w.enqueue(&req); err != nil {
+	if err := cc.w.enqueue(ctx, &req); err != nil {
 		cc.unregister(opaque)
-		return protocol.Frame{}, c.wrap(code, err)
+		if ctx.Err() != nil {
+			return protocol.Frame{}, c.ctxErr(ctx, code)
+		}
+		return protocol.Frame{}, c.wrap(code, writeErr(err))
 	}
 	select {
 	case r := <-ch:
@@ -111,25 +125,41 @@ func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (pro
 		return r.frame, nil
 	case <-ctx.Done():
 		cc.unregister(opaque)
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return protocol.Frame{}, fmt.Errorf("transport: %v to %s: %w: %w", code, c.addr, protocol.ErrTimeout, ctx.Err())
-		}
-		return protocol.Frame{}, c.wrap(code, ctx.Err())
+		return protocol.Frame{}, c.ctxErr(ctx, code)
 	}
 }
 
+// ctxErr is the error of a call whose context ended first.
+func (c *Client) ctxErr(ctx context.Context, code protocol.Code) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("transport: %v to %s: %w: %w", code, c.addr, protocol.ErrTimeout, ctx.Err())
+	}
+	return c.wrap(code, ctx.Err())
+}
+
 // Send sends a oneway request: it returns once the request is queued for
-// writing, and no response comes back.
+// writing (waiting for room at most until ctx is done), and no response
+// comes back.
 func (c *Client) Send(ctx context.Context, code protocol.Code, body []byte) error {
 	cc, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}
 	req := protocol.Frame{Flags: protocol.FlagOneway, Code: code, Opaque: c.opaque.Add(1), Body: body}
-	if err := cc.w.enqueue(&req); err != nil {
-		return c.wrap(code, err)
+	if err := cc.w.enqueue(ctx, &req); err != nil {
+		return c.wrap(code, writeErr(err))
 	}
 	return nil
+}
+
+// writeErr is the error of a request that could not be queued or written:
+// a failed write (ErrWriteTimeout included) means the connection is lost.
+func writeErr(err error) error {
+	if errors.Is(err, ErrConnLost) || errors.Is(err, ErrClosed) || errors.Is(err, protocol.ErrFrameTooLarge) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrConnLost, err)
 }
 
 func (c *Client) wrap(code protocol.Code, err error) error {
@@ -154,7 +184,7 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	w := newWriter(c.cfg.MaxWriteBuffer)
+	w := newWriter(c.cfg.MaxWriteBuffer, c.cfg.WriteTimeout)
 	w.inline = nc
 	cc := &clientConn{
 		nc:      nc,

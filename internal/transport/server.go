@@ -19,8 +19,23 @@ import (
 // Handler serves one request. It must answer it exactly once with
 // req.Reply or req.ReplyError (unless the request is oneway), either before
 // returning or later from any goroutine. It must not keep req.Body after
-// answering.
+// answering. Answering never blocks.
 type Handler func(req *Request)
+
+// ReplySize estimates, from a request's body, how many bytes the body of its
+// reply may take. The server reserves that much (plus the frame header) of
+// the connection's MaxWriteBuffer when it admits the request, and releases
+// it when the reply is queued; so the estimate should be an upper bound of
+// every answer the handler may give, errors included, for MaxWriteBuffer to
+// bound what a connection queues. It runs on the connection's reader
+// goroutine with a body that has not been validated: it must be cheap and
+// must not trust the body (a result over protocol.MaxFrameSize is taken as
+// that, a negative one as 0; a panic, as DefaultReplySize).
+type ReplySize func(body []byte) int
+
+// DefaultReplySize is the reply estimate of a code registered with Handle:
+// room for a short answer or an error text.
+const DefaultReplySize = 256
 
 // ServerConfig tunes a Server. The zero value of a field means its default.
 type ServerConfig struct {
@@ -33,9 +48,19 @@ type ServerConfig struct {
 	// answered; the reader stops reading that connection until one is
 	// answered. Default 4096.
 	MaxInflightPerConn int
-	// MaxWriteBuffer is how many bytes of responses may wait to be written on
-	// one connection before repliers block. Default 4 MiB.
+	// MaxWriteBuffer bounds the bytes of responses one connection may have
+	// queued: those buffered or being written plus those reserved (see
+	// ReplySize) by requests read and not yet answered. The connection's
+	// reader admits a request only while its reservation fits (and always
+	// when nothing is queued or reserved, so one reply larger than the bound
+	// still goes); repliers never wait. Default 4 MiB.
 	MaxWriteBuffer int
+	// WriteTimeout closes a connection whose peer read nothing of what the
+	// server had to write for that long (at most 2.25 times that after the
+	// last byte it read). Its unanswered requests' replies are then dropped: Reply
+	// returns an error. It also bounds how long Close waits for a peer to read
+	// the last answers. Default 10 s.
+	WriteTimeout time.Duration
 	// ShutdownGrace bounds how long Close waits for requests already read to
 	// be answered. Default 5 s.
 	ShutdownGrace time.Duration
@@ -56,6 +81,9 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	if c.MaxWriteBuffer <= 0 {
 		c.MaxWriteBuffer = 4 << 20
 	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 10 * time.Second
+	}
 	if c.ShutdownGrace <= 0 {
 		c.ShutdownGrace = 5 * time.Second
 	}
@@ -69,7 +97,7 @@ func (c ServerConfig) withDefaults() ServerConfig {
 type Server struct {
 	cfg      ServerConfig
 	log      hclog.Logger
-	handlers map[protocol.Code]Handler // written only before Serve
+	handlers map[protocol.Code]route // written only before Serve
 	tasks    chan *Request
 	stop     chan struct{} // closed by Close: readers stop, workers drain and exit
 	inflight atomic.Int64  // requests read and not yet answered, all connections
@@ -92,21 +120,54 @@ func NewServer(cfg ServerConfig) *Server {
 	return &Server{
 		cfg:      cfg,
 		log:      cfg.Logger,
-		handlers: make(map[protocol.Code]Handler),
+		handlers: make(map[protocol.Code]route),
 		tasks:    make(chan *Request, cfg.QueueSize),
 		stop:     make(chan struct{}),
 		conns:    make(map[*serverConn]struct{}),
 	}
 }
 
-// Handle registers h for code. It must be called before Serve or Listen.
+// route is what is registered for a request code.
+type route struct {
+	h         Handler
+	replySize ReplySize // nil: DefaultReplySize
+}
+
+// Handle registers h for code, with replies estimated at DefaultReplySize
+// bytes. It must be called before Serve or Listen.
 func (s *Server) Handle(code protocol.Code, h Handler) {
+	s.HandleWithReply(code, h, nil)
+}
+
+// HandleWithReply registers h for code, with replySize estimating each
+// request's reply (nil: DefaultReplySize). It must be called before Serve or
+// Listen.
+func (s *Server) HandleWithReply(code protocol.Code, h Handler, replySize ReplySize) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.serving {
 		panic("transport: Handle called after Serve")
 	}
-	s.handlers[code] = h
+	s.handlers[code] = route{h: h, replySize: replySize}
+}
+
+// reservation is what admitting a request reserves of its connection's
+// MaxWriteBuffer: nothing for a oneway request, else its reply's estimated
+// frame size.
+func (s *Server) reservation(f *protocol.Frame, rt route, known bool) (n int) {
+	if f.IsOneway() {
+		return 0
+	}
+	if !known || rt.replySize == nil {
+		return protocol.FixedHeaderSize + DefaultReplySize
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("reply size estimator panicked", "code", f.Code.String(), "panic", p)
+			n = protocol.FixedHeaderSize + DefaultReplySize
+		}
+	}()
+	return protocol.FixedHeaderSize + min(max(rt.replySize(f.Body), 0), protocol.MaxFrameSize)
 }
 
 // Listen listens on addr (e.g. "127.0.0.1:0") and serves in the background.
@@ -178,7 +239,7 @@ func (s *Server) accept(ln net.Listener) {
 		c := &serverConn{
 			s:   s,
 			nc:  nc,
-			w:   newWriter(s.cfg.MaxWriteBuffer),
+			w:   newWriter(s.cfg.MaxWriteBuffer, s.cfg.WriteTimeout),
 			sem: make(chan struct{}, s.cfg.MaxInflightPerConn),
 		}
 		s.mu.Lock()
@@ -206,7 +267,6 @@ func (s *Server) worker() {
 }
 
 func (s *Server) run(req *Request) {
-	h := s.handlers[req.Code]
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("handler panicked", "code", req.Code.String(), "panic", p)
@@ -216,7 +276,7 @@ func (s *Server) run(req *Request) {
 			req.finish()
 		}
 	}()
-	h(req)
+	req.h(req)
 }
 
 // Close stops accepting and reading, waits up to ShutdownGrace for every
@@ -270,6 +330,11 @@ type serverConn struct {
 	sem chan struct{} // one slot per request read and not yet answered
 }
 
+// readLoop reads requests and hands them to the workers. It is the only
+// goroutine of the connection that waits on its peer's behalf: before reading
+// a request it waits for a slot of MaxInflightPerConn, and before handing it
+// on, for room in MaxWriteBuffer for its reply (writer.admit). While it
+// waits, the peer's requests stay unread: backpressure on that peer alone.
 func (c *serverConn) readLoop() {
 	defer c.s.readWG.Done()
 	br := bufio.NewReaderSize(c.nc, 64<<10)
@@ -278,6 +343,8 @@ func (c *serverConn) readLoop() {
 		case c.sem <- struct{}{}:
 		case <-c.s.stop:
 			return
+		case <-c.w.done:
+			return // the connection is being torn down; the read fails too
 		}
 		f, err := readFrame(br)
 		if err != nil {
@@ -290,9 +357,21 @@ func (c *serverConn) readLoop() {
 			c.readFailed(fmt.Errorf("%w: a response (opaque %d) sent to a server", ErrBadFrame, f.Opaque))
 			return
 		}
-		req := &Request{Frame: f, conn: c}
+		rt, known := c.s.handlers[f.Code]
+		n := c.s.reservation(&f, rt, known)
+		if err := c.w.admit(n, c.s.stop); err != nil {
+			c.s.inflight.Add(1)
+			req := &Request{Frame: f, conn: c}
+			if errors.Is(err, errStopped) && !f.IsOneway() {
+				req.ReplyError(protocol.ErrShuttingDown)
+			} else {
+				req.finish()
+			}
+			return
+		}
+		req := &Request{Frame: f, conn: c, h: rt.h, reserved: n}
 		c.s.inflight.Add(1)
-		if _, ok := c.s.handlers[f.Code]; !ok {
+		if !known {
 			req.ReplyError(&protocol.Error{Status: protocol.StatusUnknownCode,
 				Message: fmt.Sprintf("no handler for request code %d", uint16(f.Code))})
 			if f.IsOneway() {
@@ -337,7 +416,13 @@ func (c *serverConn) readFailed(err error) {
 func (c *serverConn) writeLoop() {
 	defer c.s.writeWG.Done()
 	if err := c.w.run(c.nc); err != nil {
-		c.s.log.Debug("connection write failed", "remote", c.nc.RemoteAddr().String(), "error", err)
+		remote := c.nc.RemoteAddr().String()
+		if errors.Is(err, ErrWriteTimeout) {
+			c.s.log.Warn(fmt.Sprintf("closing connection: peer %s did not read for %v; its unanswered requests' replies are dropped", remote, c.s.cfg.WriteTimeout),
+				"remote", remote, "write_timeout", c.s.cfg.WriteTimeout, "unanswered", len(c.sem))
+		} else {
+			c.s.log.Debug("connection write failed", "remote", remote, "error", err)
+		}
 	}
 	_ = c.nc.Close()
 	c.s.mu.Lock()
@@ -349,6 +434,8 @@ func (c *serverConn) writeLoop() {
 type Request struct {
 	protocol.Frame
 	conn     *serverConn
+	h        Handler
+	reserved int // bytes of the connection's MaxWriteBuffer reserved for the reply
 	answered atomic.Bool
 }
 
@@ -357,17 +444,25 @@ func (r *Request) RemoteAddr() net.Addr { return r.conn.nc.RemoteAddr() }
 
 // Reply answers the request with OK and body. Only the first answer counts;
 // later ones return an error. A oneway request is never answered.
+//
+// Reply never blocks: it queues the response for the connection's writer
+// goroutine (its bytes were reserved when the request was admitted), so it
+// may be called from goroutines that must not wait on a peer, like the
+// commit log's. It returns an error when the connection is gone (the peer
+// left, stopped reading for WriteTimeout, or sent a bad frame): the answer is
+// then dropped.
 func (r *Request) Reply(body []byte) error {
 	return r.reply(protocol.StatusOK, body)
 }
 
 // ReplyError answers the request with err's status (protocol.StatusOf) and
-// its text as the body.
+// its text as the body. Like Reply, it never blocks.
 func (r *Request) ReplyError(err error) {
 	_ = r.reply(protocol.StatusOf(err), []byte(err.Error()))
 }
 
-// ReplyStatus answers the request with status and body.
+// ReplyStatus answers the request with status and body. Like Reply, it never
+// blocks.
 func (r *Request) ReplyStatus(status protocol.Status, body []byte) error {
 	return r.reply(status, body)
 }
@@ -381,18 +476,22 @@ func (r *Request) reply(status protocol.Status, body []byte) error {
 	}
 	defer r.release()
 	resp := protocol.Frame{Flags: protocol.FlagResponse, Code: r.Code, Status: status, Opaque: r.Opaque, Body: body}
-	err := r.conn.w.enqueue(&resp)
+	err := r.conn.w.put(&resp, r.reserved)
 	if errors.Is(err, protocol.ErrFrameTooLarge) {
 		msg := []byte(err.Error())
 		resp = protocol.Frame{Flags: protocol.FlagResponse, Code: r.Code, Status: protocol.StatusMessageTooLarge, Opaque: r.Opaque, Body: msg}
-		err = r.conn.w.enqueue(&resp)
+		if err = r.conn.w.put(&resp, r.reserved); errors.Is(err, protocol.ErrFrameTooLarge) {
+			r.conn.w.unreserve(r.reserved)
+		}
 	}
 	return err
 }
 
-// finish releases a oneway request once its handler returned.
+// finish releases a oneway request once its handler returned, or a request
+// dropped unanswered.
 func (r *Request) finish() {
 	if r.answered.CompareAndSwap(false, true) {
+		r.conn.w.unreserve(r.reserved)
 		r.release()
 	}
 }

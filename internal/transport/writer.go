@@ -1,19 +1,37 @@
 package transport
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
 // writer coalesces frames from many goroutines into few writes: callers
 // append encoded frames to buf under mu, and one goroutine (run) swaps the
-// buffer out and writes it whole. A caller blocks while more than max bytes
-// wait, so a slow peer cannot grow memory without bound.
+// buffer out and writes it whole.
+//
+// Its two users bound it differently. A client's callers wait (up to their
+// context) while max bytes or more wait to be written: the caller is the one
+// slowed down. A server never makes a replier wait: it bounds the buffer by
+// admission instead (admit, called by the connection's reader, reserves the
+// bytes of a request's reply before the request is handed to a handler, and
+// put releases the reservation as it appends the reply).
+//
+// A socket write that makes no progress for timeout fails the writer (the
+// peer stopped reading); nothing then waits on that peer any more.
 type writer struct {
-	max  int
-	wake chan struct{} // capacity 1: "buf has data or the writer is closing"
+	max     int
+	timeout time.Duration // a write making no progress this long fails with ErrWriteTimeout; 0: never
+	wake    chan struct{} // capacity 1: "buf has data or the writer is closing"
+	done    chan struct{} // closed by close
+	written atomic.Int64  // bytes written to the socket
 
 	// inline, when set, lets enqueue write a frame itself, from the caller's
 	// goroutine, when no write is in progress: a lone request then leaves
@@ -21,32 +39,75 @@ type writer struct {
 	// wmu serializes writes to the socket between callers and run.
 	inline net.Conn
 	wmu    sync.Mutex
+	// deadline is the socket's write deadline (guarded by wmu); write moves
+	// it only when less than timeout is left, so a stream of quick writes
+	// does not reset a timer each.
+	deadline time.Time
 
-	mu    sync.Mutex
-	space *sync.Cond // signalled when buf is drained or the writer closes
-	buf   []byte
+	mu  sync.Mutex
+	buf []byte
+	// writing is the size of the batch run is writing (swapped out of buf,
+	// not yet on the socket); reserved is what admitted requests reserved for
+	// their replies (server only).
+	writing, reserved int
+	// space, when a goroutine waits for room, is closed (and cleared) by the
+	// next change that may make room: a write, a reply, a release, close.
+	space chan struct{}
+	// admitWaiting counts readers inside admit waiting for room (0 or 1 per
+	// writer); read by tests.
+	admitWaiting int
 	// closed: no more frames are taken; run writes what is buffered, then exits.
 	closed bool
 	err    error // why it closed; returned to later callers
+	failed bool  // closed because a write failed (err is that failure)
 }
 
-func newWriter(max int) *writer {
-	w := &writer{max: max, wake: make(chan struct{}, 1)}
-	w.space = sync.NewCond(&w.mu)
-	return w
+func newWriter(max int, timeout time.Duration) *writer {
+	return &writer{max: max, timeout: timeout, wake: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
 
-// enqueue appends f to the buffer. It fails if f is over the frame cap or
-// the writer is closed.
-func (w *writer) enqueue(f *protocol.Frame) error {
+// signal wakes the goroutines waiting for room; mu is held.
+func (w *writer) signal() {
+	if w.space != nil {
+		close(w.space)
+		w.space = nil
+	}
+}
+
+// spaceChan returns the channel the next change closes; mu is held.
+func (w *writer) spaceChan() chan struct{} {
+	if w.space == nil {
+		w.space = make(chan struct{})
+	}
+	return w.space
+}
+
+func (w *writer) kick() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// enqueue appends f to the buffer for a client: it waits while max bytes or
+// more are buffered, until ctx is done. It fails if f is over the frame cap
+// or the writer is closed.
+func (w *writer) enqueue(ctx context.Context, f *protocol.Frame) error {
 	if w.inline != nil && w.wmu.TryLock() {
 		return w.writeInline(f)
 	}
 	w.mu.Lock()
 	for len(w.buf) >= w.max && !w.closed {
-		w.space.Wait()
+		ch := w.spaceChan()
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		w.mu.Lock()
 	}
 	if w.closed {
 		err := w.err
@@ -59,11 +120,82 @@ func (w *writer) enqueue(f *protocol.Frame) error {
 	if err != nil {
 		return err
 	}
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
+	w.kick()
 	return nil
+}
+
+// admit reserves n bytes for the reply of a request the server's reader is
+// about to hand to a handler. It waits while the buffered bytes (including
+// the batch being written) plus those already reserved plus n exceed max;
+// when nothing is buffered or reserved it admits whatever n is, so a reply
+// larger than max cannot wait forever. It returns the writer's error once
+// it is closed, and errStopped once stop is closed.
+func (w *writer) admit(n int, stop <-chan struct{}) error {
+	w.mu.Lock()
+	for {
+		if w.closed {
+			err := w.err
+			w.mu.Unlock()
+			return err
+		}
+		used := len(w.buf) + w.writing + w.reserved
+		if used == 0 || used+n <= w.max {
+			w.reserved += n
+			w.mu.Unlock()
+			return nil
+		}
+		ch := w.spaceChan()
+		w.admitWaiting++
+		w.mu.Unlock()
+		var stopped bool
+		select {
+		case <-ch:
+		case <-stop:
+			stopped = true
+		}
+		w.mu.Lock()
+		w.admitWaiting--
+		if stopped {
+			w.mu.Unlock()
+			return errStopped
+		}
+	}
+}
+
+// put appends f for a server: it never waits. On success, or when the writer
+// is closed, it releases release bytes of reservation (made by admit); when f
+// cannot be encoded (protocol.ErrFrameTooLarge) it changes nothing, so the
+// caller can put another frame with the same release.
+func (w *writer) put(f *protocol.Frame, release int) error {
+	w.mu.Lock()
+	if w.closed {
+		w.reserved -= release
+		err := w.err
+		w.mu.Unlock()
+		return err
+	}
+	buf, err := protocol.AppendFrame(w.buf, f)
+	if err != nil {
+		w.mu.Unlock()
+		return err
+	}
+	w.buf = buf
+	w.reserved -= release
+	w.signal()
+	w.mu.Unlock()
+	w.kick()
+	return nil
+}
+
+// unreserve releases a reservation whose reply was never put.
+func (w *writer) unreserve(n int) {
+	if n == 0 {
+		return
+	}
+	w.mu.Lock()
+	w.reserved -= n
+	w.signal()
+	w.mu.Unlock()
 }
 
 // writeInline writes f from the caller's goroutine; wmu is held.
@@ -81,58 +213,108 @@ func (w *writer) writeInline(f *protocol.Frame) error {
 		framePool.Put(bp)
 		return err
 	}
-	_, err = w.inline.Write(b)
+	err = w.write(w.inline, b)
 	if cap(b) <= 64<<10 {
 		*bp = b[:0]
 		framePool.Put(bp)
 	}
 	if err != nil {
-		w.close(err)
+		w.fail(err) // run returns err, so the connection's owner learns of it
 		return err
 	}
 	return nil
 }
 
+// errStopped: admit gave up because the server is closing.
+var errStopped = errors.New("transport: server closing")
+
+// ErrWriteTimeout marks a connection closed because its peer read nothing
+// for the write timeout (ServerConfig.WriteTimeout, ClientConfig.WriteTimeout).
+var ErrWriteTimeout = errors.New("transport: peer stopped reading")
+
+// write writes b whole to conn; wmu is held. Each attempt starts with at
+// least timeout (at most 9/8 of it) before the socket's deadline; an attempt
+// that ends at its deadline having written something made progress, and the
+// rest gets a fresh deadline. So write fails with ErrWriteTimeout only after
+// the peer took no byte for at least timeout (and at most 2.25 times that
+// after the last byte it took); a slow peer that keeps reading is not cut.
+func (w *writer) write(conn net.Conn, b []byte) error {
+	if w.timeout <= 0 {
+		n, err := conn.Write(b)
+		w.written.Add(int64(n))
+		return err
+	}
+	for {
+		if now := time.Now(); w.deadline.Sub(now) < w.timeout {
+			w.deadline = now.Add(w.timeout + w.timeout/8)
+			_ = conn.SetWriteDeadline(w.deadline)
+		}
+		n, err := conn.Write(b)
+		w.written.Add(int64(n))
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: nothing written for %v (%d bytes unsent)", ErrWriteTimeout, w.timeout, len(b))
+		}
+		b = b[n:]
+	}
+}
+
 // close stops taking frames; run flushes what is buffered and returns.
-func (w *writer) close(err error) {
+func (w *writer) close(err error) { w.shut(err, false) }
+
+// fail closes the writer after a failed write: what is buffered is dropped.
+func (w *writer) fail(err error) { w.shut(err, true) }
+
+func (w *writer) shut(err error, failed bool) {
 	w.mu.Lock()
 	if !w.closed {
 		w.closed = true
 		w.err = err
+		w.failed = failed
+		close(w.done)
 	}
-	w.space.Broadcast()
+	w.signal()
 	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
+	w.kick()
 }
 
 // run writes buffered frames to conn until the writer is closed and drained,
-// or a write fails. It returns the write error, if any.
+// or a write fails. It returns the write error, its own or an inline one.
 func (w *writer) run(conn net.Conn) error {
 	var spare []byte
 	for range w.wake {
 		for {
 			w.mu.Lock()
+			if w.closed && w.failed {
+				w.buf = nil // nothing more can be written after a failed write
+			}
 			out := w.buf
-			closed := w.closed
+			closed, failed, cerr := w.closed, w.failed, w.err
+			w.writing = len(out)
 			if len(out) > 0 {
 				w.buf = spare[:0]
-				w.space.Broadcast()
 			}
+			w.signal() // the previous batch is written, buf is empty
 			w.mu.Unlock()
 			if len(out) == 0 {
 				if closed {
+					if failed {
+						return cerr
+					}
 					return nil
 				}
 				break
 			}
 			w.wmu.Lock()
-			_, err := conn.Write(out)
+			err := w.write(conn, out)
 			w.wmu.Unlock()
 			if err != nil {
-				w.close(err)
+				w.fail(err)
 				return err
 			}
 			if cap(out) > 4*w.max {
