@@ -108,11 +108,15 @@ func New(cfg Config) (*Broker, error) {
 	b.send = &sender{id: cfg.ID, store: b.store, lease: b.lease, routes: b.routes, repl: b.repl, stats: &b.stats,
 		clock: cfg.Clock, lg: lg, maxReqs: cfg.MaxInflightRequests, maxBytes: cfg.MaxInflightBytes}
 
+	// Answers are sent from the commit log's and replication's goroutines
+	// and never wait on a peer: what a connection may have queued is bounded
+	// when its next request is admitted, from these estimates of each
+	// answer's size, and a peer that stops reading for WriteTimeout is cut.
 	b.rpc = transport.NewServer(transport.ServerConfig{
-		Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, Logger: lg.Named("rpc"),
+		Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("rpc"),
 	})
-	b.rpc.Handle(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) })
-	b.rpc.Handle(protocol.CodePull, func(r *transport.Request) { handlePull(b.store, r, r.Body) })
+	b.rpc.HandleWithReply(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) }, sendReplyEstimate)
+	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) { handlePull(b.store, r, r.Body) }, pullReplySize)
 	bound, err := b.rpc.Listen(cfg.Addr)
 	if err != nil {
 		return fail(fmt.Errorf("broker: %w", err))
@@ -122,8 +126,9 @@ func New(cfg Config) (*Broker, error) {
 		b.addr = bound.String()
 	}
 	if b.repl != nil {
-		b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, Logger: lg.Named("ha")})
-		b.ha.Handle(protocol.CodeHAFetch, func(r *transport.Request) { b.repl.handleFetch(r, r.Body) })
+		b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("ha")})
+		b.ha.HandleWithReply(protocol.CodeHAFetch, func(r *transport.Request) { b.repl.handleFetch(r, r.Body) },
+			func([]byte) int { return 8 + cfg.HAFetchBytes })
 		haBound, err := b.ha.Listen(cfg.HAAddr)
 		if err != nil {
 			return fail(fmt.Errorf("broker: HA %w", err))

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/broker"
@@ -361,4 +363,92 @@ func warmRoute(t *testing.T, c *transport.Client, topic string, queues ...uint32
 			return st == protocol.StatusOK
 		})
 	}
+}
+
+// syncBuffer is a log destination that tests read while the broker writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A client that stops reading its answers holds up nobody. One connection
+// pipelines PULLs with large answers and SENDs, and never reads; meanwhile
+// other producers' HIGH sends, which need the commit log's goroutines and
+// the slave's fetches, all complete; and the stuck connection is closed
+// with one clear log line.
+func TestStuckReaderStallsNobody(t *testing.T) {
+	var logs syncBuffer
+	meta := tc.StartMeta(t, 1, nil)
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Slave: true, Edit: func(c *broker.Config) {
+		c.WriteTimeout = 300 * time.Millisecond
+		if c.Role == routing.RoleMaster {
+			c.Logger = hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Warn})
+		}
+	}})
+	meta.CreateTopic(t, "stuck", "g1", "g1")
+	c := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, c, "stuck", 0, 1)
+	body := strings.Repeat("x", 4<<10)
+	for range 64 { // 4 MiB in queue 0 to pull
+		batch := make([]protocol.Message, 16)
+		for i := range batch {
+			batch[i] = tc.Msg("stuck", 0, protocol.Normal, body)
+		}
+		tc.Send(t, c, batch)
+	}
+
+	raw, err := net.Dial("tcp", g.Master.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		_ = raw.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		pull := protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "stuck", Queue: 0, MaxBytes: 1 << 20})
+		send := protocol.AppendSendRequest(nil, []protocol.Message{tc.Msg("stuck", 1, protocol.Normal, "from the stuck client")})
+		for i := range uint32(200) {
+			code, b := protocol.CodePull, pull
+			if i%2 == 1 {
+				code, b = protocol.CodeSend, send
+			}
+			frame, _ := protocol.AppendFrame(nil, &protocol.Frame{Code: code, Opaque: i + 1, Body: b})
+			if _, err := raw.Write(frame); err != nil {
+				return // the broker stopped reading, or closed the connection
+			}
+		}
+	}()
+
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 25 {
+				r := tc.Send(t, c, []protocol.Message{tc.Msg("stuck", 1, protocol.High, fmt.Sprintf("w%d-%d", w, i))})
+				if r[0].Status != protocol.StatusOK {
+					t.Errorf("HIGH send beside a stuck reader: %v", r[0].Status)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	tc.WaitFor(t, 10*time.Second, "the stuck connection to be closed", func() bool {
+		return strings.Contains(logs.String(), "did not read")
+	})
+	t.Logf("broker said: %s", strings.TrimSpace(logs.String()))
+	<-writerDone
 }

@@ -83,6 +83,10 @@ type Config struct {
 	MaxInflightPerConn int
 	// Workers is the number of request workers. Default 4 x GOMAXPROCS.
 	Workers int
+	// WriteTimeout closes a connection (producer, consumer or slave) that
+	// read nothing of its answers for this long; its unanswered requests'
+	// answers are dropped. Default 10 s.
+	WriteTimeout time.Duration
 
 	// Logger is the root logger. Default: stderr at info.
 	Logger hclog.Logger `json:"-"`
@@ -132,6 +136,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxInflightPerConn <= 0 {
 		c.MaxInflightPerConn = 1024
 	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 10 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "broker", Level: hclog.Info})
 	}
@@ -158,6 +165,7 @@ func (c Config) Validate() error {
 	}{
 		{"FlushInterval", c.FlushInterval}, {"RetentionCheck", c.RetentionCheck}, {"HeartbeatInterval", c.HeartbeatInterval},
 		{"SessionTimeout", c.SessionTimeout}, {"HighWait", c.HighWait}, {"SlaveLagTime", c.SlaveLagTime}, {"HAFetchWait", c.HAFetchWait},
+		{"WriteTimeout", c.WriteTimeout},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("broker: %s must not be negative, got %v", d.name, d.v))

@@ -3,6 +3,7 @@ package broker
 import (
 	"errors"
 
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/storage"
 )
@@ -34,7 +35,7 @@ func pullBytes(req protocol.PullRequest) int {
 func pullReplySize(body []byte) int {
 	req, err := protocol.DecodePullRequest(body)
 	if err != nil {
-		return 256 // the error's text
+		return transport.DefaultReplySize // the error's text
 	}
 	return 64 + pullBytes(req)
 }

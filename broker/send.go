@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/storage"
 )
@@ -84,6 +86,17 @@ func (sb *sendBatch) done1() {
 
 // sendReplySize is the size of a SEND answer for n messages.
 func sendReplySize(n int) int { return 4 + 18*n }
+
+// sendReplyEstimate is the size of the answer to a SEND request body, for
+// the transport's admission: one result per message (the body starts with
+// the message count), or an error's text.
+func sendReplyEstimate(body []byte) int {
+	if len(body) < 4 {
+		return transport.DefaultReplySize
+	}
+	n := binary.BigEndian.Uint32(body)
+	return max(sendReplySize(int(min(n, protocol.MaxFrameSize/18))), transport.DefaultReplySize)
+}
 
 // handle serves one SEND request body; it runs on a request worker.
 func (s *sender) handle(rep replier, body []byte) {
