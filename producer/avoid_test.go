@@ -101,11 +101,15 @@ func TestSlowGroupIsAvoided(t *testing.T) {
 			startFakeBroker(t, c.MetaAddr(), "fast")
 			slow.delay.Store(int64(60 * time.Millisecond))
 			c.Meta.CreateTopic(t, "slowfast", "slow", "fast")
-			p := newProducer(t, c, Avoider(a), Linger(0))
+			// The avoider's clock moves a millisecond per send, however slow
+			// the run: the 1 s avoidance window does not pass during it.
+			clk := clockwork.NewFakeClock()
+			p := newProducer(t, c, Avoider(a), Linger(0), withClock(clk))
 			for i := range 100 {
 				if _, err := p.Send(context.Background(), &Message{Topic: "slowfast", Body: []byte(fmt.Sprint(i))}); err != nil {
 					t.Fatal(err)
 				}
+				clk.Advance(time.Millisecond)
 			}
 			t.Logf("%s: slow group took %d of 100 sends", name, slow.msgs.Load())
 			if slow.msgs.Load() > 10 {

@@ -271,7 +271,11 @@ func (c *Client) finish(rec *record, res Result, err error) {
 // dispatch picks a queue for the record and hands it to that group's sink.
 func (c *Client) dispatch(rec *record, urgent bool) {
 	if c.dead.Load() {
-		c.finish(rec, Result{}, ErrClosed)
+		err := ErrClosed
+		if rec.lastErr != nil {
+			err = fmt.Errorf("%w (last attempt: %w)", ErrClosed, rec.lastErr)
+		}
+		c.finish(rec, Result{}, err)
 		return
 	}
 	if err := rec.ctx.Err(); err != nil {
