@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -55,7 +56,7 @@ func benchSend(b *testing.B, addr string, rel protocol.Reliability, batchSize, s
 	}
 	// A fresh topic is NO_ROUTE until the broker has looked it up.
 	for q := range uint32(8) {
-		testcluster.WaitFor(b, 5*time.Second, "the route", func() bool {
+		testwait.For(b, 5*time.Second, "the route", func() bool {
 			msg := []protocol.Message{{ID: "warm", Topic: "bench", Queue: q, Reliability: rel, Timestamp: 1, Body: []byte("w")}}
 			return testcluster.Send(b, clients[0], msg)[0].Status == protocol.StatusOK
 		})

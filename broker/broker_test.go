@@ -17,6 +17,7 @@ import (
 	"github.com/ferrymq/ferrymq/broker"
 	tc "github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/testlog"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -94,7 +95,7 @@ func TestNormalAndHighReplicate(t *testing.T) {
 	wg.Wait()
 	// Every HIGH answer came after the slave had the bytes.
 	end := g.Master.Store().EndOffset()
-	tc.WaitFor(t, 5*time.Second, "the slave to catch up", func() bool { return g.Slave.Store().EndOffset() == end })
+	testwait.For(t, 5*time.Second, "the slave to catch up", func() bool { return g.Slave.Store().EndOffset() == end })
 	if !bytes.Equal(tc.LogBytes(t, g.Master.Store()), tc.LogBytes(t, g.Slave.Store())) {
 		t.Fatal("the slave's log differs from the master's")
 	}
@@ -141,7 +142,7 @@ func TestHighWithoutSlave(t *testing.T) {
 		t.Fatalf("once the slave is known gone, HIGH must be refused at once, got %v", last)
 	}
 	g.StartSlave(t)
-	tc.WaitFor(t, 10*time.Second, "HIGH to succeed again", func() bool {
+	testwait.For(t, 10*time.Second, "HIGH to succeed again", func() bool {
 		return tc.Send(t, c, []protocol.Message{tc.Msg("high", 0, protocol.High, "after")})[0].Status == protocol.StatusOK
 	})
 	if !bytes.Equal(tc.LogBytes(t, g.Master.Store()), tc.LogBytes(t, g.Slave.Store())[:g.Master.Store().EndOffset()]) {
@@ -159,14 +160,14 @@ func TestReadOnlyGroupRefusesWrites(t *testing.T) {
 	if _, err := mc.SetGroupReadOnly(context.Background(), "g1", true); err != nil {
 		t.Fatal(err)
 	}
-	tc.WaitFor(t, 5*time.Second, "the broker to enforce RO", func() bool { return !g.Master.Writable() })
+	testwait.For(t, 5*time.Second, "the broker to enforce RO", func() bool { return !g.Master.Writable() })
 	if r := tc.Send(t, c, []protocol.Message{tc.Msg("ro", 0, protocol.Normal, "x")}); r[0].Status != protocol.StatusReadOnly {
 		t.Fatalf("send to a read-only group: %v", r[0].Status)
 	}
 	if _, err := mc.SetGroupReadOnly(context.Background(), "g1", false); err != nil {
 		t.Fatal(err)
 	}
-	tc.WaitFor(t, 5*time.Second, "the broker to be writable", g.Master.Writable)
+	testwait.For(t, 5*time.Second, "the broker to be writable", g.Master.Writable)
 	if r := tc.Send(t, c, []protocol.Message{tc.Msg("ro", 0, protocol.Normal, "x")}); r[0].Status != protocol.StatusOK {
 		t.Fatalf("send after RW: %v", r[0].Status)
 	}
@@ -208,10 +209,10 @@ func TestKilledMasterKeepsAcknowledged(t *testing.T) {
 	cfg := tc.BrokerConfig(meta.Addrs(), "g1", routing.RoleMaster, dir)
 	cfg.Flush = storage.FlushSync
 	addr, proc := startChild(t, cfg)
-	tc.WaitFor(t, 10*time.Second, "the child to register", func() bool { _, ok := meta.Nodes[0].FSM().Group("g1"); return ok })
+	testwait.For(t, 10*time.Second, "the child to register", func() bool { _, ok := meta.Nodes[0].FSM().Group("g1"); return ok })
 	meta.CreateTopic(t, "durable", "g1", "g1")
 	c := tc.Dial(t, addr)
-	tc.WaitFor(t, 10*time.Second, "the child to be writable", func() bool {
+	testwait.For(t, 10*time.Second, "the child to be writable", func() bool {
 		return tc.Send(t, c, []protocol.Message{tc.Msg("durable", 0, protocol.Normal, "probe")})[0].Status == protocol.StatusOK
 	})
 
@@ -248,7 +249,7 @@ func TestKilledMasterKeepsAcknowledged(t *testing.T) {
 			}
 		}()
 	}
-	tc.WaitFor(t, 10*time.Second, "200 acknowledgements before the kill", func() bool {
+	testwait.For(t, 10*time.Second, "200 acknowledgements before the kill", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(ack) >= 200
@@ -330,7 +331,7 @@ func TestRetentionKeepsQueuesReadable(t *testing.T) {
 		}
 	}
 	for _, b := range []*broker.Broker{g.Master, g.Slave} {
-		tc.WaitFor(t, 5*time.Second, "retention to trim the log", func() bool {
+		testwait.For(t, 5*time.Second, "retention to trim the log", func() bool {
 			return b.Store().EndOffset()-b.Store().StartOffset() < 400<<10
 		})
 	}
@@ -355,7 +356,7 @@ func TestRetentionKeepsQueuesReadable(t *testing.T) {
 func warmRoute(t *testing.T, c *transport.Client, topic string, queues ...uint32) {
 	t.Helper()
 	for _, q := range queues {
-		tc.WaitFor(t, 5*time.Second, fmt.Sprintf("the route of %s/%d to reach the broker", topic, q), func() bool {
+		testwait.For(t, 5*time.Second, fmt.Sprintf("the route of %s/%d to reach the broker", topic, q), func() bool {
 			st := tc.Send(t, c, []protocol.Message{tc.Msg(topic, q, protocol.Normal, "probe")})[0].Status
 			if st != protocol.StatusOK && st != protocol.StatusNoRoute {
 				t.Fatalf("probe of %s/%d: %v", topic, q, st)
@@ -446,7 +447,7 @@ func TestStuckReaderStallsNobody(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	tc.WaitFor(t, 10*time.Second, "the stuck connection to be closed", func() bool {
+	testwait.For(t, 10*time.Second, "the stuck connection to be closed", func() bool {
 		return strings.Contains(logs.String(), "did not read")
 	})
 	t.Logf("broker said: %s", strings.TrimSpace(logs.String()))

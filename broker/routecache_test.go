@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
@@ -68,21 +69,10 @@ func startRouteCache(t *testing.T, l *fakeLookup, clock clockwork.Clock) *routeC
 	return c
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // settle waits until no lookup is queued or running.
 func settle(t *testing.T, c *routeCache) {
 	t.Helper()
-	waitUntil(t, "the lookups to finish", func() bool {
+	testwait.For(t, 5*time.Second, "the lookups to finish", func() bool {
 		c.qmu.Lock()
 		defer c.qmu.Unlock()
 		return len(c.pending) == 0
@@ -107,12 +97,12 @@ func TestRouteCacheMissesNeverWaitAndLookUpOnce(t *testing.T) {
 		}()
 	}
 	wg.Wait() // every check returned while the lookup hangs
-	waitUntil(t, "the lookup to start", func() bool { return l.calls.Load() == 1 })
+	testwait.For(t, 5*time.Second, "the lookup to start", func() bool { return l.calls.Load() == 1 })
 	if c.routed("t", 0) {
 		t.Fatal("routed while the lookup hangs")
 	}
 	close(gate)
-	waitUntil(t, "the route to be cached", func() bool { return c.routed("t", 0) })
+	testwait.For(t, 5*time.Second, "the route to be cached", func() bool { return c.routed("t", 0) })
 	if c.routed("t", 1) {
 		t.Fatal("queue 1 belongs to g2")
 	}
@@ -129,7 +119,7 @@ func TestRouteCacheFreshnessAndRefresh(t *testing.T) {
 	l := &fakeLookup{route: map[string][]string{"t": {"g1", "g2"}}}
 	c := startRouteCache(t, l, clock)
 	c.routed("t", 0)
-	waitUntil(t, "the route", func() bool { return c.routed("t", 0) })
+	testwait.For(t, 5*time.Second, "the route", func() bool { return c.routed("t", 0) })
 	settle(t, c)
 	base := l.calls.Load()
 
@@ -163,7 +153,7 @@ func TestRouteCacheFreshnessAndRefresh(t *testing.T) {
 	if !c.routed("t", 0) {
 		t.Fatal("a stale route must be served while it is refreshed")
 	}
-	waitUntil(t, "the stale refresh", func() bool { return l.calls.Load() == base+1 })
+	testwait.For(t, 5*time.Second, "the stale refresh", func() bool { return l.calls.Load() == base+1 })
 	if !c.routed("t", 0) {
 		t.Fatal("a failed refresh must keep the last known route")
 	}
@@ -176,14 +166,14 @@ func TestRouteCachePrunesUnknownTopics(t *testing.T) {
 	c := startRouteCache(t, l, clock)
 	c.routed("t", 0)
 	c.routed("nope", 0)
-	waitUntil(t, "both lookups", func() bool {
+	testwait.For(t, 5*time.Second, "both lookups", func() bool {
 		c.mu.RLock()
 		defer c.mu.RUnlock()
 		return len(c.topics) == 2
 	})
 	settle(t, c)
 	clock.Advance(routeTTL)
-	waitUntil(t, "the unknown topic to be pruned", func() bool {
+	testwait.For(t, 5*time.Second, "the unknown topic to be pruned", func() bool {
 		c.mu.RLock()
 		defer c.mu.RUnlock()
 		_, known := c.topics["nope"]

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/metaserver/api"
@@ -32,7 +33,7 @@ func TestBootstrapAndRestartKeepState(t *testing.T) {
 	if _, err := cl.SetGroupReadOnly(ctx, "g1", true); err != nil {
 		t.Fatal(err)
 	}
-	testcluster.WaitFor(t, 5*time.Second, "every node to apply", func() bool {
+	testwait.For(t, 5*time.Second, "every node to apply", func() bool {
 		for _, s := range m.Nodes {
 			if g := groupOf(t, s, "g1"); g.Reasons&routing.Admin == 0 {
 				return false
@@ -48,7 +49,7 @@ func TestBootstrapAndRestartKeepState(t *testing.T) {
 	}
 	m.Leader()
 	for i, s := range m.Nodes {
-		testcluster.WaitFor(t, 5*time.Second, "the log to replay", func() bool { return s.FSM().Version() >= want.Version })
+		testwait.For(t, 5*time.Second, "the log to replay", func() bool { return s.FSM().Version() >= want.Version })
 		got := s.FSM().State()
 		if len(got.Topics) != 1 || len(got.Groups) != 1 || got.Groups["g1"].Reasons&routing.Admin == 0 || len(got.Members) != 3 {
 			t.Fatalf("node %d after restart: %+v", i, got)
@@ -66,7 +67,7 @@ func TestLeaderLossKeepsRoutesAndHeartbeats(t *testing.T) {
 	cl := m.Client(t)
 	b := startBroker(t, cl, "g1", routing.RoleMaster)
 	old, leader := m.Leader()
-	testcluster.WaitFor(t, 5*time.Second, "g1 to register", func() bool { _, ok := leader.FSM().Group("g1"); return ok })
+	testwait.For(t, 5*time.Second, "g1 to register", func() bool { _, ok := leader.FSM().Group("g1"); return ok })
 	ctx := context.Background()
 	if _, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: "t1", Queues: 2}); err != nil {
 		t.Fatal(err)
@@ -79,7 +80,7 @@ func TestLeaderLossKeepsRoutesAndHeartbeats(t *testing.T) {
 	elected := time.Since(killed)
 	// The broker's heartbeats follow the leader.
 	beats := newLeader.Heartbeats()
-	testcluster.WaitFor(t, 5*time.Second, "a heartbeat taken by the new leader", func() bool {
+	testwait.For(t, 5*time.Second, "a heartbeat taken by the new leader", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		return newLeader.Heartbeats() > beats && b.lastErr == nil
@@ -236,7 +237,7 @@ func TestRoutesOnEveryNode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		testcluster.WaitFor(t, 5*time.Second, "the node to apply", func() bool {
+		testwait.For(t, 5*time.Second, "the node to apply", func() bool {
 			r, err := one.Route(ctx, "spread")
 			return err == nil && r.Version >= created.Version && len(r.Queues) == 4
 		})
@@ -334,7 +335,7 @@ func TestAddAndRemoveVoter(t *testing.T) {
 	if _, err := testcluster.Dial(t, leader.RPCAddr()).Call(ctx, protocol.CodeAdminCreateTopic, req); !errors.Is(err, protocol.ErrNoRoute) {
 		t.Fatalf("creating a topic with no broker groups: %v", err)
 	}
-	testcluster.WaitFor(t, 5*time.Second, "m4 to catch up", func() bool { return len(n4.FSM().Members()) == 4 })
+	testwait.For(t, 5*time.Second, "m4 to catch up", func() bool { return len(n4.FSM().Members()) == 4 })
 	st, err = cl.RemoveVoter(ctx, "m4")
 	if err != nil || len(st.Members) != 3 {
 		t.Fatalf("remove voter: %+v, %v", st, err)

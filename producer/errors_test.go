@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -36,7 +37,7 @@ func TestErrorsMatch(t *testing.T) {
 	if _, err := c.Meta.Client(t).SetGroupReadOnly(ctx, "gro", true); err != nil {
 		t.Fatal(err)
 	}
-	testcluster.WaitFor(t, 5*time.Second, "gro's master to enforce RO", func() bool { return !c.Master("gro").Writable() })
+	testwait.For(t, 5*time.Second, "gro's master to enforce RO", func() bool { return !c.Master("gro").Writable() })
 	startFakeBroker(t, c.MetaAddr(), "gf")
 	c.Meta.CreateTopic(t, "fake", "gf")
 	// Retriable failures end after 300 ms of retries.
@@ -213,9 +214,9 @@ func killedMidSend(t *testing.T, c *testcluster.Cluster, group, topic string) er
 			time.Sleep(200 * time.Microsecond)
 		}
 	}()
-	testcluster.WaitFor(t, 10*time.Second, "20 results before the kill", func() bool { n, _ := pr.count(); return n >= 20 })
+	testwait.For(t, 10*time.Second, "20 results before the kill", func() bool { n, _ := pr.count(); return n >= 20 })
 	_ = c.Master(group).Close()
-	testcluster.WaitFor(t, 10*time.Second, "20 failures after the kill", func() bool { _, f := pr.count(); return f >= 20 })
+	testwait.For(t, 10*time.Second, "20 failures after the kill", func() bool { _, f := pr.count(); return f >= 20 })
 	close(stop)
 	wg.Wait()
 	_ = p.Flush(ctx)

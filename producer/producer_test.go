@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -117,7 +118,7 @@ func TestReadOnlyGroupIsAvoided(t *testing.T) {
 	if _, err := c.Meta.Client(t).SetGroupReadOnly(ctx, "g1", true); err != nil {
 		t.Fatal(err)
 	}
-	testcluster.WaitFor(t, 5*time.Second, "g1's master to enforce RO", func() bool { return !c.Master("g1").Writable() })
+	testwait.For(t, 5*time.Second, "g1's master to enforce RO", func() bool { return !c.Master("g1").Writable() })
 	for i := range 50 {
 		r, err := p.Send(ctx, &Message{Topic: "ro", Body: []byte(fmt.Sprint(i))})
 		if err != nil {
@@ -129,7 +130,7 @@ func TestReadOnlyGroupIsAvoided(t *testing.T) {
 	}
 	// g1's READ_ONLY answers refreshed the route (not the 30 s refresh):
 	// once the producer's route says so, it no longer even tries g1.
-	testcluster.WaitFor(t, 5*time.Second, "the producer's route to show g1 read-only", func() bool { return !routeWritable(p, "ro", "g1") })
+	testwait.For(t, 5*time.Second, "the producer's route to show g1 read-only", func() bool { return !routeWritable(p, "ro", "g1") })
 	before := c.Master("g1").Stats().Refused.Load()
 	for range 20 {
 		if _, err := p.Send(ctx, &Message{Topic: "ro", Body: []byte("x")}); err != nil {
@@ -165,10 +166,10 @@ func TestKilledBrokerIsRetriedElsewhere(t *testing.T) {
 		}
 	}()
 	called := func() int { n, _ := pr.count(); return n }
-	testcluster.WaitFor(t, 10*time.Second, "100 results before the kill", func() bool { return called() >= 100 })
+	testwait.For(t, 10*time.Second, "100 results before the kill", func() bool { return called() >= 100 })
 	_ = c.Master("g1").Close()
 	killed := called()
-	testcluster.WaitFor(t, 10*time.Second, "200 more results after the kill", func() bool { return called() >= killed+200 })
+	testwait.For(t, 10*time.Second, "200 more results after the kill", func() bool { return called() >= killed+200 })
 	close(stop)
 	wg.Wait()
 	if err := p.Flush(ctx); err != nil {

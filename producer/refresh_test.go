@@ -8,6 +8,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
@@ -30,12 +31,12 @@ func TestPeriodicRouteRefresh(t *testing.T) {
 	// route alone.
 	passes := p.refreshPasses.Load()
 	clk.Advance(29 * time.Second)
-	testcluster.WaitFor(t, 5*time.Second, "a refresher pass", func() bool { return p.refreshPasses.Load() > passes })
+	testwait.For(t, 5*time.Second, "a refresher pass", func() bool { return p.refreshPasses.Load() > passes })
 	if !routeWritable(p, "tick", "g1") {
 		t.Fatal("the route was refreshed before RouteRefresh passed")
 	}
 	clk.Advance(time.Second)
-	testcluster.WaitFor(t, 5*time.Second, "the refresher to see g1 read-only", func() bool { return !routeWritable(p, "tick", "g1") })
+	testwait.For(t, 5*time.Second, "the refresher to see g1 read-only", func() bool { return !routeWritable(p, "tick", "g1") })
 	if n := p.forcedRefreshes.Load(); n != 0 {
 		t.Fatalf("%d forced refreshes; only the periodic one should have run", n)
 	}

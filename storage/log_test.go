@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
@@ -302,13 +303,7 @@ func TestAsyncFlush(t *testing.T) {
 	l := openLog(t, Config{Dir: dir, FlushInterval: 20 * time.Millisecond})
 	defer l.Close()
 	pos := mustAppend(t, l, []Entry{{Topic: "a", Payload: []byte("x")}}, false)
-	deadline := time.Now().Add(5 * time.Second)
-	for l.FlushedOffset() < pos[0].End {
-		if time.Now().After(deadline) {
-			t.Fatal("the async flusher never synced")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, 5*time.Second, "the async flusher to sync", func() bool { return l.FlushedOffset() >= pos[0].End })
 	// Asking for the flush of one append waits for it.
 	l2 := openLog(t, Config{Dir: t.TempDir(), FlushInterval: time.Hour})
 	defer l2.Close()

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/producer"
 )
 
@@ -167,7 +167,7 @@ func TestLocalCluster(t *testing.T) {
 	// The metaserver marks g1 read-only once the master's session (4 s in
 	// cluster.sh) passes unheard.
 	var last []groupJSON
-	testcluster.WaitFor(t, 20*time.Second, "g1 to turn read-only (heartbeat-lost) after its master was killed", func() bool {
+	testwait.ForEvery(t, 20*time.Second, 50*time.Millisecond, "g1 to turn read-only (heartbeat-lost) after its master was killed", func() bool {
 		var groups []groupJSON
 		if err := json.Unmarshal([]byte(c.ctl("brokers", "--json")), &groups); err != nil {
 			t.Fatal(err)

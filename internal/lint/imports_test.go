@@ -31,16 +31,17 @@ var rules = map[string][]string{
 	"scripts":            {},
 	"internal/lint":      {},
 	"internal/testlog":   {},
+	"internal/testwait":  {},
 	// The test harness starts whole clusters; only tests may import it
 	// (testOnly below).
 	"internal/testcluster": {"broker", "metaserver", "metaserver/api", "metaserver/client", "internal/transport",
-		"internal/testlog", "protocol", "routing", "storage"},
+		"internal/testlog", "internal/testwait", "protocol", "routing", "storage"},
 	"tests": {"*"},
 }
 
 // testOnly are packages that only test files may import: a program or a
 // library that imported them would start test clusters.
-var testOnly = []string{"internal/testcluster", "internal/testlog"}
+var testOnly = []string{"internal/testcluster", "internal/testlog", "internal/testwait"}
 
 // ruleFor returns the rule key that governs pkg (a path inside the module):
 // the longest key equal to pkg or a parent of it.

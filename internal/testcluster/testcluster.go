@@ -18,6 +18,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/testlog"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/metaserver/api"
@@ -26,20 +27,6 @@ import (
 	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
-
-// WaitFor polls cond until it holds, and fails tb if timeout passes first.
-// It waits for an observable event; it never stands in for an assertion
-// that something did not happen.
-func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // MetaConfig is a metaserver node's config with test timings: elections in
 // a few hundred milliseconds, a 1 s broker session, a 50 ms judge.
@@ -138,7 +125,7 @@ func (m *Meta) Restart(i int) *metaserver.Server {
 func (m *Meta) Leader() (int, *metaserver.Server) {
 	m.tb.Helper()
 	idx := -1
-	WaitFor(m.tb, 10*time.Second, "a metaserver leader", func() bool {
+	testwait.For(m.tb, 10*time.Second, "a metaserver leader", func() bool {
 		for i, s := range m.Nodes {
 			if s != nil && s.IsLeader() {
 				idx = i
@@ -219,9 +206,9 @@ func StartGroup(tb testing.TB, metaAddrs []string, name string, o GroupOpts) *Gr
 	g.Master = StartBroker(tb, g.Config(routing.RoleMaster))
 	if o.Slave {
 		g.StartSlave(tb)
-		WaitFor(tb, 10*time.Second, name+"'s slave to connect", func() bool { return g.Master.Slave().Connected })
+		testwait.For(tb, 10*time.Second, name+"'s slave to connect", func() bool { return g.Master.Slave().Connected })
 	}
-	WaitFor(tb, 10*time.Second, name+" to be writable", g.Master.Writable)
+	testwait.For(tb, 10*time.Second, name+" to be writable", g.Master.Writable)
 	return g
 }
 

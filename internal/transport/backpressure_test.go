@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
@@ -169,14 +170,14 @@ func TestStuckPeerDoesNotBlockReplier(t *testing.T) {
 	writeRequests(t, stuck, codeSized, bodies...)
 
 	var sc *serverConn
-	waitFor(t, func() bool { sc = s.connFrom(stuck.LocalAddr()); return sc != nil }, "the stuck connection to be accepted")
+	testwait.For(t, 5*time.Second, "the stuck connection to be accepted", func() bool { sc = s.connFrom(stuck.LocalAddr()); return sc != nil })
 	// Stuck: its reader waits for room with only the request it read taking
 	// a slot (every request admitted was answered), and every Reply call of
 	// the replier for that peer returned.
 	stuckNow := func() bool {
 		return sc.waitingForRoom() && len(sc.sem) == 1 && answeredBy(stuck.LocalAddr()) == handledFor(stuck.LocalAddr())
 	}
-	waitFor(t, stuckNow, "the stuck connection's reader to stop admitting with every admitted request answered")
+	testwait.For(t, 5*time.Second, "the stuck connection's reader to stop admitting with every admitted request answered", stuckNow)
 	admitted := answeredBy(stuck.LocalAddr())
 	written := int(sc.w.written.Load())
 	if admitted >= sent {
@@ -220,7 +221,7 @@ func TestStuckPeerDoesNotBlockReplier(t *testing.T) {
 	if s.connFrom(stuck.LocalAddr()) == nil {
 		t.Fatal("the stuck connection is gone: the test proves nothing")
 	}
-	waitFor(t, stuckNow, "the stuck connection's reader to wait again")
+	testwait.For(t, 5*time.Second, "the stuck connection's reader to wait again", stuckNow)
 	admitted, written = handledFor(stuck.LocalAddr()), int(sc.w.written.Load())
 	if admitted >= sent || admitted*frame > written+maxBuf {
 		t.Fatalf("admitted %d of %d requests of %d reply bytes each with %d written: over MaxWriteBuffer %d", admitted, sent, frame, written, maxBuf)
@@ -231,7 +232,7 @@ func TestStuckPeerDoesNotBlockReplier(t *testing.T) {
 
 	// The peer leaves: its connection goes, and Close is prompt.
 	_ = stuck.Close()
-	waitFor(t, func() bool { return s.connFrom(stuck.LocalAddr()) == nil }, "the stuck connection to go after its peer left")
+	testwait.For(t, 5*time.Second, "the stuck connection to go after its peer left", func() bool { return s.connFrom(stuck.LocalAddr()) == nil })
 	stop()
 }
 
@@ -265,18 +266,18 @@ func TestAdmissionBoundedByReplyReservations(t *testing.T) {
 				}()
 			}
 			var sc *serverConn
-			waitFor(t, func() bool {
+			testwait.For(t, 5*time.Second, "the connection", func() bool {
 				s.mu.Lock()
 				defer s.mu.Unlock()
 				for c := range s.conns {
 					sc = c
 				}
 				return sc != nil
-			}, "the connection")
+			})
 			for answered := 0; answered < calls; answered++ {
 				// Either the reader waits for room, or every call left is admitted.
 				want := min(tc.want, calls-answered)
-				ok := waitUntil(func() bool {
+				ok := testwait.Until(5*time.Second, func() bool {
 					return len(held) == want && (sc.waitingForRoom() || calls-answered <= tc.want)
 				})
 				if !ok {
@@ -299,18 +300,6 @@ func TestAdmissionBoundedByReplyReservations(t *testing.T) {
 			}
 		})
 	}
-}
-
-// waitUntil polls cond for up to 5 s.
-func waitUntil(cond func() bool) bool {
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return true
 }
 
 // A peer that stops reading is disconnected after WriteTimeout with one
@@ -347,13 +336,7 @@ func TestPeerThatStopsReadingIsClosed(t *testing.T) {
 	writeRequests(t, stuck, codeSized, bodies...)
 
 	const said = "did not read for"
-	deadline := time.Now().Add(10 * time.Second)
-	for len(logs.lines(said)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no warning about a peer that stopped reading")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testwait.For(t, 10*time.Second, "a warning about a peer that stopped reading", func() bool { return len(logs.lines(said)) > 0 })
 	// The handler's late answer fails at once.
 	start := time.Now()
 	if err := r.Reply([]byte("late")); !errors.Is(err, ErrWriteTimeout) {
@@ -362,8 +345,7 @@ func TestPeerThatStopsReadingIsClosed(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("the reply took %v", d)
 	}
-	waitFor(t, func() bool { return s.connFrom(stuck.LocalAddr()) == nil && s.inflight.Load() == 0 },
-		"the connection and its requests to go")
+	testwait.For(t, 5*time.Second, "the connection and its requests to go", func() bool { return s.connFrom(stuck.LocalAddr()) == nil && s.inflight.Load() == 0 })
 	lines := logs.lines(said)
 	if len(lines) != 1 || !strings.Contains(lines[0], stuck.LocalAddr().String()) ||
 		!strings.Contains(lines[0], "[WARN]") || !strings.Contains(lines[0], "100ms") {
@@ -458,7 +440,7 @@ func TestPutNeverWaits(t *testing.T) {
 		admitted.Store(err == nil)
 		done <- err
 	}()
-	waitFor(t, func() bool { w.mu.Lock(); defer w.mu.Unlock(); return w.admitWaiting == 1 }, "admit to wait")
+	testwait.For(t, 5*time.Second, "admit to wait", func() bool { w.mu.Lock(); defer w.mu.Unlock(); return w.admitWaiting == 1 })
 	w.close(ErrConnLost)
 	if err := <-done; !errors.Is(err, ErrConnLost) || admitted.Load() {
 		t.Fatalf("admit on a closed writer: %v", err)

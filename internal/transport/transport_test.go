@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
@@ -234,13 +235,7 @@ func TestOneway(t *testing.T) {
 	if _, err := c.Call(context.Background(), codeEcho, nil); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for ts.counted.Load() != 10 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if n := ts.counted.Load(); n != 10 {
-		t.Fatalf("handled %d oneway requests, want 10", n)
-	}
+	testwait.For(t, 5*time.Second, "the 10 oneway requests to be handled", func() bool { return ts.counted.Load() == 10 })
 	if n := ts.inflight.Load(); n != 0 {
 		t.Fatalf("%d requests still counted in flight", n)
 	}
@@ -337,22 +332,11 @@ func TestBadPeersAreDisconnected(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, func() bool {
+	testwait.For(t, 5*time.Second, "bad connections to be dropped", func() bool {
 		ts.mu.Lock()
 		defer ts.mu.Unlock()
 		return len(ts.conns) == 1
-	}, "bad connections to be dropped")
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	})
 }
 
 func TestOversizedResponseBecomesError(t *testing.T) {
