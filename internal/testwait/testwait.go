@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Poll is how often For checks its condition.
+// Poll is how often For and Until check their condition.
 const Poll = 2 * time.Millisecond
 
 // For polls cond until it holds, and fails tb if timeout passes first,
@@ -26,24 +26,22 @@ func For(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
 // or an RPC each time they are checked.
 func ForEvery(tb testing.TB, timeout, interval time.Duration, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(interval)
+	if !poll(timeout, interval, cond) {
+		tb.Fatalf("timed out after %v waiting for %s", timeout, what)
 	}
 }
 
 // Until polls cond until it holds or timeout passes, and reports whether
 // it held.
-func Until(timeout time.Duration, cond func() bool) bool {
+func Until(timeout time.Duration, cond func() bool) bool { return poll(timeout, Poll, cond) }
+
+func poll(timeout, interval time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(Poll)
+		time.Sleep(interval)
 	}
 	return true
 }
