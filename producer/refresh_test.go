@@ -24,6 +24,9 @@ func TestPeriodicRouteRefresh(t *testing.T) {
 	if _, err := p.Send(ctx, &Message{Topic: "tick", Body: []byte("warm")}); err != nil {
 		t.Fatal(err)
 	}
+	// The warm-up may have been answered NO_ROUTE by a broker that had not
+	// looked the new topic up yet, which forces a refresh; count from here.
+	forced := p.forcedRefreshes.Load()
 	if _, err := c.Meta.Client(t).SetGroupReadOnly(ctx, "g1", true); err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +40,7 @@ func TestPeriodicRouteRefresh(t *testing.T) {
 	}
 	clk.Advance(time.Second)
 	testwait.For(t, 5*time.Second, "the refresher to see g1 read-only", func() bool { return !routeWritable(p, "tick", "g1") })
-	if n := p.forcedRefreshes.Load(); n != 0 {
+	if n := p.forcedRefreshes.Load() - forced; n != 0 {
 		t.Fatalf("%d forced refreshes; only the periodic one should have run", n)
 	}
 }

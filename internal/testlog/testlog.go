@@ -3,8 +3,11 @@
 package testlog
 
 import (
+	"bytes"
 	"io"
 	"os"
+	"strings"
+	"sync"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -16,4 +19,40 @@ func New(name string) hclog.Logger {
 		out = os.Stderr
 	}
 	return hclog.New(&hclog.LoggerOptions{Name: name, Output: out, Level: hclog.Debug})
+}
+
+// Capture is a logger at level whose lines a test reads back while other
+// goroutines log.
+type Capture struct {
+	hclog.Logger
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// NewCapture returns a logger that keeps what it is told at level or above.
+func NewCapture(name string, level hclog.Level) *Capture {
+	c := &Capture{}
+	c.Logger = hclog.New(&hclog.LoggerOptions{Name: name, Output: (*captureWriter)(c), Level: level})
+	return c
+}
+
+type captureWriter Capture
+
+func (w *captureWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(p)
+}
+
+// Lines returns the lines logged so far that contain substr.
+func (c *Capture) Lines(substr string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, line := range strings.Split(c.buf.String(), "\n") {
+		if line != "" && strings.Contains(line, substr) {
+			out = append(out, line)
+		}
+	}
+	return out
 }

@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -32,30 +32,6 @@ func sizedReply(body []byte) int {
 		return DefaultReplySize
 	}
 	return int(binary.BigEndian.Uint32(body))
-}
-
-// lockedBuffer collects log output written from many goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines(substr string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, line := range strings.Split(l.b.String(), "\n") {
-		if strings.Contains(line, substr) {
-			out = append(out, line)
-		}
-	}
-	return out
 }
 
 // connFrom is the server's connection whose peer is at remote, or nil.
@@ -305,9 +281,8 @@ func TestAdmissionBoundedByReplyReservations(t *testing.T) {
 // A peer that stops reading is disconnected after WriteTimeout with one
 // warning naming it, and replies to its unanswered requests fail at once.
 func TestPeerThatStopsReadingIsClosed(t *testing.T) {
-	var logs lockedBuffer
-	logger := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Warn})
-	s := NewServer(ServerConfig{MaxWriteBuffer: 256 << 10, WriteTimeout: 100 * time.Millisecond, Logger: logger})
+	logs := testlog.NewCapture("rpc", hclog.Warn)
+	s := NewServer(ServerConfig{MaxWriteBuffer: 256 << 10, WriteTimeout: 100 * time.Millisecond, Logger: logs})
 	held := make(chan *Request, 1)
 	s.Handle(codeHold, func(r *Request) { held <- r })
 	s.HandleWithReply(codeSized, func(r *Request) { _ = r.Reply(make([]byte, sizedReply(r.Body))) }, sizedReply)
@@ -336,7 +311,7 @@ func TestPeerThatStopsReadingIsClosed(t *testing.T) {
 	writeRequests(t, stuck, codeSized, bodies...)
 
 	const said = "did not read for"
-	testwait.For(t, 10*time.Second, "a warning about a peer that stopped reading", func() bool { return len(logs.lines(said)) > 0 })
+	testwait.For(t, 10*time.Second, "a warning about a peer that stopped reading", func() bool { return len(logs.Lines(said)) > 0 })
 	// The handler's late answer fails at once.
 	start := time.Now()
 	if err := r.Reply([]byte("late")); !errors.Is(err, ErrWriteTimeout) {
@@ -346,12 +321,12 @@ func TestPeerThatStopsReadingIsClosed(t *testing.T) {
 		t.Fatalf("the reply took %v", d)
 	}
 	testwait.For(t, 5*time.Second, "the connection and its requests to go", func() bool { return s.connFrom(stuck.LocalAddr()) == nil && s.inflight.Load() == 0 })
-	lines := logs.lines(said)
+	lines := logs.Lines(said)
 	if len(lines) != 1 || !strings.Contains(lines[0], stuck.LocalAddr().String()) ||
 		!strings.Contains(lines[0], "[WARN]") || !strings.Contains(lines[0], "100ms") {
 		t.Fatalf("want one warning naming %s and the timeout, got %q", stuck.LocalAddr(), lines)
 	}
-	if all := logs.lines("["); len(all) != 1 {
+	if all := logs.Lines("["); len(all) != 1 {
 		t.Fatalf("want that one log line only, got %q", all)
 	}
 	// The peer sees its connection closed (after the answers already sent).
