@@ -53,6 +53,29 @@ type Property struct {
 	Key, Value string
 }
 
+// ProducerStamp identifies a message for the broker's deduplication: the
+// producer's id (given by the metaserver, unique in the cluster), the
+// producer's epoch (a later instance of a named producer has a higher one
+// and fences the earlier), and the message's sequence number in its queue
+// for that producer (0, 1, 2, ... with no gap). The zero stamp means an
+// unstamped message, which the broker stores without deduplication.
+type ProducerStamp struct {
+	ID    uint64
+	Epoch uint16
+	Seq   int64
+}
+
+// IsZero reports whether the stamp is absent.
+func (s ProducerStamp) IsZero() bool { return s.ID == 0 }
+
+// stampedFlag, in the reliability byte, says a producer stamp follows the
+// timestamp. Messages of producers without idempotence, and every message
+// stored before stamps existed, do not have it.
+const stampedFlag = 0x80
+
+// stampSize is the encoding of a stamp: id u64, epoch u16, seq i64.
+const stampSize = 8 + 2 + 8
+
 // Message is one message as it crosses the wire and as it is stored.
 //
 // Wire encoding:
@@ -60,16 +83,21 @@ type Property struct {
 //	id          u16 length + bytes
 //	topic       u16 length + bytes
 //	queue       u32
-//	reliability u8
+//	reliability u8; bit 0x80 set: a producer stamp follows the timestamp
 //	timestamp   i64, unix milliseconds
+//	[stamp]     producer id u64, epoch u16, sequence i64 (only with bit 0x80)
 //	properties  u16 count, then per property: u16 length + key, u16 length + value
 //	body        u32 length + bytes
+//
+// The encoding is canonical: the bit is set exactly when the stamp's
+// producer id is not zero.
 type Message struct {
 	ID          string
 	Topic       string
 	Queue       uint32
 	Reliability Reliability
 	Timestamp   int64
+	Producer    ProducerStamp
 	Properties  []Property
 	Body        []byte // aliases the decoded buffer
 }
@@ -80,6 +108,9 @@ const minMessageSize = 2 + 2 + 4 + 1 + 8 + 2 + 4
 // EncodedSize is the number of bytes AppendMessage appends.
 func (m *Message) EncodedSize() int {
 	n := minMessageSize + len(m.ID) + len(m.Topic) + len(m.Body)
+	if !m.Producer.IsZero() {
+		n += stampSize
+	}
 	for _, p := range m.Properties {
 		n += 4 + len(p.Key) + len(p.Value)
 	}
@@ -106,6 +137,9 @@ func (m *Message) Validate() error {
 	}
 	if m.Reliability != Normal && m.Reliability != High {
 		invalid("unknown reliability %d", m.Reliability)
+	}
+	if !m.Producer.IsZero() && m.Producer.Seq < 0 {
+		invalid("negative producer sequence %d", m.Producer.Seq)
 	}
 	if len(m.Properties) > MaxProperties {
 		invalid("%d properties over the cap %d", len(m.Properties), MaxProperties)
@@ -141,8 +175,16 @@ func AppendMessage(dst []byte, m *Message) []byte {
 	dst = appendStr16(dst, clip16(m.ID))
 	dst = appendStr16(dst, clip16(m.Topic))
 	dst = appendU32(dst, m.Queue)
-	dst = appendU8(dst, uint8(m.Reliability))
-	dst = appendI64(dst, m.Timestamp)
+	if m.Producer.IsZero() {
+		dst = appendU8(dst, uint8(m.Reliability))
+		dst = appendI64(dst, m.Timestamp)
+	} else {
+		dst = appendU8(dst, uint8(m.Reliability)|stampedFlag)
+		dst = appendI64(dst, m.Timestamp)
+		dst = appendU64(dst, m.Producer.ID)
+		dst = appendU16(dst, m.Producer.Epoch)
+		dst = appendI64(dst, m.Producer.Seq)
+	}
 	props := m.Properties
 	if len(props) > 1<<16-1 {
 		props = props[:1<<16-1]
@@ -171,11 +213,21 @@ func (r *reader) message(m *Message) {
 		r.lastTopic = m.Topic
 	}
 	m.Queue = r.u32("queue")
-	m.Reliability = Reliability(r.u8("reliability"))
+	rel := r.u8("reliability")
+	m.Reliability = Reliability(rel &^ stampedFlag)
 	if r.err == nil && m.Reliability != Normal && m.Reliability != High {
 		r.fail(fmt.Sprintf("unknown reliability %d", m.Reliability))
 	}
 	m.Timestamp = r.i64("timestamp")
+	m.Producer = ProducerStamp{}
+	if rel&stampedFlag != 0 {
+		m.Producer.ID = r.u64("producer id")
+		m.Producer.Epoch = r.u16("producer epoch")
+		m.Producer.Seq = r.i64("producer sequence")
+		if r.err == nil && m.Producer.ID == 0 {
+			r.fail("a producer stamp with producer id 0")
+		}
+	}
 	n := int(r.u16("property count"))
 	m.Properties = nil
 	if n > 0 && r.need(4*n, "properties") {
@@ -202,6 +254,25 @@ func DecodeMessage(b []byte) (Message, error) {
 // Equal reports whether two messages are the same, field by field.
 func (m *Message) Equal(o *Message) bool {
 	return m.ID == o.ID && m.Topic == o.Topic && m.Queue == o.Queue &&
-		m.Reliability == o.Reliability && m.Timestamp == o.Timestamp &&
+		m.Reliability == o.Reliability && m.Timestamp == o.Timestamp && m.Producer == o.Producer &&
 		slices.Equal(m.Properties, o.Properties) && string(m.Body) == string(o.Body)
+}
+
+// PeekProducerStamp reads the producer stamp of one encoded message (as
+// AppendMessage writes it and a broker stores it) without decoding the
+// rest. ok is false for an unstamped or malformed message.
+func PeekProducerStamp(raw []byte) (s ProducerStamp, ok bool) {
+	r := reader{b: raw}
+	r.span(int(r.u16("message id")), "message id")
+	r.span(int(r.u16("topic")), "topic")
+	r.u32("queue")
+	rel := r.u8("reliability")
+	r.i64("timestamp")
+	if r.err != nil || rel&stampedFlag == 0 {
+		return ProducerStamp{}, false
+	}
+	s.ID = r.u64("producer id")
+	s.Epoch = r.u16("producer epoch")
+	s.Seq = r.i64("producer sequence")
+	return s, r.err == nil && s.ID != 0
 }

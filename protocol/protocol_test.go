@@ -15,6 +15,8 @@ func sampleMessages() []Message {
 		{ID: "m-2", Topic: "orders.eu", Queue: 0, Reliability: High, Timestamp: -1,
 			Properties: []Property{{"key", "k1"}, {"trace", ""}}, Body: bytes.Repeat([]byte{0xAB}, 1000)},
 		{ID: "m-3", Topic: "t", Queue: 1<<32 - 1, Body: nil},
+		{ID: "m-4", Topic: "orders", Queue: 2, Reliability: High, Timestamp: 5,
+			Producer: ProducerStamp{ID: 1 << 40, Epoch: 3, Seq: 12345}, Body: []byte("stamped")},
 	}
 }
 

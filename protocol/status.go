@@ -26,7 +26,7 @@ const (
 	StatusStoreError       Status = 9  // the commit log failed (disk full, I/O error)
 	StatusBusy             Status = 10 // too much in flight; try later or elsewhere
 	StatusNotLeader        Status = 11 // a metaserver follower; the body names the leader
-	StatusDuplicate        Status = 12 // the message id was already stored
+	StatusDuplicate        Status = 12 // already stored: the result carries the original offsets (-1 when the broker no longer knows them)
 	StatusUnknownCode      Status = 13 // the server has no handler for the request code
 	StatusUnknownTopic     Status = 14 // the topic does not exist and auto-create is off
 	StatusTimeout          Status = 15 // the request's deadline passed
@@ -34,6 +34,13 @@ const (
 	StatusNotFound         Status = 17 // the named object does not exist
 	StatusShuttingDown     Status = 18 // the server is closing
 	StatusInternal         Status = 19 // a bug or an unexpected failure on the server
+	// StatusOutOfOrderSequence: the message's producer sequence would leave
+	// a gap in its queue (an earlier message of the producer is missing);
+	// nothing was stored.
+	StatusOutOfOrderSequence Status = 20
+	// StatusProducerFenced: a later instance of the producer (a higher
+	// epoch) has written to the queue; this one must stop.
+	StatusProducerFenced Status = 21
 )
 
 // statusFlags are the columns of the status table.
@@ -51,6 +58,11 @@ const (
 	// broker is not master, the queue is not routed there): refresh it at
 	// once (rate-limited).
 	refresh
+	// maybe: the message may have been stored (the outcome is unknown: a
+	// deadline passed or a sync failed after the write). An idempotent
+	// producer retries it on the same queue with the same sequence, so the
+	// broker answers the retry from its deduplication state.
+	maybe
 )
 
 type statusInfo struct {
@@ -66,22 +78,27 @@ var statusTable = [...]statusInfo{
 	StatusReadOnly:         {"READ_ONLY", retry | refresh},
 	StatusNotMaster:        {"NOT_MASTER", retry | refresh},
 	StatusSlaveLagging:     {"SLAVE_LAGGING", retry},
-	StatusSlaveSyncTimeout: {"SLAVE_SYNC_TIMEOUT", retry | fault},
-	StatusFlushTimeout:     {"FLUSH_TIMEOUT", retry | fault},
+	StatusSlaveSyncTimeout: {"SLAVE_SYNC_TIMEOUT", retry | fault | maybe},
+	StatusFlushTimeout:     {"FLUSH_TIMEOUT", retry | fault | maybe},
 	StatusNoRoute:          {"NO_ROUTE", retry | refresh}, // also while a broker's route cache refreshes
 	StatusMessageTooLarge:  {"MESSAGE_TOO_LARGE", 0},
 	StatusInvalid:          {"INVALID", 0},
-	StatusStoreError:       {"STORE_ERROR", retry | fault},
+	StatusStoreError:       {"STORE_ERROR", retry | fault | maybe}, // a failed sync leaves the record in the log
 	StatusBusy:             {"BUSY", retry | fault},
 	StatusNotLeader:        {"NOT_LEADER", retry},
 	StatusDuplicate:        {"DUPLICATE", 0},
 	StatusUnknownCode:      {"UNKNOWN_CODE", 0},
 	StatusUnknownTopic:     {"UNKNOWN_TOPIC", 0},
-	StatusTimeout:          {"TIMEOUT", retry | fault},
+	StatusTimeout:          {"TIMEOUT", retry | fault | maybe},
 	StatusConflict:         {"CONFLICT", 0},
 	StatusNotFound:         {"NOT_FOUND", 0},
 	StatusShuttingDown:     {"SHUTTING_DOWN", retry | fault},
-	StatusInternal:         {"INTERNAL", fault},
+	StatusInternal:         {"INTERNAL", fault | maybe},
+	// OUT_OF_ORDER_SEQUENCE: nothing was stored; the producer resends from
+	// the missing sequence (or starts a new producer id when the broker lost
+	// what it had).
+	StatusOutOfOrderSequence: {"OUT_OF_ORDER_SEQUENCE", retry},
+	StatusProducerFenced:     {"PRODUCER_FENCED", 0},
 }
 
 // String returns the status's name, e.g. "READ_ONLY".
@@ -115,6 +132,13 @@ func (s Status) Fault() bool { return s.info().flags&fault != 0 }
 // and should be refreshed at once (READ_ONLY, NOT_MASTER, NO_ROUTE).
 // Unknown statuses do not.
 func (s Status) RefreshesRoute() bool { return s.info().flags&refresh != 0 }
+
+// MaybeStored reports whether a message answered s may nevertheless have
+// been stored (SLAVE_SYNC_TIMEOUT, FLUSH_TIMEOUT, TIMEOUT, STORE_ERROR,
+// INTERNAL). A retry of such a message goes to the same queue with the same
+// producer sequence; moving it elsewhere could store it twice. Every other
+// non-OK status means the message was not stored.
+func (s Status) MaybeStored() bool { return s.info().flags&maybe != 0 }
 
 // Known reports whether s is in the table.
 func (s Status) Known() bool { return s.info().name != "" }

@@ -6,41 +6,44 @@ import (
 )
 
 // TestStatusColumns pins every row of the status table: its name and how a
-// producer treats it (retry, fault for avoidance, route refresh).
+// producer treats it (retry, fault for avoidance, route refresh, may have
+// been stored).
 func TestStatusColumns(t *testing.T) {
 	type row struct {
-		name                    string
-		retry, fault, refreshes bool
+		name                           string
+		retry, fault, refreshes, maybe bool
 	}
 	want := map[Status]row{
-		StatusOK:               {"OK", false, false, false},
-		StatusReadOnly:         {"READ_ONLY", true, false, true},
-		StatusNotMaster:        {"NOT_MASTER", true, false, true},
-		StatusSlaveLagging:     {"SLAVE_LAGGING", true, false, false},
-		StatusSlaveSyncTimeout: {"SLAVE_SYNC_TIMEOUT", true, true, false},
-		StatusFlushTimeout:     {"FLUSH_TIMEOUT", true, true, false},
-		StatusNoRoute:          {"NO_ROUTE", true, false, true},
-		StatusMessageTooLarge:  {"MESSAGE_TOO_LARGE", false, false, false},
-		StatusInvalid:          {"INVALID", false, false, false},
-		StatusStoreError:       {"STORE_ERROR", true, true, false},
-		StatusBusy:             {"BUSY", true, true, false},
-		StatusNotLeader:        {"NOT_LEADER", true, false, false},
-		StatusDuplicate:        {"DUPLICATE", false, false, false},
-		StatusUnknownCode:      {"UNKNOWN_CODE", false, false, false},
-		StatusUnknownTopic:     {"UNKNOWN_TOPIC", false, false, false},
-		StatusTimeout:          {"TIMEOUT", true, true, false},
-		StatusConflict:         {"CONFLICT", false, false, false},
-		StatusNotFound:         {"NOT_FOUND", false, false, false},
-		StatusShuttingDown:     {"SHUTTING_DOWN", true, true, false},
-		StatusInternal:         {"INTERNAL", false, true, false},
+		StatusOK:                 {"OK", false, false, false, false},
+		StatusReadOnly:           {"READ_ONLY", true, false, true, false},
+		StatusNotMaster:          {"NOT_MASTER", true, false, true, false},
+		StatusSlaveLagging:       {"SLAVE_LAGGING", true, false, false, false},
+		StatusSlaveSyncTimeout:   {"SLAVE_SYNC_TIMEOUT", true, true, false, true},
+		StatusFlushTimeout:       {"FLUSH_TIMEOUT", true, true, false, true},
+		StatusNoRoute:            {"NO_ROUTE", true, false, true, false},
+		StatusMessageTooLarge:    {"MESSAGE_TOO_LARGE", false, false, false, false},
+		StatusInvalid:            {"INVALID", false, false, false, false},
+		StatusStoreError:         {"STORE_ERROR", true, true, false, true},
+		StatusBusy:               {"BUSY", true, true, false, false},
+		StatusNotLeader:          {"NOT_LEADER", true, false, false, false},
+		StatusDuplicate:          {"DUPLICATE", false, false, false, false},
+		StatusUnknownCode:        {"UNKNOWN_CODE", false, false, false, false},
+		StatusUnknownTopic:       {"UNKNOWN_TOPIC", false, false, false, false},
+		StatusTimeout:            {"TIMEOUT", true, true, false, true},
+		StatusConflict:           {"CONFLICT", false, false, false, false},
+		StatusNotFound:           {"NOT_FOUND", false, false, false, false},
+		StatusShuttingDown:       {"SHUTTING_DOWN", true, true, false, false},
+		StatusInternal:           {"INTERNAL", false, true, false, true},
+		StatusOutOfOrderSequence: {"OUT_OF_ORDER_SEQUENCE", true, false, false, false},
+		StatusProducerFenced:     {"PRODUCER_FENCED", false, false, false, false},
 	}
 	for s := Status(0); s < 1<<10; s++ {
 		w, known := want[s]
-		got := row{s.String(), s.Retriable(), s.Fault(), s.RefreshesRoute()}
+		got := row{s.String(), s.Retriable(), s.Fault(), s.RefreshesRoute(), s.MaybeStored()}
 		if !known {
 			// Unknown statuses (a newer peer's) are never retried, blamed on
 			// the group or taken as a stale route.
-			if s.Known() || got != (row{got.name, false, false, false}) || got.name != fmt.Sprintf("STATUS(%d)", s) {
+			if s.Known() || got != (row{got.name, false, false, false, false}) || got.name != fmt.Sprintf("STATUS(%d)", s) {
 				t.Errorf("unknown status %d: %+v, known %v", s, got, s.Known())
 			}
 			continue
