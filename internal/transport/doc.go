@@ -23,6 +23,30 @@
 // connection; the others keep being served. An unknown request code is
 // answered with StatusUnknownCode.
 //
+// # Ordered codes
+//
+// The workers run a connection's requests in parallel, so two requests
+// pipelined on one connection may be handled in either order. A code
+// registered with Server.HandleOrdered (the broker's SEND: per-key order and
+// idempotent producers need a connection's messages appended in the order
+// they were sent) is run one at a time per connection, in arrival order: a
+// connection's next ordered request starts once the handler of the previous
+// one returned, not once it was answered, so completion stays asynchronous.
+// All the ordered codes of a connection share one sequence; other
+// connections, and unordered codes of the same connection, are not held
+// behind it (nor ordered with it).
+//
+// No goroutine waits for a request's turn. The reader hands a connection's
+// ordered request to the workers only when none of that connection's is
+// with them; otherwise it appends it to the connection's ordered queue and
+// reads on. The worker that finishes one runs the next queued one itself,
+// and after orderedBatch in a row offers it back to the task queue (if there
+// is room), so a busy connection does not keep a worker from the others. A
+// slow handler thus holds one worker, whatever its connection has queued
+// behind it. Queued requests count like the others: they were admitted
+// (their replies' bytes reserved) and hold a MaxInflightPerConn slot, so the
+// queue is bounded by both. On Close, the workers run every queued one.
+//
 // # Who may block, and on what
 //
 // Replying never blocks: Request.Reply, ReplyError and ReplyStatus append the
@@ -67,7 +91,9 @@
 //
 // Client: per live connection, one reader and one writer; Close stops them.
 // Server: one acceptor, a reader and a writer per connection, and the
-// workers; Close stops reading, waits (up to a grace period) for every
-// request already read to be answered, flushes the answers (each peer
+// workers (ordered requests run on them too: no goroutine per connection);
+// Close stops reading, lets the workers run every request already read
+// (those queued on a connection's ordered queue included), waits (up to a
+// grace period) for them to be answered, flushes the answers (each peer
 // getting at most WriteTimeout to read them), and stops all of them.
 package transport

@@ -102,6 +102,12 @@ type Server struct {
 	stop     chan struct{} // closed by Close: readers stop, workers drain and exit
 	inflight atomic.Int64  // requests read and not yet answered, all connections
 
+	// tasksMu guards sending to tasks from a worker (the hand-off of an
+	// ordered request, never waiting) against Close closing it; readers need
+	// not take it, as Close closes tasks after they all returned.
+	tasksMu     sync.RWMutex
+	tasksClosed bool
+
 	// Close waits for these in order: the acceptor and the readers (no new
 	// requests), then the workers (every queued request handled), then the
 	// writers (every answer flushed).
@@ -131,6 +137,7 @@ func NewServer(cfg ServerConfig) *Server {
 type route struct {
 	h         Handler
 	replySize ReplySize // nil: DefaultReplySize
+	ordered   bool      // run one at a time per connection, in arrival order
 }
 
 // Handle registers h for code, with replies estimated at DefaultReplySize
@@ -143,12 +150,35 @@ func (s *Server) Handle(code protocol.Code, h Handler) {
 // request's reply (nil: DefaultReplySize). It must be called before Serve or
 // Listen.
 func (s *Server) HandleWithReply(code protocol.Code, h Handler, replySize ReplySize) {
+	s.register(code, route{h: h, replySize: replySize})
+}
+
+// HandleOrdered registers h for code like HandleWithReply, and has the
+// requests of ordered codes run one at a time per connection, in the order
+// the connection sent them: a connection's next ordered request starts only
+// after the handler of the previous one returned (answered or not: a
+// handler may still Reply later from any goroutine). All the ordered codes
+// of a connection share that one sequence. Requests of other connections,
+// and of codes registered with Handle or HandleWithReply, run in parallel
+// with them on the worker pool as usual, in no set order relative to them.
+//
+// No worker waits for a request's turn: a request read while its
+// connection's previous ordered one is with the workers is queued on the
+// connection, and the worker that runs the previous one runs it next (or,
+// after orderedBatch in a row, hands it back to the pool), so a slow handler
+// holds one worker, whatever its connection queued behind it. It must be
+// called before Serve or Listen.
+func (s *Server) HandleOrdered(code protocol.Code, h Handler, replySize ReplySize) {
+	s.register(code, route{h: h, replySize: replySize, ordered: true})
+}
+
+func (s *Server) register(code protocol.Code, rt route) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.serving {
 		panic("transport: Handle called after Serve")
 	}
-	s.handlers[code] = route{h: h, replySize: replySize}
+	s.handlers[code] = rt
 }
 
 // reservation is what admitting a request reserves of its connection's
@@ -258,11 +288,56 @@ func (s *Server) accept(ln net.Listener) {
 }
 
 // worker runs handlers until Close closes the task queue, after the readers
-// stopped; so every request read is handled.
+// stopped; so every request read is handled (a worker runs the requests
+// queued behind an ordered one before it takes the next task).
 func (s *Server) worker() {
 	defer s.workWG.Done()
 	for req := range s.tasks {
+		if !req.ordered {
+			s.run(req)
+			continue
+		}
+		s.runOrdered(req)
+	}
+}
+
+// orderedBatch is how many ordered requests of one connection a worker runs
+// in a row before it offers the next one to the pool, behind the tasks of
+// other connections, so a connection that keeps its queue full does not keep
+// a worker to itself while others wait.
+const orderedBatch = 16
+
+// runOrdered runs req, an ordered request, then those its connection queued
+// behind it, one at a time, until the connection's queue is empty or the
+// next one is handed back to the pool.
+func (s *Server) runOrdered(req *Request) {
+	c := req.conn
+	for n := 1; ; n++ {
 		s.run(req)
+		if req = c.nextOrdered(); req == nil {
+			return
+		}
+		if n%orderedBatch == 0 && s.handOff(req) {
+			return
+		}
+	}
+}
+
+// handOff queues req, the next ordered request of its connection, on the
+// task queue if there is room and Close has not closed it; it never waits.
+// The connection's sequence stays "running" in between: nothing of it runs
+// until a worker takes req.
+func (s *Server) handOff(req *Request) bool {
+	s.tasksMu.RLock()
+	defer s.tasksMu.RUnlock()
+	if s.tasksClosed {
+		return false
+	}
+	select {
+	case s.tasks <- req:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -305,7 +380,10 @@ func (s *Server) Close() error {
 	}
 	s.readWG.Wait()
 	if s.serving {
+		s.tasksMu.Lock()
+		s.tasksClosed = true
 		close(s.tasks)
+		s.tasksMu.Unlock()
 		s.workWG.Wait()
 	}
 	deadline := time.Now().Add(s.cfg.ShutdownGrace)
@@ -328,6 +406,47 @@ type serverConn struct {
 	nc  net.Conn
 	w   *writer
 	sem chan struct{} // one slot per request read and not yet answered
+
+	// The connection's ordered requests (HandleOrdered): while one is with
+	// the workers (queued for or run by one), running is set and those read
+	// after it wait in oq[oh:], in arrival order; the worker that finishes
+	// one takes the next. Its length is bounded by MaxInflightPerConn.
+	omu     sync.Mutex
+	running bool
+	oq      []*Request
+	oh      int
+}
+
+// startOrdered tells whether req, an ordered request just read, may go to
+// the workers now; if not, it is queued behind the one running.
+func (c *serverConn) startOrdered(req *Request) bool {
+	c.omu.Lock()
+	defer c.omu.Unlock()
+	if c.running {
+		c.oq = append(c.oq, req)
+		return false
+	}
+	c.running = true
+	return true
+}
+
+// nextOrdered is called when the handler of the connection's running ordered
+// request returned: it returns the next one, or nil (and the sequence
+// stops running) if none is queued.
+func (c *serverConn) nextOrdered() *Request {
+	c.omu.Lock()
+	defer c.omu.Unlock()
+	if c.oh == len(c.oq) {
+		c.running = false
+		return nil
+	}
+	req := c.oq[c.oh]
+	c.oq[c.oh] = nil
+	c.oh++
+	if c.oh == len(c.oq) {
+		c.oq, c.oh = c.oq[:0], 0
+	}
+	return req
 }
 
 // readLoop reads requests and hands them to the workers. It is the only
@@ -369,7 +488,7 @@ func (c *serverConn) readLoop() {
 			}
 			return
 		}
-		req := &Request{Frame: f, conn: c, h: rt.h, reserved: n}
+		req := &Request{Frame: f, conn: c, h: rt.h, reserved: n, ordered: rt.ordered}
 		c.s.inflight.Add(1)
 		if !known {
 			req.ReplyError(&protocol.Error{Status: protocol.StatusUnknownCode,
@@ -379,9 +498,14 @@ func (c *serverConn) readLoop() {
 			}
 			continue
 		}
+		if req.ordered && !c.startOrdered(req) {
+			continue // the worker running the previous one runs it
+		}
 		select {
 		case c.s.tasks <- req:
 		case <-c.s.stop:
+			// Nothing is queued behind req: this reader queues the
+			// connection's ordered requests, and it stops here.
 			req.ReplyError(protocol.ErrShuttingDown)
 			if f.IsOneway() {
 				req.finish()
@@ -435,7 +559,8 @@ type Request struct {
 	protocol.Frame
 	conn     *serverConn
 	h        Handler
-	reserved int // bytes of the connection's MaxWriteBuffer reserved for the reply
+	reserved int  // bytes of the connection's MaxWriteBuffer reserved for the reply
+	ordered  bool // its code was registered with HandleOrdered
 	answered atomic.Bool
 }
 

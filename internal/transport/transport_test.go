@@ -357,38 +357,56 @@ func TestOversizedResponseBecomesError(t *testing.T) {
 	}
 }
 
+// BenchmarkRoundTrip calls on one connection, with the handler registered
+// with Handle (handler=unordered) or HandleOrdered (handler=ordered: the
+// connection's requests run one at a time).
 func BenchmarkRoundTrip(b *testing.B) {
-	for _, size := range []int{128, 64 << 10} {
-		for _, inflight := range []int{1, 64} {
-			b.Run(fmt.Sprintf("body=%d/inflight=%d", size, inflight), func(b *testing.B) {
-				s := NewServer(ServerConfig{})
-				s.Handle(codeEcho, func(r *Request) { _ = r.Reply(r.Body[:8]) })
-				addr, err := s.Listen("127.0.0.1:0")
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer s.Close()
-				c := NewClient(addr.String(), ClientConfig{})
-				defer c.Close()
-				body := make([]byte, size)
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				b.SetBytes(int64(size))
-				b.ResetTimer()
-				for range inflight {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for next.Add(1) <= int64(b.N) {
-							if _, err := c.Call(context.Background(), codeEcho, body); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
-			})
+	for _, ordered := range []bool{false, true} {
+		for _, size := range []int{128, 64 << 10} {
+			for _, inflight := range []int{1, 64} {
+				benchmarkRoundTrip(b, ordered, size, inflight)
+			}
 		}
 	}
+}
+
+func benchmarkRoundTrip(b *testing.B, ordered bool, size, inflight int) {
+	mode := "unordered"
+	if ordered {
+		mode = "ordered"
+	}
+	b.Run(fmt.Sprintf("handler=%s/body=%d/inflight=%d", mode, size, inflight), func(b *testing.B) {
+		s := NewServer(ServerConfig{})
+		echo := func(r *Request) { _ = r.Reply(r.Body[:8]) }
+		if ordered {
+			s.HandleOrdered(codeEcho, echo, nil)
+		} else {
+			s.Handle(codeEcho, echo)
+		}
+		addr, err := s.Listen("127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		c := NewClient(addr.String(), ClientConfig{})
+		defer c.Close()
+		body := make([]byte, size)
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		b.SetBytes(int64(size))
+		b.ResetTimer()
+		for range inflight {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= int64(b.N) {
+					if _, err := c.Call(context.Background(), codeEcho, body); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	})
 }
