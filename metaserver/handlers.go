@@ -22,6 +22,7 @@ func (s *Server) routes() {
 	handle(s, protocol.CodeHeartbeat, true, s.heartbeat)
 	s.rpc.Handle(protocol.CodeRouteLookup, func(r *transport.Request) { s.handleRouteLookup(r, s.cfg.AutoCreateTopics) })
 	s.rpc.Handle(protocol.CodeRouteGet, func(r *transport.Request) { s.handleRouteLookup(r, false) })
+	handle(s, protocol.CodeInitProducer, true, s.initProducer)
 	handle(s, protocol.CodeAdminGroups, true, s.groups)
 	handle(s, protocol.CodeAdminTopics, false, func(context.Context, empty) ([]routing.Topic, error) {
 		return s.fsm.Topics(), nil
@@ -200,6 +201,23 @@ func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (r
 	s.log.Info("topic created", "topic", req.Name, "queues", n)
 	r, _ := s.fsm.Route(req.Name)
 	return r, nil
+}
+
+// initProducer allocates a producer identity through raft: one write per
+// producer start. The identity is answered only once committed and applied,
+// so no later leader can hand it out again.
+func (s *Server) initProducer(ctx context.Context, req api.InitProducerRequest) (api.InitProducerReply, error) {
+	if err := fsm.ValidateProducerName(req.Name); err != nil {
+		return api.InitProducerReply{}, invalid("%v", err)
+	}
+	res, err := s.apply(ctx, &fsm.InitProducer{Name: req.Name})
+	if err != nil {
+		return api.InitProducerReply{}, err
+	}
+	if req.Name != "" {
+		s.log.Info("named producer started", "producer", req.Name, "id", res.Producer.ID, "epoch", res.Producer.Epoch)
+	}
+	return api.InitProducerReply{ID: res.Producer.ID, Epoch: res.Producer.Epoch}, nil
 }
 
 func (s *Server) addQueues(ctx context.Context, req api.AddQueuesRequest) (routing.Route, error) {

@@ -13,9 +13,10 @@ const (
 
 	CodeHAFetch Code = 20 // a slave fetches raw log bytes from its master
 
-	CodeHeartbeat   Code = 30 // a broker's heartbeat to the metaserver leader
-	CodeRouteLookup Code = 31 // a route lookup, served by any metaserver node
-	CodeRouteGet    Code = 32 // a route lookup that never auto-creates (brokers use it)
+	CodeHeartbeat    Code = 30 // a broker's heartbeat to the metaserver leader
+	CodeRouteLookup  Code = 31 // a route lookup, served by any metaserver node
+	CodeRouteGet     Code = 32 // a route lookup that never auto-creates (brokers use it)
+	CodeInitProducer Code = 33 // a producer asks the metaserver leader for its id and epoch
 
 	CodeAdminGroups       Code = 40
 	CodeAdminTopics       Code = 41
@@ -35,6 +36,7 @@ var codeNames = map[Code]string{
 	CodeHeartbeat:         "HEARTBEAT",
 	CodeRouteLookup:       "ROUTE_LOOKUP",
 	CodeRouteGet:          "ROUTE_GET",
+	CodeInitProducer:      "INIT_PRODUCER",
 	CodeAdminGroups:       "ADMIN_GROUPS",
 	CodeAdminTopics:       "ADMIN_TOPICS",
 	CodeAdminCreateTopic:  "ADMIN_CREATE_TOPIC",

@@ -17,6 +17,12 @@ type Heartbeat struct {
 	LagBytes       int64 `json:"lag_bytes"`
 	// LagMillis is how long the slave has not been caught up (0 if it is).
 	LagMillis int64 `json:"lag_millis"`
+	// Producers is how many (producer, queue) pairs the broker's dedupe
+	// state tracks.
+	Producers int `json:"producers,omitempty"`
+	// Duplicates is how many duplicate sends the broker absorbed since it
+	// started.
+	Duplicates int64 `json:"duplicates,omitempty"`
 }
 
 // HeartbeatReply carries the group as the registry has it; the broker
@@ -36,6 +42,23 @@ type GroupInfo struct {
 	MasterHeartbeatAgeMillis int64     `json:"master_heartbeat_age_ms"`
 	SlaveHeartbeatAgeMillis  int64     `json:"slave_heartbeat_age_ms"`
 	Last                     Heartbeat `json:"last_master_heartbeat"`
+}
+
+// InitProducerRequest asks the metaserver leader for a producer identity.
+// An empty Name is an anonymous producer: a fresh id at epoch 0 every
+// time. A named producer (1 to 255 bytes of letters, digits, '.', '_', '-')
+// keeps its id across instances and gets the next epoch, which fences the
+// earlier instances; past epoch 65535 it gets a fresh id at epoch 0.
+type InitProducerRequest struct {
+	Name string `json:"name,omitempty"`
+}
+
+// InitProducerReply is a producer identity, unique in the cluster: no other
+// producer has ever been given this ID, and for a named producer no earlier
+// instance had this Epoch.
+type InitProducerReply struct {
+	ID    uint64 `json:"id"`
+	Epoch uint16 `json:"epoch"`
 }
 
 // CreateTopicRequest creates a topic with Queues queues spread over the

@@ -209,6 +209,15 @@ func (c *Client) route(ctx context.Context, code protocol.Code, topic string, le
 	return routing.DecodeRoute(body)
 }
 
+// InitProducer asks the leader for a producer identity: name "" for an
+// anonymous producer (a fresh id at epoch 0), or the producer's name (its
+// id, at an epoch above every earlier instance's). A call whose outcome was
+// unknown and was retried may have skipped an id or an epoch; none is ever
+// handed out twice.
+func (c *Client) InitProducer(ctx context.Context, name string) (api.InitProducerReply, error) {
+	return decode[api.InitProducerReply](c.call(ctx, protocol.CodeInitProducer, api.InitProducerRequest{Name: name}, true))
+}
+
 // Groups lists the broker groups with their heartbeats (from the leader).
 func (c *Client) Groups(ctx context.Context) ([]api.GroupInfo, error) {
 	return decode[[]api.GroupInfo](c.call(ctx, protocol.CodeAdminGroups, struct{}{}, true))

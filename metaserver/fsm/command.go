@@ -23,6 +23,9 @@ const (
 	TypeRemoveBroker    CommandType = 6
 	TypeSetMember       CommandType = 7 | IgnoreUnknown
 	TypeRemoveMember    CommandType = 8 | IgnoreUnknown
+	// TypeInitProducer has no IgnoreUnknown bit: a node that skipped an
+	// allocation would hand the same id out again once it led.
+	TypeInitProducer CommandType = 9
 )
 
 // Command is implemented by every command.
@@ -85,6 +88,16 @@ type RemoveMember struct {
 	ID string `json:"id"`
 }
 
+// InitProducer allocates a producer identity. An empty Name is an anonymous
+// producer: a fresh id at epoch 0, nothing stored. A named producer keeps
+// its id and gets the next epoch, which fences its earlier instances; when
+// the epoch would pass 65535 it gets a fresh id at epoch 0. The Result's
+// Producer carries the identity. Retrying it is harmless but not idempotent:
+// a retry allocates again (an id or an epoch is skipped, never repeated).
+type InitProducer struct {
+	Name string `json:"name,omitempty"`
+}
+
 func (RegisterBroker) Type() CommandType  { return TypeRegisterBroker }
 func (SetGroupReasons) Type() CommandType { return TypeSetGroupReasons }
 func (CreateTopic) Type() CommandType     { return TypeCreateTopic }
@@ -93,6 +106,7 @@ func (RemoveGroup) Type() CommandType     { return TypeRemoveGroup }
 func (RemoveBroker) Type() CommandType    { return TypeRemoveBroker }
 func (SetMember) Type() CommandType       { return TypeSetMember }
 func (RemoveMember) Type() CommandType    { return TypeRemoveMember }
+func (InitProducer) Type() CommandType    { return TypeInitProducer }
 
 // Encode returns a command's log entry: its type byte and JSON body.
 func Encode(c Command) ([]byte, error) {
@@ -127,6 +141,8 @@ func Decode(b []byte) (Command, error) {
 		c = &SetMember{}
 	case TypeRemoveMember:
 		c = &RemoveMember{}
+	case TypeInitProducer:
+		c = &InitProducer{}
 	default:
 		if CommandType(b[0])&IgnoreUnknown != 0 {
 			return nil, nil

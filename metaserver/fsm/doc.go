@@ -1,7 +1,7 @@
 // Package fsm is the metaserver's pure, deterministic state machine: typed
 // commands in (register a broker, set a group's state, create a topic, add
-// queues, remove a broker or a group, record a member's address), routing
-// state out.
+// queues, remove a broker or a group, record a member's address, allocate a
+// producer identity), routing state and producer identities out.
 //
 // # Contract
 //
@@ -28,4 +28,12 @@
 // were decided on, AddQueues the topic version, CreateTopic requires the
 // topic not to exist. A command whose precondition fails changes nothing and
 // returns a CONFLICT error through the apply future's Response.
+//
+// InitProducer is the one command that is not harmless to repeat by
+// design: each application allocates (a fresh id, or the next epoch of a
+// name). A retry after an unknown outcome therefore skips an id or an
+// epoch, and never hands one out twice, which is all uniqueness and
+// fencing need. Its type has no IgnoreUnknown bit: a node that skipped an
+// allocation could hand the same id out again once it led, so every node
+// must know the command before any leader proposes it.
 package fsm

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -16,21 +18,60 @@ import (
 
 // State is the whole registry. It is what snapshots hold.
 type State struct {
-	// Version increases with every change.
+	// Version increases with every change of groups, topics and members
+	// (routes carry it). Producer identities do not move it: they change no
+	// route, and moving it would invalidate every cached route.
 	Version uint64                    `json:"version"`
 	Groups  map[string]*routing.Group `json:"groups"`
 	Topics  map[string]*routing.Topic `json:"topics"`
 	// Members maps metaserver raft IDs to their RPC addresses.
 	Members map[string]string `json:"members"`
+	// NextProducerID is the next producer id to hand out; ids start at 1
+	// (0 means "no producer"). A snapshot from before producer ids lacks it
+	// and is read as 1.
+	NextProducerID uint64 `json:"next_producer_id"`
+	// Producers holds the current identity of each named producer.
+	// Anonymous producers leave nothing here.
+	Producers map[string]ProducerIdentity `json:"producers"`
+}
+
+// ProducerIdentity is a producer's id and epoch.
+type ProducerIdentity struct {
+	ID    uint64 `json:"id"`
+	Epoch uint16 `json:"epoch"`
+}
+
+// MaxProducerName is the longest producer name, in bytes.
+const MaxProducerName = 255
+
+// ValidateProducerName checks a producer name: empty (anonymous), or 1 to
+// MaxProducerName bytes of the characters topic names use (letters,
+// digits, '.', '_', '-'), so a name prints and logs as it is.
+func ValidateProducerName(name string) error {
+	if len(name) > MaxProducerName {
+		return fmt.Errorf("producer name must be at most %d bytes, got %d", MaxProducerName, len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("producer name %q: byte %q not allowed (letters, digits, '.', '_', '-')", name, c)
+		}
+	}
+	return nil
 }
 
 func newState() *State {
-	return &State{Groups: map[string]*routing.Group{}, Topics: map[string]*routing.Topic{}, Members: map[string]string{}}
+	return &State{Groups: map[string]*routing.Group{}, Topics: map[string]*routing.Topic{}, Members: map[string]string{},
+		NextProducerID: 1, Producers: map[string]ProducerIdentity{}}
 }
 
 func (s *State) clone() *State {
 	c := &State{Version: s.Version, Groups: make(map[string]*routing.Group, len(s.Groups)),
-		Topics: make(map[string]*routing.Topic, len(s.Topics)), Members: make(map[string]string, len(s.Members))}
+		Topics: make(map[string]*routing.Topic, len(s.Topics)), Members: make(map[string]string, len(s.Members)),
+		NextProducerID: s.NextProducerID, Producers: maps.Clone(s.Producers)}
+	if c.Producers == nil {
+		c.Producers = map[string]ProducerIdentity{}
+	}
 	for k, g := range s.Groups {
 		g2 := *g
 		c.Groups[k] = &g2
@@ -50,6 +91,8 @@ func (s *State) clone() *State {
 type Result struct {
 	Changed bool   // false when the command found nothing to do
 	Version uint64 // the object's version after the command (group or topic)
+	// Producer is the identity InitProducer allocated.
+	Producer ProducerIdentity
 }
 
 // FSM is the registry's raft.FSM.
@@ -200,6 +243,8 @@ func (f *FSM) apply(c Command) any {
 		delete(s.Members, c.ID)
 		s.Version++
 		return &Result{Changed: true, Version: s.Version}
+	case *InitProducer:
+		return f.initProducer(c)
 	}
 	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown command %T", c)}
 }
@@ -227,6 +272,45 @@ func (f *FSM) registerBroker(c *RegisterBroker) any {
 	}
 	*slot = c.Broker
 	return f.bumpGroup(g)
+}
+
+func (f *FSM) initProducer(c *InitProducer) any {
+	if err := ValidateProducerName(c.Name); err != nil {
+		return &protocol.Error{Status: protocol.StatusInvalid, Message: err.Error()}
+	}
+	s := f.s
+	if c.Name != "" {
+		if p, ok := s.Producers[c.Name]; ok && p.Epoch < math.MaxUint16 {
+			p.Epoch++
+			s.Producers[c.Name] = p
+			return &Result{Changed: true, Producer: p}
+		}
+	}
+	if s.NextProducerID == math.MaxUint64 { // never in practice; and the counter never wraps to 0
+		return &protocol.Error{Status: protocol.StatusInternal, Message: "producer ids are exhausted"}
+	}
+	p := ProducerIdentity{ID: s.NextProducerID}
+	s.NextProducerID++
+	if c.Name != "" {
+		s.Producers[c.Name] = p
+	}
+	return &Result{Changed: true, Producer: p}
+}
+
+// Producer returns a named producer's current identity, and whether the
+// name is known.
+func (f *FSM) Producer(name string) (ProducerIdentity, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	p, ok := f.s.Producers[name]
+	return p, ok
+}
+
+// NextProducerID is the id the next fresh producer identity will get.
+func (f *FSM) NextProducerID() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.s.NextProducerID
 }
 
 func (f *FSM) bumpGroup(g *routing.Group) *Result {
@@ -345,6 +429,12 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	if s.Members == nil {
 		s.Members = map[string]string{}
+	}
+	if s.NextProducerID == 0 {
+		s.NextProducerID = 1 // a snapshot from before producer ids
+	}
+	if s.Producers == nil {
+		s.Producers = map[string]ProducerIdentity{}
 	}
 	f.mu.Lock()
 	f.s = s

@@ -6,6 +6,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -53,6 +54,10 @@ func seeded(t *testing.T) *FSM {
 	}
 	mustApply(t, f, &CreateTopic{Name: "orders", Queues: []string{"g1", "g2", "g1"}})
 	mustApply(t, f, &SetMember{ID: "n1", RPCAddr: "127.0.0.1:7000"})
+	mustApply(t, f, &InitProducer{})
+	mustApply(t, f, &InitProducer{Name: "billing"})
+	mustApply(t, f, &InitProducer{Name: "billing"})
+	mustApply(t, f, &InitProducer{Name: "audit"})
 	return f
 }
 
@@ -170,8 +175,128 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(g.State(), want.State()) {
 		t.Fatalf("restored state differs:\n got %+v\nwant %+v", g.State(), want.State())
 	}
+	// The producer counter and names came back: the restored node goes on
+	// where the snapshot left off, as the node it was taken from did.
+	if st := g.State(); st.NextProducerID != 4 || len(st.Producers) != 2 ||
+		st.Producers["billing"] != (ProducerIdentity{ID: 2, Epoch: 1}) || st.Producers["audit"] != (ProducerIdentity{ID: 3}) {
+		t.Fatalf("restored producers: next %d, %+v", st.NextProducerID, st.Producers)
+	}
+	for _, c := range []*InitProducer{{}, {Name: "billing"}, {Name: "new"}} {
+		got, wanted := mustApply(t, g, c), mustApply(t, want, c)
+		if !reflect.DeepEqual(got, wanted) {
+			t.Fatalf("%+v after restore: %+v, want %+v", c, got, wanted)
+		}
+	}
 	if err := New().Restore(io.NopCloser(strings.NewReader("{not json"))); err == nil {
 		t.Fatal("restoring garbage succeeded")
+	}
+}
+
+func TestRestoreSnapshotFromBeforeProducerIDs(t *testing.T) {
+	old := `{"version":3,"groups":{},"topics":{},"members":{"n1":"a:1"}}`
+	f := New()
+	if err := f.Restore(io.NopCloser(strings.NewReader(old))); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustApply(t, f, &InitProducer{Name: "p"}); r.Producer != (ProducerIdentity{ID: 1}) {
+		t.Fatalf("first producer after an old snapshot: %+v", r.Producer)
+	}
+}
+
+func TestInitProducer(t *testing.T) {
+	f := New()
+	alloc := func(name string) ProducerIdentity {
+		t.Helper()
+		r := mustApply(t, f, &InitProducer{Name: name})
+		if !r.Changed {
+			t.Fatalf("InitProducer(%q) changed nothing", name)
+		}
+		return r.Producer
+	}
+	// Anonymous: a fresh id each time, epoch 0, nothing stored.
+	for want := uint64(1); want <= 3; want++ {
+		if p := alloc(""); p != (ProducerIdentity{ID: want}) {
+			t.Fatalf("anonymous producer %d: %+v", want, p)
+		}
+	}
+	if st := f.State(); len(st.Producers) != 0 || st.NextProducerID != 4 {
+		t.Fatalf("anonymous producers left state: %+v", st)
+	}
+	// Named: a fresh id the first time, then the same id at the next epoch.
+	a0 := alloc("orders-writer")
+	if a0 != (ProducerIdentity{ID: 4}) {
+		t.Fatalf("first named instance: %+v", a0)
+	}
+	b0 := alloc("other")
+	if b0 != (ProducerIdentity{ID: 5}) {
+		t.Fatalf("second name: %+v", b0)
+	}
+	for e := uint16(1); e <= 3; e++ {
+		if p := alloc("orders-writer"); p != (ProducerIdentity{ID: 4, Epoch: e}) {
+			t.Fatalf("named instance %d: %+v", e, p)
+		}
+	}
+	if p := alloc(""); p.ID != 6 {
+		t.Fatalf("anonymous after named: %+v", p)
+	}
+	if p, ok := f.Producer("orders-writer"); !ok || p != (ProducerIdentity{ID: 4, Epoch: 3}) {
+		t.Fatalf("Producer: %+v %v", p, ok)
+	}
+	if f.Version() != 0 {
+		t.Fatalf("producer identities moved the registry version to %d", f.Version())
+	}
+
+	// Bad names are refused and change nothing.
+	for _, name := range []string{"a b", "naïve", "x/y", "tab\t", strings.Repeat("n", MaxProducerName+1)} {
+		before := f.State()
+		if _, err := apply(t, f, &InitProducer{Name: name}); !errors.Is(err, protocol.ErrInvalid) {
+			t.Fatalf("name %q: %v", name, err)
+		}
+		if !reflect.DeepEqual(before, f.State()) {
+			t.Fatalf("refused name %q changed the state", name)
+		}
+	}
+	if p := alloc(strings.Repeat("n", MaxProducerName)); p.Epoch != 0 || p.ID != 7 {
+		t.Fatalf("longest name: %+v", p)
+	}
+
+	// The same log gives the same identities on every node.
+	g := New()
+	for _, name := range []string{"", "", "", "orders-writer", "other", "orders-writer", "orders-writer", "orders-writer", "", strings.Repeat("n", MaxProducerName)} {
+		mustApply(t, g, &InitProducer{Name: name})
+	}
+	if !reflect.DeepEqual(f.State(), g.State()) {
+		t.Fatalf("replaying the log gave another state:\n got %+v\nwant %+v", g.State(), f.State())
+	}
+}
+
+// TestInitProducerEpochWrap: a name whose epoch would pass 65535 gets a
+// fresh id at epoch 0, so no (id, epoch) is ever handed out twice.
+func TestInitProducerEpochWrap(t *testing.T) {
+	f := New()
+	mustApply(t, f, &InitProducer{Name: "p"})
+	mustApply(t, f, &InitProducer{}) // id 2
+	f.s.Producers["p"] = ProducerIdentity{ID: 1, Epoch: math.MaxUint16 - 1}
+	if r := mustApply(t, f, &InitProducer{Name: "p"}); r.Producer != (ProducerIdentity{ID: 1, Epoch: math.MaxUint16}) {
+		t.Fatalf("last epoch: %+v", r.Producer)
+	}
+	if r := mustApply(t, f, &InitProducer{Name: "p"}); r.Producer != (ProducerIdentity{ID: 3}) {
+		t.Fatalf("past the last epoch: %+v", r.Producer)
+	}
+	if r := mustApply(t, f, &InitProducer{Name: "p"}); r.Producer != (ProducerIdentity{ID: 3, Epoch: 1}) {
+		t.Fatalf("after the wrap: %+v", r.Producer)
+	}
+	if r := mustApply(t, f, &InitProducer{}); r.Producer.ID != 4 {
+		t.Fatalf("anonymous after the wrap: %+v", r.Producer)
+	}
+	// The counter never wraps to 0 ("no producer").
+	f.s.NextProducerID = math.MaxUint64
+	before := f.State()
+	if _, err := apply(t, f, &InitProducer{}); !errors.Is(err, protocol.ErrInternal) {
+		t.Fatalf("exhausted ids: %v", err)
+	}
+	if !reflect.DeepEqual(before, f.State()) {
+		t.Fatal("a refused allocation changed the state")
 	}
 }
 
