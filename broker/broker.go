@@ -115,7 +115,10 @@ func New(cfg Config) (*Broker, error) {
 	b.rpc = transport.NewServer(transport.ServerConfig{
 		Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("rpc"),
 	})
-	b.rpc.HandleWithReply(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) }, sendReplyEstimate)
+	// SENDs of one connection run one at a time, in arrival order, so they
+	// reach the commit log in the order they arrived (the handler only
+	// checks and queues the append; it never waits).
+	b.rpc.HandleOrdered(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) }, sendReplyEstimate)
 	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) { handlePull(b.store, r, r.Body) }, pullReplySize)
 	bound, err := b.rpc.Listen(cfg.Addr)
 	if err != nil {

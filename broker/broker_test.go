@@ -1,10 +1,12 @@
 package broker_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -432,4 +434,76 @@ func TestStuckReaderStallsNobody(t *testing.T) {
 	testwait.For(t, 10*time.Second, "the stuck connection to be closed", func() bool { return len(logs.Lines("did not read")) > 0 })
 	t.Logf("broker said: %s", logs.Lines("did not read")[0])
 	<-writerDone
+}
+
+// SENDs pipelined on one connection are appended in the order they
+// arrived, whatever the number of workers: every queue holds its messages
+// in send order.
+func TestPipelinedSendsKeepArrivalOrder(t *testing.T) {
+	meta := tc.StartMeta(t, 1, nil)
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Edit: func(c *broker.Config) { c.Workers = 8 }})
+	meta.CreateTopic(t, "order", "g1", "g1", "g1", "g1")
+	c := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, c, "order", 0, 1, 2, 3)
+
+	// 200 batches written in one go on one connection, each with messages
+	// for every queue; then every answer is read.
+	const batches = 200
+	var wire []byte
+	for i := range batches {
+		batch := make([]protocol.Message, 8)
+		for j := range batch {
+			batch[j] = tc.Msg("order", uint32(j%4), protocol.Normal, fmt.Sprintf("%05d-%d", i, j))
+		}
+		wire, _ = protocol.AppendFrame(wire, &protocol.Frame{Code: protocol.CodeSend, Opaque: uint32(i + 1),
+			Body: protocol.AppendSendRequest(nil, batch)})
+	}
+	raw, err := net.Dial("tcp", g.Master.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Write(wire); err != nil {
+		t.Fatal(err)
+	}
+	_ = raw.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(raw)
+	for range batches {
+		prefix, err := br.Peek(4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := protocol.FrameLength(prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(br, buf); err != nil {
+			t.Fatal(err)
+		}
+		f, err := protocol.DecodeFrame(buf)
+		if err != nil || f.Status != protocol.StatusOK {
+			t.Fatalf("answer %+v: %v", f.Status, err)
+		}
+		res, err := protocol.DecodeSendResponse(f.Body, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res {
+			if r.Status != protocol.StatusOK {
+				t.Fatalf("batch %d: %v", f.Opaque, r.Status)
+			}
+		}
+	}
+	for q := range uint32(4) {
+		got := tc.PullAll(t, c, "order", q)[1:] // after the probe
+		if len(got) != 2*batches {
+			t.Fatalf("queue %d: %d messages, want %d", q, len(got), 2*batches)
+		}
+		for i := 1; i < len(got); i++ {
+			if string(got[i].Message.Body) < string(got[i-1].Message.Body) {
+				t.Fatalf("queue %d: %q stored after %q", q, got[i].Message.Body, got[i-1].Message.Body)
+			}
+		}
+	}
 }
