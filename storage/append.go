@@ -19,7 +19,9 @@ type appendReq struct {
 
 // Append appends entries as one group and waits until they are written (and
 // synced, in FlushSync mode or when flush is true). It returns each entry's
-// position, in order. Either every entry is appended or none is.
+// position, in order. Either every entry is appended or none is, except
+// stamped entries answered as duplicates or refused (Position.Duplicate,
+// Position.Err), which are not written and take no queue offset.
 func (l *Log) Append(entries []Entry, flush bool) ([]Position, error) {
 	type res struct {
 		pos []Position
@@ -56,13 +58,18 @@ func (l *Log) checkEntry(e Entry) error {
 	if len(e.Payload) > l.cfg.MaxPayloadSize {
 		return fmt.Errorf("%w: payload of %d bytes over the cap %d", ErrInvalidEntry, len(e.Payload), l.cfg.MaxPayloadSize)
 	}
+	if e.Producer.ID != 0 && e.Producer.Seq < 0 {
+		return fmt.Errorf("%w: negative producer sequence %d", ErrInvalidEntry, e.Producer.Seq)
+	}
 	return nil
 }
 
 // AppendRaw appends whole records copied from another log (a slave copying
 // its master): data must start at this log's end offset, hold only whole,
 // valid records, and continue every queue's offsets. The log then holds the
-// same bytes at the same offsets. It returns the new end offset.
+// same bytes at the same offsets, and the stamps of its records
+// (Config.ProducerStamp) join the deduplication state without checks. It
+// returns the new end offset.
 func (l *Log) AppendRaw(offset int64, data []byte, flush bool) (int64, error) {
 	if len(data) == 0 {
 		return l.end.Load(), nil

@@ -48,6 +48,7 @@ const (
 	DefaultSegmentSize    = 1 << 30
 	DefaultFlushInterval  = 500 * time.Millisecond
 	DefaultMaxPayloadSize = 16 << 20
+	DefaultProducerIdle   = 7 * 24 * time.Hour
 )
 
 // MaxPayloadLimit is the largest MaxPayloadSize: a record, with the longest
@@ -78,6 +79,16 @@ type Config struct {
 	Logger hclog.Logger
 	// Now is the clock stamped into records. Default time.Now.
 	Now func() time.Time
+	// ProducerStamp reads the producer stamp of a stored record from its
+	// payload, for recovery and AppendRaw, which rebuild the deduplication
+	// state from the log (see the package doc). It must accept any bytes,
+	// not keep the slice, and give for a record appended with a stamped
+	// Entry exactly that Entry's Producer. nil: records carry none, and the
+	// state of stamped appends lasts until Close.
+	ProducerStamp func(payload []byte) (ProducerStamp, bool)
+	// ProducerIdle is how long a (producer, queue) pair is remembered after
+	// its last record, by record times (Config.Now stamps). Default 7 days.
+	ProducerIdle time.Duration
 }
 
 // ErrInvalidConfig is matched (with errors.Is) by every error of
@@ -120,6 +131,9 @@ func (c Config) Validate() error {
 	if c.MaxPayloadSize < 0 {
 		bad("MaxPayloadSize", "is %d; it must not be negative (0 means the default, %d)", c.MaxPayloadSize, DefaultMaxPayloadSize)
 	}
+	if c.ProducerIdle < 0 {
+		bad("ProducerIdle", "is %v; it must not be negative (0 means the default, %v)", c.ProducerIdle, DefaultProducerIdle)
+	}
 	if c.MaxPayloadSize > MaxPayloadLimit {
 		bad("MaxPayloadSize", "is %d; it must be at most %d (a record's length has 32 bits)", c.MaxPayloadSize, MaxPayloadLimit)
 	}
@@ -144,6 +158,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.ProducerIdle == 0 {
+		c.ProducerIdle = DefaultProducerIdle
 	}
 	return c
 }

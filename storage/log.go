@@ -16,6 +16,10 @@ type Entry struct {
 	Topic   string
 	Queue   uint32
 	Payload []byte
+	// Producer stamps the entry for deduplication (see the package doc);
+	// zero: stored without checks. It must be the stamp that
+	// Config.ProducerStamp reads from Payload.
+	Producer ProducerStamp
 }
 
 // Position is where an appended entry landed.
@@ -23,6 +27,13 @@ type Position struct {
 	QueueOffset int64 // the entry's offset in its queue
 	LogOffset   int64 // the log offset of its record
 	End         int64 // the log offset just past its record
+	// Duplicate: the entry was already stored, and the offsets are the
+	// original's; each is -1 when the original is older than the state
+	// remembers (LogOffset and End alone are -1 when retention deleted it).
+	Duplicate bool
+	// Err refuses this entry (ErrOutOfOrderSequence or ErrProducerFenced):
+	// nothing was stored for it and the offsets are -1.
+	Err error
 }
 
 // StoredEntry is an entry read back from a queue.
@@ -77,6 +88,7 @@ type Log struct {
 	stopFlush  chan struct{}
 	flushDone  chan struct{}
 	buf        []byte // the writer's scratch buffer
+	prod       producerTable
 }
 
 // Open opens (or creates) the log in cfg.Dir, recovering it after a crash.
@@ -97,6 +109,7 @@ func Open(cfg Config) (*Log, error) {
 		stopFlush:  make(chan struct{}),
 		flushDone:  make(chan struct{}),
 	}
+	l.prod.init(cfg)
 	if err := l.fs.MkdirAll(cfg.Dir); err != nil {
 		return nil, fmt.Errorf("storage: create %s: %w", cfg.Dir, err)
 	}

@@ -219,6 +219,7 @@ func (l *Log) finishRecovery(end int64) error {
 	if err := l.openCheckpointFile(); err != nil {
 		return err
 	}
+	l.prod.trackedPub.Store(int64(l.prod.tracked))
 	l.end.Store(end)
 	l.flushed.Store(end)
 	l.writeCheckpoint(end)
@@ -288,6 +289,7 @@ func (l *Log) scanSegment(s *segment) (good int64, reason string, err error) {
 			return at, fmt.Sprintf("queue offset %d of %s/%d does not follow %d", rec.QueueOffset, rec.Topic, rec.Queue, qi.next()-1), nil
 		}
 		l.indexAdd(k, rec.QueueOffset, s.base+at, int32(n))
+		l.prod.replay(k, rec.Payload, rec.QueueOffset, rec.StoreTime)
 		at += int64(n)
 	}
 	return at, "", nil

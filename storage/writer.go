@@ -77,6 +77,8 @@ func (l *Log) writeGroup(batch []*appendReq) {
 		return c
 	}
 	var ok []*appendReq
+	var dups, refused int64
+	l.prod.begin()
 	for _, r := range batch {
 		if r.raw != nil {
 			if err := l.placeRaw(r, &pos, nextOffset, next, place); err != nil {
@@ -89,6 +91,20 @@ func (l *Log) writeGroup(batch []*appendReq) {
 		r.positions = make([]Position, len(r.entries))
 		for i, e := range r.entries {
 			k := queueKey{e.Topic, e.Queue}
+			if e.Producer.ID != 0 {
+				// Checked in append order: the state holds every entry
+				// placed before this one, in this group too.
+				switch v, qo, err := l.prod.check(k, e.Producer, now); v {
+				case duplicate:
+					r.positions[i] = l.original(k, qo, chunks)
+					dups++
+					continue
+				case refuse:
+					r.positions[i] = Position{QueueOffset: -1, LogOffset: -1, End: -1, Err: err}
+					refused++
+					continue
+				}
+			}
 			qo := nextOffset(k)
 			size := recordSize(len(e.Topic), len(e.Payload))
 			c := place(size)
@@ -96,7 +112,11 @@ func (l *Log) writeGroup(batch []*appendReq) {
 			r.positions[i] = Position{QueueOffset: qo, LogOffset: pos, End: pos + int64(size)}
 			next[k] = qo + 1
 			pos += int64(size)
+			if e.Producer.ID != 0 {
+				l.prod.apply(k, e.Producer, qo, now)
+			}
 		}
+		l.prod.note(now)
 		r.end = pos
 		ok = append(ok, r)
 	}
@@ -110,6 +130,11 @@ func (l *Log) writeGroup(batch []*appendReq) {
 			r.err = err
 		}
 		ok = nil
+		l.prod.rollback()
+	} else {
+		l.prod.commit()
+		l.prod.duplicates.Add(dups)
+		l.prod.refused.Add(refused)
 	}
 	if len(ok) > 0 {
 		l.publish(chunks, ok)
@@ -130,6 +155,12 @@ func (l *Log) placeRaw(r *appendReq, pos *int64, nextOffset func(queueKey) int64
 	// Validate everything before placing anything, so a bad record leaves no trace.
 	local := make(map[queueKey]int64)
 	var sizes []int
+	type stamped struct {
+		k        queueKey
+		ps       ProducerStamp
+		qo, time int64
+	}
+	var stamps []stamped
 	for b := r.raw; len(b) > 0; {
 		n, err := recordLen(b, maxRecordSize)
 		if err == nil && n > len(b) {
@@ -153,7 +184,15 @@ func (l *Log) placeRaw(r *appendReq, pos *int64, nextOffset func(queueKey) int64
 		}
 		local[k] = want + 1
 		sizes = append(sizes, n)
+		if l.prod.stamp != nil {
+			if ps, ok := l.prod.stamp(rec.Payload); ok && ps.ID != 0 {
+				stamps = append(stamps, stamped{k, ps, rec.QueueOffset, rec.StoreTime})
+			}
+		}
 		b = b[n:]
+	}
+	for _, s := range stamps {
+		l.prod.apply(s.k, s.ps, s.qo, s.time)
 	}
 	from := 0
 	for _, n := range sizes {
@@ -237,6 +276,9 @@ func (l *Log) publish(chunks []chunk, ok []*appendReq) {
 		}
 		for i, e := range r.entries {
 			p := r.positions[i]
+			if p.Duplicate || p.Err != nil {
+				continue // not written
+			}
 			l.indexAdd(queueKey{e.Topic, e.Queue}, p.QueueOffset, p.LogOffset, int32(p.End-p.LogOffset))
 		}
 	}
@@ -275,4 +317,38 @@ func (l *Log) complete(ok []*appendReq) {
 	for _, r := range now {
 		r.done(r.positions, nil)
 	}
+}
+
+// original is the answer to a duplicate of the entry stored in queue k at
+// queue offset qo (-1: older than the state remembers). The record is in the
+// index, or placed earlier in this group (in chunks), or deleted by
+// retention (then only its queue offset is known). l.mu is read-held.
+func (l *Log) original(k queueKey, qo int64, chunks []chunk) Position {
+	p := Position{QueueOffset: qo, LogOffset: -1, End: -1, Duplicate: true}
+	if qo < 0 {
+		return p
+	}
+	if qi := l.index[k]; qi != nil && qo < qi.next() {
+		if i := qo - qi.base; i >= 0 {
+			p.LogOffset = qi.pos[i]
+			p.End = p.LogOffset + int64(qi.size[i])
+		}
+		return p
+	}
+	for _, c := range chunks {
+		at := c.base + c.start
+		for b := c.buf; len(b) > 0; {
+			n, err := recordLen(b, maxRecordSize)
+			if err != nil || n > len(b) {
+				break
+			}
+			if rec, err := decodeRecord(b[:n]); err == nil && rec.QueueOffset == qo && rec.Queue == k.queue && rec.Topic == k.topic {
+				p.LogOffset, p.End = at, at+int64(n)
+				return p
+			}
+			at += int64(n)
+			b = b[n:]
+		}
+	}
+	return p
 }
