@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -50,7 +51,16 @@ func listSegments(t *rapid.T, dir string) []segFile {
 // crash can: cut the log anywhere, scribble over it, leave zeros at the end,
 // or leave it whole. Recovery must keep every record whose flush was
 // acknowledged, never return a record that differs from what was appended,
-// and keep queue offsets dense for the next append.
+// and keep queue offsets dense for the next append. It runs up to three
+// crash and reopen cycles.
+//
+// Half the entries are stamped by two producers, who send the next
+// sequence, resend old ones, skip some, bump their epoch or use a stale
+// one. Every answer must be what the rules give on a model of the state
+// (the last runs of every pair, computed from the stored stamped records),
+// and after every reopen, re-appending every stamped record still in the
+// log must be answered from the rebuilt state: a duplicate with its
+// original offsets while in the window.
 func TestCrashLosesNoFlushedRecord(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		dir, err := os.MkdirTemp("", "ferrymq-crash-")
@@ -59,7 +69,7 @@ func TestCrashLosesNoFlushedRecord(t *testing.T) {
 		}
 		defer os.RemoveAll(dir)
 		segSize := rapid.SampledFrom([]int64{300, 1024, 1 << 20}).Draw(rt, "segment size")
-		cfg := Config{Dir: dir, SegmentSize: segSize, FlushInterval: time.Hour}
+		cfg := Config{Dir: dir, SegmentSize: segSize, FlushInterval: time.Hour, ProducerStamp: testStamp}
 		l, err := Open(cfg)
 		if err != nil {
 			rt.Fatal(err)
@@ -69,130 +79,337 @@ func TestCrashLosesNoFlushedRecord(t *testing.T) {
 			end     int64
 		}
 		model := map[queueKey][]appended{}
-		var acked int64 // every record ending at or before this was acknowledged as flushed
-		for i, n := 0, rapid.IntRange(1, 30).Draw(rt, "ops"); i < n; i++ {
-			op := rapid.IntRange(0, 19).Draw(rt, "op")
-			if op == 1 { // retention: drop whole segments before a random offset
-				if _, err := l.DeleteBefore(rapid.Int64Range(0, l.EndOffset()).Draw(rt, "delete before")); err != nil {
-					rt.Fatal(err)
-				}
-				continue
-			}
-			if op == 0 {
-				if err := l.Flush(); err != nil {
-					rt.Fatal(err)
-				}
-				acked = l.EndOffset()
-				continue
-			}
-			var batch []Entry
-			for j, m := 0, rapid.IntRange(1, 4).Draw(rt, "batch"); j < m; j++ {
-				q := uint32(rapid.IntRange(0, 2).Draw(rt, "queue"))
-				size := rapid.IntRange(0, 200).Draw(rt, "size")
-				p := bytes.Repeat([]byte{byte(i), byte(j), byte(q)}, size/3+1)
-				batch = append(batch, Entry{Topic: "crash", Queue: q, Payload: p})
-			}
-			flush := rapid.Bool().Draw(rt, "flush")
-			pos, err := l.Append(batch, flush)
-			if err != nil {
-				rt.Fatal(err)
-			}
-			for j, e := range batch {
-				k := queueKey{e.Topic, e.Queue}
-				if pos[j].QueueOffset != int64(len(model[k])) {
-					rt.Fatalf("queue offset %d, want %d", pos[j].QueueOffset, len(model[k]))
-				}
-				model[k] = append(model[k], appended{e.Payload, pos[j].End})
-			}
-			if flush {
-				acked = pos[len(pos)-1].End
-			}
-		}
-		flushed, end := l.FlushedOffset(), l.EndOffset()
-		if flushed < acked {
-			rt.Fatalf("flushed offset %d behind an acknowledged flush at %d", flushed, acked)
-		}
-		crash(l)
-
-		// Damage what was never flushed.
-		segs := listSegments(rt, dir)
-		damage := rapid.SampledFrom([]string{"none", "cut", "scribble", "zeros"}).Draw(rt, "damage")
-		if end > flushed {
-			at := rapid.Int64Range(flushed, end-1).Draw(rt, "at")
-			for _, s := range segs {
-				if at < s.base || at >= s.base+s.size {
-					if at < s.base && damage == "cut" {
-						if err := os.Truncate(s.path, 0); err != nil { // a later segment lost whole
-							rt.Fatal(err)
-						}
+		var stamps []modelRec // the stamped records the log holds, in log order
+		var acked int64       // every record ending at or before this was acknowledged as flushed
+		for cycle, cycles := 0, rapid.IntRange(1, 3).Draw(rt, "cycles"); cycle < cycles; cycle++ {
+			for i, n := 0, rapid.IntRange(1, 30).Draw(rt, "ops"); i < n; i++ {
+				op := rapid.IntRange(0, 19).Draw(rt, "op")
+				if op == 1 { // retention: drop whole segments before a random offset
+					if _, err := l.DeleteBefore(rapid.Int64Range(0, l.EndOffset()).Draw(rt, "delete before")); err != nil {
+						rt.Fatal(err)
 					}
 					continue
 				}
-				local := at - s.base
-				f, err := os.OpenFile(s.path, os.O_RDWR, 0)
+				if op == 0 {
+					if err := l.Flush(); err != nil {
+						rt.Fatal(err)
+					}
+					acked = l.EndOffset()
+					continue
+				}
+				var batch []Entry
+				var expect []modelAnswer
+				tent := stamps // stamps and the batch's entries before this one: what this one sees
+				nexts := map[queueKey]int64{}
+				for j, m := 0, rapid.IntRange(1, 4).Draw(rt, "batch"); j < m; j++ {
+					q := uint32(rapid.IntRange(0, 2).Draw(rt, "queue"))
+					k := queueKey{"crash", q}
+					if _, ok := nexts[k]; !ok {
+						nexts[k] = int64(len(model[k]))
+					}
+					size := rapid.IntRange(0, 200).Draw(rt, "size")
+					p := bytes.Repeat([]byte{byte(i), byte(j), byte(q), byte(cycle)}, size/4+1)
+					if !rapid.Bool().Draw(rt, "stamped") {
+						batch = append(batch, Entry{Topic: k.topic, Queue: q, Payload: p})
+						expect = append(expect, modelAnswer{accept: true, ref: -1})
+						nexts[k]++
+						continue
+					}
+					id := uint64(rapid.IntRange(1, 2).Draw(rt, "producer"))
+					ps := drawStamp(rt, modelState(tent, k, id), id)
+					a := modelCheck(tent, k, ps)
+					if a.accept {
+						a.ref = len(tent)
+						tent = append(slices.Clip(tent), modelRec{k: k, ps: ps, qo: nexts[k]})
+						nexts[k]++
+					}
+					expect = append(expect, a)
+					batch = append(batch, Entry{Topic: k.topic, Queue: q, Producer: ps, Payload: stampedPayload(ps, string(p))})
+				}
+				flush := rapid.Bool().Draw(rt, "flush")
+				pos, err := l.Append(batch, flush)
 				if err != nil {
 					rt.Fatal(err)
 				}
-				switch damage {
-				case "cut":
-					err = f.Truncate(local)
-				case "scribble":
-					n := rapid.IntRange(1, 64).Draw(rt, "scribble length")
-					junk := rapid.SliceOfN(rapid.Byte(), n, n).Draw(rt, "junk")
-					_, err = f.WriteAt(junk, local)
-				case "zeros":
-					_, err = f.WriteAt(make([]byte, 512), local)
+				for j := range batch {
+					if a := expect[j]; a.accept && a.ref >= 0 {
+						tent[a.ref].lo, tent[a.ref].end = pos[j].LogOffset, pos[j].End
+					}
 				}
-				f.Close()
-				if err != nil {
-					rt.Fatal(err)
+				stamps = tent
+				start := l.StartOffset()
+				for j, e := range batch {
+					k := queueKey{e.Topic, e.Queue}
+					if a := expect[j]; !a.accept {
+						if want := a.position(stamps, start); pos[j] != want {
+							rt.Fatalf("entry %d (%v %+v): %+v, want %+v", j, k, e.Producer, pos[j], want)
+						}
+						continue
+					}
+					if pos[j].Err != nil || pos[j].Duplicate {
+						rt.Fatalf("entry %d (%v %+v) not stored: %+v", j, k, e.Producer, pos[j])
+					}
+					if pos[j].QueueOffset != int64(len(model[k])) {
+						rt.Fatalf("queue offset %d, want %d", pos[j].QueueOffset, len(model[k]))
+					}
+					model[k] = append(model[k], appended{e.Payload, pos[j].End})
+				}
+				if flush { // the flush covers the whole group, whatever its last entry got
+					acked = l.EndOffset()
 				}
 			}
-		}
+			flushed, end := l.FlushedOffset(), l.EndOffset()
+			if flushed < acked {
+				rt.Fatalf("flushed offset %d behind an acknowledged flush at %d", flushed, acked)
+			}
+			crash(l)
 
-		l, err = Open(cfg)
-		if err != nil {
-			rt.Fatalf("recovery after %s damage past the flushed offset %d: %v", damage, flushed, err)
-		}
-		defer l.Close()
-		if l.EndOffset() < acked {
-			rt.Fatalf("recovered end %d is before the acknowledged flush at %d", l.EndOffset(), acked)
-		}
-		start := l.StartOffset()
-		for k, want := range model {
-			first, _ := l.QueueRange(k.topic, k.queue)
-			got, err := l.Read(k.topic, k.queue, first, 1<<30)
+			// Damage what was never flushed.
+			segs := listSegments(rt, dir)
+			damage := rapid.SampledFrom([]string{"none", "cut", "scribble", "zeros"}).Draw(rt, "damage")
+			if end > flushed {
+				at := rapid.Int64Range(flushed, end-1).Draw(rt, "at")
+				for _, s := range segs {
+					if at < s.base || at >= s.base+s.size {
+						if at < s.base && damage == "cut" {
+							if err := os.Truncate(s.path, 0); err != nil { // a later segment lost whole
+								rt.Fatal(err)
+							}
+						}
+						continue
+					}
+					local := at - s.base
+					f, err := os.OpenFile(s.path, os.O_RDWR, 0)
+					if err != nil {
+						rt.Fatal(err)
+					}
+					switch damage {
+					case "cut":
+						err = f.Truncate(local)
+					case "scribble":
+						n := rapid.IntRange(1, 64).Draw(rt, "scribble length")
+						junk := rapid.SliceOfN(rapid.Byte(), n, n).Draw(rt, "junk")
+						_, err = f.WriteAt(junk, local)
+					case "zeros":
+						_, err = f.WriteAt(make([]byte, 512), local)
+					}
+					f.Close()
+					if err != nil {
+						rt.Fatal(err)
+					}
+				}
+			}
+
+			l, err = Open(cfg)
 			if err != nil {
-				rt.Fatal(err)
+				rt.Fatalf("recovery after %s damage past the flushed offset %d: %v", damage, flushed, err)
 			}
-			if int(first)+len(got) > len(want) {
-				rt.Fatalf("%v: records up to %d read back, only %d appended", k, int(first)+len(got), len(want))
+			if l.EndOffset() < acked {
+				rt.Fatalf("recovered end %d is before the acknowledged flush at %d", l.EndOffset(), acked)
 			}
-			for i, w := range want {
-				kept := w.end > start // not deleted by retention
-				present := i >= int(first) && i < int(first)+len(got)
-				if kept && i < int(first) {
-					rt.Fatalf("%v: record %d (ending at %d) is after the log start %d but before the queue's first offset %d", k, i, w.end, start, first)
+			start := l.StartOffset()
+			for k, want := range model {
+				first, _ := l.QueueRange(k.topic, k.queue)
+				got, err := l.Read(k.topic, k.queue, first, 1<<30)
+				if err != nil {
+					rt.Fatal(err)
 				}
-				if kept && w.end <= acked && !present {
-					rt.Fatalf("%v: acknowledged record %d (ending at %d, flush acknowledged to %d) lost", k, i, w.end, acked)
+				if int(first)+len(got) > len(want) {
+					rt.Fatalf("%v: records up to %d read back, only %d appended", k, int(first)+len(got), len(want))
 				}
-				if kept && damage == "none" && !present {
-					rt.Fatalf("%v: record %d lost with no damage at all", k, i)
+				for i, w := range want {
+					kept := w.end > start // not deleted by retention
+					present := i >= int(first) && i < int(first)+len(got)
+					if kept && i < int(first) {
+						rt.Fatalf("%v: record %d (ending at %d) is after the log start %d but before the queue's first offset %d", k, i, w.end, start, first)
+					}
+					if kept && w.end <= acked && !present {
+						rt.Fatalf("%v: acknowledged record %d (ending at %d, flush acknowledged to %d) lost", k, i, w.end, acked)
+					}
+					if kept && damage == "none" && !present {
+						rt.Fatalf("%v: record %d lost with no damage at all", k, i)
+					}
+					if present && !bytes.Equal(got[i-int(first)].Payload, w.payload) {
+						rt.Fatalf("%v: record %d read back as different bytes", k, i)
+					}
 				}
-				if present && !bytes.Equal(got[i-int(first)].Payload, w.payload) {
-					rt.Fatalf("%v: record %d read back as different bytes", k, i)
+				model[k] = want[:max(int(first)+len(got), 0)]
+			}
+
+			// The state is what the records still in the log give.
+			recovered := l.EndOffset()
+			var kept []modelRec
+			for _, r := range stamps {
+				if r.lo >= start && r.end <= recovered {
+					kept = append(kept, r)
 				}
 			}
-			pos, err := l.Append([]Entry{{Topic: k.topic, Queue: k.queue, Payload: []byte("after")}}, false)
-			if err != nil {
-				rt.Fatal(err)
+			stamps = kept
+			var again []Entry
+			var wantPos []Position
+			for _, r := range stamps {
+				a := modelCheck(stamps, r.k, r.ps)
+				if a.accept {
+					rt.Fatalf("the model accepts the stored %+v again", r)
+				}
+				again = append(again, Entry{Topic: r.k.topic, Queue: r.k.queue, Producer: r.ps, Payload: stampedPayload(r.ps, "again")})
+				wantPos = append(wantPos, a.position(stamps, start))
 			}
-			if want := first + int64(len(got)); pos[0].QueueOffset != want {
-				rt.Fatalf("%v: append after recovery got queue offset %d, want %d", k, pos[0].QueueOffset, want)
+			if len(again) > 0 {
+				pos, err := l.Append(again, false)
+				if err != nil {
+					rt.Fatal(err)
+				}
+				for j := range pos {
+					if w := wantPos[j]; pos[j] != w {
+						rt.Fatalf("stamped record %+v again after the reopen: %+v, want %+v", stamps[j], pos[j], w)
+					}
+				}
+				if l.EndOffset() != recovered {
+					rt.Fatalf("re-appended stamped records were stored: end %d, was %d", l.EndOffset(), recovered)
+				}
 			}
+
+			for k := range model {
+				first, next := l.QueueRange(k.topic, k.queue)
+				pos, err := l.Append([]Entry{{Topic: k.topic, Queue: k.queue, Payload: []byte("after")}}, false)
+				if err != nil {
+					rt.Fatal(err)
+				}
+				if pos[0].QueueOffset != next || next != int64(len(model[k])) {
+					rt.Fatalf("%v: append after recovery got queue offset %d, want %d (first %d, model %d)", k, pos[0].QueueOffset, next, first, len(model[k]))
+				}
+				model[k] = append(model[k], appended{[]byte("after"), pos[0].End})
+			}
+			acked = recovered // recovery synced what it kept
+		}
+		if err := l.Close(); err != nil {
+			rt.Fatal(err)
 		}
 	})
+}
+
+// modelRec is a stamped record in the crash test's model.
+type modelRec struct {
+	k       queueKey
+	ps      ProducerStamp
+	qo      int64
+	lo, end int64
+}
+
+// modelPair is the model of one pair's state: its epoch and the indexes
+// (into the records) of the records of its last producerRuns runs.
+type modelPair struct {
+	epoch   uint16
+	lastSeq int64
+	runs    [][]int
+}
+
+// modelState replays the stamped records, as recovery does, and returns the
+// state of one pair (nil if none).
+func modelState(recs []modelRec, k queueKey, id uint64) *modelPair {
+	var st *modelPair
+	for i, r := range recs {
+		if r.k != k || r.ps.ID != id {
+			continue
+		}
+		if st == nil || r.ps.Epoch != st.epoch {
+			st = &modelPair{epoch: r.ps.Epoch, lastSeq: r.ps.Seq, runs: [][]int{{i}}}
+			continue
+		}
+		st.lastSeq = r.ps.Seq
+		run := st.runs[len(st.runs)-1]
+		prev := recs[run[len(run)-1]]
+		if r.ps.Seq == prev.ps.Seq+1 && r.qo == prev.qo+1 {
+			st.runs[len(st.runs)-1] = append(run, i)
+			continue
+		}
+		st.runs = append(st.runs, []int{i})
+		if len(st.runs) > producerRuns {
+			st.runs = st.runs[1:]
+		}
+	}
+	return st
+}
+
+// modelAnswer is what the rules answer to a stamp.
+type modelAnswer struct {
+	accept bool
+	dup    bool
+	ref    int // the original of a duplicate (-1: older than the window); the record of an accepted entry
+	err    error
+}
+
+func modelCheck(recs []modelRec, k queueKey, ps ProducerStamp) modelAnswer {
+	st := modelState(recs, k, ps.ID)
+	switch {
+	case st == nil:
+		return modelAnswer{accept: true}
+	case ps.Epoch < st.epoch:
+		return modelAnswer{ref: -2, err: ErrProducerFenced}
+	case ps.Epoch > st.epoch:
+		if ps.Seq == 0 {
+			return modelAnswer{accept: true}
+		}
+		return modelAnswer{ref: -2, err: ErrOutOfOrderSequence}
+	}
+	last := st.lastSeq
+	switch {
+	case ps.Seq <= last:
+		for _, run := range st.runs {
+			for _, i := range run {
+				if recs[i].ps.Seq == ps.Seq {
+					return modelAnswer{dup: true, ref: i}
+				}
+			}
+		}
+		return modelAnswer{dup: true, ref: -1}
+	case ps.Seq == last+1:
+		return modelAnswer{accept: true}
+	}
+	return modelAnswer{ref: -2, err: ErrOutOfOrderSequence}
+}
+
+// position is the Position a refused or duplicate entry gets, given the log
+// starts at start.
+func (a modelAnswer) position(recs []modelRec, start int64) Position {
+	switch {
+	case a.err != nil:
+		return Position{QueueOffset: -1, LogOffset: -1, End: -1, Err: a.err}
+	case a.dup && a.ref < 0:
+		return Position{QueueOffset: -1, LogOffset: -1, End: -1, Duplicate: true}
+	case a.dup:
+		r := recs[a.ref]
+		if r.lo < start {
+			return Position{QueueOffset: r.qo, LogOffset: -1, End: -1, Duplicate: true}
+		}
+		return Position{QueueOffset: r.qo, LogOffset: r.lo, End: r.end, Duplicate: true}
+	}
+	return Position{}
+}
+
+// drawStamp draws what a producer sends next: mostly the next sequence,
+// sometimes a resend, a gap, a new epoch (at 0 or not) or a stale epoch.
+func drawStamp(rt *rapid.T, st *modelPair, id uint64) ProducerStamp {
+	if st == nil {
+		return ProducerStamp{ID: id, Epoch: uint16(rapid.IntRange(0, 1).Draw(rt, "epoch")), Seq: int64(rapid.IntRange(0, 2).Draw(rt, "seq"))}
+	}
+	ps := ProducerStamp{ID: id, Epoch: st.epoch, Seq: st.lastSeq + 1}
+	switch rapid.IntRange(0, 9).Draw(rt, "send") {
+	case 5: // a resend
+		ps.Seq = int64(rapid.Int64Range(max(0, st.lastSeq-8), st.lastSeq).Draw(rt, "resend"))
+	case 6: // a gap
+		ps.Seq += rapid.Int64Range(1, 3).Draw(rt, "gap")
+	case 7: // a new instance
+		ps.Epoch, ps.Seq = st.epoch+1, 0
+	case 8: // a new instance not starting at 0
+		ps.Epoch, ps.Seq = st.epoch+1, rapid.Int64Range(1, 3).Draw(rt, "seq")
+	case 9: // a zombie
+		if st.epoch > 0 {
+			ps.Epoch = st.epoch - 1
+		}
+	}
+	return ps
 }
 
 // TestFaultsLoseNoAcknowledgedRecord appends, flushes and deletes while
