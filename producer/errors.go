@@ -23,6 +23,11 @@ var (
 	// ErrDeliveryTimeout means retries ran out of time; the last cause is
 	// wrapped too.
 	ErrDeliveryTimeout = errors.New("producer: not delivered in time")
+	// ErrFenced means a later instance of this named producer (see
+	// Identity) has written to a queue: brokers refuse this one's messages
+	// (PRODUCER_FENCED). It is not retried; every message the producer
+	// still holds, and every later send, fails with it. Close the producer.
+	ErrFenced = errors.New("producer: fenced by a later instance of the same producer")
 )
 
 // sendErr gives an error of a SEND call to a broker its public sentinel.
@@ -54,4 +59,12 @@ func lookupErr(topic string, err error) error {
 // retryable reports whether a failed attempt may be tried again elsewhere.
 func retryable(err error) bool {
 	return protocol.IsRetriable(err) || errors.Is(err, ErrConnLost) || errors.Is(err, ErrUnreachable)
+}
+
+// maybeStored reports whether err carries a status that leaves the
+// outcome unknown (protocol.Status.MaybeStored); an idempotent producer
+// retries those.
+func maybeStored(err error) bool {
+	var pe *protocol.Error
+	return errors.As(err, &pe) && pe.Status.MaybeStored()
 }

@@ -17,7 +17,7 @@ import (
 
 // sentinels are the producer's public errors; a case's error must match the
 // ones it wants and none of the others.
-var sentinels = []error{ErrClosed, ErrBufferFull, ErrConnLost, ErrUnreachable, ErrDeliveryTimeout}
+var sentinels = []error{ErrClosed, ErrBufferFull, ErrConnLost, ErrUnreachable, ErrDeliveryTimeout, ErrFenced}
 
 // TestErrorsMatch drives the producer into every failure it tells apart,
 // through real situations where they are cheap (a broker that cannot take
@@ -121,14 +121,26 @@ func TestErrorsMatch(t *testing.T) {
 	// Every status a broker may answer: for one message (every message in
 	// a batch of one producer, each answered its own status), and for a
 	// whole request (a producer each), from the fake broker.
+	// An idempotent producer retries every status that may mean the message
+	// was stored (INTERNAL too), on the same queue, until the deadline.
+	// DUPLICATE is a success (TestDuplicateIsSuccess); PRODUCER_FENCED
+	// fences the whole producer, so it has its own.
 	statusOf := newProducer(t, c, short...)
 	for s := protocol.Status(1); s.Known(); s++ {
+		if s == protocol.StatusDuplicate {
+			continue
+		}
 		want := []error{&protocol.Error{Status: s}}
-		if s.Retriable() {
+		if s.Retriable() || s.MaybeStored() {
 			want = append(want, ErrDeliveryTimeout)
 		}
+		p := statusOf
+		if s == protocol.StatusProducerFenced {
+			p = newProducer(t, c, short...)
+			want = append(want, ErrFenced)
+		}
 		cases = append(cases, errCase{name: "broker answers " + s.String(),
-			err: async(statusOf, msg("fake", fmt.Sprintf("status:%d", s))), want: want})
+			err: async(p, msg("fake", fmt.Sprintf("status:%d", s))), want: want})
 	}
 	for _, s := range []protocol.Status{protocol.StatusBusy, protocol.StatusInvalid} {
 		want := []error{&protocol.Error{Status: s}}

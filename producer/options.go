@@ -34,6 +34,10 @@ type config struct {
 	avoider         routing.Avoider
 	logger          hclog.Logger
 	clock           clockwork.Clock
+	idempotent      bool
+	name            string
+	moveKeyed       bool
+	idSource        identitySource // nil: the metaserver
 }
 
 func defaults() config {
@@ -49,6 +53,7 @@ func defaults() config {
 		routeRefresh:    30 * time.Second,
 		logger:          hclog.NewNullLogger(),
 		clock:           clockwork.NewRealClock(),
+		idempotent:      true,
 	}
 }
 
@@ -99,6 +104,9 @@ func (c *config) validate() error {
 			bad("%s %v must be positive", d.name, d.v)
 		}
 	}
+	if len(c.name) > maxNameLen {
+		bad("Identity name of %d bytes over the cap %d", len(c.name), maxNameLen)
+	}
 	// Relations between options, checked when both sides are valid alone.
 	if c.linger >= 0 && c.deliveryTimeout > 0 && c.linger >= c.deliveryTimeout {
 		bad("Linger %v must be shorter than DeliveryTimeout %v (a lingering message would expire unsent)", c.linger, c.deliveryTimeout)
@@ -107,6 +115,48 @@ func (c *config) validate() error {
 		bad("MaxBatchBytes %d must not be larger than MaxBuffered bytes %d (a batch could never fill)", c.maxBatchBytes, c.maxBytes)
 	}
 	return errors.Join(errs...)
+}
+
+// maxNameLen caps Identity's name.
+const maxNameLen = 255
+
+// Idempotence turns exactly-once, ordered sends on or off. Default on.
+//
+// On: before its first batch leaves, the producer takes an identity
+// (producer id and epoch) from the metaserver, and stamps every message
+// with it and a sequence number per queue. A send whose outcome is unknown
+// (a timeout, a lost connection, SLAVE_SYNC_TIMEOUT and the other statuses
+// of protocol.Status.MaybeStored) is retried on the same queue with the
+// same stamp, so the broker answers a message it already stored as a
+// duplicate (with the original offsets) instead of storing it again. The
+// package documentation states the guarantee.
+//
+// Off: messages carry no stamp and need no identity; a failed send is
+// retried on any queue (keyed messages still wait for their own, see
+// MoveKeyedOnFailure), so a retry after an unknown outcome can store a
+// message twice.
+func Idempotence(on bool) Opt { return optFunc(func(c *config) { c.idempotent = on }) }
+
+// Identity names the producer (at most 255 bytes). Default "": anonymous,
+// a fresh producer id per Client. A named producer keeps its id across
+// instances: each New takes the next epoch, and brokers refuse the earlier
+// instances' messages (ErrFenced) once the later one has written to a
+// queue. Use a name for a producer that must be one at a time (a restarted
+// service, a standby taking over), so a restart mid-retry cannot store a
+// message twice. Ignored with idempotence off.
+func Identity(name string) Opt { return optFunc(func(c *config) { c.name = name }) }
+
+// MoveKeyedOnFailure lets a keyed message (Message.Key set) be retried on
+// another queue after a failure that says it was not stored. Default false:
+// a keyed message waits for its own queue (retried there with backoff)
+// until its delivery deadline, so one key's messages keep their order even
+// across failures. Setting it trades that order for availability.
+func MoveKeyedOnFailure(allow bool) Opt { return optFunc(func(c *config) { c.moveKeyed = allow }) }
+
+// withIdentitySource replaces the metaserver as the source of producer
+// identities (tests).
+func withIdentitySource(src identitySource) Opt {
+	return optFunc(func(c *config) { c.idSource = src })
 }
 
 // MetaAddrs sets the metaserver nodes' RPC addresses. Required.

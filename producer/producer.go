@@ -37,10 +37,26 @@ type Result struct {
 	ID          string // the producer-made message id
 	Topic       string
 	Queue       uint32
-	QueueOffset int64
-	LogOffset   int64
+	QueueOffset int64  // -1 for a duplicate whose original the broker no longer knows
+	LogOffset   int64  // -1 for a duplicate whose original the broker no longer knows
 	Group       string // the broker group
 	Broker      string // the master's address
+
+	// Duplicate: the broker had already stored this message (an earlier
+	// attempt whose answer was lost or late); the offsets are the
+	// original's, and it was not stored again.
+	Duplicate bool
+	// PossibleDuplicate: an earlier attempt's outcome was unknown, and the
+	// message was then sent without that attempt's stamp (moved to another
+	// queue, or re-stamped after the broker's state was lost), so it may be
+	// stored twice: here and where the earlier attempt went. Stats counts
+	// these.
+	PossibleDuplicate bool
+	// The message's stamp: producer id, epoch and sequence in its queue.
+	// ProducerID is 0 with idempotence off.
+	ProducerID uint64
+	Epoch      uint16
+	Seq        int64
 }
 
 // Client is a producer. It is safe for concurrent use.
@@ -63,6 +79,16 @@ type Client struct {
 	bufBytes   int64
 	waiters    int
 	space      chan struct{} // closed when room frees and someone waits
+
+	// Idempotence: the current identity (nil until the first send), the
+	// lock that serializes taking one, whether a new one is being taken
+	// (sinks build nothing meanwhile), and whether a later instance fenced
+	// this one.
+	ident    atomic.Pointer[identity]
+	identMu  sync.Mutex
+	renewing atomic.Bool
+	fenced   atomic.Bool
+	stats    statCounters
 
 	flushing atomic.Int32
 	// For tests: route refreshes started by routing errors (refreshSoon),
@@ -102,6 +128,9 @@ func New(opts ...Opt) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.idSource == nil {
+		cfg.idSource = metaIdentity{meta}
+	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	c := &Client{
@@ -131,6 +160,29 @@ type record struct {
 	addr     string
 	attempts int
 	lastErr  error
+
+	// Idempotence, under the sink's mu while the record is in a sink:
+	// gen is the identity generation of rec.msg.Producer (0: unstamped);
+	// maybe says an attempt with this stamp had an unknown outcome;
+	// possibleDup says an earlier stamp's did and the record left it.
+	gen         uint64
+	maybe       bool
+	possibleDup bool
+}
+
+// stays reports whether a failed record must wait for its own queue.
+func (c *Client) stays(rec *record) bool { return rec.key != "" && !c.cfg.moveKeyed }
+
+// unstamp drops a record's stamp, flagging it a possible duplicate if an
+// attempt with that stamp had an unknown outcome.
+func (c *Client) unstamp(rec *record) {
+	if rec.maybe && !rec.possibleDup {
+		rec.possibleDup = true
+		c.stats.possibleDuplicates.Add(1)
+	}
+	rec.maybe = false
+	rec.gen = 0
+	rec.msg.Producer = protocol.ProducerStamp{}
 }
 
 // Send sends one message and waits for its result. It does not wait for
@@ -167,6 +219,10 @@ func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func
 		promise(Result{}, ErrClosed)
 		return
 	}
+	if c.fenced.Load() {
+		promise(Result{}, ErrFenced)
+		return
+	}
 	now := time.Now()
 	var idBuf [40]byte
 	id := append(append(idBuf[:0], c.prefix...), '-')
@@ -194,7 +250,14 @@ func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func
 		promise(Result{}, fmt.Errorf("producer: message to %q: %w", m.Topic, err))
 		return
 	}
-	rec.size = rec.msg.EncodedSize()
+	if c.cfg.idempotent {
+		// Its stamp is part of its size in a batch.
+		rec.msg.Producer.ID = 1
+		rec.size = rec.msg.EncodedSize()
+		rec.msg.Producer.ID = 0
+	} else {
+		rec.size = rec.msg.EncodedSize()
+	}
 	rec.deadline = now.Add(c.cfg.deliveryTimeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(rec.deadline) {
 		rec.deadline = dl
@@ -285,6 +348,10 @@ func (c *Client) dispatch(rec *record, urgent bool) {
 		c.finish(rec, Result{}, fmt.Errorf("producer: message %s to %q not sent: %w", rec.msg.ID, rec.msg.Topic, err))
 		return
 	}
+	if c.fenced.Load() {
+		c.finish(rec, Result{}, fmt.Errorf("%w: message %s to %q", ErrFenced, rec.msg.ID, rec.msg.Topic))
+		return
+	}
 	plan, err := c.route(rec)
 	if err != nil {
 		c.retryOrFail(rec, err)
@@ -301,18 +368,44 @@ func (c *Client) dispatch(rec *record, urgent bool) {
 		c.retryOrFail(rec, &protocol.Error{Status: st, Message: fmt.Sprintf("topic %q: %v", rec.msg.Topic, err)})
 		return
 	}
+	if c.cfg.idempotent {
+		// The identity is taken before the record's first batch can leave.
+		if err := c.ensureIdentity(rec); err != nil {
+			c.retryOrFail(rec, err)
+			return
+		}
+	}
 	rec.msg.Queue, rec.group, rec.addr = q.Queue, q.Group, q.Master
 	c.sink(q.Group).add(rec, urgent)
 }
 
+// pick chooses the record's queue: a keyed record's is its key's (unless
+// MoveKeyedOnFailure lets it leave a queue that is not writable or just
+// failed), whether or not it is writable now: the record then waits there.
 func (c *Client) pick(plan *routing.Plan, rec *record) (routing.QueueRoute, error) {
 	if qs := plan.Route.Queues; rec.key != "" && len(qs) > 0 {
 		q := qs[fnv32(rec.key)%uint32(len(qs))]
-		if q.Writable && q.Group != lastGroup(rec) {
+		if !c.cfg.moveKeyed || q.Writable && q.Group != lastGroup(rec) {
 			return q, nil
 		}
 	}
 	return c.sel.SelectPlan(plan, lastGroup(rec), c.cfg.clock.Now())
+}
+
+// queueRoute is the cached route of one queue.
+func (c *Client) queueRoute(topic string, queue uint32) (routing.QueueRoute, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tr := c.routes[topic]
+	if tr == nil {
+		return routing.QueueRoute{}, false
+	}
+	for _, q := range tr.route.Queues {
+		if q.Queue == queue {
+			return q, true
+		}
+	}
+	return routing.QueueRoute{}, false
 }
 
 func lastGroup(rec *record) string {
@@ -341,22 +434,17 @@ func (c *Client) retryOrFail(rec *record, err error) {
 	if errors.As(err, &pe) && pe.Status.RefreshesRoute() {
 		c.refreshSoon(rec.msg.Topic)
 	}
-	if !retryable(err) {
+	if !retryable(err) && !(c.cfg.idempotent && maybeStored(err)) {
 		c.finish(rec, Result{}, fmt.Errorf("producer: message %s to %q: %w", rec.msg.ID, rec.msg.Topic, err))
 		return
 	}
 	rec.attempts++
 	backoff := routing.Jitter(min(c.cfg.retryBackoff<<min(rec.attempts-1, 10), time.Second))
 	if time.Now().Add(backoff).After(rec.deadline) {
-		if prev != nil && errors.Is(err, protocol.ErrTimeout) && !errors.Is(prev, protocol.ErrTimeout) {
-			// The last attempt ran into the delivery deadline: the attempt
-			// before says why the message was still not delivered.
-			err = fmt.Errorf("%w (the attempt before: %w)", err, prev)
-		}
-		c.finish(rec, Result{}, fmt.Errorf("%w: message %s to %q (attempts: %d): %w",
-			ErrDeliveryTimeout, rec.msg.ID, rec.msg.Topic, rec.attempts, err))
+		c.finish(rec, Result{}, deliveryTimeout(rec, err, prev))
 		return
 	}
+	c.stats.retries.Add(1)
 	c.wg.Add(1)
 	t := time.NewTimer(backoff)
 	go func() {
@@ -368,6 +456,18 @@ func (c *Client) retryOrFail(rec *record, err error) {
 		}
 		c.dispatch(rec, true)
 	}()
+}
+
+// deliveryTimeout is the error of a record whose retries ran out of time:
+// err is the last attempt's cause, prev the one before.
+func deliveryTimeout(rec *record, err, prev error) error {
+	if prev != nil && errors.Is(err, protocol.ErrTimeout) && !errors.Is(prev, protocol.ErrTimeout) {
+		// The last attempt ran into the delivery deadline: the attempt
+		// before says why the message was still not delivered.
+		err = fmt.Errorf("%w (the attempt before: %w)", err, prev)
+	}
+	return fmt.Errorf("%w: message %s to %q (attempts: %d): %w",
+		ErrDeliveryTimeout, rec.msg.ID, rec.msg.Topic, rec.attempts, err)
 }
 
 // route returns the cached route of the record's topic, looking it up on

@@ -5,10 +5,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 // sink batches the records bound for one broker group. A batch leaves when
@@ -16,29 +19,90 @@ import (
 // oldest record has lingered long enough, and only while fewer than
 // MaxInflightPerGroup batches are in flight: under load records pile up
 // behind the in-flight batches and leave together.
+//
+// Records wait in one line per queue. A batch carries at most one run (a
+// line's next records, in order) per queue, and a line whose run is in
+// flight, or which waits out a retry's backoff, is busy: its records wait.
+// So a queue has one run in flight at a time, its records reach the broker
+// in order whatever the order of concurrent batches on the wire, and its
+// sequence numbers (assigned when a run is built, never at enqueue) are
+// exact: a run is answered before the queue's next one is built.
 type sink struct {
 	c     *Client
 	group string
 
-	mu       sync.Mutex
-	buf      []*record
-	bufBytes int
-	oldest   time.Time
-	urgent   bool
-	inflight int
-	timer    *time.Timer
-	// closedOut holds records sendLocked could not send because the producer
-	// is closed; unlock ends them (promises never run under mu).
-	closedOut []*record
+	mu         sync.Mutex
+	lines      map[qkey]*line
+	ready      []*line // lines with records and not busy, in the order they became so
+	readyBytes int     // the records of ready lines
+	oldest     time.Time
+	urgent     bool
+	inflight   int
+	timer      *time.Timer
+	addr       string // the group's master, by the newest route seen
+	// Work for unlock to do once mu is released (promises, retries and
+	// route refreshes never run under it).
+	done    []ended
+	retry   []ended
+	refresh []string
 }
 
-// unlock releases mu and ends the records found closed meanwhile.
+// qkey names a queue.
+type qkey struct {
+	topic string
+	queue uint32
+}
+
+// line is one queue's waiting records, in order. Records that keep their
+// stamp for a retry are at its front, in sequence order.
+type line struct {
+	key     qkey
+	recs    []*record
+	bytes   int
+	busy    bool   // a run in flight, or a retry's backoff
+	queued  bool   // in sink.ready
+	gen     uint64 // the identity generation of next
+	next    int64  // the queue's next sequence under gen
+	fails   int    // consecutive failed runs, for the backoff
+	lastErr error  // the last failed run's cause
+}
+
+// batch is what one SEND carries: runs of distinct queues.
+type batch struct {
+	runs []run
+	n    int // records
+	addr string
+}
+
+// run is one line's records in a batch, in sequence order, all stamped by
+// one identity generation (gen; 0: unstamped).
+type run struct {
+	ln   *line
+	recs []*record
+	gen  uint64
+}
+
+// ended is a record to finish (err nil: with res) or to retry elsewhere.
+type ended struct {
+	rec *record
+	res Result
+	err error
+}
+
+// unlock releases mu, then finishes, retries and refreshes what the locked
+// section decided, in that order.
 func (s *sink) unlock() {
-	out := s.closedOut
-	s.closedOut = nil
+	done, retry, refresh := s.done, s.retry, s.refresh
+	s.done, s.retry, s.refresh = nil, nil, nil
 	s.mu.Unlock()
-	for _, r := range out {
-		s.c.finish(r, Result{}, ErrClosed)
+	for _, e := range done {
+		s.c.finish(e.rec, e.res, e.err)
+	}
+	for _, e := range retry {
+		s.c.retryOrFail(e.rec, e.err)
+	}
+	for _, t := range refresh {
+		s.c.refreshSoon(t)
 	}
 }
 
@@ -47,7 +111,7 @@ func (c *Client) sink(group string) *sink {
 	defer c.mu.Unlock()
 	s := c.sinks[group]
 	if s == nil {
-		s = &sink{c: c, group: group}
+		s = &sink{c: c, group: group, lines: map[qkey]*line{}}
 		c.sinks[group] = s
 	}
 	return s
@@ -55,14 +119,44 @@ func (c *Client) sink(group string) *sink {
 
 func (s *sink) add(rec *record, urgent bool) {
 	s.mu.Lock()
-	if len(s.buf) == 0 {
-		s.oldest = time.Now()
+	if rec.addr != "" {
+		s.addr = rec.addr
 	}
-	s.buf = append(s.buf, rec)
-	s.bufBytes += rec.size
+	k := qkey{rec.msg.Topic, rec.msg.Queue}
+	ln := s.lines[k]
+	if ln == nil {
+		ln = &line{key: k}
+		s.lines[k] = ln
+	}
+	ln.recs = append(ln.recs, rec)
+	ln.bytes += rec.size
+	if !ln.busy {
+		s.makeReady(ln, rec.size)
+	}
 	s.urgent = s.urgent || urgent
 	s.sendLocked()
 	s.unlock()
+}
+
+// makeReady counts n more bytes of a line that is not busy as ready to
+// leave, and queues the line.
+func (s *sink) makeReady(ln *line, n int) {
+	if s.readyBytes == 0 {
+		s.oldest = time.Now()
+	}
+	s.readyBytes += n
+	if !ln.queued {
+		ln.queued = true
+		s.ready = append(s.ready, ln)
+	}
+}
+
+// release ends a line's busy state: its records may leave again.
+func (s *sink) release(ln *line) {
+	ln.busy = false
+	if len(ln.recs) > 0 {
+		s.makeReady(ln, ln.bytes)
+	}
 }
 
 func (s *sink) kick() {
@@ -73,10 +167,11 @@ func (s *sink) kick() {
 
 // sendLocked starts as many batches as may leave now.
 func (s *sink) sendLocked() {
-	cfg := &s.c.cfg
-	for len(s.buf) > 0 && s.inflight < cfg.maxInflight {
-		ready := s.urgent || cfg.linger == 0 || s.bufBytes >= cfg.maxBatchBytes ||
-			s.c.flushing.Load() > 0 || time.Since(s.oldest) >= cfg.linger
+	c := s.c
+	cfg := &c.cfg
+	for len(s.ready) > 0 && s.inflight < cfg.maxInflight {
+		ready := s.urgent || cfg.linger == 0 || s.readyBytes >= cfg.maxBatchBytes ||
+			c.flushing.Load() > 0 || time.Since(s.oldest) >= cfg.linger
 		if !ready {
 			if s.timer == nil {
 				s.timer = time.AfterFunc(cfg.linger-time.Since(s.oldest), func() {
@@ -88,131 +183,515 @@ func (s *sink) sendLocked() {
 			}
 			return
 		}
-		n, bytes := 0, 0
-		for n < len(s.buf) && (n == 0 || bytes+s.buf[n].size <= cfg.maxBatchBytes) {
-			bytes += s.buf[n].size
-			n++
+		var cur *identity
+		if cfg.idempotent {
+			// No identity yet, or a new one on its way (renewIdentity kicks
+			// every sink when it has it).
+			if cur = c.ident.Load(); cur == nil || c.renewing.Load() {
+				return
+			}
 		}
-		batch := make([]*record, n)
-		copy(batch, s.buf)
-		s.buf = append(s.buf[:0], s.buf[n:]...)
-		s.bufBytes -= bytes
-		if len(s.buf) == 0 {
+		b := s.build(cur)
+		if s.readyBytes == 0 {
 			s.urgent = false
 		} else {
 			s.oldest = time.Now()
 		}
-		if s.c.dead.Load() {
+		if len(b.runs) == 0 {
+			continue // only emptied lines were ready
+		}
+		if c.dead.Load() {
 			// Closed: no goroutine may start now (Close may be waiting).
-			s.closedOut = append(s.closedOut, batch...)
+			for _, rn := range b.runs {
+				for _, r := range rn.recs {
+					s.done = append(s.done, ended{rec: r, err: ErrClosed})
+				}
+				s.release(rn.ln)
+			}
 			continue
 		}
 		s.inflight++
-		s.c.wg.Add(1)
-		go s.send(batch)
+		c.wg.Add(1)
+		go s.send(b)
 	}
 }
 
-// send sends one batch and hands every record its result, or a retry.
-func (s *sink) send(batch []*record) {
+// build takes the next batch from the ready lines, oldest first: per line,
+// its stamped records (a retry, which goes whole and first), then new
+// records, stamped now with the queue's next sequences. A line whose
+// retried records are of an older identity takes no new records with them.
+func (s *sink) build(cur *identity) *batch {
+	limit := s.c.cfg.maxBatchBytes
+	b := &batch{addr: s.addr}
+	bytes := 0
+	kept := s.ready[:0]
+	full := false
+	for _, ln := range s.ready {
+		if len(ln.recs) == 0 { // emptied by expiry
+			ln.queued = false
+			continue
+		}
+		if full {
+			kept = append(kept, ln)
+			continue
+		}
+		p, pb := 0, 0
+		for p < len(ln.recs) && ln.recs[p].gen != 0 {
+			pb += ln.recs[p].size
+			p++
+		}
+		if p > 0 && len(b.runs) > 0 && bytes+pb > limit {
+			kept = append(kept, ln) // the retry goes whole, in a later batch
+			continue
+		}
+		gen := uint64(0)
+		if p > 0 {
+			gen = ln.recs[0].gen
+		} else if cur != nil {
+			gen = cur.gen
+		}
+		n, nb := p, pb
+		if cur != nil && gen == cur.gen || cur == nil && p == 0 {
+			for n < len(ln.recs) && (len(b.runs) == 0 && n == 0 || bytes+nb+ln.recs[n].size <= limit) {
+				nb += ln.recs[n].size
+				n++
+			}
+		}
+		if n == 0 {
+			full = true
+			kept = append(kept, ln)
+			continue
+		}
+		recs := make([]*record, n)
+		copy(recs, ln.recs[:n])
+		if cur != nil {
+			if ln.gen != cur.gen {
+				ln.gen, ln.next = cur.gen, 0
+			}
+			for _, r := range recs[p:] {
+				r.msg.Producer = protocol.ProducerStamp{ID: cur.id, Epoch: cur.epoch, Seq: ln.next}
+				r.gen = cur.gen
+				ln.next++
+			}
+		}
+		clear(ln.recs[:n])
+		ln.recs = ln.recs[n:]
+		s.readyBytes -= ln.bytes
+		ln.bytes -= nb
+		ln.busy, ln.queued = true, false
+		bytes += nb
+		b.runs = append(b.runs, run{ln: ln, recs: recs, gen: gen})
+		b.n += n
+		if bytes >= limit {
+			full = true
+		}
+	}
+	clear(s.ready[len(kept):])
+	s.ready = kept
+	return b
+}
+
+// send sends one batch and settles every run: results, retries, rewinds.
+func (s *sink) send(b *batch) {
 	defer s.c.wg.Done()
 	c := s.c
 	deadline := time.Now().Add(c.cfg.requestTimeout)
-	for _, r := range batch {
-		if r.deadline.Before(deadline) {
-			deadline = r.deadline
+	for _, rn := range b.runs {
+		for _, r := range rn.recs {
+			if r.deadline.Before(deadline) {
+				deadline = r.deadline
+			}
 		}
 	}
-	addr := batch[len(batch)-1].addr // the newest route's master
-	// The transport copies the body into its write buffer before Call
-	// waits, so the buffer goes back to the pool once Call returns.
-	bp := bodyPool.Get().(*[]byte)
-	// A SEND body is a u32 count and the messages, encoded straight from the
-	// records (no copy of the messages into a slice first).
-	body := binary.BigEndian.AppendUint32((*bp)[:0], uint32(len(batch)))
-	for _, r := range batch {
-		body = protocol.AppendMessage(body, &r.msg)
-	}
-	defer func() {
+	var results []protocol.SendResult
+	var err error
+	var latency time.Duration
+	if b.addr == "" {
+		err = &protocol.Error{Status: protocol.StatusNoRoute, Message: fmt.Sprintf("group %s has no master in the route", s.group)}
+	} else if conn := c.conn(b.addr); conn == nil {
+		err = transport.ErrClosed
+	} else {
+		// The transport copies the body into its write buffer before Call
+		// waits, so the buffer goes back to the pool once Call returns.
+		bp := bodyPool.Get().(*[]byte)
+		// A SEND body is a u32 count and the messages, encoded straight
+		// from the records (no copy of the messages into a slice first).
+		body := binary.BigEndian.AppendUint32((*bp)[:0], uint32(b.n))
+		for _, rn := range b.runs {
+			for _, r := range rn.recs {
+				body = protocol.AppendMessage(body, &r.msg)
+			}
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		start := time.Now()
+		var resp protocol.Frame
+		resp, err = conn.Call(ctx, protocol.CodeSend, body)
+		cancel()
+		latency = time.Since(start)
 		if cap(body) <= 4<<20 {
 			*bp = body[:0]
 			bodyPool.Put(bp)
 		}
-	}()
-	conn := c.conn(addr)
-	if conn == nil {
-		s.mu.Lock()
-		s.inflight--
-		s.mu.Unlock()
-		for _, r := range batch {
-			c.finish(r, Result{}, ErrClosed)
+		if err == nil {
+			results, err = protocol.DecodeSendResponse(resp.Body, nil)
+			if err == nil && len(results) != b.n {
+				err = fmt.Errorf("%w: broker answered %d results for %d messages", protocol.ErrMalformed, len(results), b.n)
+			}
 		}
-		return
+		// A broken connection or a late answer counts against the group; a
+		// status the broker answered, for the whole batch or a message, as
+		// its row of the status table says.
+		fault := false
+		if err != nil {
+			var pe *protocol.Error
+			fault = !errors.As(err, &pe) || pe.Status.Fault()
+		} else {
+			for _, res := range results {
+				if res.Status != protocol.StatusOK && res.Status.Fault() {
+					fault = true
+					break
+				}
+			}
+		}
+		c.sel.Avoider().Report(s.group, latency, fault, c.cfg.clock.Now())
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	start := time.Now()
-	resp, err := conn.Call(ctx, protocol.CodeSend, body)
-	cancel()
-	latency := time.Since(start)
 
 	s.mu.Lock()
 	s.inflight--
+	i := 0
+	for _, rn := range b.runs {
+		var rs []protocol.SendResult
+		if err == nil {
+			rs = results[i : i+len(rn.recs)]
+		}
+		i += len(rn.recs)
+		s.settle(rn, rs, err, b.addr)
+	}
 	s.sendLocked()
 	s.unlock()
+	if c.fenced.Load() {
+		c.failAllSinks(ErrFenced)
+	}
+}
 
-	var results []protocol.SendResult
-	if err == nil {
-		results, err = protocol.DecodeSendResponse(resp.Body, nil)
-		if err == nil && len(results) != len(batch) {
-			err = fmt.Errorf("%w: broker answered %d results for %d messages", protocol.ErrMalformed, len(results), len(batch))
-		}
-	}
-	if err != nil {
-		// A broken connection or a late answer counts against the group;
-		// a status the broker answered for the whole batch, as its row of
-		// the status table says.
-		var pe *protocol.Error
-		fault := !errors.As(err, &pe) || pe.Status.Fault()
-		c.sel.Avoider().Report(s.group, latency, fault, c.cfg.clock.Now())
-		err = sendErr(s.group, addr, err)
-		for _, r := range batch {
-			c.retryOrFail(r, err)
-		}
-		return
-	}
-	fault := false
-	for _, res := range results {
-		if res.Status != protocol.StatusOK && res.Status.Fault() {
-			fault = true
-			break
-		}
-	}
-	c.sel.Avoider().Report(s.group, latency, fault, c.cfg.clock.Now())
-	for i, res := range results {
-		r := batch[i]
-		if res.Status == protocol.StatusOK {
-			c.finish(r, Result{ID: r.msg.ID, Topic: r.msg.Topic, Queue: r.msg.Queue, QueueOffset: res.QueueOffset,
-				LogOffset: res.LogOffset, Group: s.group, Broker: addr}, nil)
-			continue
-		}
-		c.retryOrFail(r, &protocol.Error{Status: res.Status, Message: fmt.Sprintf("from group %s at %s", s.group, addr)})
-	}
+// neverSent reports whether a request failed before any byte of it could
+// leave: no connection could be made.
+func neverSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
-// failAll ends every buffered record with err.
+// verdict is what an answer says of a record.
+type verdict uint8
+
+const (
+	stored    verdict = iota // OK or DUPLICATE
+	unknown                  // it may be stored: retry with the same stamp on the same queue
+	notStored                // refused: the queue's sequence rewinds, the record may move
+	failed                   // final
+)
+
+func (s *sink) verdictOf(st protocol.Status) verdict {
+	switch {
+	case st == protocol.StatusOK || st == protocol.StatusDuplicate:
+		return stored
+	case st == protocol.StatusProducerFenced:
+		return failed
+	case s.c.cfg.idempotent && st.MaybeStored():
+		return unknown
+	case st.Retriable():
+		return notStored
+	}
+	return failed
+}
+
+// verdictOfErr judges a whole request's failure: a status the broker
+// answered for it, or no answer (a lost connection, a deadline, a
+// malformed answer), which is an unknown outcome.
+func (s *sink) verdictOfErr(err error) verdict {
+	var pe *protocol.Error
+	switch {
+	case errors.As(err, &pe):
+		return s.verdictOf(pe.Status)
+	case errors.Is(err, transport.ErrClosed), errors.Is(err, protocol.ErrFrameTooLarge):
+		return failed
+	case neverSent(err):
+		if retryable(sendErr(s.group, "", err)) {
+			return notStored
+		}
+		return failed
+	case s.c.cfg.idempotent:
+		return unknown
+	case retryable(sendErr(s.group, "", err)):
+		return notStored
+	}
+	return failed
+}
+
+// settle hands a run's records their results, in sequence order:
+//   - stored (OK, DUPLICATE): finished;
+//   - unknown outcome: kept, with their stamps, at the front of the line,
+//     retried there after a backoff;
+//   - from the first record refused on: nothing later can have been stored
+//     (the broker refuses gaps), so the queue's next sequence rewinds to the
+//     first refused record's (never to a sequence that may be stored), and
+//     the refused records lose their stamps: unkeyed ones are dispatched
+//     again (they may move), keyed ones wait at the front of the line. A
+//     keyed record whose stamp may be stored keeps it, and so do the keyed
+//     records refused with it (no rewind then).
+//
+// OUT_OF_ORDER_SEQUENCE also takes a new identity. Under mu.
+func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr string) {
+	c := s.c
+	ln := rn.ln
+	n := len(rn.recs)
+	var reqV verdict
+	var reqStatus protocol.Status
+	if reqErr != nil {
+		reqV = s.verdictOfErr(reqErr)
+		reqStatus = protocol.StatusOf(reqErr)
+		reqErr = sendErr(s.group, addr, reqErr)
+	}
+	verdictAt := func(i int) (verdict, protocol.Status) {
+		if reqErr != nil {
+			return reqV, reqStatus
+		}
+		return s.verdictOf(results[i].Status), results[i].Status
+	}
+	errAt := func(i int) error {
+		if reqErr != nil {
+			return reqErr
+		}
+		return &protocol.Error{Status: results[i].Status, Message: fmt.Sprintf("from group %s at %s", s.group, addr)}
+	}
+	r0 := n
+	for i := range n {
+		if v, _ := verdictAt(i); v == notStored || v == failed {
+			r0 = i
+			break
+		}
+	}
+	var back []*record // to the line's front, in order
+	var runErr error
+	ooo := false
+	storedPast := int64(-1) // past the last sequence stored after r0
+	var tail []*record
+	var tailErr []error
+	for i, rec := range rn.recs {
+		v, st := verdictAt(i)
+		switch {
+		case v == stored:
+			s.succeed(rec, results[i], addr)
+			if i > r0 && rec.gen != 0 {
+				storedPast = max(storedPast, rec.msg.Producer.Seq+1)
+			}
+		case v == failed:
+			err := errAt(i)
+			if st == protocol.StatusProducerFenced {
+				c.fenced.Store(true)
+				err = fmt.Errorf("%w: message %s to %q: %w", ErrFenced, rec.msg.ID, rec.msg.Topic, err)
+			} else {
+				err = fmt.Errorf("producer: message %s to %q: %w", rec.msg.ID, rec.msg.Topic, err)
+			}
+			s.done = append(s.done, ended{rec: rec, err: err})
+		case i < r0: // unknown, before any refusal
+			rec.maybe = true
+			rec.lastErr = errAt(i)
+			runErr = rec.lastErr
+			back = append(back, rec)
+		default: // refused, or unknown after a refusal
+			if v == unknown {
+				rec.maybe = true
+			}
+			if st == protocol.StatusOutOfOrderSequence {
+				ooo = true
+			}
+			if st.RefreshesRoute() {
+				s.refresh = append(s.refresh, rec.msg.Topic)
+			}
+			tail = append(tail, rec)
+			tailErr = append(tailErr, errAt(i))
+			runErr = errAt(i)
+		}
+	}
+	if r0 < n && rn.gen != 0 {
+		cur := c.ident.Load()
+		stale := ooo || cur == nil || rn.gen != cur.gen
+		keepKeyed := false
+		if !stale {
+			for _, rec := range tail {
+				keepKeyed = keepKeyed || c.stays(rec) && rec.maybe
+			}
+		}
+		if !keepKeyed && rn.gen == ln.gen {
+			to := max(rn.recs[r0].msg.Producer.Seq, storedPast)
+			for _, rec := range tail {
+				if rec.maybe {
+					to = max(to, rec.msg.Producer.Seq+1)
+				}
+			}
+			ln.next = min(ln.next, to)
+		}
+		for i, rec := range tail {
+			rec.lastErr = tailErr[i]
+			if !c.stays(rec) || !keepKeyed {
+				c.unstamp(rec)
+			}
+		}
+		if ooo {
+			c.stats.outOfOrder.Add(1)
+			if cur != nil && rn.gen == cur.gen && c.renewing.CompareAndSwap(false, true) {
+				c.wg.Add(1)
+				go c.renewIdentity(rn.gen)
+			}
+		}
+	}
+	for i, rec := range tail {
+		rec.lastErr = tailErr[i]
+		if c.stays(rec) {
+			back = append(back, rec)
+		} else {
+			s.retry = append(s.retry, ended{rec: rec, err: tailErr[i]})
+		}
+	}
+	if len(back) == 0 {
+		if runErr == nil {
+			ln.fails = 0
+		}
+		s.release(ln)
+		return
+	}
+	ln.fails++
+	ln.lastErr = runErr
+	backoff := routing.Jitter(min(c.cfg.retryBackoff<<min(ln.fails-1, 10), time.Second))
+	now := time.Now()
+	keep := make([]*record, 0, len(back)+len(ln.recs))
+	for _, rec := range back {
+		if now.Add(backoff).After(rec.deadline) {
+			rec.attempts++
+			s.done = append(s.done, ended{rec: rec, err: deliveryTimeout(rec, rec.lastErr, nil)})
+			continue
+		}
+		rec.attempts++
+		c.stats.retries.Add(1)
+		keep = append(keep, rec)
+		ln.bytes += rec.size
+	}
+	ln.recs = append(keep, ln.recs...)
+	c.wg.Add(1)
+	go s.hold(ln, backoff)
+}
+
+// succeed finishes a stored record.
+func (s *sink) succeed(rec *record, res protocol.SendResult, addr string) {
+	dup := res.Status == protocol.StatusDuplicate
+	if dup {
+		s.c.stats.duplicates.Add(1)
+	}
+	st := rec.msg.Producer
+	s.done = append(s.done, ended{rec: rec, res: Result{ID: rec.msg.ID, Topic: rec.msg.Topic, Queue: rec.msg.Queue,
+		QueueOffset: res.QueueOffset, LogOffset: res.LogOffset, Group: s.group, Broker: addr,
+		Duplicate: dup, PossibleDuplicate: rec.possibleDup, ProducerID: st.ID, Epoch: st.Epoch, Seq: st.Seq}})
+}
+
+// hold keeps a line busy for a retry's backoff, then lets it go: records
+// whose delivery deadline passed meanwhile fail, and if the cached route
+// says the queue's group no longer takes writes, the records that may move
+// are dispatched again (flagged if an attempt's outcome was unknown). Runs
+// under c.wg.
+func (s *sink) hold(ln *line, d time.Duration) {
+	defer s.c.wg.Done()
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+	case <-s.c.stop:
+		t.Stop()
+		return // Close fails what is left
+	}
+	q, known := s.c.queueRoute(ln.key.topic, ln.key.queue)
+	s.mu.Lock()
+	if known && q.Master != "" && q.Group == s.group {
+		s.addr = q.Master
+	}
+	s.expireLine(ln, time.Now(), ln.lastErr)
+	if known && !q.Writable {
+		keep := ln.recs[:0]
+		for _, rec := range ln.recs {
+			if s.c.stays(rec) {
+				keep = append(keep, rec)
+				continue
+			}
+			ln.bytes -= rec.size
+			s.c.unstamp(rec)
+			err := rec.lastErr
+			if err == nil {
+				err = &protocol.Error{Status: protocol.StatusReadOnly, Message: fmt.Sprintf("group %s is read-only in the route", s.group)}
+			}
+			s.retry = append(s.retry, ended{rec: rec, err: err})
+		}
+		clear(ln.recs[len(keep):])
+		ln.recs = keep
+	}
+	s.release(ln)
+	s.sendLocked()
+	s.unlock()
+}
+
+// expireLine fails a line's waiting records whose delivery deadline has
+// passed, with cause (or their own last failure) as the reason.
+func (s *sink) expireLine(ln *line, now time.Time, cause error) {
+	keep := ln.recs[:0]
+	for _, rec := range ln.recs {
+		if now.Before(rec.deadline) {
+			keep = append(keep, rec)
+			continue
+		}
+		ln.bytes -= rec.size
+		if !ln.busy {
+			s.readyBytes -= rec.size
+		}
+		err := rec.lastErr
+		if err == nil {
+			err = cause
+		}
+		if err == nil {
+			err = protocol.ErrTimeout
+		}
+		s.done = append(s.done, ended{rec: rec, err: deliveryTimeout(rec, err, nil)})
+	}
+	clear(ln.recs[len(keep):])
+	ln.recs = keep
+}
+
+// expireLocked is expireLine for every line.
+func (s *sink) expireLocked(now time.Time, cause error) {
+	for _, ln := range s.lines {
+		s.expireLine(ln, now, cause)
+	}
+}
+
+// failAll ends every waiting record with err.
 func (s *sink) failAll(err error) {
 	s.mu.Lock()
-	buf := s.buf
-	s.buf = nil
-	s.bufBytes = 0
+	for _, ln := range s.lines {
+		for _, r := range ln.recs {
+			s.done = append(s.done, ended{rec: r, err: err})
+		}
+		ln.recs, ln.bytes, ln.queued = nil, 0, false
+	}
+	s.ready, s.readyBytes = nil, 0
 	if s.timer != nil {
 		s.timer.Stop()
 		s.timer = nil
 	}
-	s.mu.Unlock()
-	for _, r := range buf {
-		s.c.finish(r, Result{}, err)
+	s.unlock()
+}
+
+// failAllSinks ends every waiting record of every sink with err.
+func (c *Client) failAllSinks(err error) {
+	for _, s := range c.allSinks() {
+		s.failAll(err)
 	}
 }

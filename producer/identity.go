@@ -1,0 +1,188 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+// identity is the producer's (id, epoch) as the metaserver gave it. gen
+// counts identities taken by this client (1 for the first): a queue's
+// sequence belongs to one gen and restarts at 0 under the next.
+type identity struct {
+	id    uint64
+	epoch uint16
+	gen   uint64
+}
+
+// identitySource hands out producer identities: the metaserver, or a fake
+// in tests.
+type identitySource interface {
+	initProducer(ctx context.Context, name string) (id uint64, epoch uint16, err error)
+}
+
+type metaIdentity struct{ meta *client.Client }
+
+func (m metaIdentity) initProducer(ctx context.Context, name string) (uint64, uint16, error) {
+	r, err := m.meta.InitProducer(ctx, name)
+	return r.ID, r.Epoch, err
+}
+
+// initErr gives an error of an identity request its public sentinel, as
+// lookupErr does for routes.
+func initErr(err error) error {
+	switch {
+	case errors.Is(err, transport.ErrClosed):
+		return fmt.Errorf("%w: producer id: %w", ErrClosed, err)
+	case errors.Is(err, client.ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, protocol.ErrTimeout),
+		errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: producer id: %w", ErrUnreachable, err)
+	}
+	return fmt.Errorf("producer: producer id: %w", err)
+}
+
+// ensureIdentity takes the producer's first identity, once, before the
+// record's first batch can leave. The request ends by the record's delivery
+// deadline (and RequestTimeout).
+func (c *Client) ensureIdentity(rec *record) error {
+	if c.ident.Load() != nil {
+		return nil
+	}
+	c.identMu.Lock()
+	defer c.identMu.Unlock()
+	if c.ident.Load() != nil {
+		return nil
+	}
+	deadline := time.Now().Add(c.cfg.requestTimeout)
+	if rec.deadline.Before(deadline) {
+		deadline = rec.deadline
+	}
+	ctx, cancel := context.WithDeadline(rec.ctx, deadline)
+	defer cancel()
+	id, epoch, err := c.cfg.idSource.initProducer(ctx, c.cfg.name)
+	if err != nil {
+		return initErr(err)
+	}
+	c.setIdentity(id, epoch, 1)
+	return nil
+}
+
+func (c *Client) setIdentity(id uint64, epoch uint16, gen uint64) {
+	c.ident.Store(&identity{id: id, epoch: epoch, gen: gen})
+	c.stats.producerID.Store(id)
+	c.stats.epoch.Store(uint32(epoch))
+}
+
+// renewIdentity takes a new identity after an OUT_OF_ORDER_SEQUENCE under
+// gen: the broker's state and the producer's diverged, so every queue
+// restarts at sequence 0 under a fresh id (anonymous) or the next epoch
+// (named). Sinks build no batch meanwhile; records whose delivery deadline
+// passes while the metaserver cannot be reached fail. renewing is already
+// set; it is cleared here. Runs under c.wg.
+func (c *Client) renewIdentity(gen uint64) {
+	defer c.wg.Done()
+	c.identMu.Lock()
+	defer c.identMu.Unlock()
+	defer c.kickAll()
+	defer c.renewing.Store(false)
+	if cur := c.ident.Load(); cur == nil || cur.gen != gen {
+		return
+	}
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.requestTimeout)
+		id, epoch, err := c.cfg.idSource.initProducer(ctx, c.cfg.name)
+		cancel()
+		if err == nil {
+			c.setIdentity(id, epoch, gen+1)
+			c.stats.renewals.Add(1)
+			c.cfg.logger.Info("new producer identity after OUT_OF_ORDER_SEQUENCE", "id", id, "epoch", epoch)
+			return
+		}
+		err = initErr(err)
+		c.cfg.logger.Warn("producer id renewal failed", "error", err)
+		for _, s := range c.allSinks() {
+			s.mu.Lock()
+			s.expireLocked(time.Now(), err)
+			s.unlock()
+		}
+		t := time.NewTimer(routing.Jitter(min(c.cfg.retryBackoff<<min(attempt-1, 10), time.Second)))
+		select {
+		case <-t.C:
+		case <-c.stop:
+			t.Stop()
+			return
+		}
+	}
+}
+
+// allSinks is a snapshot of the sinks.
+func (c *Client) allSinks() []*sink {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*sink, 0, len(c.sinks))
+	for _, s := range c.sinks {
+		out = append(out, s)
+	}
+	return out
+}
+
+func (c *Client) kickAll() {
+	for _, s := range c.allSinks() {
+		s.kick()
+	}
+}
+
+// Stats are the producer's counters since New.
+type Stats struct {
+	// ProducerID and Epoch are the current identity (0 and 0 before the
+	// first send, or with idempotence off).
+	ProducerID uint64
+	Epoch      uint16
+	// Duplicates counts messages a broker answered DUPLICATE: a retry of a
+	// message already stored, answered with the original's offsets and not
+	// stored again.
+	Duplicates int64
+	// PossibleDuplicates counts messages that had an attempt of unknown
+	// outcome and were then sent again without their stamp (moved to
+	// another queue, or re-stamped): they may be stored twice.
+	// Result.PossibleDuplicate flags each.
+	PossibleDuplicates int64
+	// OutOfOrder counts OUT_OF_ORDER_SEQUENCE answers (each took a new
+	// identity).
+	OutOfOrder int64
+	// Retries counts messages sent again after a failed attempt.
+	Retries int64
+	// Renewals counts identities taken after the first.
+	Renewals int64
+}
+
+type statCounters struct {
+	producerID         atomic.Uint64
+	epoch              atomic.Uint32
+	duplicates         atomic.Int64
+	possibleDuplicates atomic.Int64
+	outOfOrder         atomic.Int64
+	retries            atomic.Int64
+	renewals           atomic.Int64
+}
+
+// Stats returns the producer's counters.
+func (c *Client) Stats() Stats {
+	s := &c.stats
+	return Stats{
+		ProducerID:         s.producerID.Load(),
+		Epoch:              uint16(s.epoch.Load()),
+		Duplicates:         s.duplicates.Load(),
+		PossibleDuplicates: s.possibleDuplicates.Load(),
+		OutOfOrder:         s.outOfOrder.Load(),
+		Retries:            s.retries.Load(),
+		Renewals:           s.renewals.Load(),
+	}
+}
