@@ -544,31 +544,40 @@ func locate(t testing.TB, dir string, off int64) (string, int64) {
 	return path, off - base
 }
 
+// BenchmarkAppend appends 1 KiB entries one at a time from 1 or 64
+// goroutines, unstamped and stamped (each goroutine a producer with its own
+// sequence, 8 queues), to show what the deduplication checks cost.
 func BenchmarkAppend(b *testing.B) {
 	for _, mode := range []FlushMode{FlushAsync, FlushSync} {
 		for _, conc := range []int{1, 64} {
-			b.Run(fmt.Sprintf("flush=%v/appenders=%d/1KiB", mode, conc), func(b *testing.B) {
-				l := openLog(b, Config{Dir: b.TempDir(), Flush: mode, SegmentSize: 256 << 20})
-				defer l.Close()
-				payload := make([]byte, 1024)
-				var wg sync.WaitGroup
-				per := b.N/conc + 1
-				b.SetBytes(1024)
-				b.ResetTimer()
-				for g := range conc {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for range per {
-							if _, err := l.Append([]Entry{{Topic: "bench", Queue: uint32(g % 8), Payload: payload}}, false); err != nil {
-								b.Error(err)
-								return
+			for _, stamped := range []bool{false, true} {
+				b.Run(fmt.Sprintf("flush=%v/appenders=%d/stamps=%v/1KiB", mode, conc, stamped), func(b *testing.B) {
+					l := openLog(b, Config{Dir: b.TempDir(), Flush: mode, SegmentSize: 256 << 20, ProducerStamp: testStamp})
+					defer l.Close()
+					var wg sync.WaitGroup
+					per := b.N/conc + 1
+					b.SetBytes(1024)
+					b.ResetTimer()
+					for g := range conc {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							e := Entry{Topic: "bench", Queue: uint32(g % 8), Payload: make([]byte, 1024)}
+							for seq := range int64(per) {
+								if stamped {
+									e.Producer = ProducerStamp{ID: uint64(g + 1), Seq: seq}
+								}
+								pos, err := l.Append([]Entry{e}, false)
+								if err != nil || pos[0].Err != nil || pos[0].Duplicate {
+									b.Errorf("%v %+v", err, pos)
+									return
+								}
 							}
-						}
-					}()
-				}
-				wg.Wait()
-			})
+						}()
+					}
+					wg.Wait()
+				})
+			}
 		}
 	}
 }

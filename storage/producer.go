@@ -151,16 +151,11 @@ func (t *producerTable) init(cfg Config) {
 	t.queues = make(map[queueKey]map[uint64]*producerState)
 }
 
-// lookup returns the live state of id in queue k at record time now: nil if
-// there is none or it has been idle longer than ProducerIdle (a state not yet
-// swept is treated as forgotten, so what a check sees never depends on when
-// sweeps ran).
-func (t *producerTable) lookup(k queueKey, id uint64, now int64) *producerState {
-	st := t.queues[k][id]
-	if st == nil || now-st.lastSeen > t.idle {
-		return nil
-	}
-	return st
+// find returns the producers of queue k and the state of id among them,
+// each nil if there is none. The state may be idle: see check.
+func (t *producerTable) find(k queueKey, id uint64) (map[uint64]*producerState, *producerState) {
+	ids := t.queues[k]
+	return ids, ids[id]
 }
 
 // verdict of a stamped entry.
@@ -172,13 +167,14 @@ const (
 	refuse
 )
 
-// check applies the rules to a stamped entry of queue k at record time now.
-// For a duplicate it returns the original's queue offset, or -1 when the
-// original is older than the remembered runs; for a refusal, the error.
-func (t *producerTable) check(k queueKey, ps ProducerStamp, now int64) (verdict, int64, error) {
-	st := t.lookup(k, ps.ID, now)
+// check applies the rules to a stamped entry at record time now, given the
+// state find returned. For a duplicate it returns the original's queue
+// offset, or -1 when the original is older than the remembered runs; for a
+// refusal, the error. A state idle for longer than ProducerIdle counts as
+// none, swept or not, so what a check sees never depends on when sweeps ran.
+func (t *producerTable) check(st *producerState, ps ProducerStamp, now int64) (verdict, int64, error) {
 	switch {
-	case st == nil:
+	case st == nil || now-st.lastSeen > t.idle:
 		return accept, 0, nil
 	case ps.Epoch < st.epoch:
 		return refuse, 0, ErrProducerFenced
@@ -207,12 +203,16 @@ func (t *producerTable) check(k queueKey, ps ProducerStamp, now int64) (verdict,
 // It is both what an accepted entry does and how recovery and AppendRaw
 // replay the log.
 func (t *producerTable) apply(k queueKey, ps ProducerStamp, qo, now int64) {
-	ids := t.queues[k]
+	ids, st := t.find(k, ps.ID)
+	t.applyTo(ids, st, k, ps, qo, now)
+}
+
+// applyTo is apply given what find returned.
+func (t *producerTable) applyTo(ids map[uint64]*producerState, st *producerState, k queueKey, ps ProducerStamp, qo, now int64) {
 	if ids == nil {
 		ids = make(map[uint64]*producerState)
 		t.queues[queueKey{strings.Clone(k.topic), k.queue}] = ids // not the caller's string: it may pin a buffer
 	}
-	st := ids[ps.ID]
 	if st == nil {
 		st = &producerState{}
 		ids[ps.ID] = st

@@ -91,10 +91,13 @@ func (l *Log) writeGroup(batch []*appendReq) {
 		r.positions = make([]Position, len(r.entries))
 		for i, e := range r.entries {
 			k := queueKey{e.Topic, e.Queue}
+			var ids map[uint64]*producerState
+			var st *producerState
 			if e.Producer.ID != 0 {
 				// Checked in append order: the state holds every entry
 				// placed before this one, in this group too.
-				switch v, qo, err := l.prod.check(k, e.Producer, now); v {
+				ids, st = l.prod.find(k, e.Producer.ID)
+				switch v, qo, err := l.prod.check(st, e.Producer, now); v {
 				case duplicate:
 					r.positions[i] = l.original(k, qo, chunks)
 					dups++
@@ -113,7 +116,7 @@ func (l *Log) writeGroup(batch []*appendReq) {
 			next[k] = qo + 1
 			pos += int64(size)
 			if e.Producer.ID != 0 {
-				l.prod.apply(k, e.Producer, qo, now)
+				l.prod.applyTo(ids, st, k, e.Producer, qo, now)
 			}
 		}
 		l.prod.note(now)
