@@ -72,6 +72,74 @@
 // it; appends waiting at the same time share one sync. The sync runs on its
 // own goroutine, so the writer keeps writing the next group meanwhile.
 //
+// # Idempotent appends
+//
+// An Entry with a Producer stamp (a producer id other than 0, an epoch and
+// a sequence number in its queue) is checked before it is written, the way
+// Kafka's log layer checks producer batches. The checks run on the writer
+// goroutine in append order: two appends that race are decided in the
+// order the writer takes them, and an entry sees the state left by every
+// entry before it, earlier entries of its own group included. Per (queue,
+// producer id):
+//
+//  1. no state (never seen, or forgotten): any sequence is accepted;
+//  2. an epoch below the state's: ErrProducerFenced;
+//  3. an epoch above it: only sequence 0 is accepted (a new instance
+//     starts every queue at 0) and the state starts over in the new epoch;
+//     another sequence gets ErrOutOfOrderSequence;
+//  4. the same epoch, a sequence at or below the last one: a duplicate;
+//  5. the same epoch, the last sequence plus one: accepted;
+//  6. otherwise (a gap): ErrOutOfOrderSequence.
+//
+// The state of a pair is its epoch and its last 5 runs, a run being
+// consecutive sequences stored at consecutive queue offsets (first
+// sequence, last sequence, first queue offset): an accepted entry that
+// continues the newest run extends it, else it starts a new run and the
+// oldest is dropped. A producer alone in its queue thus stays one run;
+// producers that interleave make a run per batch. A duplicate is answered
+// with Position.Duplicate and the original's queue offset, log offset and
+// end (from the queue's index, or from the group itself when the original
+// is earlier in the same group); all three are -1 when the sequence is
+// older than the remembered runs, and the log offset and end alone are -1
+// when retention deleted the original. A refused entry gets Position.Err
+// and -1 offsets. Neither is written nor takes a queue offset; the rest of
+// the group is written as usual, all or nothing, and a group whose write
+// fails leaves the state as it was. A duplicate in an append that waits for
+// its flush is answered once the sync covers its group, so after its
+// original. The group's own error (an I/O failure) stays the callback's
+// error.
+//
+// The state is a pure function of the log. The stamp lives in the
+// payload (the record format is unchanged): Config.ProducerStamp reads it
+// back, and must give for every record appended from a stamped Entry that
+// Entry's Producer. Every stored stamped record is applied without checks:
+// a pair with no live state, or of another epoch, starts over at it, else
+// it joins the runs as an accepted entry does. Recovery applies every
+// record it keeps and AppendRaw every record it copies, so a restarted
+// broker and a slave (whose log is its master's bytes) hold the state the
+// master held; a retried entry is answered from it after a failover too.
+// Without the hook, the state of stamped appends lasts until Close.
+//
+// A pair not seen for Config.ProducerIdle (default 7 days), by record times
+// (the store times Config.Now stamps, which a slave copies), is forgotten:
+// a check at record time t treats a state last seen before t minus
+// ProducerIdle as none, and at most once a minute of record time a sweep
+// drops such states from memory. Sweeps only free memory; what a check
+// sees does not depend on when they ran.
+//
+// Memory: a tracked pair costs a fixed 144-byte state (5 runs of 24 bytes,
+// epoch, last-seen time) and its slot in its queue's map: about 175 bytes
+// measured with many producers per queue, about 365 with a single producer
+// per queue (the queue's map is then the pair's alone). It is bounded by
+// the pairs seen within ProducerIdle, not by a count.
+// ProducerStats reports the pairs tracked and the duplicates and refusals
+// answered since Open.
+//
+// Not kept: a snapshot of the state. Recovery rebuilds it from the records
+// the log still holds, so a producer whose last records retention deleted
+// is forgotten at the next Open (rule 1 then accepts any sequence from it,
+// and a retry of an entry older than the log is stored again).
+//
 // # Errors
 //
 // A failed write (ENOSPC, EIO), or a failure to create a new segment or to
