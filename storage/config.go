@@ -131,11 +131,11 @@ func (c Config) Validate() error {
 	if c.MaxPayloadSize < 0 {
 		bad("MaxPayloadSize", "is %d; it must not be negative (0 means the default, %d)", c.MaxPayloadSize, DefaultMaxPayloadSize)
 	}
-	if c.ProducerIdle < 0 {
-		bad("ProducerIdle", "is %v; it must not be negative (0 means the default, %v)", c.ProducerIdle, DefaultProducerIdle)
-	}
 	if c.MaxPayloadSize > MaxPayloadLimit {
 		bad("MaxPayloadSize", "is %d; it must be at most %d (a record's length has 32 bits)", c.MaxPayloadSize, MaxPayloadLimit)
+	}
+	if c.ProducerIdle < 0 {
+		bad("ProducerIdle", "is %v; it must not be negative (0 means the default, %v)", c.ProducerIdle, DefaultProducerIdle)
 	}
 	return errors.Join(errs...)
 }

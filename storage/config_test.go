@@ -15,7 +15,7 @@ func TestConfigValidate(t *testing.T) {
 		fields []string // the fields named by the errors, in order; none: valid
 	}{
 		{"zero values take defaults", Config{Dir: dir}, nil},
-		{"all set", Config{Dir: dir, SegmentSize: 1 << 20, Flush: FlushSync, FlushInterval: time.Second, MaxPayloadSize: 1 << 10}, nil},
+		{"all set", Config{Dir: dir, SegmentSize: 1 << 20, Flush: FlushSync, FlushInterval: time.Second, MaxPayloadSize: 1 << 10, ProducerIdle: time.Minute}, nil},
 		{"payload over a segment (it gets a segment of its own)", Config{Dir: dir, SegmentSize: 64 << 10, MaxPayloadSize: 16 << 20}, nil},
 		{"largest payload", Config{Dir: dir, MaxPayloadSize: MaxPayloadLimit}, nil},
 		{"no dir", Config{}, []string{"Dir"}},
@@ -23,11 +23,12 @@ func TestConfigValidate(t *testing.T) {
 		{"negative flush interval", Config{Dir: dir, FlushInterval: -time.Millisecond}, []string{"FlushInterval"}},
 		{"negative payload cap", Config{Dir: dir, MaxPayloadSize: -5}, []string{"MaxPayloadSize"}},
 		{"payload cap over the format's", Config{Dir: dir, MaxPayloadSize: MaxPayloadLimit + 1}, []string{"MaxPayloadSize"}},
+		{"negative producer idle time", Config{Dir: dir, ProducerIdle: -time.Hour}, []string{"ProducerIdle"}},
 		{"unknown flush mode", Config{Dir: dir, Flush: 7}, []string{"Flush"}},
 		{"negative flush mode", Config{Dir: dir, Flush: -1}, []string{"Flush"}},
 		{"everything wrong at once",
-			Config{SegmentSize: -1, Flush: 2, FlushInterval: -1, MaxPayloadSize: -1},
-			[]string{"Dir", "SegmentSize", "Flush", "FlushInterval", "MaxPayloadSize"}},
+			Config{SegmentSize: -1, Flush: 2, FlushInterval: -1, MaxPayloadSize: -1, ProducerIdle: -1},
+			[]string{"Dir", "SegmentSize", "Flush", "FlushInterval", "MaxPayloadSize", "ProducerIdle"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.cfg.Validate()
@@ -69,7 +70,8 @@ func TestConfigValidate(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	c := Config{Dir: "d"}.withDefaults()
 	if c.SegmentSize != DefaultSegmentSize || c.FlushInterval != DefaultFlushInterval ||
-		c.MaxPayloadSize != DefaultMaxPayloadSize || c.FS == nil || c.Logger == nil || c.Now == nil || c.Flush != FlushAsync {
+		c.MaxPayloadSize != DefaultMaxPayloadSize || c.FS == nil || c.Logger == nil || c.Now == nil || c.Flush != FlushAsync ||
+		c.ProducerIdle != 168*time.Hour {
 		t.Fatalf("defaults: %+v", c)
 	}
 }
