@@ -597,3 +597,22 @@ func BenchmarkProducerCheck(b *testing.B) {
 		seqs[g]++
 	}
 }
+
+// A stamped entry with a negative sequence is invalid; a zero producer id
+// means no stamp, whatever the epoch and sequence.
+func TestProducerStampValidity(t *testing.T) {
+	l := openLog(t, Config{Dir: t.TempDir(), ProducerStamp: testStamp})
+	defer l.Close()
+	if _, err := l.Append([]Entry{se("v", 0, 1, 0, -1)}, false); !errors.Is(err, ErrInvalidEntry) {
+		t.Fatalf("negative sequence: %v", err)
+	}
+	for range 2 {
+		p := mustAppend(t, l, []Entry{{Topic: "v", Producer: ProducerStamp{Epoch: 3, Seq: 7}, Payload: []byte("x")}}, false)[0]
+		if p.Duplicate || p.Err != nil {
+			t.Fatalf("id 0: %+v", p)
+		}
+	}
+	if s := l.ProducerStats(); s != (ProducerStats{}) {
+		t.Fatalf("stats %+v", s)
+	}
+}
