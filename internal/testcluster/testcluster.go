@@ -56,9 +56,13 @@ type Meta struct {
 func StartMeta(tb testing.TB, n int, edit func(*metaserver.Config)) *Meta {
 	tb.Helper()
 	m := &Meta{tb: tb}
+	dirs := make([]string, n)
+	for i := range dirs {
+		dirs[i] = tb.TempDir() // before StopAll's cleanup, which must run first
+	}
 	tb.Cleanup(m.StopAll)
 	for i := range n {
-		cfg := MetaConfig(fmt.Sprintf("m%d", i+1), tb.TempDir())
+		cfg := MetaConfig(fmt.Sprintf("m%d", i+1), dirs[i])
 		if edit != nil {
 			edit(&cfg)
 		}
