@@ -4,13 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,74 +12,6 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/producer"
 )
-
-// freeBase finds a base port whose 60 ports are all free on 127.0.0.1.
-func freeBase(t *testing.T) int {
-	t.Helper()
-	for try := range 50 {
-		base := 20000 + ((os.Getpid()+try*7919)%600)*60
-		ok := true
-		for p := base + 1; p < base+60 && ok; p++ {
-			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-			if err != nil {
-				ok = false
-				break
-			}
-			ln.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no free range of 60 ports")
-	return 0
-}
-
-type localCluster struct {
-	t    *testing.T
-	root string
-	home string
-	env  []string
-	meta string
-}
-
-func (c *localCluster) script(args ...string) string {
-	c.t.Helper()
-	cmd := exec.Command("bash", append([]string{filepath.Join(c.root, "scripts", "cluster.sh")}, args...)...)
-	cmd.Env = c.env
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		c.t.Fatalf("cluster.sh %v: %v\n%s", args, err, out)
-	}
-	return string(out)
-}
-
-func (c *localCluster) ctl(args ...string) string {
-	c.t.Helper()
-	cmd := exec.Command(filepath.Join(c.home, "bin", "ferryctl"), append([]string{"--meta", c.meta}, args...)...)
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = string(ee.Stderr)
-		}
-		c.t.Fatalf("ferryctl %v: %v\n%s%s", args, err, out, stderr)
-	}
-	return string(out)
-}
-
-func (c *localCluster) pid(name string) int {
-	c.t.Helper()
-	b, err := os.ReadFile(filepath.Join(c.home, "pids", name+".pid"))
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return pid
-}
 
 type groupJSON struct {
 	Name   string `json:"name"`
@@ -102,19 +27,8 @@ func TestLocalCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := freeBase(t)
-	c := &localCluster{t: t, root: root, home: t.TempDir()}
-	c.env = append(os.Environ(), "FERRY_HOME="+c.home, fmt.Sprintf("FERRY_BASE_PORT=%d", base))
-	c.meta = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", base+1, base+2, base+3)
-	out := c.script("start")
-	t.Cleanup(func() { c.script("stop") })
-	if !strings.Contains(out, "cluster ready") {
-		t.Fatalf("start:\n%s", out)
-	}
+	c := startLocalCluster(t)
+	base := c.base
 	c.ctl("topic", "create", "e2e", "--queues", "4")
 
 	p, err := producer.New(producer.MetaAddrs(strings.Split(c.meta, ",")...), producer.RouteRefresh(500*time.Millisecond),
@@ -200,7 +114,7 @@ func TestLocalCluster(t *testing.T) {
 	for _, name := range names {
 		pids[name] = c.pid(name)
 	}
-	out = c.script("stop")
+	out := c.script("stop")
 	for _, name := range names {
 		if !strings.Contains(out, "stopped "+name) {
 			t.Fatalf("stop did not stop %s:\n%s", name, out)
@@ -209,28 +123,4 @@ func TestLocalCluster(t *testing.T) {
 			t.Fatalf("%s (pid %d) still runs after stop", name, pids[name])
 		}
 	}
-}
-
-func httpGet(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
-	}
-	return string(b)
-}
-
-func grepLines(s, prefix string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.HasPrefix(l, prefix) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }

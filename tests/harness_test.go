@@ -1,0 +1,324 @@
+package tests
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/metaserver/client"
+)
+
+// freeBase finds a base port whose 60 ports are all free on 127.0.0.1.
+func freeBase(t *testing.T) int {
+	t.Helper()
+	for try := range 50 {
+		base := 20000 + ((os.Getpid()+try*7919)%600)*60
+		ok := true
+		for p := base + 1; p < base+60 && ok; p++ {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				ok = false
+				break
+			}
+			ln.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no free range of 60 ports")
+	return 0
+}
+
+// localCluster is a cluster started by scripts/cluster.sh under its own
+// FERRY_HOME (a t.TempDir) and port range.
+type localCluster struct {
+	t    *testing.T
+	root string
+	home string
+	env  []string
+	base int
+	meta string
+	mc   *client.Client
+}
+
+// brokerPorts maps cluster.sh's broker names to their index j (1..4): data
+// port BASE+30+j, HA BASE+40+j, metrics BASE+50+j.
+var brokerPorts = map[string]int{"g1-master": 1, "g1-slave": 2, "g2-master": 3, "g2-slave": 4}
+
+// startLocalCluster runs `cluster.sh start` with extra environment
+// (e.g. FERRY_FLUSH=sync) and stops the cluster when the test ends.
+func startLocalCluster(t *testing.T, extraEnv ...string) *localCluster {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := freeBase(t)
+	c := &localCluster{t: t, root: root, home: t.TempDir(), base: base}
+	c.env = append(os.Environ(), "FERRY_HOME="+c.home, fmt.Sprintf("FERRY_BASE_PORT=%d", base))
+	c.env = append(c.env, extraEnv...)
+	c.meta = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", base+1, base+2, base+3)
+	started := time.Now()
+	out := c.script("start")
+	t.Cleanup(c.stopAll)
+	if !strings.Contains(out, "cluster ready") {
+		t.Fatalf("start:\n%s", out)
+	}
+	t.Logf("cluster up in %v (FERRY_HOME %s, base port %d)", time.Since(started).Round(100*time.Millisecond), c.home, base)
+	mc, err := client.New(client.Config{Addrs: strings.Split(c.meta, ",")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mc = mc
+	t.Cleanup(func() { mc.Close() })
+	return c
+}
+
+// stopAll stops the cluster: SIGTERM (and SIGCONT, for a stopped process)
+// to every recorded PID at once, so they shut down together, then
+// `cluster.sh stop`, which waits for each and kills what is left.
+func (c *localCluster) stopAll() {
+	if c.t.Failed() {
+		for _, name := range []string{"g1-master", "g1-slave"} {
+			if b, err := os.ReadFile(filepath.Join(c.home, "logs", name+".log")); err == nil {
+				lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+				c.t.Logf("last lines of %s.log:\n%s", name, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+			}
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(c.home, "pids", "*.pid"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+			_ = syscall.Kill(pid, syscall.SIGTERM)
+		}
+	}
+	c.script("stop")
+}
+
+func (c *localCluster) script(args ...string) string {
+	c.t.Helper()
+	cmd := exec.Command("bash", append([]string{filepath.Join(c.root, "scripts", "cluster.sh")}, args...)...)
+	cmd.Env = c.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		c.t.Fatalf("cluster.sh %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func (c *localCluster) ctl(args ...string) string {
+	c.t.Helper()
+	cmd := exec.Command(filepath.Join(c.home, "bin", "ferryctl"), append([]string{"--meta", c.meta}, args...)...)
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		c.t.Fatalf("ferryctl %v: %v\n%s%s", args, err, out, stderr)
+	}
+	return string(out)
+}
+
+func (c *localCluster) pid(name string) int {
+	c.t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.home, "pids", name+".pid"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return pid
+}
+
+// signal sends sig to the process cluster.sh recorded for name.
+func (c *localCluster) signal(name string, sig syscall.Signal) {
+	c.t.Helper()
+	if err := syscall.Kill(c.pid(name), sig); err != nil {
+		c.t.Fatalf("signal %v to %s: %v", sig, name, err)
+	}
+}
+
+// cmdline is the command line of the running process recorded for name, as
+// cluster.sh started it.
+func (c *localCluster) cmdline(name string) []string {
+	c.t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c.pid(name)))
+	if err != nil {
+		c.t.Fatalf("command line of %s: %v", name, err)
+	}
+	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	if len(args) < 2 {
+		c.t.Fatalf("command line of %s: %q", name, b)
+	}
+	return args
+}
+
+// kill9 kills the process recorded for name with SIGKILL and waits until it
+// is gone (its ports are free then).
+func (c *localCluster) kill9(name string) {
+	c.t.Helper()
+	pid := c.pid(name)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		c.t.Fatalf("kill -9 %s: %v", name, err)
+	}
+	testwait.ForEvery(c.t, 10*time.Second, 10*time.Millisecond, name+" to exit after SIGKILL", func() bool {
+		return !alive(pid)
+	})
+}
+
+// alive reports whether pid is a process that is not a zombie.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name in parentheses.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// restart starts a process again with the command line cluster.sh gave it
+// (from cmdline), appending to its log and recording its PID where
+// cluster.sh keeps it, so `cluster.sh stop` stops it.
+func (c *localCluster) restart(name string, args []string) {
+	c.t.Helper()
+	logf, err := os.OpenFile(filepath.Join(c.home, "logs", name+".log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	fmt.Fprintf(logf, "\n==== restarted by the test at %s ====\n", time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = c.env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		c.t.Fatalf("restart %s: %v", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(c.home, "pids", name+".pid"), []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	go func() { // reap it, whoever stops it
+		_ = cmd.Wait()
+		logf.Close()
+	}()
+}
+
+// groups asks the metaserver for the broker groups.
+func (c *localCluster) groups() ([]api.GroupInfo, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return c.mc.Groups(ctx)
+}
+
+func (c *localCluster) group(name string) (api.GroupInfo, bool) {
+	gs, err := c.groups()
+	if err != nil {
+		return api.GroupInfo{}, false
+	}
+	for _, g := range gs {
+		if g.Name == name {
+			return g, true
+		}
+	}
+	return api.GroupInfo{}, false
+}
+
+// metrics reads a broker's Prometheus metrics as name -> value (labels are
+// part of the name); false if the broker does not answer.
+func (c *localCluster) metrics(broker string) (map[string]float64, bool) {
+	j, ok := brokerPorts[broker]
+	if !ok {
+		c.t.Fatalf("no broker %s", broker)
+	}
+	hc := http.Client{Timeout: 2 * time.Second}
+	resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", c.base+50+j))
+	if err != nil {
+		return nil, false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, false
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, sc.Err() == nil
+}
+
+// waitMaster waits until a group's master process answers its metrics as
+// writable with its slave connected, and the metaserver has the group
+// writable: the state of a freshly started cluster.
+func (c *localCluster) waitMaster(group string, timeout time.Duration, why string) {
+	c.t.Helper()
+	testwait.ForEvery(c.t, timeout, 50*time.Millisecond, fmt.Sprintf("%s: %s's master writable with its slave connected", why, group), func() bool {
+		m, ok := c.metrics(group + "-master")
+		if !ok || m["ferrymq_broker_writable"] != 1 || m["ferrymq_broker_slave_connected"] != 1 {
+			return false
+		}
+		g, ok := c.group(group)
+		return ok && g.State == "RW" && g.Last.SlaveConnected && g.SlaveHeartbeatAgeMillis >= 0
+	})
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
+	}
+	return string(b)
+}
+
+func grepLines(s, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
