@@ -18,7 +18,8 @@ import (
 //	go test -run '^$' -bench BenchmarkProduce -benchtime 100000x ./producer
 //
 // sync-1: Send one at a time (p50/p99 per message). async-*: SendAsync with
-// batching, then Flush (p50/p99 from send to promise).
+// batching, then Flush (p50/p99 from send to promise). idem-on (the
+// default) stamps messages and the broker checks them; idem-off does not.
 func BenchmarkProduce(b *testing.B) {
 	cases := []struct {
 		name  string
@@ -26,11 +27,14 @@ func BenchmarkProduce(b *testing.B) {
 		rel   protocol.Reliability
 		flush storage.FlushMode
 		slave bool
+		idem  bool
 	}{
-		{"sync-1/normal", false, protocol.Normal, storage.FlushAsync, false},
-		{"async/normal", true, protocol.Normal, storage.FlushAsync, false},
-		{"async/normal-flush-sync", true, protocol.Normal, storage.FlushSync, false},
-		{"async/high", true, protocol.High, storage.FlushAsync, true},
+		{"sync-1/normal/idem-on", false, protocol.Normal, storage.FlushAsync, false, true},
+		{"sync-1/normal/idem-off", false, protocol.Normal, storage.FlushAsync, false, false},
+		{"async/normal/idem-on", true, protocol.Normal, storage.FlushAsync, false, true},
+		{"async/normal/idem-off", true, protocol.Normal, storage.FlushAsync, false, false},
+		{"async/normal-flush-sync", true, protocol.Normal, storage.FlushSync, false, true},
+		{"async/high", true, protocol.High, storage.FlushAsync, true, true},
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
@@ -42,7 +46,7 @@ func BenchmarkProduce(b *testing.B) {
 					cfg.SegmentSize, cfg.HAFetchWait, cfg.Flush = 256<<20, 20*time.Millisecond, tc.flush
 				}})
 			c.Meta.CreateTopic(b, "bench", "g1", "g1", "g1", "g1", "g1", "g1", "g1", "g1")
-			p := newProducer(b, c, MaxBuffered(50_000, 256<<20))
+			p := newProducer(b, c, MaxBuffered(50_000, 256<<20), Idempotence(tc.idem))
 			ctx := context.Background()
 			body := make([]byte, 1024)
 			lat := make([]time.Duration, b.N)

@@ -1,8 +1,73 @@
 // Package producer is ferrymq's producer SDK: it looks routes up from the
 // metaserver, picks queues while avoiding slow or failed broker groups,
 // batches messages per group, sends them synchronously or asynchronously,
-// retries retriable failures on another group, and hands every message
-// exactly one result.
+// retries failures, and hands every message exactly one result.
+//
+// # Order and exactly-once (idempotence, on by default)
+//
+// Before its first batch leaves, a producer takes an identity from the
+// metaserver: a producer id, unique in the cluster across restarts
+// (allocated through Raft), and an epoch. Every message carries the id, the
+// epoch and a sequence number per queue (0, 1, 2, ... per identity),
+// assigned when its batch is built. Brokers keep, per producer and queue,
+// the last sequences and the offsets they got: a message already stored is
+// answered DUPLICATE with the original offsets and not stored again, a
+// sequence that would leave a gap is refused (OUT_OF_ORDER_SEQUENCE), and
+// an older epoch is refused (PRODUCER_FENCED).
+//
+// What is ordered. A batch may carry several queues' messages, but a queue
+// has one batch in flight at a time: its messages are stored in the order
+// they were handed to it, whatever the order of concurrent batches on the
+// wire (MaxInflightPerGroup still bounds the batches per group). So:
+//   - per queue and per producer, messages are stored in send order, except
+//     an unkeyed message that failed and was sent again elsewhere (it may
+//     land after later messages);
+//   - per key (Message.Key), messages are stored in send order, across
+//     failures: a keyed message never leaves its key's queue (unless
+//     MoveKeyedOnFailure allows it), it waits there, retried with backoff,
+//     until its delivery deadline, and the key's later messages wait behind
+//     it. A keyed message that fails for good (its deadline passed) leaves
+//     later messages of its key to be stored without it.
+//
+// Retries. A send whose outcome is unknown (no answer: a lost connection, a
+// deadline, a malformed answer; or a status of protocol.Status.MaybeStored:
+// SLAVE_SYNC_TIMEOUT, FLUSH_TIMEOUT, TIMEOUT, STORE_ERROR, INTERNAL) is
+// retried on the same queue with the same stamp, ahead of that queue's
+// newer messages, until its delivery deadline: the broker answers it
+// DUPLICATE if it had stored it. A HIGH message retried after
+// SLAVE_SYNC_TIMEOUT is so answered once the slave has it, with one copy. A
+// status that says the message was not stored (READ_ONLY, NOT_MASTER,
+// SLAVE_LAGGING, NO_ROUTE, BUSY, SHUTTING_DOWN, OUT_OF_ORDER_SEQUENCE...)
+// rewinds the queue's sequence to the first refused message's; the refused
+// messages lose their stamps and are sent again: an unkeyed one may go to
+// another queue, a keyed one waits for its own. OUT_OF_ORDER_SEQUENCE also
+// means the broker lost state the producer relied on (a log tail lost in a
+// crash): the producer takes a new identity and restarts every queue at
+// sequence 0. PRODUCER_FENCED fails with ErrFenced.
+//
+// When a message can still be stored twice:
+//   - it had an attempt of unknown outcome and was then sent without that
+//     attempt's stamp: moved to another queue after a refusal, or (unkeyed)
+//     after its group was marked read-only while it waited, or re-stamped
+//     after OUT_OF_ORDER_SEQUENCE. Its Result has PossibleDuplicate set and
+//     Stats().PossibleDuplicates counts it;
+//   - an anonymous producer (no Identity) restarted while a send's outcome
+//     was unknown: the new instance has a new id, and the application's
+//     resend is a new message to the broker. A named producer (Identity)
+//     resumes under its name at a higher epoch, and fences the old
+//     instance, but its sequences restart, so a resend by the application
+//     is still a new message: exactly-once covers the SDK's own retries;
+//   - the broker forgot the producer: a producer idle for longer than the
+//     brokers' retention window of producer state (days), or whose last
+//     messages were deleted by log retention, is accepted afresh;
+//   - idempotence is off (Idempotence(false)): no stamps, and a retry after
+//     an unknown outcome may store a message twice, anywhere.
+//
+// A message answered DUPLICATE has Result.Duplicate set, its offsets are
+// the original's (-1 when the broker no longer knows them), and
+// Stats().Duplicates counts it. Result carries the message's stamp
+// (ProducerID, Epoch, Seq). Stats also counts retries, out-of-order answers
+// and identities taken.
 //
 // # Errors
 //
@@ -16,7 +81,8 @@
 //   - ErrBufferFull: the buffer is full and FailWhenFull is set.
 //   - ErrConnLost: a broker could not be reached or its connection broke.
 //     It is retried, so it ends a message only with ErrDeliveryTimeout.
-//   - ErrUnreachable: no metaserver node answered a route lookup in time.
+//   - ErrUnreachable: no metaserver node answered a route lookup, or the
+//     request for the producer's identity, in time.
 //     It is retried, so it ends a message only with ErrDeliveryTimeout.
 //   - ErrDeliveryTimeout: a retriable failure lasted until the message's
 //     delivery deadline (DeliveryTimeout, or the Send context's deadline if
@@ -24,11 +90,17 @@
 //     ErrUnreachable, or a retriable status such as protocol.ErrReadOnly
 //     (every group of the topic is read-only), protocol.ErrBusy or
 //     protocol.ErrSlaveLagging (a HIGH message and no slave keeping up).
+//   - ErrFenced: a later instance of this named producer (Identity) has
+//     written to a queue. The producer's held messages and every later send
+//     fail with it; close it.
 //   - A status that is not retriable (protocol.Status.Retriable) ends a
 //     message at once: protocol.ErrInvalid or protocol.ErrMessageTooLarge
 //     for a bad message (found before it is sent), protocol.ErrUnknownTopic
-//     when the topic does not exist and auto-create is off,
-//     protocol.ErrDuplicate, and the like.
+//     when the topic does not exist and auto-create is off, and the like.
+//     With idempotence on, the statuses that leave the outcome unknown
+//     (protocol.Status.MaybeStored, INTERNAL included) are retried on the
+//     same queue instead, so they end a message only with
+//     ErrDeliveryTimeout. DUPLICATE is a success (Result.Duplicate).
 //   - context.Canceled or context.DeadlineExceeded when the context ended
 //     while the message waited for buffer room or for its next attempt (the
 //     last attempt's cause, if any, is wrapped too).

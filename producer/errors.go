@@ -18,7 +18,8 @@ var (
 	ErrBufferFull = errors.New("producer: buffer full")
 	// ErrConnLost means a broker's connection broke or could not be made.
 	ErrConnLost = errors.New("producer: connection to broker lost")
-	// ErrUnreachable means no metaserver node answered a route lookup.
+	// ErrUnreachable means no metaserver node answered a route lookup or
+	// the request for the producer's identity.
 	ErrUnreachable = errors.New("producer: metaserver unreachable")
 	// ErrDeliveryTimeout means retries ran out of time; the last cause is
 	// wrapped too.

@@ -23,9 +23,10 @@ import (
 // Message is what a user sends.
 type Message struct {
 	Topic string
-	// Key, if set, picks the queue by its hash (so one key's messages keep
-	// their order while the queue's group is writable) and is stored as the
-	// property "key".
+	// Key, if set, picks the queue by its hash and is stored as the
+	// property "key". One key's messages are stored in send order: a keyed
+	// message that fails waits for its queue (unless MoveKeyedOnFailure),
+	// and the key's later messages wait behind it.
 	Key         string
 	Properties  map[string]string
 	Body        []byte
