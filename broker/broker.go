@@ -29,7 +29,7 @@ import (
 //   - heartbeater and writeLease (heartbeat.go): heartbeats and the
 //     permission to take writes.
 //   - routeCache (routecache.go): which queues are routed to this group.
-//   - retainer (retention.go): deletes old segments.
+//   - retainer (below): deletes old segments.
 //
 // Goroutines: the data server's and (master) the HA server's, from package
 // transport; the heartbeat loop; the route refresher; (master) the
@@ -78,6 +78,11 @@ func New(cfg Config) (*Broker, error) {
 	b.store, err = storage.Open(storage.Config{
 		Dir: cfg.Dir, FS: cfg.FS, SegmentSize: cfg.SegmentSize, Flush: cfg.Flush, FlushInterval: cfg.FlushInterval,
 		MaxPayloadSize: protocol.MaxFrameSize, Logger: lg.Named("storage"),
+		ProducerStamp: func(payload []byte) (storage.ProducerStamp, bool) {
+			ps, ok := protocol.PeekProducerStamp(payload)
+			return storage.ProducerStamp(ps), ok
+		},
+		ProducerIdle: cfg.ProducerIdle,
 	})
 	if err != nil {
 		b.cancel()
@@ -163,8 +168,9 @@ func (b *Broker) goFunc(f func(context.Context)) {
 
 // describe fills a heartbeat with the broker's state.
 func (b *Broker) describe(hb *api.Heartbeat) {
+	ps := b.store.ProducerStats()
 	*hb = api.Heartbeat{Group: b.cfg.Group, Role: b.cfg.Role, BrokerID: b.cfg.ID, Addr: b.addr, HAAddr: b.haAddr,
-		LogEnd: b.store.EndOffset()}
+		LogEnd: b.store.EndOffset(), Producers: ps.Tracked, Duplicates: ps.Duplicates}
 	if b.repl != nil {
 		s := b.repl.state()
 		hb.SlaveConnected, hb.SlaveAckOffset, hb.LagBytes, hb.LagMillis = s.Connected, s.AckOffset, s.LagBytes, s.LagTime.Milliseconds()

@@ -218,36 +218,43 @@ func TestKilledMasterKeepsAcknowledged(t *testing.T) {
 		return tc.Send(t, c, []protocol.Message{tc.Msg("durable", 0, protocol.Normal, "probe")})[0].Status == protocol.StatusOK
 	})
 
+	// Four idempotent producers (ids 1 to 4), two per queue, each sending
+	// one message at a time with its next sequence.
 	type acked struct {
-		queue  uint32
-		offset int64
-		body   string
+		msg protocol.Message
+		res protocol.SendResult
 	}
 	var mu sync.Mutex
 	var ack []acked
+	lastAcked := make([]*acked, 4)
+	unknown := make([]*protocol.Message, 4) // the message whose call failed at the kill
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; ; i++ {
+			for i := int64(0); ; i++ {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				batch := []protocol.Message{tc.Msg("durable", uint32(w%2), protocol.Normal, fmt.Sprintf("w%d-%d", w, i))}
-				resp, err := c.Call(context.Background(), protocol.CodeSend, protocol.AppendSendRequest(nil, batch))
+				m := stamped("durable", uint32(w%2), protocol.Normal, uint64(w+1), 0, i)
+				resp, err := c.Call(context.Background(), protocol.CodeSend, protocol.AppendSendRequest(nil, []protocol.Message{m}))
 				if err != nil {
+					unknown[w] = &m
 					return // the broker died
 				}
 				res, _ := protocol.DecodeSendResponse(resp.Body, nil)
-				if len(res) == 1 && res[0].Status == protocol.StatusOK {
-					mu.Lock()
-					ack = append(ack, acked{batch[0].Queue, res[0].QueueOffset, string(batch[0].Body)})
-					mu.Unlock()
+				if len(res) != 1 || res[0].Status != protocol.StatusOK {
+					t.Errorf("producer %d seq %d: %+v", w+1, i, res)
+					return
 				}
+				mu.Lock()
+				ack = append(ack, acked{m, res[0]})
+				lastAcked[w] = &ack[len(ack)-1]
+				mu.Unlock()
 			}
 		}()
 	}
@@ -265,12 +272,44 @@ func TestKilledMasterKeepsAcknowledged(t *testing.T) {
 	rc := tc.Dial(t, b.Addr())
 	stored := map[uint32][]protocol.StoredMessage{0: tc.PullAll(t, rc, "durable", 0), 1: tc.PullAll(t, rc, "durable", 1)}
 	for _, a := range ack {
-		q := stored[a.queue]
-		if a.offset >= int64(len(q)) || string(q[a.offset].Message.Body) != a.body {
-			t.Fatalf("acknowledged message %q at queue %d offset %d lost after kill -9", a.body, a.queue, a.offset)
+		q := stored[a.msg.Queue]
+		if a.res.QueueOffset >= int64(len(q)) || string(q[a.res.QueueOffset].Message.Body) != string(a.msg.Body) {
+			t.Fatalf("acknowledged message %q at queue %d offset %d lost after kill -9", a.msg.Body, a.msg.Queue, a.res.QueueOffset)
 		}
 	}
 	t.Logf("%d acknowledged messages all survived kill -9", len(ack))
+
+	// The restarted broker rebuilt every producer's sequences from its log:
+	// the last acknowledged message, resent, is a duplicate with its
+	// original offsets; the one in flight at the kill is stored at most once.
+	testwait.For(t, 10*time.Second, "the restarted broker to be writable", b.Writable)
+	warmRoute(t, rc, "durable", 0, 1)
+	for w, last := range lastAcked {
+		if last == nil {
+			continue
+		}
+		r := tc.Send(t, rc, []protocol.Message{last.msg})[0]
+		if r.Status != protocol.StatusDuplicate || r.QueueOffset != last.res.QueueOffset || r.LogOffset != last.res.LogOffset {
+			t.Fatalf("producer %d's last acknowledged message resent after the restart: %+v, first answer %+v", w+1, r, last.res)
+		}
+		if m := unknown[w]; m != nil {
+			testwait.For(t, 5*time.Second, "the in-flight message to be stored", func() bool {
+				st := tc.Send(t, rc, []protocol.Message{*m})[0].Status
+				return st == protocol.StatusOK || st == protocol.StatusDuplicate
+			})
+		}
+	}
+	for q := range uint32(2) {
+		seen := map[protocol.ProducerStamp]int{}
+		for _, m := range tc.PullAll(t, rc, "durable", q) {
+			if !m.Message.Producer.IsZero() {
+				seen[m.Message.Producer]++
+				if seen[m.Message.Producer] > 1 {
+					t.Fatalf("queue %d holds %+v twice", q, m.Message.Producer)
+				}
+			}
+		}
+	}
 }
 
 func TestBadInputKeepsServing(t *testing.T) {
@@ -371,13 +410,32 @@ func warmRoute(t *testing.T, c *transport.Client, topic string, queues ...uint32
 // A client that stops reading its answers holds up nobody. One connection
 // pipelines PULLs with large answers and SENDs, and never reads; meanwhile
 // other producers' HIGH sends, which need the commit log's goroutines and
-// the slave's fetches, all complete; and the stuck connection is closed
+// the slave's fetches, all complete while that connection is still open
+// and stuck (its write timeout is a minute: nothing cut it to free the
+// others); and with a short write timeout the stuck connection is closed
 // with one clear log line.
 func TestStuckReaderStallsNobody(t *testing.T) {
+	t.Run("others complete while it is stuck", func(t *testing.T) {
+		logs := stuckReader(t, time.Minute)
+		if cut := logs.Lines("did not read"); len(cut) != 0 {
+			t.Fatalf("the stuck connection was cut before the others finished: %s", cut[0])
+		}
+	})
+	t.Run("it is cut after the write timeout", func(t *testing.T) {
+		logs := stuckReader(t, 300*time.Millisecond)
+		testwait.For(t, 10*time.Second, "the stuck connection to be closed", func() bool { return len(logs.Lines("did not read")) > 0 })
+		t.Logf("broker said: %s", logs.Lines("did not read")[0])
+	})
+}
+
+// stuckReader starts a group whose connections time out after
+// writeTimeout, makes one connection that sends and never reads, and
+// returns once 100 HIGH sends on another connection all succeeded.
+func stuckReader(t *testing.T, writeTimeout time.Duration) *testlog.Capture {
 	logs := testlog.NewCapture("g1-master", hclog.Warn)
 	meta := tc.StartMeta(t, 1, nil)
 	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Slave: true, Edit: func(c *broker.Config) {
-		c.WriteTimeout = 300 * time.Millisecond
+		c.WriteTimeout = writeTimeout
 		if c.Role == routing.RoleMaster {
 			c.Logger = logs
 		}
@@ -398,8 +456,11 @@ func TestStuckReaderStallsNobody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer raw.Close()
 	writerDone := make(chan struct{})
+	t.Cleanup(func() {
+		_ = raw.Close()
+		<-writerDone
+	})
 	go func() {
 		defer close(writerDone)
 		_ = raw.SetWriteDeadline(time.Now().Add(10 * time.Second))
@@ -431,9 +492,7 @@ func TestStuckReaderStallsNobody(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	testwait.For(t, 10*time.Second, "the stuck connection to be closed", func() bool { return len(logs.Lines("did not read")) > 0 })
-	t.Logf("broker said: %s", logs.Lines("did not read")[0])
-	<-writerDone
+	return logs
 }
 
 // SENDs pipelined on one connection are appended in the order they
@@ -505,5 +564,122 @@ func TestPipelinedSendsKeepArrivalOrder(t *testing.T) {
 				t.Fatalf("queue %d: %q stored after %q", q, got[i].Message.Body, got[i-1].Message.Body)
 			}
 		}
+	}
+}
+
+// stamped is a message of producer id (epoch) with sequence seq.
+func stamped(topic string, queue uint32, rel protocol.Reliability, id uint64, epoch uint16, seq int64) protocol.Message {
+	m := tc.Msg(topic, queue, rel, fmt.Sprintf("p%d-e%d-s%d", id, epoch, seq))
+	m.Producer = protocol.ProducerStamp{ID: id, Epoch: epoch, Seq: seq}
+	return m
+}
+
+func stampedBatch(topic string, queue uint32, rel protocol.Reliability, id uint64, epoch uint16, from, n int64) []protocol.Message {
+	out := make([]protocol.Message, n)
+	for i := range out {
+		out[i] = stamped(topic, queue, rel, id, epoch, from+int64(i))
+	}
+	return out
+}
+
+// A resent batch is answered DUPLICATE with its original offsets and stored
+// once; a gap is refused OUT_OF_ORDER_SEQUENCE and stores nothing; an
+// earlier instance of a producer is fenced once a later one wrote.
+func TestIdempotentSends(t *testing.T) {
+	meta := tc.StartMeta(t, 1, nil)
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{})
+	meta.CreateTopic(t, "idem", "g1")
+	c := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, c, "idem", 0)
+
+	first := tc.Send(t, c, stampedBatch("idem", 0, protocol.Normal, 7, 0, 0, 5))
+	end := g.Master.Store().EndOffset()
+	again := tc.Send(t, c, stampedBatch("idem", 0, protocol.Normal, 7, 0, 0, 5))
+	for i := range first {
+		if first[i].Status != protocol.StatusOK || again[i].Status != protocol.StatusDuplicate ||
+			again[i].QueueOffset != first[i].QueueOffset || again[i].LogOffset != first[i].LogOffset {
+			t.Fatalf("message %d: first %+v, resent %+v", i, first[i], again[i])
+		}
+	}
+	if g.Master.Store().EndOffset() != end {
+		t.Fatal("a resent batch was stored again")
+	}
+	// A batch that overlaps: the known part is a duplicate, the rest new.
+	mixed := tc.Send(t, c, stampedBatch("idem", 0, protocol.Normal, 7, 0, 3, 4))
+	if mixed[0].Status != protocol.StatusDuplicate || mixed[1].Status != protocol.StatusDuplicate ||
+		mixed[2].Status != protocol.StatusOK || mixed[3].Status != protocol.StatusOK || mixed[2].QueueOffset != first[4].QueueOffset+1 {
+		t.Fatalf("overlapping batch: %+v", mixed)
+	}
+	// A gap: seq 9 after 6.
+	if r := tc.Send(t, c, stampedBatch("idem", 0, protocol.Normal, 7, 0, 9, 2)); r[0].Status != protocol.StatusOutOfOrderSequence ||
+		r[1].Status != protocol.StatusOutOfOrderSequence {
+		t.Fatalf("a batch after a gap: %+v", r)
+	}
+	// Epoch 1 starts at 0 and fences epoch 0.
+	if r := tc.Send(t, c, stampedBatch("idem", 0, protocol.Normal, 7, 1, 0, 1)); r[0].Status != protocol.StatusOK {
+		t.Fatalf("a new epoch at seq 0: %v", r[0].Status)
+	}
+	if r := tc.Send(t, c, stampedBatch("idem", 0, protocol.Normal, 7, 0, 7, 1)); r[0].Status != protocol.StatusProducerFenced {
+		t.Fatalf("the old epoch after the new one wrote: %v", r[0].Status)
+	}
+	stored := tc.PullAll(t, c, "idem", 0)[1:] // after the probe
+	if len(stored) != 8 {
+		t.Fatalf("%d messages stored, want 8 (5 + 2 + 1)", len(stored))
+	}
+	for i, m := range stored[:7] {
+		if m.Message.Producer.Seq != int64(i) {
+			t.Fatalf("stored message %d has seq %d", i, m.Message.Producer.Seq)
+		}
+	}
+	if st := g.Master.Store().ProducerStats(); st.Duplicates != 7 || st.Tracked != 1 {
+		t.Fatalf("producer stats %+v, want 7 duplicates and 1 tracked pair", st)
+	}
+}
+
+// A HIGH message answered SLAVE_SYNC_TIMEOUT was stored on the master;
+// resent once the slave is back, it is answered with its original offsets
+// when the slave has it, and stored once.
+func TestHighRetryAfterSyncTimeoutIsStoredOnce(t *testing.T) {
+	meta := tc.StartMeta(t, 1, func(c *metaserver.Config) { c.LagTime = time.Minute })
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Slave: true})
+	meta.CreateTopic(t, "high-once", "g1")
+	c := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, c, "high-once", 0)
+	_ = g.Slave.Close()
+	// The master has not noticed yet: the first HIGH waits and times out.
+	var first protocol.SendResult
+	seq := int64(0)
+	testwait.For(t, 10*time.Second, "a HIGH message answered SLAVE_SYNC_TIMEOUT", func() bool {
+		first = tc.Send(t, c, []protocol.Message{stamped("high-once", 0, protocol.High, 9, 0, seq)})[0]
+		switch first.Status {
+		case protocol.StatusSlaveSyncTimeout:
+			return true
+		case protocol.StatusSlaveLagging:
+			t.Skip("the master saw the slave gone before any HIGH message waited; nothing to retry")
+		case protocol.StatusOK:
+			seq++ // stored and confirmed before the slave went
+		default:
+			t.Fatalf("HIGH with the slave stopping: %v", first.Status)
+		}
+		return false
+	})
+	g.StartSlave(t)
+	var again protocol.SendResult
+	testwait.For(t, 10*time.Second, "the resent HIGH message to be confirmed", func() bool {
+		again = tc.Send(t, c, []protocol.Message{stamped("high-once", 0, protocol.High, 9, 0, seq)})[0]
+		return again.Status == protocol.StatusDuplicate
+	})
+	stored := tc.PullAll(t, tc.Dial(t, g.Slave.Addr()), "high-once", 0)
+	n := 0
+	for _, m := range stored {
+		if m.Message.Producer == (protocol.ProducerStamp{ID: 9, Seq: seq}) {
+			n++
+			if m.QueueOffset != again.QueueOffset {
+				t.Fatalf("the slave has it at %d, the answer says %d", m.QueueOffset, again.QueueOffset)
+			}
+		}
+	}
+	if n != 1 {
+		t.Fatalf("the message is stored %d times on the slave", n)
 	}
 }

@@ -52,6 +52,11 @@ type Config struct {
 	RetentionBytes int64
 	// RetentionCheck is how often retention runs. Default 30 s.
 	RetentionCheck time.Duration
+	// ProducerIdle is how long the broker remembers an idempotent
+	// producer's sequences in a queue after its last message there (by the
+	// messages' store times): a retry later than that can be stored twice.
+	// Default 7 days.
+	ProducerIdle time.Duration
 
 	// HeartbeatInterval and SessionTimeout: a heartbeat every interval; no
 	// heartbeat accepted for a session makes the broker read-only by itself.
@@ -165,7 +170,7 @@ func (c Config) Validate() error {
 	}{
 		{"FlushInterval", c.FlushInterval}, {"RetentionCheck", c.RetentionCheck}, {"HeartbeatInterval", c.HeartbeatInterval},
 		{"SessionTimeout", c.SessionTimeout}, {"HighWait", c.HighWait}, {"SlaveLagTime", c.SlaveLagTime}, {"HAFetchWait", c.HAFetchWait},
-		{"WriteTimeout", c.WriteTimeout},
+		{"WriteTimeout", c.WriteTimeout}, {"ProducerIdle", c.ProducerIdle},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("broker: %s must not be negative, got %v", d.name, d.v))

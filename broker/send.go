@@ -72,7 +72,7 @@ func (sb *sendBatch) done1() {
 	}
 	refused := 0
 	for _, r := range sb.results {
-		if r.Status != protocol.StatusOK {
+		if r.Status != protocol.StatusOK && r.Status != protocol.StatusDuplicate {
 			refused++
 		}
 	}
@@ -133,7 +133,8 @@ func (s *sender) handle(rep replier, body []byte) {
 	if len(good) > 0 {
 		entries := make([]storage.Entry, len(good))
 		for j, i := range good {
-			entries[j] = storage.Entry{Topic: msgs[i].Topic, Queue: msgs[i].Queue, Payload: raws[i]}
+			entries[j] = storage.Entry{Topic: msgs[i].Topic, Queue: msgs[i].Queue, Payload: raws[i],
+				Producer: storage.ProducerStamp(msgs[i].Producer)}
 		}
 		s.store.AppendAsync(entries, false, func(pos []storage.Position, err error) {
 			s.appended(sb, msgs, good, pos, err)
@@ -154,20 +155,35 @@ func (s *sender) appended(sb *sendBatch, msgs []protocol.Message, good []int, po
 		}
 		return
 	}
-	var bytes int64
+	var stored, bytes int64
 	for j, i := range good {
-		bytes += int64(len(msgs[i].Body))
-		res := protocol.SendResult{Status: protocol.StatusOK, QueueOffset: pos[j].QueueOffset, LogOffset: pos[j].LogOffset}
-		if msgs[i].Reliability == protocol.High {
-			s.repl.await(pos[j].End, func(st protocol.Status) {
-				res.Status = st
+		p := pos[j]
+		if p.Err != nil {
+			sb.complete(i, protocol.SendResult{Status: statusOfStoreError(p.Err)})
+			continue
+		}
+		res := protocol.SendResult{Status: protocol.StatusOK, QueueOffset: p.QueueOffset, LogOffset: p.LogOffset}
+		if p.Duplicate {
+			// Already stored: answer the original offsets. A HIGH duplicate
+			// (say a retry after SLAVE_SYNC_TIMEOUT) is still answered only
+			// once the slave has the original.
+			res.Status = protocol.StatusDuplicate
+		} else {
+			stored++
+			bytes += int64(len(msgs[i].Body))
+		}
+		if msgs[i].Reliability == protocol.High && p.End >= 0 {
+			s.repl.await(p.End, func(st protocol.Status) {
+				if st != protocol.StatusOK {
+					res.Status = st
+				}
 				sb.complete(i, res)
 			})
 			continue
 		}
 		sb.complete(i, res)
 	}
-	s.stats.MessagesIn.Add(int64(len(good)))
+	s.stats.MessagesIn.Add(stored)
 	s.stats.BytesIn.Add(bytes)
 	s.repl.notify()
 }
@@ -191,6 +207,10 @@ func (s *sender) release(size int) {
 // statusOfStoreError maps a commit-log error to a message status.
 func statusOfStoreError(err error) protocol.Status {
 	switch {
+	case errors.Is(err, storage.ErrOutOfOrderSequence):
+		return protocol.StatusOutOfOrderSequence
+	case errors.Is(err, storage.ErrProducerFenced):
+		return protocol.StatusProducerFenced
 	case errors.Is(err, storage.ErrInvalidEntry):
 		return protocol.StatusInvalid
 	case errors.Is(err, storage.ErrClosed):

@@ -41,6 +41,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat", 2*time.Second, "heartbeat interval")
 	fs.DurationVar(&cfg.SessionTimeout, "session", 10*time.Second, "no heartbeat accepted for this long makes the broker read-only")
 	fs.DurationVar(&cfg.HighWait, "high-wait", 3*time.Second, "how long a HIGH message waits for the slave")
+	fs.DurationVar(&cfg.ProducerIdle, "producer-idle", 7*24*time.Hour, "forget an idempotent producer's sequences in a queue after this long without its messages")
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 10*time.Second, "close a connection that read none of its answers for this long")
 	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
 	logf.Register(fs)
@@ -93,6 +94,12 @@ func register(m *cli.Metrics, b *broker.Broker) {
 		func() float64 { return time.Duration(st.BatchNanos.Load()).Seconds() })
 	m.CounterFunc("ferrymq_broker_high_acked_total", "HIGH messages confirmed by the slave.", f(&st.HighAcked))
 	m.CounterFunc("ferrymq_broker_high_timeouts_total", "HIGH messages answered SLAVE_SYNC_TIMEOUT.", f(&st.HighTimeouts))
+	m.GaugeFunc("ferrymq_broker_producers_tracked", "Idempotent (producer, queue) pairs whose sequences the broker remembers.",
+		func() float64 { return float64(b.Store().ProducerStats().Tracked) })
+	m.CounterFunc("ferrymq_broker_duplicates_total", "Sends of messages already stored, answered DUPLICATE with the original offsets and not stored again.",
+		func() float64 { return float64(b.Store().ProducerStats().Duplicates) })
+	m.CounterFunc("ferrymq_broker_sequence_refusals_total", "Messages refused OUT_OF_ORDER_SEQUENCE or PRODUCER_FENCED.",
+		func() float64 { return float64(b.Store().ProducerStats().Refused) })
 	m.CounterFunc("ferrymq_broker_flushes_total", "Commit log syncs.", f(&b.Store().Flushes))
 	m.CounterFunc("ferrymq_broker_flush_seconds_total", "Total time in commit log syncs; divide by flushes_total for the mean.",
 		func() float64 { return time.Duration(b.Store().FlushNanos.Load()).Seconds() })
