@@ -37,7 +37,8 @@ type config struct {
 	idempotent      bool
 	name            string
 	moveKeyed       bool
-	idSource        identitySource // nil: the metaserver
+	idSource        identitySource      // nil: the metaserver
+	dialAddr        func(string) string // nil: brokers' addresses as routed (tests put a proxy between)
 }
 
 func defaults() config {
@@ -158,6 +159,9 @@ func MoveKeyedOnFailure(allow bool) Opt { return optFunc(func(c *config) { c.mov
 func withIdentitySource(src identitySource) Opt {
 	return optFunc(func(c *config) { c.idSource = src })
 }
+
+// withDialAddr maps a broker's routed address to the one dialed (tests).
+func withDialAddr(f func(string) string) Opt { return optFunc(func(c *config) { c.dialAddr = f }) }
 
 // MetaAddrs sets the metaserver nodes' RPC addresses. Required.
 func MetaAddrs(addrs ...string) Opt {

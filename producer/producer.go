@@ -476,10 +476,13 @@ func deliveryTimeout(rec *record, err, prev error) error {
 func (c *Client) route(rec *record) (*routing.Plan, error) {
 	topic := rec.msg.Topic
 	c.mu.Lock()
-	tr := c.routes[topic]
+	var plan *routing.Plan
+	if tr := c.routes[topic]; tr != nil {
+		plan = tr.plan // storeRoute replaces it under mu
+	}
 	c.mu.Unlock()
-	if tr != nil {
-		return tr.plan, nil
+	if plan != nil {
+		return plan, nil
 	}
 	deadline := time.Now().Add(c.cfg.requestTimeout)
 	if rec.deadline.Before(deadline) {
@@ -579,7 +582,11 @@ func (c *Client) conn(addr string) *transport.Client {
 	}
 	tc := c.conns[addr]
 	if tc == nil {
-		tc = transport.NewClient(addr, transport.ClientConfig{CallTimeout: c.cfg.requestTimeout})
+		dial := addr
+		if c.cfg.dialAddr != nil {
+			dial = c.cfg.dialAddr(addr)
+		}
+		tc = transport.NewClient(dial, transport.ClientConfig{CallTimeout: c.cfg.requestTimeout})
 		c.conns[addr] = tc
 	}
 	return tc
