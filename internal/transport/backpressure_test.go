@@ -312,13 +312,9 @@ func TestPeerThatStopsReadingIsClosed(t *testing.T) {
 
 	const said = "did not read for"
 	testwait.For(t, 10*time.Second, "a warning about a peer that stopped reading", func() bool { return len(logs.Lines(said)) > 0 })
-	// The handler's late answer fails at once.
-	start := time.Now()
+	// The handler's late answer fails (and returns: it never waits).
 	if err := r.Reply([]byte("late")); !errors.Is(err, ErrWriteTimeout) {
 		t.Fatalf("reply to a connection closed for not reading: %v", err)
-	}
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("the reply took %v", d)
 	}
 	testwait.For(t, 5*time.Second, "the connection and its requests to go", func() bool { return s.connFrom(stuck.LocalAddr()) == nil && s.inflight.Load() == 0 })
 	lines := logs.Lines(said)
@@ -368,7 +364,6 @@ func TestClientWriteTimeout(t *testing.T) {
 		}
 	}()
 	c := newClient(t, ln.Addr().String(), ClientConfig{WriteTimeout: 100 * time.Millisecond, CallTimeout: time.Minute})
-	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for range 6 {
@@ -386,9 +381,6 @@ func TestClientWriteTimeout(t *testing.T) {
 		if !errors.Is(err, ErrConnLost) || !errors.Is(err, ErrWriteTimeout) {
 			t.Fatalf("call to a server that does not read: %v", err)
 		}
-	}
-	if d := time.Since(start); d > 30*time.Second {
-		t.Fatalf("calls took %v", d)
 	}
 }
 

@@ -174,8 +174,9 @@ func TestConnLostFailsPendingAndReconnects(t *testing.T) {
 		}()
 	}()
 
+	// A call that waited for its 10 s deadline would fail with TIMEOUT, not
+	// ErrConnLost.
 	c := newClient(t, ln.Addr().String(), ClientConfig{CallTimeout: 10 * time.Second})
-	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
 	for i := range errs {
@@ -190,9 +191,6 @@ func TestConnLostFailsPendingAndReconnects(t *testing.T) {
 		if !errors.Is(err, ErrConnLost) {
 			t.Fatalf("call %d: got %v, want ErrConnLost", i, err)
 		}
-	}
-	if time.Since(start) > 5*time.Second {
-		t.Fatal("pending calls waited for their deadline instead of failing with the connection")
 	}
 	resp, err := c.Call(context.Background(), codeEcho, []byte("x"))
 	if err != nil || string(resp.Body) != "again" {
@@ -265,9 +263,7 @@ func TestServerCloseIsGraceful(t *testing.T) {
 			errs <- err
 		}()
 	}
-	for s.inflight.Load() < 20 {
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, 5*time.Second, "20 calls in flight", func() bool { return s.inflight.Load() >= 20 })
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
