@@ -47,7 +47,10 @@ func New(cfg Config) (*Client, error) {
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("metaserver client: no addresses")
 	}
-	if cfg.CallTimeout <= 0 {
+	if cfg.CallTimeout < 0 {
+		return nil, fmt.Errorf("metaserver client: CallTimeout must not be negative, got %v", cfg.CallTimeout)
+	}
+	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = 5 * time.Second
 	}
 	return &Client{cfg: cfg, conns: map[string]*transport.Client{}}, nil
