@@ -14,7 +14,7 @@ import (
 func newBrokersCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "brokers",
-		Short: "List the broker groups: members, state and reasons, heartbeats, lag",
+		Short: "List the broker groups: members, state and reasons, heartbeats, lag, idempotent producers and duplicates absorbed",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			groups, err := cl.Groups(ctx)
@@ -29,12 +29,13 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				}
 				rows = append(rows, []string{gi.Name, gi.State, reason, orDash(gi.Master.Addr), orDash(gi.Slave.Addr),
 					age(gi.MasterHeartbeatAgeMillis), age(gi.SlaveHeartbeatAgeMillis), fmt.Sprint(gi.Last.LagBytes),
-					(time.Duration(gi.Last.LagMillis) * time.Millisecond).String(), fmt.Sprint(gi.Holders)})
+					(time.Duration(gi.Last.LagMillis) * time.Millisecond).String(), fmt.Sprint(gi.Holders),
+					fmt.Sprint(gi.Last.Producers), fmt.Sprint(gi.Last.Duplicates)})
 			}
 			if groups == nil {
 				groups = []api.GroupInfo{}
 			}
-			return g.printer().print(groups, []string{"GROUP", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES"}, rows)
+			return g.printer().print(groups, []string{"GROUP", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES", "PRODUCERS", "DUPLICATES"}, rows)
 		}),
 	}
 }

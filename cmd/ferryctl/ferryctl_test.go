@@ -77,7 +77,7 @@ func TestCommands(t *testing.T) {
 		t.Fatalf("routes:\n%s", out)
 	}
 	out = mustCtl(t, meta, "brokers")
-	if !strings.Contains(out, "g1") || !strings.Contains(out, "RW") || !strings.Contains(out, "ago") {
+	if !strings.Contains(out, "g1") || !strings.Contains(out, "RW") || !strings.Contains(out, "ago") || !strings.Contains(out, "DUPLICATES") {
 		t.Fatalf("brokers:\n%s", out)
 	}
 	out = mustCtl(t, meta, "broker", "readonly", "g1")
