@@ -28,6 +28,7 @@ type benchOptions struct {
 	mode        string
 	window      int
 	linger      time.Duration
+	idempotence bool
 	progress    bool
 }
 
@@ -36,6 +37,7 @@ type benchResult struct {
 	Topic       string  `json:"topic"`
 	Mode        string  `json:"mode"`
 	Reliability string  `json:"reliability"`
+	Idempotence bool    `json:"idempotence"`
 	Producers   int     `json:"producers"`
 	Size        int     `json:"size"`
 	Sent        int64   `json:"sent"`
@@ -89,6 +91,7 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&o.mode, "mode", "async", "sync (one message at a time per producer) or async (--window in flight per producer)")
 	f.IntVar(&o.window, "window", 1000, "async: messages in flight per producer")
 	f.DurationVar(&o.linger, "linger", 2*time.Millisecond, "producer linger")
+	f.BoolVar(&o.idempotence, "idempotence", true, "idempotent, ordered sends (producer ids and sequences); false to measure without")
 	f.BoolVar(&o.progress, "progress", true, "show a progress line when the output is a terminal")
 	return cmd
 }
@@ -148,7 +151,8 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	for i := range producers {
 		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
 		p, err := producer.New(producer.MetaAddrs(g.addrs()...), producer.Linger(o.linger),
-			producer.MaxBuffered(max(o.window, 1), 1<<30), producer.DeliveryTimeout(30*time.Second))
+			producer.MaxBuffered(max(o.window, 1), 1<<30), producer.DeliveryTimeout(30*time.Second),
+			producer.Idempotence(o.idempotence))
 		if err != nil {
 			return benchResult{}, usageError{err}
 		}
@@ -198,7 +202,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	for _, x := range hists {
 		h.Merge(x)
 	}
-	res := benchResult{Topic: o.topic, Mode: o.mode, Reliability: rel.String(), Producers: o.producers, Size: o.size,
+	res := benchResult{Topic: o.topic, Mode: o.mode, Reliability: rel.String(), Idempotence: o.idempotence, Producers: o.producers, Size: o.size,
 		Sent: sent.Load(), Errors: errs.Load(), Seconds: elapsed.Seconds(),
 		P50Micros: h.ValueAtQuantile(50), P90Micros: h.ValueAtQuantile(90), P99Micros: h.ValueAtQuantile(99),
 		P999Micros: h.ValueAtQuantile(99.9), MaxMicros: h.Max()}
