@@ -55,7 +55,9 @@ func Example() {
 }
 
 // startLocalCluster starts a metaserver that creates topics with one queue
-// and a single-broker group, and returns the metaserver's address.
+// and a single-broker group, and returns the metaserver's address. It is
+// written out here, not taken from internal/testcluster, because a runnable
+// example has no testing.TB and shows readers the public API only.
 func startLocalCluster() (string, func()) {
 	dir, err := os.MkdirTemp("", "ferrymq-example-")
 	if err != nil {
