@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# bench-idempotence.sh: what idempotent, ordered sends cost, on real processes.
+#
+# Starts one metaserver and one master broker on 127.0.0.1 (ports from
+# FERRY_BENCH_PORT, default 7600), then runs `ferryctl bench` RUNS times each
+# with idempotence on and off, in two shapes: async (4 producers, window 1000)
+# and one at a time (--mode sync --producers 1). Prints one line per run and
+# stops the processes it started, by PID.
+#
+#   RUNS=3 COUNT=200000 SYNC_COUNT=20000 FLUSH=async bash scripts/bench-idempotence.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+RUNS="${RUNS:-3}"
+COUNT="${COUNT:-200000}"
+SYNC_COUNT="${SYNC_COUNT:-20000}"
+FLUSH="${FLUSH:-async}"
+PORT="${FERRY_BENCH_PORT:-7600}"
+WORK="$(mktemp -d)"
+BIN="$WORK/bin"
+META="127.0.0.1:$PORT"
+pids=()
+
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+(cd "$ROOT" && go build -o "$BIN/" ./cmd/ferry-metaserver ./cmd/ferry-broker ./cmd/ferryctl)
+"$BIN/ferry-metaserver" -id m1 -dir "$WORK/meta" -rpc-addr "$META" -raft-addr "127.0.0.1:$((PORT + 1))" \
+  -peers "m1=127.0.0.1:$((PORT + 1))/$META" >"$WORK/meta.log" 2>&1 &
+pids+=($!)
+"$BIN/ferry-broker" -id g1-master -group g1 -role master -dir "$WORK/g1" -addr "127.0.0.1:$((PORT + 2))" \
+  -ha-addr "127.0.0.1:$((PORT + 3))" -meta "$META" -flush "$FLUSH" -heartbeat 1s -session 4s >"$WORK/broker.log" 2>&1 &
+pids+=($!)
+ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "$@"; }
+for _ in $(seq 100); do
+  if ctl brokers --json 2>/dev/null | grep -q '"state": "RW"'; then break; fi
+  sleep 0.1
+done
+ctl topic create bench --queues 8 >/dev/null
+
+for run in $(seq "$RUNS"); do
+  for idem in true false; do
+    echo "run $run idempotence=$idem async: $(ctl bench --topic bench --count "$COUNT" --idempotence="$idem" | tail -1)"
+    echo "run $run idempotence=$idem sync-1: $(ctl bench --topic bench --count "$SYNC_COUNT" --mode sync --producers 1 --idempotence="$idem" | tail -1)"
+  done
+done
