@@ -52,6 +52,7 @@ type routeCache struct {
 	qmu     sync.Mutex
 	pending map[string]struct{} // topics queued or being looked up
 	queue   []string
+	full    bool // the queue was found full; logged once until it has room
 }
 
 type topicRoute struct {
@@ -88,10 +89,21 @@ func (c *routeCache) refresh(topic string, seen *topicRoute) {
 	c.mu.RLock()
 	current := c.topics[topic]
 	c.mu.RUnlock()
-	if _, ok := c.pending[topic]; ok || current != seen || len(c.pending) >= maxPendingRoutes {
+	if _, ok := c.pending[topic]; ok || current != seen {
 		c.qmu.Unlock()
 		return
 	}
+	if len(c.pending) >= maxPendingRoutes {
+		full := !c.full
+		c.full = true
+		c.qmu.Unlock()
+		if full {
+			c.log.Warn("route lookups are backed up; topics not yet looked up get NO_ROUTE until the queue drains",
+				"queued", maxPendingRoutes)
+		}
+		return
+	}
+	c.full = false
 	c.pending[topic] = struct{}{}
 	c.queue = append(c.queue, topic)
 	c.qmu.Unlock()
