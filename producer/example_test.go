@@ -76,8 +76,10 @@ func startLocalCluster() (string, func()) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	for !b.Writable() {
-		time.Sleep(5 * time.Millisecond)
+	for deadline := time.Now().Add(30 * time.Second); !b.Writable(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			log.Fatal("the example's broker did not become writable in 30 s")
+		}
 	}
 	return meta.RPCAddr(), func() {
 		_ = b.Close()
