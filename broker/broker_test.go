@@ -683,3 +683,32 @@ func TestHighRetryAfterSyncTimeoutIsStoredOnce(t *testing.T) {
 		t.Fatalf("the message is stored %d times on the slave", n)
 	}
 }
+
+// A stamped message refused by a check (here HIGH with no slave) is never
+// overtaken: the producer's later messages to that queue in the same batch
+// are refused OUT_OF_ORDER_SEQUENCE, even though the commit log has no
+// state for the producer yet; other producers and unstamped messages go on.
+func TestRefusedStampedMessageIsNotOvertaken(t *testing.T) {
+	meta := tc.StartMeta(t, 1, func(c *metaserver.Config) { c.LagTime = time.Minute })
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{})
+	meta.CreateTopic(t, "gap", "g1")
+	c := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, c, "gap", 0)
+	r := tc.Send(t, c, []protocol.Message{
+		stamped("gap", 0, protocol.High, 5, 0, 0),
+		stamped("gap", 0, protocol.Normal, 5, 0, 1),
+		tc.Msg("gap", 0, protocol.Normal, "unstamped"),
+		stamped("gap", 0, protocol.Normal, 6, 0, 0),
+	})
+	want := []protocol.Status{protocol.StatusSlaveLagging, protocol.StatusOutOfOrderSequence, protocol.StatusOK, protocol.StatusOK}
+	for i := range want {
+		if r[i].Status != want[i] {
+			t.Fatalf("message %d: %v, want %v", i, r[i].Status, want[i])
+		}
+	}
+	// Resent from the refused one on, as NORMAL, both are stored in order.
+	r = tc.Send(t, c, []protocol.Message{stamped("gap", 0, protocol.Normal, 5, 0, 0), stamped("gap", 0, protocol.Normal, 5, 0, 1)})
+	if r[0].Status != protocol.StatusOK || r[1].Status != protocol.StatusOK || r[1].QueueOffset != r[0].QueueOffset+1 {
+		t.Fatalf("resent: %+v", r)
+	}
+}

@@ -130,6 +130,7 @@ func (s *sender) handle(rep replier, body []byte) {
 		}
 		good = append(good, i)
 	}
+	good = checks.dropAfterRefused(msgs, good, sb)
 	if len(good) > 0 {
 		entries := make([]storage.Entry, len(good))
 		for j, i := range good {
@@ -228,6 +229,52 @@ type batchCheck struct {
 	state    protocol.Status // NOT_MASTER, READ_ONLY or OK for the whole batch
 	lagKnown bool
 	lagging  bool
+	// anyRefused: a stamped message was refused by a check.
+	anyRefused bool
+}
+
+type stampKey struct {
+	producer uint64
+	topic    string
+	queue    uint32
+}
+
+// dropAfterRefused refuses, with OUT_OF_ORDER_SEQUENCE, every stamped
+// message that follows a refused message of the same producer in the same
+// queue: storing it would leave a gap before it, and the commit log, which
+// refuses gaps, cannot see a message refused here (nor can it when it has
+// no state for the producer yet). So a refused message is never overtaken.
+// good lists the messages that passed the checks, in order.
+func (c *batchCheck) dropAfterRefused(msgs []protocol.Message, good []int, sb *sendBatch) []int {
+	if !c.anyRefused {
+		return good
+	}
+	refused := map[stampKey]struct{}{}
+	kept := good[:0]
+	g := 0
+	for i := range msgs {
+		m := &msgs[i]
+		k := stampKey{m.Producer.ID, m.Topic, m.Queue}
+		passed := g < len(good) && good[g] == i
+		if passed {
+			g++
+		}
+		switch {
+		case m.Producer.IsZero():
+			if passed {
+				kept = append(kept, i)
+			}
+		case !passed:
+			refused[k] = struct{}{}
+		default:
+			if _, after := refused[k]; after {
+				sb.complete(i, protocol.SendResult{Status: protocol.StatusOutOfOrderSequence})
+				continue
+			}
+			kept = append(kept, i)
+		}
+	}
+	return kept
 }
 
 func (s *sender) newBatchCheck() batchCheck {
@@ -242,6 +289,14 @@ func (s *sender) newBatchCheck() batchCheck {
 }
 
 func (c *batchCheck) check(m *protocol.Message) protocol.Status {
+	st := c.checkOne(m)
+	if st != protocol.StatusOK && !m.Producer.IsZero() {
+		c.anyRefused = true
+	}
+	return st
+}
+
+func (c *batchCheck) checkOne(m *protocol.Message) protocol.Status {
 	if c.state != protocol.StatusOK {
 		return c.state
 	}

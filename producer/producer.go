@@ -67,6 +67,7 @@ type Client struct {
 	sel    *routing.Selector
 	prefix string
 	seq    atomic.Uint64
+	gates  keyGates // keyed records' order before they reach a sink
 
 	mu     sync.Mutex
 	routes map[string]*topicRoute
@@ -333,30 +334,49 @@ func (c *Client) finish(rec *record, res Result, err error) {
 }
 
 // dispatch picks a queue for the record and hands it to that group's sink.
+// A keyed record that must stay on its key's queue passes its key's gate
+// first, so it never overtakes an earlier record of its key that is still
+// waiting for a route or an identity.
 func (c *Client) dispatch(rec *record, urgent bool) {
+	if !c.stays(rec) {
+		c.dispatchOne(rec, urgent)
+		return
+	}
+	if !c.gates.pass(rec) {
+		return // behind an earlier record of its key; dispatched when that one is
+	}
+	settled := c.dispatchOne(rec, urgent)
+	for _, w := range c.gates.after(rec, settled) {
+		c.dispatch(w, urgent)
+	}
+}
+
+// dispatchOne is dispatch without the key's gate. It reports whether the
+// record is settled: handed to a sink, or finished; false means a retry of
+// the dispatch is scheduled.
+func (c *Client) dispatchOne(rec *record, urgent bool) (settled bool) {
 	if c.dead.Load() {
 		err := ErrClosed
 		if rec.lastErr != nil {
 			err = fmt.Errorf("%w (last attempt: %w)", ErrClosed, rec.lastErr)
 		}
 		c.finish(rec, Result{}, err)
-		return
+		return true
 	}
 	if err := rec.ctx.Err(); err != nil {
 		if rec.lastErr != nil {
 			err = fmt.Errorf("%w (last attempt: %w)", err, rec.lastErr)
 		}
 		c.finish(rec, Result{}, fmt.Errorf("producer: message %s to %q not sent: %w", rec.msg.ID, rec.msg.Topic, err))
-		return
+		return true
 	}
 	if c.fenced.Load() {
 		c.finish(rec, Result{}, fmt.Errorf("%w: message %s to %q", ErrFenced, rec.msg.ID, rec.msg.Topic))
-		return
+		return true
 	}
 	plan, err := c.route(rec)
 	if err != nil {
-		c.retryOrFail(rec, err)
-		return
+		return !c.retryOrFail(rec, err)
 	}
 	q, err := c.pick(plan, rec)
 	if err != nil {
@@ -366,18 +386,71 @@ func (c *Client) dispatch(rec *record, urgent bool) {
 		if len(plan.Route.Queues) == 0 {
 			st = protocol.StatusNoRoute
 		}
-		c.retryOrFail(rec, &protocol.Error{Status: st, Message: fmt.Sprintf("topic %q: %v", rec.msg.Topic, err)})
-		return
+		return !c.retryOrFail(rec, &protocol.Error{Status: st, Message: fmt.Sprintf("topic %q: %v", rec.msg.Topic, err)})
 	}
 	if c.cfg.idempotent {
 		// The identity is taken before the record's first batch can leave.
 		if err := c.ensureIdentity(rec); err != nil {
-			c.retryOrFail(rec, err)
-			return
+			return !c.retryOrFail(rec, err)
 		}
 	}
 	rec.msg.Queue, rec.group, rec.addr = q.Queue, q.Group, q.Master
 	c.sink(q.Group).add(rec, urgent)
+	return true
+}
+
+// keyGates keep each key's records in send order before they reach a sink
+// (in a sink, a key's records wait in their queue's line in order). While a
+// record of a key waits to retry its dispatch (no route or identity yet),
+// later records of the key queue behind it and are dispatched, in order,
+// once it is settled.
+type keyGates struct {
+	mu    sync.Mutex
+	gates map[string]*keyGate // topic + "\x00" + key
+}
+
+type keyGate struct {
+	head    *record
+	waiting []*record
+}
+
+func gateKey(rec *record) string { return rec.msg.Topic + "\x00" + rec.key }
+
+// pass reports whether rec may be dispatched now; if not, it waits in its
+// key's gate.
+func (g *keyGates) pass(rec *record) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gt := g.gates[gateKey(rec)]
+	if gt == nil || gt.head == rec {
+		return true
+	}
+	gt.waiting = append(gt.waiting, rec)
+	return false
+}
+
+// after records the outcome of rec's dispatch: unsettled, rec heads its
+// key's gate; settled, the gate it headed opens and its waiting records are
+// returned, in order, to be dispatched.
+func (g *keyGates) after(rec *record, settled bool) []*record {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := gateKey(rec)
+	gt := g.gates[k]
+	if !settled {
+		if gt == nil {
+			if g.gates == nil {
+				g.gates = map[string]*keyGate{}
+			}
+			g.gates[k] = &keyGate{head: rec}
+		}
+		return nil
+	}
+	if gt == nil || gt.head != rec {
+		return nil
+	}
+	delete(g.gates, k)
+	return gt.waiting
 }
 
 // pick chooses the record's queue: a keyed record's is its key's (unless
@@ -428,7 +501,9 @@ func fnv32(s string) uint32 {
 // retryOrFail schedules another attempt with backoff and jitter, or ends the
 // record when the error is final or its delivery deadline would pass. A
 // status that says the route is stale refreshes it first.
-func (c *Client) retryOrFail(rec *record, err error) {
+// retryOrFail schedules another dispatch of rec after a backoff and reports
+// true, or finishes it and reports false.
+func (c *Client) retryOrFail(rec *record, err error) (scheduled bool) {
 	prev := rec.lastErr
 	rec.lastErr = err
 	var pe *protocol.Error
@@ -437,13 +512,13 @@ func (c *Client) retryOrFail(rec *record, err error) {
 	}
 	if !retryable(err) && !(c.cfg.idempotent && maybeStored(err)) {
 		c.finish(rec, Result{}, fmt.Errorf("producer: message %s to %q: %w", rec.msg.ID, rec.msg.Topic, err))
-		return
+		return false
 	}
 	rec.attempts++
 	backoff := routing.Jitter(min(c.cfg.retryBackoff<<min(rec.attempts-1, 10), time.Second))
 	if time.Now().Add(backoff).After(rec.deadline) {
 		c.finish(rec, Result{}, deliveryTimeout(rec, err, prev))
-		return
+		return false
 	}
 	c.stats.retries.Add(1)
 	c.wg.Add(1)
@@ -457,6 +532,7 @@ func (c *Client) retryOrFail(rec *record, err error) {
 		}
 		c.dispatch(rec, true)
 	}()
+	return true
 }
 
 // deliveryTimeout is the error of a record whose retries ran out of time:

@@ -476,7 +476,7 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 	var back []*record // to the line's front, in order
 	var runErr error
 	ooo := false
-	storedPast := int64(-1) // past the last sequence stored after r0
+	storedPast := int64(-1) // past the last sequence stored after r0, or that may be
 	var tail []*record
 	var tailErr []error
 	for i, rec := range rn.recs {
@@ -489,6 +489,12 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 			}
 		case v == failed:
 			err := errAt(i)
+			if rec.maybe && rec.gen != 0 {
+				// An earlier attempt may have stored it: its sequence must
+				// never go to another message.
+				storedPast = max(storedPast, rec.msg.Producer.Seq+1)
+				err = fmt.Errorf("%w (an earlier attempt's outcome was unknown: it may be stored)", err)
+			}
 			if st == protocol.StatusProducerFenced {
 				c.fenced.Store(true)
 				err = fmt.Errorf("%w: message %s to %q: %w", ErrFenced, rec.msg.ID, rec.msg.Topic, err)
@@ -505,7 +511,9 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 			if v == unknown {
 				rec.maybe = true
 			}
-			if st == protocol.StatusOutOfOrderSequence {
+			if st == protocol.StatusOutOfOrderSequence && i == r0 {
+				// Only a run's first refusal can mean the broker lost our
+				// sequence; a later one follows from that refusal.
 				ooo = true
 			}
 			if st.RefreshesRoute() {
