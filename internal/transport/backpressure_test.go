@@ -57,10 +57,21 @@ func (c *serverConn) waitingForRoom() bool {
 // never reads would.
 func writeRequests(t *testing.T, nc net.Conn, code protocol.Code, bodies ...[]byte) {
 	t.Helper()
-	var out []byte
+	frames := make([]protocol.Frame, len(bodies))
 	for i, b := range bodies {
+		frames[i] = protocol.Frame{Code: code, Opaque: uint32(i + 1), Body: b}
+	}
+	writeFrames(t, nc, frames...)
+}
+
+// writeFrames writes frames to nc in one write: the server reads them
+// pipelined.
+func writeFrames(t *testing.T, nc net.Conn, frames ...protocol.Frame) {
+	t.Helper()
+	var out []byte
+	for i := range frames {
 		var err error
-		if out, err = protocol.AppendFrame(out, &protocol.Frame{Code: code, Opaque: uint32(i + 1), Body: b}); err != nil {
+		if out, err = protocol.AppendFrame(out, &frames[i]); err != nil {
 			t.Fatal(err)
 		}
 	}

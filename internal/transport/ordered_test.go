@@ -39,6 +39,17 @@ type rawConn struct {
 	br *bufio.Reader
 }
 
+// serve listens on a free loopback port and closes s when the test ends.
+func serve(t *testing.T, s *Server) net.Addr {
+	t.Helper()
+	addr, err := s.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return addr
+}
+
 func dialRaw(t *testing.T, addr string) *rawConn {
 	t.Helper()
 	nc, err := net.Dial("tcp", addr)
@@ -52,16 +63,7 @@ func dialRaw(t *testing.T, addr string) *rawConn {
 // send writes frames in one write: the server reads them pipelined.
 func (rc *rawConn) send(frames ...protocol.Frame) {
 	rc.t.Helper()
-	var out []byte
-	for i := range frames {
-		var err error
-		if out, err = protocol.AppendFrame(out, &frames[i]); err != nil {
-			rc.t.Fatal(err)
-		}
-	}
-	if _, err := rc.nc.Write(out); err != nil {
-		rc.t.Fatal(err)
-	}
+	writeFrames(rc.t, rc.nc, frames...)
 }
 
 // recv reads n responses.
@@ -130,11 +132,7 @@ func TestOrderedRunsInArrivalOrder(t *testing.T) {
 		go func() { _ = r.Reply(body) }() // answered after the handler returned
 	}, nil)
 	s.Handle(codeEcho, func(r *Request) { _ = r.Reply(r.Body) })
-	addr, err := s.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	addr := serve(t, s)
 
 	var wg sync.WaitGroup
 	errs := make(chan error, conns)
@@ -219,11 +217,7 @@ func TestOrderedConnectionsProgressIndependently(t *testing.T) {
 		returned[c].Add(1)
 	}, nil)
 	s.Handle(codeEcho, func(r *Request) { _ = r.Reply(r.Body) })
-	addr, err := s.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	addr := serve(t, s)
 
 	a, b := dialRaw(t, addr.String()), dialRaw(t, addr.String())
 	var framesA []protocol.Frame
