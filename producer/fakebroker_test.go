@@ -153,7 +153,7 @@ func startFakeBroker(t *testing.T, meta string, group string) *fakeBroker {
 		attempts: map[string]int{}, stored: map[qkey][]protocol.Message{}, dedupe: map[dedupeKey]*dedupeState{}}
 	var offset atomic.Int64
 	f.srv.Handle(protocol.CodeSend, func(r *transport.Request) {
-		msgs, err := protocol.DecodeSendRequest(r.Body, nil)
+		_, msgs, err := protocol.DecodeSendRequest(r.Body, nil)
 		if err != nil {
 			r.ReplyError(err)
 			return

@@ -59,9 +59,9 @@ func defaults() config {
 }
 
 // maxBatchBytes is the most MaxBatchBytes may be: a batch's frame (its fixed
-// header and the batch's message count besides the messages) fits in
-// protocol.MaxFrameSize.
-const maxBatchBytes = protocol.MaxFrameSize - protocol.FixedHeaderSize - 4
+// header and the SEND body's header, epoch and count, besides the messages)
+// fits in protocol.MaxFrameSize.
+const maxBatchBytes = protocol.MaxFrameSize - protocol.FixedHeaderSize - protocol.SendRequestHeaderSize
 
 // validate checks every option and names each bad one: a negative or zero
 // duration or size is an error, never a default.

@@ -160,6 +160,7 @@ type record struct {
 	// Set by dispatch, read by the batch that carries the record.
 	group    string
 	addr     string
+	epoch    uint32 // the group's epoch in the route addr came from
 	attempts int
 	lastErr  error
 
@@ -394,7 +395,7 @@ func (c *Client) dispatchOne(rec *record, urgent bool) (settled bool) {
 			return !c.retryOrFail(rec, err)
 		}
 	}
-	rec.msg.Queue, rec.group, rec.addr = q.Queue, q.Group, q.Master
+	rec.msg.Queue, rec.group, rec.addr, rec.epoch = q.Queue, q.Group, q.Master, q.Epoch
 	c.sink(q.Group).add(rec, urgent)
 	return true
 }

@@ -2,7 +2,6 @@ package producer
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -40,6 +39,7 @@ type sink struct {
 	inflight   int
 	timer      *time.Timer
 	addr       string // the group's master, by the newest route seen
+	epoch      uint32 // the group's epoch, by the newest route seen
 	// Work for unlock to do once mu is released (promises, retries and
 	// route refreshes never run under it).
 	done    []ended
@@ -69,9 +69,10 @@ type line struct {
 
 // batch is what one SEND carries: runs of distinct queues.
 type batch struct {
-	runs []run
-	n    int // records
-	addr string
+	runs  []run
+	n     int // records
+	addr  string
+	epoch uint32 // the group's epoch the batch is sent for
 }
 
 // run is one line's records in a batch, in sequence order, all stamped by
@@ -120,7 +121,7 @@ func (c *Client) sink(group string) *sink {
 func (s *sink) add(rec *record, urgent bool) {
 	s.mu.Lock()
 	if rec.addr != "" {
-		s.addr = rec.addr
+		s.addr, s.epoch = rec.addr, rec.epoch
 	}
 	k := qkey{rec.msg.Topic, rec.msg.Queue}
 	ln := s.lines[k]
@@ -222,7 +223,7 @@ func (s *sink) sendLocked() {
 // retried records are of an older identity takes no new records with them.
 func (s *sink) build(cur *identity) *batch {
 	limit := s.c.cfg.maxBatchBytes
-	b := &batch{addr: s.addr}
+	b := &batch{addr: s.addr, epoch: s.epoch}
 	bytes := 0
 	kept := s.ready[:0]
 	full := false
@@ -314,9 +315,10 @@ func (s *sink) send(b *batch) {
 		// The transport copies the body into its write buffer before Call
 		// waits, so the buffer goes back to the pool once Call returns.
 		bp := bodyPool.Get().(*[]byte)
-		// A SEND body is a u32 count and the messages, encoded straight
-		// from the records (no copy of the messages into a slice first).
-		body := binary.BigEndian.AppendUint32((*bp)[:0], uint32(b.n))
+		// A SEND body is the group's epoch, a count and the messages,
+		// encoded straight from the records (no copy of the messages into a
+		// slice first).
+		body := protocol.AppendSendRequestHeader((*bp)[:0], b.epoch, b.n)
 		for _, rn := range b.runs {
 			for _, r := range rn.recs {
 				body = protocol.AppendMessage(body, &r.msg)
@@ -621,7 +623,7 @@ func (s *sink) hold(ln *line, d time.Duration) {
 	q, known := s.c.queueRoute(ln.key.topic, ln.key.queue)
 	s.mu.Lock()
 	if known && q.Master != "" && q.Group == s.group {
-		s.addr = q.Master
+		s.addr, s.epoch = q.Master, q.Epoch
 	}
 	s.expireLine(ln, time.Now(), ln.lastErr)
 	if known && !q.Writable {
