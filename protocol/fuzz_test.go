@@ -30,7 +30,7 @@ func addWithPrefixes(f *testing.F, b []byte) {
 
 func FuzzDecodeFrame(f *testing.F) {
 	for _, fr := range []Frame{
-		{Code: CodeSend, Opaque: 1, Body: AppendSendRequest(nil, sampleMessages())},
+		{Code: CodeSend, Opaque: 1, Body: AppendSendRequest(nil, 2, sampleMessages())},
 		{Flags: FlagResponse, Code: CodeSend, Status: StatusBusy, Opaque: 9, Body: []byte("busy")},
 		{Flags: FlagOneway, Code: CodeHeartbeat, Header: []byte("h")},
 	} {
@@ -55,11 +55,11 @@ func FuzzDecodeFrame(f *testing.F) {
 }
 
 func FuzzDecodeSendRequest(f *testing.F) {
-	addWithPrefixes(f, AppendSendRequest(nil, sampleMessages()))
-	f.Add(AppendSendRequest(nil, nil))
-	f.Add([]byte{0, 0, 0, 1})
+	addWithPrefixes(f, AppendSendRequest(nil, 2, sampleMessages()))
+	f.Add(AppendSendRequest(nil, 0, nil))
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		msgs, err := DecodeSendRequest(b, nil)
+		epoch, msgs, err := DecodeSendRequest(b, nil)
 		if err != nil {
 			checkMalformed(t, err)
 			if len(msgs) != 0 {
@@ -67,7 +67,7 @@ func FuzzDecodeSendRequest(f *testing.F) {
 			}
 			return
 		}
-		if out := AppendSendRequest(nil, msgs); !bytes.Equal(out, b) {
+		if out := AppendSendRequest(nil, epoch, msgs); !bytes.Equal(out, b) {
 			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
 		}
 	})
@@ -88,7 +88,7 @@ func FuzzDecodeSendResponse(f *testing.F) {
 }
 
 func FuzzDecodePullRequest(f *testing.F) {
-	addWithPrefixes(f, AppendPullRequest(nil, &PullRequest{Topic: "orders", Queue: 1, Offset: 5, MaxBytes: 4096}))
+	addWithPrefixes(f, AppendPullRequest(nil, &PullRequest{Topic: "orders", Queue: 1, Offset: 5, MaxBytes: 4096, Epoch: 2}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := DecodePullRequest(b)
 		if err != nil {
@@ -137,7 +137,7 @@ func FuzzDecodeMessage(f *testing.F) {
 }
 
 func FuzzDecodeHAFetchRequest(f *testing.F) {
-	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, MaxBytes: 1 << 20, WaitMillis: 100}))
+	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, MaxBytes: 1 << 20, WaitMillis: 100, Epoch: 4, BrokerID: "g1-b"}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		req, err := DecodeHAFetchRequest(b)
 		if err != nil {
@@ -151,14 +151,14 @@ func FuzzDecodeHAFetchRequest(f *testing.F) {
 }
 
 func FuzzDecodeHAFetchResponse(f *testing.F) {
-	addWithPrefixes(f, append(AppendHAFetchResponseHeader(nil, 77), "records"...))
+	addWithPrefixes(f, append(AppendHAFetchResponseHeader(nil, 77, 3), "records"...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		resp, err := DecodeHAFetchResponse(b)
 		if err != nil {
 			checkMalformed(t, err)
 			return
 		}
-		if out := append(AppendHAFetchResponseHeader(nil, resp.MasterEnd), resp.Records...); !bytes.Equal(out, b) {
+		if out := append(AppendHAFetchResponseHeader(nil, resp.MasterEnd, resp.Epoch), resp.Records...); !bytes.Equal(out, b) {
 			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
 		}
 	})

@@ -99,17 +99,20 @@ func TestFrameRejectsBadFields(t *testing.T) {
 
 func TestSendRoundTrip(t *testing.T) {
 	msgs := sampleMessages()
-	b := AppendSendRequest(nil, msgs)
-	size := 4
+	b := AppendSendRequest(nil, 7, msgs)
+	size := SendRequestHeaderSize
 	for i := range msgs {
 		size += msgs[i].EncodedSize()
 	}
 	if len(b) != size {
 		t.Fatalf("encoded %d bytes, EncodedSize sums to %d", len(b), size)
 	}
-	got, err := DecodeSendRequest(b, nil)
+	epoch, got, err := DecodeSendRequest(b, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if epoch != 7 {
+		t.Fatalf("epoch %d, want 7", epoch)
 	}
 	if len(got) != len(msgs) {
 		t.Fatalf("got %d messages, want %d", len(got), len(msgs))
@@ -120,8 +123,8 @@ func TestSendRoundTrip(t *testing.T) {
 		}
 	}
 	// The raw form gives each message's own encoding.
-	rmsgs, raws, err := DecodeSendRequestRaw(b)
-	if err != nil || len(raws) != len(msgs) {
+	repoch, rmsgs, raws, err := DecodeSendRequestRaw(b)
+	if err != nil || len(raws) != len(msgs) || repoch != 7 {
 		t.Fatalf("raw decode: %d raws, %v", len(raws), err)
 	}
 	for i := range msgs {
@@ -131,7 +134,7 @@ func TestSendRoundTrip(t *testing.T) {
 	}
 	// Every strict prefix is an error, never a panic or a partial batch.
 	for n := 0; n < len(b); n++ {
-		if out, err := DecodeSendRequest(b[:n], nil); err == nil || len(out) != 0 {
+		if _, out, err := DecodeSendRequest(b[:n], nil); err == nil || len(out) != 0 {
 			t.Fatalf("prefix of %d bytes: got %d messages, err %v", n, len(out), err)
 		}
 	}
@@ -148,12 +151,12 @@ func TestSendRoundTrip(t *testing.T) {
 }
 
 func TestHostileCountDoesNotAllocate(t *testing.T) {
-	// A count of 2^32-1 messages in a 4-byte body must fail before allocating.
-	b := []byte{0xff, 0xff, 0xff, 0xff}
+	// A count of 2^32-1 messages in an 8-byte body must fail before allocating.
+	b := []byte{0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for range 10 {
-		if _, err := DecodeSendRequest(b, nil); !errors.Is(err, ErrMalformed) {
+		if _, _, err := DecodeSendRequest(b, nil); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("got %v", err)
 		}
 	}
@@ -167,7 +170,7 @@ func TestHostileCountDoesNotAllocate(t *testing.T) {
 }
 
 func TestPullRoundTrip(t *testing.T) {
-	req := PullRequest{Topic: "orders", Queue: 2, Offset: 42, MaxBytes: 1 << 20}
+	req := PullRequest{Topic: "orders", Queue: 2, Offset: 42, MaxBytes: 1 << 20, Epoch: 3}
 	got, err := DecodePullRequest(AppendPullRequest(nil, &req))
 	if err != nil || got != req {
 		t.Fatalf("got %+v, %v; want %+v", got, err, req)
@@ -279,10 +282,10 @@ func BenchmarkAppendSendRequest(b *testing.B) {
 		msgs[i] = Message{ID: fmt.Sprintf("id-%d", i), Topic: "bench", Queue: uint32(i % 8), Body: make([]byte, 1024)}
 	}
 	buf := make([]byte, 0, 128<<10)
-	b.SetBytes(int64(len(AppendSendRequest(nil, msgs))))
+	b.SetBytes(int64(len(AppendSendRequest(nil, 1, msgs))))
 	b.ReportAllocs()
 	for b.Loop() {
-		buf = AppendSendRequest(buf[:0], msgs)
+		buf = AppendSendRequest(buf[:0], 1, msgs)
 	}
 }
 
@@ -291,13 +294,13 @@ func BenchmarkDecodeSendRequest(b *testing.B) {
 	for i := range msgs {
 		msgs[i] = Message{ID: fmt.Sprintf("id-%d", i), Topic: "bench", Queue: uint32(i % 8), Body: make([]byte, 1024)}
 	}
-	enc := AppendSendRequest(nil, msgs)
+	enc := AppendSendRequest(nil, 1, msgs)
 	out := make([]Message, 0, 64)
 	b.SetBytes(int64(len(enc)))
 	b.ReportAllocs()
 	for b.Loop() {
 		var err error
-		out, err = DecodeSendRequest(enc, out[:0])
+		_, out, err = DecodeSendRequest(enc, out[:0])
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -9,11 +9,14 @@ import "fmt"
 //	offset     i64, the first queue offset wanted
 //	max bytes  u32, a soft cap on the messages returned (at least one is
 //	           returned if any is there)
+//	epoch      u32, the group epoch the reader's route names (0: unknown);
+//	           a master that sees a newer one stops taking writes
 type PullRequest struct {
 	Topic    string
 	Queue    uint32
 	Offset   int64
 	MaxBytes uint32
+	Epoch    uint32
 }
 
 // AppendPullRequest appends p's encoding.
@@ -21,7 +24,8 @@ func AppendPullRequest(dst []byte, p *PullRequest) []byte {
 	dst = appendStr16(dst, clip16(p.Topic))
 	dst = appendU32(dst, p.Queue)
 	dst = appendI64(dst, p.Offset)
-	return appendU32(dst, p.MaxBytes)
+	dst = appendU32(dst, p.MaxBytes)
+	return appendU32(dst, p.Epoch)
 }
 
 // DecodePullRequest decodes a PULL request body.
@@ -32,6 +36,7 @@ func DecodePullRequest(b []byte) (PullRequest, error) {
 	p.Queue = r.u32("queue")
 	p.Offset = r.i64("offset")
 	p.MaxBytes = r.u32("max bytes")
+	p.Epoch = r.u32("epoch")
 	if err := r.done("pull request"); err != nil {
 		return PullRequest{}, err
 	}

@@ -1,41 +1,58 @@
 package protocol
 
-// A SEND request body is a batch of messages:
+// A SEND request body is a batch of messages, with the group epoch the
+// sender's route names:
 //
+//	epoch u32: the broker group's epoch in the sender's route; 0 when the
+//	      sender does not know it. A broker whose own epoch is lower has
+//	      been replaced as master: it stops taking writes and answers
+//	      NOT_MASTER.
 //	count u32, then count messages (see Message)
 //
 // The response body has one result per message, in the same order:
 //
 //	count u32, then per message: status u16, queue offset i64, log offset i64
 
-// AppendSendRequest appends a SEND body carrying msgs.
-func AppendSendRequest(dst []byte, msgs []Message) []byte {
-	dst = appendU32(dst, uint32(len(msgs)))
+// AppendSendRequest appends a SEND body carrying msgs for a group at epoch.
+func AppendSendRequest(dst []byte, epoch uint32, msgs []Message) []byte {
+	dst = AppendSendRequestHeader(dst, epoch, len(msgs))
 	for i := range msgs {
 		dst = AppendMessage(dst, &msgs[i])
 	}
 	return dst
 }
 
-// DecodeSendRequest decodes a SEND body, appending its messages to msgs (pass
-// a reused slice to avoid allocating). Message bodies alias b.
-func DecodeSendRequest(b []byte, msgs []Message) ([]Message, error) {
-	msgs, _, err := decodeSendRequest(b, msgs, false)
-	return msgs, err
+// SendRequestHeaderSize is the size of a SEND body before its messages.
+const SendRequestHeaderSize = 8
+
+// AppendSendRequestHeader appends the part of a SEND body before its
+// messages; the caller then appends count messages with AppendMessage.
+func AppendSendRequestHeader(dst []byte, epoch uint32, count int) []byte {
+	dst = appendU32(dst, epoch)
+	return appendU32(dst, uint32(count))
+}
+
+// DecodeSendRequest decodes a SEND body: its epoch, and its messages
+// appended to msgs (pass a reused slice to avoid allocating). Message bodies
+// alias b.
+func DecodeSendRequest(b []byte, msgs []Message) (uint32, []Message, error) {
+	epoch, msgs, _, err := decodeSendRequest(b, msgs, false)
+	return epoch, msgs, err
 }
 
 // DecodeSendRequestRaw is DecodeSendRequest that also returns each message's
 // encoding (as AppendMessage writes it), aliasing b, so a broker can store a
 // message without encoding it again.
-func DecodeSendRequestRaw(b []byte) ([]Message, [][]byte, error) {
+func DecodeSendRequestRaw(b []byte) (uint32, []Message, [][]byte, error) {
 	return decodeSendRequest(b, nil, true)
 }
 
-func decodeSendRequest(b []byte, msgs []Message, wantRaw bool) ([]Message, [][]byte, error) {
+func decodeSendRequest(b []byte, msgs []Message, wantRaw bool) (uint32, []Message, [][]byte, error) {
 	r := reader{b: b}
+	epoch := r.u32("epoch")
 	n := r.count("message count", minMessageSize)
 	if n == 0 && r.err == nil {
-		return msgs, nil, r.done("send request")
+		return epoch, msgs, nil, r.done("send request")
 	}
 	base := len(msgs)
 	msgs = append(msgs, make([]Message, n)...)
@@ -52,9 +69,9 @@ func decodeSendRequest(b []byte, msgs []Message, wantRaw bool) ([]Message, [][]b
 		}
 	}
 	if err := r.done("send request"); err != nil {
-		return msgs[:base], nil, err
+		return 0, msgs[:base], nil, err
 	}
-	return msgs, raws, nil
+	return epoch, msgs, raws, nil
 }
 
 // SendResult is the outcome of one message of a SEND batch.

@@ -41,6 +41,15 @@ const (
 	// StatusProducerFenced: a later instance of the producer (a higher
 	// epoch) has written to the queue; this one must stop.
 	StatusProducerFenced Status = 21
+	// StatusLeaseLost: the broker stopped being its group's writable master
+	// (its write lease ran out, or it saw a newer group epoch) after it took
+	// the message and before it could acknowledge it. The message may be in
+	// this broker's log, but it is not acknowledged: after a failover it is
+	// cut from the old master's log when that rejoins as the slave.
+	StatusLeaseLost Status = 22
+	// StatusNotAuthorized: the peer may not do this (for example an HA fetch
+	// from a broker that is not the group's slave in the current epoch).
+	StatusNotAuthorized Status = 23
 )
 
 // statusFlags are the columns of the status table.
@@ -99,6 +108,8 @@ var statusTable = [...]statusInfo{
 	// what it had).
 	StatusOutOfOrderSequence: {"OUT_OF_ORDER_SEQUENCE", retry},
 	StatusProducerFenced:     {"PRODUCER_FENCED", 0},
+	StatusLeaseLost:          {"LEASE_LOST", retry | refresh | maybe},
+	StatusNotAuthorized:      {"NOT_AUTHORIZED", 0},
 }
 
 // String returns the status's name, e.g. "READ_ONLY".
@@ -188,6 +199,8 @@ var (
 	ErrNotFound         = &Error{Status: StatusNotFound}
 	ErrShuttingDown     = &Error{Status: StatusShuttingDown}
 	ErrInternal         = &Error{Status: StatusInternal}
+	ErrLeaseLost        = &Error{Status: StatusLeaseLost}
+	ErrNotAuthorized    = &Error{Status: StatusNotAuthorized}
 
 	// ErrFrameTooLarge marks a frame or header over its cap. It is also a
 	// MESSAGE_TOO_LARGE status when it crosses the wire.

@@ -36,6 +36,8 @@ func TestStatusColumns(t *testing.T) {
 		StatusInternal:           {"INTERNAL", false, true, false, true},
 		StatusOutOfOrderSequence: {"OUT_OF_ORDER_SEQUENCE", true, false, false, false},
 		StatusProducerFenced:     {"PRODUCER_FENCED", false, false, false, false},
+		StatusLeaseLost:          {"LEASE_LOST", true, false, true, true},
+		StatusNotAuthorized:      {"NOT_AUTHORIZED", false, false, false, false},
 	}
 	for s := Status(0); s < 1<<10; s++ {
 		w, known := want[s]

@@ -19,6 +19,8 @@ var ErrMalformedRoute = errors.New("routing: malformed route")
 //	  flags     u8 (bit 0: writable)
 //	  group     u16 length + bytes
 //	  master    u16 length + bytes
+//	  epoch     u32
+//	  slave     u16 length + bytes
 
 // AppendRoute appends r's encoding to dst.
 func AppendRoute(dst []byte, r *Route) []byte {
@@ -34,6 +36,8 @@ func AppendRoute(dst []byte, r *Route) []byte {
 		dst = append(dst, flags)
 		dst = appendStr(dst, q.Group)
 		dst = appendStr(dst, q.Master)
+		dst = binary.BigEndian.AppendUint32(dst, q.Epoch)
+		dst = appendStr(dst, q.Slave)
 	}
 	return dst
 }
@@ -53,7 +57,7 @@ func DecodeRoute(b []byte) (Route, error) {
 	r.Topic = d.str()
 	r.Version = d.u64()
 	n := d.u32()
-	const minQueue = 4 + 1 + 2 + 2
+	const minQueue = 4 + 1 + 2 + 2 + 4 + 2
 	if d.err == nil && uint64(n)*minQueue > uint64(len(d.b)) {
 		return Route{}, fmt.Errorf("%w: %d queues in %d bytes", ErrMalformedRoute, n, len(d.b))
 	}
@@ -67,6 +71,8 @@ func DecodeRoute(b []byte) (Route, error) {
 		q.Writable = flags&1 != 0
 		q.Group = d.str()
 		q.Master = d.str()
+		q.Epoch = d.u32()
+		q.Slave = d.str()
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrMalformedRoute, len(d.b))

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"fmt"
 	"sort"
 	"strings"
 )
@@ -65,12 +66,35 @@ type Broker struct {
 	HAAddr string `json:"ha_addr"` // where the slave fetches the log (master only)
 }
 
+// EpochRecord is one epoch of a group: who was master, and the commit-log
+// offset at which the epoch began (the new master's log end when it was
+// promoted; 0 for the first epoch).
+type EpochRecord struct {
+	Epoch  uint32 `json:"epoch"`
+	Master string `json:"master"` // broker id
+	Start  int64  `json:"start"`
+	At     int64  `json:"at"` // unix ms, stamped by the leader
+}
+
+// MaxEpochHistory is how many epochs a group remembers.
+const MaxEpochHistory = 16
+
 // Group is a broker group: a master and, usually, a slave.
+//
+// Roles are the registry's: a broker's own preference counts only when it
+// first registers. Epoch increases with every change of master (a
+// promotion); every write and every replication request carries it, and a
+// broker that sees a higher one than its own has been replaced.
 type Group struct {
 	Name    string  `json:"name"`
 	Master  Broker  `json:"master"`
 	Slave   Broker  `json:"slave"`
 	Reasons Reasons `json:"reasons"`
+	// Epoch is the current master's epoch, 0 until the group has a master.
+	Epoch uint32 `json:"epoch"`
+	// History is the last MaxEpochHistory epochs, oldest first; the last one
+	// is the current epoch.
+	History []EpochRecord `json:"history,omitempty"`
 	// Version increases with every change of the group.
 	Version uint64 `json:"version"`
 	// ChangedAt is when the state last changed (unix ms, stamped by the leader).
@@ -79,6 +103,57 @@ type Group struct {
 
 // Writable reports whether the group takes writes.
 func (g Group) Writable() bool { return g.Reasons.Writable() }
+
+// RoleOf returns the role the registry gives broker id in the group, and
+// false if the group does not name it.
+func (g Group) RoleOf(id string) (Role, bool) {
+	switch {
+	case id == "":
+		return "", false
+	case g.Master.ID == id:
+		return RoleMaster, true
+	case g.Slave.ID == id:
+		return RoleSlave, true
+	}
+	return "", false
+}
+
+// TruncationPoint returns where a broker that last led epoch led (0: it
+// never led) must cut its log before it follows the current master: the
+// start of the epoch after the one it led. cut is false when it has nothing
+// to cut (it never led, or it leads the current epoch). An error means the
+// history no longer holds the epoch after led: the broker cannot tell where
+// its log left the group's and must not follow without an operator.
+func (g Group) TruncationPoint(led uint32) (offset int64, cut bool, err error) {
+	if led == 0 || led >= g.Epoch {
+		return 0, false, nil
+	}
+	for _, e := range g.History {
+		if e.Epoch == led+1 {
+			return e.Start, true, nil
+		}
+	}
+	return 0, false, fmt.Errorf("group %s: epoch %d, the one after the last this broker led, is older than the history (oldest %d)",
+		g.Name, led+1, g.oldestEpoch())
+}
+
+// LastLed returns the last epoch the history shows broker id leading, 0 if none.
+func (g Group) LastLed(id string) uint32 {
+	var led uint32
+	for _, e := range g.History {
+		if e.Master == id {
+			led = e.Epoch
+		}
+	}
+	return led
+}
+
+func (g Group) oldestEpoch() uint32 {
+	if len(g.History) == 0 {
+		return 0
+	}
+	return g.History[0].Epoch
+}
 
 // Topic maps a topic's queues to broker groups: Queues[i] is the group of
 // queue i.
@@ -90,9 +165,13 @@ type Topic struct {
 
 // QueueRoute is where one queue lives, as a producer needs it.
 type QueueRoute struct {
-	Queue    uint32 `json:"queue"`
-	Group    string `json:"group"`
-	Master   string `json:"master"` // the master's address
+	Queue  uint32 `json:"queue"`
+	Group  string `json:"group"`
+	Master string `json:"master"` // the master's address
+	// Slave is the slave's address ("" when the group has none); it serves
+	// reads while the master is down.
+	Slave    string `json:"slave,omitempty"`
+	Epoch    uint32 `json:"epoch"` // the group's epoch; sends carry it
 	Writable bool   `json:"writable"`
 }
 

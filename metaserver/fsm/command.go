@@ -26,6 +26,9 @@ const (
 	// TypeInitProducer has no IgnoreUnknown bit: a node that skipped an
 	// allocation would hand the same id out again once it led.
 	TypeInitProducer CommandType = 9
+	// TypePromote has no IgnoreUnknown bit: a node that skipped a promotion
+	// would route writes to a fenced master once it led.
+	TypePromote CommandType = 10
 )
 
 // Command is implemented by every command.
@@ -34,13 +37,33 @@ type Command interface {
 }
 
 // RegisterBroker adds a broker to its group (creating the group, writable)
-// or updates its addresses. Registering what is already there changes
-// nothing, so retries are harmless.
+// or updates its addresses. A broker the group already names keeps its
+// role whatever Role says: roles are the registry's, and Role is only the
+// broker's preference when it first joins (it gets the other slot if the
+// preferred one is taken, and CONFLICT if both are). A broker that takes
+// the master slot starts a new epoch at LogEnd. Registering what is already
+// there changes nothing, so retries are harmless.
 type RegisterBroker struct {
 	Group  string         `json:"group"`
 	Role   routing.Role   `json:"role"`
 	Broker routing.Broker `json:"broker"`
+	LogEnd int64          `json:"log_end"`
 	At     int64          `json:"at"` // unix ms, stamped by the leader
+}
+
+// Promote makes a group's slave its master in a new epoch: Epoch must be
+// the group's current epoch, Master and Slave its current brokers' ids
+// (else CONFLICT: the decision was made on a state that has moved). The
+// new epoch is Epoch+1, starting at Start, the slave's log end; the old
+// master leaves the group (it rejoins as the slave when it comes back);
+// heartbeat-lost and slave-lag are cleared, the admin reason is kept.
+type Promote struct {
+	Group  string `json:"group"`
+	Epoch  uint32 `json:"epoch"`
+	Master string `json:"master"`
+	Slave  string `json:"slave"`
+	Start  int64  `json:"start"`
+	At     int64  `json:"at"`
 }
 
 // SetGroupReasons adds and removes read-only reasons of a group.
@@ -107,6 +130,7 @@ func (RemoveBroker) Type() CommandType    { return TypeRemoveBroker }
 func (SetMember) Type() CommandType       { return TypeSetMember }
 func (RemoveMember) Type() CommandType    { return TypeRemoveMember }
 func (InitProducer) Type() CommandType    { return TypeInitProducer }
+func (Promote) Type() CommandType         { return TypePromote }
 
 // Encode returns a command's log entry: its type byte and JSON body.
 func Encode(c Command) ([]byte, error) {
@@ -143,6 +167,8 @@ func Decode(b []byte) (Command, error) {
 		c = &RemoveMember{}
 	case TypeInitProducer:
 		c = &InitProducer{}
+	case TypePromote:
+		c = &Promote{}
 	default:
 		if CommandType(b[0])&IgnoreUnknown != 0 {
 			return nil, nil

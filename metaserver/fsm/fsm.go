@@ -74,6 +74,7 @@ func (s *State) clone() *State {
 	}
 	for k, g := range s.Groups {
 		g2 := *g
+		g2.History = slices.Clone(g.History)
 		c.Groups[k] = &g2
 	}
 	for k, t := range s.Topics {
@@ -245,6 +246,8 @@ func (f *FSM) apply(c Command) any {
 		return &Result{Changed: true, Version: s.Version}
 	case *InitProducer:
 		return f.initProducer(c)
+	case *Promote:
+		return f.promote(c)
 	}
 	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown command %T", c)}
 }
@@ -253,24 +256,76 @@ func (f *FSM) registerBroker(c *RegisterBroker) any {
 	if c.Group == "" || c.Broker.ID == "" || c.Broker.Addr == "" {
 		return &protocol.Error{Status: protocol.StatusInvalid, Message: "register: group, broker id and address are required"}
 	}
+	if !c.Role.Valid() {
+		return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown role %q", c.Role)}
+	}
 	g := f.s.Groups[c.Group]
 	if g == nil {
 		g = &routing.Group{Name: c.Group, ChangedAt: c.At}
 		f.s.Groups[c.Group] = g
 	}
-	var slot *routing.Broker
-	switch c.Role {
-	case routing.RoleMaster:
-		slot = &g.Master
-	case routing.RoleSlave:
-		slot = &g.Slave
-	default:
-		return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown role %q", c.Role)}
+	role, known := g.RoleOf(c.Broker.ID)
+	if !known {
+		// A newcomer gets its preferred slot if it is free, else the other.
+		other := routing.RoleSlave
+		if c.Role == routing.RoleSlave {
+			other = routing.RoleMaster
+		}
+		switch {
+		case slotOf(g, c.Role).ID == "":
+			role = c.Role
+		case slotOf(g, other).ID == "":
+			role = other
+		default:
+			if g.Version == 0 {
+				delete(f.s.Groups, c.Group)
+			}
+			return conflict("group %q already has master %s and slave %s; remove one before %s can join",
+				c.Group, g.Master.ID, g.Slave.ID, c.Broker.ID)
+		}
 	}
+	slot := slotOf(g, role)
 	if *slot == c.Broker && g.Version != 0 {
 		return &Result{Version: g.Version}
 	}
 	*slot = c.Broker
+	if role == routing.RoleMaster && !known {
+		// A new master: a new epoch, starting where its log ends.
+		f.newEpoch(g, c.Broker.ID, c.LogEnd, c.At)
+	}
+	return f.bumpGroup(g)
+}
+
+// slotOf returns the group's slot for role (which must be valid).
+func slotOf(g *routing.Group, role routing.Role) *routing.Broker {
+	if role == routing.RoleMaster {
+		return &g.Master
+	}
+	return &g.Slave
+}
+
+// newEpoch starts the group's next epoch under master at log offset start.
+func (f *FSM) newEpoch(g *routing.Group, master string, start, at int64) {
+	g.Epoch++
+	g.History = append(g.History, routing.EpochRecord{Epoch: g.Epoch, Master: master, Start: start, At: at})
+	if n := len(g.History) - routing.MaxEpochHistory; n > 0 {
+		g.History = slices.Clone(g.History[n:])
+	}
+}
+
+func (f *FSM) promote(c *Promote) any {
+	g := f.s.Groups[c.Group]
+	if g == nil {
+		return notFound("group %q", c.Group)
+	}
+	if g.Epoch != c.Epoch || g.Master.ID != c.Master || g.Slave.ID != c.Slave || c.Slave == "" {
+		return conflict("group %q is at epoch %d with master %q and slave %q, not epoch %d with master %q and slave %q",
+			c.Group, g.Epoch, g.Master.ID, g.Slave.ID, c.Epoch, c.Master, c.Slave)
+	}
+	g.Master, g.Slave = g.Slave, routing.Broker{}
+	f.newEpoch(g, g.Master.ID, c.Start, c.At)
+	g.Reasons &^= routing.HeartbeatLost | routing.SlaveLag
+	g.ChangedAt = c.At
 	return f.bumpGroup(g)
 }
 
@@ -348,6 +403,8 @@ func (f *FSM) Route(topic string) (routing.Route, bool) {
 		q := routing.QueueRoute{Queue: uint32(i), Group: gname}
 		if g := f.s.Groups[gname]; g != nil {
 			q.Master = g.Master.Addr
+			q.Slave = g.Slave.Addr
+			q.Epoch = g.Epoch
 			q.Writable = g.Writable() && g.Master.Addr != ""
 		}
 		r.Queues[i] = q
@@ -435,6 +492,13 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	if s.Producers == nil {
 		s.Producers = map[string]ProducerIdentity{}
+	}
+	for _, g := range s.Groups {
+		if g.Epoch == 0 && g.Master.ID != "" {
+			// A snapshot from before epochs: its master leads epoch 1.
+			g.Epoch = 1
+			g.History = []routing.EpochRecord{{Epoch: 1, Master: g.Master.ID, At: g.ChangedAt}}
+		}
 	}
 	f.mu.Lock()
 	f.s = s
