@@ -127,16 +127,51 @@ func (s *Selector) SelectPlan(p *Plan, avoid string, now time.Time) (QueueRoute,
 	return qs[int(p.rr[g].Add(1)%uint64(len(qs)))], nil
 }
 
-// LatencyTable is RocketMQ's policy: a send that took at least
-// Latencies[i] makes its group unavailable for Durations[i]; a failure
-// counts as the last row. Choose prefers an available group, then the one
-// available again soonest.
+// LatencyTable is RocketMQ's policy with probes: a send that took at least
+// Latencies[i] makes its group avoided for Durations[i]; a failure counts as
+// the last row. Choose prefers a group not avoided, then the one available
+// again soonest.
+//
+// RocketMQ's durations are long (a failure avoids a group for 600 s), so a
+// group that recovered would get nothing for minutes. Probes bring it back:
+// while a group is avoided, Choose lets one send through to it
+// ProbeInterval after its last bad report, and ProbeInterval doubles with
+// each probe that fails again, up to MaxProbeInterval. A probe answered fast
+// (below Latencies[0]'s row with an avoid duration, i.e. any answer the
+// table does not penalize) clears the group. So a group that is healthy
+// again gets traffic within MaxProbeInterval (4 s by default) of
+// recovering, as long as sends to it are offered; a group that keeps
+// failing gets one send per MaxProbeInterval; and a healthy group is never
+// starved, since an avoided group is chosen over an available one only for
+// its one probe.
 type LatencyTable struct {
 	Latencies []time.Duration
 	Durations []time.Duration
+	// ProbeInterval is how long after a bad report an avoided group gets a
+	// probe; it doubles for every probe that fails, up to MaxProbeInterval.
+	// 0: DefaultProbeInterval (1 s); negative: no probes (RocketMQ's
+	// behavior: the group waits out its whole duration).
+	ProbeInterval time.Duration
+	// MaxProbeInterval caps the probe interval. 0: DefaultMaxProbeInterval
+	// (4 s).
+	MaxProbeInterval time.Duration
 
 	mu    sync.Mutex
-	until map[string]time.Time
+	state map[string]*penalty
+}
+
+// Probe intervals of a LatencyTable whose fields are zero.
+const (
+	DefaultProbeInterval    = time.Second
+	DefaultMaxProbeInterval = 4 * time.Second
+)
+
+// penalty is an avoided group's state.
+type penalty struct {
+	until   time.Time // avoided until
+	probeAt time.Time // the next probe may go at or after this
+	strikes int       // probes that failed in a row
+	probing bool      // a probe was let through and has not been judged
 }
 
 // DefaultLatencyTable is RocketMQ's table (DESIGN.md section 6).
@@ -146,18 +181,36 @@ var DefaultLatencyTable = [2][]time.Duration{
 }
 
 // NewLatencyTable returns the table policy; scale multiplies every row
-// (nil or 1: RocketMQ's figures), so tests can run it in milliseconds.
+// (nil or 1: RocketMQ's figures), so tests can run it in milliseconds. The
+// probe intervals are the defaults, unscaled.
 func NewLatencyTable(scale *float64) *LatencyTable {
 	f := 1.0
 	if scale != nil {
 		f = *scale
 	}
-	t := &LatencyTable{until: map[string]time.Time{}}
+	t := &LatencyTable{state: map[string]*penalty{}}
 	for i := range DefaultLatencyTable[0] {
 		t.Latencies = append(t.Latencies, time.Duration(float64(DefaultLatencyTable[0][i])*f))
 		t.Durations = append(t.Durations, time.Duration(float64(DefaultLatencyTable[1][i])*f))
 	}
 	return t
+}
+
+// probeInterval is the wait before a probe after strikes failed probes.
+func (t *LatencyTable) probeInterval(strikes int) time.Duration {
+	base, limit := t.ProbeInterval, t.MaxProbeInterval
+	if base == 0 {
+		base = DefaultProbeInterval
+	}
+	if limit <= 0 {
+		limit = DefaultMaxProbeInterval
+	}
+	limit = max(limit, base)
+	d := base << min(strikes, 20)
+	if d <= 0 || d > limit {
+		d = limit
+	}
+	return d
 }
 
 func (t *LatencyTable) Report(group string, latency time.Duration, failed bool, now time.Time) {
@@ -173,15 +226,25 @@ func (t *LatencyTable) Report(group string, latency time.Duration, failed bool, 
 		}
 	}
 	t.mu.Lock()
-	if t.until == nil {
-		t.until = map[string]time.Time{}
+	defer t.mu.Unlock()
+	if avoid <= 0 {
+		delete(t.state, group) // a good answer clears the group (a probe's included)
+		return
 	}
-	if avoid > 0 {
-		t.until[group] = now.Add(avoid)
-	} else {
-		delete(t.until, group)
+	if t.state == nil {
+		t.state = map[string]*penalty{}
 	}
-	t.mu.Unlock()
+	p := t.state[group]
+	if p == nil {
+		p = &penalty{}
+		t.state[group] = p
+	}
+	if p.probing {
+		p.probing = false
+		p.strikes++ // taken as the probe's answer: the next probe waits longer
+	}
+	p.until = now.Add(avoid)
+	p.probeAt = now.Add(t.probeInterval(p.strikes))
 }
 
 func (t *LatencyTable) Choose(groups []string, now time.Time) int {
@@ -189,12 +252,23 @@ func (t *LatencyTable) Choose(groups []string, now time.Time) int {
 	defer t.mu.Unlock()
 	best, bestUntil := 0, time.Time{}
 	for i, g := range groups {
-		u, ok := t.until[g]
-		if !ok || !now.Before(u) {
+		p, ok := t.state[g]
+		if !ok || !now.Before(p.until) {
 			return i // available: round-robin order decides
 		}
-		if i == 0 || u.Before(bestUntil) {
-			best, bestUntil = i, u
+		if t.ProbeInterval >= 0 && !now.Before(p.probeAt) {
+			// Its probe: one send, and the next one only after another
+			// interval if this one is never judged (its answer never came:
+			// that counts as a failed probe).
+			if p.probing {
+				p.strikes++
+			}
+			p.probing = true
+			p.probeAt = now.Add(t.probeInterval(p.strikes + 1))
+			return i
+		}
+		if i == 0 || p.until.Before(bestUntil) {
+			best, bestUntil = i, p.until
 		}
 	}
 	return best

@@ -63,16 +63,142 @@ func TestLatencyTable(t *testing.T) {
 	now := time.Now()
 	tab.Report("slow", 600*time.Millisecond, false, now) // >= 550 ms: 30 s
 	tab.Report("fast", 10*time.Millisecond, false, now)
-	if got := tab.Choose([]string{"slow", "fast"}, now.Add(time.Second)); got != 1 {
+	if got := tab.Choose([]string{"slow", "fast"}, now.Add(500*time.Millisecond)); got != 1 {
 		t.Fatal("chose the slow group while it is avoided")
+	}
+	// Its probe is due a second after the report: it is let through once.
+	if got := tab.Choose([]string{"slow", "fast"}, now.Add(time.Second)); got != 0 {
+		t.Fatal("the slow group got no probe")
+	}
+	if got := tab.Choose([]string{"slow", "fast"}, now.Add(time.Second)); got != 1 {
+		t.Fatal("the slow group got a second probe at once")
 	}
 	if got := tab.Choose([]string{"slow", "fast"}, now.Add(31*time.Second)); got != 0 {
 		t.Fatal("the slow group is not tried again after its window")
 	}
 	tab.Report("fast", 0, true, now) // a failure: 600 s
-	// Both avoided: the one available again soonest.
-	if got := tab.Choose([]string{"fast", "slow"}, now.Add(time.Second)); got != 1 {
+	tab.Report("slow", 600*time.Millisecond, false, now)
+	// Both avoided, no probe due: the one available again soonest.
+	if got := tab.Choose([]string{"fast", "slow"}, now.Add(500*time.Millisecond)); got != 1 {
 		t.Fatal("fallback did not take the least bad group")
+	}
+	// Without probes, a group waits out its whole duration.
+	noProbe := NewLatencyTable(nil)
+	noProbe.ProbeInterval = -1
+	noProbe.Report("bad", 0, true, now)
+	for _, d := range []time.Duration{time.Second, time.Minute, 599 * time.Second} {
+		if noProbe.Choose([]string{"bad", "ok"}, now.Add(d)) != 1 {
+			t.Fatalf("without probes the failed group was chosen %v after its failure", d)
+		}
+	}
+}
+
+// simulate runs sends on a virtual clock, one per step, to two groups
+// offered in alternating round-robin order; bad(now) says whether a send to
+// "bad" fails at that time ("good" never fails). It returns the times at
+// which "bad" was chosen.
+func simulate(tab *LatencyTable, start time.Time, steps int, step time.Duration, bad func(time.Time) bool) []time.Time {
+	var hits []time.Time
+	groups := [2][]string{{"bad", "good"}, {"good", "bad"}}
+	now := start
+	for i := range steps {
+		g := groups[i%2][tab.Choose(groups[i%2], now)]
+		if g == "bad" {
+			hits = append(hits, now)
+			tab.Report("bad", time.Millisecond, bad(now), now)
+		} else {
+			tab.Report("good", time.Millisecond, false, now)
+		}
+		now = now.Add(step)
+	}
+	return hits
+}
+
+// A group that failed is avoided, and once it is healthy again it gets
+// traffic within MaxProbeInterval, not RocketMQ's 600 s.
+func TestLatencyTableRecoveredGroupComesBack(t *testing.T) {
+	tab := NewLatencyTable(nil)
+	t0 := time.Unix(1000, 0)
+	tab.Report("bad", 0, true, t0)
+	healthyAt := t0.Add(30 * time.Second) // failing for 30 s, then healthy
+	hits := simulate(tab, t0, 60_000, time.Millisecond, func(now time.Time) bool { return now.Before(healthyAt) })
+	var during, after []time.Time
+	for _, h := range hits {
+		if h.Before(healthyAt) {
+			during = append(during, h)
+		} else {
+			after = append(after, h)
+		}
+	}
+	// While it fails: probes only, at most one per second, fewer as they
+	// keep failing.
+	if len(during) == 0 || len(during) > 30 {
+		t.Fatalf("while failing for 30 s the group was chosen %d times; want a few probes", len(during))
+	}
+	if len(after) == 0 {
+		t.Fatal("the recovered group got no traffic in 30 s")
+	}
+	if wait := after[0].Sub(healthyAt); wait > DefaultMaxProbeInterval {
+		t.Fatalf("the recovered group got its first send %v after recovering; the bound is %v", wait, DefaultMaxProbeInterval)
+	}
+	// Once its probe succeeded it takes its round-robin share.
+	if share := float64(len(after)) / 30_000; share < 0.4 {
+		t.Fatalf("after recovering the group took %.2f of the sends", share)
+	}
+}
+
+// With one healthy and one failing group, the healthy one gets every send
+// but the failing one's probes: it is never starved, and the failing group,
+// failing again at every probe, stays avoided (its probes thin out to one
+// per MaxProbeInterval).
+func TestLatencyTableFailingGroupStaysAvoided(t *testing.T) {
+	tab := NewLatencyTable(nil)
+	t0 := time.Unix(1000, 0)
+	tab.Report("bad", 0, true, t0)
+	const steps = 120_000 // 120 s
+	hits := simulate(tab, t0, steps, time.Millisecond, func(time.Time) bool { return true })
+	// 1 s, 2 s, 4 s, then every 4 s: at most about 32 probes in 120 s.
+	if len(hits) < 5 || len(hits) > 33 {
+		t.Fatalf("the failing group was chosen %d times in 120 s; want its probes only (about 30)", len(hits))
+	}
+	for i := 1; i < len(hits); i++ {
+		if gap := hits[i].Sub(hits[i-1]); gap < DefaultProbeInterval {
+			t.Fatalf("probes %v apart", gap)
+		}
+	}
+	if gap := hits[len(hits)-1].Sub(hits[len(hits)-2]); gap != DefaultMaxProbeInterval {
+		t.Fatalf("repeated failures: probes %v apart, want the cap %v", gap, DefaultMaxProbeInterval)
+	}
+	// The healthy group took everything else, from both round-robin orders.
+	s := NewSelector(tab)
+	r := Route{Queues: []QueueRoute{{Queue: 0, Group: "bad", Writable: true}, {Queue: 1, Group: "good", Writable: true}}}
+	now := t0.Add(steps * time.Millisecond)
+	good := 0
+	for range 1000 {
+		q, _ := s.Select(&r, "", now)
+		if q.Group == "good" {
+			good++
+		}
+	}
+	if good < 999 {
+		t.Fatalf("the healthy group got %d of 1000 sends while the other failed", good)
+	}
+}
+
+// A probe that never answers (a hung broker) does not open the group: the
+// next probe goes an interval later.
+func TestLatencyTableUnansweredProbe(t *testing.T) {
+	tab := NewLatencyTable(nil)
+	t0 := time.Unix(1000, 0)
+	tab.Report("bad", 0, true, t0)
+	n := 0
+	for now := t0; now.Before(t0.Add(10 * time.Second)); now = now.Add(time.Millisecond) {
+		if tab.Choose([]string{"bad", "good"}, now) == 0 {
+			n++ // no Report: the probe hangs
+		}
+	}
+	if n < 2 || n > 4 {
+		t.Fatalf("%d probes in 10 s with none answered; want one at 1 s, then every 2-4 s", n)
 	}
 }
 
