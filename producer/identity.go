@@ -161,6 +161,12 @@ type Stats struct {
 	Retries int64
 	// Renewals counts identities taken after the first.
 	Renewals int64
+	// GivenUp counts SEND calls abandoned without an answer because a
+	// route showed their group's master replaced (a new master or epoch),
+	// or the group not writable while the call had waited RoutePoll. Their
+	// messages had an unknown outcome and were retried like after a
+	// timeout.
+	GivenUp int64
 }
 
 type statCounters struct {
@@ -171,6 +177,7 @@ type statCounters struct {
 	outOfOrder         atomic.Int64
 	retries            atomic.Int64
 	renewals           atomic.Int64
+	givenUp            atomic.Int64
 }
 
 // Stats returns the producer's counters.
@@ -184,5 +191,6 @@ func (c *Client) Stats() Stats {
 		OutOfOrder:         s.outOfOrder.Load(),
 		Retries:            s.retries.Load(),
 		Renewals:           s.renewals.Load(),
+		GivenUp:            s.givenUp.Load(),
 	}
 }

@@ -31,6 +31,7 @@ type config struct {
 	requestTimeout  time.Duration
 	retryBackoff    time.Duration
 	routeRefresh    time.Duration
+	routePoll       time.Duration
 	avoider         routing.Avoider
 	logger          hclog.Logger
 	clock           clockwork.Clock
@@ -49,9 +50,10 @@ func defaults() config {
 		maxRecords:      100_000,
 		maxBytes:        64 << 20,
 		deliveryTimeout: 30 * time.Second,
-		requestTimeout:  10 * time.Second,
+		requestTimeout:  5 * time.Second,
 		retryBackoff:    50 * time.Millisecond,
 		routeRefresh:    30 * time.Second,
+		routePoll:       300 * time.Millisecond,
 		logger:          hclog.NewNullLogger(),
 		clock:           clockwork.NewRealClock(),
 		idempotent:      true,
@@ -100,6 +102,7 @@ func (c *config) validate() error {
 		{"RequestTimeout", c.requestTimeout},
 		{"RetryBackoff", c.retryBackoff},
 		{"RouteRefresh", c.routeRefresh},
+		{"RoutePoll", c.routePoll},
 	} {
 		if d.v <= 0 {
 			bad("%s %v must be positive", d.name, d.v)
@@ -199,7 +202,17 @@ func FailWhenFull() Opt { return optFunc(func(c *config) { c.failWhenFull = true
 // A synchronous Send's context deadline, if sooner, wins. Default 30 s.
 func DeliveryTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.deliveryTimeout = d }) }
 
-// RequestTimeout bounds one SEND request to a broker. Default 10 s.
+// RequestTimeout bounds one SEND request to a broker (and one route
+// lookup or identity request to the metaserver). Default 5 s: half the
+// metaserver's default session (10 s), and longer than a broker's wait for
+// its slave before it answers a HIGH message SLAVE_SYNC_TIMEOUT (3 s), so a
+// live broker's answer, not the timeout, settles a slow send. A master that
+// stops answering is usually given up sooner: a call is abandoned as soon
+// as a route refresh shows its group's master or epoch changed, or the
+// group not writable while the call has waited RoutePoll (see RoutePoll).
+// A call given up either way has an unknown outcome (protocol.ErrTimeout):
+// with idempotence it is retried on the same queue with the same stamp, at
+// the queue's master by the newest route.
 func RequestTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.requestTimeout = d }) }
 
 // RetryBackoff is the first retry's backoff; it doubles per attempt, up to
@@ -209,14 +222,31 @@ func RetryBackoff(d time.Duration) Opt { return optFunc(func(c *config) { c.retr
 // RouteRefresh is how often cached routes are refreshed. They are also
 // refreshed at once (at most once a second per topic) after a status whose
 // row in the status table says so (protocol.Status.RefreshesRoute:
-// READ_ONLY, NOT_MASTER, NO_ROUTE). Default 30 s.
+// READ_ONLY, NOT_MASTER, NO_ROUTE, LEASE_LOST) or a send that got no answer
+// (a lost connection, a timeout), and polled every RoutePoll while a group
+// is in trouble. Default 30 s.
 func RouteRefresh(d time.Duration) Opt { return optFunc(func(c *config) { c.routeRefresh = d }) }
+
+// RoutePoll is how often a topic's route is looked up while one of its
+// groups is in trouble, so that a failover (a new master, a new epoch) or a
+// group's return reaches the producer within about a poll: while any queue
+// of the route has no writable master, or a send to one of its groups has
+// waited longer than RoutePoll for its answer. Only topics sent to since
+// their last periodic refresh are polled. Each wait is drawn from
+// [RoutePoll/2, 3*RoutePoll/2), so producers do not poll in step. Once
+// every group is writable and answering, the route goes back to
+// RouteRefresh. Default 300 ms (a lookup costs the metaserver about 10 µs).
+func RoutePoll(d time.Duration) Opt { return optFunc(func(c *config) { c.routePoll = d }) }
 
 // Avoider sets the latency-fault avoidance policy (nil: the default).
 // Which broker answers count as faults is the status table's Fault column
 // (protocol.Status.Fault); a broken connection or a late answer always does.
 // Default: RocketMQ's
-// latency table (routing.NewLatencyTable). routing.NewDecayingLatency (a
+// latency table (routing.NewLatencyTable) with probes: an avoided group gets
+// one send as a probe 1 s after its last bad answer (then 2 s, then every
+// 4 s while probes fail), and a probe answered fast clears it, so a group
+// that recovered gets traffic again within 4 s rather than RocketMQ's up
+// to 600 s. routing.NewDecayingLatency (a
 // decaying latency estimate with two choices) sends fewer messages to a
 // group while it is slow (routing's BenchmarkAvoiders), but it herds: a
 // group a millisecond slower than the others gets almost nothing, so queues
@@ -233,8 +263,9 @@ func Logger(l hclog.Logger) Opt {
 	})
 }
 
-// withClock sets the clock of route refreshes (the RouteRefresh period and
-// the at-most-once-a-second refresh after routing errors) and of the
+// withClock sets the clock of route refreshes (the RouteRefresh period, the
+// RoutePoll polls, the at-most-once-a-second refresh after routing errors),
+// of how long a call has waited for the poll's give-up rule, and of the
 // avoider's "now", so tests can move it. Linger, retry backoff, request
 // timeouts and delivery deadlines stay on the real clock: they bound real
 // waits on sockets. Default: the real clock.

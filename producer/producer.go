@@ -94,16 +94,18 @@ type Client struct {
 
 	flushing atomic.Int32
 	// For tests: route refreshes started by routing errors (refreshSoon),
-	// and passes of the refresher done (stale routes refreshed).
+	// passes of the refresher done (stale routes refreshed, troubled ones
+	// polled), and the polls (lookups of routes in trouble).
 	forcedRefreshes atomic.Int64
 	refreshPasses   atomic.Int64
-	// refreshTick drives the refresher; made in New so that a test's clock
+	routePolls      atomic.Int64
+	// refreshTimer drives the refresher; made in New so that a test's clock
 	// has it before the first Advance.
-	refreshTick clockwork.Ticker
-	stop        chan struct{}
-	ctx         context.Context // cancelled when stop closes: bounds background lookups
-	cancel      context.CancelFunc
-	wg          sync.WaitGroup
+	refreshTimer clockwork.Timer
+	stop         chan struct{}
+	ctx          context.Context // cancelled when stop closes: bounds background lookups
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
 }
 
 // topicRoute is a cached route. Its times are the producer's clock's.
@@ -112,6 +114,8 @@ type topicRoute struct {
 	plan       *routing.Plan
 	fetched    time.Time
 	lastForced time.Time
+	unwritable bool // a queue of the route has no writable master: poll it
+	used       bool // sent to since the last periodic refresh
 }
 
 // New returns a producer. It checks every option at once.
@@ -141,7 +145,7 @@ func New(opts ...Opt) (*Client, error) {
 		space: make(chan struct{}), stop: make(chan struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.refreshTick = cfg.clock.NewTicker(min(time.Second, cfg.routeRefresh))
+	c.refreshTimer = cfg.clock.NewTimer(c.pollWait())
 	c.wg.Add(1)
 	go c.refresher()
 	return c, nil
@@ -159,8 +163,7 @@ type record struct {
 
 	// Set by dispatch, read by the batch that carries the record.
 	group    string
-	addr     string
-	epoch    uint32 // the group's epoch in the route addr came from
+	view     view // the group's master, epoch and state in the route the record was dispatched by
 	attempts int
 	lastErr  error
 
@@ -395,7 +398,7 @@ func (c *Client) dispatchOne(rec *record, urgent bool) (settled bool) {
 			return !c.retryOrFail(rec, err)
 		}
 	}
-	rec.msg.Queue, rec.group, rec.addr, rec.epoch = q.Queue, q.Group, q.Master, q.Epoch
+	rec.msg.Queue, rec.group, rec.view = q.Queue, q.Group, viewOf(plan.Route.Version, q)
 	c.sink(q.Group).add(rec, urgent)
 	return true
 }
@@ -467,20 +470,21 @@ func (c *Client) pick(plan *routing.Plan, rec *record) (routing.QueueRoute, erro
 	return c.sel.SelectPlan(plan, lastGroup(rec), c.cfg.clock.Now())
 }
 
-// queueRoute is the cached route of one queue.
-func (c *Client) queueRoute(topic string, queue uint32) (routing.QueueRoute, bool) {
+// queueRoute is the cached route of one queue, and the route's version.
+func (c *Client) queueRoute(topic string, queue uint32) (routing.QueueRoute, uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	tr := c.routes[topic]
 	if tr == nil {
-		return routing.QueueRoute{}, false
+		return routing.QueueRoute{}, 0, false
 	}
+	tr.used = true // records wait for this queue
 	for _, q := range tr.route.Queues {
 		if q.Queue == queue {
-			return q, true
+			return q, tr.route.Version, true
 		}
 	}
-	return routing.QueueRoute{}, false
+	return routing.QueueRoute{}, 0, false
 }
 
 func lastGroup(rec *record) string {
@@ -556,6 +560,7 @@ func (c *Client) route(rec *record) (*routing.Plan, error) {
 	var plan *routing.Plan
 	if tr := c.routes[topic]; tr != nil {
 		plan = tr.plan // storeRoute replaces it under mu
+		tr.used = true
 	}
 	c.mu.Unlock()
 	if plan != nil {
@@ -574,22 +579,49 @@ func (c *Client) route(rec *record) (*routing.Plan, error) {
 	return c.storeRoute(topic, r, false), nil
 }
 
+// storeRoute caches a route just looked up, unless the cache has a newer
+// one, and shows each of its groups' sinks the group's master, epoch and
+// state: a sink gives up calls to a master the route no longer names.
 func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *routing.Plan {
+	type seen struct {
+		s *sink
+		v view
+	}
+	var sinks []seen
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	tr := c.routes[topic]
 	if tr == nil {
-		tr = &topicRoute{}
+		tr = &topicRoute{used: true}
 		c.routes[topic] = tr
 	}
 	if tr.plan == nil || r.Version >= tr.route.Version {
 		tr.route, tr.plan = r, routing.NewPlan(r)
+		tr.unwritable = false
+	queues:
+		for i, q := range r.Queues {
+			if !q.Writable || q.Master == "" {
+				tr.unwritable = true
+			}
+			for _, p := range r.Queues[:i] {
+				if p.Group == q.Group {
+					continue queues // a group's first queue speaks for it
+				}
+			}
+			if s := c.sinks[q.Group]; s != nil {
+				sinks = append(sinks, seen{s, viewOf(r.Version, q)})
+			}
+		}
 	}
 	tr.fetched = c.cfg.clock.Now()
 	if forced {
 		tr.lastForced = tr.fetched
 	}
-	return tr.plan
+	plan := tr.plan
+	c.mu.Unlock()
+	for _, x := range sinks {
+		x.s.observe(x.v)
+	}
+	return plan
 }
 
 // refreshSoon refreshes a topic's route in the background, at most once a
@@ -623,31 +655,80 @@ func (c *Client) refresh(topic string, forced bool) {
 	c.storeRoute(topic, r, forced)
 }
 
-// refresher refreshes routes older than RouteRefresh (by the producer's
-// clock).
+// refresher refreshes routes older than RouteRefresh, and polls the routes
+// in trouble (by the producer's clock), every RoutePoll, jittered. A route
+// is in trouble while one of its queues has no writable master, or while a
+// call to one of its groups has waited longer than RoutePoll; it is polled
+// only if it was sent to since its last periodic refresh.
 func (c *Client) refresher() {
 	defer c.wg.Done()
-	defer c.refreshTick.Stop()
+	defer c.refreshTimer.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
-		case <-c.refreshTick.Chan():
+		case <-c.refreshTimer.Chan():
 		}
-		c.mu.Lock()
-		var stale []string
 		now := c.cfg.clock.Now()
+		stalled := c.stalledGroups(now)
+		c.mu.Lock()
+		var stale, poll []string
 		for t, tr := range c.routes {
-			if now.Sub(tr.fetched) >= c.cfg.routeRefresh {
+			switch {
+			case now.Sub(tr.fetched) >= c.cfg.routeRefresh:
 				stale = append(stale, t)
+				tr.used = false
+			case tr.used && (tr.unwritable || usesAny(&tr.route, stalled)):
+				poll = append(poll, t)
 			}
 		}
 		c.mu.Unlock()
 		for _, t := range stale {
 			c.refresh(t, false)
 		}
+		for _, t := range poll {
+			c.routePolls.Add(1)
+			c.refresh(t, false)
+		}
+		// Reset before the pass is counted: a test that waits for the pass
+		// and then moves its clock moves it past this timer.
+		c.refreshTimer.Reset(c.pollWait())
 		c.refreshPasses.Add(1)
 	}
+}
+
+// pollWait is the refresher's next wait: RoutePoll (or RouteRefresh, if
+// shorter), jittered.
+func (c *Client) pollWait() time.Duration {
+	return routing.Jitter(min(c.cfg.routePoll, c.cfg.routeRefresh))
+}
+
+// stalledGroups names the groups with a call that has waited at least
+// RoutePoll for its answer.
+func (c *Client) stalledGroups(now time.Time) map[string]bool {
+	var out map[string]bool
+	for _, s := range c.allSinks() {
+		if s.stalled(now, c.cfg.routePoll) {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[s.group] = true
+		}
+	}
+	return out
+}
+
+// usesAny reports whether r routes a queue to one of groups.
+func usesAny(r *routing.Route, groups map[string]bool) bool {
+	if len(groups) == 0 {
+		return false
+	}
+	for _, q := range r.Queues {
+		if groups[q.Group] {
+			return true
+		}
+	}
+	return false
 }
 
 // conn returns the connection to a broker, or nil once the producer is dead.

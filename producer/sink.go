@@ -38,14 +38,50 @@ type sink struct {
 	urgent     bool
 	inflight   int
 	timer      *time.Timer
-	addr       string // the group's master, by the newest route seen
-	epoch      uint32 // the group's epoch, by the newest route seen
+	// The group as the newest route seen names it (see observe): its
+	// master ("" none), epoch and state, and that route's version.
+	addr     string
+	epoch    uint32
+	writable bool
+	version  uint64
+	viewed   bool
+	calls    map[*call]struct{} // SEND calls in flight
 	// Work for unlock to do once mu is released (promises, retries and
 	// route refreshes never run under it).
 	done    []ended
 	retry   []ended
 	refresh []string
 }
+
+// view is a group as one route names it.
+type view struct {
+	version  uint64 // the route's registry version
+	master   string
+	epoch    uint32
+	writable bool
+}
+
+func viewOf(version uint64, q routing.QueueRoute) view {
+	return view{version: version, master: q.Master, epoch: q.Epoch, writable: q.Writable}
+}
+
+// call is a SEND in flight: where it went, since when (by the producer's
+// clock), and how to give it up.
+type call struct {
+	addr   string
+	epoch  uint32
+	start  time.Time
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	gaveUp bool // under the sink's mu
+}
+
+// givenUp is the cause of a call's context when the producer gave the call
+// up: the route says its master was replaced or its group cannot take
+// writes.
+type givenUp struct{ reason string }
+
+func (g *givenUp) Error() string { return g.reason }
 
 // qkey names a queue.
 type qkey struct {
@@ -112,7 +148,7 @@ func (c *Client) sink(group string) *sink {
 	defer c.mu.Unlock()
 	s := c.sinks[group]
 	if s == nil {
-		s = &sink{c: c, group: group, lines: map[qkey]*line{}}
+		s = &sink{c: c, group: group, lines: map[qkey]*line{}, calls: map[*call]struct{}{}}
 		c.sinks[group] = s
 	}
 	return s
@@ -120,9 +156,7 @@ func (c *Client) sink(group string) *sink {
 
 func (s *sink) add(rec *record, urgent bool) {
 	s.mu.Lock()
-	if rec.addr != "" {
-		s.addr, s.epoch = rec.addr, rec.epoch
-	}
+	s.see(rec.view)
 	k := qkey{rec.msg.Topic, rec.msg.Queue}
 	ln := s.lines[k]
 	if ln == nil {
@@ -137,6 +171,73 @@ func (s *sink) add(rec *record, urgent bool) {
 	s.urgent = s.urgent || urgent
 	s.sendLocked()
 	s.unlock()
+}
+
+// observe shows the sink its group as a route just looked up names it.
+func (s *sink) observe(v view) {
+	s.mu.Lock()
+	s.see(v)
+	s.unlock()
+}
+
+// see takes v as the group's master, epoch and state unless the sink has
+// seen a newer route (a larger version or epoch), and gives up the calls in
+// flight that the route says cannot succeed: those sent to another master
+// or epoch than v's (the master was replaced: it can store nothing more),
+// and, when the group is not writable, those that have waited at least
+// RoutePoll (a live broker would have answered by now; a hung one never
+// will). A call given up has an unknown outcome, like a timeout: its
+// records are retried on their queue, at the master of the newest route.
+// Under mu.
+func (s *sink) see(v view) {
+	if s.viewed && (v.version < s.version || v.epoch < s.epoch) {
+		return
+	}
+	s.viewed = true
+	s.addr, s.epoch, s.writable, s.version = v.master, v.epoch, v.writable, v.version
+	if len(s.calls) == 0 {
+		return
+	}
+	var now time.Time
+	if !v.writable {
+		now = s.c.cfg.clock.Now()
+	}
+	for cl := range s.calls {
+		if cl.gaveUp {
+			continue
+		}
+		var why string
+		switch {
+		case cl.addr != v.master || cl.epoch != v.epoch:
+			master := v.master
+			if master == "" {
+				master = "none"
+			}
+			why = fmt.Sprintf("group %s's route changed while the call waited: master %s at epoch %d, the call went to %s at epoch %d",
+				s.group, master, v.epoch, cl.addr, cl.epoch)
+		case !v.writable && now.Sub(cl.start) >= s.c.cfg.routePoll:
+			why = fmt.Sprintf("group %s is not writable in the route and %s has not answered in %v",
+				s.group, cl.addr, now.Sub(cl.start))
+		default:
+			continue
+		}
+		cl.gaveUp = true
+		cl.cancel(&givenUp{why})
+		s.c.stats.givenUp.Add(1)
+	}
+}
+
+// stalled reports whether a call has waited at least age (by the
+// producer's clock).
+func (s *sink) stalled(now time.Time, age time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for cl := range s.calls {
+		if now.Sub(cl.start) >= age {
+			return true
+		}
+	}
+	return false
 }
 
 // makeReady counts n more bytes of a line that is not busy as ready to
@@ -212,8 +313,14 @@ func (s *sink) sendLocked() {
 			continue
 		}
 		s.inflight++
+		var cl *call
+		if b.addr != "" {
+			cl = &call{addr: b.addr, epoch: b.epoch, start: c.cfg.clock.Now()}
+			cl.ctx, cl.cancel = context.WithCancelCause(context.Background())
+			s.calls[cl] = struct{}{}
+		}
 		c.wg.Add(1)
-		go s.send(b)
+		go s.send(b, cl)
 	}
 }
 
@@ -292,8 +399,9 @@ func (s *sink) build(cur *identity) *batch {
 	return b
 }
 
-// send sends one batch and settles every run: results, retries, rewinds.
-func (s *sink) send(b *batch) {
+// send sends one batch (cl is its call, nil when the group has no master)
+// and settles every run: results, retries, rewinds.
+func (s *sink) send(b *batch, cl *call) {
 	defer s.c.wg.Done()
 	c := s.c
 	deadline := time.Now().Add(c.cfg.requestTimeout)
@@ -307,7 +415,8 @@ func (s *sink) send(b *batch) {
 	var results []protocol.SendResult
 	var err error
 	var latency time.Duration
-	if b.addr == "" {
+	gaveUp := false
+	if cl == nil {
 		err = &protocol.Error{Status: protocol.StatusNoRoute, Message: fmt.Sprintf("group %s has no master in the route", s.group)}
 	} else if conn := c.conn(b.addr); conn == nil {
 		err = transport.ErrClosed
@@ -324,12 +433,19 @@ func (s *sink) send(b *batch) {
 				body = protocol.AppendMessage(body, &r.msg)
 			}
 		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		ctx, cancel := context.WithDeadline(cl.ctx, deadline)
 		start := time.Now()
 		var resp protocol.Frame
 		resp, err = conn.Call(ctx, protocol.CodeSend, body)
-		cancel()
 		latency = time.Since(start)
+		var g *givenUp
+		if err != nil && errors.As(context.Cause(ctx), &g) {
+			// An answer that came anyway wins; without one, the outcome is
+			// unknown, as after a timeout.
+			gaveUp = true
+			err = &protocol.Error{Status: protocol.StatusTimeout, Message: "call given up: " + g.reason}
+		}
+		cancel()
 		if cap(body) <= 4<<20 {
 			*bp = body[:0]
 			bodyPool.Put(bp)
@@ -355,11 +471,26 @@ func (s *sink) send(b *batch) {
 				}
 			}
 		}
-		c.sel.Avoider().Report(s.group, latency, fault, c.cfg.clock.Now())
+		// A call given up because its master was replaced says nothing of
+		// the group's new master; and one given up because the group cannot
+		// take writes is not chosen anyway.
+		if !gaveUp {
+			c.sel.Avoider().Report(s.group, latency, fault, c.cfg.clock.Now())
+		}
 	}
 
 	s.mu.Lock()
 	s.inflight--
+	if cl != nil {
+		delete(s.calls, cl)
+		cl.cancel(nil)
+	}
+	if err != nil && !gaveUp && noAnswer(err) {
+		// A master that does not answer may have been replaced: look.
+		for _, rn := range b.runs {
+			s.refresh = append(s.refresh, rn.ln.key.topic)
+		}
+	}
 	i := 0
 	for _, rn := range b.runs {
 		var rs []protocol.SendResult
@@ -374,6 +505,13 @@ func (s *sink) send(b *batch) {
 	if c.fenced.Load() {
 		c.failAllSinks(ErrFenced)
 	}
+}
+
+// noAnswer reports whether a call failed with no answer from the broker:
+// a lost connection, a timeout.
+func noAnswer(err error) bool {
+	var pe *protocol.Error
+	return !errors.As(err, &pe) || pe.Status == protocol.StatusTimeout
 }
 
 // neverSent reports whether a request failed before any byte of it could
@@ -505,6 +643,9 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 			}
 			s.done = append(s.done, ended{rec: rec, err: err})
 		case i < r0: // unknown, before any refusal
+			if st.RefreshesRoute() {
+				s.refresh = append(s.refresh, rec.msg.Topic) // LEASE_LOST
+			}
 			rec.maybe = true
 			rec.lastErr = errAt(i)
 			runErr = rec.lastErr
@@ -620,10 +761,10 @@ func (s *sink) hold(ln *line, d time.Duration) {
 		t.Stop()
 		return // Close fails what is left
 	}
-	q, known := s.c.queueRoute(ln.key.topic, ln.key.queue)
+	q, version, known := s.c.queueRoute(ln.key.topic, ln.key.queue)
 	s.mu.Lock()
-	if known && q.Master != "" && q.Group == s.group {
-		s.addr, s.epoch = q.Master, q.Epoch
+	if known && q.Group == s.group {
+		s.see(viewOf(version, q))
 	}
 	s.expireLine(ln, time.Now(), ln.lastErr)
 	if known && !q.Writable {
