@@ -21,7 +21,14 @@ import (
 // message while status is set. A message whose body is "status:N" gets
 // status N, and a request whose first message's body is "request:N" gets
 // status N for the whole request. It heartbeats to the metaserver as its
-// group's master, so the route points at it.
+// group's master, so the route points at it (unless meta is "": then the
+// test gives the producer its routes).
+//
+// A fake broker can take requests on more addresses (listen), all sharing
+// its log and dedupe model: a second address stands for a slave promoted
+// with everything the master had. While an address hangs, it takes
+// requests and never answers them (a SIGSTOPped master), after storing
+// them if hang says so.
 //
 // Stamped messages go through a model of the broker's dedupe, per
 // (producer, topic, queue): a new epoch (or a producer not seen) must start
@@ -38,6 +45,7 @@ type fakeBroker struct {
 	msgs    atomic.Int64
 	stop    chan struct{}
 	done    chan struct{}
+	first   *fakeAddr // the address startFakeBroker listens on
 
 	mu       sync.Mutex
 	inject   func(m *protocol.Message, attempt int) (protocol.Status, injectMode)
@@ -45,6 +53,34 @@ type fakeBroker struct {
 	attempts map[string]int // by message id
 	stored   map[qkey][]protocol.Message
 	dedupe   map[dedupeKey]*dedupeState
+	offset   atomic.Int64
+	held     []func() // answers of hung requests, sent at cleanup
+}
+
+// fakeAddr is one address of a fake broker.
+type fakeAddr struct {
+	srv  *transport.Server
+	addr string
+	hang atomic.Int32 // a hangMode
+	reqs atomic.Int64 // SEND requests taken
+	mu   sync.Mutex
+	// epochs is the group epoch of every SEND taken, in order.
+	epochs []uint32
+}
+
+// hangMode says what an address does with a SEND.
+type hangMode int32
+
+const (
+	answer     hangMode = iota // as the model says
+	hangBefore                 // never answered, nothing stored
+	hangAfter                  // stored by the model, never answered
+)
+
+func (a *fakeAddr) epochsCopy() []uint32 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]uint32(nil), a.epochs...)
 }
 
 // injectMode says what an injected answer does.
@@ -149,16 +185,73 @@ func bodyStatus(body []byte, prefix string) (protocol.Status, bool) {
 
 func startFakeBroker(t *testing.T, meta string, group string) *fakeBroker {
 	t.Helper()
-	f := &fakeBroker{srv: transport.NewServer(transport.ServerConfig{}), stop: make(chan struct{}), done: make(chan struct{}),
+	f := &fakeBroker{stop: make(chan struct{}), done: make(chan struct{}),
 		attempts: map[string]int{}, stored: map[qkey][]protocol.Message{}, dedupe: map[dedupeKey]*dedupeState{}}
-	var offset atomic.Int64
-	f.srv.Handle(protocol.CodeSend, func(r *transport.Request) {
-		_, msgs, err := protocol.DecodeSendRequest(r.Body, nil)
+	f.first = f.listen(t)
+	f.srv = f.first.srv
+	t.Cleanup(func() {
+		close(f.stop)
+		<-f.done
+	})
+	if meta == "" {
+		close(f.done)
+		return f
+	}
+	hb := api.Heartbeat{Group: group, Role: routing.RoleMaster, BrokerID: group, Addr: f.first.addr}
+	cl, err := client.New(client.Config{Addrs: []string{meta}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Heartbeat(context.Background(), hb); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(f.done)
+		defer cl.Close()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-f.stop:
+				return
+			case <-tick.C:
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				_, _ = cl.Heartbeat(ctx, hb)
+				cancel()
+			}
+		}
+	}()
+	return f
+}
+
+// listen serves the fake broker on one more address, closed by Cleanup.
+func (f *fakeBroker) listen(t *testing.T) *fakeAddr {
+	t.Helper()
+	a := &fakeAddr{srv: transport.NewServer(transport.ServerConfig{})}
+	a.srv.Handle(protocol.CodeSend, func(r *transport.Request) {
+		epoch, msgs, err := protocol.DecodeSendRequest(r.Body, nil)
 		if err != nil {
 			r.ReplyError(err)
 			return
 		}
+		a.mu.Lock()
+		a.epochs = append(a.epochs, epoch)
+		a.mu.Unlock()
 		f.batches.Add(1)
+		if mode := hangMode(a.hang.Load()); mode != answer {
+			f.mu.Lock()
+			if mode == hangAfter {
+				for i := range msgs {
+					f.apply(msgs[i], &f.offset)
+				}
+			}
+			f.held = append(f.held, func() {
+				r.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster, Message: "fake broker woke up replaced"})
+			})
+			f.mu.Unlock()
+			a.reqs.Add(1)
+			return
+		}
 		reply := func() {
 			if f.failing.Load() {
 				r.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: "fake broker failing"})
@@ -179,49 +272,38 @@ func startFakeBroker(t *testing.T, meta string, group string) *fakeBroker {
 					res[i] = protocol.SendResult{Status: st}
 					continue
 				}
-				res[i] = f.apply(msgs[i], &offset)
+				res[i] = f.apply(msgs[i], &f.offset)
 			}
 			f.mu.Unlock()
 			_ = r.Reply(protocol.AppendSendResponse(nil, res))
 		}
+		a.reqs.Add(1)
 		if d := time.Duration(f.delay.Load()); d > 0 {
 			time.AfterFunc(d, reply)
 			return
 		}
 		reply()
 	})
-	addr, err := f.srv.Listen("127.0.0.1:0")
+	addr, err := a.srv.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := client.New(client.Config{Addrs: []string{meta}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hb := api.Heartbeat{Group: group, Role: routing.RoleMaster, BrokerID: group, Addr: addr.String()}
-	if _, err := cl.Heartbeat(context.Background(), hb); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(f.done)
-		defer cl.Close()
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-f.stop:
-				return
-			case <-tick.C:
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				_, _ = cl.Heartbeat(ctx, hb)
-				cancel()
-			}
-		}
-	}()
+	a.addr = addr.String()
 	t.Cleanup(func() {
-		close(f.stop)
-		<-f.done
-		_ = f.srv.Close()
+		f.releaseHeld() // a server's Close waits for the answers it owes
+		_ = a.srv.Close()
 	})
-	return f
+	return a
+}
+
+// releaseHeld answers the hung requests: NOT_MASTER, as a master that woke
+// up to find itself replaced.
+func (f *fakeBroker) releaseHeld() {
+	f.mu.Lock()
+	held := f.held
+	f.held = nil
+	f.mu.Unlock()
+	for _, reply := range held {
+		reply()
+	}
 }

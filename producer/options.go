@@ -39,6 +39,7 @@ type config struct {
 	name            string
 	moveKeyed       bool
 	idSource        identitySource      // nil: the metaserver
+	routeSrc        routeSource         // nil: the metaserver
 	dialAddr        func(string) string // nil: brokers' addresses as routed (tests put a proxy between)
 }
 
@@ -162,6 +163,9 @@ func MoveKeyedOnFailure(allow bool) Opt { return optFunc(func(c *config) { c.mov
 func withIdentitySource(src identitySource) Opt {
 	return optFunc(func(c *config) { c.idSource = src })
 }
+
+// withRouteSource replaces the metaserver as the source of routes (tests).
+func withRouteSource(src routeSource) Opt { return optFunc(func(c *config) { c.routeSrc = src }) }
 
 // withDialAddr maps a broker's routed address to the one dialed (tests).
 func withDialAddr(f func(string) string) Opt { return optFunc(func(c *config) { c.dialAddr = f }) }

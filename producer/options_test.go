@@ -33,6 +33,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"negative request timeout", []Opt{addr, RequestTimeout(-time.Second)}, []string{"RequestTimeout -1s"}},
 		{"negative retry backoff", []Opt{addr, RetryBackoff(-time.Second)}, []string{"RetryBackoff -1s"}},
 		{"negative route refresh", []Opt{addr, RouteRefresh(-time.Second)}, []string{"RouteRefresh -1s"}},
+		{"zero route poll", []Opt{addr, RoutePoll(0)}, []string{"RoutePoll 0s"}},
 		{"linger as long as the delivery timeout", []Opt{addr, Linger(time.Second), DeliveryTimeout(time.Second)},
 			[]string{"Linger 1s must be shorter than DeliveryTimeout 1s"}},
 		{"batch larger than the buffer", []Opt{addr, MaxBatchBytes(2 << 20), MaxBuffered(100, 1<<20)},

@@ -137,6 +137,9 @@ func New(opts ...Opt) (*Client, error) {
 	if cfg.idSource == nil {
 		cfg.idSource = metaIdentity{meta}
 	}
+	if cfg.routeSrc == nil {
+		cfg.routeSrc = metaRoutes{meta}
+	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	c := &Client{
@@ -470,6 +473,17 @@ func (c *Client) pick(plan *routing.Plan, rec *record) (routing.QueueRoute, erro
 	return c.sel.SelectPlan(plan, lastGroup(rec), c.cfg.clock.Now())
 }
 
+// routeSource looks routes up: the metaserver, or a fake in tests.
+type routeSource interface {
+	route(ctx context.Context, topic string) (routing.Route, error)
+}
+
+type metaRoutes struct{ meta *client.Client }
+
+func (m metaRoutes) route(ctx context.Context, topic string) (routing.Route, error) {
+	return m.meta.Route(ctx, topic)
+}
+
 // queueRoute is the cached route of one queue, and the route's version.
 func (c *Client) queueRoute(topic string, queue uint32) (routing.QueueRoute, uint64, bool) {
 	c.mu.Lock()
@@ -572,7 +586,7 @@ func (c *Client) route(rec *record) (*routing.Plan, error) {
 	}
 	lctx, cancel := context.WithDeadline(rec.ctx, deadline)
 	defer cancel()
-	r, err := c.meta.Route(lctx, topic)
+	r, err := c.cfg.routeSrc.route(lctx, topic)
 	if err != nil {
 		return nil, lookupErr(topic, err)
 	}
@@ -647,7 +661,7 @@ func (c *Client) refreshSoon(topic string) {
 func (c *Client) refresh(topic string, forced bool) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.requestTimeout)
 	defer cancel()
-	r, err := c.meta.Route(ctx, topic)
+	r, err := c.cfg.routeSrc.route(ctx, topic)
 	if err != nil {
 		c.cfg.logger.Warn("route refresh failed", "topic", topic, "error", err)
 		return
