@@ -11,6 +11,7 @@ type appendReq struct {
 	rawOffset int64
 	flush     bool
 	done      func([]Position, error)
+	trunc     *truncateReq // non-nil: a Truncate, run by the writer between groups
 
 	positions []Position
 	err       error

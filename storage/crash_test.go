@@ -576,3 +576,231 @@ func TestFaultsLoseNoAcknowledgedRecord(t *testing.T) {
 		}
 	})
 }
+
+// copyDir copies the files of a log directory (no subdirectories).
+func copyDir(t *rapid.T, from, to string) {
+	names, err := os.ReadDir(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if n.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(from, n.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, n.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestTruncateCrashRecoversOldOrCut truncates a random log (stamped and
+// plain records, some segments deleted by retention) at a random record
+// boundary (or its end) while the disk fails: one random call fails, or
+// the disk freezes at a random call (every change from there on fails, as
+// if the machine died there). Then the process crashes and the log is
+// reopened on a healthy disk. The reopened log must be the old one or the
+// one cut exactly at the offset (never anything else; byte for byte a
+// prefix of the old), the one cut when Truncate succeeded, the old one when
+// it failed without breaking the log; the side file, if it exists, must
+// hold exactly the cut bytes. A cut log must behave, on more appends, as a
+// copy of the old log truncated on a healthy disk does.
+func TestTruncateCrashRecoversOldOrCut(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		dir, err := os.MkdirTemp("", "ferrymq-trunc-")
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		refDir, err := os.MkdirTemp("", "ferrymq-trunc-ref-")
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer os.RemoveAll(refDir)
+		efs := vfs.NewErrorFS(vfs.Default)
+		segSize := rapid.SampledFrom([]int64{300, 1024}).Draw(rt, "segment size")
+		cfg := Config{Dir: dir, FS: efs, SegmentSize: segSize, FlushInterval: time.Hour, ProducerStamp: testStamp}
+		l, err := Open(cfg)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer func() { _ = l.Close() }()
+
+		// A random log; every record's start is a boundary.
+		type pk struct {
+			q  uint32
+			id uint64
+		}
+		seqs := map[pk]ProducerStamp{}
+		var bounds []int64
+		draw := func(i int) Entry {
+			q := uint32(rapid.IntRange(0, 2).Draw(rt, "queue"))
+			p := bytes.Repeat([]byte{byte(i), byte(q)}, rapid.IntRange(1, 60).Draw(rt, "size"))
+			if !rapid.Bool().Draw(rt, "stamped") {
+				return Entry{Topic: "trunc", Queue: q, Payload: p}
+			}
+			k := pk{q, uint64(rapid.IntRange(1, 2).Draw(rt, "producer"))}
+			ps, ok := seqs[k]
+			switch {
+			case !ok:
+				ps = ProducerStamp{ID: k.id}
+			case rapid.IntRange(0, 9).Draw(rt, "new epoch") == 0:
+				ps = ProducerStamp{ID: k.id, Epoch: ps.Epoch + 1}
+			default:
+				ps.Seq++
+			}
+			seqs[k] = ps
+			return Entry{Topic: "trunc", Queue: q, Producer: ps, Payload: stampedPayload(ps, string(p))}
+		}
+		for i, n := 0, rapid.IntRange(1, 30).Draw(rt, "appends"); i < n; i++ {
+			var batch []Entry
+			for j, m := 0, rapid.IntRange(1, 3).Draw(rt, "batch"); j < m; j++ {
+				batch = append(batch, draw(i))
+			}
+			pos, err := l.Append(batch, false)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			for _, p := range pos {
+				if p.Err != nil || p.Duplicate {
+					rt.Fatalf("entry refused: %+v", p)
+				}
+				bounds = append(bounds, p.LogOffset)
+			}
+			if rapid.IntRange(0, 9).Draw(rt, "retention") == 0 {
+				if _, err := l.DeleteBefore(rapid.Int64Range(0, l.EndOffset()).Draw(rt, "delete before")); err != nil {
+					rt.Fatal(err)
+				}
+			}
+		}
+		start, oldEnd := l.StartOffset(), l.EndOffset()
+		var live []int64
+		for _, b := range bounds {
+			if b >= start {
+				live = append(live, b)
+			}
+		}
+		offset := oldEnd
+		if len(live) > 0 && rapid.IntRange(0, 9).Draw(rt, "no-op") > 0 {
+			offset = rapid.SampledFrom(live).Draw(rt, "offset")
+		}
+		orig := rawFrom(rt, l, start)
+		oldQueues, oldProducers := fmt.Sprint(dumpQueues(rt, l)), dumpProducers(l)
+
+		// The reference: a copy truncated on a healthy disk.
+		copyDir(rt, dir, refDir)
+		ref, err := Open(Config{Dir: refDir, SegmentSize: segSize, FlushInterval: time.Hour, ProducerStamp: testStamp})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer func() { _ = ref.Close() }()
+		// What Open makes of the old log (it forgets producers whose
+		// records retention deleted, so not quite the state of l).
+		reopenedQueues, reopenedProducers := fmt.Sprint(dumpQueues(rt, ref)), dumpProducers(ref)
+		if reopenedQueues != oldQueues {
+			rt.Fatal("the copy of the log opens with other queues")
+		}
+		if _, err := ref.Truncate(offset, filepath.Join(refDir, "truncated", SideFileName(offset, 1))); err != nil {
+			rt.Fatal(err)
+		}
+		refQueues, refProducers := fmt.Sprint(dumpQueues(rt, ref)), dumpProducers(ref)
+
+		switch mode := rapid.SampledFrom([]string{"none", "fault", "freeze"}).Draw(rt, "mode"); mode {
+		case "fault":
+			kind := rapid.SampledFrom([]vfs.Op{vfs.OpWrite, vfs.OpSync, vfs.OpCreate, vfs.OpSyncDir, vfs.OpMkdirAll,
+				vfs.OpTruncate, vfs.OpRemove, vfs.OpRename}).Draw(rt, "fault")
+			efs.Inject(vfs.Fail(kind).Nth(rapid.IntRange(1, 4).Draw(rt, "nth")).
+				With(rapid.SampledFrom([]error{syscall.ENOSPC, syscall.EIO}).Draw(rt, "errno")))
+		case "freeze":
+			efs.Inject(vfs.Fail(vfs.OpMutations).After(rapid.IntRange(0, 24).Draw(rt, "calls before the freeze")))
+		}
+		side := filepath.Join(dir, "truncated", SideFileName(offset, 1))
+		res, terr := l.Truncate(offset, side)
+		switch {
+		case terr == nil && l.EndOffset() != offset && offset < oldEnd:
+			rt.Fatalf("Truncate(%d) succeeded with the end at %d", offset, l.EndOffset())
+		case terr == nil && offset < oldEnd && (res.From != offset || res.To != oldEnd || res.SideFile != side):
+			rt.Fatalf("result %+v for [%d,%d)", res, offset, oldEnd)
+		case terr == nil && offset < oldEnd && (fmt.Sprint(dumpQueues(rt, l)) != refQueues || dumpProducers(l) != refProducers):
+			rt.Fatal("the truncated log differs from the reference")
+		case terr != nil && !errors.Is(terr, ErrBroken):
+			if l.EndOffset() != oldEnd || fmt.Sprint(dumpQueues(rt, l)) != oldQueues || dumpProducers(l) != oldProducers {
+				rt.Fatalf("a failed truncation (%v) changed the log", terr)
+			}
+		}
+		crash(l)
+		efs.DropAll()
+
+		l, err = Open(cfg)
+		if err != nil {
+			rt.Fatalf("reopen after truncating at %d of [%d,%d) (%v): %v", offset, start, oldEnd, terr, err)
+		}
+		end := l.EndOffset()
+		switch {
+		case end != oldEnd && end != offset:
+			rt.Fatalf("reopened with the end at %d: neither the old end %d nor the cut at %d (truncate: %v)", end, oldEnd, offset, terr)
+		case terr == nil && end != offset:
+			rt.Fatalf("Truncate succeeded but the log reopened at %d, not %d", end, offset)
+		case terr != nil && !errors.Is(terr, ErrBroken) && end != oldEnd:
+			rt.Fatalf("Truncate failed (%v) without breaking the log, but the log reopened cut", terr)
+		}
+		if got := rawFrom(rt, l, start); !bytes.Equal(got, orig[:end-start]) {
+			rt.Fatalf("the reopened log is not a prefix of the old one")
+		}
+		if end == oldEnd {
+			if fmt.Sprint(dumpQueues(rt, l)) != oldQueues || dumpProducers(l) != reopenedProducers {
+				rt.Fatal("the log reopened whole but its state differs")
+			}
+		} else if fmt.Sprint(dumpQueues(rt, l)) != refQueues || dumpProducers(l) != refProducers {
+			rt.Fatal("the log reopened cut but its state differs from the reference")
+		}
+		if b, err := os.ReadFile(side); err == nil {
+			if !bytes.Equal(b, orig[offset-start:]) {
+				rt.Fatalf("the side file holds %d bytes, not the %d cut", len(b), len(orig[offset-start:]))
+			}
+			var n int
+			if err := ReadRecordFile(side, func(r RecordInfo) error {
+				if r.Offset < offset || r.Offset >= oldEnd {
+					return fmt.Errorf("record at %d", r.Offset)
+				}
+				n++
+				return nil
+			}); err != nil {
+				rt.Fatal(err)
+			}
+		} else if terr == nil && offset < oldEnd {
+			rt.Fatalf("Truncate succeeded without a side file: %v", err)
+		}
+
+		// The cut log goes on as the reference does.
+		if end == offset {
+			for i, n := 0, rapid.IntRange(1, 5).Draw(rt, "more"); i < n; i++ {
+				batch := []Entry{draw(100 + i)}
+				if rapid.Bool().Draw(rt, "resend") && len(seqs) > 0 {
+					// a resent stamp, from before or after the cut
+					for k, ps := range seqs {
+						ps.Seq = rapid.Int64Range(0, ps.Seq).Draw(rt, "resent seq")
+						batch = append(batch, Entry{Topic: "trunc", Queue: k.q, Producer: ps, Payload: stampedPayload(ps, "again")})
+						break
+					}
+				}
+				got, err := l.Append(batch, false)
+				if err != nil {
+					rt.Fatal(err)
+				}
+				want, err := ref.Append(batch, false)
+				if err != nil {
+					rt.Fatal(err)
+				}
+				for j := range got {
+					if g, w := got[j], want[j]; g.QueueOffset != w.QueueOffset || g.LogOffset != w.LogOffset || g.Duplicate != w.Duplicate || !errors.Is(g.Err, w.Err) {
+						rt.Fatalf("append %d.%d after the cut: %+v, the reference %+v", i, j, g, w)
+					}
+				}
+			}
+		}
+	})
+}

@@ -17,7 +17,8 @@
 // A log directory holds segment files named by the log offset of their first
 // byte, as 20 decimal digits with the suffix ".log", one "checkpoint" file
 // and, once retention has deleted segments, one "queues" file (see
-// DeleteBefore). Segments are contiguous: a segment ends where the next
+// DeleteBefore). Subdirectories (such as one for the side files of
+// truncations, see Side files) are ignored. Segments are contiguous: a segment ends where the next
 // begins. A
 // record never spans two segments: when the next record would make the
 // active segment larger than Config.SegmentSize, a new segment starts at the
@@ -161,4 +162,46 @@
 //
 // Open refuses a Config with negative sizes or intervals or an unknown flush
 // mode (Config.Validate names every bad field).
+//
+// # Truncation
+//
+// Truncate cuts the log back to a record boundary: a former master that
+// rejoins its group as the slave cuts the records past the offset where
+// the new master's epoch began, then copies from the new master, so both
+// logs end byte-identical. It runs on the writer between groups, in this
+// order, each step durable before the next:
+//
+//  1. sync everything written (the records before the offset must survive
+//     a crash, and the checkpoint will claim them);
+//  2. rebuild, from the records before the offset, the per-queue indexes
+//     and the producer deduplication state, as recovery would (reading the
+//     whole log: truncation is rare);
+//  3. write the side file: the cut records, byte for byte, to a temporary
+//     name, synced, renamed, its directory synced;
+//  4. move the checkpoint back to the offset and sync it;
+//  5. truncate the segment holding the offset there and sync it, then
+//     remove the later segments, the last first, and sync the directory.
+//
+// A failure up to step 4 changes nothing. A crash before step 5 leaves the
+// old log; a crash during or after it leaves the segment holding the offset
+// cut, and the later segments, which no longer continue the log past its
+// checkpoint, are removed by recovery (see Recovery): Open finds the log
+// either unchanged or cut exactly at the offset. A failure in step 5 breaks
+// the log (ErrBroken) until it is reopened. Reads that race with the cut
+// fail with ErrReadTruncated rather than return bytes that new appends may
+// have replaced: Truncate moves a generation number, under the lock reads
+// plan with, when it cuts, and a read checks it after reading its bytes.
+//
+// # Side files
+//
+// A side file holds the records a truncation cut, in the record format of
+// the segments, back to back, exactly as the log held them. It is named by
+// SideFileName: the log offset of its first record as 20 decimal digits,
+// "-epoch-", the epoch of the master whose log prevailed, ".log" (for
+// instance truncated/00000000000000004096-epoch-3.log), so ReadRecordFile
+// can give each record its log offset; it must not be in the log
+// directory itself (a subdirectory such as "truncated" is fine: recovery
+// only reads the directory's own *.log files). ReadRecordFile (and
+// ReadRecords, on a stream) reads a side file or a segment record by
+// record, checking every record. `ferryctl truncated FILE` prints one.
 package storage

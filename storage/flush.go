@@ -56,6 +56,7 @@ func (l *Log) flusher() {
 // syncOnce syncs every segment holding unsynced bytes, advances the flushed
 // offset and the checkpoint, and releases the waiters it covers.
 func (l *Log) syncOnce() {
+	l.syncMu.Lock()
 	target := l.end.Load()
 	var err error
 	if target > l.flushed.Load() {
@@ -71,6 +72,7 @@ func (l *Log) syncOnce() {
 		}
 	}
 	flushed := l.flushed.Load()
+	l.syncMu.Unlock()
 	l.fmu.Lock()
 	i := 0
 	for i < len(l.waiters) && l.waiters[i].end <= target {

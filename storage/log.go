@@ -73,6 +73,10 @@ type Log struct {
 	end     atomic.Int64 // log offset after the last record written
 	flushed atomic.Int64 // log offset up to which the log is synced
 	broken  error        // writer-owned: set when a failed write could not be undone
+	// gen counts truncations (Truncate); changed under mu. A read plans
+	// under mu and fails if gen moved before its bytes were read, since the
+	// bytes past a truncation point may since hold other records.
+	gen atomic.Uint64
 
 	// Flush waiters, fed by the writer and released by the flusher.
 	fmu       sync.Mutex
@@ -80,7 +84,10 @@ type Log struct {
 	flushWake chan struct{}
 
 	checkpoint vfs.File
-	retainMu   sync.Mutex // serializes DeleteBefore
+	retainMu   sync.Mutex // serializes DeleteBefore (and Truncate with it)
+	// syncMu serializes syncOnce with Truncate, which moves the flushed
+	// offset and the checkpoint back.
+	syncMu sync.Mutex
 	// crashed makes Close skip its final sync, as a killed process would
 	// (tests only).
 	crashed    bool

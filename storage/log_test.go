@@ -167,7 +167,7 @@ func TestSegmentsRollAndReopenExactly(t *testing.T) {
 }
 
 // dumpQueues reads every queue whole: key -> entries.
-func dumpQueues(t testing.TB, l *Log) map[string][]string {
+func dumpQueues(t fatalHelper, l *Log) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
 	var keys []queueKey

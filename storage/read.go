@@ -35,7 +35,8 @@ type span struct {
 // Read returns the entries of one queue from offset on, in order, as many
 // as fit in maxBytes (of records), but at least one if there is one. An
 // offset at or past the queue's end returns nothing; one before its start
-// returns ErrOutOfRange. Payloads are fresh copies, CRC-checked.
+// returns ErrOutOfRange. Payloads are fresh copies, CRC-checked. A read
+// that races with Truncate may fail with ErrReadTruncated.
 func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]StoredEntry, error) {
 	l.mu.RLock()
 	if l.closed {
@@ -53,6 +54,7 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 	}
 	// Plan the reads under the lock: runs of adjacent records in one
 	// segment become one read.
+	gen := l.gen.Load()
 	var spans []span
 	total := 0
 	count := 0
@@ -80,12 +82,22 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 
 	out := make([]StoredEntry, 0, count)
 	buf := make([]byte, total)
+	rest := buf
+	for _, sp := range spans {
+		if _, err := sp.seg.f.ReadAt(rest[:sp.n], sp.at-sp.seg.base); err != nil {
+			if l.gen.Load() != gen {
+				return nil, ErrReadTruncated
+			}
+			return nil, fmt.Errorf("storage: read %s at %d: %w", sp.seg.name, sp.at-sp.seg.base, err)
+		}
+		rest = rest[sp.n:]
+	}
+	if l.gen.Load() != gen {
+		return nil, ErrReadTruncated
+	}
 	for _, sp := range spans {
 		b := buf[:sp.n]
 		buf = buf[sp.n:]
-		if _, err := sp.seg.f.ReadAt(b, sp.at-sp.seg.base); err != nil {
-			return nil, fmt.Errorf("storage: read %s at %d: %w", sp.seg.name, sp.at-sp.seg.base, err)
-		}
 		at := sp.at
 		for range sp.count {
 			n, err := recordLen(b, maxRecordSize)
@@ -111,18 +123,26 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 // record boundary, such as a slave's end offset), as many as fit in maxBytes
 // but at least one, all from one segment. At the end of the log it returns
 // nothing; past it, ErrOutOfRange. This is what a master streams to its slave.
+// A read that races with Truncate may fail with ErrReadTruncated.
 func (l *Log) ReadRaw(offset int64, maxBytes int) ([]byte, error) {
-	end := l.end.Load()
-	if offset == end {
+	if offset == l.end.Load() {
 		return nil, nil
-	}
-	if offset > end || offset < 0 {
-		return nil, fmt.Errorf("%w: log offset %d, log ends at %d", ErrOutOfRange, offset, end)
 	}
 	l.mu.RLock()
 	if l.closed {
 		l.mu.RUnlock()
 		return nil, ErrClosed
+	}
+	// The end and gen are read under the lock, where Truncate changes them
+	// together with the segments.
+	end, gen := l.end.Load(), l.gen.Load()
+	if offset == end {
+		l.mu.RUnlock()
+		return nil, nil
+	}
+	if offset > end || offset < 0 {
+		l.mu.RUnlock()
+		return nil, fmt.Errorf("%w: log offset %d, log ends at %d", ErrOutOfRange, offset, end)
 	}
 	seg, segEnd, ok := l.segmentFor(offset)
 	if ok {
@@ -136,7 +156,11 @@ func (l *Log) ReadRaw(offset int64, maxBytes int) ([]byte, error) {
 	segEnd = min(segEnd, end)
 	n := int(min(int64(max(maxBytes, recordHeaderSize)), segEnd-offset))
 	buf := make([]byte, n)
-	if _, err := seg.f.ReadAt(buf, offset-seg.base); err != nil {
+	_, err := seg.f.ReadAt(buf, offset-seg.base)
+	if l.gen.Load() != gen {
+		return nil, ErrReadTruncated
+	}
+	if err != nil {
 		return nil, fmt.Errorf("storage: read %s at %d: %w", seg.name, offset-seg.base, err)
 	}
 	// Keep whole records; if the first does not fit, read it whole.
@@ -149,7 +173,11 @@ func (l *Log) ReadRaw(offset int64, maxBytes int) ([]byte, error) {
 		if err != nil || good+rl > len(buf) {
 			if good == 0 && err == nil && offset+int64(rl) <= segEnd {
 				whole := make([]byte, rl)
-				if _, err := seg.f.ReadAt(whole, offset-seg.base); err != nil {
+				_, err := seg.f.ReadAt(whole, offset-seg.base)
+				if l.gen.Load() != gen {
+					return nil, ErrReadTruncated
+				}
+				if err != nil {
 					return nil, fmt.Errorf("storage: read %s at %d: %w", seg.name, offset-seg.base, err)
 				}
 				return whole, nil

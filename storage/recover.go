@@ -54,13 +54,19 @@ func (l *Log) writeCheckpoint(off int64) {
 	if l.checkpoint == nil {
 		return
 	}
+	if err := l.putCheckpoint(off); err != nil {
+		l.log.Warn("checkpoint write failed", "error", err)
+	}
+}
+
+// putCheckpoint writes the checkpoint (without syncing it).
+func (l *Log) putCheckpoint(off int64) error {
 	var b [checkpointSize]byte
 	binary.BigEndian.PutUint64(b[:], uint64(off))
 	binary.BigEndian.PutUint32(b[8:], crc32.Checksum(b[:8], castagnoli))
 	copy(b[12:], checkpointMagic)
-	if _, err := l.checkpoint.WriteAt(b[:], 0); err != nil {
-		l.log.Warn("checkpoint write failed", "error", err)
-	}
+	_, err := l.checkpoint.WriteAt(b[:], 0)
+	return err
 }
 
 func (l *Log) openCheckpointFile() error {

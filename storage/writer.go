@@ -25,9 +25,30 @@ func (l *Log) writer() {
 				}
 				break
 			}
-			l.writeGroup(batch)
+			l.writeBatch(batch)
 			clear(batch)
 		}
+	}
+}
+
+// writeBatch writes the appends taken from the queue, in order: each run of
+// appends between two truncations as one group, each truncation on its own.
+func (l *Log) writeBatch(batch []*appendReq) {
+	for len(batch) > 0 {
+		i := 0
+		for i < len(batch) && batch[i].trunc == nil {
+			i++
+		}
+		if i > 0 {
+			l.writeGroup(batch[:i])
+		}
+		if i < len(batch) {
+			r := batch[i]
+			r.trunc.res, r.err = l.truncate(r.trunc.offset, r.trunc.sideFile)
+			r.done(nil, r.err)
+			i++
+		}
+		batch = batch[i:]
 	}
 }
 
