@@ -31,7 +31,8 @@
 //
 // Retries. A send whose outcome is unknown (no answer: a lost connection, a
 // deadline, a malformed answer; or a status of protocol.Status.MaybeStored:
-// SLAVE_SYNC_TIMEOUT, FLUSH_TIMEOUT, TIMEOUT, STORE_ERROR, INTERNAL) is
+// SLAVE_SYNC_TIMEOUT, FLUSH_TIMEOUT, TIMEOUT, STORE_ERROR, INTERNAL,
+// LEASE_LOST) is
 // retried on the same queue with the same stamp, ahead of that queue's
 // newer messages, until its delivery deadline: the broker answers it
 // DUPLICATE if it had stored it. A HIGH message retried after
@@ -68,6 +69,25 @@
 // Stats().Duplicates counts it. Result carries the message's stamp
 // (ProducerID, Epoch, Seq). Stats also counts retries, out-of-order answers
 // and identities taken.
+//
+// # Failover
+//
+// When a broker group's master is replaced (the metaserver promotes its
+// slave, at a higher group epoch), the producer follows within about a
+// RoutePoll (300 ms): a status that says the route is stale (NOT_MASTER,
+// READ_ONLY, NO_ROUTE, LEASE_LOST) or a send with no answer refreshes the
+// route at once (at most once a second per topic), and while a queue of the
+// route has no writable master, or a send to one of its groups has waited
+// longer than RoutePoll, the route is polled every RoutePoll. Every SEND
+// carries the group epoch of the route it was sent by, so a broker that was
+// replaced knows it. A send to a master that stopped answering (its
+// connection open, nothing coming back) is given up as soon as a route
+// shows the group's master or epoch changed, or the group not writable
+// after the send waited RoutePoll, and otherwise at RequestTimeout (5 s).
+// A send given up has an unknown outcome: its messages are retried on
+// their queue with their stamps, at the new master, which answers
+// DUPLICATE for what it already has; a queue still has one batch in flight
+// at a time, so order holds. Stats().GivenUp counts the sends given up.
 //
 // # Errors
 //
