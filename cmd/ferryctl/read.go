@@ -2,14 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
-	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 type readOptions struct {
@@ -36,7 +39,12 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 		Use:   "read TOPIC",
 		Short: "Print stored messages of one queue, from an offset",
 		Args:  usageArgs(cobra.ExactArgs(1)),
-		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, ctx, done, err := g.metaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
 			route, err := cl.RouteExisting(ctx, args[0])
 			if err != nil {
 				return err
@@ -44,10 +52,10 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 			if int(o.queue) >= len(route.Queues) {
 				return usageError{fmt.Errorf("topic %s has %d queues; no queue %d", args[0], len(route.Queues), o.queue)}
 			}
-			addr := route.Queues[o.queue].Master
-			msgs, err := pull(ctx, addr, &protocol.PullRequest{Topic: args[0], Queue: o.queue, Offset: o.from, MaxBytes: o.maxBytes}, o.limit)
+			req := protocol.PullRequest{Topic: args[0], Queue: o.queue, Offset: o.from, MaxBytes: o.maxBytes}
+			msgs, err := readQueue(ctx, route.Queues[o.queue], req, o.limit, cmd.ErrOrStderr())
 			if err != nil {
-				return fmt.Errorf("read from %s: %w", addr, err)
+				return err
 			}
 			out := make([]storedJSON, 0, len(msgs))
 			var rows [][]string
@@ -70,13 +78,59 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 				rows = append(rows, []string{fmt.Sprint(s.QueueOffset), fmt.Sprint(s.LogOffset), s.ID, s.Reliability, orDash(strings.Join(props, ",")), fmt.Sprintf("%q", body)})
 			}
 			return g.printer().print(out, []string{"OFFSET", "LOG-OFFSET", "ID", "RELIABILITY", "PROPERTIES", "BODY"}, rows)
-		}),
+		},
 	}
 	cmd.Flags().Uint32Var(&o.queue, "queue", 0, "queue id")
 	cmd.Flags().Int64Var(&o.from, "from", 0, "first queue offset")
 	cmd.Flags().IntVar(&o.limit, "limit", 20, "at most this many messages")
 	cmd.Flags().Uint32Var(&o.maxBytes, "max-bytes", 1<<20, "bytes per PULL")
 	return cmd
+}
+
+// readQueue reads up to limit messages of a queue from its group's master
+// or, when the master does not answer (it cannot be reached, times out, or
+// says it is not the master or is shutting down) and the group has a
+// slave, from the slave, saying so on stderr. With a slave to fall back on,
+// the master gets half of the time left.
+func readQueue(ctx context.Context, qr routing.QueueRoute, req protocol.PullRequest, limit int, stderr io.Writer) ([]protocol.StoredMessage, error) {
+	if qr.Master == "" && qr.Slave == "" {
+		return nil, fmt.Errorf("queue %d of %s: its group %s has no broker", qr.Queue, req.Topic, qr.Group)
+	}
+	var masterErr error
+	if qr.Master != "" {
+		mctx, cancel := ctx, context.CancelFunc(func() {})
+		if deadline, ok := ctx.Deadline(); ok && qr.Slave != "" {
+			mctx, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
+		}
+		r := req
+		msgs, err := pull(mctx, qr.Master, &r, limit)
+		cancel()
+		if err == nil {
+			return msgs, nil
+		}
+		masterErr = fmt.Errorf("read from the master %s: %w", qr.Master, err)
+		if qr.Slave == "" || !masterDown(err) || ctx.Err() != nil {
+			return nil, masterErr
+		}
+		fmt.Fprintf(stderr, "ferryctl: the master %s did not answer (%v); reading from the slave %s\n", qr.Master, err, qr.Slave)
+	} else {
+		fmt.Fprintf(stderr, "ferryctl: group %s has no master; reading from the slave %s\n", qr.Group, qr.Slave)
+	}
+	r := req
+	msgs, err := pull(ctx, qr.Slave, &r, limit)
+	if err != nil {
+		return nil, errors.Join(masterErr, fmt.Errorf("read from the slave %s: %w", qr.Slave, err))
+	}
+	fmt.Fprintf(stderr, "ferryctl: read from the slave %s\n", qr.Slave)
+	return msgs, nil
+}
+
+// masterDown reports whether a failed read means the master is not
+// serving, so the slave should be asked.
+func masterDown(err error) bool {
+	return errors.Is(err, transport.ErrConnLost) || errors.Is(err, protocol.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, protocol.ErrNotMaster) ||
+		errors.Is(err, protocol.ErrShuttingDown)
 }
 
 // pull reads up to limit messages from a broker.

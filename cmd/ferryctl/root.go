@@ -107,6 +107,7 @@ func newRootCommand(out io.Writer) *cobra.Command {
 		newMetaCommand(g),
 		newSendCommand(g),
 		newReadCommand(g),
+		newTruncatedCommand(g),
 		newBenchCommand(g),
 	)
 	return root
