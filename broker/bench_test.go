@@ -81,7 +81,7 @@ func benchSend(b *testing.B, addr string, rel protocol.Reliability, batchSize, s
 					msgs[i] = protocol.Message{ID: fmt.Sprintf("%d-%d-%d", s, n, i), Topic: "bench", Queue: uint32((int(n) + i) % 8),
 						Reliability: rel, Timestamp: 1, Body: body}
 				}
-				buf = protocol.AppendSendRequest(buf[:0], msgs)
+				buf = protocol.AppendSendRequest(buf[:0], 0, msgs)
 				t0 := time.Now()
 				resp, err := c.Call(context.Background(), protocol.CodeSend, buf)
 				if err != nil {

@@ -14,7 +14,6 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
-	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -23,17 +22,20 @@ import (
 //
 //   - sender (send.go): the send path; on a slave it refuses SENDs.
 //   - handlePull (pull.go): reads, on either role.
-//   - replication (replication.go), master only: serves the slave's
+//   - roles (roles.go): makes the broker what the registry says, master or
+//     slave, and switches at a failover (cutting its log when it rejoins).
+//   - replication (replication.go), while master: serves the slave's
 //     fetches and releases HIGH messages.
-//   - follower (follower.go), slave only: copies the master's log.
+//   - follower (follower.go), while slave: copies the master's log.
 //   - heartbeater and writeLease (heartbeat.go): heartbeats and the
 //     permission to take writes.
 //   - routeCache (routecache.go): which queues are routed to this group.
 //   - retainer (below): deletes old segments.
 //
-// Goroutines: the data server's and (master) the HA server's, from package
-// transport; the heartbeat loop; the route refresher; (master) the
-// replication loop; (slave) the follower; the retention loop if enabled. The
+// Goroutines: the data server's and the HA server's, from package
+// transport; the heartbeat loop; the route refresher; the role loop and,
+// under it, the replication loop (master) or the follower (slave); the
+// retention loop if enabled. The
 // commit log has its writer and flusher. Close stops all of them, in an
 // order that answers every request already read.
 type Broker struct {
@@ -44,17 +46,14 @@ type Broker struct {
 
 	rpc    *transport.Server
 	addr   string
-	ha     *transport.Server // master only
+	ha     *transport.Server // serves the slave while this broker is master
 	haAddr string
 
 	lease  *writeLease
 	routes *routeCache
 	send   *sender
-	repl   *replication // master only
-	follow *follower    // slave only
+	roles  *roles
 	stats  Stats
-
-	masterHA atomic.Value // string: the master's HA address (slave)
 
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
@@ -63,7 +62,9 @@ type Broker struct {
 }
 
 // New opens the commit log (recovering it), binds the listeners and starts
-// the broker. It is read-only until a heartbeat is accepted.
+// the broker. It takes no writes until a heartbeat reply names it the
+// master of a writable group, and follows no master until one names it the
+// slave: cfg.Role is only its preference when it first joins its group.
 func New(cfg Config) (*Broker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -72,7 +73,6 @@ func New(cfg Config) (*Broker, error) {
 	lg := cfg.Logger.Named("broker").With("broker", cfg.ID, "group", cfg.Group, "role", string(cfg.Role))
 	b := &Broker{cfg: cfg, log: lg}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.masterHA.Store(cfg.MasterHAAddr)
 
 	var err error
 	b.store, err = storage.Open(storage.Config{
@@ -100,17 +100,24 @@ func New(cfg Config) (*Broker, error) {
 
 	b.lease = &writeLease{clock: cfg.Clock, session: cfg.SessionTimeout}
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
-	if cfg.Role == routing.RoleMaster {
-		b.repl = newReplication(b.store, replConfig{
-			HighWait: cfg.HighWait, FetchBytes: cfg.HAFetchBytes, FetchWait: cfg.HAFetchWait,
-			SlaveLagBytes: cfg.SlaveLagBytes, SlaveLagTime: cfg.SlaveLagTime,
-		}, &b.stats, cfg.Clock, lg.Named("replication"))
-	} else {
-		b.follow = &follower{log: b.store, dial: dialMaster, fetchBytes: cfg.HAFetchBytes, fetchWait: cfg.HAFetchWait,
-			clock: cfg.Clock, lg: lg.Named("follower"),
-			masterAddr: func() string { a, _ := b.masterHA.Load().(string); return a }}
+	b.roles, err = newRoles(&roles{id: cfg.ID, dir: cfg.Dir, log: b.store, lease: b.lease, clock: cfg.Clock,
+		lg: lg.Named("roles"), stats: &b.stats, fixedHA: cfg.MasterHAAddr,
+		newRepl: func() *replication {
+			return newReplication(b.store, replConfig{
+				HighWait: cfg.HighWait, FetchBytes: cfg.HAFetchBytes, FetchWait: cfg.HAFetchWait,
+				SlaveLagBytes: cfg.SlaveLagBytes, SlaveLagTime: cfg.SlaveLagTime,
+			}, &b.stats, cfg.Clock, lg.Named("replication"), b.lease.fence)
+		},
+		newFollow: func(epoch uint32, addr string, masterEnd *atomic.Int64) *follower {
+			return &follower{id: cfg.ID, epoch: epoch, addr: addr, log: b.store, dial: dialMaster,
+				fetchBytes: cfg.HAFetchBytes, fetchWait: cfg.HAFetchWait, clock: cfg.Clock, lg: lg.Named("follower"),
+				masterEnd: masterEnd}
+		},
+	})
+	if err != nil {
+		return fail(err)
 	}
-	b.send = &sender{id: cfg.ID, store: b.store, lease: b.lease, routes: b.routes, repl: b.repl, stats: &b.stats,
+	b.send = &sender{id: cfg.ID, store: b.store, lease: b.lease, routes: b.routes, repl: b.roles.replication, stats: &b.stats,
 		clock: cfg.Clock, lg: lg, maxReqs: cfg.MaxInflightRequests, maxBytes: cfg.MaxInflightBytes}
 
 	// Answers are sent from the commit log's and replication's goroutines
@@ -124,7 +131,7 @@ func New(cfg Config) (*Broker, error) {
 	// reach the commit log in the order they arrived (the handler only
 	// checks and queues the append; it never waits).
 	b.rpc.HandleOrdered(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) }, sendReplyEstimate)
-	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) { handlePull(b.store, r, r.Body) }, pullReplySize)
+	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) { handlePull(b.store, b.lease.fence, r, r.Body) }, pullReplySize)
 	bound, err := b.rpc.Listen(cfg.Addr)
 	if err != nil {
 		return fail(fmt.Errorf("broker: %w", err))
@@ -133,21 +140,25 @@ func New(cfg Config) (*Broker, error) {
 	if b.addr == "" {
 		b.addr = bound.String()
 	}
-	if b.repl != nil {
-		b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("ha")})
-		b.ha.HandleWithReply(protocol.CodeHAFetch, func(r *transport.Request) { b.repl.handleFetch(r, r.Body) },
-			func([]byte) int { return 8 + cfg.HAFetchBytes })
-		haBound, err := b.ha.Listen(cfg.HAAddr)
-		if err != nil {
-			return fail(fmt.Errorf("broker: HA %w", err))
+	// The HA port is open on both roles, so its address stays the same
+	// across role changes; it serves fetches only while this broker is the
+	// master, and only from the group's slave.
+	b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("ha")})
+	b.ha.HandleWithReply(protocol.CodeHAFetch, func(r *transport.Request) {
+		if rep := b.roles.replication(); rep != nil {
+			rep.handleFetch(r, r.Body)
+			return
 		}
-		b.haAddr = haBound.String()
-		b.goFunc(b.repl.run)
-	} else {
-		b.goFunc(b.follow.run)
+		r.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster, Message: "broker " + cfg.ID + " is not its group's master"})
+	}, func([]byte) int { return protocol.HAFetchResponseHeaderSize + cfg.HAFetchBytes })
+	haBound, err := b.ha.Listen(cfg.HAAddr)
+	if err != nil {
+		return fail(fmt.Errorf("broker: HA %w", err))
 	}
-	hb := &heartbeater{meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
-		log: lg.Named("heartbeat"), describe: b.describe, observe: b.observe}
+	b.haAddr = haBound.String()
+	b.goFunc(b.roles.run)
+	hb := &heartbeater{id: cfg.ID, meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
+		log: lg.Named("heartbeat"), describe: b.describe, observe: b.roles.observe}
 	b.goFunc(hb.run)
 	b.goFunc(b.routes.run)
 	if cfg.RetentionBytes > 0 {
@@ -170,32 +181,34 @@ func (b *Broker) goFunc(f func(context.Context)) {
 func (b *Broker) describe(hb *api.Heartbeat) {
 	ps := b.store.ProducerStats()
 	*hb = api.Heartbeat{Group: b.cfg.Group, Role: b.cfg.Role, BrokerID: b.cfg.ID, Addr: b.addr, HAAddr: b.haAddr,
-		LogEnd: b.store.EndOffset(), Producers: ps.Tracked, Duplicates: ps.Duplicates}
-	if b.repl != nil {
-		s := b.repl.state()
+		LogEnd: b.store.EndOffset(), Epoch: b.roles.epoch.Load(), Producers: ps.Tracked, Duplicates: ps.Duplicates}
+	if rep := b.roles.replication(); rep != nil {
+		s := rep.state()
 		hb.SlaveConnected, hb.SlaveAckOffset, hb.LagBytes, hb.LagMillis = s.Connected, s.AckOffset, s.LagBytes, s.LagTime.Milliseconds()
-	}
-}
-
-// observe takes the group as the registry has it: a slave learns where its
-// master serves the log, unless configured with it.
-func (b *Broker) observe(g routing.Group) {
-	if b.follow != nil && b.cfg.MasterHAAddr == "" {
-		b.masterHA.Store(g.Master.HAAddr)
+	} else {
+		hb.MasterEnd = b.roles.masterEnd.Load()
 	}
 }
 
 // Addr is the broker's advertised data address.
 func (b *Broker) Addr() string { return b.addr }
 
-// HAAddr is the master's HA address ("" on a slave).
+// HAAddr is where the broker serves its slave while it is the master.
 func (b *Broker) HAAddr() string { return b.haAddr }
 
 // Store exposes the commit log (reads and offsets).
 func (b *Broker) Store() *storage.Log { return b.store }
 
-// IsMaster reports the broker's role.
-func (b *Broker) IsMaster() bool { return b.repl != nil }
+// IsMaster reports whether the broker is its group's master now.
+func (b *Broker) IsMaster() bool { return b.roles.replication() != nil }
+
+// Role is what the broker is now: "starting" (no word from the registry
+// yet), "master", "slave", or "blocked: why" (it cannot follow its master
+// without an operator).
+func (b *Broker) Role() string { return b.roles.State() }
+
+// Epoch is the last epoch whose records the broker's log holds.
+func (b *Broker) Epoch() uint32 { return b.roles.epoch.Load() }
 
 // Clock is the clock the broker reads.
 func (b *Broker) Clock() clockwork.Clock { return b.cfg.Clock }
@@ -206,10 +219,11 @@ func (b *Broker) Writable() bool { return b.lease.valid() }
 
 // Slave returns the master's view of its slave (the zero state on a slave).
 func (b *Broker) Slave() SlaveState {
-	if b.repl == nil {
+	rep := b.roles.replication()
+	if rep == nil {
 		return SlaveState{}
 	}
-	return b.repl.state()
+	return rep.state()
 }
 
 // Stats returns the broker's counters.
@@ -223,8 +237,8 @@ func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
 		b.log.Info("broker closing")
 		b.send.closing.Store(true)
-		if b.repl != nil {
-			b.repl.failWaiters("the broker is shutting down")
+		if rep := b.roles.replication(); rep != nil {
+			rep.failWaiters("the broker is shutting down", protocol.StatusSlaveSyncTimeout)
 		}
 		err = b.shutdown()
 	})

@@ -241,7 +241,7 @@ func TestKilledMasterKeepsAcknowledged(t *testing.T) {
 				default:
 				}
 				m := stamped("durable", uint32(w%2), protocol.Normal, uint64(w+1), 0, i)
-				resp, err := c.Call(context.Background(), protocol.CodeSend, protocol.AppendSendRequest(nil, []protocol.Message{m}))
+				resp, err := c.Call(context.Background(), protocol.CodeSend, protocol.AppendSendRequest(nil, 0, []protocol.Message{m}))
 				if err != nil {
 					unknown[w] = &m
 					return // the broker died
@@ -331,7 +331,7 @@ func TestBadInputKeepsServing(t *testing.T) {
 		huge[i] = tc.Msg("bad", 0, protocol.Normal, "")
 		huge[i].Body = make([]byte, 512<<10)
 	}
-	if _, err := c.Call(ctx, protocol.CodeSend, protocol.AppendSendRequest(nil, huge)); !errors.Is(err, protocol.ErrBusy) {
+	if _, err := c.Call(ctx, protocol.CodeSend, protocol.AppendSendRequest(nil, 0, huge)); !errors.Is(err, protocol.ErrBusy) {
 		t.Fatalf("batch over the in-flight bytes: %v", err)
 	}
 	// A frame over the cap closes that connection only.
@@ -465,7 +465,7 @@ func stuckReader(t *testing.T, writeTimeout time.Duration) *testlog.Capture {
 		defer close(writerDone)
 		_ = raw.SetWriteDeadline(time.Now().Add(10 * time.Second))
 		pull := protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "stuck", Queue: 0, MaxBytes: 1 << 20})
-		send := protocol.AppendSendRequest(nil, []protocol.Message{tc.Msg("stuck", 1, protocol.Normal, "from the stuck client")})
+		send := protocol.AppendSendRequest(nil, 0, []protocol.Message{tc.Msg("stuck", 1, protocol.Normal, "from the stuck client")})
 		for i := range uint32(200) {
 			code, b := protocol.CodePull, pull
 			if i%2 == 1 {
@@ -515,7 +515,7 @@ func TestPipelinedSendsKeepArrivalOrder(t *testing.T) {
 			batch[j] = tc.Msg("order", uint32(j%4), protocol.Normal, fmt.Sprintf("%05d-%d", i, j))
 		}
 		wire, _ = protocol.AppendFrame(wire, &protocol.Frame{Code: protocol.CodeSend, Opaque: uint32(i + 1),
-			Body: protocol.AppendSendRequest(nil, batch)})
+			Body: protocol.AppendSendRequest(nil, 0, batch)})
 	}
 	raw, err := net.Dial("tcp", g.Master.Addr())
 	if err != nil {

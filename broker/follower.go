@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -41,33 +42,34 @@ func (l *transportLink) Fetch(ctx context.Context, req protocol.HAFetchRequest) 
 
 func (l *transportLink) Close() error { return l.c.Close() }
 
-// follower is the slave's side of HA sync: it fetches from its own log end,
-// appends what comes back at the same offsets, and fetches again, which
-// acknowledges the append. After any error it backs off and reconnects.
+// follower is the slave's side of HA sync in one epoch: it fetches from
+// its own log end, appends what comes back at the same offsets, and fetches
+// again, which acknowledges the append. Every fetch names the slave and its
+// epoch; an answer from a master of another epoch is dropped. After any
+// error it backs off and reconnects. roles starts one per epoch and master.
 type follower struct {
+	id         string // this broker's id, which the master checks
+	epoch      uint32
+	addr       string // the master's HA address
 	log        slaveLog
-	masterAddr func() string // the master's HA address; "" while unknown
 	dial       func(addr string) masterLink
 	fetchBytes int
 	fetchWait  time.Duration
 	clock      clockwork.Clock
 	lg         hclog.Logger
+	masterEnd  *atomic.Int64 // the master's log end in the last answer
 }
 
 func (f *follower) run(ctx context.Context) {
-	var link masterLink
-	var linkAddr string
-	defer func() {
-		if link != nil {
-			_ = link.Close()
-		}
-	}()
+	link := f.dial(f.addr)
+	defer func() { _ = link.Close() }()
+	addr := f.addr
 	backoff := 50 * time.Millisecond
 	failing := false // logged once per outage
 	sleep := func() bool {
 		t := f.clock.NewTimer(backoff)
 		defer t.Stop()
-		backoff = min(2*backoff, 2*time.Second)
+		backoff = min(2*backoff, time.Second)
 		select {
 		case <-ctx.Done():
 			return false
@@ -76,19 +78,6 @@ func (f *follower) run(ctx context.Context) {
 		}
 	}
 	for ctx.Err() == nil {
-		addr := f.masterAddr()
-		if addr == "" {
-			if !sleep() {
-				return
-			}
-			continue
-		}
-		if link == nil || linkAddr != addr {
-			if link != nil {
-				_ = link.Close()
-			}
-			link, linkAddr = f.dial(addr), addr
-		}
 		if err := f.copyOnce(ctx, link); err != nil {
 			if ctx.Err() == nil && !failing {
 				f.lg.Warn("copying from the master failed; retrying with backoff", "master", addr, "error", err)
@@ -114,9 +103,16 @@ func (f *follower) copyOnce(ctx context.Context, link masterLink) error {
 	defer cancel()
 	resp, err := link.Fetch(fctx, protocol.HAFetchRequest{
 		Offset: from, MaxBytes: uint32(f.fetchBytes), WaitMillis: uint32(f.fetchWait.Milliseconds()),
+		Epoch: f.epoch, BrokerID: f.id,
 	})
 	if err != nil {
 		return err
+	}
+	if resp.Epoch != f.epoch {
+		return fmt.Errorf("the master at %s serves epoch %d, this slave follows epoch %d", f.addr, resp.Epoch, f.epoch)
+	}
+	if f.masterEnd != nil {
+		f.masterEnd.Store(resp.MasterEnd)
 	}
 	if len(resp.Records) == 0 {
 		return nil

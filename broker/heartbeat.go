@@ -12,44 +12,103 @@ import (
 	"github.com/ferrymq/ferrymq/routing"
 )
 
-// writeLease is the broker's permission to take writes: the group state in
-// the last heartbeat reply the metaserver leader accepted, good for one
-// session from when it was accepted. A broker cut off from the metaserver
-// loses it by itself, without hearing anything: the registry may already
-// have marked its group read-only, and it must not take writes the cluster
-// thinks it refuses.
+// writeLease is the broker's permission to take writes. It holds when all
+// of these do:
+//
+//   - the last heartbeat reply the metaserver leader accepted named this
+//     broker the master of a writable group, in epoch E;
+//   - that heartbeat was sent less than one session ago, by this broker's
+//     monotonic clock (the lease runs from the send, not from the reply:
+//     the leader's session for it started later, at the receipt, so the
+//     lease always ends first);
+//   - the broker has taken over epoch E (ready: its follower stopped, the
+//     epoch is on disk, replication runs);
+//   - no request or reply has shown the broker an epoch newer than E.
+//
+// A broker cut off from the metaserver loses the lease by itself, without
+// hearing anything; the leader promotes its slave only after the session
+// plus a margin, by which time the lease has run out (DESIGN.md,
+// "Failover"). Every acknowledgement is checked against the lease when it
+// is sent, not only when the message arrived.
 type writeLease struct {
 	clock   clockwork.Clock
 	session time.Duration
 
-	writable atomic.Bool
-	at       atomic.Int64 // unix nanoseconds of the last accepted heartbeat; 0 before the first
+	word  atomic.Pointer[leaseWord]
+	ready atomic.Uint32 // the epoch the broker has taken over as master; 0: none
+	seen  atomic.Uint32 // the newest epoch any request or reply showed
 }
 
-// renew records an accepted heartbeat's verdict and reports whether the
-// lease's validity changed.
-func (l *writeLease) renew(writable bool) (changed bool) {
+// leaseWord is the registry's last accepted word.
+type leaseWord struct {
+	master   bool // this broker is the master and the group is writable
+	epoch    uint32
+	sentAt   time.Time // carries the monotonic reading
+	writable bool
+}
+
+// renew records an accepted heartbeat's verdict: whether the registry
+// names this broker the master of a writable group, in which epoch, and
+// when the heartbeat was sent. It reports whether the lease's validity
+// changed.
+//
+// The registry's word replaces any newer epoch a request claimed: requests
+// are not trusted beyond the next heartbeat (a stranger claiming a huge
+// epoch stops writes for at most one interval), and a genuine newer epoch
+// cannot be undone by a reply, since any reply that names this broker the
+// master was sent before the promotion, by more than a session.
+func (l *writeLease) renew(sentAt time.Time, master bool, writable bool, epoch uint32) (changed bool) {
 	was := l.valid()
-	l.writable.Store(writable)
-	l.at.Store(l.clock.Now().UnixNano())
+	l.seen.Store(epoch)
+	l.word.Store(&leaseWord{master: master, writable: writable, epoch: epoch, sentAt: sentAt})
 	return l.valid() != was
 }
 
-// valid reports whether the broker may take writes now.
-func (l *writeLease) valid() bool {
-	at := l.at.Load()
-	return at != 0 && l.writable.Load() && l.clock.Since(time.Unix(0, at)) < l.session
+// fence records an epoch seen on a request or a reply. A newer epoch than
+// the lease's ends it at once.
+func (l *writeLease) fence(epoch uint32) {
+	for {
+		s := l.seen.Load()
+		if epoch <= s || l.seen.CompareAndSwap(s, epoch) {
+			return
+		}
+	}
 }
+
+// epoch returns the epoch the lease is for (0 before any word).
+func (l *writeLease) epoch() uint32 {
+	if w := l.word.Load(); w != nil {
+		return w.epoch
+	}
+	return 0
+}
+
+// valid reports whether the broker may take writes now.
+func (l *writeLease) valid() bool { return l.validFor(l.epoch()) }
+
+// validFor reports whether the broker may acknowledge a write it took in
+// epoch: the lease holds now, for that same epoch.
+func (l *writeLease) validFor(epoch uint32) bool {
+	w := l.word.Load()
+	return w != nil && w.master && w.writable && w.epoch == epoch && epoch != 0 &&
+		l.ready.Load() == epoch && l.seen.Load() <= epoch && l.clock.Since(w.sentAt) < l.session
+}
+
+// fenced reports whether a newer epoch than the lease's was seen: the
+// broker has been replaced as master.
+func (l *writeLease) fenced() bool { return l.seen.Load() > l.epoch() }
 
 // registry is the part of the metaserver client that heartbeats use.
 type registry interface {
 	Heartbeat(ctx context.Context, hb api.Heartbeat) (api.HeartbeatReply, error)
 }
 
-// heartbeater sends a heartbeat every interval and renews the write lease
-// with each accepted reply. Missing replies need no action: the lease runs
-// out by itself.
+// heartbeater sends a heartbeat every interval (a quarter of it while the
+// group is read-only, so a promotion or a recovery is learned fast) and
+// renews the write lease with each accepted reply. Missing replies need no
+// action: the lease runs out by itself.
 type heartbeater struct {
+	id       string // this broker's id
 	meta     registry
 	lease    *writeLease
 	interval time.Duration
@@ -58,21 +117,26 @@ type heartbeater struct {
 	// describe fills a heartbeat with the broker's current state.
 	describe func(*api.Heartbeat)
 	// observe takes the group as the registry has it, after each accepted
-	// heartbeat.
+	// heartbeat. It must not block.
 	observe func(routing.Group)
 
 	failing bool // the last heartbeat failed; logged once per outage
+	fast    bool // the last reply showed a read-only group
 }
 
 func (h *heartbeater) run(ctx context.Context) {
-	tick := h.clock.NewTicker(h.interval)
-	defer tick.Stop()
 	for {
 		h.beat(ctx)
+		next := h.interval
+		if h.fast {
+			next = max(h.interval/4, time.Millisecond)
+		}
+		t := h.clock.NewTimer(next)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
-		case <-tick.Chan():
+		case <-t.Chan():
 		}
 	}
 }
@@ -83,6 +147,7 @@ func (h *heartbeater) beat(ctx context.Context) {
 	h.describe(&hb)
 	cctx, cancel := context.WithTimeout(ctx, h.interval)
 	defer cancel()
+	sentAt := h.clock.Now()
 	reply, err := h.meta.Heartbeat(cctx, hb)
 	if err != nil {
 		if ctx.Err() == nil && !h.failing {
@@ -96,8 +161,11 @@ func (h *heartbeater) beat(ctx context.Context) {
 		h.log.Info("heartbeats accepted again")
 	}
 	h.failing = false
-	if h.lease.renew(reply.Group.Writable()) {
-		h.log.Info("write lease changed", "writable", h.lease.valid(), "reasons", reply.Group.Reasons.String())
+	g := reply.Group
+	role, _ := g.RoleOf(h.id)
+	h.fast = !g.Writable() || role == ""
+	if h.lease.renew(sentAt, role == routing.RoleMaster, g.Writable(), g.Epoch) {
+		h.log.Info("write lease changed", "writable", h.lease.valid(), "role", role, "epoch", g.Epoch, "reasons", g.Reasons.String())
 	}
-	h.observe(reply.Group)
+	h.observe(g)
 }

@@ -23,6 +23,8 @@ type fakeRegistry struct {
 	got     []api.Heartbeat
 }
 
+func (f *fakeRegistry) epoch() uint32 { return 1 }
+
 func (f *fakeRegistry) Heartbeat(_ context.Context, hb api.Heartbeat) (api.HeartbeatReply, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -30,7 +32,8 @@ func (f *fakeRegistry) Heartbeat(_ context.Context, hb api.Heartbeat) (api.Heart
 	if f.err != nil {
 		return api.HeartbeatReply{}, f.err
 	}
-	return api.HeartbeatReply{Group: routing.Group{Name: hb.Group, Reasons: f.reasons, Master: routing.Broker{HAAddr: "master:1"}}}, nil
+	return api.HeartbeatReply{Group: routing.Group{Name: hb.Group, Reasons: f.reasons, Epoch: f.epoch(),
+		Master: routing.Broker{ID: "b1", HAAddr: "master:1"}}}, nil
 }
 
 func (f *fakeRegistry) set(reasons routing.Reasons, err error) {
@@ -46,8 +49,9 @@ func TestWriteLeaseFollowsHeartbeats(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	reg := &fakeRegistry{}
 	lease := &writeLease{clock: clock, session: time.Second}
+	lease.ready.Store(1) // roles took over epoch 1
 	var observed string
-	h := &heartbeater{meta: reg, lease: lease, interval: 100 * time.Millisecond, clock: clock, log: hclog.NewNullLogger(),
+	h := &heartbeater{id: "b1", meta: reg, lease: lease, interval: 100 * time.Millisecond, clock: clock, log: hclog.NewNullLogger(),
 		describe: func(hb *api.Heartbeat) { hb.Group = "g1" }, observe: func(g routing.Group) { observed = g.Master.HAAddr }}
 	ctx := context.Background()
 
@@ -117,5 +121,47 @@ func TestConfigValidate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The lease runs from when the accepted heartbeat was sent, not from when
+// its reply came back: a reply that took most of a session to arrive buys
+// only what is left of it. A newer epoch seen on a request ends the lease
+// at once, until the registry's next word.
+func TestWriteLeaseRunsFromTheSend(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lease := &writeLease{clock: clock, session: time.Second}
+	lease.ready.Store(1)
+	sent := clock.Now()
+	clock.Advance(900 * time.Millisecond) // the reply is slow
+	lease.renew(sent, true, true, 1)
+	if !lease.valid() {
+		t.Fatal("not writable within the session of the send")
+	}
+	clock.Advance(100 * time.Millisecond)
+	if lease.valid() {
+		t.Fatal("writable a session after the heartbeat was sent")
+	}
+
+	lease.renew(clock.Now(), true, true, 1)
+	lease.fence(2)
+	if lease.valid() || !lease.fenced() || lease.validFor(1) {
+		t.Fatal("writable after a newer epoch was seen")
+	}
+	lease.renew(clock.Now(), true, true, 1) // the registry still says epoch 1
+	if !lease.valid() {
+		t.Fatal("a claimed epoch outlived the registry's next word")
+	}
+	lease.renew(clock.Now(), false, true, 2) // replaced
+	if lease.valid() || lease.validFor(1) {
+		t.Fatal("writable after the registry named another master")
+	}
+	lease.renew(clock.Now(), true, true, 2)
+	if lease.valid() {
+		t.Fatal("writable in epoch 2 before the broker took it over")
+	}
+	lease.ready.Store(2)
+	if !lease.valid() || lease.validFor(1) {
+		t.Fatal("the lease is for epoch 2 only once taken over")
 	}
 }

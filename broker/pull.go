@@ -40,20 +40,26 @@ func pullReplySize(body []byte) int {
 	return 64 + pullBytes(req)
 }
 
-// handlePull answers PULL from the commit log, on a master or a slave.
-func handlePull(store queueReader, rep replier, body []byte) {
+// handlePull answers PULL from the commit log, on a master or a slave (a
+// slave serves what it holds). fence takes the epoch the reader's route
+// names: a master that sees a newer one stops taking writes.
+func handlePull(store queueReader, fence func(uint32), rep replier, body []byte) {
 	req, err := protocol.DecodePullRequest(body)
 	if err != nil {
 		rep.ReplyError(err)
 		return
 	}
+	fence(req.Epoch)
 	first, next := store.QueueRange(req.Topic, req.Queue)
 	offset := max(req.Offset, first)
 	entries, err := store.Read(req.Topic, req.Queue, offset, pullBytes(req))
 	if err != nil {
 		st := protocol.StatusStoreError
-		if errors.Is(err, storage.ErrOutOfRange) {
+		switch {
+		case errors.Is(err, storage.ErrOutOfRange):
 			st = protocol.StatusInvalid
+		case errors.Is(err, storage.ErrReadTruncated):
+			st = protocol.StatusBusy // the log was cut under the read: reading again is safe
 		}
 		rep.ReplyError(&protocol.Error{Status: st, Message: err.Error()})
 		return

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -47,8 +48,13 @@ type replication struct {
 	clock clockwork.Clock
 	lg    hclog.Logger
 	wake  chan struct{} // capacity 1: new data was appended
+	// fence takes an epoch a fetch showed; a newer one than the master's
+	// ends its write lease.
+	fence func(epoch uint32)
 
 	mu         sync.Mutex
+	slaveID    string    // the only broker whose fetches are served and counted
+	epoch      uint32    // the epoch this master serves
 	ack        int64     // the slave's acknowledged end offset
 	lastFetch  time.Time // when the slave last asked
 	caughtUpAt time.Time // when the slave last had everything it was offered
@@ -71,9 +77,24 @@ type parkedFetch struct {
 	deadline time.Time
 }
 
-func newReplication(log masterLog, cfg replConfig, stats *Stats, clock clockwork.Clock, lg hclog.Logger) *replication {
-	return &replication{log: log, cfg: cfg, stats: stats, clock: clock, lg: lg,
+func newReplication(log masterLog, cfg replConfig, stats *Stats, clock clockwork.Clock, lg hclog.Logger, fence func(uint32)) *replication {
+	if fence == nil {
+		fence = func(uint32) {}
+	}
+	return &replication{log: log, cfg: cfg, stats: stats, clock: clock, lg: lg, fence: fence,
 		wake: make(chan struct{}, 1), caughtUpAt: clock.Now()}
+}
+
+// setSlave names the broker whose fetches are served and counted, and the
+// epoch this master serves, as the registry has them.
+func (r *replication) setSlave(id string, epoch uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if id != r.slaveID && r.slaveID != "" {
+		// Another broker: what the old one acknowledged says nothing of it.
+		r.everSeen, r.ack = false, 0
+	}
+	r.slaveID, r.epoch = id, epoch
 }
 
 // notify tells run that the log grew.
@@ -140,6 +161,24 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 	f, err := protocol.DecodeHAFetchRequest(body)
 	if err != nil {
 		rep.ReplyError(err)
+		return
+	}
+	r.fence(f.Epoch)
+	r.mu.Lock()
+	slaveID, epoch := r.slaveID, r.epoch
+	r.mu.Unlock()
+	switch {
+	case f.Epoch > epoch:
+		rep.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster,
+			Message: fmt.Sprintf("this master serves epoch %d; the fetch is for epoch %d", epoch, f.Epoch)})
+		return
+	case slaveID == "" || f.BrokerID != slaveID || f.Epoch != epoch:
+		if r.stats.HAFetchRefused.Add(1) == 1 {
+			r.lg.Warn("refusing an HA fetch from a broker that is not this group's slave in this epoch",
+				"from", f.BrokerID, "epoch", f.Epoch, "slave", slaveID, "serving-epoch", epoch)
+		}
+		rep.ReplyError(&protocol.Error{Status: protocol.StatusNotAuthorized,
+			Message: fmt.Sprintf("only the group's slave %q in epoch %d may fetch; got %q in epoch %d", slaveID, epoch, f.BrokerID, f.Epoch)})
 		return
 	}
 	now := r.clock.Now()
@@ -216,8 +255,9 @@ func (r *replication) answer(rep replier, f protocol.HAFetchRequest) {
 	}
 	r.mu.Lock()
 	r.offeredEnd = end
+	epoch := r.epoch
 	r.mu.Unlock()
-	body := protocol.AppendHAFetchResponseHeader(make([]byte, 0, 8+len(raw)), end)
+	body := protocol.AppendHAFetchResponseHeader(make([]byte, 0, protocol.HAFetchResponseHeaderSize+len(raw)), end, epoch)
 	_ = rep.Reply(append(body, raw...))
 }
 
@@ -273,8 +313,9 @@ func (r *replication) step() {
 	r.complete(expired, protocol.StatusSlaveSyncTimeout)
 }
 
-// failWaiters answers every HIGH message still waiting and refuses later ones.
-func (r *replication) failWaiters(why string) {
+// failWaiters answers every HIGH message still waiting with st and refuses
+// later ones.
+func (r *replication) failWaiters(why string, st protocol.Status) {
 	r.mu.Lock()
 	ws := r.waiters
 	r.waiters = nil
@@ -283,5 +324,5 @@ func (r *replication) failWaiters(why string) {
 	if len(ws) > 0 {
 		r.lg.Warn("answering HIGH messages without the slave's confirmation", "messages", len(ws), "why", why)
 	}
-	r.complete(ws, protocol.StatusSlaveSyncTimeout)
+	r.complete(ws, st)
 }

@@ -61,6 +61,18 @@ func (l memLink) Fetch(ctx context.Context, req protocol.HAFetchRequest) (protoc
 
 func (memLink) Close() error { return nil }
 
+// The slave and epoch the test pairs run as.
+const (
+	testSlave = "g1-slave"
+	testEpoch = 3
+)
+
+// fetchAt is a fetch from the pair's slave at offset.
+func fetchAt(offset int64, wait uint32) []byte {
+	return protocol.AppendHAFetchRequest(nil, &protocol.HAFetchRequest{Offset: offset, MaxBytes: 1 << 20, WaitMillis: wait,
+		Epoch: testEpoch, BrokerID: testSlave})
+}
+
 type replPair struct {
 	master, slave *storage.Log
 	repl          *replication
@@ -71,7 +83,8 @@ type replPair struct {
 func newReplPair(t *testing.T) *replPair {
 	p := &replPair{master: openLog(t), slave: openLog(t), stats: &Stats{}, clock: clockwork.NewFakeClock()}
 	p.repl = newReplication(p.master, replConfig{HighWait: time.Second, FetchBytes: 64 << 10, FetchWait: 50 * time.Millisecond,
-		SlaveLagBytes: 1 << 20, SlaveLagTime: time.Second}, p.stats, p.clock, hclog.NewNullLogger())
+		SlaveLagBytes: 1 << 20, SlaveLagTime: time.Second}, p.stats, p.clock, hclog.NewNullLogger(), nil)
+	p.repl.setSlave(testSlave, testEpoch)
 	return p
 }
 
@@ -83,7 +96,7 @@ func (p *replPair) run(t *testing.T, follow bool) {
 	n := 1
 	if follow {
 		n = 2
-		f := &follower{log: p.slave, masterAddr: func() string { return "memory" }, dial: func(string) masterLink { return memLink{p.repl} },
+		f := &follower{id: testSlave, epoch: testEpoch, addr: "memory", log: p.slave, dial: func(string) masterLink { return memLink{p.repl} },
 			fetchBytes: 64 << 10, fetchWait: 50 * time.Millisecond, clock: p.clock, lg: hclog.NewNullLogger()}
 		go func() { f.run(ctx); done <- struct{}{} }()
 	}
@@ -182,7 +195,7 @@ func TestReplicationHighTimesOutOnTheClock(t *testing.T) {
 func TestReplicationParksFetches(t *testing.T) {
 	p := newReplPair(t)
 	rep := make(chanReplier, 1)
-	p.repl.handleFetch(rep, protocol.AppendHAFetchRequest(nil, &protocol.HAFetchRequest{Offset: 0, MaxBytes: 1 << 20, WaitMillis: 100}))
+	p.repl.handleFetch(rep, fetchAt(0, 100))
 	p.repl.step()
 	select {
 	case a := <-rep:
@@ -196,15 +209,15 @@ func TestReplicationParksFetches(t *testing.T) {
 		t.Fatal(a.err)
 	}
 	fr, err := protocol.DecodeHAFetchResponse(a.body)
-	if err != nil || fr.MasterEnd != p.master.EndOffset() || int64(len(fr.Records)) != p.master.EndOffset() {
+	if err != nil || fr.MasterEnd != p.master.EndOffset() || int64(len(fr.Records)) != p.master.EndOffset() || fr.Epoch != testEpoch {
 		t.Fatalf("answer: end %d, %d bytes, %v; master end %d", fr.MasterEnd, len(fr.Records), err, p.master.EndOffset())
 	}
 
 	end := p.master.EndOffset()
-	p.repl.handleFetch(rep, protocol.AppendHAFetchRequest(nil, &protocol.HAFetchRequest{Offset: end, MaxBytes: 1 << 20, WaitMillis: 100}))
+	p.repl.handleFetch(rep, fetchAt(end, 100))
 	p.clock.Advance(101 * time.Millisecond)
 	p.repl.step()
-	if a := <-rep; a.err != nil || len(a.body) != 8 {
+	if a := <-rep; a.err != nil || len(a.body) != protocol.HAFetchResponseHeaderSize {
 		t.Fatalf("expired parked fetch: %d bytes, %v", len(a.body), a.err)
 	}
 	if p.repl.lagging() {
@@ -216,8 +229,62 @@ func TestReplicationParksFetches(t *testing.T) {
 	}
 
 	// A slave ahead of its master is refused with a clear error.
-	p.repl.handleFetch(rep, protocol.AppendHAFetchRequest(nil, &protocol.HAFetchRequest{Offset: end + 1}))
+	p.repl.handleFetch(rep, fetchAt(end+1, 0))
 	if a := <-rep; !errors.Is(a.err, protocol.ErrInvalid) {
 		t.Fatalf("slave ahead of the master: %v", a.err)
+	}
+}
+
+// Only the group's slave, in the master's epoch, is served and counted: a
+// stranger's fetch (another id, or the right id in another epoch) is
+// refused and releases no HIGH message; a fetch from a newer epoch fences
+// the master.
+func TestReplicationServesOnlyItsSlave(t *testing.T) {
+	p := newReplPair(t)
+	var fenced []uint32
+	p.repl.fence = func(e uint32) { fenced = append(fenced, e) }
+	done := make(chan protocol.Status, 1)
+	pos := p.append(t, 1)
+	p.repl.await(pos[0].End, func(st protocol.Status) { done <- st })
+	rep := make(chanReplier, 1)
+	for _, f := range []protocol.HAFetchRequest{
+		{Offset: pos[0].End, BrokerID: "stranger", Epoch: testEpoch},
+		{Offset: pos[0].End, BrokerID: "", Epoch: testEpoch},
+		{Offset: pos[0].End, BrokerID: testSlave, Epoch: testEpoch - 1},
+	} {
+		p.repl.handleFetch(rep, protocol.AppendHAFetchRequest(nil, &f))
+		if a := <-rep; !errors.Is(a.err, protocol.ErrNotAuthorized) {
+			t.Fatalf("fetch %+v: %v, want NOT_AUTHORIZED", f, a.err)
+		}
+	}
+	select {
+	case st := <-done:
+		t.Fatalf("a stranger's fetch released a HIGH message: %v", st)
+	default:
+	}
+	if s := p.repl.state(); s.AckOffset != 0 || s.Connected {
+		t.Fatalf("a stranger's fetch counted: %+v", s)
+	}
+	if got := p.stats.HAFetchRefused.Load(); got != 3 {
+		t.Fatalf("HAFetchRefused %d, want 3", got)
+	}
+	newer := protocol.HAFetchRequest{Offset: 0, BrokerID: testSlave, Epoch: testEpoch + 1}
+	p.repl.handleFetch(rep, protocol.AppendHAFetchRequest(nil, &newer))
+	if a := <-rep; !errors.Is(a.err, protocol.ErrNotMaster) {
+		t.Fatalf("fetch from a newer epoch: %v, want NOT_MASTER", a.err)
+	}
+	if len(fenced) == 0 || fenced[len(fenced)-1] != testEpoch+1 {
+		t.Fatalf("the master was not shown the newer epoch: %v", fenced)
+	}
+	// The real slave releases it (its fetch, with nothing new, is parked
+	// and answered empty once its wait passes).
+	p.repl.handleFetch(rep, fetchAt(pos[0].End, 0))
+	p.clock.Advance(time.Millisecond)
+	p.repl.step()
+	if a := <-rep; a.err != nil {
+		t.Fatal(a.err)
+	}
+	if st := <-done; st != protocol.StatusOK {
+		t.Fatalf("HIGH after the slave's fetch: %v", st)
 	}
 }

@@ -31,10 +31,12 @@ type sender struct {
 	store  appender
 	lease  *writeLease
 	routes *routeCache
-	repl   *replication // nil on a slave: it refuses every SEND with NOT_MASTER
-	stats  *Stats
-	clock  clockwork.Clock
-	lg     hclog.Logger
+	// repl returns the running replication, nil unless the broker is the
+	// master: a SEND then gets NOT_MASTER.
+	repl  func() *replication
+	stats *Stats
+	clock clockwork.Clock
+	lg    hclog.Logger
 
 	// Broker-wide bounds on SEND requests in flight and their bytes; past
 	// them a request is refused whole with BUSY.
@@ -88,13 +90,13 @@ func (sb *sendBatch) done1() {
 func sendReplySize(n int) int { return 4 + 18*n }
 
 // sendReplyEstimate is the size of the answer to a SEND request body, for
-// the transport's admission: one result per message (the body starts with
-// the message count), or an error's text.
+// the transport's admission: one result per message (the body's header
+// ends with the message count), or an error's text.
 func sendReplyEstimate(body []byte) int {
-	if len(body) < 4 {
+	if len(body) < protocol.SendRequestHeaderSize {
 		return transport.DefaultReplySize
 	}
-	n := binary.BigEndian.Uint32(body)
+	n := binary.BigEndian.Uint32(body[protocol.SendRequestHeaderSize-4:])
 	return max(sendReplySize(int(min(n, protocol.MaxFrameSize/18))), transport.DefaultReplySize)
 }
 
@@ -109,12 +111,13 @@ func (s *sender) handle(rep replier, body []byte) {
 		rep.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: fmt.Sprintf("broker %s has too many requests in flight", s.id)})
 		return
 	}
-	msgs, raws, err := protocol.DecodeSendRequestRaw(body)
+	epoch, msgs, raws, err := protocol.DecodeSendRequestRaw(body)
 	if err != nil {
 		s.release(size)
 		rep.ReplyError(err)
 		return
 	}
+	s.lease.fence(epoch)
 	sb := &sendBatch{s: s, rep: rep, size: size, start: s.clock.Now(), results: make([]protocol.SendResult, len(msgs))}
 	sb.pending.Store(int64(len(msgs)) + 1) // +1: the handler's own hold, dropped at the end
 
@@ -122,7 +125,7 @@ func (s *sender) handle(rep replier, body []byte) {
 	// encoding the producer sent (it aliases the request's buffer, which the
 	// commit log copies before the append completes).
 	good := make([]int, 0, len(msgs))
-	checks := s.newBatchCheck()
+	checks := s.newBatchCheck(epoch)
 	for i := range msgs {
 		if st := checks.check(&msgs[i]); st != protocol.StatusOK {
 			sb.complete(i, protocol.SendResult{Status: st})
@@ -137,17 +140,21 @@ func (s *sender) handle(rep replier, body []byte) {
 			entries[j] = storage.Entry{Topic: msgs[i].Topic, Queue: msgs[i].Queue, Payload: raws[i],
 				Producer: storage.ProducerStamp(msgs[i].Producer)}
 		}
+		repl, epoch := checks.repl, checks.epoch
 		s.store.AppendAsync(entries, false, func(pos []storage.Position, err error) {
-			s.appended(sb, msgs, good, pos, err)
+			s.appended(sb, repl, epoch, msgs, good, pos, err)
 		})
 	}
 	sb.done1()
 }
 
-// appended completes the stored messages of a batch. It runs on the commit
-// log's writer or flusher goroutine, so it only records results and hands
-// HIGH messages to replication.
-func (s *sender) appended(sb *sendBatch, msgs []protocol.Message, good []int, pos []storage.Position, err error) {
+// appended completes the stored messages of a batch, taken in epoch. It
+// runs on the commit log's writer or flusher goroutine, so it only records
+// results and hands HIGH messages to replication. A message is answered OK
+// only if the write lease still holds for epoch when the answer is made:
+// a master that lost it (a newer epoch, or a pause past its session)
+// answers LEASE_LOST, never OK.
+func (s *sender) appended(sb *sendBatch, repl *replication, epoch uint32, msgs []protocol.Message, good []int, pos []storage.Position, err error) {
 	if err != nil {
 		st := statusOfStoreError(err)
 		s.lg.Warn("append failed", "messages", len(good), "status", st.String(), "error", err)
@@ -174,19 +181,29 @@ func (s *sender) appended(sb *sendBatch, msgs []protocol.Message, good []int, po
 			bytes += int64(len(msgs[i].Body))
 		}
 		if msgs[i].Reliability == protocol.High && p.End >= 0 {
-			s.repl.await(p.End, func(st protocol.Status) {
+			repl.await(p.End, func(st protocol.Status) {
 				if st != protocol.StatusOK {
 					res.Status = st
 				}
-				sb.complete(i, res)
+				sb.complete(i, s.leaseCheck(res, epoch))
 			})
 			continue
 		}
-		sb.complete(i, res)
+		sb.complete(i, s.leaseCheck(res, epoch))
 	}
 	s.stats.MessagesIn.Add(stored)
 	s.stats.BytesIn.Add(bytes)
-	s.repl.notify()
+	repl.notify()
+}
+
+// leaseCheck turns an acknowledgement into LEASE_LOST when the write lease
+// no longer holds for the epoch the message was taken in.
+func (s *sender) leaseCheck(res protocol.SendResult, epoch uint32) protocol.SendResult {
+	if (res.Status == protocol.StatusOK || res.Status == protocol.StatusDuplicate) && !s.lease.validFor(epoch) {
+		s.stats.LeaseLost.Add(1)
+		return protocol.SendResult{Status: protocol.StatusLeaseLost}
+	}
+	return res
 }
 
 // admit counts a request in, or refuses it when the broker is over its bounds.
@@ -226,6 +243,8 @@ func statusOfStoreError(err error) protocol.Status {
 // once per batch, not per message.
 type batchCheck struct {
 	s        *sender
+	repl     *replication    // the running replication when the batch arrived
+	epoch    uint32          // the lease's epoch when the batch arrived
 	state    protocol.Status // NOT_MASTER, READ_ONLY or OK for the whole batch
 	lagKnown bool
 	lagging  bool
@@ -277,12 +296,17 @@ func (c *batchCheck) dropAfterRefused(msgs []protocol.Message, good []int, sb *s
 	return kept
 }
 
-func (s *sender) newBatchCheck() batchCheck {
-	c := batchCheck{s: s, state: protocol.StatusOK}
+// newBatchCheck reads the broker's state once for a batch that names the
+// group at epoch (0: the sender does not know).
+func (s *sender) newBatchCheck(epoch uint32) batchCheck {
+	c := batchCheck{s: s, state: protocol.StatusOK, repl: s.repl(), epoch: s.lease.epoch()}
 	switch {
-	case s.repl == nil:
+	case c.repl == nil:
 		c.state = protocol.StatusNotMaster
-	case !s.lease.valid():
+	case s.lease.fenced() || epoch > c.epoch:
+		s.stats.Fenced.Add(1)
+		c.state = protocol.StatusNotMaster
+	case !s.lease.validFor(c.epoch):
 		c.state = protocol.StatusReadOnly
 	}
 	return c
@@ -308,7 +332,7 @@ func (c *batchCheck) checkOne(m *protocol.Message) protocol.Status {
 	}
 	if m.Reliability == protocol.High {
 		if !c.lagKnown {
-			c.lagging, c.lagKnown = c.s.repl.lagging(), true
+			c.lagging, c.lagKnown = c.repl.lagging(), true
 		}
 		if c.lagging {
 			return protocol.StatusSlaveLagging

@@ -11,5 +11,13 @@ type Stats struct {
 	Batches      atomic.Int64 // SEND requests answered
 	BatchNanos   atomic.Int64 // sum of SEND latencies, for the mean
 	HighAcked    atomic.Int64 // HIGH messages confirmed by the slave
-	HighTimeouts atomic.Int64 // HIGH messages answered SLAVE_SYNC_TIMEOUT
+	HighTimeouts atomic.Int64 // HIGH messages answered SLAVE_SYNC_TIMEOUT (or LEASE_LOST when stepping down)
+
+	// Failover.
+	LeaseLost      atomic.Int64 // stored messages answered LEASE_LOST: the lease ran out before the answer
+	Fenced         atomic.Int64 // SEND batches refused because a newer epoch was seen
+	Takeovers      atomic.Int64 // times this broker took over as master
+	Truncations    atomic.Int64 // times this broker cut its log on rejoining as slave
+	TruncatedBytes atomic.Int64 // bytes cut
+	HAFetchRefused atomic.Int64 // HA fetches refused: not this group's slave in this epoch
 }

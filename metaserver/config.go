@@ -54,6 +54,23 @@ type Config struct {
 	// JudgeInterval is how often the leader checks every group. Default
 	// 500 ms; it must be shorter than SessionTimeout.
 	JudgeInterval time.Duration
+
+	// DisableFailover keeps a group whose master is lost read-only until a
+	// person acts (the seeds' behaviour). By default the leader promotes
+	// the group's slave (see DESIGN.md, "Failover").
+	DisableFailover bool
+	// FailoverMargin is how long past SessionTimeout the leader waits,
+	// after the master's last accepted heartbeat, before it promotes: the
+	// old master's lease has run out by its own clock by then, whatever the
+	// two clocks read, as long as they tick at about the same rate. Default
+	// 1 s.
+	FailoverMargin time.Duration
+	// FailoverMaxLoss is the most bytes of NORMAL messages a promotion may
+	// lose, by the last reports of the master's and the slave's log ends: a
+	// slave further behind is not promoted. 0 takes the default, LagBytes
+	// (a group that was writable when its master vanished fails over);
+	// NoLoss promotes only a slave that had everything.
+	FailoverMaxLoss int64
 	// Clock is what the leader's failure detection reads: the times the
 	// heartbeat handler records, the sessions, the judge's ticker and the
 	// times stamped into the commands it applies. Raft's own timings stay
@@ -75,6 +92,10 @@ type Config struct {
 	// Logger is the root logger. Default: stderr at info.
 	Logger hclog.Logger
 }
+
+// NoLoss as Config.FailoverMaxLoss promotes only a slave that had every
+// byte the master reported.
+const NoLoss = -1
 
 // Limits that Validate enforces.
 const (
@@ -110,6 +131,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.JudgeInterval == 0 {
 		c.JudgeInterval = 500 * time.Millisecond
+	}
+	if c.FailoverMargin == 0 {
+		c.FailoverMargin = time.Second
+	}
+	if c.FailoverMaxLoss == 0 {
+		c.FailoverMaxLoss = c.LagBytes
 	}
 	if c.SnapshotInterval == 0 {
 		c.SnapshotInterval = 30 * time.Second
@@ -207,6 +234,7 @@ func (c Config) Validate() error {
 		{"SessionTimeout", c.SessionTimeout},
 		{"LagTime", c.LagTime},
 		{"JudgeInterval", c.JudgeInterval},
+		{"FailoverMargin", c.FailoverMargin},
 		{"RaftHeartbeatTimeout", c.RaftHeartbeatTimeout},
 		{"RaftElectionTimeout", c.RaftElectionTimeout},
 		{"RaftLeaderLeaseTimeout", c.RaftLeaderLeaseTimeout},
@@ -215,6 +243,10 @@ func (c Config) Validate() error {
 		if f.v < 0 {
 			bad("%s is %v; it must be positive (0 means the default)", f.name, f.v)
 		}
+	}
+
+	if c.FailoverMaxLoss < NoLoss {
+		bad("FailoverMaxLoss is %d; it must be positive, 0 (the default, LagBytes) or NoLoss (-1)", c.FailoverMaxLoss)
 	}
 
 	// Relations between the values in effect, checked only where the fields

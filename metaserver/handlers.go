@@ -48,15 +48,18 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 	now := s.cfg.Clock.Now()
 	want := routing.Broker{ID: hb.BrokerID, Addr: hb.Addr, HAAddr: hb.HAAddr}
 	g, ok := s.fsm.Group(hb.Group)
-	have := g.Slave
-	if hb.Role == routing.RoleMaster {
-		have = g.Master
-	}
-	if !ok || have != want {
-		if _, err := s.apply(ctx, &fsm.RegisterBroker{Group: hb.Group, Role: hb.Role, Broker: want, At: now.UnixMilli()}); err != nil {
+	role, known := g.RoleOf(hb.BrokerID)
+	if !ok || !known || (role == routing.RoleMaster && g.Master != want) || (role == routing.RoleSlave && g.Slave != want) {
+		// Roles are the registry's: hb.Role is only the broker's preference
+		// when it first joins its group.
+		if _, err := s.apply(ctx, &fsm.RegisterBroker{Group: hb.Group, Role: hb.Role, Broker: want, LogEnd: hb.LogEnd,
+			At: now.UnixMilli()}); err != nil {
 			return api.HeartbeatReply{}, err
 		}
-		s.log.Info("broker registered", "group", hb.Group, "role", hb.Role, "broker", hb.BrokerID, "addr", hb.Addr)
+		g, _ = s.fsm.Group(hb.Group)
+		role, _ = g.RoleOf(hb.BrokerID)
+		s.log.Info("broker registered", "group", hb.Group, "role", role, "preferred", hb.Role, "broker", hb.BrokerID,
+			"addr", hb.Addr, "epoch", g.Epoch)
 	}
 	s.judge.heartbeat(hb, now)
 	s.judge.judgeGroup(ctx, hb.Group, now)

@@ -21,7 +21,13 @@ import (
 //   - the master reports its slave behind by more than LagBytes, or not
 //     caught up for more than LagTime -> RO(slave-lag);
 //   - RecoverHeartbeats healthy master heartbeats in a row clear both;
-//   - the admin reason is never touched here.
+//   - the admin reason is never touched here;
+//   - no master heartbeat for SessionTimeout + FailoverMargin, and the
+//     slave alive and close enough -> promote the slave (failover.go).
+//
+// Heartbeats count for the role the registry gives their broker, not the
+// role the broker claims: a fenced master that comes back speaks as the
+// slave it now is.
 //
 // A new leader starts every session at the moment it took over, so no
 // broker is expired by an election alone (one full session of grace).
@@ -40,6 +46,7 @@ type judge struct {
 	ready      atomic.Bool
 	heartbeats atomic.Int64 // heartbeats taken while leading, for metrics
 	rounds     atomic.Int64 // rounds over every group finished, for metrics and tests
+	failovers  failoverStats
 
 	mu        sync.Mutex
 	since     time.Time // when this leadership's judge started
@@ -55,7 +62,11 @@ type session struct {
 	seenSlave  bool
 	streak     int // healthy master heartbeats in a row
 	lagBad     bool
-	last       api.Heartbeat
+	last       api.Heartbeat // the master's last heartbeat
+	lastSl     api.Heartbeat // the slave's last heartbeat
+	// failover is why the group's slave is not being promoted, or what the
+	// last promotion did; "" when there is nothing to say.
+	failover string
 }
 
 func (j *judge) init(cfg Config, f *fsm.FSM, apply func(context.Context, fsm.Command) (*fsm.Result, error), log hclog.Logger) {
@@ -132,24 +143,34 @@ func (j *judge) sessionLocked(group string) *session {
 	return s
 }
 
-// heartbeat records a heartbeat taken at now (read from cfg.Clock).
+// heartbeat records a heartbeat taken at now (read from cfg.Clock), for the
+// role the registry gives its broker; a broker the group does not name is
+// ignored.
 func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 	j.heartbeats.Add(1)
+	g, ok := j.fsm.Group(hb.Group)
+	if !ok {
+		return
+	}
+	role, ok := g.RoleOf(hb.BrokerID)
+	if !ok {
+		return
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	s := j.sessionLocked(hb.Group)
-	if hb.Role != routing.RoleMaster {
-		s.lastSlave, s.seenSlave = now, true
+	if role != routing.RoleMaster {
+		s.lastSlave, s.seenSlave, s.lastSl = now, true, hb
 		return
 	}
 	if now.Sub(s.lastMaster) > j.cfg.SessionTimeout {
 		s.streak = 0 // heartbeats resumed after a loss: count again from here
 	}
 	s.lagBad = hb.LagBytes > j.cfg.LagBytes || hb.LagMillis > j.cfg.LagTime.Milliseconds()
-	if s.lagBad {
+	if s.lagBad && g.Slave.ID != "" {
 		s.streak = 0
 	} else {
-		s.streak++
+		s.streak++ // a master without a slave lags nobody
 	}
 	s.lastMaster, s.seenMaster, s.last = now, true, hb
 }
@@ -159,6 +180,9 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 func (j *judge) judgeGroup(ctx context.Context, name string, now time.Time) {
 	g, ok := j.fsm.Group(name)
 	if !ok {
+		return
+	}
+	if j.maybePromote(ctx, g, now) {
 		return
 	}
 	j.mu.Lock()
@@ -207,12 +231,14 @@ func (j *judge) info(g routing.Group, now time.Time) api.GroupInfo {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if s := j.sessions[g.Name]; s != nil {
+		gi.Failover = s.failover
 		if s.seenMaster {
 			gi.MasterHeartbeatAgeMillis = now.Sub(s.lastMaster).Milliseconds()
 			gi.Last = s.last
 		}
 		if s.seenSlave {
 			gi.SlaveHeartbeatAgeMillis = now.Sub(s.lastSlave).Milliseconds()
+			gi.LastSlave = s.lastSl
 		}
 	}
 	return gi

@@ -37,9 +37,19 @@ type judgeRig struct {
 
 func newJudgeRig(t *testing.T) *judgeRig {
 	t.Helper()
+	return newJudgeRigWith(t, nil)
+}
+
+// newJudgeRigWith is newJudgeRig with edit (if not nil) applied to the config.
+func newJudgeRigWith(t *testing.T, edit func(*Config)) *judgeRig {
+	t.Helper()
 	r := &judgeRig{t: t, clk: clockwork.NewFakeClockAt(time.Unix(1_800_000_000, 0)), f: fsm.New()}
 	cfg := Config{SessionTimeout: tSession, JudgeInterval: tInterval, LagTime: tLagTime, LagBytes: tLagBytes,
-		RecoverHeartbeats: tRecover, Clock: r.clk, Logger: testlog.New("judge")}.withDefaults()
+		RecoverHeartbeats: tRecover, Clock: r.clk, Logger: testlog.New("judge")}
+	if edit != nil {
+		edit(&cfg)
+	}
+	cfg = cfg.withDefaults()
 	r.j = &judge{}
 	r.j.init(cfg, r.f, r.apply, cfg.Logger)
 	r.j.begin()
@@ -155,17 +165,28 @@ func TestJudgeHeartbeatLostAndRecovered(t *testing.T) {
 		t.Fatalf("after %d heartbeats in a row: %q", tRecover, g.Reasons)
 	}
 
-	// A lag report breaks a streak.
+	// A lag report breaks a streak only when the group has a slave: a
+	// master without one lags nobody (after a failover the new master has
+	// none until the old one comes back).
 	r.after(tSession + tInterval)
 	r.wantReasons("g1", routing.HeartbeatLost, "lost again")
 	r.heartbeat(master("g1"))
 	lagging := master("g1")
 	lagging.LagBytes = tLagBytes + 1
-	r.heartbeat(lagging) // no slave registered: lag does not count, but the streak restarts
+	r.heartbeat(lagging)
+	for i := 2; i < tRecover; i++ {
+		r.heartbeat(master("g1"))
+	}
+	r.wantReasons("g1", 0, "a streak with a lag report but no slave")
+	r.register("g1", routing.RoleSlave)
+	r.after(tSession + tInterval)
+	r.wantReasons("g1", routing.HeartbeatLost, "lost again")
+	r.heartbeat(master("g1"))
+	r.heartbeat(lagging) // with a slave: the streak restarts
 	for i := 1; i < tRecover; i++ {
 		r.heartbeat(master("g1"))
 	}
-	r.wantReasons("g1", routing.HeartbeatLost, "a streak broken by a lag report")
+	r.wantReasons("g1", routing.HeartbeatLost|routing.SlaveLag, "a streak broken by a lag report")
 	r.heartbeat(master("g1"))
 	r.wantReasons("g1", 0, "a full streak")
 }

@@ -208,6 +208,9 @@ func StartGroup(tb testing.TB, metaAddrs []string, name string, o GroupOpts) *Gr
 	tb.Helper()
 	g := &Group{Name: name, MasterDir: tb.TempDir(), SlaveDir: tb.TempDir(), meta: metaAddrs, edit: o.Edit}
 	g.Master = StartBroker(tb, g.Config(routing.RoleMaster))
+	// Roles are the registry's: the first broker of a group to register
+	// gets the master slot, so the slave starts only once the master holds it.
+	testwait.For(tb, 10*time.Second, name+"'s master to take over", func() bool { return g.Master.Role() == "master" })
 	if o.Slave {
 		g.StartSlave(tb)
 		testwait.For(tb, 10*time.Second, name+"'s slave to connect", func() bool { return g.Master.Slave().Connected })
@@ -277,10 +280,17 @@ func Dial(tb testing.TB, addr string) *transport.Client {
 	return c
 }
 
-// Send sends one batch and returns its results, one per message.
+// Send sends one batch, naming no epoch, and returns its results, one per
+// message.
 func Send(tb testing.TB, c *transport.Client, msgs []protocol.Message) []protocol.SendResult {
 	tb.Helper()
-	resp, err := c.Call(context.Background(), protocol.CodeSend, protocol.AppendSendRequest(nil, msgs))
+	return SendEpoch(tb, c, 0, msgs)
+}
+
+// SendEpoch sends one batch for a group at epoch and returns its results.
+func SendEpoch(tb testing.TB, c *transport.Client, epoch uint32, msgs []protocol.Message) []protocol.SendResult {
+	tb.Helper()
+	resp, err := c.Call(context.Background(), protocol.CodeSend, protocol.AppendSendRequest(nil, epoch, msgs))
 	if err != nil {
 		tb.Fatal(err)
 	}

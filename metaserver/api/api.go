@@ -11,6 +11,11 @@ type Heartbeat struct {
 	HAAddr   string       `json:"ha_addr,omitempty"`
 	// LogEnd is the broker's commit-log end offset.
 	LogEnd int64 `json:"log_end"`
+	// Epoch is the group epoch the broker last learned (0: none yet).
+	Epoch uint32 `json:"epoch,omitempty"`
+	// Slave only: the master's log end in the last fetch answer, so the
+	// leader knows how far behind the slave is even without the master.
+	MasterEnd int64 `json:"master_end,omitempty"`
 	// Master only: the slave's state as the master sees it.
 	SlaveConnected bool  `json:"slave_connected"`
 	SlaveAckOffset int64 `json:"slave_ack_offset"`
@@ -42,6 +47,10 @@ type GroupInfo struct {
 	MasterHeartbeatAgeMillis int64     `json:"master_heartbeat_age_ms"`
 	SlaveHeartbeatAgeMillis  int64     `json:"slave_heartbeat_age_ms"`
 	Last                     Heartbeat `json:"last_master_heartbeat"`
+	LastSlave                Heartbeat `json:"last_slave_heartbeat"`
+	// Failover says why the group's slave is not being promoted while its
+	// master is lost, or what the last promotion did ("" if nothing).
+	Failover string `json:"failover,omitempty"`
 }
 
 // InitProducerRequest asks the metaserver leader for a producer identity.
