@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -14,7 +15,7 @@ import (
 func newBrokersCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "brokers",
-		Short: "List the broker groups: members, state and reasons, heartbeats, lag, idempotent producers and duplicates absorbed",
+		Short: "List the broker groups: members, epoch, state and reasons, heartbeats, lag, idempotent producers and duplicates absorbed, then each group's epoch history and failover word",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			groups, err := cl.Groups(ctx)
@@ -27,7 +28,7 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				if reason == "" {
 					reason = "-"
 				}
-				rows = append(rows, []string{gi.Name, gi.State, reason, orDash(gi.Master.Addr), orDash(gi.Slave.Addr),
+				rows = append(rows, []string{gi.Name, fmt.Sprint(gi.Epoch), gi.State, reason, member(gi.Master.ID, gi.Master.Addr), member(gi.Slave.ID, gi.Slave.Addr),
 					age(gi.MasterHeartbeatAgeMillis), age(gi.SlaveHeartbeatAgeMillis), fmt.Sprint(gi.Last.LagBytes),
 					(time.Duration(gi.Last.LagMillis) * time.Millisecond).String(), fmt.Sprint(gi.Holders),
 					fmt.Sprint(gi.Last.Producers), fmt.Sprint(gi.Last.Duplicates)})
@@ -35,9 +36,36 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 			if groups == nil {
 				groups = []api.GroupInfo{}
 			}
-			return g.printer().print(groups, []string{"GROUP", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES", "PRODUCERS", "DUPLICATES"}, rows)
+			// Below the table: each group's epochs (who led, from which log
+			// offset) and the leader's word on failover.
+			var notes [][]string
+			for _, gi := range groups {
+				var epochs []string
+				for _, e := range gi.History {
+					epochs = append(epochs, fmt.Sprintf("%d:%s@%d", e.Epoch, e.Master, e.Start))
+				}
+				if len(epochs) > 0 {
+					notes = append(notes, []string{gi.Name + " epochs:", strings.Join(epochs, " ")})
+				}
+				if gi.Failover != "" {
+					notes = append(notes, []string{gi.Name + " failover:", gi.Failover})
+				}
+			}
+			if len(notes) > 0 && len(rows) > 0 {
+				rows = append(rows, []string{""})
+				rows = append(rows, notes...)
+			}
+			return g.printer().print(groups, []string{"GROUP", "EPOCH", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES", "PRODUCERS", "DUPLICATES"}, rows)
 		}),
 	}
+}
+
+// member is a broker as "id (addr)", or "-".
+func member(id, addr string) string {
+	if id == "" {
+		return "-"
+	}
+	return id + " (" + addr + ")"
 }
 
 func orDash(s string) string {

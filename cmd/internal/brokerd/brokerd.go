@@ -26,12 +26,12 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	var logf cli.LogFlags
 	fs.StringVar(&cfg.ID, "id", "", "broker ID (required)")
 	fs.StringVar(&cfg.Group, "group", "", "broker group (required)")
-	fs.StringVar(&role, "role", string(routing.RoleMaster), "role in the group: master or slave")
+	fs.StringVar(&role, "role", string(routing.RoleMaster), "preferred role when first joining the group: master or slave (afterwards the metaserver decides, e.g. at a failover)")
 	fs.StringVar(&cfg.Dir, "dir", "", "commit log directory (required)")
 	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:7401", "address for producers and consumers")
 	fs.StringVar(&cfg.AdvertiseAddr, "advertise", "", "address registered with the metaserver (default: the bound one)")
-	fs.StringVar(&cfg.HAAddr, "ha-addr", "127.0.0.1:7501", "master: where the slave fetches the log")
-	fs.StringVar(&cfg.MasterHAAddr, "master-ha", "", "slave: the master's HA address (default: learned from the metaserver)")
+	fs.StringVar(&cfg.HAAddr, "ha-addr", "127.0.0.1:7501", "where the slave fetches the log while this broker is the master")
+	fs.StringVar(&cfg.MasterHAAddr, "master-ha", "", "pin the master's HA address for a slave (default: learned from the metaserver, which follows failovers)")
 	fs.StringVar(&meta, "meta", "127.0.0.1:7101", "metaserver RPC addresses, comma-separated")
 	fs.StringVar(&flush, "flush", "async", "commit log flush: async (every -flush-interval) or sync (before every answer)")
 	fs.DurationVar(&cfg.FlushInterval, "flush-interval", 500*time.Millisecond, "async flush interval")
@@ -111,6 +111,19 @@ func register(m *cli.Metrics, b *broker.Broker) {
 		}
 		return 0
 	})
+	m.GaugeFunc("ferrymq_broker_is_master", "1 while the registry names this broker its group's master.", func() float64 {
+		if b.IsMaster() {
+			return 1
+		}
+		return 0
+	})
+	m.GaugeFunc("ferrymq_broker_epoch", "The last group epoch whose records this broker's log holds.", func() float64 { return float64(b.Epoch()) })
+	m.CounterFunc("ferrymq_broker_lease_lost_total", "Stored messages answered LEASE_LOST: the write lease ran out (or a newer epoch was seen) before the answer.", f(&st.LeaseLost))
+	m.CounterFunc("ferrymq_broker_fenced_total", "SEND requests refused because a newer group epoch was seen.", f(&st.Fenced))
+	m.CounterFunc("ferrymq_broker_takeovers_total", "Times this broker took over as its group's master.", f(&st.Takeovers))
+	m.CounterFunc("ferrymq_broker_truncations_total", "Times this broker cut its log back on rejoining as the slave.", f(&st.Truncations))
+	m.CounterFunc("ferrymq_broker_truncated_bytes_total", "Bytes cut from the log on rejoining as the slave (kept in side files).", f(&st.TruncatedBytes))
+	m.CounterFunc("ferrymq_broker_ha_fetch_refused_total", "HA fetches refused: not from the group's slave in the current epoch.", f(&st.HAFetchRefused))
 	m.GaugeFunc("ferrymq_broker_slave_lag_bytes", "Master: bytes the slave is behind.", func() float64 { return float64(b.Slave().LagBytes) })
 	m.GaugeFunc("ferrymq_broker_slave_lag_seconds", "Master: time the slave has not been caught up.", func() float64 { return b.Slave().LagTime.Seconds() })
 	m.GaugeFunc("ferrymq_broker_slave_connected", "Master: 1 if the slave is fetching.", func() float64 {

@@ -38,7 +38,8 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	def := metaserver.DefaultConfig()
 	var cfg metaserver.Config
-	var peers, metricsAddr string
+	var peers, metricsAddr, failover string
+	var maxLoss int64
 	var logf cli.LogFlags
 	fs.StringVar(&cfg.ID, "id", "", "this node's raft ID (required)")
 	fs.StringVar(&cfg.Dir, "dir", "", "data directory for the raft log and snapshots (required)")
@@ -52,10 +53,28 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.Int64Var(&cfg.LagBytes, "lag-bytes", def.LagBytes, "a slave this many bytes behind makes its group read-only")
 	fs.DurationVar(&cfg.LagTime, "lag-time", def.LagTime, "a slave not caught up this long makes its group read-only")
 	fs.IntVar(&cfg.RecoverHeartbeats, "recover-heartbeats", def.RecoverHeartbeats, "healthy heartbeats in a row that make a group writable again")
+	fs.StringVar(&failover, "failover", "on", "on: promote a lost master's slave; off: keep the group read-only until a person acts")
+	fs.Int64Var(&maxLoss, "failover-max-loss", -1, "most bytes of NORMAL messages a promotion may lose, by the last reports; 0: only a slave that had everything (default: -lag-bytes)")
+	fs.DurationVar(&cfg.FailoverMargin, "failover-margin", def.FailoverMargin, "how long past -session the leader waits before it promotes")
 	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
 	logf.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	switch failover {
+	case "on":
+	case "off":
+		cfg.DisableFailover = true
+	default:
+		return &cli.ConfigError{Err: fmt.Errorf("-failover must be on or off, got %q", failover)}
+	}
+	switch {
+	case maxLoss == 0:
+		cfg.FailoverMaxLoss = metaserver.NoLoss
+	case maxLoss > 0:
+		cfg.FailoverMaxLoss = maxLoss
+	case maxLoss != -1:
+		return &cli.ConfigError{Err: fmt.Errorf("-failover-max-loss must be 0 or more bytes, got %d", maxLoss)}
 	}
 	var err error
 	if cfg.Peers, err = ParsePeers(peers); err != nil {
@@ -102,6 +121,26 @@ func register(m *cli.Metrics, s *metaserver.Server) {
 	m.GaugeFunc("ferrymq_metaserver_raft_last_index", "The node's last raft log index.", func() float64 { return float64(s.RaftStatus().LastIndex) })
 	m.CounterFunc("ferrymq_metaserver_heartbeats_total", "Broker heartbeats taken as leader.", func() float64 { return float64(s.Heartbeats()) })
 	m.Registry.MustRegister(groupCollector{s})
+	m.CounterFunc("ferrymq_metaserver_failover_promotions_total", "Slaves promoted to master by this node as leader.",
+		func() float64 { return float64(s.Failovers().Promotions) })
+	m.CounterFunc("ferrymq_metaserver_failover_lost_bytes_total",
+		"NORMAL message bytes the promotions lost, by the last reports of the old master's and the slave's log ends.",
+		func() float64 { return float64(s.Failovers().LostBytes) })
+	m.Registry.MustRegister(refusalCollector{s})
+}
+
+// refusalCollector exports the failover refusals by reason.
+type refusalCollector struct{ s *metaserver.Server }
+
+var refusalDesc = prometheus.NewDesc("ferrymq_metaserver_failover_refusals_total",
+	"Times a lost master's slave was not promoted, by reason (one episode counts once).", []string{"reason"}, nil)
+
+func (c refusalCollector) Describe(ch chan<- *prometheus.Desc) { ch <- refusalDesc }
+
+func (c refusalCollector) Collect(ch chan<- prometheus.Metric) {
+	for reason, n := range c.s.Failovers().Refused {
+		ch <- prometheus.MustNewConstMetric(refusalDesc, prometheus.CounterValue, float64(n), reason)
+	}
 }
 
 // groupCollector exports every broker group's state.
@@ -109,7 +148,9 @@ type groupCollector struct{ s *metaserver.Server }
 
 var groupDesc = prometheus.NewDesc("ferrymq_metaserver_group_writable", "1 if the broker group takes writes, 0 if read-only.", []string{"group", "reasons"}, nil)
 
-func (c groupCollector) Describe(ch chan<- *prometheus.Desc) { ch <- groupDesc }
+var epochDesc = prometheus.NewDesc("ferrymq_metaserver_group_epoch", "The broker group's epoch: it grows by one at every promotion.", []string{"group"}, nil)
+
+func (c groupCollector) Describe(ch chan<- *prometheus.Desc) { ch <- groupDesc; ch <- epochDesc }
 
 func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, g := range c.s.FSM().Groups() {
@@ -118,5 +159,6 @@ func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(groupDesc, prometheus.GaugeValue, v, g.Name, g.Reasons.String())
+		ch <- prometheus.MustNewConstMetric(epochDesc, prometheus.GaugeValue, float64(g.Epoch), g.Name)
 	}
 }
