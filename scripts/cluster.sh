@@ -12,6 +12,8 @@
 #   FERRY_HOME       data, logs, PIDs and binaries (default: .cluster in the repository)
 #   FERRY_BASE_PORT  first port of the 60 the cluster uses (default 7100)
 #   FERRY_FLUSH      brokers' flush mode, async or sync (default async)
+#   FERRY_FAILOVER   on (default): the metaservers promote a lost master's slave; off: the group
+#                    stays read-only until its master is back
 #
 # Ports, from BASE: metaserver RPC +1..+3, raft +11..+13, metrics +21..+23;
 # brokers (g1 master, g1 slave, g2 master, g2 slave) data +31..+34, HA +41..+44, metrics +51..+54.
@@ -21,6 +23,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FERRY_HOME="${FERRY_HOME:-$ROOT/.cluster}"
 BASE="${FERRY_BASE_PORT:-7100}"
 FLUSH="${FERRY_FLUSH:-async}"
+FAILOVER="${FERRY_FAILOVER:-on}"
 BIN="$FERRY_HOME/bin"
 PIDS="$FERRY_HOME/pids"
 LOGS="$FERRY_HOME/logs"
@@ -66,7 +69,7 @@ start() {
   for i in 1 2 3; do
     launch "meta-m$i" "$BIN/ferry-metaserver" -id "m$i" -dir "$FERRY_HOME/data/meta-m$i" \
       -rpc-addr "127.0.0.1:$((BASE + i))" -raft-addr "127.0.0.1:$((BASE + 10 + i))" -peers "$peers" \
-      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" -auto-create -session 4s -lag-time 5s
+      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" -auto-create -session 4s -lag-time 5s -failover "$FAILOVER" -failover-margin 500ms
   done
   local j=0 spec group role
   for spec in "${BROKERS[@]}"; do
