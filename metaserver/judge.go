@@ -64,6 +64,12 @@ type session struct {
 	lagBad     bool
 	last       api.Heartbeat // the master's last heartbeat
 	lastSl     api.Heartbeat // the slave's last heartbeat
+	// slaveID is the slave this session heard, and slaveSince when it
+	// first heard it: a slave that just joined (say a former master coming
+	// back after a failover) has LagTime to connect and catch up before its
+	// lag makes the group read-only.
+	slaveID    string
+	slaveSince time.Time
 	// failover is why the group's slave is not being promoted, or what the
 	// last promotion did; "" when there is nothing to say.
 	failover string
@@ -160,13 +166,17 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 	defer j.mu.Unlock()
 	s := j.sessionLocked(hb.Group)
 	if role != routing.RoleMaster {
+		if s.slaveID != hb.BrokerID {
+			s.slaveID, s.slaveSince = hb.BrokerID, now
+		}
 		s.lastSlave, s.seenSlave, s.lastSl = now, true, hb
 		return
 	}
 	if now.Sub(s.lastMaster) > j.cfg.SessionTimeout {
 		s.streak = 0 // heartbeats resumed after a loss: count again from here
 	}
-	s.lagBad = hb.LagBytes > j.cfg.LagBytes || hb.LagMillis > j.cfg.LagTime.Milliseconds()
+	joining := s.slaveID == g.Slave.ID && now.Sub(s.slaveSince) < j.cfg.LagTime
+	s.lagBad = !joining && (hb.LagBytes > j.cfg.LagBytes || hb.LagMillis > j.cfg.LagTime.Milliseconds())
 	if s.lagBad && g.Slave.ID != "" {
 		s.streak = 0
 	} else {
