@@ -20,7 +20,8 @@ import (
 //   - that heartbeat was sent less than one session ago, by this broker's
 //     monotonic clock (the lease runs from the send, not from the reply:
 //     the leader's session for it started later, at the receipt, so the
-//     lease always ends first);
+//     lease always ends first); the session is the shorter of the broker's
+//     and the metaserver's (the reply says it);
 //   - the broker has taken over epoch E (ready: its follower stopped, the
 //     epoch is on disk, replication runs);
 //   - no request or reply has shown the broker an epoch newer than E.
@@ -45,6 +46,7 @@ type leaseWord struct {
 	epoch    uint32
 	sentAt   time.Time // carries the monotonic reading
 	writable bool
+	session  time.Duration // how long the word lasts from sentAt
 }
 
 // renew records an accepted heartbeat's verdict: whether the registry
@@ -57,10 +59,17 @@ type leaseWord struct {
 // epoch stops writes for at most one interval), and a genuine newer epoch
 // cannot be undone by a reply, since any reply that names this broker the
 // master was sent before the promotion, by more than a session.
-func (l *writeLease) renew(sentAt time.Time, master bool, writable bool, epoch uint32) (changed bool) {
+//
+// metaSession is the metaserver's session from the reply (0: unknown); the
+// word lasts the shorter of it and the broker's own.
+func (l *writeLease) renew(sentAt time.Time, master bool, writable bool, epoch uint32, metaSession time.Duration) (changed bool) {
 	was := l.valid()
+	session := l.session
+	if metaSession > 0 && metaSession < session {
+		session = metaSession
+	}
 	l.seen.Store(epoch)
-	l.word.Store(&leaseWord{master: master, writable: writable, epoch: epoch, sentAt: sentAt})
+	l.word.Store(&leaseWord{master: master, writable: writable, epoch: epoch, sentAt: sentAt, session: session})
 	return l.valid() != was
 }
 
@@ -91,7 +100,7 @@ func (l *writeLease) valid() bool { return l.validFor(l.epoch()) }
 func (l *writeLease) validFor(epoch uint32) bool {
 	w := l.word.Load()
 	return w != nil && w.master && w.writable && w.epoch == epoch && epoch != 0 &&
-		l.ready.Load() == epoch && l.seen.Load() <= epoch && l.clock.Since(w.sentAt) < l.session
+		l.ready.Load() == epoch && l.seen.Load() <= epoch && l.clock.Since(w.sentAt) < w.session
 }
 
 // fenced reports whether a newer epoch than the lease's was seen: the
@@ -164,7 +173,7 @@ func (h *heartbeater) beat(ctx context.Context) {
 	g := reply.Group
 	role, _ := g.RoleOf(h.id)
 	h.fast = !g.Writable() || role == ""
-	if h.lease.renew(sentAt, role == routing.RoleMaster, g.Writable(), g.Epoch) {
+	if h.lease.renew(sentAt, role == routing.RoleMaster, g.Writable(), g.Epoch, time.Duration(reply.SessionMillis)*time.Millisecond) {
 		h.log.Info("write lease changed", "writable", h.lease.valid(), "role", role, "epoch", g.Epoch, "reasons", g.Reasons.String())
 	}
 	h.observe(g)

@@ -134,7 +134,7 @@ func TestWriteLeaseRunsFromTheSend(t *testing.T) {
 	lease.ready.Store(1)
 	sent := clock.Now()
 	clock.Advance(900 * time.Millisecond) // the reply is slow
-	lease.renew(sent, true, true, 1)
+	lease.renew(sent, true, true, 1, 0)
 	if !lease.valid() {
 		t.Fatal("not writable within the session of the send")
 	}
@@ -143,25 +143,33 @@ func TestWriteLeaseRunsFromTheSend(t *testing.T) {
 		t.Fatal("writable a session after the heartbeat was sent")
 	}
 
-	lease.renew(clock.Now(), true, true, 1)
+	lease.renew(clock.Now(), true, true, 1, 0)
 	lease.fence(2)
 	if lease.valid() || !lease.fenced() || lease.validFor(1) {
 		t.Fatal("writable after a newer epoch was seen")
 	}
-	lease.renew(clock.Now(), true, true, 1) // the registry still says epoch 1
+	lease.renew(clock.Now(), true, true, 1, 0) // the registry still says epoch 1
 	if !lease.valid() {
 		t.Fatal("a claimed epoch outlived the registry's next word")
 	}
-	lease.renew(clock.Now(), false, true, 2) // replaced
+	lease.renew(clock.Now(), false, true, 2, 0) // replaced
 	if lease.valid() || lease.validFor(1) {
 		t.Fatal("writable after the registry named another master")
 	}
-	lease.renew(clock.Now(), true, true, 2)
+	lease.renew(clock.Now(), true, true, 2, 0)
 	if lease.valid() {
 		t.Fatal("writable in epoch 2 before the broker took it over")
 	}
 	lease.ready.Store(2)
 	if !lease.valid() || lease.validFor(1) {
 		t.Fatal("the lease is for epoch 2 only once taken over")
+	}
+
+	// A metaserver with a shorter session than the broker's shortens the
+	// lease: the leader's wait before a promotion must outlast it.
+	lease.renew(clock.Now(), true, true, 2, 300*time.Millisecond)
+	clock.Advance(300 * time.Millisecond)
+	if lease.valid() {
+		t.Fatal("the lease outlived the metaserver's session")
 	}
 }

@@ -76,7 +76,7 @@ func TestFailoverPromotesOnlyAfterSessionAndMargin(t *testing.T) {
 	if h := g.History; len(h) != 2 || h[1] != (routing.EpochRecord{Epoch: 2, Master: "g1-slave", Start: 4500, At: r.clk.Now().UnixMilli()}) {
 		t.Fatalf("history %+v", h)
 	}
-	fs := r.j.failovers
+	fs := &r.j.failovers
 	if fs.promotions.Load() != 1 || fs.lostBytes.Load() != 500 {
 		t.Fatalf("promotions %d, lost %d bytes; want 1 and 500 (master end 5000, slave end 4500)", fs.promotions.Load(), fs.lostBytes.Load())
 	}

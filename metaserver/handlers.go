@@ -64,7 +64,7 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 	s.judge.heartbeat(hb, now)
 	s.judge.judgeGroup(ctx, hb.Group, now)
 	g, _ = s.fsm.Group(hb.Group)
-	return api.HeartbeatReply{Group: g}, nil
+	return api.HeartbeatReply{Group: g, SessionMillis: s.cfg.SessionTimeout.Milliseconds()}, nil
 }
 
 // handleRouteLookup answers a route lookup: the body is the topic name, the

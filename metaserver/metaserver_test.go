@@ -169,6 +169,12 @@ func TestSlaveLagMakesGroupReadOnly(t *testing.T) {
 		t.Fatalf("after the slave's heartbeat: %+v", g)
 	}
 	lagging := func(hb *api.Heartbeat) { hb.LagMillis = cfg.LagTime.Milliseconds() + 1 }
+	// A slave that just joined has LagTime to catch up before its lag counts.
+	if g := heartbeat(t, cl, "g1", routing.RoleMaster, lagging); !g.Writable() {
+		t.Fatalf("lag of a slave that just joined counted: %+v", g)
+	}
+	clk.Advance(cfg.LagTime)
+	heartbeat(t, cl, "g1", routing.RoleSlave, nil)
 	if g := heartbeat(t, cl, "g1", routing.RoleMaster, lagging); g.Reasons != routing.SlaveLag {
 		t.Fatalf("master reporting its slave %v behind: %+v", cfg.LagTime, g)
 	}

@@ -34,6 +34,10 @@ type Heartbeat struct {
 // enforces its state.
 type HeartbeatReply struct {
 	Group routing.Group `json:"group"`
+	// SessionMillis is the metaserver's session: a broker's write lease
+	// lasts no longer than it (nor than the broker's own session), so the
+	// leader's wait before a promotion always outlasts the old master's lease.
+	SessionMillis int64 `json:"session_ms"`
 }
 
 // GroupInfo is a group with what only the leader knows: its heartbeats.
