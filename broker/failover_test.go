@@ -71,6 +71,11 @@ func TestFailoverPromotesTheSlaveAndTheOldMasterRejoins(t *testing.T) {
 		grp.History[1] != (routing.EpochRecord{Epoch: 2, Master: "g1-slave", Start: slaveEnd, At: grp.History[1].At}) {
 		t.Fatalf("after the promotion: %+v", grp)
 	}
+	testwait.For(t, 10*time.Second, "the new master's heartbeats to reach the registry", func() bool {
+		groups, err := mcl.Groups(context.Background())
+		return err == nil && len(groups) == 1 && groups[0].Master.ID == "g1-slave" && groups[0].MasterHeartbeatAgeMillis >= 0 &&
+			groups[0].Last.BrokerID == "g1-slave"
+	})
 	if fs := meta.Nodes[0].Failovers(); fs.Promotions != 1 || fs.LostBytes != masterEnd-slaveEnd {
 		t.Fatalf("failover stats %+v; want 1 promotion losing %d bytes", fs, masterEnd-slaveEnd)
 	}

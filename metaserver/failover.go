@@ -129,10 +129,15 @@ func (j *judge) maybePromote(ctx context.Context, g routing.Group, now time.Time
 	j.failovers.promotions.Add(1)
 	j.failovers.lostBytes.Add(loss)
 	j.mu.Lock()
-	// The new master's session starts now: it has one session to heartbeat.
-	*s = session{lastMaster: now, lastSlave: now,
+	// The new master's session starts now: it has one session to heartbeat
+	// (unless a heartbeat of it, as master, already came in since the commit).
+	ns := session{lastMaster: now, lastSlave: now,
 		failover: fmt.Sprintf(notePromoted+" %s over %s at epoch %d, log offset %d; lost %d bytes by the last reports",
 			g.Slave.ID, g.Master.ID, g.Epoch+1, start, loss)}
+	if s.seenMaster && s.last.BrokerID == g.Slave.ID {
+		ns.lastMaster, ns.seenMaster, ns.last, ns.streak = s.lastMaster, true, s.last, s.streak
+	}
+	*s = ns
 	j.mu.Unlock()
 	j.log.Warn("promoted the slave of a group whose master is lost", "group", g.Name, "new-master", g.Slave.ID,
 		"old-master", g.Master.ID, "epoch", g.Epoch+1, "start", start, "silent", silent,

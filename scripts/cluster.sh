@@ -6,7 +6,8 @@
 #   scripts/cluster.sh stop     stop every process this script started, by its PID
 #   scripts/cluster.sh status   show the processes, the Raft cluster and the broker groups
 #   scripts/cluster.sh demo     start from empty data, create a topic, send with `ferryctl bench`,
-#                               show the routes and brokers, read messages back, stop
+#                               show the routes and brokers, read messages back, kill g1's master
+#                               and watch its slave take over and the old master rejoin, stop
 #
 # Environment:
 #   FERRY_HOME       data, logs, PIDs and binaries (default: .cluster in the repository)
@@ -46,6 +47,7 @@ launch() {
   shift
   "$@" >"$LOGS/$name.log" 2>&1 &
   echo $! >"$PIDS/$name.pid"
+  disown $! # its end (say a kill -9) is not this shell's to report
 }
 
 refuse_if_running() {
@@ -183,6 +185,52 @@ demo() {
   echo
   echo "== ferryctl read demo --queue 0 --from 0 --limit 5"
   ctl read demo --queue 0 --from 0 --limit 5
+  echo
+  if [ "$FAILOVER" = on ]; then
+    failover_demo
+  fi
+}
+
+# g1_column N: field N of g1's row in `ferryctl brokers` (2 epoch, 3 state, 5 master id, 7 slave id).
+g1_column() { ctl --timeout 2s brokers 2>/dev/null | awk -v n="$1" '$1 == "g1" { print $n; exit }'; }
+
+# wait_for DESCRIPTION COMMAND...: run COMMAND every 100 ms until it succeeds, for up to 30 s.
+wait_for() {
+  local what="$1" deadline=$((SECONDS + 30))
+  shift
+  until "$@"; do
+    if [ $SECONDS -ge $deadline ]; then
+      echo "cluster.sh: $what did not happen within 30 s; logs are in $LOGS" >&2
+      exit 1
+    fi
+    sleep 0.1
+  done
+}
+
+g1_led_by_slave() { [ "$(g1_column 5)" = g1-slave ] && [ "$(g1_column 3)" = RW ]; }
+g1_master_rejoined() { [ "$(g1_column 7)" = g1-master ] && ctl --timeout 2s brokers --json 2>/dev/null | grep -q '"slave_connected": true'; }
+
+# failover_demo kills g1's master with SIGKILL, waits for the metaservers to
+# promote its slave, sends through the new master, then restarts the old
+# master with its own command line: it rejoins as the slave.
+failover_demo() {
+  local pid start ms args=()
+  pid="$(cat "$PIDS/g1-master.pid")"
+  mapfile -d '' args <"/proc/$pid/cmdline"
+  echo "== kill -9 g1-master (pid $pid): after the 4 s session and the 500 ms margin, the metaservers promote g1-slave"
+  start=$(date +%s%N)
+  kill -KILL "$pid"
+  wait_for "the promotion of g1-slave" g1_led_by_slave
+  ms=$((($(date +%s%N) - start) / 1000000))
+  echo "g1 takes writes again, led by g1-slave at epoch $(g1_column 2), $((ms / 1000)).$(printf %03d $((ms % 1000))) s after the kill"
+  echo
+  echo "== ferryctl send demo --body 'after the failover' --key greeting (the same key, the same queue, its new master)"
+  ctl send demo --body 'after the failover' --key greeting
+  echo
+  echo "== restart g1-master with its own command line: it rejoins g1 as the slave and copies from g1-slave"
+  launch g1-master "${args[@]}"
+  wait_for "g1-master to rejoin as the slave" g1_master_rejoined
+  ctl brokers
   echo
 }
 
