@@ -28,10 +28,11 @@ var rules = map[string][]string{
 	"broker":             {"storage", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"},
 	"producer":           {"protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"},
 	"cmd":                {"*"},
-	"scripts":            {},
-	"internal/lint":      {},
-	"internal/testlog":   {},
-	"internal/testwait":  {},
+	// Measurement programs under scripts/ are users of the public packages.
+	"scripts":           {"producer", "protocol", "routing", "metaserver/api", "metaserver/client"},
+	"internal/lint":     {},
+	"internal/testlog":  {},
+	"internal/testwait": {},
 	// The test harness starts whole clusters; only tests may import it
 	// (testOnly below).
 	"internal/testcluster": {"broker", "metaserver", "metaserver/api", "metaserver/client", "internal/transport",
