@@ -77,6 +77,9 @@ func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
 	for _, tc := range []struct{ flag, value, field string }{
 		{"-session", "-5s", "SessionTimeout"},
 		{"-lag-time", "-1s", "LagTime"},
+		{"-failover", "maybe", "-failover must be on or off"},
+		{"-failover-max-loss", "-5", "-failover-max-loss must be 0 or more"},
+		{"-failover-margin", "-1s", "FailoverMargin"},
 	} {
 		t.Run(tc.flag+" "+tc.value, func(t *testing.T) {
 			err := Run(done, append(base(), tc.flag, tc.value), io.Discard)
