@@ -3,6 +3,7 @@ package tests
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -249,15 +250,106 @@ func (c *localCluster) group(name string) (api.GroupInfo, bool) {
 	return api.GroupInfo{}, false
 }
 
-// metrics reads a broker's Prometheus metrics as name -> value (labels are
-// part of the name); false if the broker does not answer.
-func (c *localCluster) metrics(broker string) (map[string]float64, bool) {
+// brokerPort returns a broker's index j in cluster.sh (see brokerPorts).
+func (c *localCluster) brokerPort(broker string) int {
+	c.t.Helper()
 	j, ok := brokerPorts[broker]
 	if !ok {
 		c.t.Fatalf("no broker %s", broker)
 	}
+	return j
+}
+
+// addr is a broker's data address (where producers send), as the registry
+// and producer results name it.
+func (c *localCluster) addr(broker string) string {
+	return fmt.Sprintf("127.0.0.1:%d", c.base+30+c.brokerPort(broker))
+}
+
+// haAddr is a broker's HA address.
+func (c *localCluster) haAddr(broker string) string {
+	return fmt.Sprintf("127.0.0.1:%d", c.base+40+c.brokerPort(broker))
+}
+
+// dataDir is a broker's data directory (its commit log).
+func (c *localCluster) dataDir(broker string) string {
+	c.brokerPort(broker)
+	return filepath.Join(c.home, "data", broker)
+}
+
+// masterOf returns the process name of a group's current master by the
+// registry: cluster.sh gives each broker its process name as its id. "" if
+// the metaserver does not answer or the group has no master.
+func (c *localCluster) masterOf(group string) string {
+	c.t.Helper()
+	g, ok := c.group(group)
+	if !ok || g.Master.ID == "" {
+		return ""
+	}
+	c.brokerPort(g.Master.ID)
+	return g.Master.ID
+}
+
+// waitMembers waits until the registry shows group with master and slave
+// (broker ids, "" for none) at epoch, writable, and returns it.
+func (c *localCluster) waitMembers(group, master, slave string, epoch uint32, timeout time.Duration, why string) api.GroupInfo {
+	c.t.Helper()
+	var g api.GroupInfo
+	testwait.ForEvery(c.t, timeout, 20*time.Millisecond, fmt.Sprintf("%s: the registry to show %s writable at epoch %d with master %q and slave %q", why, group, epoch, master, slave), func() bool {
+		var ok bool
+		g, ok = c.group(group)
+		return ok && g.Master.ID == master && g.Slave.ID == slave && g.Epoch == epoch && g.State == "RW"
+	})
+	return g
+}
+
+// brokersJSON runs `ferryctl brokers --json`.
+func (c *localCluster) brokersJSON() map[string]api.GroupInfo {
+	c.t.Helper()
+	var gs []api.GroupInfo
+	if err := json.Unmarshal([]byte(c.ctl("brokers", "--json")), &gs); err != nil {
+		c.t.Fatalf("ferryctl brokers --json: %v", err)
+	}
+	out := map[string]api.GroupInfo{}
+	for _, g := range gs {
+		out[g.Name] = g
+	}
+	return out
+}
+
+// metrics reads a broker's Prometheus metrics as name -> value (labels are
+// part of the name); false if the broker does not answer.
+func (c *localCluster) metrics(broker string) (map[string]float64, bool) {
+	return readMetrics(fmt.Sprintf("http://127.0.0.1:%d/metrics", c.base+50+c.brokerPort(broker)))
+}
+
+// metaMetrics reads the metrics of every metaserver that answers.
+func (c *localCluster) metaMetrics() []map[string]float64 {
+	var out []map[string]float64
+	for i := 1; i <= 3; i++ {
+		if m, ok := readMetrics(fmt.Sprintf("http://127.0.0.1:%d/metrics", c.base+20+i)); ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// metaCounter sums a counter over the metaservers that answer: a leader's
+// failover counters are its own, so the sum counts every leader's
+// decisions once.
+func (c *localCluster) metaCounter(name string) float64 {
+	var sum float64
+	for _, m := range c.metaMetrics() {
+		sum += m[name]
+	}
+	return sum
+}
+
+// readMetrics reads Prometheus metrics as name -> value; false if the
+// server does not answer.
+func readMetrics(url string) (map[string]float64, bool) {
 	hc := http.Client{Timeout: 2 * time.Second}
-	resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", c.base+50+j))
+	resp, err := hc.Get(url)
 	if err != nil {
 		return nil, false
 	}
@@ -284,13 +376,17 @@ func (c *localCluster) metrics(broker string) (map[string]float64, bool) {
 	return out, sc.Err() == nil
 }
 
-// waitMaster waits until a group's master process answers its metrics as
-// writable with its slave connected, and the metaserver has the group
-// writable: the state of a freshly started cluster.
+// waitMaster waits until a group's master process (the registry's) answers
+// its metrics as writable with its slave connected, and the metaserver has
+// the group writable: the state of a freshly started cluster.
 func (c *localCluster) waitMaster(group string, timeout time.Duration, why string) {
 	c.t.Helper()
 	testwait.ForEvery(c.t, timeout, 50*time.Millisecond, fmt.Sprintf("%s: %s's master writable with its slave connected", why, group), func() bool {
-		m, ok := c.metrics(group + "-master")
+		master := c.masterOf(group)
+		if master == "" {
+			return false
+		}
+		m, ok := c.metrics(master)
 		if !ok || m["ferrymq_broker_writable"] != 1 || m["ferrymq_broker_slave_connected"] != 1 {
 			return false
 		}

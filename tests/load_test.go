@@ -33,17 +33,22 @@ type loadConfig struct {
 	maxMessages   int     // cap on messages sent, over all workers
 	maxDuration   time.Duration
 	reliability   protocol.Reliability
-	opts          []producer.Opt // besides MetaAddrs
+	// highEvery > 0 makes every n-th message of a worker HIGH (the others
+	// keep reliability): a mixed load.
+	highEvery int
+	opts      []producer.Opt // besides MetaAddrs
 }
 
 // outcome is what a promise said about one message.
 type outcome struct {
-	tid string // the body
-	key string // "" for an unkeyed message
-	seq int    // the key's send index (keyed messages)
-	res producer.Result
-	err error
-	at  time.Time
+	tid    string // the body
+	key    string // "" for an unkeyed message
+	seq    int    // the key's send index (keyed messages)
+	rel    protocol.Reliability
+	res    producer.Result
+	err    error
+	sentAt time.Time // when SendAsync was called
+	at     time.Time // when the promise was called
 }
 
 type load struct {
@@ -61,6 +66,11 @@ type load struct {
 
 	mu       sync.Mutex
 	outcomes []outcome
+
+	// lostOK, if set, says which acknowledged messages check accepts as
+	// lost (NORMAL messages of a failed-over group's tail); check returns
+	// them.
+	lostOK func(o *outcome) bool
 }
 
 func startLoad(t *testing.T, c *localCluster, cfg loadConfig) *load {
@@ -118,9 +128,14 @@ func (l *load) work(w, count int) {
 			keySeq[k]++
 			o.tid = fmt.Sprintf("%s/%d", o.key, o.seq)
 		}
+		o.rel = l.cfg.reliability
+		if l.cfg.highEvery > 0 && n%l.cfg.highEvery == l.cfg.highEvery-1 {
+			o.rel = protocol.High
+		}
 		l.promises.Add(1)
 		l.sent.Add(1)
-		l.p.SendAsync(context.Background(), &producer.Message{Topic: l.cfg.topic, Key: o.key, Body: []byte(o.tid), Reliability: l.cfg.reliability},
+		o.sentAt = time.Now()
+		l.p.SendAsync(context.Background(), &producer.Message{Topic: l.cfg.topic, Key: o.key, Body: []byte(o.tid), Reliability: o.rel},
 			func(r producer.Result, err error) {
 				o.res, o.err, o.at = r, err, time.Now()
 				if err != nil {
@@ -239,8 +254,9 @@ func (v *violations) addN(kind string, n int, format string, args ...any) {
 
 // check reads the topic back and checks issue 11's promises against the
 // recorded outcomes; it logs one summary line and fails the test on every
-// broken promise.
-func (l *load) check(c *localCluster, name string) {
+// broken promise. It returns the acknowledged messages that are not stored
+// and that l.lostOK accepts as lost.
+func (l *load) check(c *localCluster, name string) (lost []outcome) {
 	t := l.t
 	t.Helper()
 	queues := readAll(t, c, l.cfg.topic)
@@ -278,8 +294,13 @@ func (l *load) check(c *localCluster, name string) {
 		}
 		// Every acknowledged message is stored, where its result says.
 		copies := where[o.tid]
+		if len(copies) == 0 && l.lostOK != nil && l.lostOK(o) {
+			lost = append(lost, *o)
+			continue
+		}
 		if len(copies) == 0 {
-			v.add("acknowledged but not stored", "%s (id %s, acked at queue %d offset %d)", o.tid, o.res.ID, o.res.Queue, o.res.QueueOffset)
+			v.add("acknowledged but not stored", "%s (id %s, %v, acked by %s of %s at queue %d offset %d, log offset %d, at %s)", o.tid, o.res.ID, o.rel,
+				o.res.Broker, o.res.Group, o.res.Queue, o.res.QueueOffset, o.res.LogOffset, o.at.Format("15:04:05.000"))
 			continue
 		}
 		if !(o.res.Duplicate && o.res.QueueOffset < 0) {
@@ -420,10 +441,70 @@ func (l *load) check(c *localCluster, name string) {
 	}
 	t.Logf("SUMMARY %s: sent=%d acked=%d failed=%d stored=%d stored-but-failed=%d stored-twice=%d (of which possible-duplicate=%d) "+
 		"duplicate-results=%d possible-duplicate-results=%d broker-duplicates-absorbed=%d key-inversions=%d split-keys=%d "+
-		"unstamped=%d producers=%d seq-gaps=%d max-ack-gap=%v",
+		"unstamped=%d producers=%d seq-gaps=%d max-ack-gap=%v acknowledged-lost-accepted=%d",
 		name, len(outcomes), acked, failed, stored, storedFailed, storedTwice, possDupStoredTwice, dupResults, possDups, brokerDups,
-		inversions, splitKeys, unstamped, len(producers), seqGaps, maxGap.Round(time.Millisecond))
+		inversions, splitKeys, unstamped, len(producers), seqGaps, maxGap.Round(time.Millisecond), len(lost))
 	for _, k := range slices.Sorted(maps.Keys(v.count)) {
 		t.Errorf("%s: %d, e.g.\n\t%s", k, v.count[k], strings.Join(v.examples[k], "\n\t"))
 	}
+	return lost
+}
+
+// snapshot returns the outcomes recorded so far.
+func (l *load) snapshot() []outcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.outcomes)
+}
+
+// arrivals counts acknowledgements: all, and unkeyed ones, with the first
+// arrival of each (zero if none).
+type arrivals struct {
+	n, unkeyed          int
+	first, firstUnkeyed time.Time
+}
+
+// acksFrom counts the acknowledgements from one broker (by address) of a
+// group that arrived at or after since.
+func (l *load) acksFrom(group, broker string, since time.Time) arrivals {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var a arrivals
+	for i := range l.outcomes {
+		o := &l.outcomes[i]
+		if o.err != nil || o.res.Group != group || o.res.Broker != broker || o.at.Before(since) {
+			continue
+		}
+		a.n++
+		if a.first.IsZero() || o.at.Before(a.first) {
+			a.first = o.at
+		}
+		if o.key == "" {
+			a.unkeyed++
+			if a.firstUnkeyed.IsZero() || o.at.Before(a.firstUnkeyed) {
+				a.firstUnkeyed = o.at
+			}
+		}
+	}
+	return a
+}
+
+// longestWait is the longest time a message waited for its outcome among
+// those whose wait overlapped [from, to]: for acknowledged messages, and
+// for all (failures too).
+func (l *load) longestWait(from, to time.Time) (acked, all time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range l.outcomes {
+		o := &l.outcomes[i]
+		if o.sentAt.After(to) || o.at.Before(from) {
+			continue
+		}
+		w := o.at.Sub(o.sentAt)
+		all = max(all, w)
+		if o.err == nil {
+			acked = max(acked, w)
+		}
+	}
+	return acked, all
 }
