@@ -74,8 +74,10 @@ func startLocalCluster(t *testing.T, extraEnv ...string) *localCluster {
 	c.env = append(c.env, extraEnv...)
 	c.meta = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", base+1, base+2, base+3)
 	started := time.Now()
-	out := c.script("start")
+	// Registered first: a start that fails after launching processes
+	// (say a broken script) must not leave them running.
 	t.Cleanup(c.stopAll)
+	out := c.script("start")
 	if !strings.Contains(out, "cluster ready") {
 		t.Fatalf("start:\n%s", out)
 	}
