@@ -302,3 +302,44 @@ func TestHungCallTimesOut(t *testing.T) {
 		})
 	}
 }
+
+// A queue waiting out a retry's backoff goes at once when a route names a
+// new master or epoch for its group (or shows it writable again): what it
+// waited for has happened. Here the backoff is an hour, so only the wake
+// can deliver the message within the test.
+func TestBackoffEndsWhenTheRouteChanges(t *testing.T) {
+	g1 := startFakeBroker(t, "", "g1")
+	old := g1.first
+	promoted := g1.listen(t)
+	rt := newFakeRoutes()
+	rt.set("wake", routing.QueueRoute{Queue: 0, Group: "g1", Master: old.addr, Epoch: 1, Writable: true})
+	clk := clockwork.NewFakeClock()
+	p := newFakeProducer(t, rt, withClock(clk), Linger(0), RetryBackoff(time.Hour), withMaxBackoff(time.Hour),
+		DeliveryTimeout(2*time.Hour), RouteRefresh(time.Minute))
+	ctx := context.Background()
+	key := keyFor(0, 1)
+	// The first attempt is refused BUSY (retriable; no route refresh): the
+	// keyed message waits out its backoff on its queue.
+	g1.setInject(func(m *protocol.Message, attempt int) (protocol.Status, injectMode) {
+		if attempt == 1 {
+			return protocol.StatusBusy, refuse
+		}
+		return protocol.StatusOK, noInject
+	})
+	pr := newPromises(t)
+	p.SendAsync(ctx, &Message{Topic: "wake", Key: key, Body: []byte("k")}, pr.next(0))
+	testwait.For(t, 5*time.Second, "the refused first attempt", func() bool { return p.Stats().Retries == 1 })
+
+	// The slave is promoted; the periodic refresh brings the new route.
+	rt.set("wake", routing.QueueRoute{Queue: 0, Group: "g1", Master: promoted.addr, Epoch: 2, Writable: true})
+	clk.Advance(time.Minute)
+	waitPromises(t, pr, 1)
+	if len(pr.errs) != 0 {
+		t.Fatal(pr.errs[0])
+	}
+	for _, r := range pr.results {
+		if r.Broker != promoted.addr {
+			t.Fatalf("result %+v: want the new master %s", r, promoted.addr)
+		}
+	}
+}

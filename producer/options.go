@@ -30,6 +30,7 @@ type config struct {
 	deliveryTimeout time.Duration
 	requestTimeout  time.Duration
 	retryBackoff    time.Duration
+	maxBackoff      time.Duration // the cap of a retry's doubling backoff
 	routeRefresh    time.Duration
 	routePoll       time.Duration
 	avoider         routing.Avoider
@@ -53,6 +54,7 @@ func defaults() config {
 		deliveryTimeout: 30 * time.Second,
 		requestTimeout:  5 * time.Second,
 		retryBackoff:    50 * time.Millisecond,
+		maxBackoff:      time.Second,
 		routeRefresh:    30 * time.Second,
 		routePoll:       300 * time.Millisecond,
 		logger:          hclog.NewNullLogger(),
@@ -273,6 +275,10 @@ func Logger(l hclog.Logger) Opt {
 // avoider's "now", so tests can move it. Linger, retry backoff, request
 // timeouts and delivery deadlines stay on the real clock: they bound real
 // waits on sockets. Default: the real clock.
+// withMaxBackoff sets the cap of a retry's backoff (1 s), for tests that
+// must tell a woken retry from a timed-out backoff.
+func withMaxBackoff(d time.Duration) Opt { return optFunc(func(c *config) { c.maxBackoff = d }) }
+
 func withClock(clk clockwork.Clock) Opt {
 	return optFunc(func(c *config) {
 		if clk != nil {

@@ -46,6 +46,10 @@ type sink struct {
 	version  uint64
 	viewed   bool
 	calls    map[*call]struct{} // SEND calls in flight
+	// changed is closed (and replaced) when a route names a new master or
+	// epoch for the group, or shows it writable again: lines waiting out a
+	// retry's backoff go at once, since what they waited for has happened.
+	changed chan struct{}
 	// Work for unlock to do once mu is released (promises, retries and
 	// route refreshes never run under it).
 	done    []ended
@@ -148,7 +152,7 @@ func (c *Client) sink(group string) *sink {
 	defer c.mu.Unlock()
 	s := c.sinks[group]
 	if s == nil {
-		s = &sink{c: c, group: group, lines: map[qkey]*line{}, calls: map[*call]struct{}{}}
+		s = &sink{c: c, group: group, lines: map[qkey]*line{}, calls: map[*call]struct{}{}, changed: make(chan struct{})}
 		c.sinks[group] = s
 	}
 	return s
@@ -192,6 +196,10 @@ func (s *sink) observe(v view) {
 func (s *sink) see(v view) {
 	if s.viewed && (v.version < s.version || v.epoch < s.epoch) {
 		return
+	}
+	if s.viewed && (v.master != s.addr || v.epoch != s.epoch || v.writable && !s.writable) {
+		close(s.changed)
+		s.changed = make(chan struct{})
 	}
 	s.viewed = true
 	s.addr, s.epoch, s.writable, s.version = v.master, v.epoch, v.writable, v.version
@@ -716,7 +724,7 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 	}
 	ln.fails++
 	ln.lastErr = runErr
-	backoff := routing.Jitter(min(c.cfg.retryBackoff<<min(ln.fails-1, 10), time.Second))
+	backoff := routing.Jitter(min(c.cfg.retryBackoff<<min(ln.fails-1, 10), c.cfg.maxBackoff))
 	now := time.Now()
 	keep := make([]*record, 0, len(back)+len(ln.recs))
 	for _, rec := range back {
@@ -732,7 +740,7 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 	}
 	ln.recs = append(keep, ln.recs...)
 	c.wg.Add(1)
-	go s.hold(ln, backoff)
+	go s.hold(ln, backoff, s.changed)
 }
 
 // succeed finishes a stored record.
@@ -747,22 +755,30 @@ func (s *sink) succeed(rec *record, res protocol.SendResult, addr string) {
 		Duplicate: dup, PossibleDuplicate: rec.possibleDup, ProducerID: st.ID, Epoch: st.Epoch, Seq: st.Seq}})
 }
 
-// hold keeps a line busy for a retry's backoff, then lets it go: records
-// whose delivery deadline passed meanwhile fail, and if the cached route
-// says the queue's group no longer takes writes, the records that may move
-// are dispatched again (flagged if an attempt's outcome was unknown). Runs
-// under c.wg.
-func (s *sink) hold(ln *line, d time.Duration) {
+// hold keeps a line busy for a retry's backoff, or until changed closes (a
+// new master or epoch, or the group writable again: the line goes at once,
+// its backoff reset), then lets it go: records whose delivery deadline
+// passed meanwhile fail, and if the cached route says the queue's group no
+// longer takes writes, the records that may move are dispatched again
+// (flagged if an attempt's outcome was unknown). Runs under c.wg.
+func (s *sink) hold(ln *line, d time.Duration, changed <-chan struct{}) {
 	defer s.c.wg.Done()
 	t := time.NewTimer(d)
+	woken := false
 	select {
 	case <-t.C:
+	case <-changed:
+		t.Stop()
+		woken = true
 	case <-s.c.stop:
 		t.Stop()
 		return // Close fails what is left
 	}
 	q, version, known := s.c.queueRoute(ln.key.topic, ln.key.queue)
 	s.mu.Lock()
+	if woken {
+		ln.fails = 0
+	}
 	if known && q.Group == s.group {
 		s.see(viewOf(version, q))
 	}
