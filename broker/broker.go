@@ -100,13 +100,17 @@ func New(cfg Config) (*Broker, error) {
 
 	b.lease = &writeLease{clock: cfg.Clock, session: cfg.SessionTimeout}
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
+	hb := &heartbeater{id: cfg.ID, meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
+		log: lg.Named("heartbeat"), describe: b.describe, kicks: make(chan struct{}, 1)}
 	b.roles, err = newRoles(&roles{id: cfg.ID, dir: cfg.Dir, log: b.store, lease: b.lease, clock: cfg.Clock,
 		lg: lg.Named("roles"), stats: &b.stats, fixedHA: cfg.MasterHAAddr,
 		newRepl: func() *replication {
-			return newReplication(b.store, replConfig{
+			rep := newReplication(b.store, replConfig{
 				HighWait: cfg.HighWait, FetchBytes: cfg.HAFetchBytes, FetchWait: cfg.HAFetchWait,
 				SlaveLagBytes: cfg.SlaveLagBytes, SlaveLagTime: cfg.SlaveLagTime,
 			}, &b.stats, cfg.Clock, lg.Named("replication"), b.lease.fence)
+			rep.unknownSlave = hb.kick
+			return rep
 		},
 		newFollow: func(epoch uint32, addr string, masterEnd *atomic.Int64) *follower {
 			return &follower{id: cfg.ID, epoch: epoch, addr: addr, log: b.store, dial: dialMaster,
@@ -117,6 +121,7 @@ func New(cfg Config) (*Broker, error) {
 	if err != nil {
 		return fail(err)
 	}
+	hb.observe = b.roles.observe
 	b.send = &sender{id: cfg.ID, store: b.store, lease: b.lease, routes: b.routes, repl: b.roles.replication, stats: &b.stats,
 		clock: cfg.Clock, lg: lg, maxReqs: cfg.MaxInflightRequests, maxBytes: cfg.MaxInflightBytes}
 
@@ -157,8 +162,6 @@ func New(cfg Config) (*Broker, error) {
 	}
 	b.haAddr = haBound.String()
 	b.goFunc(b.roles.run)
-	hb := &heartbeater{id: cfg.ID, meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
-		log: lg.Named("heartbeat"), describe: b.describe, observe: b.roles.observe}
 	b.goFunc(hb.run)
 	b.goFunc(b.routes.run)
 	if cfg.RetentionBytes > 0 {
@@ -185,9 +188,11 @@ func (b *Broker) describe(hb *api.Heartbeat) {
 	if rep := b.roles.replication(); rep != nil {
 		s := rep.state()
 		hb.SlaveConnected, hb.SlaveAckOffset, hb.LagBytes, hb.LagMillis = s.Connected, s.AckOffset, s.LagBytes, s.LagTime.Milliseconds()
+		hb.TakeoverEnd = max(b.roles.takeoverEnd.Load(), 0)
 	} else {
 		hb.MasterEnd = b.roles.masterEnd.Load()
 	}
+	hb.LastCut = b.roles.lastCut.Load()
 }
 
 // Addr is the broker's advertised data address.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,6 +118,12 @@ func TestFailoverPromotesTheSlaveAndTheOldMasterRejoins(t *testing.T) {
 		return nil
 	}); err != nil || cut != len(normal) {
 		t.Fatalf("side file holds %d records (%v), want the %d NORMAL messages", cut, err, len(normal))
+	}
+	testwait.For(t, 10*time.Second, "the registry to hear of the cut", func() bool {
+		return meta.Nodes[0].Failovers().CutBytes == masterEnd-slaveEnd
+	})
+	if groups, err := mcl.Groups(context.Background()); err != nil || !strings.Contains(groups[0].Failover, "g1-master rejoined as the slave and cut") {
+		t.Fatalf("the failover word does not tell the cut: %+v %v", groups, err)
 	}
 	oc := tc.Dial(t, old.Addr())
 	if r := tc.Send(t, oc, []protocol.Message{tc.Msg("fo", 0, protocol.Normal, "to the old master")}); r[0].Status != protocol.StatusNotMaster {

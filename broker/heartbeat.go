@@ -129,16 +129,31 @@ type heartbeater struct {
 	// heartbeat. It must not block.
 	observe func(routing.Group)
 
+	// kicks asks for a heartbeat now (capacity 1): the broker learned
+	// something the registry may have news about (a slave it does not
+	// know fetched in its epoch). Kicked heartbeats are at least a quarter
+	// interval apart.
+	kicks chan struct{}
+
 	failing bool // the last heartbeat failed; logged once per outage
 	fast    bool // the last reply showed a read-only group
 }
 
+// kick asks for a heartbeat soon; it never blocks.
+func (h *heartbeater) kick() {
+	select {
+	case h.kicks <- struct{}{}:
+	default:
+	}
+}
+
 func (h *heartbeater) run(ctx context.Context) {
+	quarter := max(h.interval/4, time.Millisecond)
 	for {
 		h.beat(ctx)
 		next := h.interval
 		if h.fast {
-			next = max(h.interval/4, time.Millisecond)
+			next = quarter
 		}
 		t := h.clock.NewTimer(next)
 		select {
@@ -146,6 +161,15 @@ func (h *heartbeater) run(ctx context.Context) {
 			t.Stop()
 			return
 		case <-t.Chan():
+		case <-h.kicks:
+			t.Stop()
+			q := h.clock.NewTimer(quarter)
+			select {
+			case <-ctx.Done():
+				q.Stop()
+				return
+			case <-q.Chan():
+			}
 		}
 	}
 }

@@ -51,6 +51,10 @@ type replication struct {
 	// fence takes an epoch a fetch showed; a newer one than the master's
 	// ends its write lease.
 	fence func(epoch uint32)
+	// unknownSlave is told of a fetch in this master's epoch from a broker
+	// it does not know as its slave: the registry may have just placed it
+	// (a former master rejoining), so the broker heartbeats soon to learn.
+	unknownSlave func()
 
 	mu         sync.Mutex
 	slaveID    string    // the only broker whose fetches are served and counted
@@ -81,7 +85,7 @@ func newReplication(log masterLog, cfg replConfig, stats *Stats, clock clockwork
 	if fence == nil {
 		fence = func(uint32) {}
 	}
-	return &replication{log: log, cfg: cfg, stats: stats, clock: clock, lg: lg, fence: fence,
+	return &replication{log: log, cfg: cfg, stats: stats, clock: clock, lg: lg, fence: fence, unknownSlave: func() {},
 		wake: make(chan struct{}, 1), caughtUpAt: clock.Now()}
 }
 
@@ -173,6 +177,9 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 			Message: fmt.Sprintf("this master serves epoch %d; the fetch is for epoch %d", epoch, f.Epoch)})
 		return
 	case slaveID == "" || f.BrokerID != slaveID || f.Epoch != epoch:
+		if f.Epoch == epoch && f.BrokerID != slaveID {
+			r.unknownSlave()
+		}
 		if r.stats.HAFetchRefused.Add(1) == 1 {
 			r.lg.Warn("refusing an HA fetch from a broker that is not this group's slave in this epoch",
 				"from", f.BrokerID, "epoch", f.Epoch, "slave", slaveID, "serving-epoch", epoch)

@@ -243,6 +243,8 @@ func TestReplicationServesOnlyItsSlave(t *testing.T) {
 	p := newReplPair(t)
 	var fenced []uint32
 	p.repl.fence = func(e uint32) { fenced = append(fenced, e) }
+	unknown := 0
+	p.repl.unknownSlave = func() { unknown++ }
 	done := make(chan protocol.Status, 1)
 	pos := p.append(t, 1)
 	p.repl.await(pos[0].End, func(st protocol.Status) { done <- st })
@@ -267,6 +269,11 @@ func TestReplicationServesOnlyItsSlave(t *testing.T) {
 	}
 	if got := p.stats.HAFetchRefused.Load(); got != 3 {
 		t.Fatalf("HAFetchRefused %d, want 3", got)
+	}
+	// The two fetches in this epoch from brokers it does not know make the
+	// master ask the registry (a former master may just have rejoined).
+	if unknown != 2 {
+		t.Fatalf("the registry was asked %d times, want 2", unknown)
 	}
 	newer := protocol.HAFetchRequest{Offset: 0, BrokerID: testSlave, Epoch: testEpoch + 1}
 	p.repl.handleFetch(rep, protocol.AppendHAFetchRequest(nil, &newer))

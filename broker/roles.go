@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
@@ -61,6 +62,10 @@ type roles struct {
 	followEnd func()
 	epoch     atomic.Uint32 // the local epoch
 	masterEnd atomic.Int64  // the master's log end in the follower's last answer
+	// takeoverEnd is the log end when the broker took over its epoch as
+	// master (-1 while it is not master); lastCut is its last truncation.
+	takeoverEnd atomic.Int64
+	lastCut     atomic.Pointer[api.Cut]
 	state     atomic.Value  // string: what the broker is now, for logs and tests
 	blocked   string        // why the broker does not follow, logged once
 }
@@ -73,6 +78,7 @@ const sideDir = "truncated"
 func newRoles(r *roles) (*roles, error) {
 	r.want = make(chan routing.Group, 1)
 	r.state.Store("starting")
+	r.takeoverEnd.Store(-1)
 	e, err := readEpoch(r.dir)
 	if err != nil {
 		return nil, err
@@ -207,6 +213,7 @@ func (r *roles) becomeMaster(g routing.Group) {
 		r.repl.Store(rep)
 	}
 	rep.setSlave(g.Slave.ID, g.Epoch)
+	r.takeoverEnd.Store(r.log.EndOffset()) // the follower stopped: the log no longer grows but by this broker's writes
 	r.lease.ready.Store(g.Epoch)
 	r.state.Store(string(routing.RoleMaster))
 	r.stats.Takeovers.Add(1)
@@ -216,6 +223,7 @@ func (r *roles) becomeMaster(g routing.Group) {
 func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 	if r.repl.Load() != nil {
 		r.lease.ready.Store(0)
+		r.takeoverEnd.Store(-1)
 		r.stopReplication("the registry made this broker the slave")
 		r.lg.Warn("stepped down: the registry names another master", "epoch", g.Epoch, "master", g.Master.ID)
 	}
@@ -239,6 +247,7 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 			}
 			r.stats.Truncations.Add(1)
 			r.stats.TruncatedBytes.Add(res.To - res.From)
+			r.lastCut.Store(&api.Cut{Epoch: g.Epoch, Bytes: res.To - res.From, Records: res.Records, SideFile: res.SideFile})
 			r.lg.Warn("cut the log back to where the new master's epoch began; the cut records are kept for the operator",
 				"from", res.From, "to", res.To, "records", res.Records, "side-file", res.SideFile,
 				"led-epoch", led, "epoch", g.Epoch, "read-with", "ferryctl truncated "+res.SideFile)

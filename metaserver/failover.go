@@ -35,6 +35,7 @@ import (
 type failoverStats struct {
 	promotions atomic.Int64
 	lostBytes  atomic.Int64 // NORMAL bytes the promotions lost, by the last reports
+	cutBytes   atomic.Int64 // bytes the old masters cut when they rejoined
 
 	mu      sync.Mutex
 	refused map[string]int64 // refusals by reason, counted once per episode
@@ -57,6 +58,10 @@ type FailoverStats struct {
 	// reports of the old master's and the slave's log ends (a lower bound:
 	// the master may have taken more after its last report).
 	LostBytes int64
+	// CutBytes is what the old masters cut from their logs when they
+	// rejoined as slaves: the NORMAL bytes the promotions did lose (they
+	// are in the brokers' side files).
+	CutBytes int64
 	// Refused counts refusals by reason; one episode (a group refused for
 	// the same reason round after round) counts once.
 	Refused map[string]int64
@@ -67,7 +72,7 @@ func (s *Server) Failovers() FailoverStats {
 	f := &s.judge.failovers
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := FailoverStats{Promotions: f.promotions.Load(), LostBytes: f.lostBytes.Load(), Refused: map[string]int64{}}
+	out := FailoverStats{Promotions: f.promotions.Load(), LostBytes: f.lostBytes.Load(), CutBytes: f.cutBytes.Load(), Refused: map[string]int64{}}
 	for k, v := range f.refused {
 		out.Refused[k] = v
 	}
@@ -132,7 +137,7 @@ func (j *judge) maybePromote(ctx context.Context, g routing.Group, now time.Time
 	// The new master's session starts now: it has one session to heartbeat
 	// (unless a heartbeat of it, as master, already came in since the commit).
 	ns := session{lastMaster: now, lastSlave: now,
-		failover: fmt.Sprintf(notePromoted+" %s over %s at epoch %d, log offset %d; lost %d bytes by the last reports",
+		failover: fmt.Sprintf(notePromoted+" %s over %s at epoch %d, log offset %d; at least %d bytes lost by the last reports",
 			g.Slave.ID, g.Master.ID, g.Epoch+1, start, loss)}
 	if s.seenMaster && s.last.BrokerID == g.Slave.ID {
 		ns.lastMaster, ns.seenMaster, ns.last, ns.streak = s.lastMaster, true, s.last, s.streak

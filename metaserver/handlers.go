@@ -62,6 +62,13 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 			"addr", hb.Addr, "epoch", g.Epoch)
 	}
 	s.judge.heartbeat(hb, now)
+	if n := len(g.History); role == routing.RoleMaster && n > 0 && hb.Epoch == g.Epoch && hb.TakeoverEnd > g.History[n-1].Start {
+		// The new master's real start: a rejoining old master cuts no
+		// record that the new master holds too.
+		if _, err := s.apply(ctx, &fsm.SetEpochStart{Group: g.Name, Epoch: g.Epoch, Start: hb.TakeoverEnd}); err != nil {
+			s.log.Warn("moving an epoch's start up to the new master's takeover end failed", "group", g.Name, "error", err)
+		}
+	}
 	s.judge.judgeGroup(ctx, hb.Group, now)
 	g, _ = s.fsm.Group(hb.Group)
 	return api.HeartbeatReply{Group: g, SessionMillis: s.cfg.SessionTimeout.Milliseconds()}, nil

@@ -2,6 +2,7 @@ package metaserver
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,6 +71,8 @@ type session struct {
 	// lag makes the group read-only.
 	slaveID    string
 	slaveSince time.Time
+	// cutNoted is the epoch whose old master's cut is in the failover word.
+	cutNoted uint32
 	// failover is why the group's slave is not being promoted, or what the
 	// last promotion did; "" when there is nothing to say.
 	failover string
@@ -168,6 +171,12 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 	if role != routing.RoleMaster {
 		if s.slaveID != hb.BrokerID {
 			s.slaveID, s.slaveSince = hb.BrokerID, now
+		}
+		if c := hb.LastCut; c != nil && c.Epoch == g.Epoch && s.cutNoted != c.Epoch {
+			// The old master rejoined and cut what the failover lost.
+			s.cutNoted = c.Epoch
+			j.failovers.cutBytes.Add(c.Bytes)
+			s.failover += fmt.Sprintf("; %s rejoined as the slave and cut %d bytes (%d records) into %s", hb.BrokerID, c.Bytes, c.Records, c.SideFile)
 		}
 		s.lastSlave, s.seenSlave, s.lastSl = now, true, hb
 		return

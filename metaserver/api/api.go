@@ -16,6 +16,12 @@ type Heartbeat struct {
 	// Slave only: the master's log end in the last fetch answer, so the
 	// leader knows how far behind the slave is even without the master.
 	MasterEnd int64 `json:"master_end,omitempty"`
+	// TakeoverEnd (master only) is the broker's log end when it took over
+	// Epoch: the leader moves the epoch's start up to it (the promotion
+	// recorded the slave's last reported end, which may be lower).
+	TakeoverEnd int64 `json:"takeover_end,omitempty"`
+	// LastCut is the broker's last truncation on rejoining as slave.
+	LastCut *Cut `json:"last_cut,omitempty"`
 	// Master only: the slave's state as the master sees it.
 	SlaveConnected bool  `json:"slave_connected"`
 	SlaveAckOffset int64 `json:"slave_ack_offset"`
@@ -28,6 +34,15 @@ type Heartbeat struct {
 	// Duplicates is how many duplicate sends the broker absorbed since it
 	// started.
 	Duplicates int64 `json:"duplicates,omitempty"`
+}
+
+// Cut is what a former master cut from its log when it rejoined its group
+// as the slave of Epoch: the NORMAL messages a failover lost.
+type Cut struct {
+	Epoch    uint32 `json:"epoch"`
+	Bytes    int64  `json:"bytes"`
+	Records  int    `json:"records"`
+	SideFile string `json:"side_file"`
 }
 
 // HeartbeatReply carries the group as the registry has it; the broker

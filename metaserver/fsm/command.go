@@ -29,6 +29,10 @@ const (
 	// TypePromote has no IgnoreUnknown bit: a node that skipped a promotion
 	// would route writes to a fenced master once it led.
 	TypePromote CommandType = 10
+	// TypeSetEpochStart has no IgnoreUnknown bit: a node that skipped it
+	// would tell a rejoining broker to cut more than it must (harmless,
+	// but the nodes would disagree).
+	TypeSetEpochStart CommandType = 11
 )
 
 // Command is implemented by every command.
@@ -129,7 +133,20 @@ func (RemoveGroup) Type() CommandType     { return TypeRemoveGroup }
 func (RemoveBroker) Type() CommandType    { return TypeRemoveBroker }
 func (SetMember) Type() CommandType       { return TypeSetMember }
 func (RemoveMember) Type() CommandType    { return TypeRemoveMember }
+// SetEpochStart moves the start of a group's current epoch up to Start, the
+// new master's log end when it took over (a promotion records the slave's
+// last reported end, which may be lower: the slave may have copied more
+// after it reported). It applies only to the current epoch, and only
+// upwards: everything below Start in the new master's log came from the
+// old master, so a rejoining old master keeps it.
+type SetEpochStart struct {
+	Group string `json:"group"`
+	Epoch uint32 `json:"epoch"`
+	Start int64  `json:"start"`
+}
+
 func (InitProducer) Type() CommandType    { return TypeInitProducer }
+func (SetEpochStart) Type() CommandType   { return TypeSetEpochStart }
 func (Promote) Type() CommandType         { return TypePromote }
 
 // Encode returns a command's log entry: its type byte and JSON body.
@@ -169,6 +186,8 @@ func Decode(b []byte) (Command, error) {
 		c = &InitProducer{}
 	case TypePromote:
 		c = &Promote{}
+	case TypeSetEpochStart:
+		c = &SetEpochStart{}
 	default:
 		if CommandType(b[0])&IgnoreUnknown != 0 {
 			return nil, nil

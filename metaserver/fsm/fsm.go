@@ -248,6 +248,21 @@ func (f *FSM) apply(c Command) any {
 		return f.initProducer(c)
 	case *Promote:
 		return f.promote(c)
+	case *SetEpochStart:
+		g := s.Groups[c.Group]
+		if g == nil {
+			return notFound("group %q", c.Group)
+		}
+		n := len(g.History)
+		if n == 0 || g.Epoch != c.Epoch || g.History[n-1].Epoch != c.Epoch {
+			return conflict("group %q is at epoch %d, not %d", c.Group, g.Epoch, c.Epoch)
+		}
+		if c.Start <= g.History[n-1].Start {
+			return &Result{Version: g.Version}
+		}
+		g.History = slices.Clone(g.History)
+		g.History[n-1].Start = c.Start
+		return f.bumpGroup(g)
 	}
 	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown command %T", c)}
 }

@@ -346,3 +346,27 @@ func TestDeterministic(t *testing.T) {
 		t.Fatal("no source files checked")
 	}
 }
+
+// SetEpochStart moves the current epoch's start up to the new master's
+// takeover end, never down, and never for another epoch.
+func TestSetEpochStart(t *testing.T) {
+	f := New()
+	mustApply(t, f, &RegisterBroker{Group: "g", Role: routing.RoleMaster, Broker: routing.Broker{ID: "a", Addr: "a:1"}, LogEnd: 0, At: 1})
+	mustApply(t, f, &RegisterBroker{Group: "g", Role: routing.RoleSlave, Broker: routing.Broker{ID: "b", Addr: "b:1"}, At: 1})
+	mustApply(t, f, &Promote{Group: "g", Epoch: 1, Master: "a", Slave: "b", Start: 100, At: 2})
+	mustApply(t, f, &SetEpochStart{Group: "g", Epoch: 2, Start: 150})
+	g, _ := f.Group("g")
+	if g.History[1].Start != 150 || g.History[0].Start != 0 {
+		t.Fatalf("history %+v", g.History)
+	}
+	if res := mustApply(t, f, &SetEpochStart{Group: "g", Epoch: 2, Start: 120}); res.Changed {
+		t.Fatal("moved an epoch's start down")
+	}
+	b, _ := Encode(&SetEpochStart{Group: "g", Epoch: 1, Start: 500})
+	if _, ok := f.Apply(&raft.Log{Type: raft.LogCommand, Data: b}).(error); !ok {
+		t.Fatal("moved the start of an epoch that is not the current one")
+	}
+	if g, _ := f.Group("g"); g.History[1].Start != 150 {
+		t.Fatalf("history %+v", g.History)
+	}
+}

@@ -124,8 +124,11 @@ func register(m *cli.Metrics, s *metaserver.Server) {
 	m.CounterFunc("ferrymq_metaserver_failover_promotions_total", "Slaves promoted to master by this node as leader.",
 		func() float64 { return float64(s.Failovers().Promotions) })
 	m.CounterFunc("ferrymq_metaserver_failover_lost_bytes_total",
-		"NORMAL message bytes the promotions lost, by the last reports of the old master's and the slave's log ends.",
+		"NORMAL message bytes the promotions lost, by the last reports of the old master's and the slave's log ends (a lower bound).",
 		func() float64 { return float64(s.Failovers().LostBytes) })
+	m.CounterFunc("ferrymq_metaserver_failover_cut_bytes_total",
+		"Bytes the old masters cut from their logs when they rejoined as slaves: what the promotions did lose.",
+		func() float64 { return float64(s.Failovers().CutBytes) })
 	m.Registry.MustRegister(refusalCollector{s})
 }
 
