@@ -66,8 +66,8 @@ type roles struct {
 	// master (-1 while it is not master); lastCut is its last truncation.
 	takeoverEnd atomic.Int64
 	lastCut     atomic.Pointer[api.Cut]
-	state     atomic.Value  // string: what the broker is now, for logs and tests
-	blocked   string        // why the broker does not follow, logged once
+	state       atomic.Value // string: what the broker is now, for logs and tests
+	blocked     string       // why the broker does not follow, logged once
 }
 
 const epochFile = "epoch"

@@ -133,6 +133,7 @@ func (RemoveGroup) Type() CommandType     { return TypeRemoveGroup }
 func (RemoveBroker) Type() CommandType    { return TypeRemoveBroker }
 func (SetMember) Type() CommandType       { return TypeSetMember }
 func (RemoveMember) Type() CommandType    { return TypeRemoveMember }
+
 // SetEpochStart moves the start of a group's current epoch up to Start, the
 // new master's log end when it took over (a promotion records the slave's
 // last reported end, which may be lower: the slave may have copied more
@@ -145,9 +146,9 @@ type SetEpochStart struct {
 	Start int64  `json:"start"`
 }
 
-func (InitProducer) Type() CommandType    { return TypeInitProducer }
-func (SetEpochStart) Type() CommandType   { return TypeSetEpochStart }
-func (Promote) Type() CommandType         { return TypePromote }
+func (InitProducer) Type() CommandType  { return TypeInitProducer }
+func (SetEpochStart) Type() CommandType { return TypeSetEpochStart }
+func (Promote) Type() CommandType       { return TypePromote }
 
 // Encode returns a command's log entry: its type byte and JSON body.
 func Encode(c Command) ([]byte, error) {
