@@ -67,14 +67,14 @@ func handlePull(store queueReader, fence func(uint32), rep replier, body []byte)
 	nextOffset := offset
 	size := 0
 	for _, e := range entries {
-		size += 16 + len(e.Payload)
+		size += 24 + len(e.Payload)
 	}
 	if len(entries) > 0 {
 		nextOffset = entries[len(entries)-1].QueueOffset + 1
 	}
 	out := protocol.AppendPullResponseHeader(make([]byte, 0, 28+size), nextOffset, first, next, len(entries))
 	for _, e := range entries {
-		out = protocol.AppendStoredRaw(out, e.QueueOffset, e.LogOffset, e.Payload)
+		out = protocol.AppendStoredRaw(out, e.QueueOffset, e.LogOffset, e.StoreTime, e.Payload)
 	}
 	_ = rep.Reply(out)
 }

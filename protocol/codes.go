@@ -6,7 +6,7 @@ import "fmt"
 type Code uint16
 
 // Request codes. Ranges: 1x broker data path, 2x replication, 3x metaserver
-// broker-facing, 4x metaserver admin.
+// broker-facing, 4x metaserver admin, 5x consumer groups (metaserver).
 const (
 	CodeSend Code = 10 // SEND a batch of messages (SendRequest -> SendResponse)
 	CodePull Code = 11 // PULL stored messages of one queue (PullRequest -> PullResponse)
@@ -27,6 +27,11 @@ const (
 	CodeAdminAddVoter     Code = 46
 	CodeAdminRemoveVoter  Code = 47
 	CodeAdminApply        Code = 48 // a follower forwards a command to the leader
+
+	CodeConsumerHeartbeat Code = 50 // a consumer group member joins, stays, or leaves (metaserver leader)
+	CodeCommitOffsets     Code = 51 // a member commits its queues' offsets (metaserver leader)
+	CodeConsumerGroups    Code = 52 // the consumer groups: members, assignments, committed offsets
+	CodeResetOffsets      Code = 53 // an admin sets a group's offsets; only with no live members
 )
 
 var codeNames = map[Code]string{
@@ -38,6 +43,10 @@ var codeNames = map[Code]string{
 	CodeRouteGet:          "ROUTE_GET",
 	CodeInitProducer:      "INIT_PRODUCER",
 	CodeAdminGroups:       "ADMIN_GROUPS",
+	CodeConsumerHeartbeat: "CONSUMER_HEARTBEAT",
+	CodeCommitOffsets:     "COMMIT_OFFSETS",
+	CodeConsumerGroups:    "CONSUMER_GROUPS",
+	CodeResetOffsets:      "RESET_OFFSETS",
 	CodeAdminTopics:       "ADMIN_TOPICS",
 	CodeAdminCreateTopic:  "ADMIN_CREATE_TOPIC",
 	CodeAdminAddQueues:    "ADMIN_ADD_QUEUES",

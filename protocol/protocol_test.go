@@ -170,7 +170,7 @@ func TestHostileCountDoesNotAllocate(t *testing.T) {
 }
 
 func TestPullRoundTrip(t *testing.T) {
-	req := PullRequest{Topic: "orders", Queue: 2, Offset: 42, MaxBytes: 1 << 20, Epoch: 3}
+	req := PullRequest{Topic: "orders", Queue: 2, Offset: 42, MaxBytes: 1 << 20, Epoch: 3, WaitMillis: 500}
 	got, err := DecodePullRequest(AppendPullRequest(nil, &req))
 	if err != nil || got != req {
 		t.Fatalf("got %+v, %v; want %+v", got, err, req)
@@ -183,13 +183,13 @@ func TestPullRoundTrip(t *testing.T) {
 	msgs := sampleMessages()
 	resp := PullResponse{NextOffset: 45, MinOffset: 0, MaxOffset: 100}
 	for i, m := range msgs {
-		resp.Messages = append(resp.Messages, StoredMessage{QueueOffset: 42 + int64(i), LogOffset: int64(i) * 1000, Message: m})
+		resp.Messages = append(resp.Messages, StoredMessage{QueueOffset: 42 + int64(i), LogOffset: int64(i) * 1000, StoreTime: 1_800_000_000_000 + int64(i), Message: m})
 	}
 	b := AppendPullResponse(nil, &resp)
 	// The raw form a broker writes gives the same bytes.
 	raw := AppendPullResponseHeader(nil, 45, 0, 100, len(msgs))
 	for i := range msgs {
-		raw = AppendStoredRaw(raw, 42+int64(i), int64(i)*1000, AppendMessage(nil, &msgs[i]))
+		raw = AppendStoredRaw(raw, 42+int64(i), int64(i)*1000, 1_800_000_000_000+int64(i), AppendMessage(nil, &msgs[i]))
 	}
 	if !bytes.Equal(b, raw) {
 		t.Fatal("AppendStoredRaw differs from AppendStoredMessage")

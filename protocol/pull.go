@@ -11,12 +11,16 @@ import "fmt"
 //	           returned if any is there)
 //	epoch      u32, the group epoch the reader's route names (0: unknown);
 //	           a master that sees a newer one stops taking writes
+//	wait ms    u32, how long the broker may hold a PULL that finds nothing
+//	           at offset, answering as soon as a message arrives (a long
+//	           poll; 0 answers at once)
 type PullRequest struct {
-	Topic    string
-	Queue    uint32
-	Offset   int64
-	MaxBytes uint32
-	Epoch    uint32
+	Topic      string
+	Queue      uint32
+	Offset     int64
+	MaxBytes   uint32
+	Epoch      uint32
+	WaitMillis uint32
 }
 
 // AppendPullRequest appends p's encoding.
@@ -25,7 +29,8 @@ func AppendPullRequest(dst []byte, p *PullRequest) []byte {
 	dst = appendU32(dst, p.Queue)
 	dst = appendI64(dst, p.Offset)
 	dst = appendU32(dst, p.MaxBytes)
-	return appendU32(dst, p.Epoch)
+	dst = appendU32(dst, p.Epoch)
+	return appendU32(dst, p.WaitMillis)
 }
 
 // DecodePullRequest decodes a PULL request body.
@@ -37,6 +42,7 @@ func DecodePullRequest(b []byte) (PullRequest, error) {
 	p.Offset = r.i64("offset")
 	p.MaxBytes = r.u32("max bytes")
 	p.Epoch = r.u32("epoch")
+	p.WaitMillis = r.u32("wait millis")
 	if err := r.done("pull request"); err != nil {
 		return PullRequest{}, err
 	}
@@ -50,6 +56,7 @@ func DecodePullRequest(b []byte) (PullRequest, error) {
 type StoredMessage struct {
 	QueueOffset int64
 	LogOffset   int64
+	StoreTime   int64 // unix ms when the broker stored it
 	Message     Message
 }
 
@@ -60,7 +67,7 @@ type StoredMessage struct {
 //	min offset   i64: the queue's oldest available offset
 //	max offset   i64: the queue's next offset to be written
 //	count        u32, then per message: queue offset i64, log offset i64,
-//	             the message's encoding
+//	             store time i64 (unix ms), the message's encoding
 type PullResponse struct {
 	NextOffset int64
 	MinOffset  int64
@@ -75,7 +82,7 @@ func AppendPullResponse(dst []byte, p *PullResponse) []byte {
 	dst = appendI64(dst, p.MaxOffset)
 	dst = appendU32(dst, uint32(len(p.Messages)))
 	for i := range p.Messages {
-		dst = AppendStoredMessage(dst, p.Messages[i].QueueOffset, p.Messages[i].LogOffset, &p.Messages[i].Message)
+		dst = AppendStoredMessage(dst, p.Messages[i].QueueOffset, p.Messages[i].LogOffset, p.Messages[i].StoreTime, &p.Messages[i].Message)
 	}
 	return dst
 }
@@ -91,17 +98,19 @@ func AppendPullResponseHeader(dst []byte, next, minOff, maxOff int64, count int)
 }
 
 // AppendStoredMessage appends one entry of a PULL response.
-func AppendStoredMessage(dst []byte, queueOffset, logOffset int64, m *Message) []byte {
+func AppendStoredMessage(dst []byte, queueOffset, logOffset, storeTime int64, m *Message) []byte {
 	dst = appendI64(dst, queueOffset)
 	dst = appendI64(dst, logOffset)
+	dst = appendI64(dst, storeTime)
 	return AppendMessage(dst, m)
 }
 
 // AppendStoredRaw appends one entry of a PULL response whose message is
 // already encoded (as AppendMessage wrote it).
-func AppendStoredRaw(dst []byte, queueOffset, logOffset int64, encoded []byte) []byte {
+func AppendStoredRaw(dst []byte, queueOffset, logOffset, storeTime int64, encoded []byte) []byte {
 	dst = appendI64(dst, queueOffset)
 	dst = appendI64(dst, logOffset)
+	dst = appendI64(dst, storeTime)
 	return append(dst, encoded...)
 }
 
@@ -112,12 +121,13 @@ func DecodePullResponse(b []byte) (PullResponse, error) {
 	p.NextOffset = r.i64("next offset")
 	p.MinOffset = r.i64("min offset")
 	p.MaxOffset = r.i64("max offset")
-	n := r.count("message count", 16+minMessageSize)
+	n := r.count("message count", 24+minMessageSize)
 	if n > 0 {
 		p.Messages = make([]StoredMessage, n)
 		for i := 0; i < n && r.err == nil; i++ {
 			p.Messages[i].QueueOffset = r.i64("queue offset")
 			p.Messages[i].LogOffset = r.i64("log offset")
+			p.Messages[i].StoreTime = r.i64("store time")
 			r.message(&p.Messages[i].Message)
 		}
 	}

@@ -50,6 +50,14 @@ const (
 	// StatusNotAuthorized: the peer may not do this (for example an HA fetch
 	// from a broker that is not the group's slave in the current epoch).
 	StatusNotAuthorized Status = 23
+	// StatusStaleGeneration: a consumer group member acted in a generation
+	// that is no longer the group's (its queues may be another member's
+	// now): nothing was done; it must rejoin (heartbeat) and take its new
+	// assignment.
+	StatusStaleGeneration Status = 24
+	// StatusGroupActive: an operation that needs a consumer group with no
+	// live members (resetting its offsets) found members.
+	StatusGroupActive Status = 25
 )
 
 // statusFlags are the columns of the status table.
@@ -110,6 +118,8 @@ var statusTable = [...]statusInfo{
 	StatusProducerFenced:     {"PRODUCER_FENCED", 0},
 	StatusLeaseLost:          {"LEASE_LOST", retry | refresh | maybe},
 	StatusNotAuthorized:      {"NOT_AUTHORIZED", 0},
+	StatusStaleGeneration:    {"STALE_GENERATION", 0},
+	StatusGroupActive:        {"GROUP_ACTIVE", 0},
 }
 
 // String returns the status's name, e.g. "READ_ONLY".
@@ -201,6 +211,8 @@ var (
 	ErrInternal         = &Error{Status: StatusInternal}
 	ErrLeaseLost        = &Error{Status: StatusLeaseLost}
 	ErrNotAuthorized    = &Error{Status: StatusNotAuthorized}
+	ErrStaleGeneration  = &Error{Status: StatusStaleGeneration}
+	ErrGroupActive      = &Error{Status: StatusGroupActive}
 
 	// ErrFrameTooLarge marks a frame or header over its cap. It is also a
 	// MESSAGE_TOO_LARGE status when it crosses the wire.

@@ -38,6 +38,8 @@ func TestStatusColumns(t *testing.T) {
 		StatusProducerFenced:     {"PRODUCER_FENCED", false, false, false, false},
 		StatusLeaseLost:          {"LEASE_LOST", true, false, true, true},
 		StatusNotAuthorized:      {"NOT_AUTHORIZED", false, false, false, false},
+		StatusStaleGeneration:    {"STALE_GENERATION", false, false, false, false},
+		StatusGroupActive:        {"GROUP_ACTIVE", false, false, false, false},
 	}
 	for s := Status(0); s < 1<<10; s++ {
 		w, known := want[s]
