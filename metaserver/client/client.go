@@ -261,3 +261,26 @@ func (c *Client) AddVoter(ctx context.Context, req api.VoterRequest) (api.RaftSt
 func (c *Client) RemoveVoter(ctx context.Context, id string) (api.RaftStatus, error) {
 	return decode[api.RaftStatus](c.call(ctx, protocol.CodeAdminRemoveVoter, api.VoterRequest{ID: id}, true))
 }
+
+// ConsumerHeartbeat joins, keeps or (Leave) leaves a consumer group, and
+// returns the member's assignment in the group's current generation (leader).
+func (c *Client) ConsumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat) (api.ConsumerHeartbeatReply, error) {
+	return decode[api.ConsumerHeartbeatReply](c.call(ctx, protocol.CodeConsumerHeartbeat, hb, true))
+}
+
+// CommitOffsets commits a member's offsets in its generation (leader); a
+// stale generation gets protocol.ErrStaleGeneration.
+func (c *Client) CommitOffsets(ctx context.Context, req api.CommitRequest) (api.CommitReply, error) {
+	return decode[api.CommitReply](c.call(ctx, protocol.CodeCommitOffsets, req, true))
+}
+
+// ConsumerGroups lists the consumer groups, or the one named (leader).
+func (c *Client) ConsumerGroups(ctx context.Context, group string) ([]api.ConsumerGroupInfo, error) {
+	return decode[[]api.ConsumerGroupInfo](c.call(ctx, protocol.CodeConsumerGroups, api.ConsumerGroupsRequest{Group: group}, true))
+}
+
+// ResetOffsets sets a group's committed offsets; a group with live members
+// gets protocol.ErrGroupActive (leader).
+func (c *Client) ResetOffsets(ctx context.Context, req api.ResetOffsetsRequest) (api.ConsumerGroupInfo, error) {
+	return decode[api.ConsumerGroupInfo](c.call(ctx, protocol.CodeResetOffsets, req, true))
+}
