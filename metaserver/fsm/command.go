@@ -33,6 +33,13 @@ const (
 	// would tell a rejoining broker to cut more than it must (harmless,
 	// but the nodes would disagree).
 	TypeSetEpochStart CommandType = 11
+	// The consumer group commands have no IgnoreUnknown bit: a node that
+	// skipped one would disagree on generations, assignments and offsets,
+	// and once it led would fence members wrongly or lose commits.
+	TypeJoinGroup     CommandType = 12
+	TypeLeaveGroup    CommandType = 13
+	TypeCommitOffsets CommandType = 14
+	TypeResetOffsets  CommandType = 15
 )
 
 // Command is implemented by every command.
@@ -86,10 +93,14 @@ type CreateTopic struct {
 }
 
 // AddQueues appends queues, living on Groups, to a topic.
+//
+// Every consumer group subscribed to the topic moves to its next generation
+// with a new assignment, in the same Apply.
 type AddQueues struct {
 	Topic         string   `json:"topic"`
 	Groups        []string `json:"groups"`
 	ExpectVersion uint64   `json:"expect_version"` // 0: any
+	At            int64    `json:"at,omitempty"`   // unix ms, stamped by the leader (the groups' new generation)
 }
 
 // RemoveGroup removes a group no topic uses.
@@ -189,6 +200,14 @@ func Decode(b []byte) (Command, error) {
 		c = &Promote{}
 	case TypeSetEpochStart:
 		c = &SetEpochStart{}
+	case TypeJoinGroup:
+		c = &JoinGroup{}
+	case TypeLeaveGroup:
+		c = &LeaveGroup{}
+	case TypeCommitOffsets:
+		c = &CommitOffsets{}
+	case TypeResetOffsets:
+		c = &ResetOffsets{}
 	default:
 		if CommandType(b[0])&IgnoreUnknown != 0 {
 			return nil, nil

@@ -1,7 +1,9 @@
 // Package fsm is the metaserver's pure, deterministic state machine: typed
 // commands in (register a broker, set a group's state, create a topic, add
 // queues, remove a broker or a group, record a member's address, allocate a
-// producer identity), routing state and producer identities out.
+// producer identity, join or leave a consumer group, commit or reset a
+// consumer group's offsets), routing state, producer identities and
+// consumer groups out.
 //
 // # Contract
 //
@@ -28,6 +30,15 @@
 // were decided on, AddQueues the topic version, CreateTopic requires the
 // topic not to exist. A command whose precondition fails changes nothing and
 // returns a CONFLICT error through the apply future's Response.
+//
+// The consumer group commands (consumers.go) have their own preconditions:
+// a retried JoinGroup with the member's topics changes nothing, LeaveGroup
+// may name the generation it was decided in, CommitOffsets must name the
+// current generation and only queues assigned to its member in it
+// (STALE_GENERATION otherwise), and ResetOffsets needs a group without
+// members (GROUP_ACTIVE otherwise). Assignment (AssignQueues) is a pure
+// function of the previous assignment and the members. None of them moves
+// the registry Version.
 //
 // InitProducer is the one command that is not harmless to repeat by
 // design: each application allocates (a fresh id, or the next epoch of a

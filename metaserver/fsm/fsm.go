@@ -33,6 +33,9 @@ type State struct {
 	// Producers holds the current identity of each named producer.
 	// Anonymous producers leave nothing here.
 	Producers map[string]ProducerIdentity `json:"producers"`
+	// ConsumerGroups holds the consumer groups by name (consumers.go). A
+	// snapshot from before consumer groups lacks it and is read as none.
+	ConsumerGroups map[string]*ConsumerGroup `json:"consumer_groups,omitempty"`
 }
 
 // ProducerIdentity is a producer's id and epoch.
@@ -62,7 +65,7 @@ func ValidateProducerName(name string) error {
 
 func newState() *State {
 	return &State{Groups: map[string]*routing.Group{}, Topics: map[string]*routing.Topic{}, Members: map[string]string{},
-		NextProducerID: 1, Producers: map[string]ProducerIdentity{}}
+		NextProducerID: 1, Producers: map[string]ProducerIdentity{}, ConsumerGroups: map[string]*ConsumerGroup{}}
 }
 
 func (s *State) clone() *State {
@@ -85,6 +88,10 @@ func (s *State) clone() *State {
 	for k, v := range s.Members {
 		c.Members[k] = v
 	}
+	c.ConsumerGroups = make(map[string]*ConsumerGroup, len(s.ConsumerGroups))
+	for k, g := range s.ConsumerGroups {
+		c.ConsumerGroups[k] = g.clone()
+	}
 	return c
 }
 
@@ -94,6 +101,11 @@ type Result struct {
 	Version uint64 // the object's version after the command (group or topic)
 	// Producer is the identity InitProducer allocated.
 	Producer ProducerIdentity
+	// Generation is the consumer group's generation after a consumer group
+	// command.
+	Generation uint64
+	// Rebalanced is how many consumer groups moved to a new generation.
+	Rebalanced int
 }
 
 // FSM is the registry's raft.FSM.
@@ -193,7 +205,7 @@ func (f *FSM) apply(c Command) any {
 		s.Version++
 		t.Queues = append(t.Queues, c.Groups...)
 		t.Version = s.Version
-		return &Result{Changed: true, Version: t.Version}
+		return &Result{Changed: true, Version: t.Version, Rebalanced: f.topicGrew(c.Topic, c.At)}
 	case *RemoveGroup:
 		g := s.Groups[c.Group]
 		if g == nil {
@@ -263,6 +275,14 @@ func (f *FSM) apply(c Command) any {
 		g.History = slices.Clone(g.History)
 		g.History[n-1].Start = c.Start
 		return f.bumpGroup(g)
+	case *JoinGroup:
+		return f.joinGroup(c)
+	case *LeaveGroup:
+		return f.leaveGroup(c)
+	case *CommitOffsets:
+		return f.commitOffsets(c)
+	case *ResetOffsets:
+		return f.resetOffsets(c)
 	}
 	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown command %T", c)}
 }
@@ -507,6 +527,16 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	if s.Producers == nil {
 		s.Producers = map[string]ProducerIdentity{}
+	}
+	if s.ConsumerGroups == nil {
+		s.ConsumerGroups = map[string]*ConsumerGroup{} // a snapshot from before consumer groups
+	}
+	for name, g := range s.ConsumerGroups {
+		if g == nil {
+			delete(s.ConsumerGroups, name)
+			continue
+		}
+		g.fill()
 	}
 	for _, g := range s.Groups {
 		if g.Epoch == 0 && g.Master.ID != "" {

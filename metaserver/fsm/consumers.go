@@ -1,0 +1,475 @@
+package fsm
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// Consumer groups. A group has members (each subscribed to some topics), a
+// generation that grows by one at every change of membership or of the
+// queues of a subscribed topic, the assignment of every subscribed topic's
+// queues to members in that generation, and committed offsets per (topic,
+// queue). Sessions are not here: the leader keeps them in memory and applies
+// LeaveGroup when one runs out. Consumer group commands do not move the
+// registry Version: they change no route, and moving it would invalidate
+// every cached route at every commit.
+
+// Limits on consumer group commands.
+const (
+	// MaxConsumerName is the longest group or member name, in bytes.
+	MaxConsumerName = 255
+	// MaxConsumerTopics is the most topics one member may subscribe to.
+	MaxConsumerTopics = 64
+	// MaxCommitOffsets is the most offsets one commit or reset may carry.
+	MaxCommitOffsets = 1 << 16
+)
+
+// ConsumerGroup is a consumer group in the registry.
+type ConsumerGroup struct {
+	Name       string                     `json:"name"`
+	Generation uint64                     `json:"generation"`
+	Members    map[string]*ConsumerMember `json:"members"`
+	// Assignment holds, for every topic some member subscribes to, the
+	// owner of each queue (by queue number) in the current generation; ""
+	// for a queue with no owner (never, while the topic has a subscriber).
+	Assignment map[string][]string `json:"assignment"`
+	// Offsets are the committed offsets (the next offset to consume) by
+	// topic and queue. They outlive members: an empty group resumes.
+	Offsets   map[string]map[uint32]int64 `json:"offsets"`
+	ChangedAt int64                       `json:"changed_at"` // unix ms of the last generation, stamped by the leader
+}
+
+// ConsumerMember is one member of a consumer group.
+type ConsumerMember struct {
+	Topics []string `json:"topics"` // sorted, no duplicates
+	// SessionMillis is the session the leader applies to the member (so a
+	// new leader knows it before the member's next heartbeat).
+	SessionMillis int64 `json:"session_ms"`
+	JoinedAt      int64 `json:"joined_at"`
+}
+
+// QueueOffset is a queue's offset in a commit or a reset.
+type QueueOffset struct {
+	Topic  string `json:"topic"`
+	Queue  uint32 `json:"queue"`
+	Offset int64  `json:"offset"`
+}
+
+// JoinGroup adds a member to a group (creating the group) or updates its
+// topics or session. Joining with the topics the member has changes nothing
+// (a retried join is harmless; a changed session alone is recorded without
+// a new generation); otherwise the group moves to the next generation with a
+// new assignment. Every topic must exist (UNKNOWN_TOPIC otherwise).
+type JoinGroup struct {
+	Group         string   `json:"group"`
+	Member        string   `json:"member"`
+	Topics        []string `json:"topics"`
+	SessionMillis int64    `json:"session_ms"`
+	At            int64    `json:"at"`
+}
+
+// LeaveGroup removes a member: the next generation, with a new assignment.
+// Removing an absent member changes nothing. ExpectGeneration, when not 0,
+// must be the group's generation (the leader expiring a member names the
+// generation it judged in), else CONFLICT.
+type LeaveGroup struct {
+	Group            string `json:"group"`
+	Member           string `json:"member"`
+	ExpectGeneration uint64 `json:"expect_generation,omitempty"`
+	At               int64  `json:"at"`
+}
+
+// CommitOffsets records a member's offsets, all or nothing. It is refused
+// with STALE_GENERATION when Generation is not the group's or any queue is
+// not assigned to Member in it; a negative offset is INVALID. Repeating a
+// commit is harmless.
+type CommitOffsets struct {
+	Group      string        `json:"group"`
+	Member     string        `json:"member"`
+	Generation uint64        `json:"generation"`
+	Offsets    []QueueOffset `json:"offsets"`
+}
+
+// ResetOffsets sets a group's committed offsets (creating the group), all or
+// nothing; offsets it does not name are kept. It is refused with
+// GROUP_ACTIVE while the group has members.
+type ResetOffsets struct {
+	Group   string        `json:"group"`
+	Offsets []QueueOffset `json:"offsets"`
+	At      int64         `json:"at"`
+}
+
+func (JoinGroup) Type() CommandType     { return TypeJoinGroup }
+func (LeaveGroup) Type() CommandType    { return TypeLeaveGroup }
+func (CommitOffsets) Type() CommandType { return TypeCommitOffsets }
+func (ResetOffsets) Type() CommandType  { return TypeResetOffsets }
+
+// ValidateConsumerName checks a consumer group or member name (what names
+// it in errors): 1 to MaxConsumerName bytes of letters, digits, '.', '_',
+// '-'.
+func ValidateConsumerName(what, name string) error {
+	if name == "" || len(name) > MaxConsumerName {
+		return fmt.Errorf("%s name must be 1 to %d bytes, got %d", what, MaxConsumerName, len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%s name %q: byte %q not allowed (letters, digits, '.', '_', '-')", what, name, c)
+		}
+	}
+	return nil
+}
+
+// NormalizeTopics returns topics sorted without duplicates.
+func NormalizeTopics(topics []string) []string {
+	out := slices.Clone(topics)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func invalidErr(format string, args ...any) error {
+	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf(format, args...)}
+}
+
+func (g *ConsumerGroup) clone() *ConsumerGroup {
+	c := *g
+	c.Members = make(map[string]*ConsumerMember, len(g.Members))
+	for id, m := range g.Members {
+		m2 := *m
+		m2.Topics = slices.Clone(m.Topics)
+		c.Members[id] = &m2
+	}
+	c.Assignment = make(map[string][]string, len(g.Assignment))
+	for t, owners := range g.Assignment {
+		c.Assignment[t] = slices.Clone(owners)
+	}
+	c.Offsets = make(map[string]map[uint32]int64, len(g.Offsets))
+	for t, qs := range g.Offsets {
+		c.Offsets[t] = maps.Clone(qs)
+	}
+	return &c
+}
+
+func (g *ConsumerGroup) fill() {
+	if g.Members == nil {
+		g.Members = map[string]*ConsumerMember{}
+	}
+	if g.Assignment == nil {
+		g.Assignment = map[string][]string{}
+	}
+	if g.Offsets == nil {
+		g.Offsets = map[string]map[uint32]int64{}
+	}
+	for id, m := range g.Members {
+		if m == nil {
+			delete(g.Members, id)
+		}
+	}
+}
+
+// Topics is the union of the members' topics, sorted.
+func (g ConsumerGroup) Topics() []string {
+	var out []string
+	for _, m := range g.Members {
+		out = append(out, m.Topics...)
+	}
+	return NormalizeTopics(out)
+}
+
+// Queues returns member's queues by topic in the current generation,
+// topics sorted and queues ascending.
+func (g ConsumerGroup) Queues(member string) []QueueOffset {
+	var out []QueueOffset
+	topics := slices.Sorted(maps.Keys(g.Assignment))
+	for _, t := range topics {
+		for q, o := range g.Assignment[t] {
+			if o == member {
+				off, ok := g.Offsets[t][uint32(q)]
+				if !ok {
+					off = -1
+				}
+				out = append(out, QueueOffset{Topic: t, Queue: uint32(q), Offset: off})
+			}
+		}
+	}
+	return out
+}
+
+// Committed returns the committed offsets, by topic then queue.
+func (g ConsumerGroup) Committed() []QueueOffset {
+	var out []QueueOffset
+	for _, t := range slices.Sorted(maps.Keys(g.Offsets)) {
+		for _, q := range slices.Sorted(maps.Keys(g.Offsets[t])) {
+			out = append(out, QueueOffset{Topic: t, Queue: q, Offset: g.Offsets[t][q]})
+		}
+	}
+	return out
+}
+
+func (f *FSM) consumerGroup(name string, create bool) *ConsumerGroup {
+	g := f.s.ConsumerGroups[name]
+	if g == nil && create {
+		g = &ConsumerGroup{Name: name}
+		g.fill()
+		f.s.ConsumerGroups[name] = g
+	}
+	return g
+}
+
+func (f *FSM) joinGroup(c *JoinGroup) any {
+	if err := ValidateConsumerName("group", c.Group); err != nil {
+		return invalidErr("%v", err)
+	}
+	if err := ValidateConsumerName("member", c.Member); err != nil {
+		return invalidErr("%v", err)
+	}
+	topics := NormalizeTopics(c.Topics)
+	if len(topics) == 0 || len(topics) > MaxConsumerTopics {
+		return invalidErr("a member subscribes to 1 to %d topics, got %d", MaxConsumerTopics, len(topics))
+	}
+	for _, t := range topics {
+		if f.s.Topics[t] == nil {
+			return &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", t)}
+		}
+	}
+	if c.SessionMillis < 0 {
+		return invalidErr("session must not be negative, got %d ms", c.SessionMillis)
+	}
+	g := f.consumerGroup(c.Group, true)
+	if m := g.Members[c.Member]; m != nil && slices.Equal(m.Topics, topics) {
+		if m.SessionMillis == c.SessionMillis {
+			return &Result{Generation: g.Generation}
+		}
+		m.SessionMillis = c.SessionMillis
+		return &Result{Changed: true, Generation: g.Generation}
+	}
+	joined := c.At
+	if m := g.Members[c.Member]; m != nil {
+		joined = m.JoinedAt
+	}
+	g.Members[c.Member] = &ConsumerMember{Topics: topics, SessionMillis: c.SessionMillis, JoinedAt: joined}
+	f.rebalance(g, c.At)
+	return &Result{Changed: true, Generation: g.Generation, Rebalanced: 1}
+}
+
+func (f *FSM) leaveGroup(c *LeaveGroup) any {
+	g := f.s.ConsumerGroups[c.Group]
+	if g == nil {
+		return &Result{}
+	}
+	if c.ExpectGeneration != 0 && c.ExpectGeneration != g.Generation {
+		return conflict("consumer group %q is at generation %d, not %d", c.Group, g.Generation, c.ExpectGeneration)
+	}
+	if g.Members[c.Member] == nil {
+		return &Result{Generation: g.Generation}
+	}
+	delete(g.Members, c.Member)
+	f.rebalance(g, c.At)
+	return &Result{Changed: true, Generation: g.Generation, Rebalanced: 1}
+}
+
+func staleGeneration(format string, args ...any) error {
+	return &protocol.Error{Status: protocol.StatusStaleGeneration, Message: fmt.Sprintf(format, args...)}
+}
+
+func (f *FSM) commitOffsets(c *CommitOffsets) any {
+	if len(c.Offsets) > MaxCommitOffsets {
+		return invalidErr("a commit carries at most %d offsets, got %d", MaxCommitOffsets, len(c.Offsets))
+	}
+	for _, o := range c.Offsets {
+		if o.Offset < 0 {
+			return invalidErr("offset of %s queue %d is %d; offsets are 0 or more", o.Topic, o.Queue, o.Offset)
+		}
+	}
+	g := f.s.ConsumerGroups[c.Group]
+	if g == nil {
+		return notFound("consumer group %q", c.Group)
+	}
+	if c.Generation != g.Generation {
+		return staleGeneration("consumer group %q is at generation %d, not %d: rejoin", c.Group, g.Generation, c.Generation)
+	}
+	for _, o := range c.Offsets {
+		owners := g.Assignment[o.Topic]
+		if int(o.Queue) >= len(owners) || owners[o.Queue] != c.Member {
+			return staleGeneration("%s queue %d is not assigned to member %q in generation %d of consumer group %q: rejoin",
+				o.Topic, o.Queue, c.Member, g.Generation, c.Group)
+		}
+	}
+	changed := false
+	for _, o := range c.Offsets {
+		qs := g.Offsets[o.Topic]
+		if qs == nil {
+			qs = map[uint32]int64{}
+			g.Offsets[o.Topic] = qs
+		}
+		if old, ok := qs[o.Queue]; !ok || old != o.Offset {
+			qs[o.Queue] = o.Offset
+			changed = true
+		}
+	}
+	return &Result{Changed: changed, Generation: g.Generation}
+}
+
+func (f *FSM) resetOffsets(c *ResetOffsets) any {
+	if err := ValidateConsumerName("group", c.Group); err != nil {
+		return invalidErr("%v", err)
+	}
+	if len(c.Offsets) > MaxCommitOffsets {
+		return invalidErr("a reset carries at most %d offsets, got %d", MaxCommitOffsets, len(c.Offsets))
+	}
+	for _, o := range c.Offsets {
+		t := f.s.Topics[o.Topic]
+		if t == nil {
+			return &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", o.Topic)}
+		}
+		if int(o.Queue) >= len(t.Queues) {
+			return invalidErr("topic %q has %d queues; there is no queue %d", o.Topic, len(t.Queues), o.Queue)
+		}
+		if o.Offset < 0 {
+			return invalidErr("offset of %s queue %d is %d; offsets are 0 or more", o.Topic, o.Queue, o.Offset)
+		}
+	}
+	if g := f.s.ConsumerGroups[c.Group]; g != nil && len(g.Members) > 0 {
+		return &protocol.Error{Status: protocol.StatusGroupActive,
+			Message: fmt.Sprintf("consumer group %q has %d members; offsets can be reset only when it has none", c.Group, len(g.Members))}
+	}
+	g := f.consumerGroup(c.Group, true)
+	for _, o := range c.Offsets {
+		qs := g.Offsets[o.Topic]
+		if qs == nil {
+			qs = map[uint32]int64{}
+			g.Offsets[o.Topic] = qs
+		}
+		qs[o.Queue] = o.Offset
+	}
+	return &Result{Changed: true, Generation: g.Generation}
+}
+
+// topicGrew starts a new generation of every group subscribed to topic
+// (which just gained queues), in name order. It returns how many.
+func (f *FSM) topicGrew(topic string, at int64) int {
+	n := 0
+	for _, name := range slices.Sorted(maps.Keys(f.s.ConsumerGroups)) {
+		g := f.s.ConsumerGroups[name]
+		if _, ok := g.Assignment[topic]; ok {
+			f.rebalance(g, at)
+			n++
+		}
+	}
+	return n
+}
+
+// rebalance moves g to its next generation with a new assignment.
+func (f *FSM) rebalance(g *ConsumerGroup, at int64) {
+	g.Generation++
+	g.ChangedAt = at
+	next := make(map[string][]string)
+	for _, t := range g.Topics() {
+		n := 0
+		if tp := f.s.Topics[t]; tp != nil {
+			n = len(tp.Queues)
+		}
+		var subs []string
+		for id, m := range g.Members {
+			if slices.Contains(m.Topics, t) {
+				subs = append(subs, id)
+			}
+		}
+		slices.Sort(subs)
+		next[t] = AssignQueues(n, g.Assignment[t], subs)
+	}
+	g.Assignment = next
+}
+
+// AssignQueues assigns n queues of one topic to subs (the subscribing
+// members, sorted by id), given the previous owner of each queue (prev[q],
+// "" or a member no longer subscribed for none). It is deterministic,
+// balanced (every member gets n/len(subs) queues or one more) and sticky:
+//
+//  1. A member's kept queues are those it owned before, lowest first.
+//  2. Targets: every member gets n/k; the n%k extra queues go to the
+//     members keeping the most (counting at most n/k+1), ties by id, so as
+//     few queues move as balance allows.
+//  3. Each member keeps its old queues up to its target.
+//  4. The other queues, lowest first, go to the least-loaded member still
+//     under its target, ties by id.
+//
+// When a member joins a balanced group, the others keep their queues up to
+// their targets and receive none: only the queues the newcomer needs move.
+// It returns the owner of each queue (nil when subs is empty).
+func AssignQueues(n int, prev []string, subs []string) []string {
+	k := len(subs)
+	if k == 0 || n <= 0 {
+		return nil
+	}
+	base, extra := n/k, n%k
+	isSub := make(map[string]bool, k)
+	for _, m := range subs {
+		isSub[m] = true
+	}
+	kept := make(map[string][]int, k)
+	for q := 0; q < min(n, len(prev)); q++ {
+		if o := prev[q]; isSub[o] {
+			kept[o] = append(kept[o], q)
+		}
+	}
+	order := slices.Clone(subs)
+	sort.SliceStable(order, func(i, j int) bool {
+		return min(len(kept[order[i]]), base+1) > min(len(kept[order[j]]), base+1)
+	})
+	target := make(map[string]int, k)
+	for i, m := range order {
+		target[m] = base
+		if i < extra {
+			target[m]++
+		}
+	}
+	out := make([]string, n)
+	load := make(map[string]int, k)
+	for _, m := range subs {
+		for _, q := range kept[m][:min(len(kept[m]), target[m])] {
+			out[q] = m
+			load[m]++
+		}
+	}
+	for q := range out {
+		if out[q] != "" {
+			continue
+		}
+		best := ""
+		for _, m := range subs {
+			if load[m] < target[m] && (best == "" || load[m] < load[best]) {
+				best = m
+			}
+		}
+		out[q] = best
+		load[best]++
+	}
+	return out
+}
+
+// ConsumerGroup returns a copy of a consumer group, and whether it exists.
+func (f *FSM) ConsumerGroup(name string) (ConsumerGroup, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	g := f.s.ConsumerGroups[name]
+	if g == nil {
+		return ConsumerGroup{}, false
+	}
+	return *g.clone(), true
+}
+
+// ConsumerGroups returns copies of every consumer group, sorted by name.
+func (f *FSM) ConsumerGroups() []ConsumerGroup {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]ConsumerGroup, 0, len(f.s.ConsumerGroups))
+	for _, name := range slices.Sorted(maps.Keys(f.s.ConsumerGroups)) {
+		out = append(out, *f.s.ConsumerGroups[name].clone())
+	}
+	return out
+}
