@@ -54,6 +54,10 @@ type Config struct {
 	// JudgeInterval is how often the leader checks every group. Default
 	// 500 ms; it must be shorter than SessionTimeout.
 	JudgeInterval time.Duration
+	// ConsumerSession is the session of a consumer group member that asks
+	// for none: unheard of for this long, it leaves its group. A member may
+	// ask for 1 s to 5 min. Default 10 s.
+	ConsumerSession time.Duration
 
 	// DisableFailover keeps a group whose master is lost read-only until a
 	// person acts (the seeds' behaviour). By default the leader promotes
@@ -134,6 +138,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FailoverMargin == 0 {
 		c.FailoverMargin = time.Second
+	}
+	if c.ConsumerSession == 0 {
+		c.ConsumerSession = 10 * time.Second
 	}
 	if c.FailoverMaxLoss == 0 {
 		c.FailoverMaxLoss = c.LagBytes
@@ -235,6 +242,7 @@ func (c Config) Validate() error {
 		{"LagTime", c.LagTime},
 		{"JudgeInterval", c.JudgeInterval},
 		{"FailoverMargin", c.FailoverMargin},
+		{"ConsumerSession", c.ConsumerSession},
 		{"RaftHeartbeatTimeout", c.RaftHeartbeatTimeout},
 		{"RaftElectionTimeout", c.RaftElectionTimeout},
 		{"RaftLeaderLeaseTimeout", c.RaftLeaderLeaseTimeout},
@@ -261,6 +269,14 @@ func (c Config) Validate() error {
 	if c.SessionTimeout >= 0 && c.JudgeInterval >= 0 && d.JudgeInterval >= d.SessionTimeout {
 		bad("JudgeInterval (%v%s) must be shorter than SessionTimeout (%v%s), so a lost master is noticed soon after its session ends",
 			d.JudgeInterval, dflt(c.JudgeInterval), d.SessionTimeout, dflt(c.SessionTimeout))
+	}
+
+	if c.ConsumerSession > 0 && (c.ConsumerSession < minConsumerSession || c.ConsumerSession > maxConsumerSession) {
+		bad("ConsumerSession is %v; it must be %v to %v", c.ConsumerSession, minConsumerSession, maxConsumerSession)
+	}
+	if c.ConsumerSession >= 0 && c.JudgeInterval >= 0 && d.JudgeInterval >= d.ConsumerSession && d.JudgeInterval < d.SessionTimeout {
+		bad("JudgeInterval (%v%s) must be shorter than ConsumerSession (%v%s), so a dead consumer is noticed soon after its session ends",
+			d.JudgeInterval, dflt(c.JudgeInterval), d.ConsumerSession, dflt(c.ConsumerSession))
 	}
 
 	// hashicorp/raft's rules (raft.ValidateConfig), on the values in effect,

@@ -40,6 +40,12 @@ func TestConfigValidate(t *testing.T) {
 			[]string{"JudgeInterval (500ms, the default) must be shorter than SessionTimeout (400ms)"}},
 		{"judge interval over the default session", func(c *Config) { c.JudgeInterval = time.Minute },
 			[]string{"JudgeInterval (1m0s) must be shorter than SessionTimeout (10s, the default)"}},
+		{"consumer session out of bounds", func(c *Config) { c.ConsumerSession = 10 * time.Minute },
+			[]string{"ConsumerSession is 10m0s; it must be 1s to 5m0s"}},
+		{"judge as slow as a consumer session", func(c *Config) {
+			c.SessionTimeout, c.JudgeInterval, c.ConsumerSession = time.Minute, 2*time.Second, 2*time.Second
+		},
+			[]string{"JudgeInterval (2s) must be shorter than ConsumerSession (2s)"}},
 		{"lease longer than heartbeat timeout", func(c *Config) {
 			c.RaftHeartbeatTimeout, c.RaftLeaderLeaseTimeout = 200*time.Millisecond, 300*time.Millisecond
 		},

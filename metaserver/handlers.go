@@ -35,6 +35,10 @@ func (s *Server) routes() {
 	})
 	handle(s, protocol.CodeAdminAddVoter, true, s.addVoter)
 	handle(s, protocol.CodeAdminRemoveVoter, true, s.removeVoter)
+	handle(s, protocol.CodeConsumerHeartbeat, true, s.consumerHeartbeat)
+	handle(s, protocol.CodeCommitOffsets, true, s.commitOffsets)
+	handle(s, protocol.CodeConsumerGroups, true, s.consumerGroups)
+	handle(s, protocol.CodeResetOffsets, true, s.resetOffsets)
 }
 
 func invalid(format string, args ...any) error {
@@ -244,8 +248,13 @@ func (s *Server) addQueues(ctx context.Context, req api.AddQueuesRequest) (routi
 		return routing.Route{}, &protocol.Error{Status: protocol.StatusNoRoute, Message: "no writable broker group to place queues on"}
 	}
 	add := routing.SpreadQueues(req.Count, groups, len(topics[i].Queues))
-	if _, err := s.apply(ctx, &fsm.AddQueues{Topic: req.Topic, Groups: add, ExpectVersion: topics[i].Version}); err != nil {
+	res, err := s.apply(ctx, &fsm.AddQueues{Topic: req.Topic, Groups: add, ExpectVersion: topics[i].Version, At: s.cfg.Clock.Now().UnixMilli()})
+	if err != nil {
 		return routing.Route{}, err
+	}
+	if res.Rebalanced > 0 {
+		s.consumers.rebalances.Add(int64(res.Rebalanced))
+		s.log.Info("queues added; consumer groups subscribed to the topic rebalanced", "topic", req.Topic, "groups", res.Rebalanced)
 	}
 	r, _ := s.fsm.Route(req.Topic)
 	return r, nil

@@ -48,6 +48,9 @@ type judge struct {
 	heartbeats atomic.Int64 // heartbeats taken while leading, for metrics
 	rounds     atomic.Int64 // rounds over every group finished, for metrics and tests
 	failovers  failoverStats
+	// consumers, when set, has its member sessions started at each
+	// takeover and judged at the end of each round.
+	consumers *consumers
 
 	mu        sync.Mutex
 	since     time.Time // when this leadership's judge started
@@ -89,6 +92,9 @@ func (j *judge) begin() {
 	defer j.mu.Unlock()
 	j.since = j.cfg.Clock.Now()
 	j.sessions = map[string]*session{}
+	if j.consumers != nil {
+		j.consumers.begin(j.since)
+	}
 }
 
 // run judges every group each JudgeInterval of the clock until ctx ends.
@@ -115,6 +121,9 @@ func (j *judge) round(ctx context.Context) {
 	now := j.cfg.Clock.Now()
 	for _, g := range j.fsm.Groups() {
 		j.judgeGroup(ctx, g.Name, now)
+	}
+	if j.consumers != nil {
+		j.consumers.round(ctx, now)
 	}
 	j.rounds.Add(1)
 	j.mu.Lock()

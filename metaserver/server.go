@@ -50,6 +50,7 @@ type Server struct {
 	loopDone chan struct{}
 
 	judge      judge
+	consumers  consumers // consumer group sessions, judged with the brokers'
 	routeCache routeCache
 
 	leaderMu   sync.Mutex
@@ -75,6 +76,8 @@ func New(cfg Config) (*Server, error) {
 		loopDone: make(chan struct{}),
 	}
 	s.judge.init(cfg, s.fsm, s.apply, s.log.Named("judge"))
+	s.consumers.init(cfg, s.fsm, s.apply, s.log.Named("consumers"))
+	s.judge.consumers = &s.consumers
 	var err error
 	defer func() {
 		if err != nil {

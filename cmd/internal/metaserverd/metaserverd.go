@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,6 +57,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&failover, "failover", "on", "on: promote a lost master's slave; off: keep the group read-only until a person acts")
 	fs.Int64Var(&maxLoss, "failover-max-loss", -1, "most bytes of NORMAL messages a promotion may lose, by the last reports; 0: only a slave that had everything (default: -lag-bytes)")
 	fs.DurationVar(&cfg.FailoverMargin, "failover-margin", def.FailoverMargin, "how long past -session the leader waits before it promotes")
+	fs.DurationVar(&cfg.ConsumerSession, "consumer-session", def.ConsumerSession, "a consumer group member unheard of this long leaves its group (when it asks for no session of its own; 1s to 5m)")
 	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
 	logf.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
@@ -130,6 +132,44 @@ func register(m *cli.Metrics, s *metaserver.Server) {
 		"Bytes the old masters cut from their logs when they rejoined as slaves: what the promotions did lose.",
 		func() float64 { return float64(s.Failovers().CutBytes) })
 	m.Registry.MustRegister(refusalCollector{s})
+	m.CounterFunc("ferrymq_metaserver_consumer_commits_total", "Consumer group offset commits applied by this node as leader.",
+		func() float64 { return float64(s.ConsumerStats().Commits) })
+	m.CounterFunc("ferrymq_metaserver_consumer_rebalances_total",
+		"New consumer group generations applied by this node as leader (joins, leaves, expiries, added queues).",
+		func() float64 { return float64(s.ConsumerStats().Rebalances) })
+	m.CounterFunc("ferrymq_metaserver_consumer_members_expired_total",
+		"Consumer group members this node as leader removed because their session ran out.",
+		func() float64 { return float64(s.ConsumerStats().Expired) })
+	m.Registry.MustRegister(consumerCollector{s})
+}
+
+// consumerCollector exports every consumer group's members, generation and
+// committed offsets, from the node's registry.
+type consumerCollector struct{ s *metaserver.Server }
+
+var (
+	consumerMembersDesc = prometheus.NewDesc("ferrymq_metaserver_consumer_group_members",
+		"Members of the consumer group.", []string{"group"}, nil)
+	consumerGenerationDesc = prometheus.NewDesc("ferrymq_metaserver_consumer_group_generation",
+		"The consumer group's generation: it grows by one at every rebalance.", []string{"group"}, nil)
+	consumerOffsetDesc = prometheus.NewDesc("ferrymq_metaserver_consumer_committed_offset",
+		"The consumer group's committed offset of a queue: the next offset it will consume.", []string{"group", "topic", "queue"}, nil)
+)
+
+func (c consumerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- consumerMembersDesc
+	ch <- consumerGenerationDesc
+	ch <- consumerOffsetDesc
+}
+
+func (c consumerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, g := range c.s.FSM().ConsumerGroups() {
+		ch <- prometheus.MustNewConstMetric(consumerMembersDesc, prometheus.GaugeValue, float64(len(g.Members)), g.Name)
+		ch <- prometheus.MustNewConstMetric(consumerGenerationDesc, prometheus.GaugeValue, float64(g.Generation), g.Name)
+		for _, o := range g.Committed() {
+			ch <- prometheus.MustNewConstMetric(consumerOffsetDesc, prometheus.GaugeValue, float64(o.Offset), g.Name, o.Topic, strconv.FormatUint(uint64(o.Queue), 10))
+		}
+	}
 }
 
 // refusalCollector exports the failover refusals by reason.

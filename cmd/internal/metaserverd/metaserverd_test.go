@@ -80,6 +80,8 @@ func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
 		{"-failover", "maybe", "-failover must be on or off"},
 		{"-failover-max-loss", "-5", "-failover-max-loss must be 0 or more"},
 		{"-failover-margin", "-1s", "FailoverMargin"},
+		{"-consumer-session", "-1s", "ConsumerSession"},
+		{"-consumer-session", "10m", "ConsumerSession"},
 	} {
 		t.Run(tc.flag+" "+tc.value, func(t *testing.T) {
 			err := Run(done, append(base(), tc.flag, tc.value), io.Discard)
