@@ -88,13 +88,27 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 }
 
 // readQueue reads up to limit messages of a queue from its group's master
-// or, when the master does not answer (it cannot be reached, times out, or
-// says it is not the master or is shutting down) and the group has a
-// slave, from the slave, saying so on stderr. With a slave to fall back on,
-// the master gets half of the time left.
+// or, when the master does not answer, from the slave (see onQueueBroker).
 func readQueue(ctx context.Context, qr routing.QueueRoute, req protocol.PullRequest, limit int, stderr io.Writer) ([]protocol.StoredMessage, error) {
+	var msgs []protocol.StoredMessage
+	err := onQueueBroker(ctx, qr, req.Topic, stderr, func(ctx context.Context, tc *transport.Client) error {
+		r := req
+		var err error
+		msgs, err = pull(ctx, tc, &r, limit)
+		return err
+	})
+	return msgs, err
+}
+
+// onQueueBroker runs fn against a queue's group master or, when the master
+// does not answer (it cannot be reached, times out, or says it is not the
+// master or is shutting down) and the group has a slave, against the slave,
+// saying so on stderr. With a slave to fall back on, the master gets half
+// of the time left. fn may make several calls; on a fallback it starts
+// again on the slave.
+func onQueueBroker(ctx context.Context, qr routing.QueueRoute, topic string, stderr io.Writer, fn func(context.Context, *transport.Client) error) error {
 	if qr.Master == "" && qr.Slave == "" {
-		return nil, fmt.Errorf("queue %d of %s: its group %s has no broker", qr.Queue, req.Topic, qr.Group)
+		return fmt.Errorf("queue %d of %s: its group %s has no broker", qr.Queue, topic, qr.Group)
 	}
 	var masterErr error
 	if qr.Master != "" {
@@ -102,27 +116,30 @@ func readQueue(ctx context.Context, qr routing.QueueRoute, req protocol.PullRequ
 		if deadline, ok := ctx.Deadline(); ok && qr.Slave != "" {
 			mctx, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
 		}
-		r := req
-		msgs, err := pull(mctx, qr.Master, &r, limit)
+		err := callBroker(mctx, qr.Master, fn)
 		cancel()
 		if err == nil {
-			return msgs, nil
+			return nil
 		}
 		masterErr = fmt.Errorf("read from the master %s: %w", qr.Master, err)
 		if qr.Slave == "" || !masterDown(err) || ctx.Err() != nil {
-			return nil, masterErr
+			return masterErr
 		}
 		fmt.Fprintf(stderr, "ferryctl: the master %s did not answer (%v); reading from the slave %s\n", qr.Master, err, qr.Slave)
 	} else {
 		fmt.Fprintf(stderr, "ferryctl: group %s has no master; reading from the slave %s\n", qr.Group, qr.Slave)
 	}
-	r := req
-	msgs, err := pull(ctx, qr.Slave, &r, limit)
-	if err != nil {
-		return nil, errors.Join(masterErr, fmt.Errorf("read from the slave %s: %w", qr.Slave, err))
+	if err := callBroker(ctx, qr.Slave, fn); err != nil {
+		return errors.Join(masterErr, fmt.Errorf("read from the slave %s: %w", qr.Slave, err))
 	}
 	fmt.Fprintf(stderr, "ferryctl: read from the slave %s\n", qr.Slave)
-	return msgs, nil
+	return nil
+}
+
+func callBroker(ctx context.Context, addr string, fn func(context.Context, *transport.Client) error) error {
+	tc := transport.NewClient(addr, transport.ClientConfig{})
+	defer tc.Close()
+	return fn(ctx, tc)
 }
 
 // masterDown reports whether a failed read means the master is not
@@ -133,24 +150,27 @@ func masterDown(err error) bool {
 		errors.Is(err, protocol.ErrShuttingDown)
 }
 
+// pullOnce sends one PULL.
+func pullOnce(ctx context.Context, tc *transport.Client, req *protocol.PullRequest) (protocol.PullResponse, error) {
+	resp, err := tc.Call(ctx, protocol.CodePull, protocol.AppendPullRequest(nil, req))
+	if err != nil {
+		return protocol.PullResponse{}, err
+	}
+	return protocol.DecodePullResponse(resp.Body) // bodies alias the response buffer, which is not reused
+}
+
 // pull reads up to limit messages from a broker.
-func pull(ctx context.Context, addr string, req *protocol.PullRequest, limit int) ([]protocol.StoredMessage, error) {
-	tc := transport.NewClient(addr, transport.ClientConfig{})
-	defer tc.Close()
+func pull(ctx context.Context, tc *transport.Client, req *protocol.PullRequest, limit int) ([]protocol.StoredMessage, error) {
 	var out []protocol.StoredMessage
 	for len(out) < limit {
-		resp, err := tc.Call(ctx, protocol.CodePull, protocol.AppendPullRequest(nil, req))
-		if err != nil {
-			return nil, err
-		}
-		pr, err := protocol.DecodePullResponse(resp.Body)
+		pr, err := pullOnce(ctx, tc, req)
 		if err != nil {
 			return nil, err
 		}
 		if len(pr.Messages) == 0 {
 			break
 		}
-		out = append(out, pr.Messages...) // bodies alias the response buffer, which is not reused
+		out = append(out, pr.Messages...)
 		req.Offset = pr.NextOffset
 	}
 	if len(out) > limit {

@@ -109,6 +109,8 @@ func newRootCommand(out io.Writer) *cobra.Command {
 		newReadCommand(g),
 		newTruncatedCommand(g),
 		newBenchCommand(g),
+		newGroupsCommand(g),
+		newGroupCommand(g),
 	)
 	return root
 }
