@@ -27,6 +27,7 @@ var rules = map[string][]string{
 	"metaserver":         {"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport"},
 	"broker":             {"storage", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"},
 	"producer":           {"protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"},
+	"consumer":           {"producer", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"},
 	"cmd":                {"*"},
 	// Measurement programs under scripts/ are users of the public packages.
 	"scripts":           {"producer", "protocol", "routing", "metaserver/api", "metaserver/client"},

@@ -1,0 +1,493 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// Message is a message as consumed.
+type Message struct {
+	Topic  string
+	Queue  uint32
+	Offset int64 // its offset in its queue
+	ID     string
+	// Key is the producer's key (the property "key"); it is not repeated in
+	// Properties.
+	Key        string
+	Properties map[string]string
+	Body       []byte
+	// StoreTime is when the broker stored it; Timestamp is when the
+	// producer built it.
+	StoreTime time.Time
+	Timestamp time.Time
+	// ProducerID and Seq are the producer's stamp: its id and the message's
+	// sequence in its queue for that producer (ProducerID 0: unstamped).
+	ProducerID uint64
+	Seq        int64
+	// Deliveries counts this consumer's deliveries of the message: 1 the
+	// first time, 2 at the first redelivery after a failure, and so on. A
+	// message delivered again after a rebalance or a restart (its offset was
+	// not committed) starts at 1 again.
+	Deliveries int
+
+	part *part // the queue it came from
+	size int64 // what it counts against the prefetch budget
+}
+
+// Handler handles one message. Returning nil marks it processed; an error
+// (or a panic) has it delivered again after a backoff, up to MaxRetries
+// times, and then sent to the dead-letter topic. Calls for one queue come
+// one at a time, in offset order; calls for different queues run
+// concurrently. ctx ends when Run's context ends or the message's queue is
+// taken from this member (a rebalance): a handler should stop then, its
+// message will be delivered to the queue's next owner.
+type Handler func(ctx context.Context, m *Message) error
+
+// BatchHandler handles up to MaxPollRecords messages of one queue, in
+// offset order. Returning nil marks them all processed; an error (or a
+// panic) delivers the whole batch again after a backoff, up to MaxRetries
+// times, and then sends each of its messages to the dead-letter topic.
+type BatchHandler func(ctx context.Context, msgs []*Message) error
+
+// mode is how a consumer hands messages out.
+type mode int32
+
+const (
+	modeNone mode = iota
+	modeRun
+	modePoll
+)
+
+// qkey names a queue.
+type qkey struct {
+	topic string
+	queue uint32
+}
+
+func (k qkey) String() string { return fmt.Sprintf("%s/%d", k.topic, k.queue) }
+
+// Consumer is a member of a consumer group. It is safe for concurrent use.
+type Consumer struct {
+	cfg    config
+	group  string
+	topics []string
+	meta   *client.Client // nil when tests replace every use of it
+
+	mode     atomic.Int32
+	startMu  sync.Mutex
+	started  bool
+	handle   func(ctx context.Context, p *part, msgs []*Message) error // Run's handler
+	batch    bool
+	runCtx   context.Context
+	stopRun  context.CancelFunc
+	bg       context.Context // ends at Close: bounds background calls
+	cancelBg context.CancelFunc
+
+	mu       sync.Mutex
+	gen      uint64
+	parts    map[qkey]*part
+	lastWork map[qkey]chan struct{} // the last worker of each queue, for the next to wait on
+	pollNext int                    // where Poll's round-robin starts
+	closed   bool
+
+	routes routeCache
+
+	avail      chan struct{} // a fetcher appended messages (Poll waits on it)
+	kick       chan struct{} // heartbeat now (a commit was refused as stale)
+	commitReq  chan commitReq
+	stopMember chan struct{}
+	memberDone chan struct{}
+	closing    chan struct{}
+	closeOnce  sync.Once
+	closeErr   error
+
+	fetchWG sync.WaitGroup // fetchers
+	workWG  sync.WaitGroup // Run's workers
+
+	stats counters
+}
+
+type commitReq struct {
+	ctx  context.Context
+	done chan error
+}
+
+// New returns a member of group consuming topics. It checks every option
+// at once and contacts nothing: the member joins the group at the first Run
+// or Poll.
+func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
+	cfg := defaults()
+	cfg.member = defaultMember()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	var errs []error
+	if group == "" || len(group) > protocol.MaxTopicLen {
+		errs = append(errs, fmt.Errorf("consumer: group %q must be 1 to %d bytes", group, protocol.MaxTopicLen))
+	}
+	if len(topics) == 0 {
+		errs = append(errs, errors.New("consumer: no topics"))
+	}
+	seen := map[string]bool{}
+	var uniq []string
+	for _, t := range topics {
+		switch {
+		case t == "" || len(t) > protocol.MaxTopicLen:
+			errs = append(errs, fmt.Errorf("consumer: topic %q must be 1 to %d bytes", t, protocol.MaxTopicLen))
+		case !seen[t]:
+			seen[t] = true
+			uniq = append(uniq, t)
+		}
+	}
+	sort.Strings(uniq)
+	if cfg.deadLetter == "" {
+		cfg.deadLetter = "%DLQ%" + group
+	}
+	if len(cfg.deadLetter) > protocol.MaxTopicLen {
+		errs = append(errs, fmt.Errorf("consumer: dead-letter topic %q over %d bytes", cfg.deadLetter, protocol.MaxTopicLen))
+	}
+	if err := cfg.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	c := &Consumer{
+		cfg: cfg, group: group, topics: uniq,
+		parts: map[qkey]*part{}, lastWork: map[qkey]chan struct{}{},
+		avail: make(chan struct{}, 1), kick: make(chan struct{}, 1), commitReq: make(chan commitReq),
+		stopMember: make(chan struct{}), memberDone: make(chan struct{}), closing: make(chan struct{}),
+	}
+	if cfg.coord == nil || cfg.router == nil {
+		meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, CallTimeout: cfg.requestTimeout})
+		if err != nil {
+			return nil, err
+		}
+		c.meta = meta
+		if cfg.coord == nil {
+			c.cfg.coord = meta
+		}
+		if cfg.router == nil {
+			c.cfg.router = meta
+		}
+	}
+	if c.cfg.puller == nil {
+		c.cfg.puller = newBrokerPuller()
+	}
+	if c.cfg.dlq == nil {
+		c.cfg.dlq = &producerDLQ{addrs: cfg.metaAddrs}
+	}
+	c.routes = routeCache{r: c.cfg.router, clock: c.cfg.clock, routes: map[string]*cachedRoute{}}
+	c.bg, c.cancelBg = context.WithCancel(context.Background())
+	return c, nil
+}
+
+// Group is the consumer's group.
+func (c *Consumer) Group() string { return c.group }
+
+// MemberID is this member's id in its group.
+func (c *Consumer) MemberID() string { return c.cfg.member }
+
+// Run joins the group and hands every message of the member's queues to h,
+// one at a time per queue (queues run concurrently), until ctx ends or the
+// consumer is closed. A message's offset is committed once h returned nil
+// for it and for every message before it in its queue (or they were
+// dead-lettered). Run returns ctx's error when ctx ends, nil after Close.
+// It may be called once per Consumer; call Close afterwards, which commits
+// what was processed and leaves the group.
+func (c *Consumer) Run(ctx context.Context, h Handler) error {
+	if h == nil {
+		return errors.New("consumer: nil handler")
+	}
+	return c.run(ctx, false, func(ctx context.Context, _ *part, msgs []*Message) error { return h(ctx, msgs[0]) })
+}
+
+// RunBatch is Run with a handler of up to MaxPollRecords messages of one
+// queue at a time.
+func (c *Consumer) RunBatch(ctx context.Context, h BatchHandler) error {
+	if h == nil {
+		return errors.New("consumer: nil handler")
+	}
+	return c.run(ctx, true, func(ctx context.Context, _ *part, msgs []*Message) error { return h(ctx, msgs) })
+}
+
+func (c *Consumer) run(ctx context.Context, batch bool, h func(context.Context, *part, []*Message) error) error {
+	if !c.mode.CompareAndSwap(int32(modeNone), int32(modeRun)) {
+		return ErrBusy
+	}
+	c.handle, c.batch = h, batch
+	c.runCtx, c.stopRun = context.WithCancel(ctx)
+	defer c.stopRun()
+	if err := c.start(ctx); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.closing:
+		return nil
+	}
+}
+
+// Poll joins the group (on its first call) and returns up to
+// MaxPollRecords fetched messages, from several queues, in offset order
+// per queue. It waits until there are some, ctx ends (its error), or the
+// consumer is closed (ErrClosed). Mark each message processed with
+// MarkProcessed once it is handled: a queue's offset is committed (by the
+// periodic commit, Commit, a revocation or Close) up to its first message
+// not marked. Poll style has no retries and no dead letters: a message
+// never marked is delivered again only after a rebalance or a restart.
+func (c *Consumer) Poll(ctx context.Context) ([]*Message, error) {
+	if !c.mode.CompareAndSwap(int32(modeNone), int32(modePoll)) && mode(c.mode.Load()) != modePoll {
+		return nil, ErrBusy
+	}
+	if err := c.start(ctx); err != nil {
+		return nil, err
+	}
+	for {
+		if msgs := c.takeAny(c.cfg.maxPollRecords); len(msgs) > 0 {
+			return msgs, nil
+		}
+		select {
+		case <-c.avail:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-c.closing:
+			return nil, ErrClosed
+		}
+	}
+}
+
+// takeAny takes up to max buffered messages from the queues, round-robin.
+func (c *Consumer) takeAny(max int) []*Message {
+	c.mu.Lock()
+	parts := make([]*part, 0, len(c.parts))
+	for _, p := range c.parts {
+		parts = append(parts, p)
+	}
+	start := c.pollNext
+	c.pollNext++
+	c.mu.Unlock()
+	if len(parts) == 0 {
+		return nil
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i].key.String() < parts[j].key.String() })
+	var out []*Message
+	for i := range parts {
+		if len(out) >= max {
+			break
+		}
+		out = append(out, parts[(start+i)%len(parts)].take(max-len(out))...)
+	}
+	if len(out) > 0 {
+		// Others may be waiting too, and messages are left.
+		select {
+		case c.avail <- struct{}{}:
+		default:
+		}
+	}
+	return out
+}
+
+// MarkProcessed marks a message handed out by Poll as processed: its
+// queue's offset may be committed past it once every earlier message of
+// the queue is marked too. A message of a queue the member no longer holds
+// is ignored (it will be delivered to the queue's new owner).
+func (c *Consumer) MarkProcessed(m *Message) {
+	if m != nil && m.part != nil {
+		m.part.done(m.Offset, m.Offset)
+	}
+}
+
+// Commit commits every processed offset now, in one call, and returns when
+// the metaserver has it. An error matching ErrRebalanced means the group
+// moved on: the member takes its new assignment, and what it held of a
+// queue it lost will be delivered again to the new owner.
+func (c *Consumer) Commit(ctx context.Context) error {
+	if !c.isStarted() {
+		return nil
+	}
+	req := commitReq{ctx: ctx, done: make(chan error, 1)}
+	select {
+	case c.commitReq <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.closing:
+		return ErrClosed
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *Consumer) isStarted() bool {
+	c.startMu.Lock()
+	defer c.startMu.Unlock()
+	return c.started
+}
+
+// start checks the topics and starts the membership loop, once.
+func (c *Consumer) start(ctx context.Context) error {
+	c.startMu.Lock()
+	defer c.startMu.Unlock()
+	if c.started {
+		return nil
+	}
+	select {
+	case <-c.closing:
+		return ErrClosed
+	default:
+	}
+	for _, t := range c.topics {
+		cctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
+		_, err := c.routes.get(cctx, t, false)
+		cancel()
+		if err != nil {
+			return metaErr(fmt.Sprintf("route of %q", t), err)
+		}
+	}
+	c.started = true
+	go c.memberLoop()
+	return nil
+}
+
+// Close stops consuming: it stops the fetchers, waits for the handler calls
+// under way to return, commits what was processed, leaves the group at once
+// (its queues go to the other members without waiting for the session to
+// run out) and returns when every goroutine of the consumer is gone.
+func (c *Consumer) Close() error {
+	c.closeOnce.Do(func() { c.closeErr = c.close() })
+	return c.closeErr
+}
+
+func (c *Consumer) close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.startMu.Lock()
+	started := c.started
+	close(c.closing)
+	c.startMu.Unlock()
+	var errs []error
+	if started {
+		close(c.stopMember)
+		<-c.memberDone
+		c.mu.Lock()
+		parts := make([]*part, 0, len(c.parts))
+		for _, p := range c.parts {
+			parts = append(parts, p)
+		}
+		c.mu.Unlock()
+		for _, p := range parts {
+			p.stopFetch()
+		}
+		c.workWG.Wait() // handler calls under way finish
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.requestTimeout)
+		if err := c.commit(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		cancel()
+		ctx, cancel = context.WithTimeout(context.Background(), c.cfg.requestTimeout)
+		if _, err := c.cfg.coord.ConsumerHeartbeat(ctx, c.heartbeatReq(true)); err != nil {
+			c.cfg.logger.Warn("could not leave the group; its queues move when the session ends", "group", c.group, "err", err)
+			errs = append(errs, metaErr("leave", err))
+		}
+		cancel()
+		for _, p := range parts {
+			p.stop()
+		}
+	}
+	if c.stopRun != nil {
+		c.stopRun()
+	}
+	c.cancelBg()
+	c.fetchWG.Wait()
+	c.workWG.Wait()
+	_ = c.cfg.puller.Close()
+	_ = c.cfg.dlq.Close()
+	if c.meta != nil {
+		_ = c.meta.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// Stats is a snapshot of the consumer's counters and queues.
+type Stats struct {
+	Member     string
+	Generation uint64
+	Queues     []QueueStats // by topic and queue
+	// Fetches counts PULLs answered, FetchErrors those that failed,
+	// FromSlave those answered by a slave, Messages the messages fetched.
+	Fetches, FetchErrors, FromSlave, Messages int64
+	// Commits counts CommitOffsets calls that succeeded, CommitErrors those
+	// that failed (STALE_GENERATION included).
+	Commits, CommitErrors int64
+	// Rebalances counts the generations the member moved to.
+	Rebalances int64
+	// HandlerErrors counts failed deliveries (Panics of them panicked),
+	// Redeliveries the deliveries after a failure, DeadLetters the messages
+	// sent to the dead-letter topic.
+	HandlerErrors, Panics, Redeliveries, DeadLetters int64
+}
+
+// QueueStats is one queue the member holds.
+type QueueStats struct {
+	Topic string
+	Queue uint32
+	// Committed is the group's committed offset (-1: none yet); Processed
+	// is where the member's commit would put it (-1: the start is not known
+	// yet); MaxOffset is the queue's end at the last PULL answer (-1: none
+	// yet).
+	Committed, Processed, MaxOffset int64
+	// Lag is MaxOffset - Processed (-1 when either is unknown): messages
+	// stored and not processed.
+	Lag int64
+	// Buffered counts messages fetched and not yet handed out.
+	Buffered int
+}
+
+type counters struct {
+	fetches, fetchErrors, fromSlave, messages        atomic.Int64
+	commits, commitErrors, rebalances                atomic.Int64
+	handlerErrors, panics, redeliveries, deadLetters atomic.Int64
+}
+
+// Stats returns the consumer's counters and its queues' offsets.
+func (c *Consumer) Stats() Stats {
+	c.mu.Lock()
+	s := Stats{Member: c.cfg.member, Generation: c.gen}
+	parts := make([]*part, 0, len(c.parts))
+	for _, p := range c.parts {
+		parts = append(parts, p)
+	}
+	c.mu.Unlock()
+	for _, p := range parts {
+		s.Queues = append(s.Queues, p.stats())
+	}
+	slices.SortFunc(s.Queues, func(a, b QueueStats) int {
+		if a.Topic != b.Topic {
+			if a.Topic < b.Topic {
+				return -1
+			}
+			return 1
+		}
+		return int(a.Queue) - int(b.Queue)
+	})
+	st := &c.stats
+	s.Fetches, s.FetchErrors, s.FromSlave, s.Messages = st.fetches.Load(), st.fetchErrors.Load(), st.fromSlave.Load(), st.messages.Load()
+	s.Commits, s.CommitErrors, s.Rebalances = st.commits.Load(), st.commitErrors.Load(), st.rebalances.Load()
+	s.HandlerErrors, s.Panics, s.Redeliveries, s.DeadLetters = st.handlerErrors.Load(), st.panics.Load(), st.redeliveries.Load(), st.deadLetters.Load()
+	return s
+}

@@ -1,0 +1,179 @@
+package consumer
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// fakeCoord is an in-memory consumer group coordinator, as the metaserver's
+// is specified (metaserver/api/consumer.go): sessions, generations, a
+// sticky assignment, committed offsets, STALE_GENERATION. One group.
+type fakeCoord struct {
+	mu        sync.Mutex
+	queues    map[string]int // topic -> queue count
+	session   time.Duration
+	members   map[string]time.Time // member -> when its session ends
+	gen       uint64
+	assign    map[qkey]string
+	committed map[qkey]int64
+	commits   int
+	down      bool // answer nothing (an unreachable metaserver)
+	// history records, per generation, each queue's owner.
+	history map[uint64]map[qkey]string
+}
+
+func newFakeCoord(queues map[string]int) *fakeCoord {
+	return &fakeCoord{queues: queues, session: 2 * time.Second, members: map[string]time.Time{},
+		assign: map[qkey]string{}, committed: map[qkey]int64{}, history: map[uint64]map[qkey]string{}}
+}
+
+var errFakeDown = &protocol.Error{Status: protocol.StatusTimeout, Message: "fake coordinator down"}
+
+func (f *fakeCoord) setDown(down bool) {
+	f.mu.Lock()
+	f.down = down
+	f.mu.Unlock()
+}
+
+func (f *fakeCoord) ConsumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat) (api.ConsumerHeartbeatReply, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return api.ConsumerHeartbeatReply{}, errFakeDown
+	}
+	now := time.Now()
+	changed := false
+	for m, end := range f.members {
+		if now.After(end) {
+			delete(f.members, m)
+			changed = true
+		}
+	}
+	if hb.Leave {
+		if _, ok := f.members[hb.Member]; ok {
+			delete(f.members, hb.Member)
+			changed = true
+		}
+	} else {
+		if _, ok := f.members[hb.Member]; !ok {
+			changed = true
+		}
+		session := f.session
+		if hb.SessionMillis > 0 {
+			session = time.Duration(hb.SessionMillis) * time.Millisecond
+		}
+		f.members[hb.Member] = now.Add(session)
+	}
+	if changed || f.gen == 0 {
+		f.rebalance()
+	}
+	reply := api.ConsumerHeartbeatReply{Generation: f.gen, SessionMillis: f.session.Milliseconds()}
+	if hb.SessionMillis > 0 {
+		reply.SessionMillis = hb.SessionMillis
+	}
+	for k, m := range f.assign {
+		if m == hb.Member && !hb.Leave {
+			c, ok := f.committed[k]
+			if !ok {
+				c = -1
+			}
+			reply.Assignment = append(reply.Assignment, api.QueueAssignment{Topic: k.topic, Queue: k.queue, Committed: c})
+		}
+	}
+	return reply, nil
+}
+
+// rebalance starts a generation: members keep their queues up to a fair
+// share, the rest go to the members with the fewest.
+func (f *fakeCoord) rebalance() {
+	f.gen++
+	var all []qkey
+	for t, n := range f.queues {
+		for q := range n {
+			all = append(all, qkey{t, uint32(q)})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].String() < all[j].String() })
+	var members []string
+	for m := range f.members {
+		members = append(members, m)
+	}
+	sort.Strings(members)
+	next := map[qkey]string{}
+	if len(members) > 0 {
+		quota := (len(all) + len(members) - 1) / len(members)
+		count := map[string]int{}
+		for _, k := range all {
+			if m, ok := f.assign[k]; ok {
+				if _, live := f.members[m]; live && count[m] < quota {
+					next[k] = m
+					count[m]++
+				}
+			}
+		}
+		for _, k := range all {
+			if _, ok := next[k]; ok {
+				continue
+			}
+			best := members[0]
+			for _, m := range members {
+				if count[m] < count[best] {
+					best = m
+				}
+			}
+			next[k] = best
+			count[best]++
+		}
+	}
+	f.assign = next
+	h := map[qkey]string{}
+	for k, m := range next {
+		h[k] = m
+	}
+	f.history[f.gen] = h
+}
+
+func (f *fakeCoord) CommitOffsets(ctx context.Context, req api.CommitRequest) (api.CommitReply, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return api.CommitReply{}, errFakeDown
+	}
+	if req.Generation != f.gen {
+		return api.CommitReply{}, &protocol.Error{Status: protocol.StatusStaleGeneration, Message: "old generation"}
+	}
+	for _, o := range req.Offsets {
+		if f.assign[qkey{o.Topic, o.Queue}] != req.Member {
+			return api.CommitReply{}, &protocol.Error{Status: protocol.StatusStaleGeneration, Message: "not the member's queue"}
+		}
+	}
+	for _, o := range req.Offsets {
+		f.committed[qkey{o.Topic, o.Queue}] = o.Offset
+	}
+	f.commits++
+	return api.CommitReply{Generation: f.gen}, nil
+}
+
+func (f *fakeCoord) offset(topic string, queue uint32) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if o, ok := f.committed[qkey{topic, queue}]; ok {
+		return o
+	}
+	return -1
+}
+
+func (f *fakeCoord) owners() map[qkey]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[qkey]string{}
+	for k, m := range f.assign {
+		out[k] = m
+	}
+	return out
+}

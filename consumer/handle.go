@@ -1,0 +1,162 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/ferrymq/ferrymq/producer"
+)
+
+// Properties a dead letter carries besides the original's.
+const (
+	PropOriginTopic  = "DLQ_ORIGIN_TOPIC"
+	PropOriginQueue  = "DLQ_ORIGIN_QUEUE"
+	PropOriginOffset = "DLQ_ORIGIN_OFFSET"
+	PropOriginID     = "DLQ_ORIGIN_ID"
+	PropError        = "DLQ_ERROR"      // the last delivery's error (cut to 1 KiB)
+	PropDeliveries   = "DLQ_DELIVERIES" // how many times it was delivered
+)
+
+const maxErrorProp = 1 << 10
+
+// work is Run's worker of one part: it hands the part's messages to the
+// handler in offset order, retrying failures and dead-lettering messages
+// out of retries. prev is the queue's previous worker (a part of an earlier
+// generation), which it waits for so a queue taken back never has two
+// handler calls at once.
+func (c *Consumer) work(p *part, prev <-chan struct{}, done chan struct{}) {
+	defer c.workWG.Done()
+	defer close(done)
+	if prev != nil {
+		select {
+		case <-prev:
+		case <-p.ctx.Done():
+			return
+		}
+	}
+	max := 1
+	if c.batch {
+		max = c.cfg.maxPollRecords
+	}
+	for {
+		msgs := p.take(max)
+		if len(msgs) == 0 {
+			select {
+			case <-p.ready:
+				continue
+			case <-p.ctx.Done():
+				return
+			case <-p.hctx.Done():
+				return
+			}
+		}
+		if !c.deliver(p, msgs) {
+			return
+		}
+	}
+}
+
+// deliver hands msgs to the handler until it succeeds or they are out of
+// retries (then dead-lettered), and marks them processed. It returns false
+// when the part or the consumer stopped first.
+func (c *Consumer) deliver(p *part, msgs []*Message) bool {
+	log := c.cfg.logger.With("group", c.group, "queue", p.key.String())
+	for {
+		err := c.call(p, msgs, log)
+		if err == nil {
+			p.done(msgs[0].Offset, msgs[len(msgs)-1].Offset)
+			return true
+		}
+		if p.hctx.Err() != nil || p.ctx.Err() != nil {
+			return false // revoked or closing: not processed, delivered again later
+		}
+		c.stats.handlerErrors.Add(1)
+		n := msgs[0].Deliveries
+		if n > c.cfg.maxRetries {
+			log.Warn("handler failed: out of retries, sending to the dead-letter topic", "offset", msgs[0].Offset,
+				"messages", len(msgs), "deliveries", n, "topic", c.cfg.deadLetter, "err", err)
+			for _, m := range msgs {
+				if !c.deadLetter(p, m, err, log) {
+					return false
+				}
+				c.stats.deadLetters.Add(1)
+			}
+			p.done(msgs[0].Offset, msgs[len(msgs)-1].Offset)
+			return true
+		}
+		d := c.backoff(n)
+		log.Debug("handler failed: delivering again", "offset", msgs[0].Offset, "deliveries", n, "in", d, "err", err)
+		if !wait(p.hctx, c.cfg.clock, d) || p.ctx.Err() != nil {
+			return false
+		}
+		for _, m := range msgs {
+			m.Deliveries++
+		}
+		c.stats.redeliveries.Add(int64(len(msgs)))
+	}
+}
+
+// backoff is the wait before the delivery after the n-th.
+func (c *Consumer) backoff(n int) time.Duration {
+	d := c.cfg.retryBackoff
+	for i := 1; i < n && d < c.cfg.maxRetryBackoff; i++ {
+		d *= 2
+	}
+	return min(d, c.cfg.maxRetryBackoff)
+}
+
+// call runs the handler, turning a panic into an error.
+func (c *Consumer) call(p *part, msgs []*Message, log interface {
+	Error(string, ...any)
+}) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.stats.panics.Add(1)
+			log.Error("handler panicked", "offset", msgs[0].Offset, "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("consumer: handler panicked: %v", r)
+		}
+	}()
+	return c.handle(p.hctx, p, msgs)
+}
+
+// deadLetter stores m in the dead-letter topic, retrying until it is stored
+// or the part stops (false).
+func (c *Consumer) deadLetter(p *part, m *Message, cause error, log interface {
+	Warn(string, ...any)
+}) bool {
+	props := make(map[string]string, len(m.Properties)+6)
+	for k, v := range m.Properties {
+		props[k] = v
+	}
+	errText := cause.Error()
+	if len(errText) > maxErrorProp {
+		errText = errText[:maxErrorProp]
+	}
+	props[PropOriginTopic] = m.Topic
+	props[PropOriginQueue] = strconv.FormatUint(uint64(m.Queue), 10)
+	props[PropOriginOffset] = strconv.FormatInt(m.Offset, 10)
+	props[PropOriginID] = m.ID
+	props[PropError] = errText
+	props[PropDeliveries] = strconv.Itoa(m.Deliveries)
+	dl := &producer.Message{Topic: c.cfg.deadLetter, Key: m.Key, Properties: props, Body: m.Body}
+	backoff := c.cfg.retryBackoff
+	for {
+		ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+		err := c.cfg.dlq.DeadLetter(ctx, dl)
+		cancel()
+		if err == nil {
+			return true
+		}
+		if p.ctx.Err() != nil {
+			return false
+		}
+		log.Warn("could not store a dead letter; retrying (the queue waits)", "topic", c.cfg.deadLetter, "offset", m.Offset, "err", err)
+		if !wait(p.ctx, c.cfg.clock, backoff) {
+			return false
+		}
+		backoff = min(2*backoff, c.cfg.maxRetryBackoff)
+	}
+}

@@ -1,0 +1,280 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"crypto/rand"
+	"encoding/hex"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jonboulle/clockwork"
+)
+
+// Opt configures a Consumer. Options are sealed: only this package makes
+// them.
+type Opt interface{ apply(*config) }
+
+type optFunc func(*config)
+
+func (f optFunc) apply(c *config) { f(c) }
+
+// Start is where a queue with no committed offset starts.
+type Start uint8
+
+const (
+	// Earliest starts at the queue's oldest stored message.
+	Earliest Start = iota
+	// Latest starts at the queue's end: only messages stored after the
+	// member took the queue are consumed.
+	Latest
+)
+
+func (s Start) String() string {
+	switch s {
+	case Earliest:
+		return "earliest"
+	case Latest:
+		return "latest"
+	}
+	return fmt.Sprintf("Start(%d)", uint8(s))
+}
+
+type config struct {
+	metaAddrs        []string
+	member           string
+	start            Start
+	session          time.Duration
+	heartbeat        time.Duration
+	autoCommit       time.Duration
+	manualCommit     bool
+	maxPrefetchBytes int64
+	maxPollRecords   int
+	pollWait         time.Duration
+	requestTimeout   time.Duration
+	maxRetries       int
+	retryBackoff     time.Duration
+	maxRetryBackoff  time.Duration
+	deadLetter       string // "" until New: "%DLQ%" + group
+	logger           hclog.Logger
+	clock            clockwork.Clock
+
+	// Tests replace the metaserver and the brokers.
+	coord  coordinator
+	router router
+	puller puller
+	dlq    deadLetterer
+}
+
+func defaults() config {
+	return config{
+		start:            Earliest,
+		session:          10 * time.Second,
+		heartbeat:        time.Second,
+		autoCommit:       time.Second,
+		maxPrefetchBytes: 64 << 20,
+		maxPollRecords:   500,
+		pollWait:         time.Second,
+		requestTimeout:   5 * time.Second,
+		maxRetries:       16,
+		retryBackoff:     time.Second,
+		maxRetryBackoff:  30 * time.Second,
+		logger:           hclog.NewNullLogger(),
+		clock:            clockwork.NewRealClock(),
+	}
+}
+
+// Limits on options.
+const (
+	maxMemberLen = 255
+	// minQueueShare is the least prefetch a queue gets, whatever
+	// MaxPrefetchBytes and the number of queues: a PULL asks for at least
+	// this much (and a PULL returns at least one message anyway).
+	minQueueShare = 64 << 10
+	// maxPullBytes is the most one PULL asks for (the broker caps it at
+	// 8 MiB).
+	maxPullBytes = 4 << 20
+	// maxPollWait keeps a PULL's wait in its u32 milliseconds and far below
+	// any connection timeout.
+	maxPollWait = time.Minute
+)
+
+// validate checks every option and names each bad one: a negative or zero
+// duration or size is an error, never a default.
+func (c *config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("consumer: "+format, args...)) }
+	if len(c.metaAddrs) == 0 && c.coord == nil {
+		bad("MetaAddrs is required")
+	}
+	for _, a := range c.metaAddrs {
+		if a == "" {
+			bad("MetaAddrs has an empty address")
+			break
+		}
+	}
+	if c.member == "" || len(c.member) > maxMemberLen {
+		bad("MemberID %q must be 1 to %d bytes", c.member, maxMemberLen)
+	}
+	if c.start != Earliest && c.start != Latest {
+		bad("StartFrom %v is neither Earliest nor Latest", c.start)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"Session", c.session},
+		{"Heartbeat", c.heartbeat},
+		{"AutoCommit", c.autoCommit},
+		{"PollWait", c.pollWait},
+		{"RequestTimeout", c.requestTimeout},
+		{"RetryBackoff", c.retryBackoff},
+		{"RetryBackoff's cap", c.maxRetryBackoff},
+	} {
+		if d.v <= 0 {
+			bad("%s %v must be positive", d.name, d.v)
+		}
+	}
+	if c.pollWait > maxPollWait {
+		bad("PollWait %v over the cap %v", c.pollWait, maxPollWait)
+	}
+	if c.maxPrefetchBytes < minQueueShare {
+		bad("MaxPrefetchBytes %d must be at least %d", c.maxPrefetchBytes, minQueueShare)
+	}
+	if c.maxPollRecords <= 0 {
+		bad("MaxPollRecords %d must be positive", c.maxPollRecords)
+	}
+	if c.maxRetries < 0 {
+		bad("MaxRetries %d is negative", c.maxRetries)
+	}
+	// Relations between options, checked when both sides are valid alone.
+	if c.heartbeat > 0 && c.session > 0 && 2*c.heartbeat > c.session {
+		bad("Heartbeat %v must be at most half the Session %v (a late heartbeat would lose the queues)", c.heartbeat, c.session)
+	}
+	if c.retryBackoff > 0 && c.maxRetryBackoff > 0 && c.retryBackoff > c.maxRetryBackoff {
+		bad("RetryBackoff %v must not be longer than its cap %v", c.retryBackoff, c.maxRetryBackoff)
+	}
+	return errors.Join(errs...)
+}
+
+// defaultMember is hostname-pid-random.
+func defaultMember() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "consumer"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+}
+
+// MetaAddrs sets the metaserver nodes' RPC addresses. Required.
+func MetaAddrs(addrs ...string) Opt {
+	return optFunc(func(c *config) { c.metaAddrs = append([]string(nil), addrs...) })
+}
+
+// MemberID names this member in its group (at most 255 bytes). Default:
+// hostname-pid-random, new for every New. Two live consumers of one group
+// must not share an id.
+func MemberID(id string) Opt { return optFunc(func(c *config) { c.member = id }) }
+
+// StartFrom says where a queue the group has no committed offset for
+// starts: Earliest (its oldest stored message) or Latest (its end, so only
+// messages stored after the member took it). The start is committed with
+// the first commit, so a restart resumes there. Default Earliest.
+func StartFrom(s Start) Opt { return optFunc(func(c *config) { c.start = s }) }
+
+// Session is how long the metaserver keeps a member that stopped
+// heartbeating before it gives its queues to the others. A member that
+// could not reach the metaserver for a Session (less a Heartbeat, counted
+// from its last answered heartbeat's send) stops consuming its queues on
+// its own, so two members never keep consuming one queue for long. Close
+// leaves at once without waiting for it. Default 10 s.
+func Session(d time.Duration) Opt { return optFunc(func(c *config) { c.session = d }) }
+
+// Heartbeat is how often the member heartbeats the metaserver, and so how
+// soon it learns of a rebalance. At most half the Session. Default 1 s.
+func Heartbeat(d time.Duration) Opt { return optFunc(func(c *config) { c.heartbeat = d }) }
+
+// AutoCommit is how often processed offsets are committed: one
+// CommitOffsets call with every queue whose offset moved. Offsets are also
+// committed when a queue is revoked and on Close. Default 1 s.
+func AutoCommit(d time.Duration) Opt { return optFunc(func(c *config) { c.autoCommit = d }) }
+
+// ManualCommit turns the periodic commit off: processed offsets are
+// committed only by Commit, when a queue is revoked, and by Close.
+func ManualCommit() Opt { return optFunc(func(c *config) { c.manualCommit = true }) }
+
+// MaxPrefetchBytes bounds the bytes of messages fetched and not yet handed
+// to the handler (or returned by Poll), over all the member's queues: each
+// queue gets an equal share (at least 64 KiB), and its fetcher waits while
+// its share is used. Default 64 MiB.
+func MaxPrefetchBytes(n int64) Opt { return optFunc(func(c *config) { c.maxPrefetchBytes = n }) }
+
+// MaxPollRecords caps the messages one Poll returns, and one batch of
+// RunBatch. Default 500.
+func MaxPollRecords(n int) Opt { return optFunc(func(c *config) { c.maxPollRecords = n }) }
+
+// PollWait is how long a broker may hold a PULL that finds nothing new (a
+// long poll), answering as soon as a message arrives. An idle consumer
+// sends one PULL per queue per PollWait. At most a minute. Default 1 s.
+func PollWait(d time.Duration) Opt { return optFunc(func(c *config) { c.pollWait = d }) }
+
+// RequestTimeout bounds one call to the metaserver or a broker (a PULL's
+// wait comes on top). Default 5 s.
+func RequestTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.requestTimeout = d }) }
+
+// MaxRetries is how many times a message whose handler failed (returned an
+// error or panicked) is delivered again, after a backoff, before it is sent
+// to the dead-letter topic: n+1 deliveries in all. Its queue waits
+// meanwhile, so a queue's order holds. 0 dead-letters a message at its
+// first failure. Default 16 (RocketMQ's).
+func MaxRetries(n int) Opt { return optFunc(func(c *config) { c.maxRetries = n }) }
+
+// RetryBackoff is the wait before a failed message's first redelivery; it
+// doubles per delivery up to max. Defaults 1 s and 30 s: 16 retries wait
+// about 6.5 minutes in all.
+func RetryBackoff(first, max time.Duration) Opt {
+	return optFunc(func(c *config) { c.retryBackoff, c.maxRetryBackoff = first, max })
+}
+
+// DeadLetterTopic names the topic that messages out of retries go to.
+// Default "%DLQ%" followed by the group. The topic is created on first use
+// when the metaserver auto-creates topics; otherwise create it first: a
+// dead letter that cannot be stored is retried, and its queue waits.
+func DeadLetterTopic(name string) Opt { return optFunc(func(c *config) { c.deadLetter = name }) }
+
+// Logger sets the logger (nil: none). Default: none.
+func Logger(l hclog.Logger) Opt {
+	return optFunc(func(c *config) {
+		if l == nil {
+			l = hclog.NewNullLogger()
+		}
+		c.logger = l
+	})
+}
+
+// withClock sets the clock of heartbeats, commits, the session's expiry and
+// retry backoffs (tests). Default: the real clock.
+func withClock(clk clockwork.Clock) Opt {
+	return optFunc(func(c *config) {
+		if clk != nil {
+			c.clock = clk
+		}
+	})
+}
+
+// withCoordinator replaces the metaserver's group calls (tests).
+func withCoordinator(co coordinator) Opt { return optFunc(func(c *config) { c.coord = co }) }
+
+// withRouter replaces the metaserver's route lookups (tests).
+func withRouter(r router) Opt { return optFunc(func(c *config) { c.router = r }) }
+
+// withPuller replaces the brokers' PULL (tests).
+func withPuller(p puller) Opt { return optFunc(func(c *config) { c.puller = p }) }
+
+// withDeadLetterer replaces the producer that stores dead letters (tests).
+func withDeadLetterer(d deadLetterer) Opt { return optFunc(func(c *config) { c.dlq = d }) }

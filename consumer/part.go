@@ -1,0 +1,419 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+// part is one queue the member holds in its current generation: its
+// fetcher's buffer and the offsets handed out and processed. A queue taken
+// again later is a new part.
+type part struct {
+	c   *Consumer
+	key qkey
+
+	ctx       context.Context // ends when the queue is revoked or the consumer closes
+	stopFetch context.CancelFunc
+	hctx      context.Context // the handler's: ends when the queue is revoked or Run's context ends
+	stopH     context.CancelFunc
+	fetchDone chan struct{}
+
+	mu        sync.Mutex
+	buf       []*Message
+	bufBytes  int64
+	share     int64
+	room      chan struct{} // the buffer shrank (the fetcher waits on it)
+	ready     chan struct{} // the buffer grew (Run's worker waits on it)
+	delivered int64         // the offset after the last message handed out; -1 until the start is known
+	pending   []int64       // offsets handed out and not processed, ascending
+	committed int64         // the group's committed offset as this member knows it; -1 none
+	maxOffset int64         // the queue's end at the last answer; -1 none yet
+	revoked   bool
+}
+
+func newPart(c *Consumer, k qkey, committed int64) *part {
+	p := &part{
+		c: c, key: k, fetchDone: make(chan struct{}),
+		room: make(chan struct{}, 1), ready: make(chan struct{}, 1),
+		delivered: committed, committed: committed, maxOffset: -1,
+	}
+	p.ctx, p.stopFetch = context.WithCancel(c.bg)
+	hparent := c.runCtx
+	if hparent == nil {
+		hparent = c.bg
+	}
+	p.hctx, p.stopH = context.WithCancel(hparent)
+	return p
+}
+
+// stop revokes the part: its fetcher and its handler's context end, and
+// offsets marked processed from now on are ignored.
+func (p *part) stop() {
+	p.mu.Lock()
+	p.revoked = true
+	p.mu.Unlock()
+	p.stopFetch()
+	p.stopH()
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// processed is where a commit would put the queue: its first message handed
+// out and not processed, or the offset after the last handed out; -1 while
+// the start is unknown.
+func (p *part) processedLocked() int64 {
+	if len(p.pending) > 0 {
+		return p.pending[0]
+	}
+	return p.delivered
+}
+
+// take hands out up to max buffered messages, recording them as pending.
+func (p *part) take(max int) []*Message {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.revoked || len(p.buf) == 0 {
+		return nil
+	}
+	n := min(max, len(p.buf))
+	out := make([]*Message, n)
+	copy(out, p.buf[:n])
+	clear(p.buf[:n])
+	p.buf = p.buf[n:]
+	for _, m := range out {
+		p.bufBytes -= m.size
+		p.pending = append(p.pending, m.Offset)
+		m.Deliveries = 1
+	}
+	p.delivered = out[n-1].Offset + 1
+	signal(p.room)
+	return out
+}
+
+// done marks the pending offsets from first to last (inclusive) processed.
+func (p *part) done(first, last int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.revoked {
+		return
+	}
+	j := 0
+	for _, o := range p.pending {
+		if o < first || o > last {
+			p.pending[j] = o
+			j++
+		}
+	}
+	p.pending = p.pending[:j]
+}
+
+func (p *part) stats() QueueStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := QueueStats{Topic: p.key.topic, Queue: p.key.queue, Committed: p.committed, Processed: p.processedLocked(),
+		MaxOffset: p.maxOffset, Lag: -1, Buffered: len(p.buf)}
+	if s.Processed >= 0 && s.MaxOffset >= 0 {
+		s.Lag = max(0, s.MaxOffset-s.Processed)
+	}
+	return s
+}
+
+// wait sleeps d on the consumer's clock, or until ctx ends (false).
+func wait(ctx context.Context, clk clockwork.Clock, d time.Duration) bool {
+	t := clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.Chan():
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// slaveStay is how long a fetcher reads from the slave after its master
+// did not answer, before it looks the route up and tries the master again.
+const slaveStay = 5 * time.Second
+
+// fetch is the part's fetcher: PULLs with a long-poll wait from the queue's
+// master (or its slave while the master does not answer), into the buffer,
+// within the part's share of the prefetch budget.
+func (p *part) fetch(pos int64) {
+	c := p.c
+	defer c.fetchWG.Done()
+	defer close(p.fetchDone)
+	log := c.cfg.logger.With("group", c.group, "queue", p.key.String())
+	resolved := pos >= 0
+	var slaveUntil time.Time
+	backoff := 50 * time.Millisecond
+	failing := false
+	clampedLogged, pastLogged := false, false
+	for p.ctx.Err() == nil {
+		// Wait for room in the share.
+		p.mu.Lock()
+		for p.bufBytes >= p.share {
+			p.mu.Unlock()
+			select {
+			case <-p.room:
+			case <-p.ctx.Done():
+				return
+			}
+			p.mu.Lock()
+		}
+		want := p.share - p.bufBytes
+		p.mu.Unlock()
+		req := protocol.PullRequest{Topic: p.key.topic, Queue: p.key.queue, Offset: max(pos, 0),
+			MaxBytes: uint32(min(max(want, 1), maxPullBytes)), WaitMillis: uint32(c.cfg.pollWait / time.Millisecond)}
+		if !resolved {
+			req.WaitMillis = 0 // only the queue's range is wanted
+		}
+		began := c.cfg.clock.Now()
+		resp, fromSlave, err := p.pull(&req, &slaveUntil, log)
+		if err != nil {
+			if p.ctx.Err() != nil {
+				return
+			}
+			c.stats.fetchErrors.Add(1)
+			if !failing {
+				log.Warn("fetch failed; retrying", "offset", req.Offset, "err", err)
+				failing = true
+			} else {
+				log.Debug("fetch failed; retrying", "offset", req.Offset, "err", err)
+			}
+			if !wait(p.ctx, c.cfg.clock, backoff) {
+				return
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		if failing {
+			log.Info("fetching again", "offset", req.Offset)
+			failing = false
+		}
+		backoff = 50 * time.Millisecond
+		c.stats.fetches.Add(1)
+		if fromSlave {
+			c.stats.fromSlave.Add(1)
+		}
+		msgs := resp.Messages
+		p.mu.Lock()
+		p.maxOffset = resp.MaxOffset
+		switch {
+		case !resolved:
+			resolved = true
+			if c.cfg.start == Latest {
+				pos, msgs = resp.MaxOffset, nil
+			} else {
+				pos = resp.MinOffset
+			}
+			if len(p.buf) == 0 && len(p.pending) == 0 {
+				p.delivered = pos
+			}
+			log.Debug("no committed offset: starting", "from", c.cfg.start, "offset", pos)
+		case pos < resp.MinOffset:
+			if !clampedLogged {
+				log.Warn("offset before the queue's oldest message (deleted by retention): starting from the oldest",
+					"offset", pos, "oldest", resp.MinOffset)
+				clampedLogged = true
+			}
+			pos = resp.MinOffset
+			if len(p.buf) == 0 && len(p.pending) == 0 && p.delivered < pos {
+				p.delivered = pos
+			}
+		case pos > resp.MaxOffset && !fromSlave:
+			// The log is shorter than the committed offset (a tail lost in
+			// a failover): go on from its end rather than wait for it to
+			// grow past the offset and skip what comes meanwhile.
+			if !pastLogged {
+				log.Warn("offset past the queue's end: going on from the end", "offset", pos, "end", resp.MaxOffset)
+				pastLogged = true
+			}
+			pos = resp.MaxOffset
+			if len(p.buf) == 0 && len(p.pending) == 0 {
+				p.delivered = pos
+			}
+		}
+		var size int64
+		for i := range msgs {
+			if msgs[i].QueueOffset < pos {
+				continue // never: a PULL answers from its offset on
+			}
+			m := toMessage(&msgs[i], p)
+			size += m.size
+			p.buf = append(p.buf, m)
+			pos = msgs[i].QueueOffset + 1
+		}
+		p.bufBytes += size
+		if len(msgs) > 0 {
+			signal(p.ready)
+		}
+		p.mu.Unlock()
+		if len(msgs) > 0 {
+			c.stats.messages.Add(int64(len(msgs)))
+			signal(c.avail)
+			continue
+		}
+		pos = max(pos, resp.NextOffset)
+		// An empty answer well before the wait: a broker that does not hold
+		// PULLs (or a slave). Do not spin.
+		if req.WaitMillis > 0 && c.cfg.clock.Since(began) < c.cfg.pollWait/2 {
+			if !wait(p.ctx, c.cfg.clock, min(c.cfg.pollWait/2, 20*time.Millisecond)) {
+				return
+			}
+		}
+	}
+}
+
+// pull reads from the queue's master, or its slave when the master does not
+// answer.
+func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interface {
+	Info(string, ...any)
+}) (protocol.PullResponse, bool, error) {
+	c := p.c
+	qr, err := c.routes.queue(p.ctx, p.key, false)
+	if err != nil {
+		return protocol.PullResponse{}, false, err
+	}
+	if qr.Master == "" && qr.Slave == "" {
+		c.routes.refresh(p.key.topic)
+		return protocol.PullResponse{}, false, &protocol.Error{Status: protocol.StatusNoRoute, Message: "queue " + p.key.String() + " has no broker"}
+	}
+	req.Epoch = qr.Epoch
+	timeout := c.cfg.requestTimeout + time.Duration(req.WaitMillis)*time.Millisecond
+	call := func(addr string) (protocol.PullResponse, error) {
+		ctx, cancel := context.WithTimeout(p.ctx, timeout)
+		defer cancel()
+		return c.cfg.puller.Pull(ctx, addr, req)
+	}
+	useSlave := qr.Slave != "" && (qr.Master == "" || c.cfg.clock.Now().Before(*slaveUntil))
+	if !useSlave {
+		resp, err := call(qr.Master)
+		if err == nil {
+			return resp, false, nil
+		}
+		if p.ctx.Err() != nil || !masterDown(err) {
+			return resp, false, err
+		}
+		c.routes.refresh(p.key.topic)
+		if qr.Slave == "" {
+			return resp, false, err
+		}
+		log.Info("the master does not answer: reading from the slave", "master", qr.Master, "slave", qr.Slave, "err", err)
+		*slaveUntil = c.cfg.clock.Now().Add(slaveStay)
+	}
+	resp, err := call(qr.Slave)
+	if err != nil {
+		c.routes.refresh(p.key.topic)
+		*slaveUntil = time.Time{}
+	}
+	return resp, true, err
+}
+
+// toMessage converts a stored message.
+func toMessage(sm *protocol.StoredMessage, p *part) *Message {
+	pm := &sm.Message
+	m := &Message{
+		Topic: pm.Topic, Queue: pm.Queue, Offset: sm.QueueOffset, ID: pm.ID, Body: pm.Body,
+		StoreTime: time.UnixMilli(sm.StoreTime), Timestamp: time.UnixMilli(pm.Timestamp),
+		ProducerID: pm.Producer.ID, Seq: pm.Producer.Seq,
+		part: p, size: int64(24 + pm.EncodedSize()),
+	}
+	if m.Topic == "" {
+		m.Topic, m.Queue = p.key.topic, p.key.queue
+	}
+	for _, pr := range pm.Properties {
+		if pr.Key == "key" {
+			m.Key = pr.Value
+			continue
+		}
+		if m.Properties == nil {
+			m.Properties = make(map[string]string, len(pm.Properties))
+		}
+		m.Properties[pr.Key] = pr.Value
+	}
+	return m
+}
+
+// routeCache holds the subscribed topics' routes.
+type routeCache struct {
+	r      router
+	clock  clockwork.Clock
+	mu     sync.Mutex
+	routes map[string]*cachedRoute
+}
+
+type cachedRoute struct {
+	route   routing.Route
+	fetched time.Time
+	stale   bool
+}
+
+// routeMaxAge is how long a route is used before it is looked up again;
+// errors mark it stale sooner (at most once a second).
+const (
+	routeMaxAge     = 30 * time.Second
+	routeMinRefresh = time.Second
+)
+
+// get returns topic's route, looking it up if it is stale or force is set.
+func (rc *routeCache) get(ctx context.Context, topic string, force bool) (routing.Route, error) {
+	rc.mu.Lock()
+	cr := rc.routes[topic]
+	now := rc.clock.Now()
+	if cr != nil && !force {
+		age := now.Sub(cr.fetched)
+		if age < routeMaxAge && (!cr.stale || age < routeMinRefresh) {
+			r := cr.route
+			rc.mu.Unlock()
+			return r, nil
+		}
+	}
+	rc.mu.Unlock()
+	r, err := rc.r.RouteExisting(ctx, topic)
+	if err != nil {
+		if cr != nil && !force {
+			return cr.route, nil // the cached one, until the metaserver answers
+		}
+		return routing.Route{}, err
+	}
+	rc.mu.Lock()
+	if old := rc.routes[topic]; old == nil || old.route.Version <= r.Version || old.stale {
+		rc.routes[topic] = &cachedRoute{route: r, fetched: now}
+	}
+	rc.mu.Unlock()
+	return r, nil
+}
+
+// refresh marks topic's route stale.
+func (rc *routeCache) refresh(topic string) {
+	rc.mu.Lock()
+	if cr := rc.routes[topic]; cr != nil {
+		cr.stale = true
+	}
+	rc.mu.Unlock()
+}
+
+// queue returns one queue's route.
+func (rc *routeCache) queue(ctx context.Context, k qkey, force bool) (routing.QueueRoute, error) {
+	r, err := rc.get(ctx, k.topic, force)
+	if err != nil {
+		return routing.QueueRoute{}, err
+	}
+	for _, q := range r.Queues {
+		if q.Queue == k.queue {
+			return q, nil
+		}
+	}
+	rc.refresh(k.topic)
+	return routing.QueueRoute{}, &protocol.Error{Status: protocol.StatusNoRoute, Message: "the route of " + k.topic + " has no queue " + k.String()}
+}
