@@ -175,8 +175,8 @@ func send(t testing.TB, e *env, topic, prefix string, n int) []string {
 // recorder collects what handlers saw.
 type recorder struct {
 	mu     sync.Mutex
-	seen   map[string]int    // body -> deliveries seen
-	by     map[string]string // body -> the member that handled it last
+	seen   map[string]int     // body -> deliveries seen
+	by     map[string]string  // body -> the member that handled it last
 	order  map[string][]int64 // offsets handled per member and queue, in order
 	notify chan struct{}
 }
