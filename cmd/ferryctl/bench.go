@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/consumer"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -30,6 +32,11 @@ type benchOptions struct {
 	linger      time.Duration
 	idempotence bool
 	progress    bool
+	rate        float64
+	consumers   int
+	group       string
+	backlog     bool
+	consumeWait time.Duration
 }
 
 // benchResult is what bench prints.
@@ -51,17 +58,25 @@ type benchResult struct {
 	P99Micros   int64   `json:"p99_us"`
 	P999Micros  int64   `json:"p999_us"`
 	MaxMicros   int64   `json:"max_us"`
+	// Consume is the consume side, with --consumers.
+	Consume *consumeResult `json:"consume,omitempty"`
 }
 
 func newBenchCommand(g *globalOptions) *cobra.Command {
 	o := &benchOptions{}
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Send messages as fast as the cluster takes them and report throughput and latency",
+		Short: "Send messages as fast as the cluster takes them (or at --rate) and report throughput and latency; with --consumers, consume them too",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.producers <= 0 || o.size < 0 || o.window <= 0 || (o.count <= 0 && o.duration <= 0) {
 				return usageError{fmt.Errorf("bench needs --producers > 0, --window > 0, --size >= 0 and a --count or --duration")}
+			}
+			if o.consumers < 0 || o.rate < 0 || o.consumeWait <= 0 {
+				return usageError{fmt.Errorf("bench needs --consumers >= 0, --rate >= 0 and --consume-wait > 0")}
+			}
+			if o.backlog && o.consumers == 0 {
+				return usageError{fmt.Errorf("--backlog needs --consumers")}
 			}
 			if o.mode != "sync" && o.mode != "async" {
 				return usageError{fmt.Errorf("--mode must be sync or async, got %q", o.mode)}
@@ -74,10 +89,18 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return g.printer().print(res, []string{"MODE", "RELIABILITY", "SENT", "ERRORS", "SECONDS", "MSGS/S", "MB/S", "P50", "P90", "P99", "P99.9", "MAX"},
+			if err := g.printer().print(res, []string{"MODE", "RELIABILITY", "SENT", "ERRORS", "SECONDS", "MSGS/S", "MB/S", "P50", "P90", "P99", "P99.9", "MAX"},
 				[][]string{{res.Mode, res.Reliability, fmt.Sprint(res.Sent), fmt.Sprint(res.Errors), fmt.Sprintf("%.2f", res.Seconds),
 					fmt.Sprintf("%.0f", res.MsgsPerSec), fmt.Sprintf("%.1f", res.MBPerSec), us(res.P50Micros), us(res.P90Micros),
-					us(res.P99Micros), us(res.P999Micros), us(res.MaxMicros)}})
+					us(res.P99Micros), us(res.P999Micros), us(res.MaxMicros)}}); err != nil || g.json || res.Consume == nil {
+				return err
+			}
+			c := res.Consume
+			fmt.Fprintln(g.out)
+			return tablePrinter{g.out}.print(nil, []string{"CONSUMERS", "CONSUMED", "MISSING", "SECONDS", "MSGS/S", "MB/S", "E2E-P50", "P90", "P99", "P99.9", "MAX"},
+				[][]string{{fmt.Sprint(c.Consumers), fmt.Sprint(c.Consumed), fmt.Sprint(c.Missing), fmt.Sprintf("%.2f", c.Seconds),
+					fmt.Sprintf("%.0f", c.MsgsPerSec), fmt.Sprintf("%.1f", c.MBPerSec), us(c.P50Micros), us(c.P90Micros),
+					us(c.P99Micros), us(c.P999Micros), us(c.MaxMicros)}})
 		},
 	}
 	f := cmd.Flags()
@@ -93,6 +116,11 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&o.linger, "linger", 2*time.Millisecond, "producer linger")
 	f.BoolVar(&o.idempotence, "idempotence", true, "idempotent, ordered sends (producer ids and sequences); false to measure without")
 	f.BoolVar(&o.progress, "progress", true, "show a progress line when the output is a terminal")
+	f.Float64Var(&o.rate, "rate", 0, "send at most this many messages/s in all (0: as fast as the cluster takes them)")
+	f.IntVar(&o.consumers, "consumers", 0, "consume what is sent with a consumer group of this many members, measuring consumer throughput and end-to-end latency (0: no consume side)")
+	f.StringVar(&o.group, "group", "", "the consumer group (default: a new one per run)")
+	f.BoolVar(&o.backlog, "backlog", false, "consume after sending everything, measuring how fast the group drains a backlog (default: consume while sending)")
+	f.DurationVar(&o.consumeWait, "consume-wait", 10*time.Second, "stop consuming when no message came for this long")
 	return cmd
 }
 
@@ -112,11 +140,28 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	if err != nil {
 		return benchResult{}, err
 	}
-	_, err = cl.CreateTopic(mctx, api.CreateTopicRequest{Name: o.topic, Queues: o.queues, IfMissing: true})
-	done()
+	route, err := cl.CreateTopic(mctx, api.CreateTopicRequest{Name: o.topic, Queues: o.queues, IfMissing: true})
 	if err != nil {
+		done()
 		return benchResult{}, fmt.Errorf("create topic %s: %w", o.topic, err)
 	}
+	var bc *benchConsumers
+	var backlogFrom []api.QueueOffset
+	if o.consumers > 0 {
+		bc = newBenchConsumers(o, g.addrs())
+		defer bc.stop()
+		if o.backlog {
+			// The group will start where the queues end now.
+			if backlogFrom, err = queueEnds(mctx, route); err != nil {
+				done()
+				return benchResult{}, fmt.Errorf("read the queues' ends: %w", err)
+			}
+		} else if err := bc.start(ctx, route, consumer.Latest); err != nil {
+			done()
+			return benchResult{}, err
+		}
+	}
+	done()
 
 	body := make([]byte, o.size)
 	for i := range body {
@@ -168,16 +213,38 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		}()
 	}
 	start := time.Now()
+	pace := func(n int64) {} // --rate: the n-th send of a producer waits for its turn
+	if o.rate > 0 {
+		interval := time.Duration(float64(time.Second) * float64(o.producers) / o.rate)
+		pace = func(n int64) {
+			if d := time.Until(start.Add(time.Duration(n) * interval)); d > 0 {
+				time.Sleep(d)
+			}
+		}
+	}
+	// With a consume side every message carries its send time in its first
+	// 8 bytes, for the end-to-end latency.
+	stamped := func() []byte {
+		if bc == nil || len(body) < 8 {
+			return body
+		}
+		b := make([]byte, len(body))
+		copy(b, body)
+		binary.BigEndian.PutUint64(b, uint64(time.Now().UnixNano()))
+		return b
+	}
 	var wg sync.WaitGroup
 	for i, p := range producers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			msg := &producer.Message{Topic: o.topic, Body: body, Reliability: rel}
+			var n int64
 			if o.mode == "sync" {
 				for more() {
+					pace(n)
+					n++
 					t0 := time.Now()
-					_, err := p.Send(ctx, msg)
+					_, err := p.Send(ctx, &producer.Message{Topic: o.topic, Body: stamped(), Reliability: rel})
 					record(i, t0, err)
 				}
 				return
@@ -185,8 +252,10 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 			// The producer's buffer (--window messages) bounds what is in flight:
 			// SendAsync blocks until a promise frees room.
 			for more() {
+				pace(n)
+				n++
 				t0 := time.Now()
-				p.SendAsync(ctx, msg, func(_ producer.Result, err error) { record(i, t0, err) })
+				p.SendAsync(ctx, &producer.Message{Topic: o.topic, Body: stamped(), Reliability: rel}, func(_ producer.Result, err error) { record(i, t0, err) })
 			}
 			_ = p.Flush(ctx)
 		}()
@@ -210,6 +279,26 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	res.MBPerSec = res.MsgsPerSec * float64(o.size) / 1e6
 	if v, ok := firstErr.Load().(string); ok {
 		res.FirstError = v
+	}
+	if bc != nil {
+		from := start
+		if o.backlog {
+			cl, mctx, done, err := g.metaClient(ctx)
+			if err != nil {
+				return res, err
+			}
+			_, err = cl.ResetOffsets(mctx, api.ResetOffsetsRequest{Group: bc.group, Offsets: backlogFrom})
+			done()
+			if err != nil {
+				return res, fmt.Errorf("start the group %s at the queues' ends before the run: %w", bc.group, err)
+			}
+			if err := bc.start(ctx, route, consumer.Earliest); err != nil {
+				return res, err
+			}
+			from = time.Now() // the group is settled: its members start handling
+		}
+		bc.wait(ctx, res.Sent)
+		res.Consume = bc.result(from, res.Sent, o.backlog)
 	}
 	if res.Sent == 0 && res.Errors > 0 {
 		return res, fmt.Errorf("every send failed; first error: %s", res.FirstError)

@@ -111,6 +111,7 @@ func newRootCommand(out io.Writer) *cobra.Command {
 		newBenchCommand(g),
 		newGroupsCommand(g),
 		newGroupCommand(g),
+		newConsumeCommand(g),
 	)
 	return root
 }
