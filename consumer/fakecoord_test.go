@@ -167,13 +167,3 @@ func (f *fakeCoord) offset(topic string, queue uint32) int64 {
 	}
 	return -1
 }
-
-func (f *fakeCoord) owners() map[qkey]string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := map[qkey]string{}
-	for k, m := range f.assign {
-		out[k] = m
-	}
-	return out
-}

@@ -263,7 +263,9 @@ func (p *part) fetch(pos int64) {
 			signal(c.avail)
 			continue
 		}
-		pos = max(pos, resp.NextOffset)
+		if resp.NextOffset <= resp.MaxOffset { // not an offset past the end, answered as asked
+			pos = max(pos, resp.NextOffset)
+		}
 		// An empty answer well before the wait: a broker that does not hold
 		// PULLs (or a slave). Do not spin.
 		if req.WaitMillis > 0 && c.cfg.clock.Since(began) < c.cfg.pollWait/2 {
