@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -581,9 +582,16 @@ func (r *Request) Reply(body []byte) error {
 }
 
 // ReplyError answers the request with err's status (protocol.StatusOf) and
-// its text as the body. Like Reply, it never blocks.
+// its text as the body, without the status's own "ferrymq: STATUS:" prefix
+// (the client puts it back once, from the frame's status). Like Reply, it
+// never blocks.
 func (r *Request) ReplyError(err error) {
-	_ = r.reply(protocol.StatusOf(err), []byte(err.Error()))
+	text := err.Error()
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		text = strings.Replace(text, pe.Error(), pe.Message, 1)
+	}
+	_ = r.reply(protocol.StatusOf(err), []byte(text))
 }
 
 // ReplyStatus answers the request with status and body. Like Reply, it never

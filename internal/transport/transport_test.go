@@ -98,6 +98,10 @@ func TestStatusErrorsAndUnknownCode(t *testing.T) {
 	if !errors.Is(err, protocol.ErrReadOnly) || !protocol.IsRetriable(err) {
 		t.Fatalf("got %v, want READ_ONLY", err)
 	}
+	// The status's name is said once, not once per hop.
+	if got := err.Error(); got != "ferrymq: READ_ONLY: group g1" {
+		t.Fatalf("error text %q, want %q", got, "ferrymq: READ_ONLY: group g1")
+	}
 	_, err = c.Call(ctx, 4242, []byte("x"))
 	if !errors.Is(err, protocol.ErrUnknownCode) {
 		t.Fatalf("got %v, want UNKNOWN_CODE", err)
