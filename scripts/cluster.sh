@@ -5,8 +5,9 @@
 #   scripts/cluster.sh start    build the binaries, start every process, wait until ready
 #   scripts/cluster.sh stop     stop every process this script started, by its PID
 #   scripts/cluster.sh status   show the processes, the Raft cluster and the broker groups
-#   scripts/cluster.sh demo     start from empty data, create a topic, send with `ferryctl bench`,
-#                               show the routes and brokers, read messages back, kill g1's master
+#   scripts/cluster.sh demo     start from empty data, create a topic, send with `ferryctl bench` and
+#                               consume with a consumer group, show the routes and brokers, read and
+#                               consume messages back, kill g1's master
 #                               and watch its slave take over and the old master rejoin, stop
 #
 # Environment:
@@ -165,8 +166,8 @@ demo() {
   echo "== ferryctl topic create demo --queues 8"
   ctl topic create demo --queues 8
   echo
-  echo "== ferryctl bench --topic demo --count 50000 --size 1024 (NORMAL, async)"
-  ctl bench --topic demo --count 50000 --size 1024 --producers 4 --progress=false
+  echo "== ferryctl bench --topic demo --count 50000 --size 1024 --consumers 4 (NORMAL, async; a consumer group of 4 takes them)"
+  ctl bench --topic demo --count 50000 --size 1024 --producers 4 --consumers 4 --group demo-bench --progress=false
   echo
   echo "== ferryctl bench --topic demo --count 10000 --reliability high"
   ctl bench --topic demo --count 10000 --size 1024 --producers 4 --reliability high --progress=false
@@ -185,6 +186,12 @@ demo() {
   echo
   echo "== ferryctl read demo --queue 0 --from 0 --limit 5"
   ctl read demo --queue 0 --from 0 --limit 5
+  echo
+  echo "== ferryctl consume demo --group demo-readers --count 5 (joins the group, prints, commits, leaves)"
+  ctl consume demo --group demo-readers --count 5 --timeout 10s
+  echo
+  echo "== ferryctl group describe demo-readers (committed offsets and lag per queue)"
+  ctl group describe demo-readers
   echo
   if [ "$FAILOVER" = on ]; then
     failover_demo
