@@ -21,7 +21,8 @@ import (
 // each with only what it needs (see DESIGN.md, section 11):
 //
 //   - sender (send.go): the send path; on a slave it refuses SENDs.
-//   - handlePull (pull.go): reads, on either role.
+//   - handlePull (pull.go): reads, on either role; longPoll (longpoll.go)
+//     holds PULLs that wait for a message.
 //   - roles (roles.go): makes the broker what the registry says, master or
 //     slave, and switches at a failover (cutting its log when it rejoins).
 //   - replication (replication.go), while master: serves the slave's
@@ -33,9 +34,9 @@ import (
 //   - retainer (below): deletes old segments.
 //
 // Goroutines: the data server's and the HA server's, from package
-// transport; the heartbeat loop; the route refresher; the role loop and,
-// under it, the replication loop (master) or the follower (slave); the
-// retention loop if enabled. The
+// transport; the heartbeat loop; the route refresher; the long-poll loop;
+// the role loop and, under it, the replication loop (master) or the
+// follower (slave); the retention loop if enabled. The
 // commit log has its writer and flusher. Close stops all of them, in an
 // order that answers every request already read.
 type Broker struct {
@@ -52,6 +53,7 @@ type Broker struct {
 	lease  *writeLease
 	routes *routeCache
 	send   *sender
+	pulls  *longPoll
 	roles  *roles
 	stats  Stats
 
@@ -99,11 +101,13 @@ func New(cfg Config) (*Broker, error) {
 	}
 
 	b.lease = &writeLease{clock: cfg.Clock, session: cfg.SessionTimeout}
+	b.pulls = newLongPoll(b.store, cfg.Clock, &b.stats, lg.Named("longpoll"))
+	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
 	hb := &heartbeater{id: cfg.ID, meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
 		log: lg.Named("heartbeat"), describe: b.describe, kicks: make(chan struct{}, 1)}
 	b.roles, err = newRoles(&roles{id: cfg.ID, dir: cfg.Dir, log: b.store, lease: b.lease, clock: cfg.Clock,
-		lg: lg.Named("roles"), stats: &b.stats, fixedHA: cfg.MasterHAAddr,
+		lg: lg.Named("roles"), stats: &b.stats, fixedHA: cfg.MasterHAAddr, releasePulls: b.pulls.releaseAll,
 		newRepl: func() *replication {
 			rep := newReplication(b.store, replConfig{
 				HighWait: cfg.HighWait, FetchBytes: cfg.HAFetchBytes, FetchWait: cfg.HAFetchWait,
@@ -115,14 +119,14 @@ func New(cfg Config) (*Broker, error) {
 		newFollow: func(epoch uint32, addr string, masterEnd *atomic.Int64) *follower {
 			return &follower{id: cfg.ID, epoch: epoch, addr: addr, log: b.store, dial: dialMaster,
 				fetchBytes: cfg.HAFetchBytes, fetchWait: cfg.HAFetchWait, clock: cfg.Clock, lg: lg.Named("follower"),
-				masterEnd: masterEnd}
+				masterEnd: masterEnd, appended: b.pulls.appendedAny}
 		},
 	})
 	if err != nil {
 		return fail(err)
 	}
 	hb.observe = b.roles.observe
-	b.send = &sender{id: cfg.ID, store: b.store, lease: b.lease, routes: b.routes, repl: b.roles.replication, stats: &b.stats,
+	b.send = &sender{id: cfg.ID, store: b.store, lease: b.lease, routes: b.routes, repl: b.roles.replication, pulls: b.pulls, stats: &b.stats,
 		clock: cfg.Clock, lg: lg, maxReqs: cfg.MaxInflightRequests, maxBytes: cfg.MaxInflightBytes}
 
 	// Answers are sent from the commit log's and replication's goroutines
@@ -136,7 +140,7 @@ func New(cfg Config) (*Broker, error) {
 	// reach the commit log in the order they arrived (the handler only
 	// checks and queues the append; it never waits).
 	b.rpc.HandleOrdered(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) }, sendReplyEstimate)
-	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) { handlePull(b.store, b.lease.fence, r, r.Body) }, pullReplySize)
+	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) { handlePull(b.store, b.lease.fence, b.pulls, r, r.Body) }, pullReplySize)
 	bound, err := b.rpc.Listen(cfg.Addr)
 	if err != nil {
 		return fail(fmt.Errorf("broker: %w", err))
@@ -250,10 +254,12 @@ func (b *Broker) Close() error {
 	return err
 }
 
-// shutdown stops what New started, in order: the data server (answering
-// every request read), the broker's goroutines (the replication loop
-// answers its parked fetches), the HA server, the metaserver client, and
-// the commit log.
+// shutdown stops what New started, in order: it cancels the broker's
+// context (the long-poll loop then answers its parked PULLs, and any parked
+// later, SHUTTING_DOWN), closes the data server (answering every request
+// read), waits for the broker's goroutines (the replication loop answers its
+// parked fetches), and closes the HA server, the metaserver client, and the
+// commit log.
 func (b *Broker) shutdown() error {
 	b.cancel()
 	if b.rpc != nil {

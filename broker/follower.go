@@ -58,6 +58,7 @@ type follower struct {
 	clock      clockwork.Clock
 	lg         hclog.Logger
 	masterEnd  *atomic.Int64 // the master's log end in the last answer
+	appended   func()        // called after each append (wakes parked PULLs); may be nil
 }
 
 func (f *follower) run(ctx context.Context) {
@@ -119,6 +120,9 @@ func (f *follower) copyOnce(ctx context.Context, link masterLink) error {
 	}
 	if _, err := f.log.AppendRaw(from, resp.Records, false); err != nil {
 		return fmt.Errorf("append the master's records at %d: %w", from, err)
+	}
+	if f.appended != nil {
+		f.appended()
 	}
 	return nil
 }

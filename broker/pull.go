@@ -31,7 +31,8 @@ func pullBytes(req protocol.PullRequest) int {
 // pullReplySize estimates the answer to a PULL request body, which the
 // transport reserves before it admits the request: the bytes asked for and
 // a header. An answer can exceed it by one message, since a PULL returns at
-// least one whole message.
+// least one whole message. A parked PULL (longpoll.go) keeps its
+// reservation until it is answered.
 func pullReplySize(body []byte) int {
 	req, err := protocol.DecodePullRequest(body)
 	if err != nil {
@@ -42,14 +43,27 @@ func pullReplySize(body []byte) int {
 
 // handlePull answers PULL from the commit log, on a master or a slave (a
 // slave serves what it holds). fence takes the epoch the reader's route
-// names: a master that sees a newer one stops taking writes.
-func handlePull(store queueReader, fence func(uint32), rep replier, body []byte) {
+// names: a master that sees a newer one stops taking writes. A PULL with a
+// wait that finds nothing at its offset is handed to pulls (nil: answered
+// at once), which answers it later; the worker never waits.
+func handlePull(store queueReader, fence func(uint32), pulls *longPoll, rep replier, body []byte) {
 	req, err := protocol.DecodePullRequest(body)
 	if err != nil {
 		rep.ReplyError(err)
 		return
 	}
 	fence(req.Epoch)
+	if req.WaitMillis > 0 && pulls != nil {
+		if _, next := store.QueueRange(req.Topic, req.Queue); req.Offset >= next && pulls.park(rep, req, next) {
+			return
+		}
+	}
+	servePull(store, rep, req)
+}
+
+// servePull answers req with what the queue holds at its offset now
+// (possibly nothing: then just the header, with the queue's offsets).
+func servePull(store queueReader, rep replier, req protocol.PullRequest) (count int) {
 	first, next := store.QueueRange(req.Topic, req.Queue)
 	offset := max(req.Offset, first)
 	entries, err := store.Read(req.Topic, req.Queue, offset, pullBytes(req))
@@ -60,9 +74,11 @@ func handlePull(store queueReader, fence func(uint32), rep replier, body []byte)
 			st = protocol.StatusInvalid
 		case errors.Is(err, storage.ErrReadTruncated):
 			st = protocol.StatusBusy // the log was cut under the read: reading again is safe
+		case errors.Is(err, storage.ErrClosed):
+			st = protocol.StatusShuttingDown
 		}
 		rep.ReplyError(&protocol.Error{Status: st, Message: err.Error()})
-		return
+		return 0
 	}
 	nextOffset := offset
 	size := 0
@@ -71,10 +87,14 @@ func handlePull(store queueReader, fence func(uint32), rep replier, body []byte)
 	}
 	if len(entries) > 0 {
 		nextOffset = entries[len(entries)-1].QueueOffset + 1
+		// A read that raced with appends can see entries past the range
+		// read before it: the header never claims less than was returned.
+		next = max(next, nextOffset)
 	}
 	out := protocol.AppendPullResponseHeader(make([]byte, 0, 28+size), nextOffset, first, next, len(entries))
 	for _, e := range entries {
 		out = protocol.AppendStoredRaw(out, e.QueueOffset, e.LogOffset, e.StoreTime, e.Payload)
 	}
 	_ = rep.Reply(out)
+	return len(entries)
 }

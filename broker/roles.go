@@ -53,6 +53,8 @@ type roles struct {
 	newRepl   func() *replication
 	newFollow func(epoch uint32, masterHA string, masterEnd *atomic.Int64) *follower
 	fixedHA   string // a configured master HA address, "" to take the registry's
+	// releasePulls answers every parked PULL (step-down, truncation); may be nil.
+	releasePulls func()
 
 	want chan routing.Group // capacity 1: the latest group
 
@@ -225,6 +227,7 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 		r.lease.ready.Store(0)
 		r.takeoverEnd.Store(-1)
 		r.stopReplication("the registry made this broker the slave")
+		r.releaseParkedPulls()
 		r.lg.Warn("stepped down: the registry names another master", "epoch", g.Epoch, "master", g.Master.ID)
 	}
 	if local := r.epoch.Load(); local < g.Epoch {
@@ -245,6 +248,7 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 				r.block(fmt.Sprintf("cutting the log back to offset %d failed: %v", off, err))
 				return
 			}
+			r.releaseParkedPulls() // a queue's next offset may have gone back under them
 			r.stats.Truncations.Add(1)
 			r.stats.TruncatedBytes.Add(res.To - res.From)
 			r.lastCut.Store(&api.Cut{Epoch: g.Epoch, Bytes: res.To - res.From, Records: res.Records, SideFile: res.SideFile})
@@ -299,6 +303,12 @@ func (r *roles) stopReplication(why string) {
 	rep.failWaiters(why, protocol.StatusLeaseLost)
 	r.replStop()
 	r.replStop = nil
+}
+
+func (r *roles) releaseParkedPulls() {
+	if r.releasePulls != nil {
+		r.releasePulls()
+	}
 }
 
 func (r *roles) stopFollower() {

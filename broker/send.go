@@ -34,6 +34,7 @@ type sender struct {
 	// repl returns the running replication, nil unless the broker is the
 	// master: a SEND then gets NOT_MASTER.
 	repl  func() *replication
+	pulls *longPoll // wakes the PULLs parked on queues that got messages (nil: none)
 	stats *Stats
 	clock clockwork.Clock
 	lg    hclog.Logger
@@ -194,6 +195,7 @@ func (s *sender) appended(sb *sendBatch, repl *replication, epoch uint32, msgs [
 	s.stats.MessagesIn.Add(stored)
 	s.stats.BytesIn.Add(bytes)
 	repl.notify()
+	s.pulls.appended(msgs, good, pos)
 }
 
 // leaseCheck turns an acknowledgement into LEASE_LOST when the write lease

@@ -20,4 +20,11 @@ type Stats struct {
 	Truncations    atomic.Int64 // times this broker cut its log on rejoining as slave
 	TruncatedBytes atomic.Int64 // bytes cut
 	HAFetchRefused atomic.Int64 // HA fetches refused: not this group's slave in this epoch
+
+	// Long-polling PULL (longpoll.go).
+	PullsParked   atomic.Int64 // PULLs parked now (a gauge)
+	PullWakeups   atomic.Int64 // parked PULLs answered because their queue grew
+	PullsExpired  atomic.Int64 // parked PULLs answered when their wait passed
+	PullsReleased atomic.Int64 // parked PULLs answered at a step-down or a truncation
+	PullsOverflow atomic.Int64 // PULLs answered at once, empty, because too many were parked
 }

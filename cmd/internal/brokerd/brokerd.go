@@ -124,6 +124,11 @@ func register(m *cli.Metrics, b *broker.Broker) {
 	m.CounterFunc("ferrymq_broker_truncations_total", "Times this broker cut its log back on rejoining as the slave.", f(&st.Truncations))
 	m.CounterFunc("ferrymq_broker_truncated_bytes_total", "Bytes cut from the log on rejoining as the slave (kept in side files).", f(&st.TruncatedBytes))
 	m.CounterFunc("ferrymq_broker_ha_fetch_refused_total", "HA fetches refused: not from the group's slave in the current epoch.", f(&st.HAFetchRefused))
+	m.GaugeFunc("ferrymq_broker_pulls_parked", "PULLs held by the broker now, waiting for a message (long polls).", f(&st.PullsParked))
+	m.CounterFunc("ferrymq_broker_pull_wakeups_total", "Parked PULLs answered because a message arrived in their queue.", f(&st.PullWakeups))
+	m.CounterFunc("ferrymq_broker_pulls_expired_total", "Parked PULLs answered when their wait passed.", f(&st.PullsExpired))
+	m.CounterFunc("ferrymq_broker_pulls_released_total", "Parked PULLs answered at once because the broker stepped down or cut its log.", f(&st.PullsReleased))
+	m.CounterFunc("ferrymq_broker_pulls_overflow_total", "PULLs answered at once, empty, because too many were parked.", f(&st.PullsOverflow))
 	m.GaugeFunc("ferrymq_broker_slave_lag_bytes", "Master: bytes the slave is behind.", func() float64 { return float64(b.Slave().LagBytes) })
 	m.GaugeFunc("ferrymq_broker_slave_lag_seconds", "Master: time the slave has not been caught up.", func() float64 { return b.Slave().LagTime.Seconds() })
 	m.GaugeFunc("ferrymq_broker_slave_connected", "Master: 1 if the slave is fetching.", func() float64 {
