@@ -143,7 +143,7 @@ func (e *env) committed(t testing.TB, group, topic string, queue uint32) int64 {
 // returns their ids.
 func send(t testing.TB, e *env, topic, prefix string, n int) []string {
 	t.Helper()
-	p, err := producer.New(producer.MetaAddrs(e.cl.MetaAddr()))
+	p, err := producer.New(producer.MetaAddrs(e.cl.Meta.Addrs()...))
 	if err != nil {
 		t.Fatal(err)
 	}
