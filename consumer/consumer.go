@@ -107,6 +107,8 @@ type Consumer struct {
 	stopMember chan struct{}
 	memberDone chan struct{}
 	closing    chan struct{}
+	failed     chan struct{} // closed when failErr is set
+	failErr    error         // a heartbeat refused for good (INVALID, UNKNOWN_TOPIC)
 	closeOnce  sync.Once
 	closeErr   error
 
@@ -166,6 +168,7 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 		parts: map[qkey]*part{}, lastWork: map[qkey]chan struct{}{},
 		avail: make(chan struct{}, 1), kick: make(chan struct{}, 1), commitReq: make(chan commitReq),
 		stopMember: make(chan struct{}), memberDone: make(chan struct{}), closing: make(chan struct{}),
+		failed: make(chan struct{}),
 	}
 	if cfg.coord == nil || cfg.router == nil {
 		meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, CallTimeout: cfg.requestTimeout})
@@ -198,8 +201,9 @@ func (c *Consumer) Group() string { return c.group }
 func (c *Consumer) MemberID() string { return c.cfg.member }
 
 // Run joins the group and hands every message of the member's queues to h,
-// one at a time per queue (queues run concurrently), until ctx ends or the
-// consumer is closed. A message's offset is committed once h returned nil
+// one at a time per queue (queues run concurrently), until ctx ends, the
+// consumer is closed, or the metaserver refuses the member for good (a
+// subscribed topic deleted, an invalid option: the error). A message's offset is committed once h returned nil
 // for it and for every message before it in its queue (or they were
 // dead-lettered). Run returns ctx's error when ctx ends, nil after Close.
 // It may be called once per Consumer; call Close afterwards, which commits
@@ -235,6 +239,19 @@ func (c *Consumer) run(ctx context.Context, batch bool, h func(context.Context, 
 		return ctx.Err()
 	case <-c.closing:
 		return nil
+	case <-c.failed:
+		return c.failErr
+	}
+}
+
+// fail records a heartbeat error that retrying will not cure; Run and Poll
+// return it.
+func (c *Consumer) fail(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failErr == nil {
+		c.failErr = err
+		close(c.failed)
 	}
 }
 
@@ -263,6 +280,8 @@ func (c *Consumer) Poll(ctx context.Context) ([]*Message, error) {
 			return nil, ctx.Err()
 		case <-c.closing:
 			return nil, ErrClosed
+		case <-c.failed:
+			return nil, c.failErr
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
@@ -381,4 +382,27 @@ func TestRetryBackoffDoubles(t *testing.T) {
 		}
 	}
 	waitFor(t, 5*time.Second, "the dead letter", func() bool { return c.Stats().DeadLetters == 1 })
+}
+
+// refusing is a coordinator that refuses every heartbeat with err.
+type refusing struct{ err error }
+
+func (r *refusing) CommitOffsets(ctx context.Context, req api.CommitRequest) (api.CommitReply, error) {
+	return api.CommitReply{}, r.err
+}
+
+func (r *refusing) ConsumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat) (api.ConsumerHeartbeatReply, error) {
+	return api.ConsumerHeartbeatReply{}, r.err
+}
+
+// TestRefusedForGood: Run and Poll return a heartbeat refusal that retrying
+// cannot cure.
+func TestRefusedForGood(t *testing.T) {
+	fb := newFakeBrokers()
+	co := &refusing{err: &protocol.Error{Status: protocol.StatusUnknownTopic, Message: "deleted"}}
+	c := fakeConsumer(t, fb, newFakeCoord(nil), 1, withCoordinator(co))
+	err := c.Run(context.Background(), func(context.Context, *Message) error { return nil })
+	if !errors.Is(err, ErrUnknownTopic) || !errors.Is(err, protocol.ErrUnknownTopic) {
+		t.Fatalf("Run: %v", err)
+	}
 }

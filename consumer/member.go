@@ -72,6 +72,9 @@ func (c *Consumer) memberLoop() {
 			default:
 			}
 			c.cfg.logger.Warn("heartbeat failed", "group", c.group, "member", c.cfg.member, "err", err)
+			if errors.Is(err, protocol.ErrUnknownTopic) || errors.Is(err, protocol.ErrInvalid) {
+				c.fail(metaErr("heartbeat", err))
+			}
 			// The leader ends the session at least a session after it got
 			// the last heartbeat, which it got after it was sent. Stop
 			// consuming a heartbeat before that, so another member that

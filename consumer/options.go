@@ -100,6 +100,9 @@ const (
 	// maxPollWait keeps a PULL's wait in its u32 milliseconds and far below
 	// any connection timeout.
 	maxPollWait = time.Minute
+	// The metaserver's bounds of a member's session.
+	minSession = time.Second
+	maxSession = 5 * time.Minute
 )
 
 // validate checks every option and names each bad one: a negative or zero
@@ -137,6 +140,9 @@ func (c *config) validate() error {
 		if d.v <= 0 {
 			bad("%s %v must be positive", d.name, d.v)
 		}
+	}
+	if c.session > 0 && (c.session < minSession || c.session > maxSession) {
+		bad("Session %v must be from %v to %v (the metaserver's bounds)", c.session, minSession, maxSession)
 	}
 	if c.pollWait > maxPollWait {
 		bad("PollWait %v over the cap %v", c.pollWait, maxPollWait)
@@ -192,7 +198,8 @@ func StartFrom(s Start) Opt { return optFunc(func(c *config) { c.start = s }) }
 // could not reach the metaserver for a Session (less a Heartbeat, counted
 // from its last answered heartbeat's send) stops consuming its queues on
 // its own, so two members never keep consuming one queue for long. Close
-// leaves at once without waiting for it. Default 10 s.
+// leaves at once without waiting for it. From 1 s to 5 min (the
+// metaserver's bounds). Default 10 s.
 func Session(d time.Duration) Opt { return optFunc(func(c *config) { c.session = d }) }
 
 // Heartbeat is how often the member heartbeats the metaserver, and so how
