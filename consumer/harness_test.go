@@ -70,7 +70,7 @@ func forEachCoord(t *testing.T, groups []string, f func(t *testing.T, e *env)) {
 	})
 }
 
-func startEnv(t *testing.T, groups []string, fake bool) *env {
+func startEnv(t testing.TB, groups []string, fake bool) *env {
 	cl := testcluster.Start(t, testcluster.Opts{Groups: groups, MetaEdit: steadyMeta, BrokerEdit: steadyBroker})
 	return &env{cl: cl, meta: cl.Meta.Client(t), fake: fake, fakes: map[string]*fakeCoord{}}
 }

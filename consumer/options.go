@@ -99,7 +99,7 @@ const (
 	maxPullBytes = 4 << 20
 	// maxPollWait keeps a PULL's wait in its u32 milliseconds and far below
 	// any connection timeout.
-	maxPollWait = time.Minute
+	maxPollWait = 30 * time.Second
 	// The metaserver's bounds of a member's session.
 	minSession = time.Second
 	maxSession = 5 * time.Minute
@@ -227,7 +227,8 @@ func MaxPollRecords(n int) Opt { return optFunc(func(c *config) { c.maxPollRecor
 
 // PollWait is how long a broker may hold a PULL that finds nothing new (a
 // long poll), answering as soon as a message arrives. An idle consumer
-// sends one PULL per queue per PollWait. At most a minute. Default 1 s.
+// sends one PULL per queue per PollWait. At most 30 s (the brokers' cap).
+// Default 1 s.
 func PollWait(d time.Duration) Opt { return optFunc(func(c *config) { c.pollWait = d }) }
 
 // RequestTimeout bounds one call to the metaserver or a broker (a PULL's
