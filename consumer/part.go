@@ -175,7 +175,10 @@ func (p *part) fetch(pos int64) {
 		req := protocol.PullRequest{Topic: p.key.topic, Queue: p.key.queue, Offset: max(pos, 0),
 			MaxBytes: uint32(min(max(want, 1), maxPullBytes)), WaitMillis: uint32(c.cfg.pollWait / time.Millisecond)}
 		if !resolved {
-			req.WaitMillis = 0 // only the queue's range is wanted
+			req.WaitMillis = 0 // the queue's range is wanted at once
+			if c.cfg.start == Latest {
+				req.MaxBytes = 1 // and only its range
+			}
 		}
 		began := c.cfg.clock.Now()
 		resp, fromSlave, err := p.pull(&req, &slaveUntil, log)
