@@ -145,6 +145,23 @@ func wait(ctx context.Context, clk clockwork.Clock, d time.Duration) bool {
 // did not answer, before it looks the route up and tries the master again.
 const slaveStay = 5 * time.Second
 
+// PULL sizes. The broker admits a request on a connection only while the
+// answers it owes there (each reserved at its PULL's MaxBytes, plus a
+// header) fit in the connection's write buffer (4 MiB, the transport's
+// default), and reads nothing more from the connection until they do; a
+// parked PULL owes its answer until a message comes or its wait ends. The
+// PULLs of a member's queues on one broker share one connection, so a PULL
+// that asked for the whole buffer, once parked, held every other queue's
+// PULL unread until its wait ended: a message to one idle queue waited up
+// to PollWait while another was idle too. So a PULL at the queue's end asks
+// for parkPullBytes, and one behind it (answered at once) for at most
+// drainPullBytes: one of those and 47 parked ones fit, and a PULL waits for
+// room only behind answers that are being made, never behind a parked one.
+const (
+	parkPullBytes  = minQueueShare            // 64 KiB
+	drainPullBytes = min(maxPullBytes, 1<<20) // 1 MiB
+)
+
 // fetch is the part's fetcher: PULLs with a long-poll wait from the queue's
 // master (or its slave while the master does not answer), into the buffer,
 // within the part's share of the prefetch budget.
@@ -171,9 +188,16 @@ func (p *part) fetch(pos int64) {
 			p.mu.Lock()
 		}
 		want := p.share - p.bufBytes
+		// Behind the queue's end as the last answer showed it, the PULL is
+		// answered at once and may ask for more; at the end (or not knowing
+		// it) it will likely be parked, holding what it asks for.
+		ask := int64(parkPullBytes)
+		if !resolved || p.maxOffset > pos {
+			ask = drainPullBytes
+		}
 		p.mu.Unlock()
 		req := protocol.PullRequest{Topic: p.key.topic, Queue: p.key.queue, Offset: max(pos, 0),
-			MaxBytes: uint32(min(max(want, 1), maxPullBytes)), WaitMillis: uint32(c.cfg.pollWait / time.Millisecond)}
+			MaxBytes: uint32(min(max(want, 1), ask)), WaitMillis: uint32(c.cfg.pollWait / time.Millisecond)}
 		if !resolved {
 			req.WaitMillis = 0 // the queue's range is wanted at once
 			if c.cfg.start == Latest {
