@@ -414,7 +414,7 @@ func (c *Consumer) close() error {
 		}
 		c.workWG.Wait() // handler calls under way finish
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.requestTimeout)
-		if err := c.commit(ctx); err != nil {
+		if err := c.closeCommit(ctx, parts); err != nil {
 			errs = append(errs, err)
 		}
 		cancel()
@@ -440,6 +440,33 @@ func (c *Consumer) close() error {
 		_ = c.meta.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// closeCommit commits what was processed before leaving. When the group
+// moved on meanwhile (another member left or joined while this one was
+// closing: the commit is refused as stale), it takes the new generation
+// and commits the queues it still holds in it, so members closing one
+// after another do not leave each other's last messages to be redelivered.
+func (c *Consumer) closeCommit(ctx context.Context, parts []*part) error {
+	err := c.commit(ctx)
+	if !errors.Is(err, protocol.ErrStaleGeneration) {
+		return err
+	}
+	reply, herr := c.cfg.coord.ConsumerHeartbeat(ctx, c.heartbeatReq(false))
+	if herr != nil {
+		return err
+	}
+	held := make(map[qkey]bool, len(reply.Assignment))
+	for _, a := range reply.Assignment {
+		held[qkey{a.Topic, a.Queue}] = true
+	}
+	still := parts[:0:0]
+	for _, p := range parts {
+		if held[p.key] {
+			still = append(still, p)
+		}
+	}
+	return c.commitParts(ctx, reply.Generation, still)
 }
 
 // Stats is a snapshot of the consumer's counters and queues.

@@ -94,8 +94,11 @@ const (
 	// MaxPrefetchBytes and the number of queues: a PULL asks for at least
 	// this much (and a PULL returns at least one message anyway).
 	minQueueShare = 64 << 10
-	// maxPullBytes is the most one PULL asks for (the broker caps it at
-	// 8 MiB).
+	// maxPullBytes caps what one PULL asks for (the broker caps it at
+	// 8 MiB); the fetcher asks for less still (part.go: 1 MiB behind the
+	// queue's end, 64 KiB at it), so that a parked PULL's reserved answer
+	// never keeps the broker from reading the member's other PULLs on the
+	// same connection (4 MiB of answers owed per connection).
 	maxPullBytes = 4 << 20
 	// maxPollWait keeps a PULL's wait in its u32 milliseconds and far below
 	// any connection timeout.
