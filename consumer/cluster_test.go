@@ -191,8 +191,9 @@ func TestOffsetsSurviveMetaLeaderChange(t *testing.T) {
 	rec2 := newRecorder()
 	c2 := newC()
 	runIn(t, c2, rec2.handler("c2"))
+	// Every queue got new messages, and a queue's messages come in offset
+	// order: an old one handled again would have come before them.
 	waitFor(t, 20*time.Second, "40 new handled", func() bool { return rec2.count() == 40 })
-	time.Sleep(300 * time.Millisecond)
 	rec2.mu.Lock()
 	defer rec2.mu.Unlock()
 	for body := range rec2.seen {

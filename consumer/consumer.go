@@ -480,8 +480,9 @@ type Stats struct {
 	// Commits counts CommitOffsets calls that succeeded, CommitErrors those
 	// that failed (STALE_GENERATION included).
 	Commits, CommitErrors int64
-	// Rebalances counts the generations the member moved to.
-	Rebalances int64
+	// Rebalances counts the generations the member moved to; Heartbeats
+	// the heartbeats the metaserver answered.
+	Rebalances, Heartbeats int64
 	// HandlerErrors counts failed deliveries (Panics of them panicked),
 	// Redeliveries the deliveries after a failure, DeadLetters the messages
 	// sent to the dead-letter topic.
@@ -506,7 +507,7 @@ type QueueStats struct {
 
 type counters struct {
 	fetches, fetchErrors, fromSlave, messages        atomic.Int64
-	commits, commitErrors, rebalances                atomic.Int64
+	commits, commitErrors, rebalances, heartbeats    atomic.Int64
 	handlerErrors, panics, redeliveries, deadLetters atomic.Int64
 }
 
@@ -533,7 +534,7 @@ func (c *Consumer) Stats() Stats {
 	})
 	st := &c.stats
 	s.Fetches, s.FetchErrors, s.FromSlave, s.Messages = st.fetches.Load(), st.fetchErrors.Load(), st.fromSlave.Load(), st.messages.Load()
-	s.Commits, s.CommitErrors, s.Rebalances = st.commits.Load(), st.commitErrors.Load(), st.rebalances.Load()
+	s.Commits, s.CommitErrors, s.Rebalances, s.Heartbeats = st.commits.Load(), st.commitErrors.Load(), st.rebalances.Load(), st.heartbeats.Load()
 	s.HandlerErrors, s.Panics, s.Redeliveries, s.DeadLetters = st.handlerErrors.Load(), st.panics.Load(), st.redeliveries.Load(), st.deadLetters.Load()
 	return s
 }

@@ -132,8 +132,9 @@ func TestResumeAfterRestart(t *testing.T) {
 		rec2 := newRecorder()
 		c2 := e.consumer(t, "grp", topics)
 		runIn(t, c2, rec2.handler("c2"))
+		// A queue's messages come in offset order: an old one handled again
+		// would have come before the new ones of its queue.
 		waitFor(t, 20*time.Second, "50 new handled", func() bool { return rec2.count() == 50 })
-		time.Sleep(300 * time.Millisecond)
 		rec2.mu.Lock()
 		defer rec2.mu.Unlock()
 		for body := range rec2.seen {
@@ -241,7 +242,10 @@ func TestPollManualCommit(t *testing.T) {
 		for _, i := range []int{3, 0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14} {
 			c.MarkProcessed(got[i])
 		}
-		time.Sleep(300 * time.Millisecond) // several AutoCommit intervals: nothing may be committed
+		// Without ManualCommit a commit goes out before every heartbeat: two
+		// heartbeats later, nothing may be committed.
+		hb := c.Stats().Heartbeats
+		waitFor(t, 10*time.Second, "two heartbeats", func() bool { return c.Stats().Heartbeats >= hb+2 })
 		if off := e.committed(t, "grp", "logs", 0); off != -1 {
 			t.Fatalf("committed %d with ManualCommit and no Commit", off)
 		}
@@ -290,10 +294,20 @@ func TestStartLatest(t *testing.T) {
 			return len(q) == 1 && q[0].Processed == 10
 		})
 		send(t, e, "ticks", "after", 5)
-		waitFor(t, 10*time.Second, "5 handled", func() bool { return rec.count() == 5 })
-		time.Sleep(200 * time.Millisecond)
+		// One queue, in offset order: the 10 sent before would come first.
+		waitFor(t, 10*time.Second, "the 5 sent after", func() bool {
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			n := 0
+			for body := range rec.seen {
+				if strings.HasPrefix(body, "after") {
+					n++
+				}
+			}
+			return n == 5
+		})
 		if n := rec.count(); n != 5 {
-			t.Fatalf("handled %d, want 5", n)
+			t.Fatalf("handled %d, want the 5 sent after the start", n)
 		}
 	})
 }

@@ -22,13 +22,15 @@ import (
 // fakeBrokers serves PULL from memory: one queue log per (topic, queue),
 // the same at every address, except addresses marked down.
 type fakeBrokers struct {
-	mu      sync.Mutex
-	base    map[qkey]int64 // the oldest offset
-	logs    map[qkey][]protocol.Message
-	down    map[string]bool
-	served  map[string]int
-	bytes   atomic.Int64 // message bytes answered
-	changed chan struct{}
+	mu       sync.Mutex
+	base     map[qkey]int64 // the oldest offset
+	logs     map[qkey][]protocol.Message
+	down     map[string]bool
+	served   map[string]int
+	bytes    atomic.Int64 // message bytes answered
+	parked   atomic.Int64 // PULLs held now, waiting for a message
+	lastWait atomic.Int64 // the WaitMillis of the last PULL held
+	changed  chan struct{}
 }
 
 func newFakeBrokers() *fakeBrokers {
@@ -82,11 +84,16 @@ func (f *fakeBrokers) Pull(ctx context.Context, addr string, req *protocol.PullR
 			f.bytes.Add(int64(size))
 			return resp, nil
 		}
+		f.lastWait.Store(int64(req.WaitMillis))
+		f.parked.Add(1)
 		select {
 		case <-changed:
+			f.parked.Add(-1)
 		case <-time.After(time.Duration(req.WaitMillis) * time.Millisecond):
+			f.parked.Add(-1)
 			return resp, nil
 		case <-ctx.Done():
+			f.parked.Add(-1)
 			return protocol.PullResponse{}, ctx.Err()
 		}
 	}
@@ -235,9 +242,10 @@ func TestPrefetchBound(t *testing.T) {
 		}
 		return nil
 	})
-	waitFor(t, 5*time.Second, "a fetch", func() bool { return fb.bytes.Load() > 0 })
-	time.Sleep(200 * time.Millisecond)
-	// The share, and the message the handler holds.
+	// The fetcher fills its share and then waits for room: once it has
+	// fetched the share, it has fetched no more than it (and the message the
+	// handler holds).
+	waitFor(t, 5*time.Second, "the share to be fetched", func() bool { return fb.bytes.Load() >= minQueueShare })
 	if n := fb.bytes.Load(); n > minQueueShare+2*1100 {
 		t.Errorf("fetched %d bytes with a %d share", n, minQueueShare)
 	}
@@ -306,23 +314,24 @@ func TestRunBatch(t *testing.T) {
 	}
 }
 
-// TestIdleFetchesLongPoll: an idle queue costs about one PULL per PollWait.
+// TestIdleFetchesLongPoll: an idle queue's PULL asks the broker to hold it
+// for PollWait, and a message that arrives meanwhile is handed over by that
+// PULL.
 func TestIdleFetchesLongPoll(t *testing.T) {
 	fb := newFakeBrokers()
 	co := newFakeCoord(map[string]int{"t": 1})
-	c := fakeConsumer(t, fb, co, 1, PollWait(200*time.Millisecond))
+	c := fakeConsumer(t, fb, co, 1, PollWait(30*time.Second))
 	rec := newRecorder()
 	runIn(t, c, rec.handler("c"))
-	waitFor(t, 5*time.Second, "a queue", func() bool { return len(queuesOf(c)) == 1 })
-	time.Sleep(time.Second)
-	if n := c.Stats().Fetches; n > 8 {
-		t.Errorf("%d fetches in 1 s of an idle queue with a 200 ms wait", n)
+	waitFor(t, 5*time.Second, "the idle queue's PULL to be held", func() bool { return fb.parked.Load() == 1 })
+	if w := fb.lastWait.Load(); w != 30_000 {
+		t.Fatalf("the held PULL asked to wait %d ms, want PollWait (30000)", w)
 	}
-	began := time.Now()
+	before := c.Stats().Fetches
 	fb.add("t", 0, "wake")
 	waitFor(t, 5*time.Second, "the message", func() bool { return rec.count() == 1 })
-	if d := time.Since(began); d > 100*time.Millisecond {
-		t.Errorf("a waiting consumer got a message %v after it was stored", d)
+	if n := c.Stats().Fetches - before; n != 1 {
+		t.Errorf("%d PULLs answered for one message: want the held one", n)
 	}
 }
 

@@ -87,6 +87,7 @@ func (c *Consumer) memberLoop() {
 			continue
 		}
 		lastOK = sent
+		c.stats.heartbeats.Add(1)
 		if reply.SessionMillis > 0 {
 			session = time.Duration(reply.SessionMillis) * time.Millisecond
 		}
