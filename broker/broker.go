@@ -101,7 +101,8 @@ func New(cfg Config) (*Broker, error) {
 	}
 
 	b.lease = &writeLease{clock: cfg.Clock, session: cfg.SessionTimeout}
-	b.pulls = newLongPoll(b.store, cfg.Clock, &b.stats, lg.Named("longpoll"))
+	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: func() uint32 { return b.roles.epoch.Load() },
+		epochStart: func(e uint32) (int64, bool, bool) { return b.roles.epochStart(e) }}, cfg.Clock, &b.stats, lg.Named("longpoll"))
 	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
 	hb := &heartbeater{id: cfg.ID, meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
@@ -140,7 +141,9 @@ func New(cfg Config) (*Broker, error) {
 	// reach the commit log in the order they arrived (the handler only
 	// checks and queues the append; it never waits).
 	b.rpc.HandleOrdered(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) }, sendReplyEstimate)
-	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) { handlePull(b.store, b.lease.fence, b.pulls, r, r.Body) }, pullReplySize)
+	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) {
+		handlePull(b.pulls.store, b.lease.fence, b.pulls, r, r.Body)
+	}, pullReplySize)
 	bound, err := b.rpc.Listen(cfg.Addr)
 	if err != nil {
 		return fail(fmt.Errorf("broker: %w", err))

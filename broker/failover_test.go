@@ -92,6 +92,21 @@ func TestFailoverPromotesTheSlaveAndTheOldMasterRejoins(t *testing.T) {
 			t.Fatalf("queue %d: %d HIGH messages on the new master, want 10", q, n)
 		}
 	}
+	// A reader that read queue 0 from the old master to its end (the NORMAL
+	// tail included) in epoch 1 is sent back to where epoch 2 took the
+	// queue up: past it, the new master's offsets hold others.
+	_, took := slave.Store().QueueRange("fo", 0)
+	req := protocol.PullRequest{Topic: "fo", Queue: 0, Offset: took + int64(len(normal)), MaxBytes: 1 << 20, Epoch: 1}
+	resp, err := sc.Call(context.Background(), protocol.CodePull, protocol.AppendPullRequest(nil, &req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pr, err := protocol.DecodePullResponse(resp.Body); err != nil || len(pr.Messages) != 0 || pr.NextOffset != took || pr.Epoch != 2 {
+		t.Fatalf("a PULL past the new epoch's start, read in epoch 1: %+v %v; want no message, next offset %d, epoch 2", pr, err, took)
+	}
+	if pr := tc.Pull(t, sc, "fo", 0, took, 1<<20); pr.NextOffset != took || pr.Epoch != 2 {
+		t.Fatalf("a PULL at the new epoch's queue end: %+v", pr)
+	}
 	warmRoute(t, sc, "fo", 0, 1)
 	if r := tc.SendEpoch(t, sc, 1, []protocol.Message{tc.Msg("fo", 0, protocol.Normal, "stale route")}); r[0].Status != protocol.StatusOK {
 		t.Fatalf("a send naming the old epoch, to the new master: %v", r[0].Status)

@@ -34,7 +34,7 @@ func newLPHarness(t *testing.T, log *storage.Log) *lpHarness {
 		log = openLog(t)
 	}
 	h := &lpHarness{log: log, stats: &Stats{}, clock: clockwork.NewFakeClock(), done: make(chan struct{})}
-	h.lp = newLongPoll(log, h.clock, h.stats, hclog.NewNullLogger())
+	h.lp = newLongPoll(pullStore{Log: log, epoch: func() uint32 { return 0 }}, h.clock, h.stats, hclog.NewNullLogger())
 	var ctx context.Context
 	ctx, h.cancel = context.WithCancel(context.Background())
 	go func() {
@@ -53,7 +53,7 @@ func (h *lpHarness) stop() {
 // pull sends a PULL through handlePull and returns where its answer comes.
 func (h *lpHarness) pull(topic string, queue uint32, offset int64, waitMillis uint32) chanReplier {
 	rep := make(chanReplier, 1)
-	handlePull(h.log, func(uint32) {}, h.lp, rep, protocol.AppendPullRequest(nil,
+	handlePull(h.lp.store, func(uint32) {}, h.lp, rep, protocol.AppendPullRequest(nil,
 		&protocol.PullRequest{Topic: topic, Queue: queue, Offset: offset, WaitMillis: waitMillis}))
 	return rep
 }

@@ -17,6 +17,27 @@ const (
 type queueReader interface {
 	QueueRange(topic string, queue uint32) (first, next int64)
 	Read(topic string, queue uint32, offset int64, maxBytes int) ([]storage.StoredEntry, error)
+	QueueOffsetAt(topic string, queue uint32, logOffset int64) int64
+	// LogEpoch is the group epoch of the broker's log, answered in every PULL.
+	LogEpoch() uint32
+	// EpochStart is where the epoch after epoch began (see roles.epochStart).
+	EpochStart(epoch uint32) (start int64, ok, known bool)
+}
+
+// pullStore is the commit log with the broker's epochs, as PULL reads it.
+type pullStore struct {
+	*storage.Log
+	epoch      func() uint32
+	epochStart func(uint32) (int64, bool, bool) // nil: no failover has been seen
+}
+
+func (s pullStore) LogEpoch() uint32 { return s.epoch() }
+
+func (s pullStore) EpochStart(epoch uint32) (int64, bool, bool) {
+	if s.epochStart == nil {
+		return 0, false, true
+	}
+	return s.epochStart(epoch)
 }
 
 // pullBytes is how many message bytes a PULL asks for, after the defaults
@@ -46,6 +67,15 @@ func pullReplySize(body []byte) int {
 // names: a master that sees a newer one stops taking writes. A PULL with a
 // wait that finds nothing at its offset is handed to pulls (nil: answered
 // at once), which answers it later; the worker never waits.
+//
+// A PULL names the epoch in which the reader got what it read so far. When
+// a later epoch began (a failover) at a log offset where the queue's end
+// was below the reader's offset, the reader read messages of the old
+// master's tail that the new master never had, and the queue's offsets
+// past that end now hold other messages: the answer sends it back there
+// (NextOffset below the requested offset, no messages). epochStart gives
+// the log offset where the epoch after a given one began (false when none
+// did, or it is not known).
 func handlePull(store queueReader, fence func(uint32), pulls *longPoll, rep replier, body []byte) {
 	req, err := protocol.DecodePullRequest(body)
 	if err != nil {
@@ -53,6 +83,9 @@ func handlePull(store queueReader, fence func(uint32), pulls *longPoll, rep repl
 		return
 	}
 	fence(req.Epoch)
+	if diverged(store, rep, req) {
+		return
+	}
 	if req.WaitMillis > 0 && pulls != nil {
 		if _, next := store.QueueRange(req.Topic, req.Queue); req.Offset >= next && pulls.park(rep, req, next) {
 			return
@@ -61,9 +94,39 @@ func handlePull(store queueReader, fence func(uint32), pulls *longPoll, rep repl
 	servePull(store, rep, req)
 }
 
+// diverged answers req and reports true when its reader read, in an
+// earlier epoch, past where the next epoch took the queue up (see
+// handlePull), or when the broker cannot tell yet.
+func diverged(store queueReader, rep replier, req protocol.PullRequest) bool {
+	if req.Epoch == 0 {
+		return false
+	}
+	start, ok, known := store.EpochStart(req.Epoch)
+	if !known {
+		rep.ReplyError(&protocol.Error{Status: protocol.StatusBusy,
+			Message: "the broker has not heard its group's epochs from the metaserver yet"})
+		return true
+	}
+	if !ok {
+		return false
+	}
+	end := store.QueueOffsetAt(req.Topic, req.Queue, start)
+	if req.Offset <= end {
+		return false
+	}
+	first, next := store.QueueRange(req.Topic, req.Queue)
+	_ = rep.Reply(protocol.AppendPullResponseHeader(nil, end, first, next, store.LogEpoch(), 0))
+	return true
+}
+
 // servePull answers req with what the queue holds at its offset now
-// (possibly nothing: then just the header, with the queue's offsets).
+// (possibly nothing: then just the header, with the queue's offsets). A
+// parked PULL is checked again here: a failover may have happened while it
+// waited.
 func servePull(store queueReader, rep replier, req protocol.PullRequest) (count int) {
+	if diverged(store, rep, req) {
+		return 0
+	}
 	first, next := store.QueueRange(req.Topic, req.Queue)
 	offset := max(req.Offset, first)
 	entries, err := store.Read(req.Topic, req.Queue, offset, pullBytes(req))
@@ -91,7 +154,7 @@ func servePull(store queueReader, rep replier, req protocol.PullRequest) (count 
 		// read before it: the header never claims less than was returned.
 		next = max(next, nextOffset)
 	}
-	out := protocol.AppendPullResponseHeader(make([]byte, 0, 28+size), nextOffset, first, next, len(entries))
+	out := protocol.AppendPullResponseHeader(make([]byte, 0, 32+size), nextOffset, first, next, store.LogEpoch(), len(entries))
 	for _, e := range entries {
 		out = protocol.AppendStoredRaw(out, e.QueueOffset, e.LogOffset, e.StoreTime, e.Payload)
 	}

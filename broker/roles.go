@@ -68,8 +68,9 @@ type roles struct {
 	// master (-1 while it is not master); lastCut is its last truncation.
 	takeoverEnd atomic.Int64
 	lastCut     atomic.Pointer[api.Cut]
-	state       atomic.Value // string: what the broker is now, for logs and tests
-	blocked     string       // why the broker does not follow, logged once
+	group       atomic.Pointer[routing.Group] // the registry's last word on the group
+	state       atomic.Value                  // string: what the broker is now, for logs and tests
+	blocked     string                        // why the broker does not follow, logged once
 }
 
 const epochFile = "epoch"
@@ -175,8 +176,29 @@ func (r *roles) stopAll() {
 	r.stopFollower()
 }
 
+// epochStart returns the log offset where the epoch after epoch began, by
+// the registry's last word, and whether one did; known is false while the
+// broker has no word from the registry yet and its own log is of a later
+// epoch (it cannot tell where that epoch began).
+func (r *roles) epochStart(epoch uint32) (start int64, ok, known bool) {
+	g := r.group.Load()
+	if g == nil {
+		return 0, false, epoch >= r.epoch.Load()
+	}
+	if epoch >= g.Epoch {
+		return 0, false, true
+	}
+	for _, e := range g.History {
+		if e.Epoch == epoch+1 {
+			return e.Start, true, true
+		}
+	}
+	return 0, false, true // older than the history: not checked (DESIGN.md, known gaps)
+}
+
 // reconcile makes the broker what g says.
 func (r *roles) reconcile(ctx context.Context, g routing.Group) {
+	r.group.Store(&g)
 	role, ok := g.RoleOf(r.id)
 	if !ok || g.Epoch == 0 {
 		return // the registry has not placed this broker (the heartbeat said why)

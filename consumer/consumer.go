@@ -481,8 +481,10 @@ type Stats struct {
 	// that failed (STALE_GENERATION included).
 	Commits, CommitErrors int64
 	// Rebalances counts the generations the member moved to; Heartbeats
-	// the heartbeats the metaserver answered.
-	Rebalances, Heartbeats int64
+	// the heartbeats the metaserver answered; Rewinds the queues sent back
+	// by a failover's new master (the member had read the old master's
+	// tail, which the new one never had).
+	Rebalances, Heartbeats, Rewinds int64
 	// HandlerErrors counts failed deliveries (Panics of them panicked),
 	// Redeliveries the deliveries after a failure, DeadLetters the messages
 	// sent to the dead-letter topic.
@@ -508,6 +510,7 @@ type QueueStats struct {
 type counters struct {
 	fetches, fetchErrors, fromSlave, messages        atomic.Int64
 	commits, commitErrors, rebalances, heartbeats    atomic.Int64
+	rewinds                                          atomic.Int64
 	handlerErrors, panics, redeliveries, deadLetters atomic.Int64
 }
 
@@ -535,6 +538,7 @@ func (c *Consumer) Stats() Stats {
 	st := &c.stats
 	s.Fetches, s.FetchErrors, s.FromSlave, s.Messages = st.fetches.Load(), st.fetchErrors.Load(), st.fromSlave.Load(), st.messages.Load()
 	s.Commits, s.CommitErrors, s.Rebalances, s.Heartbeats = st.commits.Load(), st.commitErrors.Load(), st.rebalances.Load(), st.heartbeats.Load()
+	s.Rewinds = st.rewinds.Load()
 	s.HandlerErrors, s.Panics, s.Redeliveries, s.DeadLetters = st.handlerErrors.Load(), st.panics.Load(), st.redeliveries.Load(), st.deadLetters.Load()
 	return s
 }

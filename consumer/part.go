@@ -35,6 +35,12 @@ type part struct {
 	committed int64         // the group's committed offset as this member knows it; -1 none
 	maxOffset int64         // the queue's end at the last answer; -1 none yet
 	revoked   bool
+	// epoch is the group epoch in which this member read what it read of
+	// the queue (0: nothing yet). PULLs name it, so that after a failover
+	// the new master can send the member back to where its epoch's log
+	// ended, if the member read past that (messages the new master never
+	// had, whose offsets now hold others). Fetcher only.
+	epoch uint32
 }
 
 func newPart(c *Consumer, k qkey, committed int64) *part {
@@ -77,6 +83,36 @@ func (p *part) processedLocked() int64 {
 		return p.pending[0]
 	}
 	return p.delivered
+}
+
+// rewind drops what the member buffered or handed out at or past offset,
+// so that its commit goes no further than offset until it reads there
+// again.
+func (p *part) rewind(offset int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	keep := p.buf[:0]
+	for _, m := range p.buf {
+		if m.Offset < offset {
+			keep = append(keep, m)
+		} else {
+			p.bufBytes -= m.size
+		}
+	}
+	clear(p.buf[len(keep):])
+	p.buf = keep
+	pend := p.pending[:0]
+	for _, o := range p.pending {
+		if o < offset {
+			pend = append(pend, o)
+		}
+	}
+	p.pending = pend
+	p.delivered = min(p.delivered, offset)
+	if p.committed > offset {
+		p.committed = -1 // so the lower offset is committed again
+	}
+	signal(p.room)
 }
 
 // take hands out up to max buffered messages, recording them as pending.
@@ -233,6 +269,21 @@ func (p *part) fetch(pos int64) {
 			c.stats.fromSlave.Add(1)
 		}
 		msgs := resp.Messages
+		if resolved && len(msgs) == 0 && resp.NextOffset < req.Offset {
+			// A failover: the queue's log in the new epoch ends before
+			// where this member read to. Go back there; what it read past
+			// it was the old master's, and those offsets now hold others.
+			log.Warn("the queue's log was cut by a failover: reading again from where the new epoch took it up",
+				"offset", req.Offset, "from", resp.NextOffset, "read-in-epoch", req.Epoch)
+			p.rewind(resp.NextOffset)
+			pos = resp.NextOffset
+			p.epoch = resp.Epoch
+			c.stats.rewinds.Add(1)
+			continue
+		}
+		// The broker checked the position against its epochs (or had no
+		// newer one): what is read from here on is of its epoch.
+		p.epoch = max(p.epoch, resp.Epoch)
 		p.mu.Lock()
 		p.maxOffset = resp.MaxOffset
 		switch {
@@ -318,6 +369,9 @@ func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interf
 		return protocol.PullResponse{}, false, &protocol.Error{Status: protocol.StatusNoRoute, Message: "queue " + p.key.String() + " has no broker"}
 	}
 	req.Epoch = qr.Epoch
+	if p.epoch != 0 {
+		req.Epoch = p.epoch // what was read was read in this epoch: let the broker check it
+	}
 	timeout := c.cfg.requestTimeout + time.Duration(req.WaitMillis)*time.Millisecond
 	call := func(addr string) (protocol.PullResponse, error) {
 		ctx, cancel := context.WithTimeout(p.ctx, timeout)

@@ -181,13 +181,13 @@ func TestPullRoundTrip(t *testing.T) {
 		t.Fatalf("negative offset: %v", err)
 	}
 	msgs := sampleMessages()
-	resp := PullResponse{NextOffset: 45, MinOffset: 0, MaxOffset: 100}
+	resp := PullResponse{NextOffset: 45, MinOffset: 0, MaxOffset: 100, Epoch: 3}
 	for i, m := range msgs {
 		resp.Messages = append(resp.Messages, StoredMessage{QueueOffset: 42 + int64(i), LogOffset: int64(i) * 1000, StoreTime: 1_800_000_000_000 + int64(i), Message: m})
 	}
 	b := AppendPullResponse(nil, &resp)
 	// The raw form a broker writes gives the same bytes.
-	raw := AppendPullResponseHeader(nil, 45, 0, 100, len(msgs))
+	raw := AppendPullResponseHeader(nil, 45, 0, 100, 3, len(msgs))
 	for i := range msgs {
 		raw = AppendStoredRaw(raw, 42+int64(i), int64(i)*1000, 1_800_000_000_000+int64(i), AppendMessage(nil, &msgs[i]))
 	}

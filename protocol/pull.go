@@ -66,12 +66,17 @@ type StoredMessage struct {
 //	             request's offset when none was)
 //	min offset   i64: the queue's oldest available offset
 //	max offset   i64: the queue's next offset to be written
+//	epoch        u32: the group epoch of the broker's log (a reader names
+//	             it in its next PULLs, so that after a failover a new
+//	             master can tell whether the reader read past where the
+//	             new epoch took the queue up)
 //	count        u32, then per message: queue offset i64, log offset i64,
 //	             store time i64 (unix ms), the message's encoding
 type PullResponse struct {
 	NextOffset int64
 	MinOffset  int64
 	MaxOffset  int64
+	Epoch      uint32
 	Messages   []StoredMessage
 }
 
@@ -80,6 +85,7 @@ func AppendPullResponse(dst []byte, p *PullResponse) []byte {
 	dst = appendI64(dst, p.NextOffset)
 	dst = appendI64(dst, p.MinOffset)
 	dst = appendI64(dst, p.MaxOffset)
+	dst = appendU32(dst, p.Epoch)
 	dst = appendU32(dst, uint32(len(p.Messages)))
 	for i := range p.Messages {
 		dst = AppendStoredMessage(dst, p.Messages[i].QueueOffset, p.Messages[i].LogOffset, p.Messages[i].StoreTime, &p.Messages[i].Message)
@@ -90,10 +96,11 @@ func AppendPullResponse(dst []byte, p *PullResponse) []byte {
 // AppendPullResponseHeader appends the part of a PULL response before its
 // messages; the caller then appends count entries with AppendStoredMessage
 // or AppendStoredRaw. It lets a broker copy stored encodings without decoding them.
-func AppendPullResponseHeader(dst []byte, next, minOff, maxOff int64, count int) []byte {
+func AppendPullResponseHeader(dst []byte, next, minOff, maxOff int64, epoch uint32, count int) []byte {
 	dst = appendI64(dst, next)
 	dst = appendI64(dst, minOff)
 	dst = appendI64(dst, maxOff)
+	dst = appendU32(dst, epoch)
 	return appendU32(dst, uint32(count))
 }
 
@@ -121,6 +128,7 @@ func DecodePullResponse(b []byte) (PullResponse, error) {
 	p.NextOffset = r.i64("next offset")
 	p.MinOffset = r.i64("min offset")
 	p.MaxOffset = r.i64("max offset")
+	p.Epoch = r.u32("epoch")
 	n := r.count("message count", 24+minMessageSize)
 	if n > 0 {
 		p.Messages = make([]StoredMessage, n)

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"fmt"
+	"sort"
 )
 
 // QueueRange returns a queue's oldest queue offset and its next one (the
@@ -13,6 +14,20 @@ func (l *Log) QueueRange(topic string, queue uint32) (first, next int64) {
 		return qi.base, qi.next()
 	}
 	return 0, 0
+}
+
+// QueueOffsetAt is a queue's next offset as of log offset logOffset: the
+// queue offset its first record at or past logOffset has (or would have).
+// A broker uses it to tell a reader where a failover's new epoch, which
+// began at logOffset, took the queue up.
+func (l *Log) QueueOffsetAt(topic string, queue uint32, logOffset int64) int64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	qi := l.index[queueKey{topic, queue}]
+	if qi == nil {
+		return 0
+	}
+	return qi.base + int64(sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= logOffset }))
 }
 
 // Queues calls fn for every queue the log holds, with its offset range.
