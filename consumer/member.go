@@ -172,6 +172,7 @@ func (c *Consumer) apply(reply api.ConsumerHeartbeatReply) {
 			continue
 		}
 		p := newPart(c, k, a.Committed)
+		p.epoch.Store(a.CommittedEpoch)
 		p.share = share
 		c.parts[k] = p
 		added = append(added, k.String())
@@ -218,7 +219,7 @@ func (c *Consumer) commitParts(ctx context.Context, gen uint64, parts []*part) e
 		p.mu.Lock()
 		pos := p.processedLocked()
 		if pos >= 0 && pos != p.committed {
-			offs = append(offs, api.QueueOffset{Topic: p.key.topic, Queue: p.key.queue, Offset: pos})
+			offs = append(offs, api.QueueOffset{Topic: p.key.topic, Queue: p.key.queue, Offset: pos, Epoch: p.epoch.Load()})
 			moved = append(moved, p)
 		}
 		p.mu.Unlock()

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -39,8 +40,9 @@ type part struct {
 	// the queue (0: nothing yet). PULLs name it, so that after a failover
 	// the new master can send the member back to where its epoch's log
 	// ended, if the member read past that (messages the new master never
-	// had, whose offsets now hold others). Fetcher only.
-	epoch uint32
+	// had, whose offsets now hold others). Written by the fetcher, read by
+	// commits (a commit names it); starts at the committed offset's epoch.
+	epoch atomic.Uint32
 }
 
 func newPart(c *Consumer, k qkey, committed int64) *part {
@@ -277,13 +279,13 @@ func (p *part) fetch(pos int64) {
 				"offset", req.Offset, "from", resp.NextOffset, "read-in-epoch", req.Epoch)
 			p.rewind(resp.NextOffset)
 			pos = resp.NextOffset
-			p.epoch = resp.Epoch
+			p.epoch.Store(resp.Epoch)
 			c.stats.rewinds.Add(1)
 			continue
 		}
 		// The broker checked the position against its epochs (or had no
 		// newer one): what is read from here on is of its epoch.
-		p.epoch = max(p.epoch, resp.Epoch)
+		p.epoch.Store(max(p.epoch.Load(), resp.Epoch))
 		p.mu.Lock()
 		p.maxOffset = resp.MaxOffset
 		switch {
@@ -369,8 +371,8 @@ func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interf
 		return protocol.PullResponse{}, false, &protocol.Error{Status: protocol.StatusNoRoute, Message: "queue " + p.key.String() + " has no broker"}
 	}
 	req.Epoch = qr.Epoch
-	if p.epoch != 0 {
-		req.Epoch = p.epoch // what was read was read in this epoch: let the broker check it
+	if e := p.epoch.Load(); e != 0 {
+		req.Epoch = e // what was read was read in this epoch: let the broker check it
 	}
 	timeout := c.cfg.requestTimeout + time.Duration(req.WaitMillis)*time.Millisecond
 	call := func(addr string) (protocol.PullResponse, error) {

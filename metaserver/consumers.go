@@ -259,7 +259,7 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 	}
 	reply.Generation = g.Generation
 	for _, q := range g.Queues(hb.Member) {
-		reply.Assignment = append(reply.Assignment, api.QueueAssignment{Topic: q.Topic, Queue: q.Queue, Committed: q.Offset})
+		reply.Assignment = append(reply.Assignment, api.QueueAssignment{Topic: q.Topic, Queue: q.Queue, Committed: q.Offset, CommittedEpoch: q.Epoch})
 	}
 	return reply, nil
 }
@@ -267,7 +267,7 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 func toFSMOffsets(in []api.QueueOffset) []fsm.QueueOffset {
 	out := make([]fsm.QueueOffset, len(in))
 	for i, o := range in {
-		out[i] = fsm.QueueOffset{Topic: o.Topic, Queue: o.Queue, Offset: o.Offset}
+		out[i] = fsm.QueueOffset{Topic: o.Topic, Queue: o.Queue, Offset: o.Offset, Epoch: o.Epoch}
 	}
 	return out
 }
@@ -275,7 +275,7 @@ func toFSMOffsets(in []api.QueueOffset) []fsm.QueueOffset {
 func toAPIOffsets(in []fsm.QueueOffset) []api.QueueOffset {
 	out := make([]api.QueueOffset, len(in))
 	for i, o := range in {
-		out[i] = api.QueueOffset{Topic: o.Topic, Queue: o.Queue, Offset: o.Offset}
+		out[i] = api.QueueOffset{Topic: o.Topic, Queue: o.Queue, Offset: o.Offset, Epoch: o.Epoch}
 	}
 	return out
 }

@@ -50,6 +50,11 @@ type QueueAssignment struct {
 	Topic     string `json:"topic"`
 	Queue     uint32 `json:"queue"`
 	Committed int64  `json:"committed"`
+	// CommittedEpoch is the broker group epoch in which the committed offset
+	// was read (0: unknown). The member names it in its first PULLs, so a
+	// broker of a later epoch can send it back if a failover cut the queue
+	// below the offset.
+	CommittedEpoch uint32 `json:"committed_epoch,omitempty"`
 }
 
 // QueueOffset is a queue's offset: the next offset to consume.
@@ -57,6 +62,9 @@ type QueueOffset struct {
 	Topic  string `json:"topic"`
 	Queue  uint32 `json:"queue"`
 	Offset int64  `json:"offset"`
+	// Epoch (commits) is the broker group epoch in which the member read up
+	// to Offset; 0 when unknown.
+	Epoch uint32 `json:"epoch,omitempty"`
 }
 
 // CommitRequest commits offsets for queues the member holds in Generation.

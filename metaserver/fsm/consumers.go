@@ -39,8 +39,13 @@ type ConsumerGroup struct {
 	Assignment map[string][]string `json:"assignment"`
 	// Offsets are the committed offsets (the next offset to consume) by
 	// topic and queue. They outlive members: an empty group resumes.
-	Offsets   map[string]map[uint32]int64 `json:"offsets"`
-	ChangedAt int64                       `json:"changed_at"` // unix ms of the last generation, stamped by the leader
+	Offsets map[string]map[uint32]int64 `json:"offsets"`
+	// Epochs are the broker group epochs in which the committed offsets
+	// were read (absent: unknown, e.g. a reset): a member that starts from
+	// a committed offset names it in its PULLs, so that a broker of a later
+	// epoch can send it back if a failover cut the log below the offset.
+	Epochs    map[string]map[uint32]uint32 `json:"epochs,omitempty"`
+	ChangedAt int64                        `json:"changed_at"` // unix ms of the last generation, stamped by the leader
 }
 
 // ConsumerMember is one member of a consumer group.
@@ -57,6 +62,7 @@ type QueueOffset struct {
 	Topic  string `json:"topic"`
 	Queue  uint32 `json:"queue"`
 	Offset int64  `json:"offset"`
+	Epoch  uint32 `json:"epoch,omitempty"` // the epoch it was read in (commits); 0 unknown
 }
 
 // JoinGroup adds a member to a group (creating the group) or updates its
@@ -151,6 +157,12 @@ func (g *ConsumerGroup) clone() *ConsumerGroup {
 	for t, qs := range g.Offsets {
 		c.Offsets[t] = maps.Clone(qs)
 	}
+	if g.Epochs != nil {
+		c.Epochs = make(map[string]map[uint32]uint32, len(g.Epochs))
+		for t, qs := range g.Epochs {
+			c.Epochs[t] = maps.Clone(qs)
+		}
+	}
 	return &c
 }
 
@@ -192,7 +204,7 @@ func (g ConsumerGroup) Queues(member string) []QueueOffset {
 				if !ok {
 					off = -1
 				}
-				out = append(out, QueueOffset{Topic: t, Queue: uint32(q), Offset: off})
+				out = append(out, QueueOffset{Topic: t, Queue: uint32(q), Offset: off, Epoch: g.Epochs[t][uint32(q)]})
 			}
 		}
 	}
@@ -310,6 +322,22 @@ func (f *FSM) commitOffsets(c *CommitOffsets) any {
 			qs[o.Queue] = o.Offset
 			changed = true
 		}
+		if g.Epochs[o.Topic][o.Queue] != o.Epoch {
+			if g.Epochs == nil {
+				g.Epochs = map[string]map[uint32]uint32{}
+			}
+			es := g.Epochs[o.Topic]
+			if es == nil {
+				es = map[uint32]uint32{}
+				g.Epochs[o.Topic] = es
+			}
+			if o.Epoch == 0 {
+				delete(es, o.Queue)
+			} else {
+				es[o.Queue] = o.Epoch
+			}
+			changed = true
+		}
 	}
 	return &Result{Changed: changed, Generation: g.Generation}
 }
@@ -345,6 +373,7 @@ func (f *FSM) resetOffsets(c *ResetOffsets) any {
 			g.Offsets[o.Topic] = qs
 		}
 		qs[o.Queue] = o.Offset
+		delete(g.Epochs[o.Topic], o.Queue) // an operator's offset: read in no epoch
 	}
 	return &Result{Changed: true, Generation: g.Generation}
 }

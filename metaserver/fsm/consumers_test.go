@@ -459,3 +459,30 @@ func TestJoinMovesOnlyWhatBalanceNeeds(t *testing.T) {
 		}
 	})
 }
+
+// A commit keeps the epoch its offsets were read in, and hands it to the
+// queue's next owner; an operator's reset forgets it.
+func TestCommitKeepsTheEpoch(t *testing.T) {
+	f := consumerSeeded(t)
+	mustApply(t, f, &JoinGroup{Group: "cg", Member: "a", Topics: []string{"orders"}})
+	qs := cgroup(t, f, "cg").Queues("a")
+	for i := range qs {
+		qs[i].Offset, qs[i].Epoch = 40, 3
+	}
+	mustApply(t, f, &CommitOffsets{Group: "cg", Member: "a", Generation: 1, Offsets: qs})
+	mustApply(t, f, &LeaveGroup{Group: "cg", Member: "a"})
+	mustApply(t, f, &JoinGroup{Group: "cg", Member: "b", Topics: []string{"orders"}})
+	for _, q := range cgroup(t, f, "cg").Queues("b") {
+		if q.Offset != 40 || q.Epoch != 3 {
+			t.Fatalf("the next owner got %+v; want offset 40 read in epoch 3", q)
+		}
+	}
+	mustApply(t, f, &LeaveGroup{Group: "cg", Member: "b"})
+	mustApply(t, f, &ResetOffsets{Group: "cg", Offsets: []QueueOffset{{Topic: "orders", Queue: 0, Offset: 5}}})
+	mustApply(t, f, &JoinGroup{Group: "cg", Member: "c", Topics: []string{"orders"}})
+	for _, q := range cgroup(t, f, "cg").Queues("c") {
+		if q.Queue == 0 && (q.Offset != 5 || q.Epoch != 0) {
+			t.Fatalf("after a reset: %+v; want offset 5, no epoch", q)
+		}
+	}
+}
