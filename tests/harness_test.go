@@ -156,11 +156,39 @@ func (c *localCluster) pid(name string) int {
 }
 
 // signal sends sig to the process cluster.sh recorded for name.
+//
+// SIGSTOP returns only once every thread of the process has stopped: the
+// kernel delivers the signal asynchronously, and a test that acts right
+// after it must not race with the last moments of the process.
 func (c *localCluster) signal(name string, sig syscall.Signal) {
 	c.t.Helper()
-	if err := syscall.Kill(c.pid(name), sig); err != nil {
+	pid := c.pid(name)
+	if err := syscall.Kill(pid, sig); err != nil {
 		c.t.Fatalf("signal %v to %s: %v", sig, name, err)
 	}
+	if sig == syscall.SIGSTOP {
+		testwait.For(c.t, 10*time.Second, name+" to stop", func() bool { return stopped(pid) })
+	}
+}
+
+// stopped reports whether every thread of pid is stopped (state T).
+func stopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 || i+2 >= len(s) || (s[i+2] != 'T' && s[i+2] != 't') {
+			return false
+		}
+	}
+	return true
 }
 
 // cmdline is the command line of the running process recorded for name, as
