@@ -137,7 +137,7 @@ func TestMembersClosingTogetherCommitEverything(t *testing.T) {
 // TestReadsFromSlave: with the master down, the queue is read from the
 // group's slave.
 func TestReadsFromSlave(t *testing.T) {
-	cl := testcluster.Start(t, testcluster.Opts{Groups: []string{"g1"}, Slaves: true, MetaEdit: steadyMeta, BrokerEdit: steadyBroker})
+	cl := testcluster.Start(t, testcluster.Opts{Groups: []string{"g1"}, Slaves: true, MetaEdit: testcluster.SteadyMeta, BrokerEdit: testcluster.SteadyBroker})
 	e := &env{cl: cl, meta: cl.Meta.Client(t), fakes: map[string]*fakeCoord{}}
 	e.cl.Meta.CreateTopic(t, "t", "g1")
 	send(t, e, "t", "m", 20)
@@ -158,8 +158,8 @@ func TestReadsFromSlave(t *testing.T) {
 // TestOffsetsSurviveMetaLeaderChange: offsets committed before the
 // metaserver's leader stops are where the group resumes under the new one.
 func TestOffsetsSurviveMetaLeaderChange(t *testing.T) {
-	m := testcluster.StartMeta(t, 3, steadyMeta)
-	testcluster.StartGroup(t, m.Addrs(), "g1", testcluster.GroupOpts{Edit: steadyBroker})
+	m := testcluster.StartMeta(t, 3, testcluster.SteadyMeta)
+	testcluster.StartGroup(t, m.Addrs(), "g1", testcluster.GroupOpts{Edit: testcluster.SteadyBroker})
 	m.CreateTopic(t, "t", "g1", "g1")
 	meta := m.Client(t)
 	if !metaHasGroups(t, meta) {

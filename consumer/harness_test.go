@@ -10,28 +10,13 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
-	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// Steady timings keep the failure detector out of these tests (see the
-// producer's harness).
-func steadyMeta(c *metaserver.Config) {
-	c.SessionTimeout = 2 * time.Second
-	c.LagTime = time.Minute
-}
-
-func steadyBroker(c *broker.Config) {
-	c.SessionTimeout = 2 * time.Second
-	c.HighWait = 3 * time.Second
-	c.SlaveLagTime = 5 * time.Second
-}
 
 // env is a cluster and the group coordinator the consumers use: the
 // metaserver's, or a fake one per group (fake set).
@@ -71,7 +56,7 @@ func forEachCoord(t *testing.T, groups []string, f func(t *testing.T, e *env)) {
 }
 
 func startEnv(t testing.TB, groups []string, fake bool) *env {
-	cl := testcluster.Start(t, testcluster.Opts{Groups: groups, MetaEdit: steadyMeta, BrokerEdit: steadyBroker})
+	cl := testcluster.Start(t, testcluster.Opts{Groups: groups, MetaEdit: testcluster.SteadyMeta, BrokerEdit: testcluster.SteadyBroker})
 	return &env{cl: cl, meta: cl.Meta.Client(t), fake: fake, fakes: map[string]*fakeCoord{}}
 }
 

@@ -35,7 +35,7 @@ func TestAvoidanceMovesAwayAndBack(t *testing.T) {
 	}
 	for name, policy := range policies {
 		t.Run(name, func(t *testing.T) {
-			c := testcluster.Start(t, testcluster.Opts{MetaEdit: steadyMeta})
+			c := testcluster.Start(t, testcluster.Opts{MetaEdit: testcluster.SteadyMeta})
 			g1 := startFakeBroker(t, c.MetaAddr(), "g1")
 			g2 := startFakeBroker(t, c.MetaAddr(), "g2")
 			c.Meta.CreateTopic(t, "avoid", "g1", "g2", "g1", "g2")
@@ -96,7 +96,7 @@ func TestSlowGroupIsAvoided(t *testing.T) {
 			if name == "decaying-latency" {
 				a = routing.NewDecayingLatency()
 			}
-			c := testcluster.Start(t, testcluster.Opts{MetaEdit: steadyMeta})
+			c := testcluster.Start(t, testcluster.Opts{MetaEdit: testcluster.SteadyMeta})
 			slow := startFakeBroker(t, c.MetaAddr(), "slow")
 			startFakeBroker(t, c.MetaAddr(), "fast")
 			slow.delay.Store(int64(60 * time.Millisecond))

@@ -40,9 +40,9 @@ func BenchmarkProduce(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			// The old harness's broker settings: 256 MiB segments (1 MiB ones
 			// would roll every thousand messages) and 20 ms HA fetch waits.
-			c := testcluster.Start(b, testcluster.Opts{Groups: []string{"g1"}, Slaves: tc.slave, MetaEdit: steadyMeta,
+			c := testcluster.Start(b, testcluster.Opts{Groups: []string{"g1"}, Slaves: tc.slave, MetaEdit: testcluster.SteadyMeta,
 				BrokerEdit: func(cfg *broker.Config) {
-					steadyBroker(cfg)
+					testcluster.SteadyBroker(cfg)
 					cfg.SegmentSize, cfg.HAFetchWait, cfg.Flush = 256<<20, 20*time.Millisecond, tc.flush
 				}})
 			c.Meta.CreateTopic(b, "bench", "g1", "g1", "g1", "g1", "g1", "g1", "g1", "g1")

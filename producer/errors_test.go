@@ -25,9 +25,9 @@ var sentinels = []error{ErrClosed, ErrBufferFull, ErrConnLost, ErrUnreachable, E
 // broker) and a fake broker for the statuses a real one only gives under
 // faults, and checks that users can match each with errors.Is.
 func TestErrorsMatch(t *testing.T) {
-	c := testcluster.Start(t, testcluster.Opts{Groups: []string{"g1", "gro", "gk"}, BrokerEdit: steadyBroker,
+	c := testcluster.Start(t, testcluster.Opts{Groups: []string{"g1", "gro", "gk"}, BrokerEdit: testcluster.SteadyBroker,
 		MetaEdit: func(m *metaserver.Config) {
-			steadyMeta(m)
+			testcluster.SteadyMeta(m)
 			m.AutoCreateTopics = false
 		}})
 	c.Meta.CreateTopic(t, "t", "g1")

@@ -3,41 +3,21 @@ package producer
 import (
 	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
-	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/transport"
-	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// steadyMeta and steadyBroker keep the failure detector out of the
-// producer's tests, which are not about it: testcluster's 1 s sessions,
-// slave lag times and HIGH waits can turn a group read-only, or refuse HIGH
-// messages, when a run under -race on a busy machine stalls for a second.
-// These are the values of the producer's old harness (the broker's
-// defaults for HighWait and SlaveLagTime).
-func steadyMeta(c *metaserver.Config) {
-	c.SessionTimeout = 2 * time.Second
-	c.LagTime = time.Minute
-}
-
-func steadyBroker(c *broker.Config) {
-	c.SessionTimeout = 2 * time.Second
-	c.HighWait = 3 * time.Second
-	c.SlaveLagTime = 5 * time.Second
-}
-
 // start starts testcluster's cluster of groups with steady timings.
 func start(tb testing.TB, slaves bool, groups ...string) *testcluster.Cluster {
 	tb.Helper()
-	return testcluster.Start(tb, testcluster.Opts{Groups: groups, Slaves: slaves, MetaEdit: steadyMeta, BrokerEdit: steadyBroker})
+	return testcluster.Start(tb, testcluster.Opts{Groups: groups, Slaves: slaves, MetaEdit: testcluster.SteadyMeta, BrokerEdit: testcluster.SteadyBroker})
 }
 
 // newProducer is a producer of c's metaserver, closed by Cleanup.

@@ -18,7 +18,7 @@ import (
 // queue i lives on groups[i].
 func fakeCluster(t *testing.T, topic string, groups ...string) (*testcluster.Cluster, map[string]*fakeBroker) {
 	t.Helper()
-	c := testcluster.Start(t, testcluster.Opts{MetaEdit: steadyMeta})
+	c := testcluster.Start(t, testcluster.Opts{MetaEdit: testcluster.SteadyMeta})
 	fakes := map[string]*fakeBroker{}
 	for _, g := range groups {
 		if fakes[g] == nil {

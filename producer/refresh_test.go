@@ -49,7 +49,7 @@ func TestPeriodicRouteRefresh(t *testing.T) {
 // (READ_ONLY here) refreshes it at once, but at most once a second of the
 // producer's clock per topic.
 func TestForcedRefreshRateLimit(t *testing.T) {
-	c := testcluster.Start(t, testcluster.Opts{MetaEdit: steadyMeta})
+	c := testcluster.Start(t, testcluster.Opts{MetaEdit: testcluster.SteadyMeta})
 	ro := startFakeBroker(t, c.MetaAddr(), "ro")
 	ro.status.Store(uint32(protocol.StatusReadOnly)) // the metaserver still has it writable
 	startFakeBroker(t, c.MetaAddr(), "ok")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -312,9 +313,12 @@ func TestResetToTime(t *testing.T) {
 	meta := "--meta=" + addr
 	mustCtl(t, meta, "topic", "create", "clock", "--queues", "1")
 	sendN(t, addr, "clock", 5)
-	time.Sleep(20 * time.Millisecond)
+	// Store times are whole milliseconds: pick a time after the last of
+	// the first 5 was stored, and store the next 3 after it.
+	sent := time.Now().UnixMilli()
+	testwait.For(t, time.Second, "the clock to pass the first messages", func() bool { return time.Now().UnixMilli() > sent })
 	at := time.Now()
-	time.Sleep(20 * time.Millisecond)
+	testwait.For(t, time.Second, "the clock to pass the chosen time", func() bool { return time.Now().UnixMilli() > at.UnixMilli() })
 	sendN(t, addr, "clock", 3)
 
 	for _, arg := range []string{fmt.Sprint(at.UnixMilli()), at.UTC().Format(time.RFC3339Nano)} {

@@ -162,6 +162,23 @@ func (m *Meta) CreateTopic(tb testing.TB, name string, groups ...string) routing
 	return r
 }
 
+// SteadyMeta and SteadyBroker keep the failure detector out of tests that
+// are not about it (the SDKs' tests): the 1 s sessions, slave lag times and
+// HIGH waits of MetaConfig and BrokerConfig can turn a group read-only, or
+// refuse HIGH messages, when a run under -race on a busy machine stalls for
+// a second. They set the brokers' defaults for HighWait and SlaveLagTime.
+func SteadyMeta(c *metaserver.Config) {
+	c.SessionTimeout = 2 * time.Second
+	c.LagTime = time.Minute
+}
+
+// SteadyBroker: see SteadyMeta.
+func SteadyBroker(c *broker.Config) {
+	c.SessionTimeout = 2 * time.Second
+	c.HighWait = 3 * time.Second
+	c.SlaveLagTime = 5 * time.Second
+}
+
 // BrokerConfig is a broker's config with test timings: 100 ms heartbeats,
 // a 1 s session and HIGH wait, 1 MiB segments.
 func BrokerConfig(metaAddrs []string, group string, role routing.Role, dir string) broker.Config {
