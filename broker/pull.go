@@ -73,9 +73,8 @@ func pullReplySize(body []byte) int {
 // was below the reader's offset, the reader read messages of the old
 // master's tail that the new master never had, and the queue's offsets
 // past that end now hold other messages: the answer sends it back there
-// (NextOffset below the requested offset, no messages). epochStart gives
-// the log offset where the epoch after a given one began (false when none
-// did, or it is not known).
+// (NextOffset below the requested offset, no messages); the store's
+// EpochStart says where the epoch after a given one began.
 func handlePull(store queueReader, fence func(uint32), pulls *longPoll, rep replier, body []byte) {
 	req, err := protocol.DecodePullRequest(body)
 	if err != nil {
@@ -91,7 +90,7 @@ func handlePull(store queueReader, fence func(uint32), pulls *longPoll, rep repl
 			return
 		}
 	}
-	servePull(store, rep, req)
+	serveRead(store, rep, req)
 }
 
 // diverged answers req and reports true when its reader read, in an
@@ -127,6 +126,11 @@ func servePull(store queueReader, rep replier, req protocol.PullRequest) (count 
 	if diverged(store, rep, req) {
 		return 0
 	}
+	return serveRead(store, rep, req)
+}
+
+// serveRead is servePull for a request already checked by diverged.
+func serveRead(store queueReader, rep replier, req protocol.PullRequest) (count int) {
 	first, next := store.QueueRange(req.Topic, req.Queue)
 	offset := max(req.Offset, first)
 	entries, err := store.Read(req.Topic, req.Queue, offset, pullBytes(req))
