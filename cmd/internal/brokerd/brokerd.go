@@ -22,7 +22,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ferry-broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg broker.Config
-	var meta, flush, role, metricsAddr string
+	var meta, flush, role, metricsAddr, pprofAddr string
 	var logf cli.LogFlags
 	fs.StringVar(&cfg.ID, "id", "", "broker ID (required)")
 	fs.StringVar(&cfg.Group, "group", "", "broker group (required)")
@@ -44,6 +44,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.ProducerIdle, "producer-idle", 7*24*time.Hour, "forget an idempotent producer's sequences in a queue after this long without its messages")
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 10*time.Second, "close a connection that read none of its answers for this long")
 	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
+	fs.StringVar(&pprofAddr, "pprof", "", cli.PprofHelp)
 	logf.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -78,6 +79,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 		return &cli.ConfigError{Err: err}
 	}
 	defer m.Close()
+	stopPprof, err := cli.ServePprof(pprofAddr, cfg.Logger)
+	if err != nil {
+		return &cli.ConfigError{Err: err}
+	}
+	defer stopPprof()
 	<-ctx.Done()
 	cfg.Logger.Info("shutting down")
 	return nil

@@ -35,6 +35,7 @@ func TestBadSettingsFailClearly(t *testing.T) {
 		{"unknown flag", []string{"-frobnicate"}, "frobnicate", cli.ExitConfig},
 		{"unusable dir", []string{"-id", "b", "-group", "g", "-dir", filepath.Join(file, "sub"), "-addr", "127.0.0.1:0"}, "directory", cli.ExitConfig},
 		{"taken port", []string{"-id", "b", "-group", "g", "-dir", filepath.Join(dir, "d"), "-addr", taken.Addr().String(), "-ha-addr", "127.0.0.1:0"}, "address already in use", cli.ExitConfig},
+		{"taken pprof port", []string{"-id", "b", "-group", "g", "-dir", filepath.Join(dir, "p"), "-addr", "127.0.0.1:0", "-ha-addr", "127.0.0.1:0", "-meta", "127.0.0.1:1", "-pprof", taken.Addr().String()}, "pprof listener", cli.ExitConfig},
 	}
 	// An already-done context: a setting wrongly accepted makes Run start
 	// and return nil at once, failing the case instead of hanging the test.

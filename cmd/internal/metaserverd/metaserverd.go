@@ -39,7 +39,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	def := metaserver.DefaultConfig()
 	var cfg metaserver.Config
-	var peers, metricsAddr, failover string
+	var peers, metricsAddr, pprofAddr, failover string
 	var maxLoss int64
 	var logf cli.LogFlags
 	fs.StringVar(&cfg.ID, "id", "", "this node's raft ID (required)")
@@ -59,6 +59,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.FailoverMargin, "failover-margin", def.FailoverMargin, "how long past -session the leader waits before it promotes")
 	fs.DurationVar(&cfg.ConsumerSession, "consumer-session", def.ConsumerSession, "a consumer group member unheard of this long leaves its group (when it asks for no session of its own; 1s to 5m)")
 	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
+	fs.StringVar(&pprofAddr, "pprof", "", cli.PprofHelp)
 	logf.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -99,6 +100,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 		return &cli.ConfigError{Err: err}
 	}
 	defer m.Close()
+	stopPprof, err := cli.ServePprof(pprofAddr, cfg.Logger)
+	if err != nil {
+		return &cli.ConfigError{Err: err}
+	}
+	defer stopPprof()
 	cfg.Logger.Info("metaserver running", "id", cfg.ID, "rpc-addr", s.RPCAddr(), "raft-addr", s.RaftAddr())
 	<-ctx.Done()
 	cfg.Logger.Info("shutting down")
