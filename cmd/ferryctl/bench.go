@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,8 @@ type benchOptions struct {
 	group       string
 	backlog     bool
 	consumeWait time.Duration
+	cpuProfile  string
+	memProfile  string
 }
 
 // benchResult is what bench prints.
@@ -121,7 +124,46 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&o.group, "group", "", "the consumer group (default: a new one per run)")
 	f.BoolVar(&o.backlog, "backlog", false, "consume after sending everything, measuring how fast the group drains a backlog (default: consume while sending)")
 	f.DurationVar(&o.consumeWait, "consume-wait", 10*time.Second, "stop consuming when no message came for this long")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "debug: write a CPU profile of this process while it sends to this file (go tool pprof FILE)")
+	f.StringVar(&o.memProfile, "memprofile", "", "debug: write an allocation profile of this process, taken after the sends, to this file")
 	return cmd
+}
+
+// startProfiles starts the CPU profile of --cpuprofile; the returned stop
+// ends it and writes the allocation profile of --memprofile.
+func startProfiles(o *benchOptions) (stop func() error, err error) {
+	var cpu *os.File
+	if o.cpuProfile != "" {
+		if cpu, err = os.Create(o.cpuProfile); err != nil {
+			return nil, usageError{fmt.Errorf("--cpuprofile: %w", err)}
+		}
+		if err := pprof.StartCPUProfile(cpu); err != nil {
+			_ = cpu.Close()
+			return nil, fmt.Errorf("--cpuprofile: %w", err)
+		}
+	}
+	return func() error {
+		if cpu != nil {
+			pprof.StopCPUProfile()
+			if err := cpu.Close(); err != nil {
+				return fmt.Errorf("--cpuprofile: %w", err)
+			}
+		}
+		if o.memProfile != "" {
+			f, err := os.Create(o.memProfile)
+			if err != nil {
+				return fmt.Errorf("--memprofile: %w", err)
+			}
+			if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+				_ = f.Close()
+				return fmt.Errorf("--memprofile: %w", err)
+			}
+			if err := f.Close(); err != nil {
+				return fmt.Errorf("--memprofile: %w", err)
+			}
+		}
+		return nil
+	}, nil
 }
 
 func us(v int64) string { return (time.Duration(v) * time.Microsecond).String() }
@@ -212,6 +254,10 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 			progress(g.out, o, &sent, &errs, stopProgress)
 		}()
 	}
+	stopProfile, err := startProfiles(o)
+	if err != nil {
+		return benchResult{}, err
+	}
 	start := time.Now()
 	pace := func(n int64) {} // --rate: the n-th send of a producer waits for its turn
 	if o.rate > 0 {
@@ -262,6 +308,9 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	if err := stopProfile(); err != nil {
+		return benchResult{}, err
+	}
 	close(stopProgress)
 	pwg.Wait()
 	for _, p := range producers {

@@ -1,0 +1,365 @@
+#!/usr/bin/env bash
+# bench.sh: issue 14's performance figures, measured on the real processes a
+# user runs, beside NATS JetStream measured in the same invocation.
+#
+#   scripts/bench.sh                 every shape, then NATS (if ../shared/bench/run-peers.sh is there)
+#   scripts/bench.sh async sync      only these shapes (and NATS)
+#   PEERS=0 scripts/bench.sh async   without NATS (no ratios)
+#
+# It builds ferry-metaserver, ferry-broker and ferryctl into a temporary
+# directory, starts one metaserver on 127.0.0.1, and for every run of every
+# shape a fresh master broker (and a slave, for HIGH) with an empty data
+# directory, as its own broker group, sends with `ferryctl bench` (1 KiB
+# messages), and stops the brokers. Every process it starts is stopped by
+# its PID (a trap on exit); every load is bounded by a message count and by
+# `timeout`. The temporary directory is removed at the end (KEEP=1 keeps it).
+#
+# Shapes (each figure is the median of RUNS runs):
+#   async      4 producers, window 1000 in flight each, flush=async  (--mode async --producers 4 --window 1000)
+#   async1     1 producer, window 500, flush=async: NATS's async shape exactly (1 client, batch 500)
+#   sync       one at a time (--mode sync --producers 1), flush=async: p50 and p99 latency
+#   flushsync  the async shape with the broker at -flush sync (fdatasync before every answer)
+#   high       the async shape with HIGH reliability and a slave, as a ratio to NORMAL alone
+#              (the async shape's runs of this invocation; run with async)
+#   queues     the async shape into a topic of 1000 queues and into one of 8, as a ratio
+#   nats       ../shared/bench/run-peers.sh nats (JetStream, same machine, same invocation)
+#
+# Environment:
+#   RUNS=3                   runs per figure (the median is printed)
+#   COUNT=500000             messages per run of the async shapes
+#   SYNC_COUNT=20000         messages per run of the sync shape
+#   FERRY_BENCH_BASE_PORT=7600  first of the 30 ports used (metaserver +1,+2; brokers +3..+6; NATS +20)
+#   PEERS=1                  run NATS when run-peers.sh is there (0: skip it)
+#   PEERS_SCRIPT=PATH        where run-peers.sh is (default: ../shared/bench/run-peers.sh from the repository)
+#   PPROF=1                  start the brokers with -pprof on BASE+7 (master) and BASE+8 (slave)
+#   CPUPROFILE=DIR           write a CPU profile of each ferryctl bench run into DIR
+#   RUN_TIMEOUT=120          hard cap in seconds of each ferryctl bench run
+#   KEEP=1                   keep the temporary directory (logs, data)
+#
+# Output: progress lines start with '#'; then one line per figure:
+#   FIGURE NAME UNIT FERRYMQ runs=R1,R2,R3 | NATS-FIGURE NATS-VALUE | RATIO | aim AIM MET/MISSED
+# and NOTE lines naming where the two sides' shapes differ.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUNS="${RUNS:-3}"
+COUNT="${COUNT:-500000}"
+SYNC_COUNT="${SYNC_COUNT:-20000}"
+BASE="${FERRY_BENCH_BASE_PORT:-7600}"
+PEERS="${PEERS:-1}"
+PEERS_SCRIPT="${PEERS_SCRIPT:-$ROOT/../shared/bench/run-peers.sh}"
+PPROF="${PPROF:-0}"
+CPUPROFILE="${CPUPROFILE:-}"
+RUN_TIMEOUT="${RUN_TIMEOUT:-120}"
+KEEP="${KEEP:-0}"
+SIZE=1024
+
+META="127.0.0.1:$((BASE + 1))"
+MASTER_ADDR="127.0.0.1:$((BASE + 3))"
+MASTER_HA="127.0.0.1:$((BASE + 4))"
+SLAVE_ADDR="127.0.0.1:$((BASE + 5))"
+SLAVE_HA="127.0.0.1:$((BASE + 6))"
+NATS_PORT="${NATS_PORT:-$((BASE + 20))}"
+
+ALL_SHAPES=(async async1 sync flushsync high queues)
+log() { echo "# $*" >&2; }
+die() { echo "bench.sh: $*" >&2; exit 1; }
+
+# ------------------------------------------------------------------ arguments
+SHAPES=()
+WANT_NATS=0
+for a in "$@"; do
+	case "$a" in
+	async | async1 | sync | flushsync | high | queues) SHAPES+=("$a") ;;
+	nats) WANT_NATS=1 ;;
+	-h | --help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+	*) echo "bench.sh: unknown shape $a (${ALL_SHAPES[*]} nats)" >&2; exit 2 ;;
+	esac
+done
+[ ${#SHAPES[@]} -eq 0 ] && [ $WANT_NATS = 0 ] && SHAPES=("${ALL_SHAPES[@]}")
+if [ "$PEERS" != 0 ] && [ -f "$PEERS_SCRIPT" ]; then WANT_NATS=1; fi
+if [ $WANT_NATS = 1 ] && [ ! -f "$PEERS_SCRIPT" ]; then
+	log "no $PEERS_SCRIPT: NATS is not measured, figures are printed without ratios"
+	WANT_NATS=0
+fi
+[ "$PEERS" = 0 ] && WANT_NATS=0
+has() { local s; for s in "${SHAPES[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+# ------------------------------------------------------------------ processes
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/ferry-bench.XXXXXX")"
+BIN="$WORK/bin"
+PIDS=()
+stop_pid() {
+	local p="$1" i q keep=()
+	if kill -0 "$p" 2>/dev/null; then
+		kill -TERM "$p" 2>/dev/null
+		for i in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+		if kill -0 "$p" 2>/dev/null; then
+			log "pid $p did not stop in 10 s; killing it"
+			kill -KILL "$p" 2>/dev/null
+		fi
+	fi
+	wait "$p" 2>/dev/null
+	for q in "${PIDS[@]}"; do [ "$q" != "$p" ] && keep+=("$q"); done
+	PIDS=("${keep[@]}")
+}
+cleanup() {
+	local p
+	for p in "${PIDS[@]}"; do stop_pid "$p"; done
+	if [ "$KEEP" = 1 ]; then
+		echo "bench.sh: work directory kept: $WORK" >&2
+	else
+		rm -rf "$WORK"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+# A client that died of SIGINT or SIGTERM means the user interrupted us.
+sig() { case "$1" in 130 | 143) echo "interrupted (rc=$1)" >&2; exit "$1" ;; esac; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+require_free_port() { port_open "$1" && die "127.0.0.1:$1 is in use; set FERRY_BENCH_BASE_PORT to a free block of 30 ports"; return 0; }
+for p in $(seq $((BASE + 1)) $((BASE + 8))); do require_free_port "$p"; done
+
+# launch NAME CMD...: start a server in the background, its PID in $LAST_PID.
+launch() {
+	local name="$1"
+	shift
+	"$@" >"$WORK/logs/$name.log" 2>&1 &
+	LAST_PID=$!
+	PIDS+=("$LAST_PID")
+}
+ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "$@"; }
+
+# wait_until SECONDS DESC CMD...: poll CMD every 0.1 s.
+wait_until() {
+	local secs="$1" desc="$2" i
+	shift 2
+	for i in $(seq $((secs * 10))); do
+		"$@" && return 0
+		sleep 0.1
+	done
+	die "$desc did not happen within $secs s (logs in $WORK/logs; KEEP=1 keeps them)"
+}
+
+meta_leader() { ctl meta status --json 2>/dev/null | grep -q '"leader_id": "m1"'; }
+start_meta() {
+	launch meta "$BIN/ferry-metaserver" -id m1 -dir "$WORK/data/meta" -rpc-addr "$META" \
+		-raft-addr "127.0.0.1:$((BASE + 2))" -peers "m1=127.0.0.1:$((BASE + 2))/$META"
+	wait_until 30 "the metaserver's election" meta_leader
+}
+
+# group_ready GROUP SLAVE: GROUP is writable (and with SLAVE=1, its master
+# reports its slave connected).
+group_ready() {
+	local out
+	out="$(ctl brokers --json 2>/dev/null)" || return 1
+	# the array's item (lines "  {" to "  }") whose name is GROUP
+	out="$(awk -v g="\"name\": \"$1\"," '/^  \{/ { b = "" } { b = b $0 "\n" } /^  \}/ && index(b, g) { printf "%s", b; exit }' <<<"$out")"
+	grep -q '"state": "RW"' <<<"$out" || return 1
+	[ "$2" = 0 ] || grep -q '"slave_connected": true' <<<"$out"
+}
+
+# start_group GROUP FLUSH SLAVE: a fresh master (and slave) with empty data
+# directories, as broker group GROUP; waits until it takes writes.
+BROKER_PIDS=()
+start_group() {
+	local g="$1" flush="$2" slave="$3" pp=()
+	[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 7))")
+	launch "$g-master" "$BIN/ferry-broker" -id "$g-master" -group "$g" -role master -dir "$WORK/data/$g-master" \
+		-addr "$MASTER_ADDR" -ha-addr "$MASTER_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}"
+	BROKER_PIDS=("$LAST_PID")
+	if [ "$slave" = 1 ]; then
+		[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 8))")
+		wait_until 30 "group $g's master registering" group_ready "$g" 0
+		launch "$g-slave" "$BIN/ferry-broker" -id "$g-slave" -group "$g" -role slave -dir "$WORK/data/$g-slave" \
+			-addr "$SLAVE_ADDR" -ha-addr "$SLAVE_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}"
+		BROKER_PIDS+=("$LAST_PID")
+	fi
+	wait_until 30 "group $g taking writes" group_ready "$g" "$slave"
+}
+stop_group() {
+	local p
+	for p in "${BROKER_PIDS[@]}"; do stop_pid "$p"; done
+	BROKER_PIDS=()
+	rm -rf "$WORK"/data/g*-master "$WORK"/data/g*-slave
+}
+
+# ------------------------------------------------------------------ figures
+declare -A VALS=()
+# jnum KEY JSON: a number field of ferryctl's JSON output.
+jnum() { sed -n "s/^ *\"$1\": *\([-0-9.eE+]*\),*$/\1/p" <<<"$2" | head -1; }
+median() {
+	printf '%s\n' "$@" | grep -E '^[0-9.eE+-]+$' | sort -g |
+		awk '{a[NR]=$1} END{ if (NR==0) print "NA"; else if (NR%2) print a[(NR+1)/2]; else printf "%.6g\n", (a[NR/2]+a[NR/2+1])/2 }'
+}
+add() { VALS[$1]+="${2:-NA} "; }
+med() { median ${VALS[$1]:-}; }
+
+RUN_NO=0
+# bench_run SHAPE FLUSH SLAVE QUEUES ARGS...: one run on a fresh group; sets
+# R_RATE, R_P50, R_P99 (NA on failure).
+bench_run() {
+	local shape="$1" flush="$2" slave="$3" queues="$4" out rc errs prof=()
+	shift 4
+	RUN_NO=$((RUN_NO + 1))
+	local g="g$RUN_NO" topic="t$RUN_NO"
+	R_RATE=NA R_P50=NA R_P99=NA
+	start_group "$g" "$flush" "$slave"
+	ctl topic create "$topic" --queues "$queues" --groups "$g" >/dev/null || die "topic create $topic failed"
+	[ -n "$CPUPROFILE" ] && mkdir -p "$CPUPROFILE" && prof=(--cpuprofile "$CPUPROFILE/$shape-$RUN_NO.pprof")
+	out="$(timeout --foreground -k 5 "$RUN_TIMEOUT" "$BIN/ferryctl" --meta "$META" --timeout 10s --json bench \
+		--topic "$topic" --size "$SIZE" --progress=false "$@" "${prof[@]}" 2>>"$WORK/logs/bench.err")"
+	rc=$?
+	echo "$shape run $RUN_NO (rc $rc): ferryctl bench --topic $topic $*" >>"$WORK/logs/bench.out"
+	echo "$out" >>"$WORK/logs/bench.out"
+	sig "$rc"
+	stop_group
+	if [ "$rc" != 0 ]; then
+		log "$shape: ferryctl bench failed (rc $rc): $(tail -1 "$WORK/logs/bench.err")"
+		return
+	fi
+	errs="$(jnum errors "$out")"
+	if [ "${errs:-0}" != 0 ]; then
+		log "$shape: $errs sends failed ($(sed -n 's/.*"first_error": "\(.*\)",*$/\1/p' <<<"$out")); run not counted"
+		return
+	fi
+	R_RATE="$(awk -v x="$(jnum msgs_per_sec "$out")" 'BEGIN{ printf "%.0f", x }')"
+	R_P50="$(jnum p50_us "$out")"
+	R_P99="$(jnum p99_us "$out")"
+}
+
+ASYNC=(--mode async --producers 4 --window 1000 --count "$COUNT")
+run_shapes() {
+	local r
+	for r in $(seq "$RUNS"); do
+		if has async || has high; then
+			log "async run $r/$RUNS: 4 producers, window 1000, flush=async, $COUNT msgs"
+			bench_run async async 0 8 "${ASYNC[@]}"
+			add async "$R_RATE"
+			log "  $R_RATE msgs/s"
+		fi
+		if has async1; then
+			log "async1 run $r/$RUNS: 1 producer, window 500, flush=async, $COUNT msgs"
+			bench_run async1 async 0 8 --mode async --producers 1 --window 500 --count "$COUNT"
+			add async1 "$R_RATE"
+			log "  $R_RATE msgs/s"
+		fi
+		if has sync; then
+			log "sync run $r/$RUNS: one at a time, 1 producer, flush=async, $SYNC_COUNT msgs"
+			bench_run sync async 0 8 --mode sync --producers 1 --count "$SYNC_COUNT"
+			add sync.p50 "$R_P50"
+			add sync.p99 "$R_P99"
+			add sync.rate "$R_RATE"
+			log "  p50 $R_P50 µs, p99 $R_P99 µs, $R_RATE msgs/s"
+		fi
+		if has flushsync; then
+			log "flushsync run $r/$RUNS: async shape, broker -flush sync, $COUNT msgs"
+			bench_run flushsync sync 0 8 "${ASYNC[@]}"
+			add flushsync "$R_RATE"
+			log "  $R_RATE msgs/s"
+		fi
+		if has high; then
+			log "high run $r/$RUNS: async shape, HIGH, with a slave, $COUNT msgs"
+			bench_run high async 1 8 "${ASYNC[@]}" --reliability high
+			add high "$R_RATE"
+			log "  $R_RATE msgs/s"
+		fi
+		if has queues; then
+			log "queues run $r/$RUNS: async shape into 1000 queues, then into 8, $COUNT msgs each"
+			bench_run q1000 async 0 1000 "${ASYNC[@]}"
+			add q1000 "$R_RATE"
+			local a="$R_RATE"
+			bench_run q8 async 0 8 "${ASYNC[@]}"
+			add q8 "$R_RATE"
+			log "  1000 queues $a msgs/s, 8 queues $R_RATE msgs/s"
+		fi
+	done
+}
+
+# ------------------------------------------------------------------ NATS
+declare -A NATS=()
+run_nats() {
+	local out rc
+	log "NATS: $PEERS_SCRIPT nats (RUNS=$RUNS; its own build, ports and servers; a few minutes)"
+	out="$(RUNS="$RUNS" SIZE="$SIZE" NATS_PORT="$NATS_PORT" WORK="$WORK/peers" \
+		timeout --foreground -k 10 3600 bash "$PEERS_SCRIPT" nats 2>>"$WORK/logs/peers.err")"
+	rc=$?
+	echo "$out" >"$WORK/logs/peers.out"
+	sig "$rc"
+	[ "$rc" = 0 ] || log "run-peers.sh nats exited with $rc (see $WORK/logs/peers.err; KEEP=1 keeps it)"
+	# FIGURE <name> <median> <unit> runs=<v1,...> | <command>
+	while read -r _ name value _; do NATS[$name]="$value"; done < <(grep '^FIGURE' <<<"$out")
+	grep '^FIGURE' <<<"$out" | sed 's/^/# nats: /' >&2
+}
+
+# ------------------------------------------------------------------ report
+# line NAME UNIT VALUE RUNS NATSNAME NATSVALUE RATIO AIM VERDICT
+line() { printf 'FIGURE %-22s %-7s %10s  runs=%-26s | %-30s %9s | %8s | aim %-12s %s\n' "$@"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a+0 > 0 && b+0 > 0) printf "%.2fx", a/b; else print "-" }'; }
+# verdict RATIO OP BOUND: MET or MISSED ('-' without a ratio).
+verdict() { awk -v r="${1%x}" -v op="$2" -v b="$3" 'BEGIN{ if (r == "-" || r == "") { print "-"; exit }
+	ok = (op == ">=") ? r + 0 >= b + 0 : r + 0 <= b + 0; print ok ? "MET" : "MISSED" }'; }
+runs() { echo ${VALS[$1]:-} | tr ' ' ','; }
+
+report() {
+	local v n rt
+	echo "# $(date -u +%FT%TZ) commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?") nproc=$(nproc) RUNS=$RUNS COUNT=$COUNT SYNC_COUNT=$SYNC_COUNT size=$SIZE B"
+	if has async || has high; then
+		v=$(med async) n="${NATS[nats.js.default.pub_async]:-}"
+		rt=$(ratio "$v" "$n")
+		line async.4p.w1000 msgs/s "$v" "$(runs async)" nats.js.default.pub_async "${n:--}" "$rt" ">=5x" "$(verdict "$rt" ">=" 5)"
+	fi
+	if has async1; then
+		v=$(med async1) n="${NATS[nats.js.default.pub_async]:-}"
+		rt=$(ratio "$v" "$n")
+		line async.1p.w500 msgs/s "$v" "$(runs async1)" nats.js.default.pub_async "${n:--}" "$rt" "(shape)" "-"
+	fi
+	if has sync; then
+		v=$(med sync.p50) n="${NATS[nats.js.default.pub_sync.p50]:-}"
+		rt=$(ratio "$v" "$n")
+		line sync.1p.p50 us "$v" "$(runs sync.p50)" nats.js.default.pub_sync.p50 "${n:--}" "$rt" "<=0.5x" "$(verdict "$rt" "<=" 0.5)"
+		v=$(med sync.p99) n="${NATS[nats.js.default.pub_sync.p99]:-}"
+		rt=$(ratio "$v" "$n")
+		line sync.1p.p99 us "$v" "$(runs sync.p99)" nats.js.default.pub_sync.p99 "${n:--}" "$rt" "<=300us" \
+			"$(awk -v x="$v" 'BEGIN{ if (x == "NA") print "-"; else print (x + 0 <= 300) ? "MET" : "MISSED" }')"
+		v=$(med sync.rate) n="${NATS[nats.js.default.pub_sync]:-}"
+		rt=$(ratio "$v" "$n")
+		line sync.1p.rate msgs/s "$v" "$(runs sync.rate)" nats.js.default.pub_sync "${n:--}" "$rt" "-" "-"
+	fi
+	if has flushsync; then
+		v=$(med flushsync) n="${NATS[nats.js.always.pub_async]:-}"
+		rt=$(ratio "$v" "$n")
+		line flushsync.4p.w1000 msgs/s "$v" "$(runs flushsync)" nats.js.always.pub_async "${n:--}" "$rt" ">=50x" "$(verdict "$rt" ">=" 50)"
+	fi
+	if has high; then
+		v=$(med high)
+		rt=$(ratio "$v" "$(med async)")
+		line high.slave.4p.w1000 msgs/s "$v" "$(runs high)" "ferrymq async.4p.w1000" "$(med async)" "$rt" ">=0.8x" "$(verdict "$rt" ">=" 0.8)"
+	fi
+	if has queues; then
+		v=$(med q1000)
+		rt=$(ratio "$v" "$(med q8)")
+		line queues.1000.4p.w1000 msgs/s "$v" "$(runs q1000)" "ferrymq queues.8 (same runs)" "$(med q8)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
+	fi
+	echo "NOTE every ferrymq figure: 1 KiB bodies, a fresh broker and data directory per run, one metaserver and the master on 127.0.0.1, idempotent producers (the SDK's default), ferryctl bench's latency is from SendAsync/Send to the result"
+	if [ "${#NATS[@]}" -gt 0 ]; then
+		echo "NOTE nats: run-peers.sh in this invocation: nats-server, R1 file-storage stream, 1 KiB, 1 client ('nats bench js pub'), RUNS=$RUNS; its store is fresh per run too"
+		has async && echo "NOTE async.4p.w1000 vs NATS: shapes differ: ferrymq 4 producers x 1000 in flight (the issue's figure), NATS 1 client x batch 500 (what run-peers runs); async.1p.w500 is ferrymq in NATS's shape"
+		has sync && echo "NOTE sync: same shape (1 client, one publish at a time, wait for its ack); NATS's default store syncs every 2 min, ferrymq's flush=async every 500 ms"
+		has flushsync && echo "NOTE flushsync vs NATS sync_interval: always: both fsync before acknowledging; shapes differ as for async (4 x 1000 vs 1 x 500 in flight)"
+	fi
+	return 0
+}
+
+# ------------------------------------------------------------------ main
+mkdir -p "$WORK/logs" "$WORK/data"
+log "work directory $WORK, ports $BASE..$((BASE + 29)), shapes: ${SHAPES[*]:-none}$([ $WANT_NATS = 1 ] && echo ' + nats')"
+if [ ${#SHAPES[@]} -gt 0 ]; then
+	log "building binaries into $BIN"
+	(cd "$ROOT" && go build -o "$BIN/" ./cmd/ferry-metaserver ./cmd/ferry-broker ./cmd/ferryctl) || die "build failed"
+	start_meta
+	run_shapes
+fi
+[ $WANT_NATS = 1 ] && run_nats
+report
