@@ -90,10 +90,10 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/ferry-bench.XXXXXX")"
 BIN="$WORK/bin"
 PIDS=()
 stop_pid() {
-	local p="$1" i q keep=()
+	local p="$1" q keep=()
 	if kill -0 "$p" 2>/dev/null; then
 		kill -TERM "$p" 2>/dev/null
-		for i in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+		for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
 		if kill -0 "$p" 2>/dev/null; then
 			log "pid $p did not stop in 10 s; killing it"
 			kill -KILL "$p" 2>/dev/null
@@ -133,9 +133,9 @@ ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "$@"; }
 
 # wait_until SECONDS DESC CMD...: poll CMD every 0.1 s.
 wait_until() {
-	local secs="$1" desc="$2" i
+	local secs="$1" desc="$2" _
 	shift 2
-	for i in $(seq $((secs * 10))); do
+	for _ in $(seq $((secs * 10))); do
 		"$@" && return 0
 		sleep 0.1
 	done
@@ -194,6 +194,7 @@ median() {
 		awk '{a[NR]=$1} END{ if (NR==0) print "NA"; else if (NR%2) print a[(NR+1)/2]; else printf "%.6g\n", (a[NR/2]+a[NR/2+1])/2 }'
 }
 add() { VALS[$1]+="${2:-NA} "; }
+# shellcheck disable=SC2086 # the runs are words
 med() { median ${VALS[$1]:-}; }
 
 RUN_NO=0
@@ -300,7 +301,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a+0 > 0 && b+0 > 0) printf "%.2fx"
 # verdict RATIO OP BOUND: MET or MISSED ('-' without a ratio).
 verdict() { awk -v r="${1%x}" -v op="$2" -v b="$3" 'BEGIN{ if (r == "-" || r == "") { print "-"; exit }
 	ok = (op == ">=") ? r + 0 >= b + 0 : r + 0 <= b + 0; print ok ? "MET" : "MISSED" }'; }
-runs() { echo ${VALS[$1]:-} | tr ' ' ','; }
+runs() { local v="${VALS[$1]:-}"; v="${v% }"; echo "${v// /,}"; }
 
 report() {
 	local v n rt
