@@ -17,7 +17,7 @@ const (
 type queueReader interface {
 	QueueRange(topic string, queue uint32) (first, next int64)
 	Read(topic string, queue uint32, offset int64, maxBytes int) ([]storage.StoredEntry, error)
-	QueueOffsetAt(topic string, queue uint32, logOffset int64) int64
+	QueueOffsetAt(topic string, queue uint32, logOffset int64) (int64, error)
 	// LogEpoch is the group epoch of the broker's log, answered in every PULL.
 	LogEpoch() uint32
 	// EpochStart is where the epoch after epoch began (see roles.epochStart).
@@ -109,7 +109,12 @@ func diverged(store queueReader, rep replier, req protocol.PullRequest) bool {
 	if !ok {
 		return false
 	}
-	end := store.QueueOffsetAt(req.Topic, req.Queue, start)
+	end, err := store.QueueOffsetAt(req.Topic, req.Queue, start)
+	if err != nil {
+		rep.ReplyError(&protocol.Error{Status: protocol.StatusStoreError,
+			Message: "cannot check the read against the group's epochs: " + err.Error()})
+		return true
+	}
 	if req.Offset <= end {
 		return false
 	}

@@ -49,6 +49,8 @@ const (
 	DefaultFlushInterval  = 500 * time.Millisecond
 	DefaultMaxPayloadSize = 16 << 20
 	DefaultProducerIdle   = 7 * 24 * time.Hour
+	// DefaultIndexChunkBytes is how much log one index chunk file covers.
+	DefaultIndexChunkBytes = 64 << 20
 )
 
 // MaxPayloadLimit is the largest MaxPayloadSize: a record, with the longest
@@ -89,6 +91,11 @@ type Config struct {
 	// ProducerIdle is how long a (producer, queue) pair is remembered after
 	// its last record, by record times (Config.Now stamps). Default 7 days.
 	ProducerIdle time.Duration
+	// IndexChunkBytes is how much log each index chunk file covers (see
+	// Index in the package doc): Open reads at most about this much of the
+	// log past the last chunk, and the index in memory holds the entries
+	// of about this much log. Default 64 MiB.
+	IndexChunkBytes int64
 }
 
 // ErrInvalidConfig is matched (with errors.Is) by every error of
@@ -137,6 +144,9 @@ func (c Config) Validate() error {
 	if c.ProducerIdle < 0 {
 		bad("ProducerIdle", "is %v; it must not be negative (0 means the default, %v)", c.ProducerIdle, DefaultProducerIdle)
 	}
+	if c.IndexChunkBytes < 0 {
+		bad("IndexChunkBytes", "is %d; it must not be negative (0 means the default, %d)", c.IndexChunkBytes, DefaultIndexChunkBytes)
+	}
 	return errors.Join(errs...)
 }
 
@@ -161,6 +171,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ProducerIdle == 0 {
 		c.ProducerIdle = DefaultProducerIdle
+	}
+	if c.IndexChunkBytes == 0 {
+		c.IndexChunkBytes = DefaultIndexChunkBytes
 	}
 	return c
 }

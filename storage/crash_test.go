@@ -69,11 +69,17 @@ func TestCrashLosesNoFlushedRecord(t *testing.T) {
 		}
 		defer os.RemoveAll(dir)
 		segSize := rapid.SampledFrom([]int64{300, 1024, 1 << 20}).Draw(rt, "segment size")
-		cfg := Config{Dir: dir, SegmentSize: segSize, FlushInterval: time.Hour, ProducerStamp: testStamp}
+		cfg := Config{Dir: dir, SegmentSize: segSize, FlushInterval: time.Hour, ProducerStamp: testStamp,
+			IndexChunkBytes: rapid.SampledFrom([]int64{1, 200, 700, 0}).Draw(rt, "index chunk bytes")}
 		l, err := Open(cfg)
 		if err != nil {
 			rt.Fatal(err)
 		}
+		defer func() { // a no-op once closed; rapid may abandon a case midway
+			if l != nil {
+				_ = l.Close()
+			}
+		}()
 		type appended struct {
 			payload []byte
 			end     int64
@@ -200,9 +206,11 @@ func TestCrashLosesNoFlushedRecord(t *testing.T) {
 				}
 			}
 
+			indexDamage := damageIndex(rt, dir)
+
 			l, err = Open(cfg)
 			if err != nil {
-				rt.Fatalf("recovery after %s damage past the flushed offset %d: %v", damage, flushed, err)
+				rt.Fatalf("recovery after %s damage past the flushed offset %d (index: %s): %v", damage, flushed, indexDamage, err)
 			}
 			if l.EndOffset() < acked {
 				rt.Fatalf("recovered end %d is before the acknowledged flush at %d", l.EndOffset(), acked)
@@ -430,11 +438,12 @@ func TestFaultsLoseNoAcknowledgedRecord(t *testing.T) {
 		defer os.RemoveAll(dir)
 		efs := vfs.NewErrorFS(vfs.Default)
 		cfg := Config{
-			Dir:           dir,
-			FS:            efs,
-			SegmentSize:   rapid.SampledFrom([]int64{300, 1024}).Draw(rt, "segment size"),
-			Flush:         rapid.SampledFrom([]FlushMode{FlushAsync, FlushSync}).Draw(rt, "flush mode"),
-			FlushInterval: time.Hour,
+			Dir:             dir,
+			FS:              efs,
+			SegmentSize:     rapid.SampledFrom([]int64{300, 1024}).Draw(rt, "segment size"),
+			Flush:           rapid.SampledFrom([]FlushMode{FlushAsync, FlushSync}).Draw(rt, "flush mode"),
+			FlushInterval:   time.Hour,
+			IndexChunkBytes: rapid.SampledFrom([]int64{1, 500, 0}).Draw(rt, "index chunk bytes"),
 		}
 		l, err := Open(cfg)
 		if err != nil {
@@ -622,7 +631,8 @@ func TestTruncateCrashRecoversOldOrCut(t *testing.T) {
 		defer os.RemoveAll(refDir)
 		efs := vfs.NewErrorFS(vfs.Default)
 		segSize := rapid.SampledFrom([]int64{300, 1024}).Draw(rt, "segment size")
-		cfg := Config{Dir: dir, FS: efs, SegmentSize: segSize, FlushInterval: time.Hour, ProducerStamp: testStamp}
+		cfg := Config{Dir: dir, FS: efs, SegmentSize: segSize, FlushInterval: time.Hour, ProducerStamp: testStamp,
+			IndexChunkBytes: rapid.SampledFrom([]int64{1, 300, 0}).Draw(rt, "index chunk bytes")}
 		l, err := Open(cfg)
 		if err != nil {
 			rt.Fatal(err)
@@ -803,4 +813,67 @@ func TestTruncateCrashRecoversOldOrCut(t *testing.T) {
 			}
 		}
 	})
+}
+
+// damageIndex does to the index chunk files what a crash, a bad disk or an
+// operator can: remove one, cut one short, flip a byte of its header,
+// directory or snapshot (the parts Open reads and checks), or leave a
+// half-written temporary file. Open must then rebuild from the log what the
+// damaged chunk held. (A flipped byte among a chunk's entries is found by
+// the read that uses it: TestIndexEntryCorruptionIsReported.) It returns
+// what it did.
+func damageIndex(rt *rapid.T, dir string) string {
+	idir := filepath.Join(dir, indexDirName)
+	names, _ := os.ReadDir(idir)
+	var chunks []string
+	for _, n := range names {
+		if _, ok := parseIndexChunkName(n.Name()); ok {
+			chunks = append(chunks, filepath.Join(idir, n.Name()))
+		}
+	}
+	what := rapid.SampledFrom([]string{"none", "none", "remove", "cut", "flip", "tmp"}).Draw(rt, "index damage")
+	if what == "tmp" {
+		if err := os.MkdirAll(idir, 0o755); err != nil {
+			rt.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(idir, "00000000000000000000.idx.tmp"), []byte("FYIX half"), 0o644); err != nil {
+			rt.Fatal(err)
+		}
+		return what
+	}
+	if what == "none" || len(chunks) == 0 {
+		return "none"
+	}
+	victim := rapid.SampledFrom(chunks).Draw(rt, "index chunk")
+	b, err := os.ReadFile(victim)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	switch what {
+	case "remove":
+		err = os.Remove(victim)
+	case "cut":
+		err = os.Truncate(victim, int64(rapid.IntRange(0, len(b)-1).Draw(rt, "cut index at")))
+	case "flip":
+		oc, rerr := readIndexChunk(vfs.Default, victim)
+		if rerr != nil {
+			rt.Fatal(rerr)
+		}
+		// Header and directory, or the snapshot: never the entries.
+		ranges := [][2]int64{{0, oc.c.entries}}
+		if oc.c.snapLen > 0 {
+			ranges = append(ranges, [2]int64{oc.c.snapAt, oc.c.snapAt + oc.c.snapLen})
+		}
+		r := rapid.SampledFrom(ranges).Draw(rt, "index region")
+		at := rapid.Int64Range(r[0], r[1]-1).Draw(rt, "flip at")
+		if at >= 68 && at < indexHeaderSize {
+			at = 0 // reserved bytes are not checked
+		}
+		b[at] ^= 0x5a
+		err = os.WriteFile(victim, b, 0o644)
+	}
+	if err != nil {
+		rt.Fatal(err)
+	}
+	return what + " " + filepath.Base(victim)
 }

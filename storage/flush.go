@@ -67,6 +67,7 @@ func (l *Log) syncOnce() {
 		if err == nil {
 			l.flushed.Store(target)
 			l.writeCheckpoint(target)
+			l.wakeIndexer()
 		} else {
 			l.log.Warn("commit log sync failed", "error", err)
 		}

@@ -96,6 +96,20 @@ type Log struct {
 	flushDone  chan struct{}
 	buf        []byte // the writer's scratch buffer
 	prod       producerTable
+
+	// The index on disk (indexer.go). idxMu serializes the indexer's
+	// chunk writes with Truncate and DeleteBefore; chunks (the files the
+	// queues' parts read, in log order) changes under mu with idxMu held.
+	idxMu      sync.Mutex
+	chunks     []*indexChunk
+	cutMu      sync.Mutex
+	cuts       []indexCut // cut, not yet written
+	cutFrom    int64      // writer-owned: where the next cut starts
+	lastAt     int64      // writer-owned: log offset of the last record indexed
+	idxFailing bool       // indexer-owned: the last chunk write failed
+	idxWake    chan struct{}
+	stopIdx    chan struct{}
+	idxDone    chan struct{}
 }
 
 // Open opens (or creates) the log in cfg.Dir, recovering it after a crash.
@@ -115,6 +129,10 @@ func Open(cfg Config) (*Log, error) {
 		writerDone: make(chan struct{}),
 		stopFlush:  make(chan struct{}),
 		flushDone:  make(chan struct{}),
+		lastAt:     -1,
+		idxWake:    make(chan struct{}, 1),
+		stopIdx:    make(chan struct{}),
+		idxDone:    make(chan struct{}),
 	}
 	l.prod.init(cfg)
 	if err := l.fs.MkdirAll(cfg.Dir); err != nil {
@@ -126,6 +144,8 @@ func Open(cfg Config) (*Log, error) {
 	}
 	go l.writer()
 	go l.flusher()
+	go l.indexer()
+	l.wakeIndexer() // cuts made by recovery
 	return l, nil
 }
 
@@ -152,6 +172,15 @@ func (l *Log) Close() error {
 	<-l.writerDone
 	close(l.stopFlush)
 	<-l.flushDone
+	if !l.crashed {
+		// The rest of the index goes to disk too, so that the next Open
+		// reads no record.
+		l.mu.RLock()
+		l.maybeCut(true)
+		l.mu.RUnlock()
+	}
+	close(l.stopIdx)
+	<-l.idxDone
 	var err error
 	if l.flushed.Load() < l.end.Load() {
 		err = errors.New("storage: close: the final sync failed; unsynced records may be lost in a machine crash")
@@ -172,6 +201,9 @@ func (l *Log) closeFiles() error {
 	}
 	if l.checkpoint != nil {
 		errs = append(errs, l.checkpoint.Close())
+	}
+	for _, c := range l.chunks {
+		c.close()
 	}
 	return errors.Join(errs...)
 }

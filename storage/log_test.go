@@ -469,8 +469,25 @@ func TestMidLogCorruptionIsReported(t *testing.T) {
 	st, _ := os.Stat(seg)
 	flipByte(t, seg, local)
 
-	_, err := Open(Config{Dir: dir, SegmentSize: 512})
+	// The index covers the record: Open does not read it again, a read
+	// reports it, and the records around it still read.
+	l = openLog(t, Config{Dir: dir, SegmentSize: 512})
+	if got, err := l.Read("m", 0, 0, 5*100); err != nil || len(got) != 5 {
+		t.Fatalf("read before the corruption: %d entries, %v", len(got), err)
+	}
+	_, err := l.Read("m", 0, 5, 1)
 	var ce *CorruptError
+	if !errors.As(err, &ce) || ce.Offset != second.LogOffset {
+		t.Fatalf("read of the corrupt record: %v, want a *CorruptError at %d", err, second.LogOffset)
+	}
+	if got, err := l.Read("m", 0, 6, 1); err != nil || len(got) != 1 || got[0].QueueOffset != 6 {
+		t.Fatalf("read after the corruption: %v, %v", got, err)
+	}
+	must(t, l.Close())
+
+	// Without the index, Open checks every record and refuses the log.
+	must(t, os.RemoveAll(filepath.Join(dir, indexDirName)))
+	_, err = Open(Config{Dir: dir, SegmentSize: 512})
 	if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("open over mid-log corruption: got %v, want a *CorruptError", err)
 	}

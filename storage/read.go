@@ -2,7 +2,6 @@ package storage
 
 import (
 	"fmt"
-	"sort"
 )
 
 // QueueRange returns a queue's oldest queue offset and its next one (the
@@ -11,7 +10,7 @@ func (l *Log) QueueRange(topic string, queue uint32) (first, next int64) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if qi := l.index[queueKey{topic, queue}]; qi != nil {
-		return qi.base, qi.next()
+		return qi.first, qi.next()
 	}
 	return 0, 0
 }
@@ -19,15 +18,17 @@ func (l *Log) QueueRange(topic string, queue uint32) (first, next int64) {
 // QueueOffsetAt is a queue's next offset as of log offset logOffset: the
 // queue offset its first record at or past logOffset has (or would have).
 // A broker uses it to tell a reader where a failover's new epoch, which
-// began at logOffset, took the queue up.
-func (l *Log) QueueOffsetAt(topic string, queue uint32, logOffset int64) int64 {
+// began at logOffset, took the queue up. It is never below the queue's
+// first offset. An index chunk that cannot be read is an error.
+func (l *Log) QueueOffsetAt(topic string, queue uint32, logOffset int64) (int64, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	qi := l.index[queueKey{topic, queue}]
 	if qi == nil {
-		return 0
+		return 0, nil
 	}
-	return qi.base + int64(sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= logOffset }))
+	qo, err := qi.offsetAt(logOffset)
+	return max(qo, qi.first), err
 }
 
 // Queues calls fn for every queue the log holds, with its offset range.
@@ -35,7 +36,7 @@ func (l *Log) Queues(fn func(topic string, queue uint32, first, next int64)) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	for k, qi := range l.index {
-		fn(k.topic, k.queue, qi.base, qi.next())
+		fn(k.topic, k.queue, qi.first, qi.next())
 	}
 }
 
@@ -50,43 +51,39 @@ type span struct {
 // Read returns the entries of one queue from offset on, in order, as many
 // as fit in maxBytes (of records), but at least one if there is one. An
 // offset at or past the queue's end returns nothing; one before its start
-// returns ErrOutOfRange. Payloads are fresh copies, CRC-checked. A read
-// that races with Truncate may fail with ErrReadTruncated.
+// returns ErrOutOfRange. Payloads are fresh copies, CRC-checked, and each
+// record is checked to be the one the index names. A read that races with
+// Truncate may fail with ErrReadTruncated.
 func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]StoredEntry, error) {
+	locs, gen, err := l.planRead(queueKey{topic, queue}, offset, maxBytes)
+	if err != nil || len(locs) == 0 {
+		return nil, err
+	}
+	// Runs of adjacent records in one segment become one read.
 	l.mu.RLock()
 	if l.closed {
 		l.mu.RUnlock()
 		return nil, ErrClosed
 	}
-	qi := l.index[queueKey{topic, queue}]
-	if qi == nil || offset >= qi.next() {
+	if l.gen.Load() != gen {
 		l.mu.RUnlock()
-		return nil, nil
+		return nil, ErrReadTruncated
 	}
-	if offset < qi.base {
+	if start := l.segments[0].base; locs[0].pos < start {
 		l.mu.RUnlock()
-		return nil, fmt.Errorf("%w: queue offset %d before the queue's first %d", ErrOutOfRange, offset, qi.base)
+		return nil, fmt.Errorf("%w: queue offset %d was deleted by retention meanwhile", ErrOutOfRange, offset)
 	}
-	// Plan the reads under the lock: runs of adjacent records in one
-	// segment become one read.
-	gen := l.gen.Load()
 	var spans []span
 	total := 0
-	count := 0
-	for i := int(offset - qi.base); i < len(qi.pos); i++ {
-		pos, size := qi.pos[i], int(qi.size[i])
-		if count > 0 && total+size > maxBytes {
-			break
-		}
-		seg, _, _ := l.segmentFor(pos)
-		if last := len(spans) - 1; last >= 0 && spans[last].seg == seg && spans[last].at+int64(spans[last].n) == pos {
-			spans[last].n += size
+	for i, lc := range locs {
+		seg, _, _ := l.segmentFor(lc.pos)
+		if last := len(spans) - 1; last >= 0 && spans[last].seg == seg && spans[last].at+int64(spans[last].n) == lc.pos {
+			spans[last].n += lc.size
 			spans[last].count++
 		} else {
-			spans = append(spans, span{seg: seg.acquire(), at: pos, n: size, first: count, count: 1})
+			spans = append(spans, span{seg: seg.acquire(), at: lc.pos, n: lc.size, first: i, count: 1})
 		}
-		total += size
-		count++
+		total += lc.size
 	}
 	l.mu.RUnlock()
 	defer func() {
@@ -95,7 +92,7 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 		}
 	}()
 
-	out := make([]StoredEntry, 0, count)
+	out := make([]StoredEntry, 0, len(locs))
 	buf := make([]byte, total)
 	rest := buf
 	for _, sp := range spans {
@@ -115,16 +112,27 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 		buf = buf[sp.n:]
 		at := sp.at
 		for range sp.count {
+			// A bad record found through a chunk file may be a bad chunk.
+			corrupt := func(reason string) error {
+				if c := locs[len(out)].chunk; c != nil {
+					reason += fmt.Sprintf(" (found through the index chunk %s; if the log is sound here, the chunk is damaged: deleting the index directory makes Open rebuild it)", c.name)
+				}
+				return &CorruptError{Offset: at, Segment: sp.seg.name, Reason: reason}
+			}
 			n, err := recordLen(b, maxRecordSize)
 			if err == nil && n > len(b) {
 				err = fmt.Errorf("record of %d bytes past its span", n)
 			}
 			if err != nil {
-				return nil, &CorruptError{Offset: at, Segment: sp.seg.name, Reason: err.Error()}
+				return nil, corrupt(err.Error())
 			}
 			rec, err := decodeRecord(b[:n])
 			if err != nil {
-				return nil, &CorruptError{Offset: at, Segment: sp.seg.name, Reason: err.Error()}
+				return nil, corrupt(err.Error())
+			}
+			if want := offset + int64(len(out)); rec.QueueOffset != want || rec.Queue != queue || rec.Topic != topic {
+				return nil, corrupt(fmt.Sprintf("the index says %s/%d offset %d is here, the record is %s/%d offset %d",
+					topic, queue, want, rec.Topic, rec.Queue, rec.QueueOffset))
 			}
 			out = append(out, StoredEntry{QueueOffset: rec.QueueOffset, LogOffset: at, StoreTime: rec.StoreTime, Payload: rec.Payload})
 			at += int64(n)

@@ -117,13 +117,20 @@ func (l *Log) recover() error {
 		l.segments = append(l.segments, &segment{base: base, name: l.segmentPath(base), f: f, size: size})
 	}
 
-	end := int64(0)
-	if len(l.segments) > 0 {
-		end = l.segments[0].base
+	// The index chunks cover the log up to end: records before it are
+	// neither read nor checked again.
+	end, err := l.loadChunks(checkpoint)
+	if err != nil {
+		return err
 	}
+	l.cutFrom = end
 	for i := 0; i < len(l.segments); i++ {
 		s := l.segments[i]
-		if s.base != end {
+		if s.base+s.size <= end && i < len(l.segments)-1 {
+			continue // wholly indexed (loadChunks checked that the segments follow each other)
+		}
+		from := max(end-s.base, 0)
+		if from == 0 && s.base != end {
 			if end >= checkpoint {
 				// A segment that does not continue the log after the durable
 				// part: a tail left by a crash during a roll.
@@ -131,7 +138,7 @@ func (l *Log) recover() error {
 			}
 			return &CorruptError{Offset: end, Segment: s.name, Reason: fmt.Sprintf("segment starts at %d, want %d", s.base, end)}
 		}
-		good, reason, err := l.scanSegment(s)
+		good, reason, err := l.scanSegment(s, from)
 		if err != nil {
 			return err
 		}
@@ -159,8 +166,25 @@ func (l *Log) restoreQueueFloors() error {
 	}
 	for k, first := range floors {
 		if l.index[k] == nil {
-			l.index[k] = &queueIndex{base: first}
+			l.index[k] = &queueIndex{first: first, base: first}
 		}
+	}
+	return nil
+}
+
+// setQueueFirsts makes each queue's first offset that of its first record
+// at or past start, the log's first byte: index chunks may list records
+// that retention deleted.
+func (l *Log) setQueueFirsts(start int64) error {
+	for k, qi := range l.index {
+		if len(qi.parts) == 0 || qi.parts[0].c.from >= start {
+			continue
+		}
+		first, err := qi.offsetAt(start)
+		if err != nil {
+			return fmt.Errorf("storage: index of %s/%d: %w", k.topic, k.queue, err)
+		}
+		qi.first = max(qi.first, first)
 	}
 	return nil
 }
@@ -206,6 +230,11 @@ func (l *Log) finishRecovery(end int64) error {
 	if err := l.restoreQueueFloors(); err != nil {
 		return err
 	}
+	if len(l.segments) > 0 {
+		if err := l.setQueueFirsts(l.segments[0].base); err != nil {
+			return err
+		}
+	}
 	if len(l.segments) == 0 {
 		s, err := l.createSegment(0)
 		if err != nil {
@@ -232,10 +261,11 @@ func (l *Log) finishRecovery(end int64) error {
 	return nil
 }
 
-// scanSegment checks s record by record and indexes every good record. It
-// returns the length of the good prefix and, if a bad record or stray bytes
-// follow it, why.
-func (l *Log) scanSegment(s *segment) (good int64, reason string, err error) {
+// scanSegment checks s record by record from segment offset from (a
+// record boundary) and indexes every good record, cutting index chunks as
+// it goes. It returns the length of the good prefix and, if a bad record
+// or stray bytes follow it, why.
+func (l *Log) scanSegment(s *segment, from int64) (good int64, reason string, err error) {
 	const chunkSize = 4 << 20
 	var buf []byte
 	bufAt := int64(0) // segment offset of buf[0]
@@ -266,7 +296,7 @@ func (l *Log) scanSegment(s *segment) (good int64, reason string, err error) {
 		bufAt = at
 		return true, nil
 	}
-	at := int64(0)
+	at := from
 	for at < s.size {
 		ok, err := fill(at, recordHeaderSize)
 		if err != nil {
@@ -296,6 +326,10 @@ func (l *Log) scanSegment(s *segment) (good int64, reason string, err error) {
 		}
 		l.indexAdd(k, rec.QueueOffset, s.base+at, int32(n))
 		l.prod.replay(k, rec.Payload, rec.QueueOffset, rec.StoreTime)
+		if end := s.base + at + int64(n); end-l.cutFrom >= l.cfg.IndexChunkBytes {
+			crc := binary.BigEndian.Uint32(buf[at-bufAt+4:])
+			l.addCut(indexCut{from: l.cutFrom, to: end, last: chunkLast{at: s.base + at, crc: crc}, snap: l.prod.encodeSnapshot()})
+		}
 		at += int64(n)
 	}
 	return at, "", nil

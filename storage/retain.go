@@ -46,6 +46,8 @@ func (l *Log) StartOffset() int64 {
 func (l *Log) DeleteBefore(offset int64) (int64, error) {
 	l.retainMu.Lock()
 	defer l.retainMu.Unlock()
+	l.idxMu.Lock() // the index chunks change too
+	defer l.idxMu.Unlock()
 
 	l.mu.RLock()
 	if l.closed {
@@ -64,8 +66,11 @@ func (l *Log) DeleteBefore(offset int64) (int64, error) {
 	// Only DeleteBefore (serialized by retainMu) drops segments, and the
 	// writer only adds them at the end: these stay the first n.
 	doomed := slices.Clone(l.segments[:n])
-	floors := queueFloors(l.index, l.segments[n].base)
+	floors, err := queueFloors(l.index, l.segments[n].base)
 	l.mu.RUnlock()
+	if err != nil {
+		return start, err
+	}
 
 	if err := l.writeQueues(floors); err != nil {
 		return start, err
@@ -86,15 +91,46 @@ func (l *Log) DeleteBefore(offset int64) (int64, error) {
 	l.mu.Lock()
 	l.segments = slices.Clone(l.segments[removed:])
 	start = l.segments[0].base
-	for _, qi := range l.index {
-		k := sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= start })
-		if k > 0 {
-			qi.base += int64(k)
-			qi.pos = slices.Clone(qi.pos[k:])
-			qi.size = slices.Clone(qi.size[k:])
+	if removed < n { // the floors were for a later start
+		if floors, err = queueFloors(l.index, start); err != nil {
+			errs = append(errs, err)
+			floors = nil
+		}
+	}
+	c := 0
+	for c < len(l.chunks) && l.chunks[c].to <= start {
+		c++
+	}
+	gone := l.chunks[:c]
+	l.chunks = slices.Clone(l.chunks[c:])
+	for k, qi := range l.index {
+		p := 0
+		for p < len(qi.parts) && qi.parts[p].c.to <= start {
+			p++
+		}
+		if p > 0 {
+			qi.parts = slices.Clone(qi.parts[p:])
+		}
+		if len(qi.parts) == 0 {
+			i := sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= start })
+			if i > 0 {
+				qi.base += int64(i)
+				qi.pos = slices.Clone(qi.pos[i:])
+				qi.size = slices.Clone(qi.size[i:])
+			}
+			qi.first = max(qi.first, qi.base)
+		}
+		if f, ok := floors[k]; ok {
+			qi.first = max(qi.first, f)
 		}
 	}
 	l.mu.Unlock()
+	if err := l.removeChunks(gone); err != nil {
+		errs = append(errs, err) // stale chunks before the start: the next Open removes them
+	}
+	for _, c := range gone {
+		c.drop()
+	}
 
 	for _, s := range doomed[:removed] {
 		s.removed.Store(true)
@@ -113,12 +149,16 @@ func (l *Log) DeleteBefore(offset int64) (int64, error) {
 // records before log offset start are gone. Higher floors than needed (if
 // fewer segments end up removed) are harmless: recovery takes a queue's
 // offsets from its records when it has any.
-func queueFloors(index map[queueKey]*queueIndex, start int64) map[queueKey]int64 {
+func queueFloors(index map[queueKey]*queueIndex, start int64) (map[queueKey]int64, error) {
 	floors := make(map[queueKey]int64, len(index))
 	for k, qi := range index {
-		floors[k] = qi.base + int64(sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= start }))
+		f, err := qi.offsetAt(start)
+		if err != nil {
+			return nil, fmt.Errorf("storage: index of %s/%d: %w", k.topic, k.queue, err)
+		}
+		floors[k] = max(f, qi.first)
 	}
-	return floors
+	return floors, nil
 }
 
 func (l *Log) writeQueues(floors map[queueKey]int64) error {

@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -96,6 +97,8 @@ func (l *Log) Truncate(offset int64, sideFile string) (TruncateResult, error) {
 func (l *Log) truncate(offset int64, sideFile string) (TruncateResult, error) {
 	l.retainMu.Lock()
 	defer l.retainMu.Unlock()
+	l.idxMu.Lock() // no index chunk is written meanwhile
+	defer l.idxMu.Unlock()
 	end := l.end.Load()
 	if offset >= end {
 		return TruncateResult{From: end, To: end}, nil
@@ -120,10 +123,6 @@ func (l *Log) truncate(offset int64, sideFile string) (TruncateResult, error) {
 		l.mu.RUnlock()
 		return TruncateResult{}, fmt.Errorf("%w: truncate at log offset %d, before the log's start %d", ErrOutOfRange, offset, start)
 	}
-	if !l.isBoundary(offset) {
-		l.mu.RUnlock()
-		return TruncateResult{}, fmt.Errorf("%w: truncate at log offset %d (the log holds [%d, %d))", ErrNotBoundary, offset, start, end)
-	}
 	si := sort.Search(len(l.segments), func(i int) bool { return l.segments[i].base > offset }) - 1
 	segs := slices.Clone(l.segments)
 	l.mu.RUnlock()
@@ -136,14 +135,26 @@ func (l *Log) truncate(offset int64, sideFile string) (TruncateResult, error) {
 	}
 
 	// The state the cut log will have, as recovery would build it.
-	index, prod, err := l.rescan(segs[:si+1], offset)
+	cut, err := l.rescan(segs[:si+1], offset)
 	if err != nil {
+		if errors.Is(err, ErrNotBoundary) {
+			err = fmt.Errorf("%w: truncate at log offset %d (the log holds [%d, %d))", ErrNotBoundary, offset, start, end)
+		}
 		return TruncateResult{}, err
 	}
 
 	res := TruncateResult{From: offset, To: end, SideFile: sideFile}
 	if res.Records, err = l.writeSideFile(sideFile, segs[si:], offset, end); err != nil {
 		return TruncateResult{}, err
+	}
+
+	// Index chunks past the cut describe records about to be cut: they go
+	// first, for good (a failure here leaves the log as it was).
+	l.mu.RLock()
+	doomedChunks := slices.Clone(l.chunks[len(cut.chunks):])
+	l.mu.RUnlock()
+	if err := l.removeChunks(doomedChunks); err != nil {
+		return TruncateResult{}, fmt.Errorf("storage: truncate: %w", err)
 	}
 
 	l.syncMu.Lock()
@@ -177,11 +188,25 @@ func (l *Log) truncate(offset int64, sideFile string) (TruncateResult, error) {
 	}
 	l.segments = slices.Clone(segs[:si+1])
 	s.size = keep
-	l.index = index
+	l.index = cut.index
+	l.chunks = cut.chunks
 	l.end.Store(offset)
 	l.flushed.Store(offset)
 	l.mu.Unlock()
-	l.prod.replace(prod)
+	for _, c := range doomedChunks {
+		c.drop()
+	}
+	l.prod.replace(cut.prod)
+	l.lastAt = cut.lastAt
+	l.cutMu.Lock()
+	l.cutFrom = cut.end
+	for len(l.cuts) > 0 && l.cuts[len(l.cuts)-1].to > offset {
+		l.cuts = l.cuts[:len(l.cuts)-1]
+	}
+	if len(l.cuts) > 0 {
+		l.cutFrom = l.cuts[len(l.cuts)-1].to
+	}
+	l.cutMu.Unlock()
 	// Flushes waiting for bytes that are now cut were covered by the first
 	// sync: they are done.
 	l.fmu.Lock()
@@ -228,37 +253,99 @@ func (l *Log) breakBy(err error) error {
 	return l.broken
 }
 
-// isBoundary reports whether a record of the log starts at off; l.mu is held.
-func (l *Log) isBoundary(off int64) bool {
-	for _, qi := range l.index {
-		i := sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= off })
-		if i < len(qi.pos) && qi.pos[i] == off {
-			return true
-		}
-	}
-	return false
+// cutState is the index and deduplication state of the log cut at an
+// offset, as rescan builds it.
+type cutState struct {
+	index  map[queueKey]*queueIndex
+	prod   *producerTable
+	chunks []*indexChunk // the index chunks that end at or before the cut
+	end    int64         // where the last of them ends (or the log's start)
+	lastAt int64         // the last record before the cut
 }
 
 // rescan builds the indexes and the producer state of the log cut at
-// offset, the way recovery does, from segs (the segments up to the one
-// holding offset). It changes nothing.
-func (l *Log) rescan(segs []*segment, offset int64) (map[queueKey]*queueIndex, *producerTable, error) {
-	tmp := &Log{cfg: l.cfg, fs: l.fs, log: l.log, index: make(map[queueKey]*queueIndex)}
+// offset, the way recovery does: from the index chunks that end at or
+// before offset, then from the records of segs (the segments up to the one
+// holding offset) after the last of them. It changes nothing. An offset
+// inside a record is ErrNotBoundary. Runs on the writer with idxMu held.
+func (l *Log) rescan(segs []*segment, offset int64) (*cutState, error) {
+	tmp := &Log{cfg: l.cfg, fs: l.fs, log: l.log, index: make(map[queueKey]*queueIndex), lastAt: -1}
+	tmp.cfg.IndexChunkBytes = math.MaxInt64 // no cuts: the indexer cuts again after
 	tmp.prod.init(l.cfg)
+	cut := &cutState{end: segs[0].base}
+	firsts := map[queueKey]int64{}
+	l.mu.RLock()
+	n := 0
+	for n < len(l.chunks) && l.chunks[n].to <= offset {
+		n++
+	}
+	cut.chunks = slices.Clone(l.chunks[:n])
+	for k, qi := range l.index {
+		firsts[k] = qi.first
+		p := 0
+		for p < len(qi.parts) && qi.parts[p].c.to <= offset {
+			p++
+		}
+		if p > 0 {
+			last := qi.parts[p-1]
+			tmp.index[k] = &queueIndex{first: qi.first, parts: slices.Clone(qi.parts[:p]), base: last.firstQO + last.count}
+		}
+	}
+	l.mu.RUnlock()
+	if n > 0 {
+		c := cut.chunks[n-1]
+		cut.end, tmp.lastAt = c.to, c.last.at
+		if err := c.readSnapshot(&tmp.prod); err != nil {
+			return nil, fmt.Errorf("storage: truncate: the producer snapshot of %s: %w", c.name, err)
+		}
+		tmp.prod.forgetBefore(func(k queueKey) int64 { return tmp.firstAt(k, segs[0].base) })
+	}
 	for _, s := range segs {
 		shadow := &segment{base: s.base, name: s.name, f: s.f, size: min(s.size, offset-s.base)}
-		good, reason, err := tmp.scanSegment(shadow)
+		from := max(cut.end-s.base, 0)
+		if from >= shadow.size {
+			continue
+		}
+		good, reason, err := tmp.scanSegment(shadow, from)
 		if err != nil {
-			return nil, nil, fmt.Errorf("storage: truncate: %w", err)
+			return nil, fmt.Errorf("storage: truncate: %w", err)
 		}
 		if reason != "" {
-			return nil, nil, fmt.Errorf("storage: truncate: %w", &CorruptError{Offset: s.base + good, Segment: s.name, Reason: reason})
+			if good < s.size && recordValidAt(s, good) {
+				return nil, ErrNotBoundary // the record there runs past offset
+			}
+			return nil, fmt.Errorf("storage: truncate: %w", &CorruptError{Offset: s.base + good, Segment: s.name, Reason: reason})
 		}
 	}
 	if err := tmp.restoreQueueFloors(); err != nil {
-		return nil, nil, fmt.Errorf("storage: truncate: %w", err)
+		return nil, fmt.Errorf("storage: truncate: %w", err)
 	}
-	return tmp.index, &tmp.prod, nil
+	for k, qi := range tmp.index {
+		if f, ok := firsts[k]; ok {
+			qi.first = min(max(f, qi.lowest()), qi.next())
+		}
+	}
+	cut.index, cut.prod, cut.lastAt = tmp.index, &tmp.prod, tmp.lastAt
+	return cut, nil
+}
+
+// recordValidAt reports whether a whole, valid record starts at segment
+// offset at.
+func recordValidAt(s *segment, at int64) bool {
+	var h [recordHeaderSize]byte
+	if _, err := s.f.ReadAt(h[:], at); err != nil {
+		return false
+	}
+	n, err := recordLen(h[:], maxRecordSize)
+	if err != nil || at+int64(n) > s.size {
+		return false
+	}
+	b := make([]byte, n)
+	if _, err := s.f.ReadAt(b, at); err != nil {
+		return false
+	}
+	_, err = decodeRecord(b)
+	return err == nil
 }
 
 // replace takes the state of o (built by a replay) in place of its own; the

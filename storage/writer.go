@@ -307,6 +307,7 @@ func (l *Log) publish(chunks []chunk, ok []*appendReq) {
 		}
 	}
 	l.end.Store(ok[len(ok)-1].end) // appends are placed in order: the last ends the group
+	l.maybeCut(false)
 }
 
 // them.
@@ -353,9 +354,10 @@ func (l *Log) original(k queueKey, qo int64, chunks []chunk) Position {
 		return p
 	}
 	if qi := l.index[k]; qi != nil && qo < qi.next() {
-		if i := qo - qi.base; i >= 0 {
-			p.LogOffset = qi.pos[i]
-			p.End = p.LogOffset + int64(qi.size[i])
+		if qo >= qi.first {
+			if e, err := qi.entryAt(qo); err == nil {
+				p.LogOffset, p.End = e.pos, e.pos+int64(e.size)
+			}
 		}
 		return p
 	}

@@ -1,0 +1,263 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/storage/vfs"
+)
+
+// logReads counts the bytes Open and reads take from segment files.
+func logReads(efs *vfs.ErrorFS) *atomic.Int64 {
+	var n atomic.Int64
+	efs.Inject(vfs.Fail(vfs.OpRead).Path("*.log").Where(func(c vfs.Call) bool {
+		n.Add(int64(c.Len))
+		return false // count, never fail
+	}))
+	return &n
+}
+
+// fillQueues appends n records of size bytes round-robin over queues
+// queues of topic "ix", one record per append, and returns what each
+// queue holds.
+func fillQueues(t *testing.T, l *Log, queues, n, size int) map[uint32][][]byte {
+	t.Helper()
+	held := map[uint32][][]byte{}
+	for i := range n {
+		q := uint32(i % queues)
+		p := payloadFor("ix", q, int64(len(held[q])), size)
+		mustAppend(t, l, []Entry{{Topic: "ix", Queue: q, Payload: p}}, false)
+		held[q] = append(held[q], p)
+	}
+	return held
+}
+
+// checkQueues reads every queue whole, a few records at a time, and
+// compares it with what was appended.
+func checkQueues(t *testing.T, l *Log, held map[uint32][][]byte) {
+	t.Helper()
+	for q, want := range held {
+		first, next := l.QueueRange("ix", q)
+		if first != 0 || next != int64(len(want)) {
+			t.Fatalf("queue %d: range [%d,%d), want [0,%d)", q, first, next, len(want))
+		}
+		for off := int64(0); off < next; {
+			got, err := l.Read("ix", q, off, 700)
+			if err != nil || len(got) == 0 {
+				t.Fatalf("queue %d read at %d: %d entries, %v", q, off, len(got), err)
+			}
+			for _, e := range got {
+				if e.QueueOffset != off || string(e.Payload) != string(want[off]) {
+					t.Fatalf("queue %d offset %d: read %d %q", q, off, e.QueueOffset, e.Payload[:16])
+				}
+				off++
+			}
+		}
+	}
+}
+
+// After a clean Close the index covers the whole log: Open reads no
+// record, only the header of the last one, and every record reads back
+// through the chunk files.
+func TestOpenAfterCloseReadsNoRecord(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, SegmentSize: 16 << 10, IndexChunkBytes: 4 << 10}
+	l := openLog(t, cfg)
+	held := fillQueues(t, l, 5, 2000, 100)
+	must(t, l.Close())
+
+	efs := vfs.NewErrorFS(vfs.Default)
+	read := logReads(efs)
+	cfg.FS = efs
+	l = openLog(t, cfg)
+	defer l.Close()
+	if n := read.Load(); n > recordHeaderSize {
+		t.Fatalf("Open read %d bytes of segments, want at most the %d of one record header", n, recordHeaderSize)
+	}
+	st := l.IndexStats()
+	if st.IndexedOffset != l.EndOffset() || st.TailEntries != 0 || int64(st.Chunks) < l.EndOffset()/(4<<10) {
+		t.Fatalf("index after a clean close: %+v, log end %d", st, l.EndOffset())
+	}
+	checkQueues(t, l, held)
+}
+
+// After a crash Open reads only what the chunks do not cover, and the
+// index in memory holds about one chunk's worth of entries.
+func TestCrashOpenReadsOnlyTheUnindexedTail(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, SegmentSize: 64 << 10, IndexChunkBytes: 8 << 10, FlushInterval: time.Hour}
+	l := openLog(t, cfg)
+	held := fillQueues(t, l, 3, 3000, 120)
+	must(t, l.Flush())
+	end := l.EndOffset()
+	testwait.For(t, 10*time.Second, "the indexer to write every chunk cut", func() bool { return l.IndexStats().PendingCuts == 0 })
+	st := l.IndexStats()
+	if end-st.IndexedOffset >= cfg.IndexChunkBytes {
+		t.Fatalf("index on disk ends at %d, log at %d: more than a chunk (%d) behind", st.IndexedOffset, end, cfg.IndexChunkBytes)
+	}
+	if per := int64(recordSize(2, 120)); st.TailEntries > cfg.IndexChunkBytes/per+1 {
+		t.Fatalf("%d entries in memory, want at most a chunk's (%d)", st.TailEntries, cfg.IndexChunkBytes/per+1)
+	}
+	crash(l)
+
+	efs := vfs.NewErrorFS(vfs.Default)
+	read := logReads(efs)
+	cfg.FS = efs
+	l = openLog(t, cfg)
+	defer l.Close()
+	if n, tail := read.Load(), end-st.IndexedOffset; n > tail+recordHeaderSize {
+		t.Fatalf("Open read %d bytes of segments; the unindexed tail is %d", n, tail)
+	}
+	checkQueues(t, l, held)
+}
+
+// Chunks that claim records the log no longer holds (its tail lost with
+// the checkpoint, a chunk of another log) are ignored and removed, and the
+// log is rebuilt from its records.
+func TestIndexAheadOfTheLogIsIgnored(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, SegmentSize: 1 << 20, IndexChunkBytes: 2 << 10}
+	l := openLog(t, cfg)
+	var pos []Position
+	for i := range 400 {
+		pos = append(pos, mustAppend(t, l, []Entry{{Topic: "ix", Payload: payloadFor("ix", 0, int64(i), 50)}}, false)...)
+	}
+	must(t, l.Close())
+	chunksBefore := countChunks(t, dir)
+
+	// The log loses its last 100 records, its checkpoint with them.
+	cut := pos[300].LogOffset
+	must(t, os.Truncate(filepath.Join(dir, fmt.Sprintf("%020d.log", 0)), cut))
+	cp := &Log{cfg: Config{Dir: dir}, fs: vfs.Default}
+	must(t, cp.openCheckpointFile())
+	must(t, cp.putCheckpoint(cut))
+	must(t, cp.checkpoint.Close())
+
+	l = openLog(t, cfg)
+	defer l.Close()
+	if first, next := l.QueueRange("ix", 0); first != 0 || next != 300 {
+		t.Fatalf("range [%d,%d), want [0,300)", first, next)
+	}
+	got, err := l.Read("ix", 0, 250, 1<<20)
+	if err != nil || len(got) != 50 || got[49].QueueOffset != 299 {
+		t.Fatalf("read 250..: %d entries, %v", len(got), err)
+	}
+	if n := countChunks(t, dir); n >= chunksBefore {
+		t.Fatalf("%d chunk files after the reopen, %d before: those past the log were not removed", n, chunksBefore)
+	}
+	p := mustAppend(t, l, []Entry{{Topic: "ix", Payload: []byte("next")}}, true)
+	if p[0].QueueOffset != 300 || p[0].LogOffset != cut {
+		t.Fatalf("append after the reopen at %+v, want queue offset 300 at %d", p[0], cut)
+	}
+}
+
+func countChunks(t *testing.T, dir string) int {
+	t.Helper()
+	names, err := os.ReadDir(filepath.Join(dir, indexDirName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range names {
+		if _, ok := parseIndexChunkName(e.Name()); ok {
+			n++
+		}
+	}
+	return n
+}
+
+// A flipped byte among a chunk's entries is not read by Open; the read
+// that uses the entry finds a record other than the one it names and
+// reports it, saying the index may be deleted. Deleting it makes Open
+// rebuild it from the log.
+func TestIndexEntryCorruptionIsReported(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, IndexChunkBytes: 1 << 20}
+	l := openLog(t, cfg)
+	held := fillQueues(t, l, 1, 50, 80)
+	must(t, l.Close())
+
+	name := indexChunkName(dir, 0)
+	oc, err := readIndexChunk(vfs.Default, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[oc.dir[0].at+10*indexEntrySize+7] ^= 0x40 // entry 10's log offset
+	must(t, os.WriteFile(name, b, 0o644))
+
+	l = openLog(t, cfg)
+	_, err = l.Read("ix", 0, 10, 1)
+	var ce *CorruptError
+	if !errors.As(err, &ce) && !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("read through a corrupt index entry: %v, want a *CorruptError", err)
+	}
+	if ce != nil && !strings.Contains(ce.Error(), "index") {
+		t.Fatalf("the error does not point at the index: %v", ce)
+	}
+	must(t, l.Close())
+
+	must(t, os.RemoveAll(filepath.Join(dir, indexDirName)))
+	l = openLog(t, cfg)
+	defer l.Close()
+	checkQueues(t, l, held)
+}
+
+// Retention deletes the chunks that end before the new start, and a queue's
+// first offset is its first record at or past the start, before and after
+// a reopen, though a chunk that straddles the start still lists older ones.
+func TestIndexAndRetention(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, SegmentSize: 4 << 10, IndexChunkBytes: 3 << 10}
+	l := openLog(t, cfg)
+	var pos []Position
+	for i := range 600 {
+		pos = append(pos, mustAppend(t, l, []Entry{{Topic: "ix", Payload: payloadFor("ix", 0, int64(i), 40)}}, false)...)
+	}
+	must(t, l.Flush())
+	testwait.For(t, 10*time.Second, "the indexer to write every chunk cut", func() bool { return l.IndexStats().PendingCuts == 0 })
+	chunks := l.IndexStats().Chunks
+	start, err := l.DeleteBefore(pos[333].LogOffset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFirst := int64(0)
+	for wantFirst < int64(len(pos)) && pos[wantFirst].LogOffset < start {
+		wantFirst++
+	}
+	check := func(what string) {
+		t.Helper()
+		first, next := l.QueueRange("ix", 0)
+		if first != wantFirst || next != 600 {
+			t.Fatalf("%s: range [%d,%d), want [%d,600)", what, first, next, wantFirst)
+		}
+		if _, err := l.Read("ix", 0, wantFirst-1, 1); !errors.Is(err, ErrOutOfRange) {
+			t.Fatalf("%s: read before the first offset: %v", what, err)
+		}
+		got, err := l.Read("ix", 0, wantFirst, 1)
+		if err != nil || len(got) != 1 || got[0].QueueOffset != wantFirst {
+			t.Fatalf("%s: read at the first offset: %v, %v", what, got, err)
+		}
+		if qo, err := l.QueueOffsetAt("ix", 0, pos[400].LogOffset); err != nil || qo != 400 {
+			t.Fatalf("%s: QueueOffsetAt(record 400) = %d, %v", what, qo, err)
+		}
+	}
+	check("after the deletion")
+	if after := l.IndexStats().Chunks; after >= chunks {
+		t.Fatalf("%d chunks after the deletion, %d before", after, chunks)
+	}
+	must(t, l.Close())
+	l = openLog(t, cfg)
+	defer l.Close()
+	check("after a reopen")
+}

@@ -1,0 +1,432 @@
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ferrymq/ferrymq/storage/vfs"
+)
+
+// Index chunk files: see "Index" in the package doc for the format and the
+// rules; this file encodes and decodes them.
+
+const (
+	indexDirName     = "index"
+	indexMagic       = "FYIX"
+	indexVersion     = 1
+	indexHeaderSize  = 80
+	indexEntrySize   = 12 // log offset u64, record size u32
+	indexFileSuffix  = ".idx"
+	indexNameDigits  = 20
+	snapshotVersion  = 1
+	indexEntriesPage = 256 // entries read at a time from a chunk file
+)
+
+// indexChunk is one index chunk file: where the records of the log range
+// [from, to) are, queue by queue. Immutable once written; its file is
+// opened on first use and closed when the chunk is dropped (truncation or
+// retention) and no reader holds it.
+type indexChunk struct {
+	from, to int64
+	name     string
+	fs       vfs.FS
+	entries  int64 // file offset of the first entry
+	snapAt   int64 // file offset of the producer snapshot
+	snapLen  int64
+	snapCRC  uint32
+	last     chunkLast
+
+	mu      sync.Mutex
+	f       vfs.File
+	refs    atomic.Int32
+	removed atomic.Bool
+}
+
+func (c *indexChunk) acquire() *indexChunk { c.refs.Add(1); return c }
+
+func (c *indexChunk) release() {
+	if c.refs.Add(-1) == 0 && c.removed.Load() {
+		c.close()
+	}
+}
+
+func (c *indexChunk) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.f != nil {
+		_ = c.f.Close()
+		c.f = nil
+	}
+}
+
+// drop marks the chunk gone (its file removed); the last holder closes it.
+func (c *indexChunk) drop() {
+	c.removed.Store(true)
+	if c.refs.Load() == 0 {
+		c.close()
+	}
+}
+
+// readAt reads from the chunk file, opening it on first use. The caller
+// holds a reference (or the chunk is not yet shared).
+func (c *indexChunk) readAt(b []byte, off int64) error {
+	c.mu.Lock()
+	if c.f == nil {
+		f, err := c.fs.OpenRW(c.name)
+		if err != nil {
+			c.mu.Unlock()
+			return fmt.Errorf("storage: open index %s: %w", c.name, err)
+		}
+		c.f = f
+	}
+	f := c.f
+	c.mu.Unlock()
+	if n, err := f.ReadAt(b, off); n < len(b) {
+		return fmt.Errorf("storage: read index %s at %d: %w", c.name, off, err)
+	}
+	return nil
+}
+
+// indexEntry is one record of a queue, as an index chunk holds it.
+type indexEntry struct {
+	pos  int64
+	size int32
+}
+
+// readEntries reads n entries of part p from its i-th on.
+func (p *indexPart) readEntries(i, n int64) ([]indexEntry, error) {
+	b := make([]byte, n*indexEntrySize)
+	if err := p.c.readAt(b, p.at+i*indexEntrySize); err != nil {
+		return nil, err
+	}
+	out := make([]indexEntry, n)
+	for j := range out {
+		e := b[j*indexEntrySize:]
+		out[j] = indexEntry{pos: int64(binary.BigEndian.Uint64(e)), size: int32(binary.BigEndian.Uint32(e[8:]))}
+	}
+	return out, nil
+}
+
+func indexChunkName(dir string, from int64) string {
+	return filepath.Join(dir, indexDirName, fmt.Sprintf("%0*d%s", indexNameDigits, from, indexFileSuffix))
+}
+
+// parseIndexChunkName returns the log offset an index chunk file name
+// starts at.
+func parseIndexChunkName(name string) (int64, bool) {
+	s, ok := strings.CutSuffix(name, indexFileSuffix)
+	if !ok || len(s) != indexNameDigits {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	return v, err == nil && v >= 0
+}
+
+// chunkQueue is one queue of a chunk being written: its entries in the
+// chunk, in queue-offset order.
+type chunkQueue struct {
+	k       queueKey
+	firstQO int64
+	pos     []int64
+	size    []int32
+}
+
+// chunkLast identifies the last record of a chunk's range, so that opening
+// can check in O(1) that the log still holds it.
+type chunkLast struct {
+	at  int64
+	crc uint32
+}
+
+// encodeIndexChunk lays out an index chunk file.
+func encodeIndexChunk(from, to int64, last chunkLast, queues []chunkQueue, snap []byte) []byte {
+	sort.Slice(queues, func(i, j int) bool {
+		if queues[i].k.topic != queues[j].k.topic {
+			return queues[i].k.topic < queues[j].k.topic
+		}
+		return queues[i].k.queue < queues[j].k.queue
+	})
+	var dir []byte
+	var n int64
+	for _, q := range queues {
+		dir = binary.BigEndian.AppendUint16(dir, uint16(len(q.k.topic)))
+		dir = append(dir, q.k.topic...)
+		dir = binary.BigEndian.AppendUint32(dir, q.k.queue)
+		dir = binary.BigEndian.AppendUint64(dir, uint64(q.firstQO))
+		dir = binary.BigEndian.AppendUint64(dir, uint64(len(q.pos)))
+		n += int64(len(q.pos))
+	}
+	b := make([]byte, indexHeaderSize, indexHeaderSize+len(dir)+int(n)*indexEntrySize+len(snap))
+	copy(b, indexMagic)
+	binary.BigEndian.PutUint16(b[4:], indexVersion)
+	binary.BigEndian.PutUint64(b[8:], uint64(from))
+	binary.BigEndian.PutUint64(b[16:], uint64(to))
+	binary.BigEndian.PutUint64(b[24:], uint64(last.at))
+	binary.BigEndian.PutUint32(b[32:], last.crc)
+	binary.BigEndian.PutUint32(b[36:], uint32(len(queues)))
+	binary.BigEndian.PutUint64(b[40:], uint64(n))
+	binary.BigEndian.PutUint32(b[48:], uint32(len(dir)))
+	binary.BigEndian.PutUint32(b[52:], uint32(len(snap)))
+	b = append(b, dir...)
+	entriesAt := len(b)
+	for _, q := range queues {
+		for i, p := range q.pos {
+			b = binary.BigEndian.AppendUint64(b, uint64(p))
+			b = binary.BigEndian.AppendUint32(b, uint32(q.size[i]))
+		}
+	}
+	binary.BigEndian.PutUint32(b[60:], crc32.Checksum(b[entriesAt:], castagnoli))
+	binary.BigEndian.PutUint32(b[64:], crc32.Checksum(snap, castagnoli))
+	b = append(b, snap...)
+	hc := crc32.Update(crc32.Checksum(b[:56], castagnoli), castagnoli, b[indexHeaderSize:entriesAt])
+	binary.BigEndian.PutUint32(b[56:], hc)
+	return b
+}
+
+// chunkDirEntry is one queue of a chunk's directory.
+type chunkDirEntry struct {
+	k       queueKey
+	firstQO int64
+	count   int64
+	at      int64 // file offset of its first entry
+}
+
+// openedChunk is what opening reads of a chunk file: its header and
+// directory (not its entries, nor its producer snapshot).
+type openedChunk struct {
+	c   *indexChunk
+	dir []chunkDirEntry
+}
+
+// readIndexChunk reads and checks the header and directory of an index
+// chunk file. Any problem is an error: the caller ignores such a chunk and
+// rebuilds what it would have held from the log.
+func readIndexChunk(fs vfs.FS, name string) (*openedChunk, error) {
+	f, err := fs.OpenRW(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	size, err := f.Size()
+	if err != nil {
+		return nil, err
+	}
+	var h [indexHeaderSize]byte
+	if size < indexHeaderSize {
+		return nil, fmt.Errorf("%d bytes, shorter than a header", size)
+	}
+	if _, err := f.ReadAt(h[:], 0); err != nil {
+		return nil, err
+	}
+	if string(h[:4]) != indexMagic || binary.BigEndian.Uint16(h[4:]) != indexVersion {
+		return nil, errors.New("not an index chunk of this version")
+	}
+	from, to := int64(binary.BigEndian.Uint64(h[8:])), int64(binary.BigEndian.Uint64(h[16:]))
+	nq, n := int64(binary.BigEndian.Uint32(h[36:])), int64(binary.BigEndian.Uint64(h[40:]))
+	dirLen, snapLen := int64(binary.BigEndian.Uint32(h[48:])), int64(binary.BigEndian.Uint32(h[52:]))
+	if n < 0 || n > size/indexEntrySize || indexHeaderSize+dirLen+n*indexEntrySize+snapLen != size {
+		return nil, fmt.Errorf("%d bytes, but its header accounts for %d", size, indexHeaderSize+dirLen+n*indexEntrySize+snapLen)
+	}
+	dir := make([]byte, dirLen)
+	if _, err := f.ReadAt(dir, indexHeaderSize); err != nil {
+		return nil, err
+	}
+	if crc32.Update(crc32.Checksum(h[:56], castagnoli), castagnoli, dir) != binary.BigEndian.Uint32(h[56:]) {
+		return nil, errors.New("header or directory does not check out")
+	}
+	entries := indexHeaderSize + dirLen
+	oc := &openedChunk{
+		c: &indexChunk{
+			from: from, to: to, name: name, fs: fs,
+			entries: entries,
+			snapAt:  entries + n*indexEntrySize, snapLen: snapLen,
+			snapCRC: binary.BigEndian.Uint32(h[64:]),
+			last:    chunkLast{at: int64(binary.BigEndian.Uint64(h[24:])), crc: binary.BigEndian.Uint32(h[32:])},
+		},
+	}
+	at, total := entries, int64(0)
+	p := dir
+	for range nq {
+		if len(p) < 2 {
+			return nil, errors.New("short directory")
+		}
+		tl := int(binary.BigEndian.Uint16(p))
+		if len(p) < 2+tl+20 {
+			return nil, errors.New("short directory")
+		}
+		e := chunkDirEntry{
+			k:       queueKey{topic: string(p[2 : 2+tl]), queue: binary.BigEndian.Uint32(p[2+tl:])},
+			firstQO: int64(binary.BigEndian.Uint64(p[6+tl:])),
+			count:   int64(binary.BigEndian.Uint64(p[14+tl:])),
+			at:      at,
+		}
+		if e.count <= 0 || e.count > n-total || e.firstQO < 0 {
+			return nil, errors.New("directory does not add up")
+		}
+		total += e.count
+		at += e.count * indexEntrySize
+		oc.dir = append(oc.dir, e)
+		p = p[22+tl:]
+	}
+	if len(p) != 0 || total != n || from < 0 || to <= from {
+		return nil, errors.New("directory does not add up")
+	}
+	return oc, nil
+}
+
+// readSnapshot reads the chunk's producer snapshot (the deduplication
+// state as of its end) into t.
+func (c *indexChunk) readSnapshot(t *producerTable) error {
+	b := make([]byte, c.snapLen)
+	if err := c.readAt(b, c.snapAt); err != nil {
+		return err
+	}
+	if crc32.Checksum(b, castagnoli) != c.snapCRC {
+		return errors.New("producer snapshot does not check out")
+	}
+	return t.decodeSnapshot(b)
+}
+
+// encodeSnapshot writes the deduplication state. It runs on the writer
+// goroutine between groups (or where no writer runs).
+func (t *producerTable) encodeSnapshot() []byte {
+	b := []byte{snapshotVersion}
+	b = binary.BigEndian.AppendUint64(b, uint64(t.lastSweep))
+	swept := byte(0)
+	if t.swept {
+		swept = 1
+	}
+	b = append(b, swept)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(t.queues)))
+	for k, ids := range t.queues {
+		b = binary.BigEndian.AppendUint16(b, uint16(len(k.topic)))
+		b = append(b, k.topic...)
+		b = binary.BigEndian.AppendUint32(b, k.queue)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(ids)))
+		for id, st := range ids {
+			b = binary.BigEndian.AppendUint64(b, id)
+			b = binary.BigEndian.AppendUint64(b, uint64(st.lastSeen))
+			b = binary.BigEndian.AppendUint16(b, st.epoch)
+			b = append(b, st.n, st.head)
+			for _, r := range st.runs {
+				b = binary.BigEndian.AppendUint64(b, uint64(r.firstSeq))
+				b = binary.BigEndian.AppendUint64(b, uint64(r.lastSeq))
+				b = binary.BigEndian.AppendUint64(b, uint64(r.firstQO))
+			}
+		}
+	}
+	return b
+}
+
+const snapshotPairSize = 8 + 8 + 2 + 1 + 1 + producerRuns*24
+
+// decodeSnapshot replaces t's state with a snapshot's.
+func (t *producerTable) decodeSnapshot(b []byte) error {
+	bad := errors.New("producer snapshot does not add up")
+	if len(b) < 14 || b[0] != snapshotVersion {
+		return bad
+	}
+	queues := make(map[queueKey]map[uint64]*producerState)
+	tracked := 0
+	lastSweep, swept := int64(binary.BigEndian.Uint64(b[1:])), b[9] == 1
+	nq := binary.BigEndian.Uint32(b[10:])
+	p := b[14:]
+	for range nq {
+		if len(p) < 2 {
+			return bad
+		}
+		tl := int(binary.BigEndian.Uint16(p))
+		if len(p) < 2+tl+8 {
+			return bad
+		}
+		k := queueKey{topic: string(p[2 : 2+tl]), queue: binary.BigEndian.Uint32(p[2+tl:])}
+		n := int(binary.BigEndian.Uint32(p[6+tl:]))
+		p = p[10+tl:]
+		if n <= 0 || len(p) < n*snapshotPairSize {
+			return bad
+		}
+		ids := make(map[uint64]*producerState, n)
+		for range n {
+			st := &producerState{
+				lastSeen: int64(binary.BigEndian.Uint64(p[8:])),
+				epoch:    binary.BigEndian.Uint16(p[16:]),
+				n:        p[18],
+				head:     p[19],
+			}
+			if st.n == 0 || st.n > producerRuns || st.head >= producerRuns {
+				return bad
+			}
+			for i := range st.runs {
+				r := p[20+i*24:]
+				st.runs[i] = seqRun{
+					firstSeq: int64(binary.BigEndian.Uint64(r)),
+					lastSeq:  int64(binary.BigEndian.Uint64(r[8:])),
+					firstQO:  int64(binary.BigEndian.Uint64(r[16:])),
+				}
+			}
+			ids[binary.BigEndian.Uint64(p)] = st
+			p = p[snapshotPairSize:]
+		}
+		tracked += len(ids)
+		queues[k] = ids
+	}
+	if len(p) != 0 {
+		return bad
+	}
+	t.queues, t.tracked = queues, tracked
+	t.lastSweep, t.swept = lastSweep, swept
+	t.trackedPub.Store(int64(tracked))
+	return nil
+}
+
+// forgetBefore makes a state loaded from a snapshot what replaying only
+// the records the log still holds would give, so that the state stays a
+// function of the log's records (see "Idempotent appends"): runs whose
+// records all precede their queue's first offset (deleted by retention)
+// are dropped, a run that straddles it starts at it, and a pair left with
+// no run is forgotten. Runs are consecutive sequences at consecutive queue
+// offsets, so a run cut at a queue offset is the run the replay of its
+// remaining records builds, and the replay keeps the same last runs.
+func (t *producerTable) forgetBefore(first func(queueKey) int64) {
+	for k, ids := range t.queues {
+		f := first(k)
+		for id, st := range ids {
+			var kept []seqRun
+			for i := int(st.n) - 1; i >= 0; i-- { // oldest first
+				r := st.runs[(int(st.head)-i+producerRuns)%producerRuns]
+				last := r.firstQO + r.lastSeq - r.firstSeq
+				if last < f {
+					continue
+				}
+				if r.firstQO < f {
+					r.firstSeq += f - r.firstQO
+					r.firstQO = f
+				}
+				kept = append(kept, r)
+			}
+			if len(kept) == 0 {
+				delete(ids, id)
+				t.tracked--
+				continue
+			}
+			if len(kept) == int(st.n) && kept[0] == st.runs[(int(st.head)-int(st.n)+1+producerRuns)%producerRuns] {
+				continue
+			}
+			st.runs = [producerRuns]seqRun{}
+			copy(st.runs[:], kept)
+			st.n, st.head = uint8(len(kept)), uint8(len(kept)-1)
+		}
+		if len(ids) == 0 {
+			delete(t.queues, k)
+		}
+	}
+	t.trackedPub.Store(int64(t.tracked))
+}
