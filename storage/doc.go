@@ -15,11 +15,12 @@
 // # Files
 //
 // A log directory holds segment files named by the log offset of their first
-// byte, as 20 decimal digits with the suffix ".log", one "checkpoint" file
-// and, once retention has deleted segments, one "queues" file (see
-// DeleteBefore). Subdirectories (such as one for the side files of
-// truncations, see Side files) are ignored. Segments are contiguous: a segment ends where the next
-// begins. A
+// byte, as 20 decimal digits with the suffix ".log", one "checkpoint" file,
+// the "index" directory of index chunk files (see Index) and, once
+// retention has deleted segments, one "queues" file (see DeleteBefore).
+// Other subdirectories (such as one for the side files of truncations, see
+// Side files) are ignored. Segments are contiguous: a segment ends where
+// the next begins. A
 // record never spans two segments: when the next record would make the
 // active segment larger than Config.SegmentSize, a new segment starts at the
 // current end offset (so segments may be a little shorter than the size).
@@ -49,11 +50,67 @@
 // missing, short or bad checkpoint counts as 0; one that cannot be read
 // fails Open.
 //
+// # Index
+//
+// Each queue's records are found through its index: which log offset and
+// size each queue offset has. The older part of it is on disk, in index
+// chunk files; the newest part is in memory. The writer cuts the index
+// after a group once the records since the last cut cover
+// Config.IndexChunkBytes (64 MiB) of log, and Close cuts whatever is left;
+// a cut holds the deduplication state as of its end. An indexer goroutine
+// writes each cut's chunk once the log is synced past its end (a chunk
+// never describes records that a crash could take back), then moves the
+// chunk's entries out of memory. A chunk that cannot be written stays in
+// memory and is tried again after the next sync.
+//
+// A chunk file, index/<20-digit log offset where it starts>.idx, is
+// written to a temporary name, synced and renamed, its directory synced.
+// All integers are big-endian:
+//
+//	header, 80 bytes: magic "FYIX", u16 version 1, u16 0; u64 from, u64 to
+//	  (the log range it covers); u64 log offset and u32 CRC of the last
+//	  record in that range; u32 queues, u64 entries; u32 directory bytes,
+//	  u32 snapshot bytes; u32 CRC32C of the header's first 56 bytes and the
+//	  directory; u32 CRC32C of the entries; u32 CRC32C of the snapshot;
+//	  12 bytes 0
+//	directory, per queue (ordered by topic, then queue): u16 topic length,
+//	  topic, u32 queue, u64 first queue offset, u64 entries
+//	entries, queue by queue in directory order, 12 bytes each: u64 log
+//	  offset, u32 record size
+//	snapshot: the deduplication state as of the end of the range
+//
+// Memory: a queue costs about 100 bytes and about 56 more per chunk holding
+// it; the entries in memory (12 bytes each) are those of the records since
+// the last chunk written: about IndexChunkBytes of log (about 64k entries
+// of 1 KiB messages), plus what the indexer has not written yet (it waits
+// for a sync: at most a FlushInterval of appends). So memory grows with the
+// number of queues and with log size / IndexChunkBytes, not with the number
+// of messages. A read of an older queue offset reads its entries from the
+// chunk file (256 at a time) and checks that each record it then reads is
+// the one the entry names.
+//
 // # Recovery
 //
-// Open reads every segment in order and checks every record (length, CRC,
-// version, topic and queue-offset continuity), rebuilding the per-queue
-// indexes. The first bad record decides:
+// Open first reads the index chunks (their headers and directories) and
+// keeps the chain it can trust: chunks that follow each other from the
+// log's first byte, each ending at or before the checkpoint (so covering
+// only synced records), with queue offsets that continue from chunk to
+// chunk, the last one ending on a record the log holds with the CRC the
+// chunk recorded, and its snapshot reading back. It removes every other
+// chunk file. The deduplication state is the last chunk's snapshot, less
+// what retention deleted since (runs before a queue's first offset).
+// Records before the chain's end are neither read nor checked again: a
+// corrupt one is found by the read that reaches it (a *CorruptError), as
+// is a damaged chunk entry, since every read checks that the record it
+// reads is the one the index names. Removing the index directory is always
+// safe: Open then rebuilds it from every record, checking each. So Open
+// reads chunk headers (one per IndexChunkBytes of log) and at most about
+// IndexChunkBytes of records, however long the log: a clean Close leaves
+// none to read.
+//
+// From the chain's end on, Open reads every segment in order and checks
+// every record (length, CRC, version, topic and queue-offset continuity),
+// rebuilding the per-queue indexes. The first bad record decides:
 //
 //   - at or past the checkpoint, it is a torn or corrupt tail: the log is
 //     truncated there and later segments are removed (only records that were
@@ -136,9 +193,10 @@
 // ProducerStats reports the pairs tracked and the duplicates and refusals
 // answered since Open.
 //
-// Not kept: a snapshot of the state. Recovery rebuilds it from the records
-// the log still holds, so a producer whose last records retention deleted
-// is forgotten at the next Open (rule 1 then accepts any sequence from it,
+// Recovery rebuilds it from the last index chunk's snapshot and the
+// records after it, and drops from the snapshot what retention deleted
+// (see Index): a producer whose last records retention deleted is
+// forgotten at the next Open (rule 1 then accepts any sequence from it,
 // and a retry of an entry older than the log is stored again).
 //
 // # Errors
@@ -173,20 +231,24 @@
 //
 //  1. sync everything written (the records before the offset must survive
 //     a crash, and the checkpoint will claim them);
-//  2. rebuild, from the records before the offset, the per-queue indexes
-//     and the producer deduplication state, as recovery would (reading the
-//     whole log: truncation is rare);
+//  2. rebuild, from the index chunks that end at or before the offset and
+//     the records after the last of them, the per-queue indexes and the
+//     producer deduplication state, as recovery would; an offset inside a
+//     record is refused here (ErrNotBoundary);
 //  3. write the side file: the cut records, byte for byte, to a temporary
 //     name, synced, renamed, its directory synced;
-//  4. move the checkpoint back to the offset and sync it;
-//  5. truncate the segment holding the offset there and sync it, then
+//  4. remove the index chunks that end past the offset, and sync their
+//     directory (they describe records about to be cut);
+//  5. move the checkpoint back to the offset and sync it;
+//  6. truncate the segment holding the offset there and sync it, then
 //     remove the later segments, the last first, and sync the directory.
 //
-// A failure up to step 4 changes nothing. A crash before step 5 leaves the
+// A failure up to step 5 changes nothing but the index on disk (which a
+// later Open rebuilds from the log). A crash before step 6 leaves the
 // old log; a crash during or after it leaves the segment holding the offset
 // cut, and the later segments, which no longer continue the log past its
 // checkpoint, are removed by recovery (see Recovery): Open finds the log
-// either unchanged or cut exactly at the offset. A failure in step 5 breaks
+// either unchanged or cut exactly at the offset. A failure in step 6 breaks
 // the log (ErrBroken) until it is reopened. Reads that race with the cut
 // fail with ErrReadTruncated rather than return bytes that new appends may
 // have replaced: Truncate moves a generation number, under the lock reads

@@ -153,7 +153,7 @@ func (l *Log) recover() error {
 	if end < checkpoint {
 		return &CorruptError{Offset: end, Segment: l.lastSegmentName(), Reason: fmt.Sprintf("log ends at %d, before its checkpoint %d", end, checkpoint)}
 	}
-	return l.finishRecovery(end)
+	return l.finishRecovery(end, checkpoint)
 }
 
 // restoreQueueFloors gives every queue whose records were all deleted by
@@ -223,10 +223,10 @@ func (l *Log) truncateTail(i int, good, end, checkpoint int64, reason string) er
 	if err := l.fs.SyncDir(l.cfg.Dir); err != nil {
 		return fmt.Errorf("storage: sync dir: %w", err)
 	}
-	return l.finishRecovery(end)
+	return l.finishRecovery(end, checkpoint)
 }
 
-func (l *Log) finishRecovery(end int64) error {
+func (l *Log) finishRecovery(end, checkpoint int64) error {
 	if err := l.restoreQueueFloors(); err != nil {
 		return err
 	}
@@ -245,8 +245,12 @@ func (l *Log) finishRecovery(end int64) error {
 		}
 		l.segments = append(l.segments, s)
 	}
-	// What a crashed process left in the page cache is made durable now.
-	for _, s := range l.segments {
+	// What a crashed process left in the page cache is made durable now
+	// (the checkpoint vouches for what is before it).
+	for i, s := range l.segments {
+		if s.base+s.size <= checkpoint && i < len(l.segments)-1 {
+			continue
+		}
 		if err := s.f.Sync(); err != nil {
 			return fmt.Errorf("storage: sync %s: %w", s.name, err)
 		}
