@@ -40,6 +40,9 @@ func TestErrorsMatch(t *testing.T) {
 	testwait.For(t, 5*time.Second, "gro's master to enforce RO", func() bool { return !c.Master("gro").Writable() })
 	startFakeBroker(t, c.MetaAddr(), "gf")
 	c.Meta.CreateTopic(t, "fake", "gf")
+	hung := startFakeBroker(t, c.MetaAddr(), "gh")
+	hung.first.hang.Store(int32(hangBefore))
+	c.Meta.CreateTopic(t, "hang", "gh")
 	// Retriable failures end after 300 ms of retries.
 	short := []Opt{DeliveryTimeout(300 * time.Millisecond), RetryBackoff(5 * time.Millisecond)}
 	send := func(p *Client, m *Message) error {
@@ -81,8 +84,10 @@ func TestErrorsMatch(t *testing.T) {
 			return send(p, msg("t", "2"))
 		}, want: []error{ErrBufferFull}},
 		{name: "context ends waiting for room", err: func(t *testing.T) error {
-			p := newProducer(t, c, MaxBuffered(1, 1<<20), Linger(20*time.Second))
-			p.SendAsync(ctx, msg("t", "1"), func(Result, error) {})
+			// The first message is sent (a full buffer sends what lingers)
+			// and never answered, so a buffer of one stays full.
+			p := newProducer(t, c, append([]Opt{MaxBuffered(1, 1<<20)}, short...)...)
+			p.SendAsync(ctx, msg("hang", "1"), func(Result, error) {})
 			wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 			defer cancel()
 			_, err := p.Send(wctx, msg("t", "2"))

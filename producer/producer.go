@@ -76,6 +76,8 @@ type Client struct {
 	closed bool        // no new sends
 	dead   atomic.Bool // Close gave up waiting: everything left fails
 
+	bodies bodyBufs // SEND bodies' encode buffers
+
 	bufMu      sync.Mutex
 	bufRecords int
 	bufBytes   int64
@@ -93,6 +95,10 @@ type Client struct {
 	stats    statCounters
 
 	flushing atomic.Int32
+	// starved counts senders waiting for buffer room: while one waits,
+	// sinks send what is ready without lingering (nothing joins it until
+	// room frees, which needs answers to what is buffered).
+	starved atomic.Int32
 	// For tests: route refreshes started by routing errors (refreshSoon),
 	// passes of the refresher done (stale routes refreshed, troubled ones
 	// polled), and the polls (lookups of routes in trouble).
@@ -145,7 +151,7 @@ func New(opts ...Opt) (*Client, error) {
 	c := &Client{
 		cfg: cfg, meta: meta, sel: routing.NewSelector(cfg.avoider), prefix: hex.EncodeToString(b[:]),
 		routes: map[string]*topicRoute{}, sinks: map[string]*sink{}, conns: map[string]*transport.Client{},
-		space: make(chan struct{}), stop: make(chan struct{}),
+		space: make(chan struct{}), stop: make(chan struct{}), bodies: bodyBufs{keep: cfg.maxInflight},
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.refreshTimer = cfg.clock.NewTimer(c.pollWait())
@@ -278,15 +284,25 @@ func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func
 	c.dispatch(rec, urgent)
 }
 
-// acquire takes buffer room for one message.
+// acquire takes buffer room for one message. When there is none, the
+// sinks send what lingers at once (as Kafka's accumulator does when its
+// memory is exhausted): the sender adds nothing more until answers free
+// room, so lingering would only delay them.
 func (c *Client) acquire(ctx context.Context, size int) error {
 	c.bufMu.Lock()
 	defer c.bufMu.Unlock()
 	room := func() bool {
 		return c.bufRecords < c.cfg.maxRecords && (c.bufRecords == 0 || c.bufBytes+int64(size) <= c.cfg.maxBytes)
 	}
-	if !room() && c.cfg.failWhenFull {
-		return fmt.Errorf("%w: %d messages, %d bytes buffered", ErrBufferFull, c.cfg.maxRecords, c.cfg.maxBytes)
+	if !room() {
+		if c.cfg.failWhenFull {
+			return fmt.Errorf("%w: %d messages, %d bytes buffered", ErrBufferFull, c.cfg.maxRecords, c.cfg.maxBytes)
+		}
+		c.starved.Add(1)
+		defer c.starved.Add(-1)
+		c.bufMu.Unlock()
+		c.kickSinks()
+		c.bufMu.Lock()
 	}
 	if err := c.waitBuf(ctx, room); err != nil {
 		return fmt.Errorf("producer: waiting for buffer room: %w", err)
@@ -294,6 +310,13 @@ func (c *Client) acquire(ctx context.Context, size int) error {
 	c.bufRecords++
 	c.bufBytes += int64(size)
 	return nil
+}
+
+// kickSinks has every sink send what may leave now.
+func (c *Client) kickSinks() {
+	for _, s := range c.allSinks() {
+		s.kick()
+	}
 }
 
 // waitBuf waits until ready holds, ctx ends or the producer stops. bufMu is
@@ -320,10 +343,12 @@ func (c *Client) waitBuf(ctx context.Context, ready func() bool) error {
 	return nil
 }
 
-func (c *Client) releaseBuf(size int) {
+// releaseBuf frees the room of n records of bytes in all, waking the
+// goroutines waiting for room once.
+func (c *Client) releaseBuf(n, bytes int) {
 	c.bufMu.Lock()
-	c.bufRecords--
-	c.bufBytes -= int64(size)
+	c.bufRecords -= n
+	c.bufBytes -= int64(bytes)
 	if c.waiters > 0 {
 		close(c.space)
 		c.space = make(chan struct{})
@@ -336,8 +361,33 @@ func (c *Client) finish(rec *record, res Result, err error) {
 	if !rec.done.CompareAndSwap(false, true) {
 		return
 	}
-	c.releaseBuf(rec.size)
+	c.releaseBuf(1, rec.size)
 	rec.promise(res, err)
+}
+
+// finishAll completes records as finish does, releasing their buffer room
+// in one go (one wake-up for a sender waiting for room, not one per
+// record) before calling their promises, in order. It may clear entries
+// of es.
+func (c *Client) finishAll(es []ended) {
+	n, bytes := 0, 0
+	for i := range es {
+		if !es[i].rec.done.CompareAndSwap(false, true) {
+			es[i].rec = nil // finished already
+			continue
+		}
+		n++
+		bytes += es[i].rec.size
+	}
+	if n == 0 {
+		return
+	}
+	c.releaseBuf(n, bytes)
+	for _, e := range es {
+		if e.rec != nil {
+			e.rec.promise(e.res, e.err)
+		}
+	}
 }
 
 // dispatch picks a queue for the record and hands it to that group's sink.

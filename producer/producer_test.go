@@ -244,3 +244,25 @@ func TestCloseFailsWhatCannotBeSent(t *testing.T) {
 		}
 	}
 }
+
+// TestFullBufferSendsWhatLingers: a sender waiting for buffer room has the
+// sinks send what lingers at once (as Kafka's accumulator does when its
+// memory is exhausted): nothing joins a lingering batch until room frees,
+// and room frees only when buffered messages are answered. Without it the
+// second send would wait out the first one's hour of linger (and fail when
+// its context ends).
+func TestFullBufferSendsWhatLingers(t *testing.T) {
+	c := start(t, false, "g1")
+	c.Meta.CreateTopic(t, "t", "g1")
+	p := newProducer(t, c, MaxBuffered(1, 1<<20), Linger(time.Hour), DeliveryTimeout(2*time.Hour))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first := make(chan error, 1)
+	p.SendAsync(ctx, &Message{Topic: "t", Body: []byte("1")}, func(_ Result, err error) { first <- err })
+	if _, err := p.Send(ctx, &Message{Topic: "t", Body: []byte("2")}); err != nil {
+		t.Fatalf("the second send: %v", err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("the first send: %v", err)
+	}
+}

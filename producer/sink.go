@@ -133,11 +133,23 @@ type ended struct {
 // unlock releases mu, then finishes, retries and refreshes what the locked
 // section decided, in that order.
 func (s *sink) unlock() {
-	done, retry, refresh := s.done, s.retry, s.refresh
-	s.done, s.retry, s.refresh = nil, nil, nil
+	var done []ended
+	if len(s.done) > 0 {
+		done = s.done
+		s.done = nil
+	}
+	retry, refresh := s.retry, s.refresh
+	s.retry, s.refresh = nil, nil
 	s.mu.Unlock()
-	for _, e := range done {
-		s.c.finish(e.rec, e.res, e.err)
+	if len(done) > 0 {
+		s.c.finishAll(done)
+		// The slice (a batch's results) serves the next batch.
+		clear(done)
+		s.mu.Lock()
+		if s.done == nil {
+			s.done = done[:0]
+		}
+		s.mu.Unlock()
 	}
 	for _, e := range retry {
 		s.c.retryOrFail(e.rec, e.err)
@@ -281,7 +293,7 @@ func (s *sink) sendLocked() {
 	cfg := &c.cfg
 	for len(s.ready) > 0 && s.inflight < cfg.maxInflight {
 		ready := s.urgent || cfg.linger == 0 || s.readyBytes >= cfg.maxBatchBytes ||
-			c.flushing.Load() > 0 || time.Since(s.oldest) >= cfg.linger
+			c.flushing.Load() > 0 || c.starved.Load() > 0 || time.Since(s.oldest) >= cfg.linger
 		if !ready {
 			if s.timer == nil {
 				s.timer = time.AfterFunc(cfg.linger-time.Since(s.oldest), func() {
@@ -429,13 +441,17 @@ func (s *sink) send(b *batch, cl *call) {
 	} else if conn := c.conn(b.addr); conn == nil {
 		err = transport.ErrClosed
 	} else {
-		// The transport copies the body into its write buffer before Call
-		// waits, so the buffer goes back to the pool once Call returns.
-		bp := bodyPool.Get().(*[]byte)
 		// A SEND body is the group's epoch, a count and the messages,
 		// encoded straight from the records (no copy of the messages into a
-		// slice first).
-		body := protocol.AppendSendRequestHeader((*bp)[:0], b.epoch, b.n)
+		// slice first), into a buffer of the right size: records know their
+		// encoded size (with a stamp), so appending never grows it.
+		need := protocol.SendRequestHeaderSize
+		for _, rn := range b.runs {
+			for _, r := range rn.recs {
+				need += r.size
+			}
+		}
+		body := protocol.AppendSendRequestHeader(c.bodies.get(need), b.epoch, b.n)
 		for _, rn := range b.runs {
 			for _, r := range rn.recs {
 				body = protocol.AppendMessage(body, &r.msg)
@@ -454,10 +470,9 @@ func (s *sink) send(b *batch, cl *call) {
 			err = &protocol.Error{Status: protocol.StatusTimeout, Message: "call given up: " + g.reason}
 		}
 		cancel()
-		if cap(body) <= 4<<20 {
-			*bp = body[:0]
-			bodyPool.Put(bp)
-		}
+		// The transport copied the body into its write buffer before Call
+		// waited, so the buffer is free once Call returns.
+		c.bodies.put(body)
 		if err == nil {
 			results, err = protocol.DecodeSendResponse(resp.Body, nil)
 			if err == nil && len(results) != b.n {
@@ -529,7 +544,53 @@ func neverSent(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+// bodyBufs keeps the buffers SEND bodies were encoded into, for the next
+// batches: a batch is up to MaxBatchBytes (1 MiB by default), and a buffer
+// made anew for each (or kept in a sync.Pool, which every GC empties) costs
+// an allocation, page faults on fresh memory and GC work per batch. It
+// keeps at most keep buffers (MaxInflightPerGroup), like Kafka's pool of
+// batch buffers; an idle producer holds them.
+type bodyBufs struct {
+	mu   sync.Mutex
+	keep int
+	bufs [][]byte
+}
+
+// get returns an empty buffer of at least n bytes' capacity.
+func (p *bodyBufs) get(n int) []byte {
+	p.mu.Lock()
+	for i := len(p.bufs) - 1; i >= 0; i-- {
+		if b := p.bufs[i]; cap(b) >= n {
+			p.bufs[i] = p.bufs[len(p.bufs)-1]
+			p.bufs[len(p.bufs)-1] = nil
+			p.bufs = p.bufs[:len(p.bufs)-1]
+			p.mu.Unlock()
+			return b[:0]
+		}
+	}
+	p.mu.Unlock()
+	return make([]byte, 0, max(n, 64<<10))
+}
+
+// put gives a buffer back, dropping it if enough are kept (the smallest
+// kept one, if b is larger).
+func (p *bodyBufs) put(b []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.bufs) < p.keep {
+		p.bufs = append(p.bufs, b[:0])
+		return
+	}
+	small := 0
+	for i := range p.bufs {
+		if cap(p.bufs[i]) < cap(p.bufs[small]) {
+			small = i
+		}
+	}
+	if len(p.bufs) > 0 && cap(p.bufs[small]) < cap(b) {
+		p.bufs[small] = b[:0]
+	}
+}
 
 // verdict is what an answer says of a record.
 type verdict uint8
