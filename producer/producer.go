@@ -117,7 +117,7 @@ type Client struct {
 // topicRoute is a cached route. Its times are the producer's clock's.
 type topicRoute struct {
 	route      routing.Route
-	plan       *routing.Plan
+	plan       *plan
 	fetched    time.Time
 	lastForced time.Time
 	unwritable bool // a queue of the route has no writable master: poll it
@@ -513,14 +513,42 @@ func (g *keyGates) after(rec *record, settled bool) []*record {
 // pick chooses the record's queue: a keyed record's is its key's (unless
 // MoveKeyedOnFailure lets it leave a queue that is not writable or just
 // failed), whether or not it is writable now: the record then waits there.
-func (c *Client) pick(plan *routing.Plan, rec *record) (routing.QueueRoute, error) {
+func (c *Client) pick(plan *plan, rec *record) (routing.QueueRoute, error) {
 	if qs := plan.Route.Queues; rec.key != "" && len(qs) > 0 {
 		q := qs[fnv32(rec.key)%uint32(len(qs))]
 		if !c.cfg.moveKeyed || q.Writable && q.Group != lastGroup(rec) {
 			return q, nil
 		}
 	}
-	return c.sel.SelectPlan(plan, lastGroup(rec), c.cfg.clock.Now())
+	var now time.Time // a plan of one group takes its queues in turn: no clock read per message
+	if !plan.oneGroup {
+		now = c.cfg.clock.Now()
+	}
+	return c.sel.SelectPlan(plan.Plan, lastGroup(rec), now)
+}
+
+// plan is a route prepared for selection, and whether its writable queues
+// are all of one group (then the selector needs no time: there is no group
+// to avoid or choose).
+type plan struct {
+	*routing.Plan
+	oneGroup bool
+}
+
+func newPlan(r routing.Route) *plan {
+	p := &plan{Plan: routing.NewPlan(r), oneGroup: true}
+	group := ""
+	for _, q := range r.Queues {
+		if !q.Writable {
+			continue
+		}
+		if group != "" && q.Group != group {
+			p.oneGroup = false
+			break
+		}
+		group = q.Group
+	}
+	return p
 }
 
 // routeSource looks routes up: the metaserver, or a fake in tests.
@@ -618,17 +646,17 @@ func deliveryTimeout(rec *record, err, prev error) error {
 
 // route returns the cached route of the record's topic, looking it up on
 // first use. The lookup ends by the record's delivery deadline.
-func (c *Client) route(rec *record) (*routing.Plan, error) {
+func (c *Client) route(rec *record) (*plan, error) {
 	topic := rec.msg.Topic
 	c.mu.Lock()
-	var plan *routing.Plan
+	var p *plan
 	if tr := c.routes[topic]; tr != nil {
-		plan = tr.plan // storeRoute replaces it under mu
+		p = tr.plan // storeRoute replaces it under mu
 		tr.used = true
 	}
 	c.mu.Unlock()
-	if plan != nil {
-		return plan, nil
+	if p != nil {
+		return p, nil
 	}
 	deadline := time.Now().Add(c.cfg.requestTimeout)
 	if rec.deadline.Before(deadline) {
@@ -646,7 +674,7 @@ func (c *Client) route(rec *record) (*routing.Plan, error) {
 // storeRoute caches a route just looked up, unless the cache has a newer
 // one, and shows each of its groups' sinks the group's master, epoch and
 // state: a sink gives up calls to a master the route no longer names.
-func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *routing.Plan {
+func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *plan {
 	type seen struct {
 		s *sink
 		v view
@@ -659,7 +687,7 @@ func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *routing
 		c.routes[topic] = tr
 	}
 	if tr.plan == nil || r.Version >= tr.route.Version {
-		tr.route, tr.plan = r, routing.NewPlan(r)
+		tr.route, tr.plan = r, newPlan(r)
 		tr.unwritable = false
 	queues:
 		for i, q := range r.Queues {
@@ -680,12 +708,12 @@ func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *routing
 	if forced {
 		tr.lastForced = tr.fetched
 	}
-	plan := tr.plan
+	p := tr.plan
 	c.mu.Unlock()
 	for _, x := range sinks {
 		x.s.observe(x.v)
 	}
-	return plan
+	return p
 }
 
 // refreshSoon refreshes a topic's route in the background, at most once a

@@ -9,6 +9,7 @@ import (
 	"runtime/pprof"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -31,6 +32,8 @@ type benchOptions struct {
 	mode        string
 	window      int
 	linger      time.Duration
+	batchBytes  int
+	inflight    int
 	idempotence bool
 	progress    bool
 	rate        float64
@@ -54,13 +57,16 @@ type benchResult struct {
 	Errors      int64   `json:"errors"`
 	FirstError  string  `json:"first_error,omitempty"`
 	Seconds     float64 `json:"seconds"`
-	MsgsPerSec  float64 `json:"msgs_per_sec"`
-	MBPerSec    float64 `json:"mb_per_sec"`
-	P50Micros   int64   `json:"p50_us"`
-	P90Micros   int64   `json:"p90_us"`
-	P99Micros   int64   `json:"p99_us"`
-	P999Micros  int64   `json:"p999_us"`
-	MaxMicros   int64   `json:"max_us"`
+	// CPUSeconds is the CPU time (user and system) this process used
+	// while sending: producers, promises and the bench's bookkeeping.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	MsgsPerSec float64 `json:"msgs_per_sec"`
+	MBPerSec   float64 `json:"mb_per_sec"`
+	P50Micros  int64   `json:"p50_us"`
+	P90Micros  int64   `json:"p90_us"`
+	P99Micros  int64   `json:"p99_us"`
+	P999Micros int64   `json:"p999_us"`
+	MaxMicros  int64   `json:"max_us"`
 	// Consume is the consume side, with --consumers.
 	Consume *consumeResult `json:"consume,omitempty"`
 }
@@ -117,6 +123,8 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&o.mode, "mode", "async", "sync (one message at a time per producer) or async (--window in flight per producer)")
 	f.IntVar(&o.window, "window", 1000, "async: messages in flight per producer")
 	f.DurationVar(&o.linger, "linger", 2*time.Millisecond, "producer linger")
+	f.IntVar(&o.batchBytes, "batch-bytes", 0, "producer MaxBatchBytes (0: the SDK's default)")
+	f.IntVar(&o.inflight, "max-inflight", 0, "producer MaxInflightPerGroup (0: the SDK's default)")
 	f.BoolVar(&o.idempotence, "idempotence", true, "idempotent, ordered sends (producer ids and sequences); false to measure without")
 	f.BoolVar(&o.progress, "progress", true, "show a progress line when the output is a terminal")
 	f.Float64Var(&o.rate, "rate", 0, "send at most this many messages/s in all (0: as fast as the cluster takes them)")
@@ -164,6 +172,15 @@ func startProfiles(o *benchOptions) (stop func() error, err error) {
 		}
 		return nil
 	}, nil
+}
+
+// cpuTime is the CPU time (user and system) this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func us(v int64) string { return (time.Duration(v) * time.Microsecond).String() }
@@ -237,9 +254,16 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	producers := make([]*producer.Client, o.producers)
 	for i := range producers {
 		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
-		p, err := producer.New(producer.MetaAddrs(g.addrs()...), producer.Linger(o.linger),
-			producer.MaxBuffered(max(o.window, 1), 1<<30), producer.DeliveryTimeout(30*time.Second),
-			producer.Idempotence(o.idempotence))
+		opts := []producer.Opt{producer.MetaAddrs(g.addrs()...), producer.Linger(o.linger),
+			producer.MaxBuffered(max(o.window, 1), 1<<30), producer.DeliveryTimeout(30 * time.Second),
+			producer.Idempotence(o.idempotence)}
+		if o.batchBytes > 0 {
+			opts = append(opts, producer.MaxBatchBytes(o.batchBytes))
+		}
+		if o.inflight > 0 {
+			opts = append(opts, producer.MaxInflightPerGroup(o.inflight))
+		}
+		p, err := producer.New(opts...)
 		if err != nil {
 			return benchResult{}, usageError{err}
 		}
@@ -258,7 +282,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	if err != nil {
 		return benchResult{}, err
 	}
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime()
 	pace := func(n int64) {} // --rate: the n-th send of a producer waits for its turn
 	if o.rate > 0 {
 		interval := time.Duration(float64(time.Second) * float64(o.producers) / o.rate)
@@ -296,18 +320,30 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 				return
 			}
 			// The producer's buffer (--window messages) bounds what is in flight:
-			// SendAsync blocks until a promise frees room.
+			// SendAsync blocks until a promise frees room. A promise may still
+			// be running when Flush returns (the SDK frees a message's room
+			// before calling its promise), so the run ends when every promise
+			// has returned. One Message serves every send: SendAsync copies
+			// what it needs before it returns.
+			var pending sync.WaitGroup
+			m := &producer.Message{Topic: o.topic, Reliability: rel}
 			for more() {
 				pace(n)
 				n++
 				t0 := time.Now()
-				p.SendAsync(ctx, &producer.Message{Topic: o.topic, Body: stamped(), Reliability: rel}, func(_ producer.Result, err error) { record(i, t0, err) })
+				m.Body = stamped()
+				pending.Add(1)
+				p.SendAsync(ctx, m, func(_ producer.Result, err error) {
+					record(i, t0, err)
+					pending.Done()
+				})
 			}
 			_ = p.Flush(ctx)
+			pending.Wait()
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), cpuTime()-cpu0
 	if err := stopProfile(); err != nil {
 		return benchResult{}, err
 	}
@@ -321,7 +357,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		h.Merge(x)
 	}
 	res := benchResult{Topic: o.topic, Mode: o.mode, Reliability: rel.String(), Idempotence: o.idempotence, Producers: o.producers, Size: o.size,
-		Sent: sent.Load(), Errors: errs.Load(), Seconds: elapsed.Seconds(),
+		Sent: sent.Load(), Errors: errs.Load(), Seconds: elapsed.Seconds(), CPUSeconds: cpu.Seconds(),
 		P50Micros: h.ValueAtQuantile(50), P90Micros: h.ValueAtQuantile(90), P99Micros: h.ValueAtQuantile(99),
 		P999Micros: h.ValueAtQuantile(99.9), MaxMicros: h.Max()}
 	res.MsgsPerSec = float64(res.Sent) / elapsed.Seconds()
