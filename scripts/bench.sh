@@ -205,13 +205,16 @@ bench_run() {
 	shift 4
 	RUN_NO=$((RUN_NO + 1))
 	local g="g$RUN_NO" topic="t$RUN_NO"
-	R_RATE=NA R_P50=NA R_P99=NA
+	R_RATE=NA R_P50=NA R_P99=NA R_CPU=NA R_BCPU=NA
 	start_group "$g" "$flush" "$slave"
 	ctl topic create "$topic" --queues "$queues" --groups "$g" >/dev/null || die "topic create $topic failed"
 	[ -n "$CPUPROFILE" ] && mkdir -p "$CPUPROFILE" && prof=(--cpuprofile "$CPUPROFILE/$shape-$RUN_NO.pprof")
+	local master="${BROKER_PIDS[0]}" t0 t1
+	t0="$(proc_ticks "$master")"
 	out="$(timeout --foreground -k 5 "$RUN_TIMEOUT" "$BIN/ferryctl" --meta "$META" --timeout 10s --json bench \
 		--topic "$topic" --size "$SIZE" --progress=false "$@" "${prof[@]}" 2>>"$WORK/logs/bench.err")"
 	rc=$?
+	t1="$(proc_ticks "$master")"
 	echo "$shape run $RUN_NO (rc $rc): ferryctl bench --topic $topic $*" >>"$WORK/logs/bench.out"
 	echo "$out" >>"$WORK/logs/bench.out"
 	sig "$rc"
@@ -228,7 +231,18 @@ bench_run() {
 	R_RATE="$(awk -v x="$(jnum msgs_per_sec "$out")" 'BEGIN{ printf "%.0f", x }')"
 	R_P50="$(jnum p50_us "$out")"
 	R_P99="$(jnum p99_us "$out")"
+	# CPU per message: ferryctl bench's (its cpu_seconds) and the master's
+	# (from /proc, in clock ticks), in µs.
+	local sent
+	sent="$(jnum sent "$out")"
+	R_CPU="$(awk -v c="$(jnum cpu_seconds "$out")" -v n="$sent" 'BEGIN{ if (c != "" && n > 0) printf "%.2f", c * 1e6 / n; else print "NA" }')"
+	R_BCPU="$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK 2>/dev/null || echo 100)" -v n="$sent" \
+		'BEGIN{ if (a != "" && b != "" && n > 0) printf "%.2f", (b - a) / hz * 1e6 / n; else print "NA" }')"
 }
+
+# proc_ticks PID: the CPU time (user and system, clock ticks) of PID so far,
+# from /proc (empty where there is none).
+proc_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null; }
 
 ASYNC=(--mode async --producers 4 --window 1000 --count "$COUNT")
 run_shapes() {
@@ -238,7 +252,9 @@ run_shapes() {
 			log "async run $r/$RUNS: 4 producers, window 1000, flush=async, $COUNT msgs"
 			bench_run async async 0 8 "${ASYNC[@]}"
 			add async "$R_RATE"
-			log "  $R_RATE msgs/s"
+			add async.cpu "$R_CPU"
+			add async.bcpu "$R_BCPU"
+			log "  $R_RATE msgs/s (CPU per message: ferryctl bench $R_CPU µs, broker $R_BCPU µs)"
 		fi
 		if has async1; then
 			log "async1 run $r/$RUNS: 1 producer, window 500, flush=async, $COUNT msgs"
@@ -342,6 +358,9 @@ report() {
 		v=$(med q1000)
 		rt=$(ratio "$v" "$(med q8)")
 		line queues.1000.4p.w1000 msgs/s "$v" "$(runs q1000)" "ferrymq queues.8 (same runs)" "$(med q8)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
+	fi
+	if has async; then
+		echo "NOTE async.4p.w1000 CPU per message (medians): ferryctl bench (the producers) $(med async.cpu) µs, broker $(med async.bcpu) µs; on $(nproc) cores their sum bounds the rate at about $(awk -v a="$(med async.cpu)" -v b="$(med async.bcpu)" -v c="$(nproc)" 'BEGIN{ if (a + b > 0) printf "%.0f", c * 1e6 / (a + b); else print "NA" }') msgs/s"
 	fi
 	echo "NOTE every ferrymq figure: 1 KiB bodies, a fresh broker and data directory per run, one metaserver and the master on 127.0.0.1, idempotent producers (the SDK's default), ferryctl bench's latency is from SendAsync/Send to the result"
 	if [ "${#NATS[@]}" -gt 0 ]; then
