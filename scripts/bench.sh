@@ -77,12 +77,14 @@ for a in "$@"; do
 	esac
 done
 [ ${#SHAPES[@]} -eq 0 ] && [ $WANT_NATS = 0 ] && SHAPES=("${ALL_SHAPES[@]}")
-if [ "$PEERS" != 0 ] && [ -f "$PEERS_SCRIPT" ]; then WANT_NATS=1; fi
-if [ $WANT_NATS = 1 ] && [ ! -f "$PEERS_SCRIPT" ]; then
+if [ "$PEERS" = 0 ]; then
+	WANT_NATS=0
+elif [ -f "$PEERS_SCRIPT" ]; then
+	WANT_NATS=1
+else
 	log "no $PEERS_SCRIPT: NATS is not measured, figures are printed without ratios"
 	WANT_NATS=0
 fi
-[ "$PEERS" = 0 ] && WANT_NATS=0
 has() { local s; for s in "${SHAPES[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 # ------------------------------------------------------------------ processes
