@@ -51,6 +51,9 @@ const (
 	DefaultProducerIdle   = 7 * 24 * time.Hour
 	// DefaultIndexChunkBytes is how much log one index chunk file covers.
 	DefaultIndexChunkBytes = 64 << 20
+	// DefaultPretouch is how far ahead of the writer segments are
+	// pre-touched with FlushAsync.
+	DefaultPretouch = 8 << 20
 )
 
 // MaxPayloadLimit is the largest MaxPayloadSize: a record, with the longest
@@ -96,6 +99,13 @@ type Config struct {
 	// log past the last chunk, and the index in memory holds the entries
 	// of about this much log. Default 64 MiB.
 	IndexChunkBytes int64
+	// Pretouch is how far ahead of the writer a goroutine writes zeros
+	// into the active segment, so that appends land on pages the file
+	// already has instead of extending it (see pretouch.go). The zeros are
+	// never part of the log. Negative: off. Default (0): DefaultPretouch
+	// with FlushAsync, off with FlushSync, whose frequent syncs would write
+	// the zero pages to disk before the records overwrite them.
+	Pretouch int64
 }
 
 // ErrInvalidConfig is matched (with errors.Is) by every error of
@@ -174,6 +184,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.IndexChunkBytes == 0 {
 		c.IndexChunkBytes = DefaultIndexChunkBytes
+	}
+	switch {
+	case c.Pretouch < 0 || c.Pretouch == 0 && c.Flush == FlushSync:
+		c.Pretouch = 0
+	case c.Pretouch == 0:
+		c.Pretouch = DefaultPretouch
 	}
 	return c
 }

@@ -70,7 +70,8 @@ func TestCrashLosesNoFlushedRecord(t *testing.T) {
 		defer os.RemoveAll(dir)
 		segSize := rapid.SampledFrom([]int64{300, 1024, 1 << 20}).Draw(rt, "segment size")
 		cfg := Config{Dir: dir, SegmentSize: segSize, FlushInterval: time.Hour, ProducerStamp: testStamp,
-			IndexChunkBytes: rapid.SampledFrom([]int64{1, 200, 700, 0}).Draw(rt, "index chunk bytes")}
+			IndexChunkBytes: rapid.SampledFrom([]int64{1, 200, 700, 0}).Draw(rt, "index chunk bytes"),
+			Pretouch:        rapid.SampledFrom([]int64{-1, 64, 4096}).Draw(rt, "pretouch")}
 		l, err := Open(cfg)
 		if err != nil {
 			rt.Fatal(err)
@@ -444,6 +445,7 @@ func TestFaultsLoseNoAcknowledgedRecord(t *testing.T) {
 			Flush:           rapid.SampledFrom([]FlushMode{FlushAsync, FlushSync}).Draw(rt, "flush mode"),
 			FlushInterval:   time.Hour,
 			IndexChunkBytes: rapid.SampledFrom([]int64{1, 500, 0}).Draw(rt, "index chunk bytes"),
+			Pretouch:        rapid.SampledFrom([]int64{-1, 1000}).Draw(rt, "pretouch"),
 		}
 		l, err := Open(cfg)
 		if err != nil {
@@ -632,7 +634,8 @@ func TestTruncateCrashRecoversOldOrCut(t *testing.T) {
 		efs := vfs.NewErrorFS(vfs.Default)
 		segSize := rapid.SampledFrom([]int64{300, 1024}).Draw(rt, "segment size")
 		cfg := Config{Dir: dir, FS: efs, SegmentSize: segSize, FlushInterval: time.Hour, ProducerStamp: testStamp,
-			IndexChunkBytes: rapid.SampledFrom([]int64{1, 300, 0}).Draw(rt, "index chunk bytes")}
+			IndexChunkBytes: rapid.SampledFrom([]int64{1, 300, 0}).Draw(rt, "index chunk bytes"),
+			Pretouch:        rapid.SampledFrom([]int64{-1, 500}).Draw(rt, "pretouch")}
 		l, err := Open(cfg)
 		if err != nil {
 			rt.Fatal(err)

@@ -100,7 +100,9 @@ func isInjected(t testing.TB, err error, cause error) {
 func TestFullDiskFailsOnlyItsAppend(t *testing.T) {
 	efs := vfs.NewErrorFS(vfs.Default)
 	dir := t.TempDir()
-	cfg := Config{Dir: dir, FS: efs, FlushInterval: time.Hour}
+	// Pre-touching off: its writes would count, and the file sizes checked
+	// are the log's.
+	cfg := Config{Dir: dir, FS: efs, FlushInterval: time.Hour, Pretouch: -1}
 	l := openLog(t, cfg)
 	third := vfs.Fail(vfs.OpWrite).Path("*.log").Nth(3).Partial(13).With(syscall.ENOSPC)
 	efs.Inject(third)
@@ -171,7 +173,8 @@ func TestRollFails(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			efs := vfs.NewErrorFS(vfs.Default)
 			dir := t.TempDir()
-			l := openLog(t, Config{Dir: dir, FS: efs, SegmentSize: 1000, FlushInterval: time.Hour})
+			// Pre-touching off: the file sizes checked are the log's.
+			l := openLog(t, Config{Dir: dir, FS: efs, SegmentSize: 1000, FlushInterval: time.Hour, Pretouch: -1})
 			m := model{}
 			for i := range 9 {
 				must(t, m.append(t, l, false, entry(uint32(i%2), fmt.Sprint("r", i), 100)))
@@ -238,7 +241,8 @@ func TestFailedUndoBreaksTheLog(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			efs := vfs.NewErrorFS(vfs.Default)
 			dir := t.TempDir()
-			l := openLog(t, Config{Dir: dir, FS: efs, SegmentSize: 1000, FlushInterval: time.Hour})
+			// Pre-touching off: the file sizes checked are the log's.
+			l := openLog(t, Config{Dir: dir, FS: efs, SegmentSize: 1000, FlushInterval: time.Hour, Pretouch: -1})
 			m := model{}
 			for i := range 9 {
 				must(t, m.append(t, l, i == 4, entry(uint32(i%2), fmt.Sprint("r", i), 100)))

@@ -96,6 +96,7 @@ type Log struct {
 	flushDone  chan struct{}
 	buf        []byte // the writer's scratch buffer
 	prod       producerTable
+	pt         pretoucher
 
 	// The index on disk (indexer.go). idxMu serializes the indexer's
 	// chunk writes with Truncate and DeleteBefore; chunks (the files the
@@ -142,6 +143,8 @@ func Open(cfg Config) (*Log, error) {
 		l.closeFiles()
 		return nil, err
 	}
+	l.pt.window = cfg.Pretouch
+	l.startPretouch(l.segments[len(l.segments)-1])
 	go l.writer()
 	go l.flusher()
 	go l.indexer()
@@ -170,6 +173,10 @@ func (l *Log) Close() error {
 	default:
 	}
 	<-l.writerDone
+	l.stopPretouch()
+	if err := l.pt.cut(l.segments[len(l.segments)-1], l.segments[len(l.segments)-1].size); err != nil {
+		l.log.Warn("cutting the pre-touched zeros at close failed; the next Open cuts them", "error", err)
+	}
 	close(l.stopFlush)
 	<-l.flushDone
 	if !l.crashed {

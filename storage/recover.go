@@ -204,7 +204,11 @@ func (l *Log) truncateTail(i int, good, end, checkpoint int64, reason string) er
 		lost += t.size
 	}
 	lost -= good
-	l.log.Warn("truncating a torn tail", "segment", s.name, "offset", end, "checkpoint", checkpoint, "bytes", lost, "reason", reason)
+	if zeros, _ := zerosFrom(s, good); zeros && i == len(l.segments)-1 {
+		l.log.Info("cutting the pre-touched zeros after the log's end", "segment", s.name, "offset", end, "bytes", lost)
+	} else {
+		l.log.Warn("truncating a torn tail", "segment", s.name, "offset", end, "checkpoint", checkpoint, "bytes", lost, "reason", reason)
+	}
 	if good == 0 && i > 0 {
 		i-- // drop the whole segment
 	} else {

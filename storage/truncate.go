@@ -157,6 +157,14 @@ func (l *Log) truncate(offset int64, sideFile string) (TruncateResult, error) {
 		return TruncateResult{}, fmt.Errorf("storage: truncate: %w", err)
 	}
 
+	// The pre-touched zeros go too, and touching starts again on whatever
+	// segment is active when Truncate returns.
+	last := segs[len(segs)-1]
+	defer func() { l.pt.use(l.segments[len(l.segments)-1], l.segments[len(l.segments)-1].size) }()
+	if err := l.pt.cut(last, last.size); err != nil {
+		return TruncateResult{}, fmt.Errorf("storage: truncate: %w", err)
+	}
+
 	l.syncMu.Lock()
 	defer l.syncMu.Unlock()
 	// A checkpoint past the cut would make Open take the cut log for one

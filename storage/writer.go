@@ -251,6 +251,7 @@ func (l *Log) writeChunks(chunks []chunk) error {
 				errs = append(errs, fmt.Errorf("truncate %s: %w", first.seg.name, err))
 			}
 		}
+		l.pt.use(chunks[0].seg, chunks[0].start)
 		if len(errs) > 0 {
 			l.broken = fmt.Errorf("%w: undoing a failed write: %w (write: %w)", ErrBroken, errors.Join(errs...), cause)
 			l.log.Error("log broken", "error", l.broken)
@@ -261,6 +262,9 @@ func (l *Log) writeChunks(chunks []chunk) error {
 	for i := range chunks {
 		c := &chunks[i]
 		if c.seg == nil {
+			if err := l.pt.roll(chunks[i-1].seg, chunks[i-1].start+int64(len(chunks[i-1].buf))); err != nil {
+				return undo(err)
+			}
 			s, err := l.createSegment(c.base)
 			if s != nil {
 				created = append(created, s)
@@ -274,10 +278,14 @@ func (l *Log) writeChunks(chunks []chunk) error {
 			continue
 		}
 		wroteActive = wroteActive || i == 0
+		l.pt.beforeWrite(c.seg, c.start+int64(len(c.buf)))
 		if _, err := c.seg.f.WriteAt(c.buf, c.start); err != nil {
 			l.log.Warn("commit log write failed", "segment", c.seg.name, "bytes", len(c.buf), "error", err)
 			return undo(fmt.Errorf("storage: write %s: %w", c.seg.name, err))
 		}
+	}
+	if last := chunks[len(chunks)-1]; len(created) > 0 {
+		l.pt.use(last.seg, last.start+int64(len(last.buf)))
 	}
 	return nil
 }
