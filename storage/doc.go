@@ -122,6 +122,18 @@
 // nothing. Records are checked against the format's limits, not against
 // Config.MaxPayloadSize, which limits new appends only.
 //
+// # Pre-touching
+//
+// With Config.Pretouch (on by default with FlushAsync), a goroutine writes
+// zeros into the active segment up to 8 MiB ahead of the writer, so that
+// appends overwrite pages the file already has rather than extend it. The
+// zeros are never part of the log: the segment's size is the log's, a roll
+// cuts the old segment's zeros before the next segment is created (so
+// zeros can only follow the log's end, in its last segment), Close and
+// Truncate cut them, and recovery takes the first all-zero record header
+// for the end of the log like any torn tail (cut if at or past the
+// checkpoint; reported, and logged as zeros, otherwise).
+//
 // # Flush
 //
 // FlushAsync (the default) syncs every Config.FlushInterval and on Close;
