@@ -130,9 +130,8 @@
 // zeros are never part of the log: the segment's size is the log's, a roll
 // cuts the old segment's zeros before the next segment is created (so
 // zeros can only follow the log's end, in its last segment), Close and
-// Truncate cut them, and recovery takes the first all-zero record header
-// for the end of the log like any torn tail (cut if at or past the
-// checkpoint; reported, and logged as zeros, otherwise).
+// Truncate cut them, and recovery cuts them as it cuts a torn tail (they
+// are past the checkpoint: the log's end is), logging them as zeros.
 //
 // # Flush
 //
