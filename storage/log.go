@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -97,6 +98,7 @@ type Log struct {
 	buf        []byte // the writer's scratch buffer
 	prod       producerTable
 	pt         pretoucher
+	scanned    int64 // records Open read (after the index chunks)
 
 	// The index on disk (indexer.go). idxMu serializes the indexer's
 	// chunk writes with Truncate and DeleteBefore; chunks (the files the
@@ -139,10 +141,13 @@ func Open(cfg Config) (*Log, error) {
 	if err := l.fs.MkdirAll(cfg.Dir); err != nil {
 		return nil, fmt.Errorf("storage: create %s: %w", cfg.Dir, err)
 	}
+	began := time.Now()
 	if err := l.recover(); err != nil {
 		l.closeFiles()
 		return nil, err
 	}
+	l.log.Info("opened the commit log", "start", l.segments[0].base, "end", l.end.Load(),
+		"segments", len(l.segments), "index_chunks", len(l.chunks), "records_read", l.scanned, "took", time.Since(began))
 	l.pt.window = cfg.Pretouch
 	l.startPretouch(l.segments[len(l.segments)-1])
 	go l.writer()

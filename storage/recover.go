@@ -334,6 +334,7 @@ func (l *Log) scanSegment(s *segment, from int64) (good int64, reason string, er
 		}
 		l.indexAdd(k, rec.QueueOffset, s.base+at, int32(n))
 		l.prod.replay(k, rec.Payload, rec.QueueOffset, rec.StoreTime)
+		l.scanned++
 		if end := s.base + at + int64(n); end-l.cutFrom >= l.cfg.IndexChunkBytes {
 			crc := binary.BigEndian.Uint32(buf[at-bufAt+4:])
 			l.addCut(indexCut{from: l.cutFrom, to: end, last: chunkLast{at: s.base + at, crc: crc}, snap: l.prod.encodeSnapshot()})
