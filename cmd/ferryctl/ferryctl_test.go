@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -109,6 +111,22 @@ func TestCommands(t *testing.T) {
 	var res benchResult
 	if err := json.Unmarshal([]byte(mustCtl(t, meta, "bench", "--count", "500", "--mode", "sync", "--json")), &res); err != nil || res.Sent != 500 || res.Errors != 0 || res.P50Micros <= 0 {
 		t.Fatalf("bench --json: %+v %v", res, err)
+	}
+	// The async shape with the SDK's batching knobs and the profiles: every
+	// message is counted (the run waits for every promise), and the CPU
+	// time and both profiles are written.
+	dir := t.TempDir()
+	cpuProf, memProf := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "mem.pprof")
+	res = benchResult{}
+	if err := json.Unmarshal([]byte(mustCtl(t, meta, "bench", "--count", "2000", "--producers", "2", "--window", "300",
+		"--batch-bytes", "65536", "--max-inflight", "2", "--cpuprofile", cpuProf, "--memprofile", memProf, "--json")), &res); err != nil ||
+		res.Sent != 2000 || res.Errors != 0 || res.CPUSeconds <= 0 {
+		t.Fatalf("bench async --json: %+v %v", res, err)
+	}
+	for _, f := range []string{cpuProf, memProf} {
+		if st, err := os.Stat(f); err != nil || st.Size() == 0 {
+			t.Fatalf("profile %s: %v", f, err)
+		}
 	}
 }
 
