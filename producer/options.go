@@ -179,7 +179,9 @@ func MetaAddrs(addrs ...string) Opt {
 
 // Linger is how long a batch waits for more messages before it is sent,
 // when the group already has a batch in flight or none is urgent. A
-// synchronous Send does not wait for it. Default 2 ms; 0 sends at once.
+// synchronous Send does not wait for it, nor does a batch while a sender
+// waits for buffer room (MaxBuffered): no message joins it until answers
+// free room. Default 2 ms; 0 sends at once.
 // It must be shorter than DeliveryTimeout.
 func Linger(d time.Duration) Opt { return optFunc(func(c *config) { c.linger = d }) }
 
@@ -190,12 +192,15 @@ func MaxBatchBytes(n int) Opt { return optFunc(func(c *config) { c.maxBatchBytes
 
 // MaxInflightPerGroup bounds the batches in flight to one broker group;
 // while it is reached, new messages accumulate into the next batch.
-// Default 5.
+// Default 5. A client keeps as many buffers that batches were encoded into
+// (each up to about MaxBatchBytes) for its next batches.
 func MaxInflightPerGroup(n int) Opt { return optFunc(func(c *config) { c.maxInflight = n }) }
 
 // MaxBuffered bounds the messages (and their bytes) accepted and not yet
 // answered. When full, a send blocks until there is room or its context
-// ends, unless FailWhenFull is set. Defaults 100,000 and 64 MiB.
+// ends, unless FailWhenFull is set, and what lingers is sent at once. A
+// message's room is freed just before its promise is called. Defaults
+// 100,000 and 64 MiB.
 func MaxBuffered(records int, bytes int64) Opt {
 	return optFunc(func(c *config) { c.maxRecords, c.maxBytes = records, bytes })
 }
