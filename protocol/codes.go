@@ -12,6 +12,7 @@ const (
 	CodePull Code = 11 // PULL stored messages of one queue (PullRequest -> PullResponse)
 
 	CodeHAFetch Code = 20 // a slave fetches raw log bytes from its master
+	CodeHAAck   Code = 21 // oneway: a slave tells its master how far it has appended
 
 	CodeHeartbeat    Code = 30 // a broker's heartbeat to the metaserver leader
 	CodeRouteLookup  Code = 31 // a route lookup, served by any metaserver node
@@ -38,6 +39,7 @@ var codeNames = map[Code]string{
 	CodeSend:              "SEND",
 	CodePull:              "PULL",
 	CodeHAFetch:           "HA_FETCH",
+	CodeHAAck:             "HA_ACK",
 	CodeHeartbeat:         "HEARTBEAT",
 	CodeRouteLookup:       "ROUTE_LOOKUP",
 	CodeRouteGet:          "ROUTE_GET",

@@ -137,7 +137,7 @@ func FuzzDecodeMessage(f *testing.F) {
 }
 
 func FuzzDecodeHAFetchRequest(f *testing.F) {
-	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, MaxBytes: 1 << 20, WaitMillis: 100, Epoch: 4, BrokerID: "g1-b"}))
+	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, Acked: 1 << 39, MaxBytes: 1 << 20, WaitMillis: 100, Epoch: 4, BrokerID: "g1-b"}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		req, err := DecodeHAFetchRequest(b)
 		if err != nil {
@@ -145,6 +145,20 @@ func FuzzDecodeHAFetchRequest(f *testing.F) {
 			return
 		}
 		if out := AppendHAFetchRequest(nil, &req); !bytes.Equal(out, b) {
+			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
+		}
+	})
+}
+
+func FuzzDecodeHAAck(f *testing.F) {
+	addWithPrefixes(f, AppendHAAck(nil, &HAAck{Acked: 1 << 40, Epoch: 4, BrokerID: "g1-b"}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		a, err := DecodeHAAck(b)
+		if err != nil {
+			checkMalformed(t, err)
+			return
+		}
+		if out := AppendHAAck(nil, &a); !bytes.Equal(out, b) {
 			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
 		}
 	})

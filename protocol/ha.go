@@ -2,11 +2,27 @@ package protocol
 
 import "fmt"
 
-// HAFetchRequest is a slave asking its master for raw commit-log bytes. The
-// offset is the slave's log end: it asks for what follows and, by asking,
-// acknowledges everything before it.
+// HA replication is pulled by the slave and acknowledged separately from
+// the pulls, so the slave's append of one answer overlaps the transfer of
+// the next (DESIGN.md, "HA sync"):
 //
-//	offset       i64
+//   - HA_FETCH asks for the log bytes from Offset, the slave's received
+//     end: where its last answer ended, appended or not yet. The slave sends
+//     it as soon as an answer has arrived, while it still appends that
+//     answer. It also carries Acked, the slave's appended end.
+//   - HA_ACK (oneway) carries the slave's appended end, sent right after
+//     each append.
+//
+// The master counts as acknowledged (and releases HIGH messages up to) only
+// an Acked value: never a fetch's Offset, which names bytes the slave may
+// have received but not yet appended.
+
+// HAFetchRequest is a slave asking its master for raw commit-log bytes.
+//
+//	offset       i64: where the answer starts: the slave's received end
+//	             (its log end plus what it received and has not appended yet)
+//	acked        i64: the slave's appended end (its log end when it sent the
+//	             fetch), at most offset; the master counts it as acknowledged
 //	max bytes    u32
 //	wait millis  u32: how long the master may hold the request when it has
 //	             nothing new (a long poll)
@@ -16,6 +32,7 @@ import "fmt"
 //	             the registry names as its slave in the current epoch
 type HAFetchRequest struct {
 	Offset     int64
+	Acked      int64
 	MaxBytes   uint32
 	WaitMillis uint32
 	Epoch      uint32
@@ -25,6 +42,7 @@ type HAFetchRequest struct {
 // AppendHAFetchRequest appends f's encoding.
 func AppendHAFetchRequest(dst []byte, f *HAFetchRequest) []byte {
 	dst = appendI64(dst, f.Offset)
+	dst = appendI64(dst, f.Acked)
 	dst = appendU32(dst, f.MaxBytes)
 	dst = appendU32(dst, f.WaitMillis)
 	dst = appendU32(dst, f.Epoch)
@@ -36,6 +54,7 @@ func DecodeHAFetchRequest(b []byte) (HAFetchRequest, error) {
 	var f HAFetchRequest
 	r := reader{b: b}
 	f.Offset = r.i64("offset")
+	f.Acked = r.i64("acked")
 	f.MaxBytes = r.u32("max bytes")
 	f.WaitMillis = r.u32("wait millis")
 	f.Epoch = r.u32("epoch")
@@ -43,10 +62,49 @@ func DecodeHAFetchRequest(b []byte) (HAFetchRequest, error) {
 	if err := r.done("ha fetch request"); err != nil {
 		return HAFetchRequest{}, err
 	}
-	if f.Offset < 0 {
-		return HAFetchRequest{}, fmt.Errorf("%w: negative offset %d", ErrMalformed, f.Offset)
+	if f.Offset < 0 || f.Acked < 0 {
+		return HAFetchRequest{}, fmt.Errorf("%w: negative offset %d or acked %d", ErrMalformed, f.Offset, f.Acked)
+	}
+	if f.Acked > f.Offset {
+		return HAFetchRequest{}, fmt.Errorf("%w: acked %d past the fetch offset %d", ErrMalformed, f.Acked, f.Offset)
 	}
 	return f, nil
+}
+
+// HAAck is a slave telling its master how far it has appended the master's
+// log: the body of a oneway HA_ACK, sent after each append.
+//
+//	acked      i64: the slave's appended end
+//	epoch      u32: the group epoch the slave follows
+//	broker id  u16 length + bytes: the slave's broker id (checked as a
+//	           fetch's is)
+type HAAck struct {
+	Acked    int64
+	Epoch    uint32
+	BrokerID string
+}
+
+// AppendHAAck appends a's encoding.
+func AppendHAAck(dst []byte, a *HAAck) []byte {
+	dst = appendI64(dst, a.Acked)
+	dst = appendU32(dst, a.Epoch)
+	return appendStr16(dst, clip16(a.BrokerID))
+}
+
+// DecodeHAAck decodes an HA_ACK body.
+func DecodeHAAck(b []byte) (HAAck, error) {
+	var a HAAck
+	r := reader{b: b}
+	a.Acked = r.i64("acked")
+	a.Epoch = r.u32("epoch")
+	a.BrokerID = r.str16("broker id")
+	if err := r.done("ha ack"); err != nil {
+		return HAAck{}, err
+	}
+	if a.Acked < 0 {
+		return HAAck{}, fmt.Errorf("%w: negative acked offset %d", ErrMalformed, a.Acked)
+	}
+	return a, nil
 }
 
 // HAFetchResponse carries raw log bytes (whole records) starting at the
