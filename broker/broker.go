@@ -163,6 +163,13 @@ func New(cfg Config) (*Broker, error) {
 		}
 		r.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster, Message: "broker " + cfg.ID + " is not its group's master"})
 	}, func([]byte) int { return protocol.HAFetchResponseHeaderSize + cfg.HAFetchBytes })
+	b.ha.Handle(protocol.CodeHAAck, func(r *transport.Request) {
+		if rep := b.roles.replication(); rep != nil {
+			rep.handleAck(r, r.Body)
+			return
+		}
+		r.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster, Message: "broker " + cfg.ID + " is not its group's master"})
+	})
 	haBound, err := b.ha.Listen(cfg.HAAddr)
 	if err != nil {
 		return fail(fmt.Errorf("broker: HA %w", err))

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -19,18 +20,25 @@ type slaveLog interface {
 	AppendRaw(offset int64, data []byte, flush bool) (int64, error)
 }
 
-// masterLink fetches from one master's HA address.
+// masterLink fetches from one master's HA address and acknowledges to it.
 type masterLink interface {
 	Fetch(ctx context.Context, req protocol.HAFetchRequest) (protocol.HAFetchResponse, error)
+	// Ack sends an HA_ACK without waiting for the master: it returns once
+	// the acknowledgement is on its way (or could not be sent).
+	Ack(ctx context.Context, ack protocol.HAAck) error
 	Close() error
 }
 
-// dialMaster opens a link to a master's HA address over the transport.
+// dialMaster opens a link to a master's HA address over the transport:
+// one connection for fetches and one for acknowledgements. An ack must not
+// wait behind a parked fetch: the master's connection reader admits a
+// request only while the answers it owes fit in its write buffer, and a
+// parked fetch has reserved a whole answer's worth.
 func dialMaster(addr string) masterLink {
-	return &transportLink{c: transport.NewClient(addr, transport.ClientConfig{})}
+	return &transportLink{c: transport.NewClient(addr, transport.ClientConfig{}), acks: transport.NewClient(addr, transport.ClientConfig{})}
 }
 
-type transportLink struct{ c *transport.Client }
+type transportLink struct{ c, acks *transport.Client }
 
 func (l *transportLink) Fetch(ctx context.Context, req protocol.HAFetchRequest) (protocol.HAFetchResponse, error) {
 	resp, err := l.c.Call(ctx, protocol.CodeHAFetch, protocol.AppendHAFetchRequest(nil, &req))
@@ -40,13 +48,32 @@ func (l *transportLink) Fetch(ctx context.Context, req protocol.HAFetchRequest) 
 	return protocol.DecodeHAFetchResponse(resp.Body)
 }
 
-func (l *transportLink) Close() error { return l.c.Close() }
+func (l *transportLink) Ack(ctx context.Context, ack protocol.HAAck) error {
+	return l.acks.Send(ctx, protocol.CodeHAAck, protocol.AppendHAAck(nil, &ack))
+}
 
-// follower is the slave's side of HA sync in one epoch: it fetches from
-// its own log end, appends what comes back at the same offsets, and fetches
-// again, which acknowledges the append. Every fetch names the slave and its
-// epoch; an answer from a master of another epoch is dropped. After any
-// error it backs off and reconnects. roles starts one per epoch and master.
+func (l *transportLink) Close() error { return errors.Join(l.c.Close(), l.acks.Close()) }
+
+// follower is the slave's side of HA sync in one epoch. It copies in a
+// pipeline of two goroutines, so that appending one answer overlaps the
+// transfer of the next:
+//
+//   - the fetcher asks from the received end (the log end plus what it has
+//     received and not yet appended) and hands each answer to the appender,
+//     then fetches again at once;
+//   - the appender appends each answer at its offset, then acknowledges the
+//     new log end to the master (a oneway HA_ACK).
+//
+// Every fetch also carries the log end when it was sent as its Acked, so an
+// acknowledgement lost with a connection is repeated by the next fetch. What
+// the slave acknowledges is always its own log end after an append: bytes it
+// holds. At most one answer waits for the appender, so the fetcher is at
+// most two answers ahead and stops fetching while the appender is stuck.
+//
+// Every fetch and ack names the slave and its epoch; an answer from a master
+// of another epoch ends the pipeline. After any error the pipeline is
+// drained and the follower backs off and starts again from its log end.
+// roles starts one per epoch and master.
 type follower struct {
 	id         string // this broker's id, which the master checks
 	epoch      uint32
@@ -59,14 +86,24 @@ type follower struct {
 	lg         hclog.Logger
 	masterEnd  *atomic.Int64 // the master's log end in the last answer
 	appended   func()        // called after each append (wakes parked PULLs); may be nil
+	// serial fetches only once the previous answer is appended, with the
+	// next fetch as the acknowledgement and no HA_ACK: the protocol before
+	// the pipeline, kept for BenchmarkReplicationHigh's comparison.
+	serial  bool
+	failing bool // the last copy failed (owned by run's goroutine)
+}
+
+// chunk is an answer received and not yet appended.
+type chunk struct {
+	offset   int64
+	records  []byte
+	appended chan struct{} // closed once appended; only when serial
 }
 
 func (f *follower) run(ctx context.Context) {
 	link := f.dial(f.addr)
 	defer func() { _ = link.Close() }()
-	addr := f.addr
 	backoff := 50 * time.Millisecond
-	failing := false // logged once per outage
 	sleep := func() bool {
 		t := f.clock.NewTimer(backoff)
 		defer t.Stop()
@@ -79,50 +116,113 @@ func (f *follower) run(ctx context.Context) {
 		}
 	}
 	for ctx.Err() == nil {
-		if err := f.copyOnce(ctx, link); err != nil {
-			if ctx.Err() == nil && !failing {
-				f.lg.Warn("copying from the master failed; retrying with backoff", "master", addr, "error", err)
-			}
-			failing = true
-			if !sleep() {
-				return
-			}
-			continue
+		progressed, err := f.stream(ctx, link)
+		if ctx.Err() != nil {
+			return
 		}
-		if failing {
-			f.lg.Info("copying from the master again", "master", addr)
+		if progressed {
+			backoff = 50 * time.Millisecond
 		}
-		failing = false
-		backoff = 50 * time.Millisecond
+		if !f.failing {
+			f.lg.Warn("copying from the master failed; retrying with backoff", "master", f.addr, "error", err)
+		}
+		f.failing = true // logged once per outage
+		if !sleep() {
+			return
+		}
 	}
 }
 
-// copyOnce fetches once from the log end and appends what came back.
-func (f *follower) copyOnce(ctx context.Context, link masterLink) error {
-	from := f.log.EndOffset()
-	fctx, cancel := context.WithTimeout(ctx, f.fetchWait+5*time.Second)
+// stream runs the pipeline from the log end until an error (or ctx ends),
+// which it returns once both goroutines have stopped; progressed reports
+// whether any fetch was answered.
+func (f *follower) stream(ctx context.Context, link masterLink) (progressed bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	resp, err := link.Fetch(fctx, protocol.HAFetchRequest{
-		Offset: from, MaxBytes: uint32(f.fetchBytes), WaitMillis: uint32(f.fetchWait.Milliseconds()),
-		Epoch: f.epoch, BrokerID: f.id,
-	})
-	if err != nil {
-		return err
+	chunks := make(chan chunk, 1)
+	appendErr := make(chan error, 1)
+	go func() {
+		err := f.appendLoop(ctx, link, chunks)
+		cancel() // stop the fetcher (a parked fetch ends at once)
+		appendErr <- err
+	}()
+	progressed, err = f.fetchLoop(ctx, link, chunks)
+	cancel()
+	if aerr := <-appendErr; aerr != nil {
+		err = aerr // the first cause: the fetcher saw only the cancellation
 	}
-	if resp.Epoch != f.epoch {
-		return fmt.Errorf("the master at %s serves epoch %d, this slave follows epoch %d", f.addr, resp.Epoch, f.epoch)
+	return progressed, err
+}
+
+// fetchLoop fetches from the received end and hands the answers over.
+func (f *follower) fetchLoop(ctx context.Context, link masterLink, chunks chan<- chunk) (progressed bool, err error) {
+	next := f.log.EndOffset() // the received end
+	for {
+		fctx, cancel := context.WithTimeout(ctx, f.fetchWait+5*time.Second)
+		resp, err := link.Fetch(fctx, protocol.HAFetchRequest{
+			Offset: next, Acked: f.log.EndOffset(), MaxBytes: uint32(f.fetchBytes),
+			WaitMillis: uint32(f.fetchWait.Milliseconds()), Epoch: f.epoch, BrokerID: f.id,
+		})
+		cancel()
+		if err != nil {
+			return progressed, err
+		}
+		if resp.Epoch != f.epoch {
+			return progressed, fmt.Errorf("the master at %s serves epoch %d, this slave follows epoch %d", f.addr, resp.Epoch, f.epoch)
+		}
+		if !progressed && f.failing {
+			f.lg.Info("copying from the master again", "master", f.addr)
+			f.failing = false
+		}
+		progressed = true
+		if f.masterEnd != nil {
+			f.masterEnd.Store(resp.MasterEnd)
+		}
+		if len(resp.Records) == 0 {
+			continue
+		}
+		c := chunk{offset: next, records: resp.Records}
+		if f.serial {
+			c.appended = make(chan struct{})
+		}
+		select {
+		case chunks <- c:
+		case <-ctx.Done():
+			return progressed, ctx.Err()
+		}
+		next += int64(len(resp.Records))
+		if f.serial {
+			select {
+			case <-c.appended:
+			case <-ctx.Done():
+				return progressed, ctx.Err()
+			}
+		}
 	}
-	if f.masterEnd != nil {
-		f.masterEnd.Store(resp.MasterEnd)
+}
+
+// appendLoop appends what the fetcher received, in order, and acknowledges
+// each append.
+func (f *follower) appendLoop(ctx context.Context, link masterLink, chunks <-chan chunk) error {
+	for {
+		var c chunk
+		select {
+		case c = <-chunks:
+		case <-ctx.Done():
+			return nil
+		}
+		end, err := f.log.AppendRaw(c.offset, c.records, false)
+		if err != nil {
+			return fmt.Errorf("append the master's records at %d: %w", c.offset, err)
+		}
+		if f.appended != nil {
+			f.appended()
+		}
+		if c.appended != nil {
+			close(c.appended) // serial: the next fetch acknowledges it
+			continue
+		}
+		// Best effort: if it is lost, the next fetch carries the same end.
+		_ = link.Ack(ctx, protocol.HAAck{Acked: end, Epoch: f.epoch, BrokerID: f.id})
 	}
-	if len(resp.Records) == 0 {
-		return nil
-	}
-	if _, err := f.log.AppendRaw(from, resp.Records, false); err != nil {
-		return fmt.Errorf("append the master's records at %d: %w", from, err)
-	}
-	if f.appended != nil {
-		f.appended()
-	}
-	return nil
 }

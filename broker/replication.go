@@ -35,7 +35,8 @@ type replConfig struct {
 }
 
 // replication is the master's side of HA sync. The slave fetches raw log
-// bytes from its own end offset; each fetch also acknowledges that offset.
+// bytes from its received end and acknowledges what it has appended,
+// separately: in an HA_ACK after each append, and in every fetch's Acked.
 // HIGH messages wait in a FIFO ordered by log offset (appends complete in
 // log order) until an acknowledgement reaches their end, or their deadline.
 // A fetch with nothing to return is parked until data arrives or its wait
@@ -56,18 +57,32 @@ type replication struct {
 	// (a former master rejoining), so the broker heartbeats soon to learn.
 	unknownSlave func()
 
-	mu         sync.Mutex
-	slaveID    string    // the only broker whose fetches are served and counted
-	epoch      uint32    // the epoch this master serves
-	ack        int64     // the slave's acknowledged end offset
-	lastFetch  time.Time // when the slave last asked
-	caughtUpAt time.Time // when the slave last had everything it was offered
-	offeredEnd int64     // the master's end when the last answer was built
+	mu        sync.Mutex
+	slaveID   string    // the only broker whose fetches are served and counted
+	epoch     uint32    // the epoch this master serves
+	ack       int64     // the slave's acknowledged (appended) end offset
+	lastFetch time.Time // when the slave last fetched or acknowledged
+	// caughtUpAt is the latest time at which the master's log ended where
+	// the slave has now acknowledged (or the slave's first contact): the
+	// slave's lag in time is how long ago that was.
+	caughtUpAt time.Time
+	offers     []offer // answers sent past the acknowledged end, oldest first
 	everSeen   bool
 	waiters    []highWaiter
 	parked     []parkedFetch
 	closed     bool
 }
+
+// offer is the master's log end when an answer was built, and when: once
+// the slave acknowledges end, it had everything the master had at that time.
+type offer struct {
+	end int64
+	at  time.Time
+}
+
+// maxOffers bounds the offers kept; a slave has at most a few answers in its
+// pipeline, and forgetting the oldest only makes its lag look longer.
+const maxOffers = 16
 
 type highWaiter struct {
 	end      int64
@@ -158,9 +173,11 @@ func (r *replication) await(end int64, done func(protocol.Status)) {
 	r.mu.Unlock()
 }
 
-// handleFetch serves a slave's fetch: it records the acknowledgement,
-// releases the HIGH waiters it covers, and answers with the log bytes that
-// follow, or parks the fetch until there are some.
+// handleFetch serves a slave's fetch: it records the acknowledgement the
+// fetch carries (its Acked: what the slave has appended, never its Offset,
+// which may name bytes still in the slave's append pipeline), releases the
+// HIGH waiters it covers, and answers with the log bytes from the fetch's
+// offset, or parks the fetch until there are some.
 func (r *replication) handleFetch(rep replier, body []byte) {
 	f, err := protocol.DecodeHAFetchRequest(body)
 	if err != nil {
@@ -168,43 +185,21 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 		return
 	}
 	r.fence(f.Epoch)
+	now := r.clock.Now() // before end: the log ended at most at end then
+	end := r.log.EndOffset()
 	r.mu.Lock()
-	slaveID, epoch := r.slaveID, r.epoch
-	r.mu.Unlock()
-	switch {
-	case f.Epoch > epoch:
-		rep.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster,
-			Message: fmt.Sprintf("this master serves epoch %d; the fetch is for epoch %d", epoch, f.Epoch)})
-		return
-	case slaveID == "" || f.BrokerID != slaveID || f.Epoch != epoch:
-		if f.Epoch == epoch && f.BrokerID != slaveID {
-			r.unknownSlave()
-		}
-		if r.stats.HAFetchRefused.Add(1) == 1 {
-			r.lg.Warn("refusing an HA fetch from a broker that is not this group's slave in this epoch",
-				"from", f.BrokerID, "epoch", f.Epoch, "slave", slaveID, "serving-epoch", epoch)
-		}
-		rep.ReplyError(&protocol.Error{Status: protocol.StatusNotAuthorized,
-			Message: fmt.Sprintf("only the group's slave %q in epoch %d may fetch; got %q in epoch %d", slaveID, epoch, f.BrokerID, f.Epoch)})
+	if ref := r.admitLocked(f.BrokerID, f.Epoch); ref != nil {
+		r.mu.Unlock()
+		r.refuse(rep, ref)
 		return
 	}
-	now := r.clock.Now()
-	end := r.log.EndOffset()
 	if f.Offset > end {
+		r.mu.Unlock()
 		rep.ReplyError(&protocol.Error{Status: protocol.StatusInvalid,
 			Message: "slave log ends past the master's: the slave holds records the master lost"})
 		return
 	}
-	r.mu.Lock()
-	if f.Offset > r.ack {
-		r.ack = f.Offset
-	}
-	if !r.everSeen || f.Offset >= r.offeredEnd {
-		r.caughtUpAt = now
-	}
-	r.everSeen = true
-	r.lastFetch = now
-	released := r.releaseLocked()
+	released := r.ackLocked(f.Acked, end, now)
 	if f.Offset == end && !r.closed {
 		r.parked = append(r.parked, parkedFetch{rep: rep, fetch: f, deadline: now.Add(time.Duration(f.WaitMillis) * time.Millisecond)})
 		r.mu.Unlock()
@@ -215,6 +210,122 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 	r.mu.Unlock()
 	r.complete(released, protocol.StatusOK)
 	r.answer(rep, f)
+}
+
+// handleAck takes a slave's HA_ACK: how far it has appended. It is checked
+// like a fetch (only the registry's slave, in this master's epoch), and an
+// acknowledgement past the master's log end counts for nothing. A oneway
+// ack gets no answer; one sent as a call gets an empty one.
+func (r *replication) handleAck(rep replier, body []byte) {
+	a, err := protocol.DecodeHAAck(body)
+	if err != nil {
+		rep.ReplyError(err)
+		return
+	}
+	r.fence(a.Epoch)
+	now := r.clock.Now()
+	end := r.log.EndOffset()
+	r.mu.Lock()
+	if ref := r.admitLocked(a.BrokerID, a.Epoch); ref != nil {
+		r.mu.Unlock()
+		r.refuse(rep, ref)
+		return
+	}
+	if a.Acked > end {
+		r.mu.Unlock()
+		rep.ReplyError(&protocol.Error{Status: protocol.StatusInvalid,
+			Message: "slave acknowledges past the master's log end: the slave holds records the master lost"})
+		return
+	}
+	released := r.ackLocked(a.Acked, end, now)
+	r.mu.Unlock()
+	r.complete(released, protocol.StatusOK)
+	_ = rep.Reply(nil)
+}
+
+// refusal is why a fetch or an acknowledgement is not taken.
+type refusal struct {
+	err     *protocol.Error
+	unknown bool // from a broker this master does not know, in its epoch
+	from    string
+	epoch   uint32
+	slave   string
+	serving uint32
+}
+
+// admitLocked checks that a fetch or an acknowledgement comes from the
+// broker the registry names as this group's slave, in the epoch this master
+// serves. The check and the use of what was admitted happen under one hold
+// of r.mu, so a slave replaced meanwhile (setSlave) is never credited with
+// another's acknowledgement.
+func (r *replication) admitLocked(brokerID string, e uint32) *refusal {
+	switch {
+	case e > r.epoch:
+		return &refusal{err: &protocol.Error{Status: protocol.StatusNotMaster,
+			Message: fmt.Sprintf("this master serves epoch %d; the fetch is for epoch %d", r.epoch, e)}}
+	case r.slaveID == "" || brokerID != r.slaveID || e != r.epoch:
+		return &refusal{err: &protocol.Error{Status: protocol.StatusNotAuthorized,
+			Message: fmt.Sprintf("only the group's slave %q in epoch %d may fetch; got %q in epoch %d", r.slaveID, r.epoch, brokerID, e)},
+			unknown: e == r.epoch && brokerID != r.slaveID, from: brokerID, epoch: e, slave: r.slaveID, serving: r.epoch}
+	}
+	return nil
+}
+
+// refuse answers a refused fetch or acknowledgement, outside r.mu.
+func (r *replication) refuse(rep replier, ref *refusal) {
+	if ref.err.Status == protocol.StatusNotAuthorized {
+		if ref.unknown {
+			r.unknownSlave()
+		}
+		if r.stats.HAFetchRefused.Add(1) == 1 {
+			r.lg.Warn("refusing an HA fetch from a broker that is not this group's slave in this epoch",
+				"from", ref.from, "epoch", ref.epoch, "slave", ref.slave, "serving-epoch", ref.serving)
+		}
+	}
+	rep.ReplyError(ref.err)
+}
+
+// ackLocked records that the slave has appended up to acked and is heard
+// from now (the master's log ends at end), and takes the HIGH waiters that
+// releases.
+func (r *replication) ackLocked(acked, end int64, now time.Time) []highWaiter {
+	if acked > r.ack {
+		r.ack = acked
+	}
+	switch {
+	case !r.everSeen || r.ack >= end:
+		// A slave's first contact starts its lag clock; one that has the
+		// whole log is caught up now.
+		r.caughtUpAt = now
+		r.offers = r.offers[:0]
+	default:
+		i := 0
+		for i < len(r.offers) && r.offers[i].end <= r.ack {
+			if r.offers[i].at.After(r.caughtUpAt) {
+				r.caughtUpAt = r.offers[i].at
+			}
+			i++
+		}
+		r.offers = append(r.offers[:0], r.offers[i:]...)
+	}
+	r.everSeen = true
+	r.lastFetch = now
+	return r.releaseLocked()
+}
+
+// offerLocked notes that an answer was built when the master's log ended at end.
+func (r *replication) offerLocked(end int64, now time.Time) {
+	if end <= r.ack {
+		return
+	}
+	if n := len(r.offers); n > 0 && r.offers[n-1].end == end {
+		r.offers[n-1].at = now // the log still ended there: the later time counts
+		return
+	}
+	if len(r.offers) == maxOffers {
+		r.offers = append(r.offers[:0], r.offers[1:]...)
+	}
+	r.offers = append(r.offers, offer{end: end, at: now})
 }
 
 // releaseLocked takes the waiters the acknowledgement covers.
@@ -253,6 +364,7 @@ func (r *replication) answer(rep replier, f protocol.HAFetchRequest) {
 	if maxBytes <= 0 || maxBytes > r.cfg.FetchBytes {
 		maxBytes = r.cfg.FetchBytes
 	}
+	now := r.clock.Now() // before end: the log ended at most at end then
 	end := r.log.EndOffset()
 	raw, err := r.log.ReadRaw(f.Offset, maxBytes)
 	if err != nil {
@@ -261,7 +373,7 @@ func (r *replication) answer(rep replier, f protocol.HAFetchRequest) {
 		return
 	}
 	r.mu.Lock()
-	r.offeredEnd = end
+	r.offerLocked(end, now)
 	epoch := r.epoch
 	r.mu.Unlock()
 	body := protocol.AppendHAFetchResponseHeader(make([]byte, 0, protocol.HAFetchResponseHeaderSize+len(raw)), end, epoch)
