@@ -151,7 +151,7 @@ func New(opts ...Opt) (*Client, error) {
 	c := &Client{
 		cfg: cfg, meta: meta, sel: routing.NewSelector(cfg.avoider), prefix: hex.EncodeToString(b[:]),
 		routes: map[string]*topicRoute{}, sinks: map[string]*sink{}, conns: map[string]*transport.Client{},
-		space: make(chan struct{}), stop: make(chan struct{}), bodies: bodyBufs{keep: cfg.maxInflight},
+		space: make(chan struct{}), stop: make(chan struct{}), bodies: bodyBufs{keep: cfg.maxInflight, limit: cfg.maxBatchBytes + protocol.SendRequestHeaderSize},
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.refreshTimer = cfg.clock.NewTimer(c.pollWait())

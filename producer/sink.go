@@ -551,9 +551,10 @@ func neverSent(err error) bool {
 // keeps at most keep buffers (MaxInflightPerGroup), like Kafka's pool of
 // batch buffers; an idle producer holds them.
 type bodyBufs struct {
-	mu   sync.Mutex
-	keep int
-	bufs [][]byte
+	mu    sync.Mutex
+	keep  int
+	limit int // the largest body a batch of MaxBatchBytes makes
+	bufs  [][]byte
 }
 
 // get returns an empty buffer of at least n bytes' capacity.
@@ -569,7 +570,16 @@ func (p *bodyBufs) get(n int) []byte {
 		}
 	}
 	p.mu.Unlock()
-	return make([]byte, 0, max(n, 64<<10))
+	// A power of two from 64 KiB, but no more than a full batch needs: a
+	// batch near the cap gets a buffer that every later batch fits in.
+	size := 64 << 10
+	for size < n {
+		size *= 2
+	}
+	if size > p.limit {
+		size = max(n, p.limit)
+	}
+	return make([]byte, 0, size)
 }
 
 // put gives a buffer back, dropping it if enough are kept (the smallest
