@@ -245,3 +245,23 @@ func killedMidSend(t *testing.T, c *testcluster.Cluster, group, topic string) er
 	}
 	return pr.errs[0]
 }
+
+// TestTimeoutAtDeadlineKeepsCause: when the last attempt runs into the
+// delivery deadline, the error still carries why the message was not
+// delivered before (here BUSY), whatever path the timed-out attempt took
+// (an idempotent producer keeps it on its queue, with its stamp).
+func TestTimeoutAtDeadlineKeepsCause(t *testing.T) {
+	c, fakes := fakeCluster(t, "tc", "g1")
+	f := fakes["g1"]
+	f.setInject(byBody("x", func(attempt int) (protocol.Status, injectMode) {
+		// The first attempt is refused BUSY; from then on the broker hangs:
+		// the next attempt waits until the delivery deadline.
+		f.first.hang.Store(int32(hangBefore))
+		return protocol.StatusBusy, refuse
+	}))
+	p := newProducer(t, c, DeliveryTimeout(300*time.Millisecond), RetryBackoff(5*time.Millisecond))
+	_, err := p.Send(context.Background(), &Message{Topic: "tc", Body: []byte("x")})
+	if !errors.Is(err, ErrDeliveryTimeout) || !errors.Is(err, protocol.ErrBusy) {
+		t.Fatalf("got %v, want a delivery timeout that matches BUSY", err)
+	}
+}

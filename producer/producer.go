@@ -175,6 +175,10 @@ type record struct {
 	view     view // the group's master, epoch and state in the route the record was dispatched by
 	attempts int
 	lastErr  error
+	// cause is the last failure before lastErr that was not a timeout: when
+	// the last attempt ran into the delivery deadline (a TIMEOUT), it says
+	// why the message was still not delivered.
+	cause error
 
 	// Idempotence, under the sink's mu while the record is in a sink:
 	// gen is the identity generation of rec.msg.Producer (0: unstamped);
@@ -183,6 +187,14 @@ type record struct {
 	gen         uint64
 	maybe       bool
 	possibleDup bool
+}
+
+// failed records err as the record's latest failure (see cause).
+func (r *record) failed(err error) {
+	if r.lastErr != nil && !errors.Is(r.lastErr, protocol.ErrTimeout) {
+		r.cause = r.lastErr
+	}
+	r.lastErr = err
 }
 
 // stays reports whether a failed record must wait for its own queue.
@@ -601,8 +613,7 @@ func fnv32(s string) uint32 {
 // retryOrFail schedules another dispatch of rec after a backoff and reports
 // true, or finishes it and reports false.
 func (c *Client) retryOrFail(rec *record, err error) (scheduled bool) {
-	prev := rec.lastErr
-	rec.lastErr = err
+	rec.failed(err)
 	var pe *protocol.Error
 	if errors.As(err, &pe) && pe.Status.RefreshesRoute() {
 		c.refreshSoon(rec.msg.Topic)
@@ -614,7 +625,7 @@ func (c *Client) retryOrFail(rec *record, err error) (scheduled bool) {
 	rec.attempts++
 	backoff := routing.Jitter(min(c.cfg.retryBackoff<<min(rec.attempts-1, 10), time.Second))
 	if time.Now().Add(backoff).After(rec.deadline) {
-		c.finish(rec, Result{}, deliveryTimeout(rec, err, prev))
+		c.finish(rec, Result{}, deliveryTimeout(rec, err, rec.cause))
 		return false
 	}
 	c.stats.retries.Add(1)

@@ -726,7 +726,7 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 				s.refresh = append(s.refresh, rec.msg.Topic) // LEASE_LOST
 			}
 			rec.maybe = true
-			rec.lastErr = errAt(i)
+			rec.failed(errAt(i))
 			runErr = rec.lastErr
 			back = append(back, rec)
 		default: // refused, or unknown after a refusal
@@ -765,7 +765,7 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 			ln.next = min(ln.next, to)
 		}
 		for i, rec := range tail {
-			rec.lastErr = tailErr[i]
+			rec.failed(tailErr[i])
 			if !c.stays(rec) || !keepKeyed {
 				c.unstamp(rec)
 			}
@@ -779,7 +779,7 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 		}
 	}
 	for i, rec := range tail {
-		rec.lastErr = tailErr[i]
+		rec.failed(tailErr[i]) // again, if above: harmless
 		if c.stays(rec) {
 			back = append(back, rec)
 		} else {
@@ -801,7 +801,7 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 	for _, rec := range back {
 		if now.Add(backoff).After(rec.deadline) {
 			rec.attempts++
-			s.done = append(s.done, ended{rec: rec, err: deliveryTimeout(rec, rec.lastErr, nil)})
+			s.done = append(s.done, ended{rec: rec, err: deliveryTimeout(rec, rec.lastErr, rec.cause)})
 			continue
 		}
 		rec.attempts++
@@ -897,7 +897,7 @@ func (s *sink) expireLine(ln *line, now time.Time, cause error) {
 		if err == nil {
 			err = protocol.ErrTimeout
 		}
-		s.done = append(s.done, ended{rec: rec, err: deliveryTimeout(rec, err, nil)})
+		s.done = append(s.done, ended{rec: rec, err: deliveryTimeout(rec, err, rec.cause)})
 	}
 	clear(ln.recs[len(keep):])
 	ln.recs = keep
