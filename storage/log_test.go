@@ -627,3 +627,25 @@ func TestPayloadCapIsForNewAppendsOnly(t *testing.T) {
 		t.Fatalf("copying a record over the slave's cap: %d, %v", end, err)
 	}
 }
+
+// ReadRawTo appends what ReadRaw returns to the caller's buffer, and
+// leaves it as it was on an error.
+func TestReadRawToAppends(t *testing.T) {
+	l := openLog(t, Config{Dir: t.TempDir()})
+	defer l.Close()
+	for i := range 20 {
+		mustAppend(t, l, []Entry{{Topic: "r", Payload: payloadFor("r", 0, int64(i), 90)}}, false)
+	}
+	want, err := l.ReadRaw(0, 1000)
+	must(t, err)
+	buf := append(make([]byte, 0, 8), "head"...)
+	got, err := l.ReadRawTo(buf, 0, 1000)
+	must(t, err)
+	if string(got[:4]) != "head" || !bytes.Equal(got[4:], want) {
+		t.Fatalf("ReadRawTo: %d bytes after the prefix, ReadRaw %d; prefix %q", len(got)-4, len(want), got[:4])
+	}
+	got, err = l.ReadRawTo(buf, l.EndOffset()+1, 1000)
+	if !errors.Is(err, ErrOutOfRange) || string(got) != "head" {
+		t.Fatalf("past the end: %q, %v", got, err)
+	}
+}

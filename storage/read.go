@@ -2,6 +2,7 @@ package storage
 
 import (
 	"fmt"
+	"slices"
 )
 
 // QueueRange returns a queue's oldest queue offset and its next one (the
@@ -148,24 +149,31 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 // nothing; past it, ErrOutOfRange. This is what a master streams to its slave.
 // A read that races with Truncate may fail with ErrReadTruncated.
 func (l *Log) ReadRaw(offset int64, maxBytes int) ([]byte, error) {
+	return l.ReadRawTo(nil, offset, maxBytes)
+}
+
+// ReadRawTo is ReadRaw appending the records to dst (growing it if it must),
+// so that a caller can read into a buffer it keeps. On an error it returns
+// dst unchanged.
+func (l *Log) ReadRawTo(dst []byte, offset int64, maxBytes int) ([]byte, error) {
 	if offset == l.end.Load() {
-		return nil, nil
+		return dst, nil
 	}
 	l.mu.RLock()
 	if l.closed {
 		l.mu.RUnlock()
-		return nil, ErrClosed
+		return dst, ErrClosed
 	}
 	// The end and gen are read under the lock, where Truncate changes them
 	// together with the segments.
 	end, gen := l.end.Load(), l.gen.Load()
 	if offset == end {
 		l.mu.RUnlock()
-		return nil, nil
+		return dst, nil
 	}
 	if offset > end || offset < 0 {
 		l.mu.RUnlock()
-		return nil, fmt.Errorf("%w: log offset %d, log ends at %d", ErrOutOfRange, offset, end)
+		return dst, fmt.Errorf("%w: log offset %d, log ends at %d", ErrOutOfRange, offset, end)
 	}
 	seg, segEnd, ok := l.segmentFor(offset)
 	if ok {
@@ -174,43 +182,45 @@ func (l *Log) ReadRaw(offset int64, maxBytes int) ([]byte, error) {
 	}
 	l.mu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("%w: log offset %d before the first segment", ErrOutOfRange, offset)
+		return dst, fmt.Errorf("%w: log offset %d before the first segment", ErrOutOfRange, offset)
 	}
 	segEnd = min(segEnd, end)
 	n := int(min(int64(max(maxBytes, recordHeaderSize)), segEnd-offset))
-	buf := make([]byte, n)
+	at := len(dst)
+	out := slices.Grow(dst, n)[:at+n]
+	buf := out[at:]
 	_, err := seg.f.ReadAt(buf, offset-seg.base)
 	if l.gen.Load() != gen {
-		return nil, ErrReadTruncated
+		return dst, ErrReadTruncated
 	}
 	if err != nil {
-		return nil, fmt.Errorf("storage: read %s at %d: %w", seg.name, offset-seg.base, err)
+		return dst, fmt.Errorf("storage: read %s at %d: %w", seg.name, offset-seg.base, err)
 	}
 	// Keep whole records; if the first does not fit, read it whole.
 	good := 0
 	for good < len(buf) {
 		rl, err := recordLen(buf[good:], maxRecordSize)
 		if err != nil && len(buf)-good >= recordHeaderSize {
-			return nil, &CorruptError{Offset: offset + int64(good), Segment: seg.name, Reason: err.Error()}
+			return dst, &CorruptError{Offset: offset + int64(good), Segment: seg.name, Reason: err.Error()}
 		}
 		if err != nil || good+rl > len(buf) {
 			if good == 0 && err == nil && offset+int64(rl) <= segEnd {
-				whole := make([]byte, rl)
-				_, err := seg.f.ReadAt(whole, offset-seg.base)
+				out = slices.Grow(out[:at], rl)[:at+rl]
+				_, err := seg.f.ReadAt(out[at:], offset-seg.base)
 				if l.gen.Load() != gen {
-					return nil, ErrReadTruncated
+					return dst, ErrReadTruncated
 				}
 				if err != nil {
-					return nil, fmt.Errorf("storage: read %s at %d: %w", seg.name, offset-seg.base, err)
+					return dst, fmt.Errorf("storage: read %s at %d: %w", seg.name, offset-seg.base, err)
 				}
-				return whole, nil
+				return out, nil
 			}
 			if good == 0 {
-				return nil, &CorruptError{Offset: offset, Segment: seg.name, Reason: "not a record boundary"}
+				return dst, &CorruptError{Offset: offset, Segment: seg.name, Reason: "not a record boundary"}
 			}
 			break
 		}
 		good += rl
 	}
-	return buf[:good], nil
+	return out[:at+good], nil
 }
