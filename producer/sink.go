@@ -350,7 +350,14 @@ func (s *sink) sendLocked() {
 // retried records are of an older identity takes no new records with them.
 func (s *sink) build(cur *identity) *batch {
 	limit := s.c.cfg.maxBatchBytes
-	b := &batch{addr: s.addr, epoch: s.epoch}
+	// The runs and their records are carved from a few allocations, not
+	// one per run (a topic of many queues has a run per record or so).
+	total := 0
+	for _, ln := range s.ready {
+		total += len(ln.recs)
+	}
+	b := &batch{addr: s.addr, epoch: s.epoch, runs: make([]run, 0, len(s.ready))}
+	var pool []*record
 	bytes := 0
 	kept := s.ready[:0]
 	full := false
@@ -390,8 +397,13 @@ func (s *sink) build(cur *identity) *batch {
 			kept = append(kept, ln)
 			continue
 		}
-		recs := make([]*record, n)
-		copy(recs, ln.recs[:n])
+		if cap(pool)-len(pool) < n {
+			pool = make([]*record, 0, max(n, min(total, 1024)))
+		}
+		at := len(pool)
+		pool = append(pool, ln.recs[:n]...)
+		recs := pool[at:len(pool):len(pool)]
+		total -= n
 		if cur != nil {
 			if ln.gen != cur.gen {
 				ln.gen, ln.next = cur.gen, 0
@@ -403,7 +415,17 @@ func (s *sink) build(cur *identity) *batch {
 			}
 		}
 		clear(ln.recs[:n])
-		ln.recs = ln.recs[n:]
+		switch {
+		case n < len(ln.recs):
+			ln.recs = ln.recs[n:]
+		case cap(ln.recs) <= 4096:
+			// Emptied: the line's next records reuse its array (a queue
+			// taking a record per batch would otherwise allocate one per
+			// record), unless a backlog made it large.
+			ln.recs = ln.recs[:0]
+		default:
+			ln.recs = nil
+		}
 		s.readyBytes -= ln.bytes
 		ln.bytes -= nb
 		ln.busy, ln.queued = true, false
