@@ -210,6 +210,10 @@ bench_run() {
 	R_RATE=NA R_P50=NA R_P99=NA R_CPU=NA R_BCPU=NA
 	start_group "$g" "$flush" "$slave"
 	ctl topic create "$topic" --queues "$queues" --groups "$g" >/dev/null || die "topic create $topic failed"
+	# One message first, so that the master knows the new topic's route: its
+	# first messages would be refused NO_ROUTE until its route cache looked
+	# the topic up, and retried after the SDK's 50 ms backoff (in p99, max).
+	ctl send "$topic" --body warm-up >/dev/null || die "the warm-up send to $topic failed"
 	[ -n "$CPUPROFILE" ] && mkdir -p "$CPUPROFILE" && prof=(--cpuprofile "$CPUPROFILE/$shape-$RUN_NO.pprof")
 	local master="${BROKER_PIDS[0]}" t0 t1
 	t0="$(proc_ticks "$master")"
@@ -364,7 +368,7 @@ report() {
 	if has async; then
 		echo "NOTE async.4p.w1000 CPU per message (medians): ferryctl bench (the producers) $(med async.cpu) µs, broker $(med async.bcpu) µs; on $(nproc) cores their sum bounds the rate at about $(awk -v a="$(med async.cpu)" -v b="$(med async.bcpu)" -v c="$(nproc)" 'BEGIN{ if (a + b > 0) printf "%.0f", c * 1e6 / (a + b); else print "NA" }') msgs/s"
 	fi
-	echo "NOTE every ferrymq figure: 1 KiB bodies, a fresh broker and data directory per run, one metaserver and the master on 127.0.0.1, idempotent producers (the SDK's default), ferryctl bench's latency is from SendAsync/Send to the result"
+	echo "NOTE every ferrymq figure: 1 KiB bodies, a fresh broker and data directory per run (its topic new, warmed up with one message), one metaserver and the master on 127.0.0.1, idempotent producers (the SDK's default), ferryctl bench's latency is from SendAsync/Send to the result"
 	if [ "${#NATS[@]}" -gt 0 ]; then
 		echo "NOTE nats: run-peers.sh in this invocation: nats-server, R1 file-storage stream, 1 KiB, 1 client ('nats bench js pub'), RUNS=$RUNS; its store is fresh per run too"
 		has async && echo "NOTE async.4p.w1000 vs NATS: shapes differ: ferrymq 4 producers x 1000 in flight (the issue's figure), NATS 1 client x batch 500 (what run-peers runs); async.1p.w500 is ferrymq in NATS's shape"

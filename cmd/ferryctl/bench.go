@@ -60,6 +60,10 @@ type benchResult struct {
 	// CPUSeconds is the CPU time (user and system) this process used
 	// while sending: producers, promises and the bench's bookkeeping.
 	CPUSeconds float64 `json:"cpu_seconds"`
+	// Retries counts messages the producers sent again after a failed
+	// attempt (the SDK's Stats): a run with retries has their backoffs in
+	// its latencies.
+	Retries    int64   `json:"retries"`
 	MsgsPerSec float64 `json:"msgs_per_sec"`
 	MBPerSec   float64 `json:"mb_per_sec"`
 	P50Micros  int64   `json:"p50_us"`
@@ -349,7 +353,9 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	}
 	close(stopProgress)
 	pwg.Wait()
+	var retries int64
 	for _, p := range producers {
+		retries += p.Stats().Retries
 		_ = p.Close()
 	}
 	h := hdrhistogram.New(1, 60_000_000, 3)
@@ -357,7 +363,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		h.Merge(x)
 	}
 	res := benchResult{Topic: o.topic, Mode: o.mode, Reliability: rel.String(), Idempotence: o.idempotence, Producers: o.producers, Size: o.size,
-		Sent: sent.Load(), Errors: errs.Load(), Seconds: elapsed.Seconds(), CPUSeconds: cpu.Seconds(),
+		Sent: sent.Load(), Errors: errs.Load(), Seconds: elapsed.Seconds(), CPUSeconds: cpu.Seconds(), Retries: retries,
 		P50Micros: h.ValueAtQuantile(50), P90Micros: h.ValueAtQuantile(90), P99Micros: h.ValueAtQuantile(99),
 		P999Micros: h.ValueAtQuantile(99.9), MaxMicros: h.Max()}
 	res.MsgsPerSec = float64(res.Sent) / elapsed.Seconds()
