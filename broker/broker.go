@@ -85,6 +85,7 @@ func New(cfg Config) (*Broker, error) {
 			return storage.ProducerStamp(ps), ok
 		},
 		ProducerIdle: cfg.ProducerIdle,
+		Pretouch:     cfg.Pretouch,
 	})
 	if err != nil {
 		b.cancel()

@@ -57,6 +57,10 @@ type Config struct {
 	// messages' store times): a retry later than that can be stored twice.
 	// Default 7 days.
 	ProducerIdle time.Duration
+	// Pretouch is how far ahead of the writer the commit log's active
+	// segment is pre-touched (storage.Config.Pretouch): 0 the storage
+	// default (8 MiB with flush=async, off with sync), negative off.
+	Pretouch int64
 
 	// HeartbeatInterval and SessionTimeout: a heartbeat every interval; no
 	// heartbeat accepted for a session makes the broker read-only by itself.
