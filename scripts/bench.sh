@@ -35,6 +35,7 @@
 #   CPUPROFILE=DIR           write a CPU profile of each ferryctl bench run into DIR
 #   RUN_TIMEOUT=120          hard cap in seconds of each ferryctl bench run
 #   KEEP=1                   keep the temporary directory (logs, data)
+#   BROKER_ARGS="..."        more flags for every broker (for instance "-pretouch -1")
 #
 # Output: progress lines start with '#'; then one line per figure:
 #   FIGURE NAME UNIT FERRYMQ runs=R1,R2,R3 | NATS-FIGURE NATS-VALUE | RATIO | aim AIM MET/MISSED
@@ -52,6 +53,7 @@ PPROF="${PPROF:-0}"
 CPUPROFILE="${CPUPROFILE:-}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-120}"
 KEEP="${KEEP:-0}"
+read -r -a BROKER_EXTRA <<<"${BROKER_ARGS:-}"
 SIZE=1024
 
 META="127.0.0.1:$((BASE + 1))"
@@ -169,13 +171,13 @@ start_group() {
 	local g="$1" flush="$2" slave="$3" pp=()
 	[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 7))")
 	launch "$g-master" "$BIN/ferry-broker" -id "$g-master" -group "$g" -role master -dir "$WORK/data/$g-master" \
-		-addr "$MASTER_ADDR" -ha-addr "$MASTER_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}"
+		-addr "$MASTER_ADDR" -ha-addr "$MASTER_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}"
 	BROKER_PIDS=("$LAST_PID")
 	if [ "$slave" = 1 ]; then
 		[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 8))")
 		wait_until 30 "group $g's master registering" group_ready "$g" 0
 		launch "$g-slave" "$BIN/ferry-broker" -id "$g-slave" -group "$g" -role slave -dir "$WORK/data/$g-slave" \
-			-addr "$SLAVE_ADDR" -ha-addr "$SLAVE_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}"
+			-addr "$SLAVE_ADDR" -ha-addr "$SLAVE_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}"
 		BROKER_PIDS+=("$LAST_PID")
 	fi
 	wait_until 30 "group $g taking writes" group_ready "$g" "$slave"
