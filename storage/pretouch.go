@@ -146,12 +146,14 @@ func (p *pretoucher) roll(prev *segment, end int64) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.seg = nil
 	if p.touched.Load() > end {
 		if err := prev.f.Truncate(end); err != nil {
+			// prev keeps its zeros: the writer undoes the roll and goes on
+			// with prev (use keeps touched).
 			return fmt.Errorf("storage: cut the zeros of %s at %d: %w", prev.name, end, err)
 		}
 	}
+	p.seg = nil
 	return nil
 }
 
@@ -162,7 +164,14 @@ func (p *pretoucher) use(s *segment, size int64) {
 		return
 	}
 	p.mu.Lock()
+	touched := p.touched.Load()
+	same := s == p.seg
 	p.setSegment(s, size)
+	if same && touched > size {
+		// Still the segment being touched (a write or roll undone): its
+		// zeros may reach as far as before.
+		p.touched.Store(touched)
+	}
 	p.mu.Unlock()
 	p.kick()
 }
