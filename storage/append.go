@@ -36,8 +36,10 @@ func (l *Log) Append(entries []Entry, flush bool) ([]Position, error) {
 
 // AppendAsync queues entries as one group and calls done exactly once with
 // their positions or an error, when Append would have returned. done runs on
-// the log's writer or flusher goroutine: it must be quick and must not call
-// back into the log's append methods.
+// the goroutine that wrote the group or synced it: the log's writer or
+// flusher goroutine, or the caller itself, before AppendAsync returns, when
+// the log was idle and the caller wrote its group inline (see enqueue). It
+// must be quick and must not call back into the log's append methods.
 func (l *Log) AppendAsync(entries []Entry, flush bool, done func([]Position, error)) {
 	for _, e := range entries {
 		if err := l.checkEntry(e); err != nil {
@@ -87,6 +89,16 @@ func (l *Log) AppendRaw(offset int64, data []byte, flush bool) (int64, error) {
 	return r.end, r.err
 }
 
+// enqueue hands req to the writer. When the log is idle (nothing queued,
+// no group being written) the calling goroutine takes the writer token and
+// writes req as a group of its own, inline: a lone append then costs no
+// goroutine wake-up. Otherwise req joins the queue, which the writer
+// goroutine drains in groups. The token and the queue change together under
+// qmu, and a caller takes the token only when the queue is empty and nobody
+// holds it, so every append queued before req has been written when req is:
+// appends are written in the order enqueue took them, whoever writes them,
+// and exactly one goroutine at a time is the writer. A truncation always
+// goes to the writer goroutine.
 func (l *Log) enqueue(req *appendReq) {
 	l.qmu.Lock()
 	if l.closing {
@@ -94,8 +106,32 @@ func (l *Log) enqueue(req *appendReq) {
 		req.done(nil, ErrClosed)
 		return
 	}
+	if !l.writing && len(l.queue) == 0 && req.trunc == nil {
+		l.writing = true
+		l.qmu.Unlock()
+		l.writeBatch([]*appendReq{req})
+		l.qmu.Lock()
+		l.writing = false
+		// Appends queued meanwhile (and Close, which waits for the writer
+		// goroutine) are the writer goroutine's from here.
+		wake := len(l.queue) > 0 || l.closing
+		l.qmu.Unlock()
+		if wake {
+			l.wakeWriter()
+		}
+		return
+	}
 	l.queue = append(l.queue, req)
+	// A writer that holds the token takes the queue when it is done; only
+	// an idle log needs its writer goroutine woken.
+	idle := !l.writing
 	l.qmu.Unlock()
+	if idle {
+		l.wakeWriter()
+	}
+}
+
+func (l *Log) wakeWriter() {
 	select {
 	case l.wake <- struct{}{}:
 	default:

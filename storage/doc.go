@@ -133,6 +133,22 @@
 // Truncate cut them, and recovery cuts them as it cuts a torn tail (they
 // are past the checkpoint: the log's end is), logging them as zeros.
 //
+// # Group commit
+//
+// One goroutine at a time is the log's writer: it holds the writer token,
+// places and writes a group, and owns what the writer owns (the segments'
+// growth, the indexes' growth, the deduplication state, the index cuts). An
+// append that finds the log idle (nothing queued, no group being written)
+// is written by its own caller, as a group of its own, before AppendAsync
+// returns: a lone append costs no goroutine wake-up. Appends that arrive
+// while a group is being written are queued, and the writer goroutine,
+// woken when the token is given back, takes everything queued as one group
+// (first letting appenders that are already runnable join it). The token
+// and the queue change together under one lock, and an append is written
+// inline only when nothing is queued, so appends are written in the order
+// they were queued, whoever writes them. A truncation always waits for the
+// writer goroutine.
+//
 // # Flush
 //
 // FlushAsync (the default) syncs every Config.FlushInterval and on Close;
@@ -146,8 +162,8 @@
 // An Entry with a Producer stamp (a producer id other than 0, an epoch and
 // a sequence number in its queue) is checked before it is written, the way
 // Kafka's log layer checks producer batches. The checks run on the writer
-// goroutine in append order: two appends that race are decided in the
-// order the writer takes them, and an entry sees the state left by every
+// (see Group commit), one group at a time in append order: two appends
+// that race are decided in the order they were queued, and an entry sees the state left by every
 // entry before it, earlier entries of its own group included. Per (queue,
 // producer id):
 //

@@ -59,6 +59,10 @@ type Log struct {
 	queue   []*appendReq
 	closing bool
 	wake    chan struct{}
+	// writing is the writer token: set while one goroutine (the writer
+	// goroutine, or an appender writing its own group inline, see enqueue)
+	// writes. Whoever holds it owns what the writer owns.
+	writing bool
 
 	// mu guards the segment list, the indexes and closed, for readers; only
 	// the writer (and Open and Close) change them.

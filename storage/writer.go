@@ -7,24 +7,39 @@ import (
 )
 
 // writer takes every queued append and writes it as one group, until Close.
+// It writes only while it holds the writer token (Log.writing): an appender
+// that found the log idle may be writing its own group inline, and wakes the
+// writer when it gives the token back with appends queued.
 func (l *Log) writer() {
 	defer close(l.writerDone)
 	var batch []*appendReq
 	for range l.wake {
+		l.qmu.Lock()
+		if l.writing || (len(l.queue) == 0 && !l.closing) {
+			l.qmu.Unlock()
+			continue
+		}
+		l.writing = true
+		l.qmu.Unlock()
 		for {
-			// Let appenders that are already runnable join this group: one
-			// larger write costs far less than several small ones.
+			// Woken, the writer has appends queued behind a group that was
+			// being written, so appenders contend: let those already
+			// runnable (those the last group's completions woke, too) join
+			// the next group, as one larger write costs far less than
+			// several small ones.
 			runtime.Gosched()
 			l.qmu.Lock()
 			batch, l.queue = l.queue, batch[:0]
-			closing := l.closing
-			l.qmu.Unlock()
 			if len(batch) == 0 {
+				l.writing = false
+				closing := l.closing
+				l.qmu.Unlock()
 				if closing {
 					return
 				}
 				break
 			}
+			l.qmu.Unlock()
 			l.writeBatch(batch)
 			clear(batch)
 		}
