@@ -13,9 +13,10 @@
 // # Server
 //
 // A Server accepts connections; each has a read goroutine and a write
-// goroutine. The read goroutine only decodes frames and hands requests to the
-// worker pool (it never runs a handler), so a slow handler never stalls the
-// reading of other requests. A handler answers with Request.Reply, at once
+// goroutine. The read goroutine decodes frames and hands requests to the
+// worker pool, so a slow handler never stalls the reading of other
+// requests; it runs a handler itself only for a lone request of a code
+// registered with HandleOrderedInline (see Inline hand-offs). A handler answers with Request.Reply, at once
 // or later from any goroutine (the broker answers a SEND batch when its last
 // message is stored). Responses from every goroutine are coalesced by the
 // connection's writer into few large writes. A malformed frame, a frame over
@@ -47,11 +48,30 @@
 // (their replies' bytes reserved) and hold a MaxInflightPerConn slot, so the
 // queue is bounded by both. On Close, the workers run every queued one.
 //
+// # Inline hand-offs
+//
+// Each hand-off between goroutines that sleep costs a thread wake-up when
+// the process is otherwise idle (tens of microseconds on a small VM), so a
+// lone request is served with as few as possible. A request of a code
+// registered with HandleOrderedInline that arrives alone (no ordered request
+// of its connection in flight, nothing more read from the socket) runs on
+// the connection's reader; one that arrives with others goes to the workers,
+// so a busy connection keeps being read and its requests batched. An answer
+// made while its handler runs waits in the buffer until the handler
+// returns; then the goroutine that ran the handler (reader or worker) writes
+// it itself if no write is in progress and nothing else of its connection's
+// ordered sequence is queued, with one non-blocking write that never waits
+// on the peer: what the socket does not take (a peer that reads slowly) is
+// left to the writer goroutine, which writes it before anything else. Answers
+// made at any other time wake the writer goroutine. A client's caller writes
+// its request itself when no write is in progress. So a lone SEND to an
+// idle broker is read, handled and answered by one goroutine.
+//
 // # Who may block, and on what
 //
 // Replying never blocks: Request.Reply, ReplyError and ReplyStatus append the
 // response to the connection's buffer and return; the writer goroutine
-// writes it. So the goroutines that answer (the broker's commit log writer
+// writes it (or the handler's goroutine, with a write that never waits). So the goroutines that answer (the broker's commit log writer
 // and flusher, its HA loop) never wait on a peer's socket, whatever the peer
 // does.
 //

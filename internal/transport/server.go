@@ -139,6 +139,7 @@ type route struct {
 	h         Handler
 	replySize ReplySize // nil: DefaultReplySize
 	ordered   bool      // run one at a time per connection, in arrival order
+	inline    bool      // ordered, and run on the reader when alone (HandleOrderedInline)
 }
 
 // Handle registers h for code, with replies estimated at DefaultReplySize
@@ -171,6 +172,23 @@ func (s *Server) HandleWithReply(code protocol.Code, h Handler, replySize ReplyS
 // called before Serve or Listen.
 func (s *Server) HandleOrdered(code protocol.Code, h Handler, replySize ReplySize) {
 	s.register(code, route{h: h, replySize: replySize, ordered: true})
+}
+
+// HandleOrderedInline registers h for code like HandleOrdered, for a handler
+// that is quick and never waits on anything but the local disk (the broker's
+// SEND, which appends inline when the commit log is idle). A request of such
+// a code that arrives alone, with no ordered request of its connection in
+// flight and nothing more read from the connection, runs on the connection's
+// reader goroutine itself, and its answer is written from there: a lone
+// request then costs no goroutine wake-up on the server (the hand-off to a
+// worker would cost a thread wake-up when the process is idle). The reader
+// reads nothing more meanwhile, which holds back only its own peer, whose
+// next ordered request would wait for this one anyway. Requests that arrive
+// together, or behind one in flight, go to the workers as with
+// HandleOrdered, so a busy connection keeps its reading and the workers'
+// batching. It must be called before Serve or Listen.
+func (s *Server) HandleOrderedInline(code protocol.Code, h Handler, replySize ReplySize) {
+	s.register(code, route{h: h, replySize: replySize, ordered: true, inline: true})
 }
 
 func (s *Server) register(code protocol.Code, rt route) {
@@ -273,6 +291,7 @@ func (s *Server) accept(ln net.Listener) {
 			w:   newWriter(s.cfg.MaxWriteBuffer, s.cfg.WriteTimeout),
 			sem: make(chan struct{}, s.cfg.MaxInflightPerConn),
 		}
+		c.w.raw = socketOf(nc)
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -295,7 +314,9 @@ func (s *Server) worker() {
 	defer s.workWG.Done()
 	for req := range s.tasks {
 		if !req.ordered {
-			s.run(req)
+			if s.run(req) {
+				req.conn.w.flush()
+			}
 			continue
 		}
 		s.runOrdered(req)
@@ -314,8 +335,18 @@ const orderedBatch = 16
 func (s *Server) runOrdered(req *Request) {
 	c := req.conn
 	for n := 1; ; n++ {
-		s.run(req)
-		if req = c.nextOrdered(); req == nil {
+		replied := s.run(req)
+		req = c.nextOrdered()
+		if replied {
+			// The last of a run writes its replies itself; with more to
+			// run, the writer goroutine writes them meanwhile.
+			if req == nil {
+				c.w.flush()
+			} else {
+				c.w.kick()
+			}
+		}
+		if req == nil {
 			return
 		}
 		if n%orderedBatch == 0 && s.handOff(req) {
@@ -342,7 +373,11 @@ func (s *Server) handOff(req *Request) bool {
 	}
 }
 
-func (s *Server) run(req *Request) {
+// run runs req's handler. It reports whether the handler answered before it
+// returned: that answer is buffered and the writer goroutine not woken (see
+// Request.phase), so the caller must flush or kick the connection's writer.
+func (s *Server) run(req *Request) (replied bool) {
+	req.phase.Store(phaseHandling)
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("handler panicked", "code", req.Code.String(), "panic", p)
@@ -351,8 +386,10 @@ func (s *Server) run(req *Request) {
 		if req.IsOneway() {
 			req.finish()
 		}
+		replied = req.phase.Swap(phaseIdle) == phaseReplied
 	}()
 	req.h(req)
+	return false
 }
 
 // Close stops accepting and reading, waits up to ShutdownGrace for every
@@ -502,6 +539,12 @@ func (c *serverConn) readLoop() {
 		if req.ordered && !c.startOrdered(req) {
 			continue // the worker running the previous one runs it
 		}
+		if rt.inline && br.Buffered() == 0 {
+			if !c.runInline(req) {
+				return
+			}
+			continue
+		}
 		select {
 		case c.s.tasks <- req:
 		case <-c.s.stop:
@@ -513,6 +556,33 @@ func (c *serverConn) readLoop() {
 			}
 			return
 		}
+	}
+}
+
+// runInline runs req, an ordered request of a HandleOrderedInline code that
+// started its connection's ordered sequence with nothing more buffered, on
+// the reader, and writes its answer from there if the writer is idle. The
+// reader reads nothing meanwhile, so nothing can be queued behind req; should
+// something be, it goes to the workers. It returns false if the server is
+// closing and the reader must stop.
+func (c *serverConn) runInline(req *Request) bool {
+	replied := c.s.run(req)
+	next := c.nextOrdered()
+	if replied {
+		c.w.flush()
+	}
+	if next == nil {
+		return true
+	}
+	select {
+	case c.s.tasks <- next:
+		return true
+	case <-c.s.stop:
+		next.ReplyError(protocol.ErrShuttingDown)
+		if next.IsOneway() {
+			next.finish()
+		}
+		return false
 	}
 }
 
@@ -563,7 +633,20 @@ type Request struct {
 	reserved int  // bytes of the connection's MaxWriteBuffer reserved for the reply
 	ordered  bool // its code was registered with HandleOrdered
 	answered atomic.Bool
+	// phase is phaseHandling while a worker runs the handler, and
+	// phaseReplied once it answered meanwhile: that answer waits in the
+	// buffer for the worker, which writes it when the handler returns (itself
+	// if the connection's writer is idle), instead of waking the writer
+	// goroutine. An answer made at any other time wakes the writer.
+	phase atomic.Int32
 }
+
+// Request phases (Request.phase).
+const (
+	phaseIdle int32 = iota
+	phaseHandling
+	phaseReplied
+)
 
 // RemoteAddr is the address of the peer that sent the request.
 func (r *Request) RemoteAddr() net.Addr { return r.conn.nc.RemoteAddr() }
@@ -616,6 +699,12 @@ func (r *Request) reply(status protocol.Status, body []byte) error {
 		if err = r.conn.w.put(&resp, r.reserved); errors.Is(err, protocol.ErrFrameTooLarge) {
 			r.conn.w.unreserve(r.reserved)
 		}
+	}
+	// Buffered first, then handed over: either the handler is still
+	// running and its worker will write the answer when it returns, or the
+	// writer goroutine is woken here.
+	if err == nil && !r.phase.CompareAndSwap(phaseHandling, phaseReplied) {
+		r.conn.w.kick()
 	}
 	return err
 }

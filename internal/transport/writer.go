@@ -26,19 +26,33 @@ import (
 //
 // A socket write that makes no progress for timeout fails the writer (the
 // peer stopped reading); nothing then waits on that peer any more.
+//
+// Both may skip the writer goroutine when it is idle. A client's caller
+// writes its request itself (inline, a blocking write bounded by timeout:
+// the caller is the one slowed down). A server's worker writes the replies
+// its handler made (flush) with one non-blocking write, which never waits on
+// the peer: what the socket does not take at once is left to run, which
+// writes it before anything else.
 type writer struct {
 	max     int
 	timeout time.Duration // a write making no progress this long fails with ErrWriteTimeout; 0: never
 	wake    chan struct{} // capacity 1: "buf has data or the writer is closing"
 	done    chan struct{} // closed by close
 	written atomic.Int64  // bytes written to the socket
+	rests   atomic.Int64  // flush rests run wrote (read by tests)
 
 	// inline, when set, lets enqueue write a frame itself, from the caller's
 	// goroutine, when no write is in progress: a lone request then leaves
 	// without waking the writer goroutine (one thread wake-up less per call).
 	// wmu serializes writes to the socket between callers and run.
 	inline net.Conn
-	wmu    sync.Mutex
+	// raw, when set (a server's socket), lets flush write without waiting.
+	raw *socket
+	wmu sync.Mutex
+	// rest is the tail of a batch that flush began and the socket did not
+	// take (guarded by wmu): run writes it first, so no frame is cut by
+	// another.
+	rest []byte
 	// deadline is the socket's write deadline (guarded by wmu); write moves
 	// it only when less than timeout is left, so a stream of quick writes
 	// does not reset a timer each.
@@ -46,10 +60,13 @@ type writer struct {
 
 	mu  sync.Mutex
 	buf []byte
+	// spare is the buffer that buf is swapped with when a batch is taken.
+	spare []byte
 	// writing is the size of the batch run is writing (swapped out of buf,
-	// not yet on the socket); reserved is what admitted requests reserved for
-	// their replies (server only).
-	writing, reserved int
+	// not yet on the socket); unsent, the bytes of a flush not yet on the
+	// socket (rest, or the batch flush is writing); reserved is what
+	// admitted requests reserved for their replies (server only).
+	writing, unsent, reserved int
 	// space, when a goroutine waits for room, is closed (and cleared) by the
 	// next change that may make room: a write, a reply, a release, close.
 	space chan struct{}
@@ -96,7 +113,10 @@ func (w *writer) kick() {
 // or the writer is closed.
 func (w *writer) enqueue(ctx context.Context, f *protocol.Frame) error {
 	if w.inline != nil && w.wmu.TryLock() {
-		return w.writeInline(f)
+		if len(w.rest) == 0 {
+			return w.writeInline(f)
+		}
+		w.wmu.Unlock()
 	}
 	w.mu.Lock()
 	for len(w.buf) >= w.max && !w.closed {
@@ -138,7 +158,7 @@ func (w *writer) admit(n int, stop <-chan struct{}) error {
 			w.mu.Unlock()
 			return err
 		}
-		used := len(w.buf) + w.writing + w.reserved
+		used := len(w.buf) + w.writing + w.unsent + w.reserved
 		if used == 0 || used+n <= w.max {
 			w.reserved += n
 			w.mu.Unlock()
@@ -165,7 +185,8 @@ func (w *writer) admit(n int, stop <-chan struct{}) error {
 // put appends f for a server: it never waits. On success, or when the writer
 // is closed, it releases release bytes of reservation (made by admit); when f
 // cannot be encoded (protocol.ErrFrameTooLarge) it changes nothing, so the
-// caller can put another frame with the same release.
+// caller can put another frame with the same release. It does not wake the
+// writer goroutine: the caller kicks it, or flushes.
 func (w *writer) put(f *protocol.Frame, release int) error {
 	w.mu.Lock()
 	if w.closed {
@@ -183,8 +204,56 @@ func (w *writer) put(f *protocol.Frame, release int) error {
 	w.reserved -= release
 	w.signal()
 	w.mu.Unlock()
-	w.kick()
 	return nil
+}
+
+// maxFlush is the most a flush writes from a replier's goroutine; a larger
+// buffer goes to the writer goroutine (a worker should not spend the time
+// of a large copy into the socket).
+const maxFlush = 64 << 10
+
+// flush writes what is buffered from the calling goroutine (a server's
+// worker, after its handler replied) when no write is in progress, with one
+// non-blocking write: it never waits on the peer. What the socket does not
+// take, and everything when a write is in progress (or the buffer is over
+// maxFlush), is left to the writer goroutine, which it wakes.
+func (w *writer) flush() {
+	if w.raw == nil || !w.wmu.TryLock() {
+		w.kick()
+		return
+	}
+	w.mu.Lock()
+	if w.closed || w.writing > 0 || w.unsent > 0 || len(w.buf) == 0 || len(w.buf) > maxFlush {
+		w.mu.Unlock()
+		w.wmu.Unlock()
+		w.kick()
+		return
+	}
+	out := w.buf
+	w.buf, w.spare = w.spare[:0], nil
+	w.unsent = len(out)
+	w.mu.Unlock()
+	n, err := w.raw.tryWrite(out)
+	w.written.Add(int64(n))
+	if err != nil {
+		w.wmu.Unlock()
+		w.fail(err) // run returns err, so the connection's owner learns of it
+		return
+	}
+	if n < len(out) {
+		w.rest = out[n:]
+	}
+	w.mu.Lock()
+	w.unsent = len(out) - n
+	if n == len(out) && w.spare == nil {
+		w.spare = out[:0]
+	}
+	w.signal()
+	w.mu.Unlock()
+	w.wmu.Unlock()
+	if n < len(out) {
+		w.kick()
+	}
 }
 
 // unreserve releases a reservation whose reply was never put.
@@ -286,22 +355,23 @@ func (w *writer) shut(err error, failed bool) {
 // run writes buffered frames to conn until the writer is closed and drained,
 // or a write fails. It returns the write error, its own or an inline one.
 func (w *writer) run(conn net.Conn) error {
-	var spare []byte
 	for range w.wake {
 		for {
 			w.mu.Lock()
 			if w.closed && w.failed {
 				w.buf = nil // nothing more can be written after a failed write
+				w.unsent = 0
 			}
 			out := w.buf
 			closed, failed, cerr := w.closed, w.failed, w.err
 			w.writing = len(out)
 			if len(out) > 0 {
-				w.buf = spare[:0]
+				w.buf, w.spare = w.spare[:0], nil
 			}
+			unsent := w.unsent
 			w.signal() // the previous batch is written, buf is empty
 			w.mu.Unlock()
-			if len(out) == 0 {
+			if len(out) == 0 && unsent == 0 {
 				if closed {
 					if failed {
 						return cerr
@@ -311,16 +381,31 @@ func (w *writer) run(conn net.Conn) error {
 				break
 			}
 			w.wmu.Lock()
-			err := w.write(conn, out)
+			var err error
+			if rest := w.rest; len(rest) > 0 {
+				// The tail of a flush goes first: the socket holds its start.
+				w.rest = nil
+				w.rests.Add(1)
+				err = w.write(conn, rest)
+				w.mu.Lock()
+				w.unsent -= len(rest)
+				w.mu.Unlock()
+			}
+			if err == nil && len(out) > 0 {
+				err = w.write(conn, out)
+			}
 			w.wmu.Unlock()
 			if err != nil {
 				w.fail(err)
 				return err
 			}
-			if cap(out) > 4*w.max {
-				out = nil // drop a buffer grown by one huge burst
+			if len(out) > 0 && cap(out) <= 4*w.max { // drop a buffer grown by one huge burst
+				w.mu.Lock()
+				if w.spare == nil {
+					w.spare = out[:0]
+				}
+				w.mu.Unlock()
 			}
-			spare = out
 		}
 	}
 	return nil
