@@ -141,7 +141,7 @@ func New(cfg Config) (*Broker, error) {
 	// SENDs of one connection run one at a time, in arrival order, so they
 	// reach the commit log in the order they arrived (the handler only
 	// checks and queues the append; it never waits).
-	b.rpc.HandleOrdered(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) }, sendReplyEstimate)
+	b.rpc.HandleOrderedInline(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) }, sendReplyEstimate)
 	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) {
 		handlePull(b.pulls.store, b.lease.fence, b.pulls, r, r.Body)
 	}, pullReplySize)

@@ -46,7 +46,7 @@ func runChildBroker() {
 
 // startChild starts a master broker in a child process and returns its
 // address and the process.
-func startChild(t *testing.T, cfg broker.Config) (string, *exec.Cmd) {
+func startChild(t testing.TB, cfg broker.Config) (string, *exec.Cmd) {
 	t.Helper()
 	cfg.Logger = nil
 	enc, err := json.Marshal(cfg)

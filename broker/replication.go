@@ -120,6 +120,12 @@ func (r *replication) setSlave(id string, epoch uint32) {
 
 // notify tells run that the log grew.
 func (r *replication) notify() {
+	r.mu.Lock()
+	idle := len(r.parked) == 0
+	r.mu.Unlock()
+	if idle {
+		return // only a parked fetch waits for the log to grow: no wake-up per append
+	}
 	select {
 	case r.wake <- struct{}{}:
 	default:

@@ -20,12 +20,17 @@ type appender interface {
 	AppendAsync(entries []storage.Entry, flush bool, done func([]storage.Position, error))
 }
 
-// sender is the send path. A SEND request goes from the connection's reader
-// to a worker, which decodes the batch, gives every message its own future,
-// checks each one and appends the good ones as one group, and returns. The
-// answer goes out from the completions: the commit log's goroutines for
-// NORMAL messages, replication's for HIGH ones. Nothing here waits on a
-// disk, the slave or a metaserver.
+// sender is the send path. A SEND request is handled by a worker, or by
+// its connection's reader when it came alone (transport's
+// HandleOrderedInline), which decodes the batch, gives every message its own
+// future, checks each one and appends the good ones as one group, and
+// returns. The answer goes out from the completions: for NORMAL messages
+// the goroutine that wrote the group (this one, when the commit log was idle
+// and it wrote the group inline; else the log's writer) or the flusher,
+// replication's for HIGH ones. So a lone SEND to an idle broker is read,
+// stored and answered on one goroutine, with no wake-up of another. Nothing
+// here waits on the slave or a metaserver, and only the inline append waits
+// on the disk (one goroutine at a time: the commit log's writer token).
 type sender struct {
 	id     string
 	store  appender
@@ -101,7 +106,8 @@ func sendReplyEstimate(body []byte) int {
 	return max(sendReplySize(int(min(n, protocol.MaxFrameSize/18))), transport.DefaultReplySize)
 }
 
-// handle serves one SEND request body; it runs on a request worker.
+// handle serves one SEND request body; it runs on a request worker or the
+// connection's reader, one at a time per connection, in arrival order.
 func (s *sender) handle(rep replier, body []byte) {
 	if s.closing.Load() {
 		rep.ReplyError(&protocol.Error{Status: protocol.StatusShuttingDown, Message: "broker " + s.id + " is shutting down"})
@@ -150,8 +156,9 @@ func (s *sender) handle(rep replier, body []byte) {
 }
 
 // appended completes the stored messages of a batch, taken in epoch. It
-// runs on the commit log's writer or flusher goroutine, so it only records
-// results and hands HIGH messages to replication. A message is answered OK
+// runs on the goroutine that wrote the group (the handler's own, or the
+// commit log's writer) or on the flusher, so it only records results and
+// hands HIGH messages to replication. A message is answered OK
 // only if the write lease still holds for epoch when the answer is made:
 // a master that lost it (a newer epoch, or a pause past its session)
 // answers LEASE_LOST, never OK.
