@@ -54,6 +54,17 @@ func (f *Frame) Size() int { return FixedHeaderSize + len(f.Header) + len(f.Body
 // AppendFrame appends the encoding of f to dst. It fails if the header or the
 // whole frame is over its cap; dst is then returned unchanged.
 func AppendFrame(dst []byte, f *Frame) ([]byte, error) {
+	dst, err := AppendFrameHead(dst, f)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, f.Body...), nil
+}
+
+// AppendFrameHead appends the encoding of f without its body (which
+// follows it on the wire: the length counts it), for a writer that sends
+// the body from where it is. It fails as AppendFrame does.
+func AppendFrameHead(dst []byte, f *Frame) ([]byte, error) {
 	if len(f.Header) > MaxHeaderSize {
 		return dst, fmt.Errorf("%w: header of %d bytes over the cap %d", ErrFrameTooLarge, len(f.Header), MaxHeaderSize)
 	}
@@ -69,8 +80,7 @@ func AppendFrame(dst []byte, f *Frame) ([]byte, error) {
 	dst = appendU16(dst, uint16(f.Status))
 	dst = appendU32(dst, f.Opaque)
 	dst = appendU16(dst, uint16(len(f.Header)))
-	dst = append(dst, f.Header...)
-	return append(dst, f.Body...), nil
+	return append(dst, f.Header...), nil
 }
 
 // FrameLength validates the first 4 bytes of a frame (its total length) and

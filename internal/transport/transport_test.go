@@ -410,3 +410,43 @@ func benchmarkRoundTrip(b *testing.B, ordered bool, size, inflight int) {
 		wg.Wait()
 	})
 }
+
+// Bodies from the size an inline write sends from where they are (writev)
+// arrive whole and in order, among small ones, from concurrent callers;
+// and the caller's body is not kept once Call returns.
+func TestLargeBodiesWrittenInPieces(t *testing.T) {
+	ts := startServer(t, ServerConfig{})
+	c := newClient(t, ts.addr, ClientConfig{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := make([]byte, 0, 300<<10)
+			for i := range 40 {
+				n := []int{inlineCopyMax - 1, inlineCopyMax, inlineCopyMax + 1, 300 << 10, 10}[(g+i)%5]
+				body = body[:n]
+				for j := range body {
+					body[j] = byte(g*31 + i + j)
+				}
+				want := bytes.Clone(body)
+				resp, err := c.Call(context.Background(), codeEcho, body)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(resp.Body, want) {
+					errs <- fmt.Errorf("goroutine %d call %d (%d bytes): the answer does not match the request", g, i, n)
+					return
+				}
+				clear(body) // the next call reuses it, as the producer does
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}

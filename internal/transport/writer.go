@@ -277,21 +277,61 @@ func (w *writer) writeInline(f *protocol.Frame) error {
 		return cerr
 	}
 	bp := framePool.Get().(*[]byte)
-	b, err := protocol.AppendFrame((*bp)[:0], f)
-	if err != nil {
-		framePool.Put(bp)
-		return err
+	var b []byte
+	var err error
+	if len(f.Body) >= inlineCopyMax {
+		// A large body goes from where it is, after its head, in one
+		// writev: no copy of it, and no pooled buffer grown to its size.
+		b, err = protocol.AppendFrameHead((*bp)[:0], f)
+		if err == nil {
+			err = w.writev(w.inline, net.Buffers{b, f.Body})
+		}
+	} else {
+		b, err = protocol.AppendFrame((*bp)[:0], f)
+		if err == nil {
+			err = w.write(w.inline, b)
+		}
 	}
-	err = w.write(w.inline, b)
 	if cap(b) <= 64<<10 {
 		*bp = b[:0]
 		framePool.Put(bp)
 	}
 	if err != nil {
+		if errors.Is(err, protocol.ErrFrameTooLarge) {
+			return err // nothing was written
+		}
 		w.fail(err) // run returns err, so the connection's owner learns of it
 		return err
 	}
 	return nil
+}
+
+// inlineCopyMax is the body size from which an inline write sends the body
+// from where it is (writev) rather than copying it after the frame's head.
+const inlineCopyMax = 16 << 10
+
+// writev is write for a frame in pieces: it writes them whole, consuming
+// bufs, with write's deadlines.
+func (w *writer) writev(conn net.Conn, bufs net.Buffers) error {
+	for {
+		if w.timeout > 0 {
+			if now := time.Now(); w.deadline.Sub(now) < w.timeout {
+				w.deadline = now.Add(w.timeout + w.timeout/8)
+				_ = conn.SetWriteDeadline(w.deadline)
+			}
+		}
+		n, err := bufs.WriteTo(conn)
+		w.written.Add(n)
+		if err == nil {
+			return nil
+		}
+		if w.timeout <= 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: nothing written for %v", ErrWriteTimeout, w.timeout)
+		}
+	}
 }
 
 // errStopped: admit gave up because the server is closing.
