@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -260,4 +261,79 @@ func TestIndexAndRetention(t *testing.T) {
 	l = openLog(t, cfg)
 	defer l.Close()
 	check("after a reopen")
+}
+
+// A damaged entry that is not the first of a read (a log offset outside
+// the log, or a size no record has) is reported, and leaves the log
+// usable: appends and Close go on.
+func TestDamagedIndexEntryMidReadIsReported(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		at   int // byte of entry 10 to flip
+		bit  byte
+	}{{"offset sign", 0, 0x80}, {"offset high", 2, 0x10}, {"size sign", 8, 0x80}, {"size high", 9, 0x40}} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := Config{Dir: dir, IndexChunkBytes: 1 << 20}
+			l := openLog(t, cfg)
+			fillQueues(t, l, 1, 50, 80)
+			must(t, l.Close())
+			name := indexChunkName(dir, 0)
+			oc, err := readIndexChunk(vfs.Default, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(name)
+			must(t, err)
+			b[oc.dir[0].at+10*indexEntrySize+int64(c.at)] ^= c.bit
+			must(t, os.WriteFile(name, b, 0o644))
+
+			l = openLog(t, cfg)
+			// Reads from entry 5 on (the damaged one is then not the
+			// first) up to entry 10 (then it is): one of them uses it.
+			reported := false
+			for off := int64(5); off <= 10; off++ {
+				got, err := l.Read("ix", 0, off, 1<<20)
+				var ce *CorruptError
+				switch {
+				case errors.As(err, &ce):
+					reported = true
+				case err != nil:
+					t.Fatalf("read at %d: %v", off, err)
+				case len(got) > 0 && off+int64(len(got)) > 10:
+					t.Fatalf("read at %d returned %d entries through the damaged one", off, len(got))
+				}
+			}
+			if !reported {
+				t.Fatal("no read reported the damaged entry")
+			}
+			mustAppend(t, l, []Entry{{Topic: "ix", Payload: []byte("after")}}, false)
+			must(t, l.Close())
+		})
+	}
+}
+
+// A chunk file that cannot be read (an I/O error, not bad contents) fails
+// Open and is kept: a passing error must not throw the index away.
+func TestUnreadableIndexChunkFailsOpen(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, SegmentSize: 16 << 10, IndexChunkBytes: 4 << 10}
+	l := openLog(t, cfg)
+	held := fillQueues(t, l, 2, 300, 100)
+	must(t, l.Close())
+	before := countChunks(t, dir)
+
+	efs := vfs.NewErrorFS(vfs.Default)
+	efs.Inject(vfs.Fail(vfs.OpRead).Path("*.idx").Nth(2).With(syscall.EIO))
+	cfg.FS = efs
+	if _, err := Open(cfg); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Open with an unreadable index chunk: %v, want EIO", err)
+	}
+	if n := countChunks(t, dir); n != before {
+		t.Fatalf("%d chunk files after the failed Open, %d before", n, before)
+	}
+	cfg.FS = nil
+	l = openLog(t, cfg)
+	defer l.Close()
+	checkQueues(t, l, held)
 }

@@ -25,16 +25,30 @@ type indexCut struct {
 // runs on the writer goroutine between groups (or during recovery, or in
 // Close after the writer stopped), with l.mu held if the log is shared.
 func (l *Log) maybeCut(force bool) {
+	if last, due := l.cutDue(force); due {
+		l.cut(last)
+	}
+}
+
+// cutDue reports whether the index is due for a cut at the log's end, and
+// identifies the record that ends it; l.mu is held (or the log not shared).
+func (l *Log) cutDue(force bool) (chunkLast, bool) {
 	end := l.end.Load()
 	if end <= l.cutFrom || (!force && end-l.cutFrom < l.cfg.IndexChunkBytes) {
-		return
+		return chunkLast{}, false
 	}
 	last, err := l.lastRecord(end)
 	if err != nil {
 		l.log.Warn("cannot cut the index", "offset", end, "error", err)
-		return
+		return chunkLast{}, false
 	}
-	l.addCut(indexCut{from: l.cutFrom, to: end, last: last, snap: l.prod.encodeSnapshot()})
+	return last, true
+}
+
+// cut cuts the index at the log's end, whose last record is last; on the
+// writer (which owns the producer table), with or without l.mu.
+func (l *Log) cut(last chunkLast) {
+	l.addCut(indexCut{from: l.cutFrom, to: l.end.Load(), last: last, snap: l.prod.encodeSnapshot()})
 }
 
 // addCut queues a cut and wakes the indexer.
@@ -123,8 +137,11 @@ func (l *Log) writeChunk(c indexCut) error {
 	defer l.idxMu.Unlock()
 	l.cutMu.Lock()
 	current := len(l.cuts) > 0 && l.cuts[0].from == c.from && l.cuts[0].to == c.to
+	if current {
+		c = l.cuts[0]
+	}
 	l.cutMu.Unlock()
-	if !current { // dropped by a truncation meanwhile
+	if !current || c.to > l.flushed.Load() && l.scanLimit < c.to { // dropped or moved back by a truncation meanwhile
 		return nil
 	}
 
@@ -267,6 +284,11 @@ func (l *Log) loadChunks(limit int64) (int64, error) {
 			continue
 		}
 		oc, err := readIndexChunk(l.fs, filepath.Join(dir, n))
+		if err != nil && !errors.Is(err, errBadChunk) {
+			// A read error is not a bad chunk: Open fails rather than drop
+			// (and later rebuild) the index on a passing I/O error.
+			return 0, fmt.Errorf("storage: read index chunk: %w", err)
+		}
 		if err != nil || oc.c.from != from {
 			l.log.Warn("ignoring an index chunk", "file", filepath.Join(dir, n), "error", err)
 			stale = append(stale, filepath.Join(dir, n))
@@ -290,9 +312,17 @@ func (l *Log) loadChunks(limit int64) (int64, error) {
 	// Queue offsets must continue from chunk to chunk; the last chunk must
 	// end on the record it names, and its snapshot must read.
 	for len(chain) > 0 {
-		if n, why := l.chainBreak(chain); n < len(chain) {
+		n, why, err := l.chainBreak(chain)
+		if err != nil {
+			for _, oc := range chain {
+				oc.c.close()
+			}
+			return 0, err
+		}
+		if n < len(chain) {
 			l.log.Warn("ignoring index chunks that do not follow the log", "from", chain[n].c.name, "reason", why)
 			for _, oc := range chain[n:] {
+				oc.c.close()
 				stale = append(stale, oc.c.name)
 			}
 			chain = chain[:n]
@@ -348,13 +378,14 @@ func (l *Log) firstAt(k queueKey, start int64) int64 {
 }
 
 // chainBreak returns the length of the longest prefix of chain that the
-// log can trust, and why the rest cannot be.
-func (l *Log) chainBreak(chain []*openedChunk) (int, string) {
+// log can trust, and why the rest cannot be; an error if a file could not
+// be read.
+func (l *Log) chainBreak(chain []*openedChunk) (int, string, error) {
 	next := map[queueKey]int64{}
 	for i, oc := range chain {
 		for _, e := range oc.dir {
 			if n, ok := next[e.k]; ok && n != e.firstQO {
-				return i, fmt.Sprintf("%s/%d starts at queue offset %d, want %d", e.k.topic, e.k.queue, e.firstQO, n)
+				return i, fmt.Sprintf("%s/%d starts at queue offset %d, want %d", e.k.topic, e.k.queue, e.firstQO, n), nil
 			}
 			next[e.k] = e.firstQO + e.count
 		}
@@ -363,19 +394,22 @@ func (l *Log) chainBreak(chain []*openedChunk) (int, string) {
 	last := chain[n-1]
 	seg, segEnd, ok := l.segmentFor(last.c.last.at)
 	if !ok || last.c.last.at+recordHeaderSize > segEnd {
-		return n - 1, "its last record is not in the log"
+		return n - 1, "its last record is not in the log", nil
 	}
 	var h [recordHeaderSize]byte
 	if _, err := seg.f.ReadAt(h[:], last.c.last.at-seg.base); err != nil {
-		return n - 1, err.Error()
+		return 0, "", fmt.Errorf("storage: read %s at %d: %w", seg.name, last.c.last.at-seg.base, err)
 	}
 	if last.c.last.at+recordHeaderSize+int64(binary.BigEndian.Uint32(h[:])) != last.c.to || binary.BigEndian.Uint32(h[4:]) != last.c.last.crc {
-		return n - 1, "its last record is not the log's"
+		return n - 1, "its last record is not the log's", nil
 	}
 	if err := last.c.readSnapshot(&l.prod); err != nil {
-		return n - 1, err.Error()
+		if !errors.Is(err, errBadChunk) {
+			return 0, "", err
+		}
+		return n - 1, err.Error(), nil
 	}
-	return n, ""
+	return n, "", nil
 }
 
 // IndexStats describes the index: what is on disk and what is in memory.

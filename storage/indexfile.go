@@ -46,6 +46,7 @@ type indexChunk struct {
 
 	mu      sync.Mutex
 	f       vfs.File
+	closed  bool
 	refs    atomic.Int32
 	removed atomic.Bool
 }
@@ -61,6 +62,7 @@ func (c *indexChunk) release() {
 func (c *indexChunk) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.closed = true
 	if c.f != nil {
 		_ = c.f.Close()
 		c.f = nil
@@ -79,6 +81,10 @@ func (c *indexChunk) drop() {
 // holds a reference (or the chunk is not yet shared).
 func (c *indexChunk) readAt(b []byte, off int64) error {
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return fmt.Errorf("storage: index %s: %w", c.name, ErrClosed)
+	}
 	if c.f == nil {
 		f, err := c.fs.OpenRW(c.name)
 		if err != nil {
@@ -206,9 +212,14 @@ type openedChunk struct {
 	dir []chunkDirEntry
 }
 
+// errBadChunk marks an index chunk file whose contents do not check out
+// (as opposed to one that could not be read): Open drops such a chunk and
+// rebuilds what it held from the log.
+var errBadChunk = errors.New("storage: bad index chunk")
+
 // readIndexChunk reads and checks the header and directory of an index
-// chunk file. Any problem is an error: the caller ignores such a chunk and
-// rebuilds what it would have held from the log.
+// chunk file. A file that does not check out is an errBadChunk; one that
+// cannot be read, another error.
 func readIndexChunk(fs vfs.FS, name string) (*openedChunk, error) {
 	f, err := fs.OpenRW(name)
 	if err != nil {
@@ -221,26 +232,26 @@ func readIndexChunk(fs vfs.FS, name string) (*openedChunk, error) {
 	}
 	var h [indexHeaderSize]byte
 	if size < indexHeaderSize {
-		return nil, fmt.Errorf("%d bytes, shorter than a header", size)
+		return nil, fmt.Errorf("%w: %d bytes, shorter than a header", errBadChunk, size)
 	}
 	if _, err := f.ReadAt(h[:], 0); err != nil {
 		return nil, err
 	}
 	if string(h[:4]) != indexMagic || binary.BigEndian.Uint16(h[4:]) != indexVersion {
-		return nil, errors.New("not an index chunk of this version")
+		return nil, fmt.Errorf("%w: not an index chunk of this version", errBadChunk)
 	}
 	from, to := int64(binary.BigEndian.Uint64(h[8:])), int64(binary.BigEndian.Uint64(h[16:]))
 	nq, n := int64(binary.BigEndian.Uint32(h[36:])), int64(binary.BigEndian.Uint64(h[40:]))
 	dirLen, snapLen := int64(binary.BigEndian.Uint32(h[48:])), int64(binary.BigEndian.Uint32(h[52:]))
 	if n < 0 || n > size/indexEntrySize || indexHeaderSize+dirLen+n*indexEntrySize+snapLen != size {
-		return nil, fmt.Errorf("%d bytes, but its header accounts for %d", size, indexHeaderSize+dirLen+n*indexEntrySize+snapLen)
+		return nil, fmt.Errorf("%w: %d bytes, but its header accounts for %d", errBadChunk, size, indexHeaderSize+dirLen+n*indexEntrySize+snapLen)
 	}
 	dir := make([]byte, dirLen)
 	if _, err := f.ReadAt(dir, indexHeaderSize); err != nil {
 		return nil, err
 	}
 	if crc32.Update(crc32.Checksum(h[:56], castagnoli), castagnoli, dir) != binary.BigEndian.Uint32(h[56:]) {
-		return nil, errors.New("header or directory does not check out")
+		return nil, fmt.Errorf("%w: header or directory does not check out", errBadChunk)
 	}
 	entries := indexHeaderSize + dirLen
 	oc := &openedChunk{
@@ -256,11 +267,11 @@ func readIndexChunk(fs vfs.FS, name string) (*openedChunk, error) {
 	p := dir
 	for range nq {
 		if len(p) < 2 {
-			return nil, errors.New("short directory")
+			return nil, fmt.Errorf("%w: short directory", errBadChunk)
 		}
 		tl := int(binary.BigEndian.Uint16(p))
 		if len(p) < 2+tl+20 {
-			return nil, errors.New("short directory")
+			return nil, fmt.Errorf("%w: short directory", errBadChunk)
 		}
 		e := chunkDirEntry{
 			k:       queueKey{topic: string(p[2 : 2+tl]), queue: binary.BigEndian.Uint32(p[2+tl:])},
@@ -269,7 +280,7 @@ func readIndexChunk(fs vfs.FS, name string) (*openedChunk, error) {
 			at:      at,
 		}
 		if e.count <= 0 || e.count > n-total || e.firstQO < 0 {
-			return nil, errors.New("directory does not add up")
+			return nil, fmt.Errorf("%w: directory does not add up", errBadChunk)
 		}
 		total += e.count
 		at += e.count * indexEntrySize
@@ -277,7 +288,7 @@ func readIndexChunk(fs vfs.FS, name string) (*openedChunk, error) {
 		p = p[22+tl:]
 	}
 	if len(p) != 0 || total != n || from < 0 || to <= from {
-		return nil, errors.New("directory does not add up")
+		return nil, fmt.Errorf("%w: directory does not add up", errBadChunk)
 	}
 	return oc, nil
 }
@@ -290,9 +301,12 @@ func (c *indexChunk) readSnapshot(t *producerTable) error {
 		return err
 	}
 	if crc32.Checksum(b, castagnoli) != c.snapCRC {
-		return errors.New("producer snapshot does not check out")
+		return fmt.Errorf("%w: producer snapshot does not check out", errBadChunk)
 	}
-	return t.decodeSnapshot(b)
+	if err := t.decodeSnapshot(b); err != nil {
+		return fmt.Errorf("%w: %w", errBadChunk, err)
+	}
+	return nil
 }
 
 // encodeSnapshot writes the deduplication state. It runs on the writer

@@ -103,6 +103,10 @@ type Log struct {
 	prod       producerTable
 	pt         pretoucher
 	scanned    int64 // records Open read (after the index chunks)
+	// scanLimit, during recovery, is the checkpoint: the records before it
+	// are synced, so the chunks of cuts up to it are written at once
+	// rather than held in memory until Open ends. -1 otherwise.
+	scanLimit int64
 
 	// The index on disk (indexer.go). idxMu serializes the indexer's
 	// chunk writes with Truncate and DeleteBefore; chunks (the files the
@@ -137,6 +141,7 @@ func Open(cfg Config) (*Log, error) {
 		stopFlush:  make(chan struct{}),
 		flushDone:  make(chan struct{}),
 		lastAt:     -1,
+		scanLimit:  -1,
 		idxWake:    make(chan struct{}, 1),
 		stopIdx:    make(chan struct{}),
 		idxDone:    make(chan struct{}),

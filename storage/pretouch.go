@@ -147,7 +147,13 @@ func (p *pretoucher) roll(prev *segment, end int64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.touched.Load() > end {
-		if err := prev.f.Truncate(end); err != nil {
+		// The cut is synced before the next segment exists: a crash must
+		// not bring the zeros back inside the log once records follow.
+		err := prev.f.Truncate(end)
+		if err == nil {
+			err = prev.f.Sync()
+		}
+		if err != nil {
 			// prev keeps its zeros: the writer undoes the roll and goes on
 			// with prev (use keeps touched).
 			return fmt.Errorf("storage: cut the zeros of %s at %d: %w", prev.name, end, err)

@@ -70,14 +70,29 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 		l.mu.RUnlock()
 		return nil, ErrReadTruncated
 	}
-	if start := l.segments[0].base; locs[0].pos < start {
+	if qi := l.index[queueKey{topic, queue}]; qi != nil && offset < qi.first {
 		l.mu.RUnlock()
 		return nil, fmt.Errorf("%w: queue offset %d was deleted by retention meanwhile", ErrOutOfRange, offset)
 	}
 	var spans []span
 	total := 0
 	for i, lc := range locs {
-		seg, _, _ := l.segmentFor(lc.pos)
+		seg, segEnd, ok := l.segmentFor(lc.pos)
+		// An entry read from a chunk file may be damaged: it must name a
+		// record inside the log, after the one before it.
+		if !ok || lc.size < recordHeaderSize+recordFixedSize || lc.pos+int64(lc.size) > segEnd ||
+			i > 0 && lc.pos <= locs[i-1].pos {
+			for _, sp := range spans {
+				sp.seg.release()
+			}
+			l.mu.RUnlock()
+			reason := fmt.Sprintf("the index names a record of %d bytes at log offset %d for %s/%d offset %d, which the log does not hold",
+				lc.size, lc.pos, topic, queue, offset+int64(i))
+			if lc.chunk != nil {
+				reason += fmt.Sprintf(" (the index chunk %s is damaged: deleting the index directory makes Open rebuild it)", lc.chunk.name)
+			}
+			return nil, &CorruptError{Offset: lc.pos, Segment: l.cfg.Dir, Reason: reason}
+		}
 		if last := len(spans) - 1; last >= 0 && spans[last].seg == seg && spans[last].at+int64(spans[last].n) == lc.pos {
 			spans[last].n += lc.size
 			spans[last].count++

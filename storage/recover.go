@@ -124,6 +124,8 @@ func (l *Log) recover() error {
 		return err
 	}
 	l.cutFrom = end
+	l.scanLimit = checkpoint
+	defer func() { l.scanLimit = -1 }()
 	for i := 0; i < len(l.segments); i++ {
 		s := l.segments[i]
 		if s.base+s.size <= end && i < len(l.segments)-1 {
@@ -337,7 +339,16 @@ func (l *Log) scanSegment(s *segment, from int64) (good int64, reason string, er
 		l.scanned++
 		if end := s.base + at + int64(n); end-l.cutFrom >= l.cfg.IndexChunkBytes {
 			crc := binary.BigEndian.Uint32(buf[at-bufAt+4:])
-			l.addCut(indexCut{from: l.cutFrom, to: end, last: chunkLast{at: s.base + at, crc: crc}, snap: l.prod.encodeSnapshot()})
+			c := indexCut{from: l.cutFrom, to: end, last: chunkLast{at: s.base + at, crc: crc}, snap: l.prod.encodeSnapshot()}
+			l.addCut(c)
+			if end <= l.scanLimit {
+				// Synced records: the chunk is written now, and its entries
+				// and snapshot leave memory (a log read whole, at its first
+				// Open with an index, would otherwise hold them all).
+				if err := l.writeChunk(c); err != nil {
+					l.log.Warn("index chunk write failed during recovery; its entries stay in memory", "from", c.from, "to", c.to, "error", err)
+				}
+			}
 		}
 		at += int64(n)
 	}

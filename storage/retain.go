@@ -123,6 +123,7 @@ func (l *Log) DeleteBefore(offset int64) (int64, error) {
 		if f, ok := floors[k]; ok {
 			qi.first = max(qi.first, f)
 		}
+		qi.first = max(qi.first, qi.lowest())
 	}
 	l.mu.Unlock()
 	if err := l.removeChunks(gone); err != nil {

@@ -308,7 +308,6 @@ func (l *Log) writeChunks(chunks []chunk) error {
 // index entries and the end offset.
 func (l *Log) publish(chunks []chunk, ok []*appendReq) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	for i := range chunks {
 		c := &chunks[i]
 		if c.seg != l.segments[len(l.segments)-1] {
@@ -330,7 +329,11 @@ func (l *Log) publish(chunks []chunk, ok []*appendReq) {
 		}
 	}
 	l.end.Store(ok[len(ok)-1].end) // appends are placed in order: the last ends the group
-	l.maybeCut(false)
+	last, due := l.cutDue(false)
+	l.mu.Unlock()
+	if due {
+		l.cut(last) // the snapshot is taken without l.mu: readers go on meanwhile
+	}
 }
 
 // them.
