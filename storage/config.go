@@ -104,7 +104,10 @@ type Config struct {
 	// already has instead of extending it (see pretouch.go). The zeros are
 	// never part of the log. Negative: off. Default (0): DefaultPretouch
 	// with FlushAsync, off with FlushSync, whose frequent syncs would write
-	// the zero pages to disk before the records overwrite them.
+	// the zero pages to disk before the records overwrite them. (With
+	// FlushAsync a log written slower than Pretouch per FlushInterval has
+	// most zero pages synced before they are overwritten too: the disk
+	// then writes those pages twice.)
 	Pretouch int64
 }
 

@@ -85,9 +85,15 @@
 // of 1 KiB messages), plus what the indexer has not written yet (it waits
 // for a sync: at most a FlushInterval of appends). So memory grows with the
 // number of queues and with log size / IndexChunkBytes, not with the number
-// of messages. A read of an older queue offset reads its entries from the
-// chunk file (256 at a time) and checks that each record it then reads is
-// the one the entry names.
+// of messages; an Open that reads many records (the first with an index,
+// or after the index directory was removed) writes each chunk as it goes.
+// Each chunk carries the whole deduplication state (about 140 bytes per
+// tracked producer and queue). A read of an older queue offset reads its
+// entries from the chunk file (256 at a time), checks each entry (inside
+// the log, after the one before it) and that each record it then reads is
+// the one the entry names: a damaged entry is a *CorruptError. A chunk
+// file stays open once read, until retention or truncation drops it: a
+// reader of the whole history holds one file per IndexChunkBytes of log.
 //
 // # Recovery
 //
@@ -104,9 +110,11 @@
 // is a damaged chunk entry, since every read checks that the record it
 // reads is the one the index names. Removing the index directory is always
 // safe: Open then rebuilds it from every record, checking each. So Open
-// reads chunk headers (one per IndexChunkBytes of log) and at most about
-// IndexChunkBytes of records, however long the log: a clean Close leaves
-// none to read.
+// reads chunk headers (one per IndexChunkBytes of log) and, when the
+// checkpoint is sound, at most about IndexChunkBytes plus a FlushInterval's
+// appends of records, however long the log: a clean Close leaves none to
+// read. A chunk whose contents do not check out is dropped and rebuilt; one
+// that cannot be read (an I/O error) fails Open.
 //
 // From the chain's end on, Open reads every segment in order and checks
 // every record (length, CRC, version, topic and queue-offset continuity),
@@ -199,8 +207,9 @@
 // back, and must give for every record appended from a stamped Entry that
 // Entry's Producer. Every stored stamped record is applied without checks:
 // a pair with no live state, or of another epoch, starts over at it, else
-// it joins the runs as an accepted entry does. Recovery applies every
-// record it keeps and AppendRaw every record it copies, so a restarted
+// it joins the runs as an accepted entry does. Recovery starts from the
+// last index chunk's snapshot (see Index) and applies every record after
+// it, and AppendRaw applies every record it copies, so a restarted
 // broker and a slave (whose log is its master's bytes) hold the state the
 // master held; a retried entry is answered from it after a failover too.
 // Without the hook, the state of stamped appends lasts until Close.
