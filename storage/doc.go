@@ -91,9 +91,9 @@
 // tracked producer and queue). A read of an older queue offset reads its
 // entries from the chunk file (256 at a time), checks each entry (inside
 // the log, after the one before it) and that each record it then reads is
-// the one the entry names: a damaged entry is a *CorruptError. A chunk
-// file stays open once read, until retention or truncation drops it: a
-// reader of the whole history holds one file per IndexChunkBytes of log.
+// the one the entry names: a damaged entry is a *CorruptError. A log keeps
+// at most 64 chunk files open for reads, closing the least recently read
+// (a reader of the whole history opens them again as it goes).
 //
 // # Recovery
 //

@@ -337,3 +337,31 @@ func TestUnreadableIndexChunkFailsOpen(t *testing.T) {
 	defer l.Close()
 	checkQueues(t, l, held)
 }
+
+// A reader of the whole history keeps at most maxOpenChunks chunk files
+// open, and reads every record right.
+func TestOpenChunkFilesAreBounded(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, SegmentSize: 64 << 10, IndexChunkBytes: 1 << 10}
+	l := openLog(t, cfg)
+	held := fillQueues(t, l, 3, 3000, 100)
+	must(t, l.Close())
+	l = openLog(t, cfg)
+	defer l.Close()
+	if n := l.IndexStats().Chunks; n <= maxOpenChunks {
+		t.Fatalf("only %d chunks: the test needs more than %d", n, maxOpenChunks)
+	}
+	checkQueues(t, l, held)
+	checkQueues(t, l, held) // again, through files closed and opened again
+	open := 0
+	for _, c := range l.chunks {
+		c.mu.Lock()
+		if c.f != nil {
+			open++
+		}
+		c.mu.Unlock()
+	}
+	if open > maxOpenChunks {
+		t.Fatalf("%d chunk files open, want at most %d", open, maxOpenChunks)
+	}
+}

@@ -172,6 +172,7 @@ func (l *Log) writeChunk(c indexCut) error {
 		return fmt.Errorf("storage: index chunk %s reads back wrong: %w", name, err)
 	}
 	ic := oc.c
+	ic.files = &l.openChunks
 
 	l.mu.Lock()
 	for i, q := range qs {
@@ -353,6 +354,7 @@ func (l *Log) loadChunks(limit int64) (int64, error) {
 			qi.parts = append(qi.parts, indexPart{c: oc.c, firstQO: e.firstQO, count: e.count, at: e.at})
 			qi.base += e.count
 		}
+		oc.c.files = &l.openChunks
 		l.chunks = append(l.chunks, oc.c)
 	}
 	last := chain[len(chain)-1]

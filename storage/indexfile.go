@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"container/list"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -32,8 +33,10 @@ const (
 
 // indexChunk is one index chunk file: where the records of the log range
 // [from, to) are, queue by queue. Immutable once written; its file is
-// opened on first use and closed when the chunk is dropped (truncation or
-// retention) and no reader holds it.
+// opened on first use, closed when it has been the least recently read of
+// more than maxOpenChunks open ones (and opened again when read), and
+// closed for good when the chunk is dropped (truncation or retention) and
+// no reader holds it.
 type indexChunk struct {
 	from, to int64
 	name     string
@@ -49,6 +52,71 @@ type indexChunk struct {
 	closed  bool
 	refs    atomic.Int32
 	removed atomic.Bool
+
+	files *openChunks   // nil: not counted (a chunk not in a log)
+	elem  *list.Element // in files.lru while its file is open; files.mu
+}
+
+// maxOpenChunks bounds the chunk files a log keeps open.
+const maxOpenChunks = 64
+
+// openChunks keeps the open chunk files of a log, most recently read
+// first, and closes the least recently read beyond maxOpenChunks.
+type openChunks struct {
+	mu  sync.Mutex
+	lru list.List
+}
+
+// touch records a read of c, whose file is open, and returns the chunk
+// whose file to close, if any.
+func (o *openChunks) touch(c *indexChunk) *indexChunk {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if c.removed.Load() { // closed with its last reader, not here
+		if c.elem != nil {
+			o.lru.Remove(c.elem)
+			c.elem = nil
+		}
+		return nil
+	}
+	if c.elem != nil {
+		o.lru.MoveToFront(c.elem)
+	} else {
+		c.elem = o.lru.PushFront(c)
+	}
+	if o.lru.Len() <= maxOpenChunks {
+		return nil
+	}
+	for e := o.lru.Back(); e != nil && e != c.elem; e = e.Prev() {
+		v := e.Value.(*indexChunk)
+		if v.removed.Load() {
+			continue // its readers must still read the unlinked file
+		}
+		o.lru.Remove(e)
+		v.elem = nil
+		return v
+	}
+	return nil
+}
+
+// forget drops c from the list (its file is closed).
+func (o *openChunks) forget(c *indexChunk) {
+	o.mu.Lock()
+	if c.elem != nil {
+		o.lru.Remove(c.elem)
+		c.elem = nil
+	}
+	o.mu.Unlock()
+}
+
+// closeFile closes c's file until it is read again.
+func (c *indexChunk) closeFile() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.f != nil {
+		_ = c.f.Close()
+		c.f = nil
+	}
 }
 
 func (c *indexChunk) acquire() *indexChunk { c.refs.Add(1); return c }
@@ -61,11 +129,14 @@ func (c *indexChunk) release() {
 
 func (c *indexChunk) close() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.closed = true
 	if c.f != nil {
 		_ = c.f.Close()
 		c.f = nil
+	}
+	c.mu.Unlock()
+	if c.files != nil {
+		c.files.forget(c)
 	}
 }
 
@@ -93,9 +164,15 @@ func (c *indexChunk) readAt(b []byte, off int64) error {
 		}
 		c.f = f
 	}
-	f := c.f
+	// The read holds c.mu, so that no one closes the file under it.
+	n, err := c.f.ReadAt(b, off)
 	c.mu.Unlock()
-	if n, err := f.ReadAt(b, off); n < len(b) {
+	if c.files != nil {
+		if v := c.files.touch(c); v != nil {
+			v.closeFile()
+		}
+	}
+	if n < len(b) {
 		return fmt.Errorf("storage: read index %s at %d: %w", c.name, off, err)
 	}
 	return nil

@@ -113,6 +113,7 @@ type Log struct {
 	// queues' parts read, in log order) changes under mu with idxMu held.
 	idxMu      sync.Mutex
 	chunks     []*indexChunk
+	openChunks openChunks // the chunk files open, for reads
 	cutMu      sync.Mutex
 	cuts       []indexCut // cut, not yet written
 	cutFrom    int64      // writer-owned: where the next cut starts
