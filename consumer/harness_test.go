@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -192,13 +193,7 @@ func (r *recorder) count() int {
 // waitFor waits until cond holds, up to d.
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.ForEvery(t, d, 10*time.Millisecond, what, cond)
 }
 
 // runIn runs c.Run in a goroutine; the returned func stops it and waits.

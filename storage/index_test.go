@@ -126,10 +126,7 @@ func TestIndexAheadOfTheLogIsIgnored(t *testing.T) {
 	dir := t.TempDir()
 	cfg := Config{Dir: dir, SegmentSize: 1 << 20, IndexChunkBytes: 2 << 10}
 	l := openLog(t, cfg)
-	var pos []Position
-	for i := range 400 {
-		pos = append(pos, mustAppend(t, l, []Entry{{Topic: "ix", Payload: payloadFor("ix", 0, int64(i), 50)}}, false)...)
-	}
+	pos := appendEach(t, l, 400, 50)
 	must(t, l.Close())
 	chunksBefore := countChunks(t, dir)
 
@@ -185,20 +182,10 @@ func TestIndexEntryCorruptionIsReported(t *testing.T) {
 	held := fillQueues(t, l, 1, 50, 80)
 	must(t, l.Close())
 
-	name := indexChunkName(dir, 0)
-	oc, err := readIndexChunk(vfs.Default, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b[oc.dir[0].at+10*indexEntrySize+7] ^= 0x40 // entry 10's log offset
-	must(t, os.WriteFile(name, b, 0o644))
+	flipEntryBit(t, dir, 10, 7, 0x40) // entry 10's log offset
 
 	l = openLog(t, cfg)
-	_, err = l.Read("ix", 0, 10, 1)
+	_, err := l.Read("ix", 0, 10, 1)
 	var ce *CorruptError
 	if !errors.As(err, &ce) && !errors.Is(err, ErrOutOfRange) {
 		t.Fatalf("read through a corrupt index entry: %v, want a *CorruptError", err)
@@ -221,10 +208,7 @@ func TestIndexAndRetention(t *testing.T) {
 	dir := t.TempDir()
 	cfg := Config{Dir: dir, SegmentSize: 4 << 10, IndexChunkBytes: 3 << 10}
 	l := openLog(t, cfg)
-	var pos []Position
-	for i := range 600 {
-		pos = append(pos, mustAppend(t, l, []Entry{{Topic: "ix", Payload: payloadFor("ix", 0, int64(i), 40)}}, false)...)
-	}
+	pos := appendEach(t, l, 600, 40)
 	must(t, l.Flush())
 	testwait.For(t, 10*time.Second, "the indexer to write every chunk cut", func() bool { return l.IndexStats().PendingCuts == 0 })
 	chunks := l.IndexStats().Chunks
@@ -278,15 +262,7 @@ func TestDamagedIndexEntryMidReadIsReported(t *testing.T) {
 			l := openLog(t, cfg)
 			fillQueues(t, l, 1, 50, 80)
 			must(t, l.Close())
-			name := indexChunkName(dir, 0)
-			oc, err := readIndexChunk(vfs.Default, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := os.ReadFile(name)
-			must(t, err)
-			b[oc.dir[0].at+10*indexEntrySize+int64(c.at)] ^= c.bit
-			must(t, os.WriteFile(name, b, 0o644))
+			flipEntryBit(t, dir, 10, c.at, c.bit)
 
 			l = openLog(t, cfg)
 			// Reads from entry 5 on (the damaged one is then not the
@@ -364,4 +340,28 @@ func TestOpenChunkFilesAreBounded(t *testing.T) {
 	if open > maxOpenChunks {
 		t.Fatalf("%d chunk files open, want at most %d", open, maxOpenChunks)
 	}
+}
+
+// appendEach appends n records of size bytes to queue 0 of topic "ix", one
+// append each, and returns their positions.
+func appendEach(t *testing.T, l *Log, n, size int) []Position {
+	t.Helper()
+	var pos []Position
+	for i := range n {
+		pos = append(pos, mustAppend(t, l, []Entry{{Topic: "ix", Payload: payloadFor("ix", 0, int64(i), size)}}, false)...)
+	}
+	return pos
+}
+
+// flipEntryBit flips bits of byte at of entry i of the first queue in the
+// index chunk at the start of dir's log.
+func flipEntryBit(t *testing.T, dir string, i int64, at int, bits byte) {
+	t.Helper()
+	name := indexChunkName(dir, 0)
+	oc, err := readIndexChunk(vfs.Default, name)
+	must(t, err)
+	b, err := os.ReadFile(name)
+	must(t, err)
+	b[oc.dir[0].at+i*indexEntrySize+int64(at)] ^= bits
+	must(t, os.WriteFile(name, b, 0o644))
 }

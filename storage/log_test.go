@@ -571,32 +571,38 @@ func BenchmarkAppend(b *testing.B) {
 				b.Run(fmt.Sprintf("flush=%v/appenders=%d/stamps=%v/1KiB", mode, conc, stamped), func(b *testing.B) {
 					l := openLog(b, Config{Dir: b.TempDir(), Flush: mode, SegmentSize: 256 << 20, ProducerStamp: testStamp})
 					defer l.Close()
-					var wg sync.WaitGroup
-					per := b.N/conc + 1
-					b.SetBytes(1024)
-					b.ResetTimer()
-					for g := range conc {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							e := Entry{Topic: "bench", Queue: uint32(g % 8), Payload: make([]byte, 1024)}
-							for seq := range int64(per) {
-								if stamped {
-									e.Producer = ProducerStamp{ID: uint64(g + 1), Seq: seq}
-								}
-								pos, err := l.Append([]Entry{e}, false)
-								if err != nil || pos[0].Err != nil || pos[0].Duplicate {
-									b.Errorf("%v %+v", err, pos)
-									return
-								}
-							}
-						}()
-					}
-					wg.Wait()
+					benchAppends(b, l, conc, stamped)
 				})
 			}
 		}
 	}
+}
+
+// benchAppends appends b.N 1 KiB entries one at a time from conc
+// goroutines over 8 queues, each goroutine a producer if stamped.
+func benchAppends(b *testing.B, l *Log, conc int, stamped bool) {
+	var wg sync.WaitGroup
+	per := b.N/conc + 1
+	b.SetBytes(1024)
+	b.ResetTimer()
+	for g := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e := Entry{Topic: "bench", Queue: uint32(g % 8), Payload: make([]byte, 1024)}
+			for seq := range int64(per) {
+				if stamped {
+					e.Producer = ProducerStamp{ID: uint64(g + 1), Seq: seq}
+				}
+				pos, err := l.Append([]Entry{e}, false)
+				if err != nil || pos[0].Err != nil || pos[0].Duplicate {
+					b.Errorf("%v %+v", err, pos)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // MaxPayloadSize limits new appends only: records stored under a larger cap

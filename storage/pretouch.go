@@ -146,20 +146,30 @@ func (p *pretoucher) roll(prev *segment, end int64) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.touched.Load() > end {
-		// The cut is synced before the next segment exists: a crash must
-		// not bring the zeros back inside the log once records follow.
-		err := prev.f.Truncate(end)
-		if err == nil {
-			err = prev.f.Sync()
-		}
-		if err != nil {
-			// prev keeps its zeros: the writer undoes the roll and goes on
-			// with prev (use keeps touched).
-			return fmt.Errorf("storage: cut the zeros of %s at %d: %w", prev.name, end, err)
-		}
+	// The cut is synced before the next segment exists: a crash must not
+	// bring the zeros back inside the log once records follow. If it
+	// fails, prev keeps its zeros: the writer undoes the roll and goes on
+	// with prev (use keeps touched).
+	if err := p.cutLocked(prev, end, true); err != nil {
+		return err
 	}
 	p.seg = nil
+	return nil
+}
+
+// cutLocked cuts s back to end if zeros may reach past it, and syncs the
+// cut if asked; p.mu is held.
+func (p *pretoucher) cutLocked(s *segment, end int64, sync bool) error {
+	if p.touched.Load() <= end {
+		return nil
+	}
+	err := s.f.Truncate(end)
+	if err == nil && sync {
+		err = s.f.Sync()
+	}
+	if err != nil {
+		return fmt.Errorf("storage: cut the zeros of %s at %d: %w", s.name, end, err)
+	}
 	return nil
 }
 
@@ -192,10 +202,8 @@ func (p *pretoucher) cut(s *segment, size int64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seg = nil
-	if p.touched.Load() > size {
-		if err := s.f.Truncate(size); err != nil {
-			return fmt.Errorf("storage: cut the zeros of %s at %d: %w", s.name, size, err)
-		}
+	if err := p.cutLocked(s, size, false); err != nil {
+		return err
 	}
 	p.touched.Store(size)
 	return nil

@@ -2,7 +2,6 @@ package storage
 
 import (
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -69,25 +68,7 @@ func BenchmarkPretouch(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			l := openLog(b, Config{Dir: b.TempDir(), SegmentSize: 256 << 20, Pretouch: pt})
 			defer l.Close()
-			var wg sync.WaitGroup
-			const conc = 64
-			per := b.N/conc + 1
-			b.SetBytes(1024)
-			b.ResetTimer()
-			for g := range conc {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					e := Entry{Topic: "bench", Queue: uint32(g % 8), Payload: make([]byte, 1024)}
-					for range per {
-						if _, err := l.Append([]Entry{e}, false); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
+			benchAppends(b, l, 64, false)
 		})
 	}
 }

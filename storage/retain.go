@@ -183,26 +183,7 @@ func (l *Log) writeQueues(floors map[queueKey]int64) error {
 	}
 	b = binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 
-	tmp := filepath.Join(l.cfg.Dir, queuesName+".tmp")
-	_ = l.fs.Remove(tmp)
-	f, err := l.fs.Create(tmp)
-	if err != nil {
-		return fmt.Errorf("storage: write queue offsets: %w", err)
-	}
-	_, err = f.WriteAt(b, 0)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = l.fs.Rename(tmp, filepath.Join(l.cfg.Dir, queuesName))
-	}
-	if err == nil {
-		err = l.fs.SyncDir(l.cfg.Dir)
-	}
-	if err != nil {
+	if err := l.writeFileAtomic(filepath.Join(l.cfg.Dir, queuesName), b); err != nil {
 		return fmt.Errorf("storage: write queue offsets: %w", err)
 	}
 	return nil
