@@ -16,6 +16,8 @@
 #   FERRY_FLUSH      brokers' flush mode, async or sync (default async)
 #   FERRY_FAILOVER   on (default): the metaservers promote a lost master's slave; off: the group
 #                    stays read-only until its master is back
+#   FERRY_AUTO_CREATE  1: a route lookup of an unknown topic creates it (8 queues); default 0: an
+#                    unknown topic is refused UNKNOWN_TOPIC, so a typo does not make a topic
 #
 # Ports, from BASE: metaserver RPC +1..+3, raft +11..+13, metrics +21..+23;
 # brokers (g1 master, g1 slave, g2 master, g2 slave) data +31..+34, HA +41..+44, metrics +51..+54.
@@ -26,6 +28,7 @@ FERRY_HOME="${FERRY_HOME:-$ROOT/.cluster}"
 BASE="${FERRY_BASE_PORT:-7100}"
 FLUSH="${FERRY_FLUSH:-async}"
 FAILOVER="${FERRY_FAILOVER:-on}"
+AUTO_CREATE="${FERRY_AUTO_CREATE:-0}"
 BIN="$FERRY_HOME/bin"
 PIDS="$FERRY_HOME/pids"
 LOGS="$FERRY_HOME/logs"
@@ -65,14 +68,22 @@ refuse_if_running() {
 start() {
   refuse_if_running
   build
-  local peers="" i
+  local peers="" i auto=()
+  case "$AUTO_CREATE" in
+  1) auto=(-auto-create) ;;
+  0) ;;
+  *)
+    echo "cluster.sh: FERRY_AUTO_CREATE=$AUTO_CREATE: want 0 or 1" >&2
+    exit 2
+    ;;
+  esac
   for i in 1 2 3; do
     peers="${peers:+$peers,}m$i=127.0.0.1:$((BASE + 10 + i))/127.0.0.1:$((BASE + i))"
   done
   for i in 1 2 3; do
     launch "meta-m$i" "$BIN/ferry-metaserver" -id "m$i" -dir "$FERRY_HOME/data/meta-m$i" \
       -rpc-addr "127.0.0.1:$((BASE + i))" -raft-addr "127.0.0.1:$((BASE + 10 + i))" -peers "$peers" \
-      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" -auto-create -session 4s -lag-time 5s -failover "$FAILOVER" -failover-margin 500ms
+      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" "${auto[@]}" -session 4s -lag-time 5s -failover "$FAILOVER" -failover-margin 500ms
   done
   local j=0 spec group role
   for spec in "${BROKERS[@]}"; do
@@ -114,14 +125,14 @@ wait_ready() {
 }
 
 stop() {
-  local f pid name n
+  local f pid name
   for f in "$PIDS"/*.pid; do
     [ -f "$f" ] || continue
     pid="$(cat "$f")"
     name="$(basename "$f" .pid)"
     if kill -0 "$pid" 2>/dev/null; then
       kill -TERM "$pid" 2>/dev/null || true
-      for n in $(seq 1 100); do
+      for _ in $(seq 1 100); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
       done

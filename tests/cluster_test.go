@@ -64,6 +64,15 @@ func TestLocalCluster(t *testing.T) {
 		t.Fatalf("read back %d of 100 messages", stored)
 	}
 
+	// The local cluster does not auto-create topics: a typo is refused
+	// UNKNOWN_TOPIC (exit 1) and makes no topic.
+	if code, _, stderr := c.ctlExit("send", "e2e-typo", "--body", "x"); code != 1 || !strings.Contains(stderr, "UNKNOWN_TOPIC") {
+		t.Fatalf("send to a topic that does not exist: exit %d, stderr %q; want exit 1 and UNKNOWN_TOPIC", code, stderr)
+	}
+	if out := c.ctl("topics"); strings.Contains(out, "e2e-typo") {
+		t.Fatalf("a send to an unknown topic created it:\n%s", out)
+	}
+
 	// Both kinds of server export Prometheus metrics.
 	brokerMetrics := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", base+51)) // g1's master
 	if !strings.Contains(brokerMetrics, "ferrymq_broker_writable 1") || !strings.Contains(brokerMetrics, "ferrymq_broker_slave_connected 1") ||

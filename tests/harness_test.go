@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -140,6 +141,20 @@ func (c *localCluster) ctl(args ...string) string {
 		c.t.Fatalf("ferryctl %v: %v\n%s%s", args, err, out, stderr)
 	}
 	return string(out)
+}
+
+// ctlExit runs ferryctl and returns its exit code, stdout and stderr.
+func (c *localCluster) ctlExit(args ...string) (int, string, string) {
+	c.t.Helper()
+	cmd := exec.Command(filepath.Join(c.home, "bin", "ferryctl"), append([]string{"--meta", c.meta}, args...)...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		c.t.Fatalf("ferryctl %v: %v", args, err)
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
 }
 
 func (c *localCluster) pid(name string) int {
