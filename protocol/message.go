@@ -153,22 +153,6 @@ func (m *Message) Validate() error {
 	return errors.Join(errs...)
 }
 
-// ValidateTopic checks a topic name: 1 to MaxTopicLen bytes of letters,
-// digits, '.', '_', '-' and '%' (system topics such as a consumer group's
-// dead letters, %DLQ%GROUP, use it).
-func ValidateTopic(t string) error {
-	if t == "" || len(t) > MaxTopicLen {
-		return fmt.Errorf("topic must be 1 to %d bytes, got %d", MaxTopicLen, len(t))
-	}
-	for i := 0; i < len(t); i++ {
-		c := t[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == '%') {
-			return fmt.Errorf("topic %q: byte %q not allowed (letters, digits, '.', '_', '-', '%%')", t, c)
-		}
-	}
-	return nil
-}
-
 // AppendMessage appends m's encoding. Fields over their u16 length limit are
 // the caller's error (Validate catches them); they are truncated here rather
 // than corrupting the stream.

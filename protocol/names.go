@@ -1,0 +1,84 @@
+package protocol
+
+import (
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// TopicNameChars are the characters a topic name may hold besides the
+// letters a-z, A-Z and the digits: '%' is for system topics such as a
+// consumer group's dead letters, %DLQ%GROUP.
+const TopicNameChars = "._-%"
+
+// ValidateTopic checks a topic name: 1 to MaxTopicLen characters, each a
+// letter a-z or A-Z, a digit, or one of TopicNameChars (see ValidateName
+// for what its error says).
+func ValidateTopic(t string) error {
+	return ValidateName("topic", t, MaxTopicLen, TopicNameChars)
+}
+
+// ValidateName checks a name in the cluster's namespaces (a topic, a
+// producer, a consumer group or member): 1 to maxLen characters, each an
+// ASCII letter (a-z, A-Z), a digit (0-9) or one of the ASCII characters in
+// extra. what names the kind of name in the error ("topic", "producer").
+//
+// The name is read as UTF-8, one character (rune) at a time, so its error
+// names the first character that is not allowed as the user typed it, with
+// its 1-based character position and, for a character outside ASCII, its
+// code point (a look-alike such as a Cyrillic 'а' shows as U+0430), and
+// says what the name may contain; bytes that are not UTF-8 are reported as
+// such. Every name allowed is ASCII, so its length in bytes is its length
+// in characters.
+func ValidateName(what, name string, maxLen int, extra string) error {
+	if name == "" {
+		return fmt.Errorf("%s name is empty; it must be 1 to %d characters: %s", what, maxLen, allowedChars(extra))
+	}
+	pos := 0
+	for i, r := range name {
+		pos++
+		if r == utf8.RuneError {
+			if _, size := utf8.DecodeRuneInString(name[i:]); size <= 1 {
+				return fmt.Errorf("%s name %q is not valid UTF-8 (at character %d, byte %#02x)", what, clipName(name), pos, name[i])
+			}
+		}
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
+			r < utf8.RuneSelf && strings.ContainsRune(extra, r) {
+			continue
+		}
+		char := fmt.Sprintf("%q", r)
+		if r >= utf8.RuneSelf {
+			char += fmt.Sprintf(" (%U)", r)
+		}
+		return fmt.Errorf("%s name %q: character %s at position %d is not allowed; a %s name may contain %s",
+			what, clipName(name), char, pos, what, allowedChars(extra))
+	}
+	if len(name) > maxLen {
+		return fmt.Errorf("%s name %q is %d characters long, over the limit of %d", what, clipName(name), len(name), maxLen)
+	}
+	return nil
+}
+
+// allowedChars says what a name with the extra characters may contain,
+// e.g. "letters a-z A-Z, digits 0-9, '.', '_', '-' and '%'".
+func allowedChars(extra string) string {
+	parts := []string{"letters a-z A-Z", "digits 0-9"}
+	for _, c := range extra {
+		parts = append(parts, fmt.Sprintf("%q", c))
+	}
+	last := len(parts) - 1
+	return strings.Join(parts[:last], ", ") + " and " + parts[last]
+}
+
+// clipName shortens a long name for an error message: its first 40
+// characters and "...".
+func clipName(name string) string {
+	n := 0
+	for i := range name {
+		if n == 40 {
+			return name[:i] + "..."
+		}
+		n++
+	}
+	return name
+}
