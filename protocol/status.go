@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Status is the outcome of a request or of one message in a batch. It crosses
@@ -172,11 +173,30 @@ type Error struct {
 	Message string // optional detail from the side that raised it
 }
 
+// Error is "ferrymq: STATUS: message", naming the status once: a message
+// that begins with the status's own name (the text of another error of the
+// same status, or an answer from a peer that put the name into its text)
+// has it cut (TrimStatus).
 func (e *Error) Error() string {
-	if e.Message == "" {
+	msg := TrimStatus(e.Status, e.Message)
+	if msg == "" {
 		return "ferrymq: " + e.Status.String()
 	}
-	return "ferrymq: " + e.Status.String() + ": " + e.Message
+	return "ferrymq: " + e.Status.String() + ": " + msg
+}
+
+// TrimStatus cuts from the front of msg the name of s, as "ferrymq: NAME: "
+// or "NAME: ", as many times as it is repeated, so that an error's text
+// built from another error of the same status names the status once.
+func TrimStatus(s Status, msg string) string {
+	name := s.String()
+	for {
+		rest, ok := strings.CutPrefix(strings.TrimPrefix(msg, "ferrymq: "), name)
+		if !ok || rest != "" && !strings.HasPrefix(rest, ": ") {
+			return msg
+		}
+		msg = strings.TrimPrefix(rest, ": ")
+	}
 }
 
 // Is matches another *Error with the same status.
@@ -219,12 +239,15 @@ var (
 	ErrFrameTooLarge = errors.New("protocol: frame too large")
 )
 
-// ErrorForStatus returns the error for s, or nil for StatusOK.
+// ErrorForStatus returns the error for s, or nil for StatusOK. msg is the
+// detail, usually an answer's text; a copy of the status's name at its
+// front is cut (TrimStatus), so a peer whose text names the status (an
+// older server's did) does not make the error name it twice.
 func ErrorForStatus(s Status, msg string) error {
 	if s == StatusOK {
 		return nil
 	}
-	return &Error{Status: s, Message: msg}
+	return &Error{Status: s, Message: TrimStatus(s, msg)}
 }
 
 // StatusOf maps an error to the status that carries it across the wire:

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 )
@@ -69,5 +70,44 @@ func TestStatusColumns(t *testing.T) {
 		if s.Fault() && s.RefreshesRoute() {
 			t.Errorf("%v is both a fault and a stale route", s)
 		}
+	}
+}
+
+// TestErrorNamesItsStatusOnce: an error whose detail already carries its
+// status's name (an answer from a peer that put it in its text, or a
+// message built from another error of the same status) names it once, and
+// still matches its sentinel.
+func TestErrorNamesItsStatusOnce(t *testing.T) {
+	for _, msg := range []string{
+		`topic "x" does not exist`,
+		`UNKNOWN_TOPIC: topic "x" does not exist`,
+		`ferrymq: UNKNOWN_TOPIC: topic "x" does not exist`,
+		`ferrymq: UNKNOWN_TOPIC: UNKNOWN_TOPIC: ferrymq: UNKNOWN_TOPIC: topic "x" does not exist`,
+	} {
+		for _, err := range []error{ErrorForStatus(StatusUnknownTopic, msg), &Error{Status: StatusUnknownTopic, Message: msg}} {
+			if got, want := err.Error(), `ferrymq: UNKNOWN_TOPIC: topic "x" does not exist`; got != want {
+				t.Errorf("%q: %q, want %q", msg, got, want)
+			}
+			if !errors.Is(err, ErrUnknownTopic) {
+				t.Errorf("%q: does not match ErrUnknownTopic", msg)
+			}
+		}
+	}
+	// Only the status's own name is cut: another status's, or a word that
+	// merely starts like it, stays.
+	for _, c := range []struct {
+		s   Status
+		msg string
+	}{
+		{StatusInvalid, "ferrymq: NOT_FOUND: group x"},
+		{StatusNotFound, "NOT_FOUNDATION"},
+		{StatusNotFound, "ferrymq: something else"},
+	} {
+		if got, want := ErrorForStatus(c.s, c.msg).Error(), "ferrymq: "+c.s.String()+": "+c.msg; got != want {
+			t.Errorf("%v %q: %q, want %q", c.s, c.msg, got, want)
+		}
+	}
+	if got := ErrorForStatus(StatusBusy, "BUSY").Error(); got != "ferrymq: BUSY" {
+		t.Errorf("a message that is only the name: %q", got)
 	}
 }
