@@ -5,9 +5,15 @@ import "fmt"
 // Code is a request code: what a request asks for. A response echoes it.
 type Code uint16
 
-// Request codes. Ranges: 1x broker data path, 2x replication, 3x metaserver
+// Request codes. Ranges: 0x any server, 1x broker data path, 2x replication, 3x metaserver
 // broker-facing, 4x metaserver admin, 5x consumer groups (metaserver).
 const (
+	// CodeIdentify asks a server what it is (an empty body -> Identity).
+	// A broker answers it; a metaserver today answers UNKNOWN_CODE. The
+	// metaserver client asks it of a server that answered one of its
+	// requests UNKNOWN_CODE, to say whom it reached.
+	CodeIdentify Code = 1
+
 	CodeSend Code = 10 // SEND a batch of messages (SendRequest -> SendResponse)
 	CodePull Code = 11 // PULL stored messages of one queue (PullRequest -> PullResponse)
 
@@ -36,6 +42,7 @@ const (
 )
 
 var codeNames = map[Code]string{
+	CodeIdentify:          "IDENTIFY",
 	CodeSend:              "SEND",
 	CodePull:              "PULL",
 	CodeHAFetch:           "HA_FETCH",

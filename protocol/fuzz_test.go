@@ -177,3 +177,17 @@ func FuzzDecodeHAFetchResponse(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeIdentity(f *testing.F) {
+	addWithPrefixes(f, AppendIdentity(nil, &Identity{Kind: KindBroker, ID: "g1-master", Group: "g1", Role: "master"}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, err := DecodeIdentity(b)
+		if err != nil {
+			checkMalformed(t, err)
+			return
+		}
+		if out := AppendIdentity(nil, &id); !bytes.Equal(out, b) {
+			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
+		}
+	})
+}
