@@ -22,6 +22,7 @@ var rules = map[string][]string{
 	"metaserver/api":     {"protocol", "routing"},
 	"routing":            {"protocol"},
 	"internal/transport": {"protocol"},
+	"internal/tlsconf":   {},
 	"metaserver/fsm":     {"protocol", "routing"},
 	"metaserver/client":  {"protocol", "routing", "internal/transport", "metaserver/api"},
 	"metaserver":         {"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport"},
