@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferrymq/ferrymq/consumer"
+	"github.com/ferrymq/ferrymq/metaserver/fsm"
 )
 
 type consumeOptions struct {
@@ -51,26 +52,13 @@ is given and commit them as they are printed; on --count messages, on
 and stop. Without --timeout it waits for messages until interrupted.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var start consumer.Start
-			switch o.from {
-			case "earliest":
-				start = consumer.Earliest
-			case "latest":
+			// The flags were checked when parsed.
+			start := consumer.Earliest
+			if o.from == "latest" {
 				start = consumer.Latest
-			default:
-				return usageError{fmt.Errorf("--from must be earliest or latest, got %q", o.from)}
-			}
-			if o.group == "" {
-				return usageError{errors.New("--group must not be empty")}
-			}
-			if o.count < 0 {
-				return usageError{fmt.Errorf("--count must not be negative, got %d", o.count)}
 			}
 			idle := time.Duration(0)
-			if cmd.Flags().Changed("timeout") {
-				if g.timeout <= 0 {
-					return usageError{fmt.Errorf("--timeout must be positive, got %v", g.timeout)}
-				}
+			if cmd.Flags().Changed("timeout") { // or FERRY_TIMEOUT
 				idle = g.timeout
 			}
 			opts := []consumer.Opt{consumer.MetaAddrs(g.addrs()...), consumer.StartFrom(start), consumer.ManualCommit()}
@@ -88,7 +76,9 @@ and stop. Without --timeout it waits for messages until interrupted.`,
 			defer stop()
 			n, err := consume(ctx, c, g, o.count, idle)
 			closeErr := c.Close()
-			fmt.Fprintf(cmd.ErrOrStderr(), "ferryctl: consumed %d messages as %s of group %s\n", n, c.MemberID(), o.group)
+			if err == nil || n > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "ferryctl: consumed %d messages as %s of group %s\n", n, c.MemberID(), o.group)
+			}
 			if err != nil {
 				return err
 			}
@@ -104,6 +94,13 @@ and stop. Without --timeout it waits for messages until interrupted.`,
 	f.IntVar(&o.count, "count", 0, "stop after this many messages (0: no limit)")
 	f.StringVar(&o.member, "member", "", "this member's id in the group (default: hostname-pid-random)")
 	_ = cmd.MarkFlagRequired("group")
+	c := g.checker(f)
+	c.name("group", groupWant, checkConsumerGroup)
+	c.oneOf("from", "earliest", "latest")
+	c.intRange("count", 0, maxCount)
+	c.name("member", "a member name: 1 to 255 letters, digits, '.', '_', '-'", func(s string) error {
+		return fsm.ValidateConsumerName("member", s)
+	})
 	return cmd
 }
 

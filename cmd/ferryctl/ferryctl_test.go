@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,10 +24,17 @@ func startCluster(t *testing.T) string {
 	return testcluster.Start(t, testcluster.Opts{Groups: []string{"g1", "g2"}}).MetaAddr()
 }
 
-// ctl runs ferryctl and returns its exit code, stdout and stderr.
+// ctl runs ferryctl with an empty stdin and returns its exit code, stdout
+// and stderr.
 func ctl(args ...string) (int, string, string) {
+	return ctlIn(strings.NewReader(""), args...)
+}
+
+// ctlIn runs ferryctl with stdin and returns its exit code, stdout and
+// stderr.
+func ctlIn(stdin io.Reader, args ...string) (int, string, string) {
 	var out, errOut bytes.Buffer
-	code := run(args, &out, &errOut)
+	code := run(args, stdin, &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 

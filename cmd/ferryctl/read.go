@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -80,10 +81,16 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 			return g.printer().print(out, []string{"OFFSET", "LOG-OFFSET", "ID", "RELIABILITY", "PROPERTIES", "BODY"}, rows)
 		},
 	}
-	cmd.Flags().Uint32Var(&o.queue, "queue", 0, "queue id")
-	cmd.Flags().Int64Var(&o.from, "from", 0, "first queue offset")
-	cmd.Flags().IntVar(&o.limit, "limit", 20, "at most this many messages")
-	cmd.Flags().Uint32Var(&o.maxBytes, "max-bytes", 1<<20, "bytes per PULL")
+	f := cmd.Flags()
+	f.Uint32Var(&o.queue, "queue", 0, "queue id")
+	f.Int64Var(&o.from, "from", 0, "first queue offset")
+	f.IntVar(&o.limit, "limit", 20, "at most this many messages")
+	f.Uint32Var(&o.maxBytes, "max-bytes", 1<<20, "bytes per PULL")
+	c := g.checker(f)
+	c.intRange("queue", 0, math.MaxUint32)
+	c.intRange("from", 0, math.MaxInt64)
+	c.intRange("limit", 1, maxReadLimit)
+	c.intRange("max-bytes", 1, protocol.MaxFrameSize)
 	return cmd
 }
 

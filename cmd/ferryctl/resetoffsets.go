@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -86,6 +87,24 @@ The group must have no live members: stop its consumers first.`,
 	f.StringVar(&o.at, "to-time", "", "the first message stored at or after this time: RFC 3339 (2006-01-02T15:04:05Z) or unix milliseconds")
 	f.BoolVar(&o.dryRun, "dry-run", false, "print the offsets without setting them")
 	_ = cmd.MarkFlagRequired("topic")
+	c := g.checker(f)
+	c.name("topic", topicWant, checkTopic)
+	c.intRange("to-offset", 0, math.MaxInt64)
+	c.name("to-time", "RFC 3339 (2006-01-02T15:04:05Z07:00) or unix milliseconds", func(s string) error {
+		_, err := parseTime(s)
+		return err
+	})
+	c.name("queues", "queue ids, comma-separated", func(s string) error {
+		for _, q := range strings.Split(s, ",") {
+			if n, err := strconv.ParseUint(strings.TrimSpace(q), 10, 32); err != nil || n > math.MaxUint32 {
+				return fmt.Errorf("%s is not a queue id (0 to %d)", shown(q), uint32(math.MaxUint32))
+			}
+		}
+		return nil
+	})
+	c.bool("to-earliest")
+	c.bool("to-latest")
+	c.bool("dry-run")
 	return cmd
 }
 
@@ -100,25 +119,16 @@ func (o *resetOptions) target(cmd *cobra.Command) (resetTarget, error) {
 		set, t = append(set, "--to-latest"), resetTarget{kind: "latest"}
 	}
 	if cmd.Flags().Changed("to-offset") {
-		if o.offset < 0 {
-			return t, fmt.Errorf("--to-offset must not be negative, got %d", o.offset)
-		}
 		set, t = append(set, "--to-offset"), resetTarget{kind: "offset", offset: o.offset}
 	}
 	if cmd.Flags().Changed("to-time") {
-		at, err := parseTime(o.at)
-		if err != nil {
-			return t, err
-		}
+		at, _ := parseTime(o.at) // checked when parsed
 		set, t = append(set, "--to-time"), resetTarget{kind: "time", at: at}
 	}
 	switch len(set) {
 	case 0:
 		return t, errors.New("say where to: one of --to-earliest, --to-latest, --to-offset N, --to-time T")
 	case 1:
-		if o.topic == "" {
-			return t, errors.New("--topic must not be empty")
-		}
 		return t, nil
 	default:
 		return t, fmt.Errorf("give only one of %s", strings.Join(set, ", "))
@@ -129,13 +139,13 @@ func (o *resetOptions) target(cmd *cobra.Command) (resetTarget, error) {
 func parseTime(s string) (int64, error) {
 	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
 		if ms < 0 {
-			return 0, fmt.Errorf("--to-time %s: must not be negative", s)
+			return 0, errors.New("want a time: unix milliseconds must not be negative")
 		}
 		return ms, nil
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return 0, fmt.Errorf("--to-time %q: want RFC 3339 (2006-01-02T15:04:05Z07:00) or unix milliseconds", s)
+	if err != nil || t.UnixMilli() < 0 {
+		return 0, errors.New("want RFC 3339 (2006-01-02T15:04:05Z07:00) or unix milliseconds")
 	}
 	return t.UnixMilli(), nil
 }

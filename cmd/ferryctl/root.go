@@ -23,22 +23,22 @@ const (
 	exitUnreachable = 3 // no metaserver (or broker) could be reached
 )
 
-// globalOptions are the flags every command takes.
+// globalOptions are the flags every command takes, and what the commands
+// read and write.
 type globalOptions struct {
 	meta    string
 	json    bool
 	timeout time.Duration
+	in      io.Reader
 	out     io.Writer
+
+	flagErrs flagErrors
 }
 
+// addrs is --meta as a list (checked when the flag was parsed).
 func (g *globalOptions) addrs() []string {
-	var out []string
-	for _, a := range strings.Split(g.meta, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			out = append(out, a)
-		}
-	}
-	return out
+	addrs, _ := parseMetaAddrs(g.meta)
+	return addrs
 }
 
 // metaClient returns a metaserver client and a context bounded by --timeout.
@@ -79,25 +79,62 @@ func (e usageError) Unwrap() error { return e.error }
 func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := check(cmd, args); err != nil {
-			return usageError{err}
+			return usageError{fmt.Errorf("%s: %w", strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" "), err)}
 		}
 		return nil
 	}
 }
 
-// newRootCommand builds ferryctl's command tree.
-func newRootCommand(out io.Writer) *cobra.Command {
-	g := &globalOptions{out: out}
+// defaultMeta is --meta when neither the flag nor FERRY_META gives it: the
+// local cluster's metaservers (scripts/cluster.sh).
+const defaultMeta = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+
+// newRootCommand builds ferryctl's command tree; commands read stdin (send
+// --body -) from in and print to out.
+func newRootCommand(in io.Reader, out io.Writer) *cobra.Command {
+	g := &globalOptions{in: in, out: out}
 	root := &cobra.Command{
-		Use:           "ferryctl",
-		Short:         "Inspect and drive a ferrymq cluster",
+		Use:   "ferryctl",
+		Short: "Inspect and drive a ferrymq cluster",
+		Long: `Inspect and drive a ferrymq cluster.
+
+The global flags can also come from the environment: FERRY_META, FERRY_JSON
+and FERRY_TIMEOUT (a flag on the command line wins).
+Exit codes: 0 ok, 1 the cluster said no, 2 bad usage, 3 the cluster cannot be
+reached.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Before any command runs: the environment's global flags, then
+		// the positional arguments (flags were checked as they were parsed).
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if err := applyEnv(cmd, g); err != nil {
+				return err
+			}
+			return checkArgs(cmd, args)
+		},
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.PersistentFlags().StringVar(&g.meta, "meta", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "metaserver RPC addresses, comma-separated")
-	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON instead of tables")
-	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 5*time.Second, "how long to wait for the cluster")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		if first := g.flagErrs.first; first != nil && strings.Contains(err.Error(), first.Error()) {
+			return usageError{first}
+		}
+		return usageError{err}
+	})
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.meta, "meta", defaultMeta, "metaserver RPC addresses, comma-separated (env FERRY_META)")
+	pf.BoolVar(&g.json, "json", false, "print JSON instead of tables (env FERRY_JSON)")
+	pf.DurationVar(&g.timeout, "timeout", 5*time.Second, "how long to wait for the cluster (env FERRY_TIMEOUT)")
+	c := g.checker(pf)
+	c.wrap("meta", metaWant, func(s string) error {
+		if _, err := parseMetaAddrs(s); err != nil {
+			if !strings.Contains(s, ",") {
+				return errWant // one address: the message shows it
+			}
+			return checkErr{err}
+		}
+		return nil
+	})
+	c.bool("json")
+	c.durationRange("timeout", time.Millisecond, maxTimeout)
 	root.AddCommand(
 		newRoutesCommand(g),
 		newTopicsCommand(g),
@@ -113,13 +150,42 @@ func newRootCommand(out io.Writer) *cobra.Command {
 		newGroupCommand(g),
 		newConsumeCommand(g),
 	)
+	refuseUnknownSubcommands(root)
 	return root
 }
 
-// run executes ferryctl and returns its exit code.
-func run(args []string, stdout, stderr io.Writer) int {
-	root := newRootCommand(stdout)
+// refuseUnknownSubcommands makes "ferryctl topic frobnicate" a usage error
+// (cobra would print the help of "topic" and exit 0); "ferryctl topic"
+// alone still prints the help.
+func refuseUnknownSubcommands(cmd *cobra.Command) {
+	for _, c := range cmd.Commands() {
+		refuseUnknownSubcommands(c)
+	}
+	if !cmd.HasSubCommands() || cmd.Runnable() || !cmd.HasParent() {
+		return
+	}
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		var names []string
+		for _, c := range cmd.Commands() {
+			if c.IsAvailableCommand() {
+				names = append(names, c.Name())
+			}
+		}
+		return usageError{fmt.Errorf("unknown command %s for %s: want %s", shown(args[0]), cmd.CommandPath(), strings.Join(names, ", "))}
+	}
+}
+
+// run executes ferryctl and returns its exit code. It prints an error as
+// one line "ferryctl: ..." on stderr; an error of several lines (several
+// queues, or a bench's causes) continues on indented lines.
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := newRootCommand(stdin, stdout)
 	root.SetArgs(args)
+	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.Execute()
@@ -127,11 +193,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	code := exitCode(err)
+	msg := err.Error()
 	if code == exitUnreachable {
-		fmt.Fprintf(stderr, "ferryctl: cannot reach the cluster: %v\n", err)
-	} else {
-		fmt.Fprintf(stderr, "ferryctl: %v\n", err)
+		msg = "cannot reach the cluster: " + msg
 	}
+	msg = strings.ReplaceAll(strings.TrimRight(msg, "\n"), "\n", "\n  ")
+	fmt.Fprintf(stderr, "ferryctl: %s\n", msg)
 	return code
 }
 

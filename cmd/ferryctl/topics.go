@@ -56,9 +56,6 @@ func newTopicCreateCommand(g *globalOptions) *cobra.Command {
 		Short: "Create a topic with queues spread over the writable broker groups",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if o.queues <= 0 {
-				return usageError{fmt.Errorf("--queues must be positive, got %d", o.queues)}
-			}
 			cl, ctx, done, err := g.metaClient(cmd.Context())
 			if err != nil {
 				return err
@@ -72,7 +69,17 @@ func newTopicCreateCommand(g *globalOptions) *cobra.Command {
 		},
 	}
 	cmd.Flags().IntVar(&o.queues, "queues", 8, "number of queues")
-	cmd.Flags().StringSliceVar(&o.groups, "groups", nil, "place the queues on these groups (default: every writable group)")
+	cmd.Flags().StringSliceVar(&o.groups, "groups", nil, "place the queues on these groups, comma-separated (default: every writable group)")
+	c := g.checker(cmd.Flags())
+	c.intRange("queues", 1, maxQueues)
+	c.name("groups", "broker group names, comma-separated", func(s string) error {
+		for _, grp := range strings.Split(s, ",") {
+			if err := checkBrokerGroup(strings.TrimSpace(grp)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	return cmd
 }
 
@@ -91,6 +98,7 @@ func newTopicAddQueuesCommand(g *globalOptions) *cobra.Command {
 		}),
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "queues to add")
+	g.checker(cmd.Flags()).intRange("count", 1, maxQueues)
 	return cmd
 }
 

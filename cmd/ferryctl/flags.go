@@ -1,0 +1,316 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/ferrymq/ferrymq/metaserver/fsm"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// Every flag ferryctl takes is checked when it is parsed, before any
+// network call: a checkedValue wraps the flag's pflag.Value and refuses a
+// value that does not parse or is out of range with "--NAME VALUE: want
+// WHAT" (a usage error, exit 2).
+
+// Limits of the flags; the README's tables give the same ones.
+const (
+	maxTimeout    = 24 * time.Hour
+	maxQueues     = 4096 // a topic creation or add-queues asks for at most this many (the metaserver's limit)
+	maxReadLimit  = 100000
+	maxCount      = 1_000_000_000_000 // bench --count and consume --count
+	maxProducers  = 1024
+	maxConsumers  = 1024
+	maxWindow     = 1_000_000
+	maxRate       = 1e9
+	maxBenchTime  = 7 * 24 * time.Hour // bench --duration
+	maxLinger     = time.Second
+	maxConsumeIdl = time.Hour // bench --consume-wait
+	maxInflight   = 1024
+)
+
+// checkedValue is a flag value that checks what it is set to.
+type checkedValue struct {
+	pflag.Value
+	name  string
+	want  string             // the allowed values, for the message
+	check func(string) error // nil (ok), errWant, or a checkErr that says more; may be nil
+	errs  *flagErrors
+}
+
+// errWant makes a check's error "--NAME VALUE: want WHAT".
+var errWant = errors.New("want")
+
+// flagErrors keeps the first refused flag value of a command line, so that
+// the usage error names it as ferryctl does rather than as pflag wraps it.
+type flagErrors struct{ first error }
+
+func (v *checkedValue) Set(s string) error {
+	err := v.Value.Set(s)
+	if err == nil && v.check != nil {
+		err = v.check(s)
+	}
+	if err == nil {
+		return nil
+	}
+	if isCheckErr(err) {
+		err = fmt.Errorf("--%s %s: %w", v.name, shown(s), err)
+	} else { // a parse error, or errWant
+		err = fmt.Errorf("--%s %s: want %s", v.name, shown(s), v.want)
+	}
+	if v.errs != nil && v.errs.first == nil {
+		v.errs.first = err
+	}
+	return err
+}
+
+// checkErr marks an error of a check that explains itself (a name that is
+// not allowed), as opposed to one of the Value's own parse errors.
+type checkErr struct{ error }
+
+func (e checkErr) Unwrap() error { return e.error }
+
+func isCheckErr(err error) bool {
+	var ce checkErr
+	return errors.As(err, &ce)
+}
+
+// shown prints a flag value in a message: as it is, or quoted when it is
+// empty or has spaces or unprintable characters.
+func shown(s string) string {
+	if s == "" || strings.IndexFunc(s, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// checker wraps the flags of one flag set.
+type checker struct {
+	fs   *pflag.FlagSet
+	errs *flagErrors
+}
+
+func (g *globalOptions) checker(fs *pflag.FlagSet) checker { return checker{fs: fs, errs: &g.flagErrs} }
+
+// wrap replaces a defined flag's value with a checked one.
+func (c checker) wrap(name, want string, check func(string) error) {
+	f := c.fs.Lookup(name)
+	if f == nil {
+		panic("ferryctl: no flag " + name)
+	}
+	f.Value = &checkedValue{Value: f.Value, name: name, want: want, check: check, errs: c.errs}
+	if want != "" {
+		f.Usage += " (" + want + ")"
+	}
+}
+
+// intRange checks an integer flag (int, int64, uint32, uint) against
+// [lo, hi].
+func (c checker) intRange(name string, lo, hi int64) {
+	c.wrap(name, fmt.Sprintf("%d to %d", lo, hi), func(s string) error {
+		n, err := strconv.ParseInt(s, 0, 64)
+		if err != nil || n < lo || n > hi {
+			return errWant
+		}
+		return nil
+	})
+}
+
+// durationRange checks a duration flag against [lo, hi].
+func (c checker) durationRange(name string, lo, hi time.Duration) {
+	want := fmt.Sprintf("a duration from %v to %v", lo, hi)
+	if lo == 0 {
+		want = fmt.Sprintf("a duration from 0s to %v", hi)
+	}
+	c.wrap(name, want, func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < lo || d > hi {
+			return errWant
+		}
+		return nil
+	})
+}
+
+// floatRange checks a float flag against [lo, hi] (never NaN).
+func (c checker) floatRange(name string, lo, hi float64) {
+	c.wrap(name, fmt.Sprintf("a number from %g to %g", lo, hi), func(s string) error {
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsNaN(f) || f < lo || f > hi {
+			return errWant
+		}
+		return nil
+	})
+}
+
+// oneOf checks a string flag against a list of words.
+func (c checker) oneOf(name string, words ...string) {
+	c.wrap(name, strings.Join(words[:len(words)-1], ", ")+" or "+words[len(words)-1], func(s string) error {
+		for _, w := range words {
+			if s == w {
+				return nil
+			}
+		}
+		return errWant
+	})
+}
+
+// bool checks a bool flag (its own parse error is reworded).
+func (c checker) bool(name string) { c.wrap(name, "true or false", nil) }
+
+// name checks a string flag with fn, which says what is wrong.
+func (c checker) name(name, want string, fn func(string) error) {
+	c.wrap(name, want, func(s string) error {
+		if err := fn(s); err != nil {
+			return checkErr{err}
+		}
+		return nil
+	})
+}
+
+// Names.
+
+const (
+	topicWant = "a topic name: 1 to 255 letters, digits, '.', '_', '-', '%'"
+	groupWant = "a consumer group name: 1 to 255 letters, digits, '.', '_', '-'"
+)
+
+func checkTopic(s string) error { return protocol.ValidateTopic(s) }
+
+func checkConsumerGroup(s string) error { return fsm.ValidateConsumerName("consumer group", s) }
+
+// checkBrokerGroup checks a broker group name: the metaserver has no rule
+// for them beyond being non-empty, so only what cannot be one is refused.
+func checkBrokerGroup(s string) error {
+	if s == "" || len(s) > 255 {
+		return fmt.Errorf("broker group name must be 1 to 255 bytes, got %d", len(s))
+	}
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
+		return fmt.Errorf("broker group name %q: spaces and unprintable characters are not allowed", s)
+	}
+	return nil
+}
+
+// parseMetaAddrs reads --meta: a comma-separated list of host:port with a
+// numeric port from 1 to 65535.
+func parseMetaAddrs(s string) ([]string, error) {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return nil, fmt.Errorf("%s is not host:port", shown(a))
+		}
+		if host == "" {
+			return nil, fmt.Errorf("%s has no host", shown(a))
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%s: the port must be a number from 1 to 65535", shown(a))
+		}
+		out = append(out, a)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no address")
+	}
+	return out, nil
+}
+
+const metaWant = "a comma-separated list of host:port (port 1 to 65535)"
+
+// globalFlags are the flags every command takes, and their environment
+// variables: FERRY_ and the flag's name in capitals.
+var globalFlags = []string{"meta", "json", "timeout"}
+
+func envName(flag string) string {
+	return "FERRY_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// applyEnv sets each global flag not given on the command line from its
+// environment variable, if that is set.
+func applyEnv(cmd *cobra.Command, g *globalOptions) error {
+	for _, name := range globalFlags {
+		f := cmd.Flags().Lookup(name)
+		if f == nil || f.Changed {
+			continue
+		}
+		v, ok := os.LookupEnv(envName(name))
+		if !ok {
+			continue
+		}
+		if err := cmd.Flags().Set(name, v); err != nil {
+			want := ""
+			if cv, ok := f.Value.(*checkedValue); ok {
+				want = cv.want
+			}
+			g.flagErrs.first = nil
+			return usageError{fmt.Errorf("%s=%s: want %s", envName(name), shown(v), want)}
+		}
+	}
+	return nil
+}
+
+// checkArgs checks the positional arguments of every command, before any
+// network call: none is empty, and a name is one the cluster can hold.
+func checkArgs(cmd *cobra.Command, args []string) error {
+	path := strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
+	kind := argKinds[path]
+	for i, a := range args {
+		if a == "" {
+			return usageError{fmt.Errorf("%s: %s is empty", path, argName(cmd, i))}
+		}
+		var err error
+		switch kind {
+		case "topic":
+			err = checkTopic(a)
+		case "consumer group":
+			err = checkConsumerGroup(a)
+		case "broker group":
+			err = checkBrokerGroup(a)
+		}
+		if err != nil {
+			return usageError{fmt.Errorf("%s: %w", path, err)}
+		}
+	}
+	return nil
+}
+
+// argName is the name of the i-th positional argument in cmd's Use line
+// ("TOPIC"), or "argument i+1".
+func argName(cmd *cobra.Command, i int) string {
+	var names []string
+	for _, w := range strings.Fields(cmd.Use)[1:] {
+		if w = strings.Trim(w, "[]"); w != "" && w == strings.ToUpper(w) && !strings.HasPrefix(w, "-") && !strings.ContainsAny(w, "(|") {
+			names = append(names, w)
+		}
+	}
+	if i < len(names) {
+		return names[i]
+	}
+	return fmt.Sprintf("argument %d", i+1)
+}
+
+// argKinds says what the positional arguments of a command name.
+var argKinds = map[string]string{
+	"routes":              "topic",
+	"topic create":        "topic",
+	"topic add-queues":    "topic",
+	"send":                "topic",
+	"read":                "topic",
+	"consume":             "topic",
+	"broker readonly":     "broker group",
+	"broker writable":     "broker group",
+	"group describe":      "consumer group",
+	"group reset-offsets": "consumer group",
+}
