@@ -11,7 +11,7 @@ import (
 // consumer group's dead letters, %DLQ%GROUP.
 const TopicNameChars = "._-%"
 
-// ValidateTopic checks a topic name: 1 to MaxTopicLen characters, each a
+// ValidateTopic checks a topic name: 1 to MaxTopicLen bytes, each a
 // letter a-z or A-Z, a digit, or one of TopicNameChars (see ValidateName
 // for what its error says).
 func ValidateTopic(t string) error {
@@ -19,8 +19,8 @@ func ValidateTopic(t string) error {
 }
 
 // ValidateName checks a name in the cluster's namespaces (a topic, a
-// producer, a consumer group or member): 1 to maxLen characters, each an
-// ASCII letter (a-z, A-Z), a digit (0-9) or one of the ASCII characters in
+// producer, a consumer group or member): 1 to maxLen bytes, each an ASCII
+// letter (a-z, A-Z), a digit (0-9) or one of the ASCII characters in
 // extra. what names the kind of name in the error ("topic", "producer").
 //
 // The name is read as UTF-8, one character (rune) at a time, so its error
@@ -32,7 +32,7 @@ func ValidateTopic(t string) error {
 // in characters.
 func ValidateName(what, name string, maxLen int, extra string) error {
 	if name == "" {
-		return fmt.Errorf("%s name is empty; it must be 1 to %d characters: %s", what, maxLen, allowedChars(extra))
+		return fmt.Errorf("%s name is empty; a %s name must be 1 to %d bytes of %s", what, what, maxLen, allowedChars(extra))
 	}
 	pos := 0
 	for i, r := range name {
@@ -47,14 +47,18 @@ func ValidateName(what, name string, maxLen int, extra string) error {
 			continue
 		}
 		char := fmt.Sprintf("%q", r)
-		if r >= utf8.RuneSelf {
+		switch {
+		case r == utf8.RuneError:
+			// A JSON request carries bytes that are not UTF-8 as this.
+			char += " (U+FFFD, the replacement character: the name held bytes that are not UTF-8)"
+		case r >= utf8.RuneSelf:
 			char += fmt.Sprintf(" (%U)", r)
 		}
 		return fmt.Errorf("%s name %q: character %s at position %d is not allowed; a %s name may contain %s",
 			what, clipName(name), char, pos, what, allowedChars(extra))
 	}
 	if len(name) > maxLen {
-		return fmt.Errorf("%s name %q is %d characters long, over the limit of %d", what, clipName(name), len(name), maxLen)
+		return fmt.Errorf("%s name %q is %d bytes long; a %s name must be 1 to %d bytes", what, clipName(name), len(name), what, maxLen)
 	}
 	return nil
 }

@@ -23,8 +23,8 @@ func TestValidateNameSaysWhatIsWrong(t *testing.T) {
 		{"a b", []string{`topic name "a b": character ' ' at position 2 is not allowed`}, []string{"U+"}},
 		{"tab\there", []string{`character '\t' at position 4`}, nil},
 		{"ok\xffno", []string{`topic name "ok\xffno" is not valid UTF-8 (at character 3, byte 0xff)`}, nil},
-		{"", []string{"topic name is empty; it must be 1 to 255 characters: letters a-z A-Z, digits 0-9, '.', '_', '-' and '%'"}, nil},
-		{strings.Repeat("a", 256), []string{`topic name "` + strings.Repeat("a", 40) + `..." is 256 characters long, over the limit of 255`}, nil},
+		{"", []string{"topic name is empty; a topic name must be 1 to 255 bytes of letters a-z A-Z, digits 0-9, '.', '_', '-' and '%'"}, nil},
+		{strings.Repeat("a", 256), []string{`topic name "` + strings.Repeat("a", 40) + `..." is 256 bytes long; a topic name must be 1 to 255 bytes`}, nil},
 	}
 	for _, c := range cases {
 		err := ValidateTopic(c.name)

@@ -114,20 +114,16 @@ func (LeaveGroup) Type() CommandType    { return TypeLeaveGroup }
 func (CommitOffsets) Type() CommandType { return TypeCommitOffsets }
 func (ResetOffsets) Type() CommandType  { return TypeResetOffsets }
 
-// ValidateConsumerName checks a consumer group or member name (what names
-// it in errors): 1 to MaxConsumerName bytes of letters, digits, '.', '_',
-// '-'.
+// ValidateConsumerName checks a consumer group's name (what is "group")
+// or a member's ("member"): 1 to MaxConsumerName bytes of letters a-z A-Z,
+// digits, '.', '_' and '-'. Its error names the first character that is not
+// allowed, by character (protocol.ValidateName), and calls a group a
+// consumer group.
 func ValidateConsumerName(what, name string) error {
-	if name == "" || len(name) > MaxConsumerName {
-		return fmt.Errorf("%s name must be 1 to %d bytes, got %d", what, MaxConsumerName, len(name))
+	if what == "group" {
+		what = "consumer group"
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("%s name %q: byte %q not allowed (letters, digits, '.', '_', '-')", what, name, c)
-		}
-	}
-	return nil
+	return protocol.ValidateName(what, name, MaxConsumerName, "._-")
 }
 
 // NormalizeTopics returns topics sorted without duplicates.

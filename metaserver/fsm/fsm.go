@@ -48,19 +48,14 @@ type ProducerIdentity struct {
 const MaxProducerName = 255
 
 // ValidateProducerName checks a producer name: empty (anonymous), or 1 to
-// MaxProducerName bytes of the characters topic names use (letters,
-// digits, '.', '_', '-'), so a name prints and logs as it is.
+// MaxProducerName bytes of letters a-z A-Z, digits, '.', '_' and '-', so a
+// name prints and logs as it is. Its error names the first character that
+// is not allowed, by character (protocol.ValidateName).
 func ValidateProducerName(name string) error {
-	if len(name) > MaxProducerName {
-		return fmt.Errorf("producer name must be at most %d bytes, got %d", MaxProducerName, len(name))
+	if name == "" {
+		return nil
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("producer name %q: byte %q not allowed (letters, digits, '.', '_', '-')", name, c)
-		}
-	}
-	return nil
+	return protocol.ValidateName("producer", name, MaxProducerName, "._-")
 }
 
 func newState() *State {
