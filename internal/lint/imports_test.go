@@ -23,22 +23,25 @@ var rules = map[string][]string{
 	"routing":            {"protocol"},
 	"internal/transport": {"protocol"},
 	"internal/tlsconf":   {},
-	"metaserver/fsm":     {"protocol", "routing"},
-	"metaserver/client":  {"protocol", "routing", "internal/transport", "metaserver/api"},
-	"metaserver":         {"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport"},
-	"broker":             {"storage", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"},
-	"producer":           {"protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"},
-	"consumer":           {"producer", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"},
-	"cmd":                {"*"},
+	// The permission model: pure, so every side that checks or presents
+	// credentials may import it.
+	"auth":              {"protocol"},
+	"metaserver/fsm":    {"protocol", "routing", "auth"},
+	"metaserver/client": {"protocol", "routing", "internal/transport", "metaserver/api", "auth"},
+	"metaserver":        {"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport", "auth"},
+	"broker":            {"storage", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
+	"producer":          {"protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
+	"consumer":          {"producer", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
+	"cmd":               {"*"},
 	// Measurement programs under scripts/ are users of the public packages.
-	"scripts":           {"producer", "protocol", "routing", "metaserver/api", "metaserver/client"},
+	"scripts":           {"producer", "protocol", "routing", "metaserver/api", "metaserver/client", "auth"},
 	"internal/lint":     {},
 	"internal/testlog":  {},
 	"internal/testwait": {},
 	// The test harness starts whole clusters; only tests may import it
 	// (testOnly below).
 	"internal/testcluster": {"broker", "metaserver", "metaserver/api", "metaserver/client", "internal/transport",
-		"internal/testlog", "internal/testwait", "protocol", "routing", "storage"},
+		"internal/testlog", "internal/testwait", "protocol", "routing", "storage", "auth"},
 	"tests": {"*"},
 }
 
@@ -99,6 +102,12 @@ func TestAllowedMatchesDesign(t *testing.T) {
 		{"protocol", "routing", false},
 		{"metaserver/fsm", "internal/transport", false},
 		{"metaserver/fsm", "routing", true},
+		{"metaserver/fsm", "auth", true},
+		{"auth", "protocol", true},
+		{"auth", "metaserver/fsm", false},
+		{"auth", "internal/transport", false},
+		{"broker", "auth", true},
+		{"producer", "auth", true},
 		{"metaserver", "metaserver/fsm", true},
 		{"cmd/ferryctl", "producer", true},
 		{"broker", "cmd/ferryctl", false},

@@ -1,0 +1,34 @@
+// Package auth is ferrymq's permission model: who a peer is (a Principal,
+// found by the bearer token it presents or, later, by its TLS
+// certificate's identity) and what it may do (its Permissions, checked per
+// request code by Authorize).
+//
+// # Permissions
+//
+//	admin                                  everything, the ACL and Raft membership included
+//	cluster                                what servers do to each other: broker heartbeats,
+//	                                       ROUTE_GET, HA fetch and ack, a follower's forwards
+//	describe                               read-only admin: groups, topics, Raft status, consumer groups
+//	produce:<topic-pattern>                SEND to matching topics, their route lookups, INIT_PRODUCER
+//	consume:<topic-pattern>:<group-pattern> PULL of matching topics; consumer heartbeats, commits
+//	                                       and group reads of matching groups on matching topics
+//
+// A pattern is an exact name, a prefix ending in '*' ("orders.*" matches
+// "orders.eu" and "orders."; "orders*" matches "orders" and "ordersx"), or
+// "*" (every name). ParsePermission gives the canonical form back with
+// String. The rule of every request code is in Authorize.
+//
+// # Tables
+//
+// A Table is an immutable snapshot of the principals: the ones the registry
+// holds (metaserver/fsm, applied through Raft) and two built-in ones that
+// are never in the registry, the bootstrap admin and the cluster (the
+// servers' shared secret), each known only by the SHA-256 of its token.
+// Holders swap whole tables (an atomic.Pointer), so a check reads no lock.
+// The registry never stores a token, only its hash: Authenticate hashes the
+// token it is given and looks the hash up, so its time does not depend on
+// how much of a token matches a stored one.
+//
+// This package is pure: no I/O, no clock. NewToken is its one use of
+// randomness; the registry's state machine never calls it.
+package auth
