@@ -37,10 +37,11 @@ type Server struct {
 	rpc  *transport.Server
 	addr string // advertised RPC address
 
-	trans *raft.NetworkTransport
-	store *raftboltdb.BoltStore
-	snaps raft.SnapshotStore
-	raft  *raft.Raft
+	trans  *raft.NetworkTransport
+	stream *streamLayer // the transport's, drained before raft shuts down
+	store  *raftboltdb.BoltStore
+	snaps  raft.SnapshotStore
+	raft   *raft.Raft
 	// started is set once raft runs; handlers refuse work before.
 	started atomic.Bool
 
@@ -97,6 +98,7 @@ func New(cfg Config) (*Server, error) {
 	if stream, err = newStreamLayer(cfg.RaftAddr); err != nil {
 		return nil, fmt.Errorf("metaserver: raft transport on %s: %w", cfg.RaftAddr, err)
 	}
+	s.stream = stream
 	s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: s.log.Named("raft-net"),
 	})
@@ -344,6 +346,7 @@ func (s *Server) Close() error {
 		}
 		if s.started.Load() {
 			<-s.loopDone
+			s.stream.drain()
 			if err := s.raft.Shutdown().Error(); err != nil {
 				s.log.Warn("raft shutdown failed", "error", err)
 			}

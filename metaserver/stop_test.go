@@ -1,0 +1,65 @@
+package metaserver_test
+
+import (
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testlog"
+	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/metaserver"
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+// TestCleanStopLogsNoError: a node closed while its peers run (a follower,
+// then the leader) logs nothing at ERROR from the moment its Close starts
+// until every goroutine of its raft transport has ended. Raft's transport
+// logs a connection closed under a reader, or a request read but no longer
+// taken by raft, at ERROR: a clean stop must make neither.
+func TestCleanStopLogsNoError(t *testing.T) {
+	for _, which := range []string{"follower", "leader"} {
+		t.Run(which, func(t *testing.T) {
+			logs := map[string]*testlog.Capture{}
+			m := testcluster.StartMeta(t, 3, func(c *metaserver.Config) {
+				logs[c.ID] = testlog.NewCapture(c.ID, hclog.Info)
+				c.Logger = logs[c.ID]
+			})
+			leader, _ := m.Leader()
+			i := leader
+			if which == "follower" {
+				i = (leader + 1) % 3
+			}
+			id := m.Cfgs[i].ID
+			// Raft traffic in both directions: the leader's heartbeats and
+			// appends to the followers and their answers.
+			heartbeat(t, m.Client(t), "g1", routing.RoleMaster, nil)
+			m.CreateTopic(t, "stop", "g1")
+			before := len(logs[id].Lines(""))
+			if before == 0 {
+				t.Fatalf("%s logged nothing while starting: the capture is not its logger", id)
+			}
+			m.Stop(i)
+			// The others stop too, so that every raft transport goroutine of
+			// the process ends, those that served the closed node's
+			// connections with them.
+			m.StopAll()
+			testwait.For(t, 10*time.Second, "raft transports' connection goroutines to end", func() bool {
+				return !strings.Contains(allStacks(), "raft.(*NetworkTransport).handleConn")
+			})
+			for _, line := range logs[id].Lines("")[before:] {
+				if strings.Contains(line, "[ERROR]") {
+					t.Errorf("the %s %s logged while stopping: %s", which, id, line)
+				}
+			}
+		})
+	}
+}
+
+func allStacks() string {
+	buf := make([]byte, 1<<20)
+	return string(buf[:runtime.Stack(buf, true)])
+}
