@@ -86,6 +86,7 @@ func (s *Server) handleRouteLookup(r *transport.Request, create bool) {
 		r.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: "metaserver node is starting"})
 		return
 	}
+	defer s.observeRouteLookup(time.Now())
 	topic := string(r.Body)
 	version := s.fsm.Version()
 	if body, ok := s.routeCache.get(topic, version); ok {

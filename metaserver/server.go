@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
@@ -53,6 +54,8 @@ type Server struct {
 	judge      judge
 	consumers  consumers // consumer group sessions, judged with the brokers'
 	routeCache routeCache
+	// routeLookups observes the route lookups this node answers (metrics.go).
+	routeLookups prometheus.Histogram
 
 	leaderMu   sync.Mutex
 	leaderConn *transport.Client // to ask the leader for routes this node lacks
@@ -76,6 +79,7 @@ func New(cfg Config) (*Server, error) {
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
+	s.routeLookups = newRouteLookupHistogram()
 	s.judge.init(cfg, s.fsm, s.apply, s.log.Named("judge"))
 	s.consumers.init(cfg, s.fsm, s.apply, s.log.Named("consumers"))
 	s.judge.consumers = &s.consumers
