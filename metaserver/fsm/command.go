@@ -40,6 +40,15 @@ const (
 	TypeLeaveGroup    CommandType = 13
 	TypeCommitOffsets CommandType = 14
 	TypeResetOffsets  CommandType = 15
+	// The ACL commands (acl.go) have no IgnoreUnknown bit: a node that
+	// skipped a RemovePrincipal would go on letting a revoked principal
+	// in once it led or served checks, one that skipped a SetPrincipal
+	// would refuse a granted one, and its ACL version would differ from
+	// the others', so servers polling it by version could miss a change.
+	// Who may do what must be the same on every node: every node must
+	// know the commands before any leader proposes one.
+	TypeSetPrincipal    CommandType = 16
+	TypeRemovePrincipal CommandType = 17
 )
 
 // Command is implemented by every command.
@@ -208,6 +217,10 @@ func Decode(b []byte) (Command, error) {
 		c = &CommitOffsets{}
 	case TypeResetOffsets:
 		c = &ResetOffsets{}
+	case TypeSetPrincipal:
+		c = &SetPrincipal{}
+	case TypeRemovePrincipal:
+		c = &RemovePrincipal{}
 	default:
 		if CommandType(b[0])&IgnoreUnknown != 0 {
 			return nil, nil

@@ -47,4 +47,13 @@
 // fencing need. Its type has no IgnoreUnknown bit: a node that skipped an
 // allocation could hand the same id out again once it led, so every node
 // must know the command before any leader proposes it.
+//
+// The ACL commands (acl.go) keep the principals: SetPrincipal (create or
+// replace a principal's token hash and permissions) and RemovePrincipal.
+// Every permission is parsed in Apply (auth.ParsePermissions): a command
+// with one that does not parse, a bad or reserved name, or a token another
+// principal has is refused whole. Either may name the ACL version it was
+// decided on (CONFLICT otherwise); the version grows at every change, and
+// does not move the registry Version. The registry holds only tokens'
+// SHA-256.
 package fsm

@@ -9,9 +9,11 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -36,6 +38,11 @@ type State struct {
 	// ConsumerGroups holds the consumer groups by name (consumers.go). A
 	// snapshot from before consumer groups lacks it and is read as none.
 	ConsumerGroups map[string]*ConsumerGroup `json:"consumer_groups,omitempty"`
+	// Principals are the ACL's principals by name (acl.go). A snapshot
+	// from before the ACL lacks it and is read as none.
+	Principals map[string]*PrincipalRecord `json:"principals,omitempty"`
+	// ACLVersion grows by one at every change of Principals.
+	ACLVersion uint64 `json:"acl_version,omitempty"`
 }
 
 // ProducerIdentity is a producer's id and epoch.
@@ -60,7 +67,8 @@ func ValidateProducerName(name string) error {
 
 func newState() *State {
 	return &State{Groups: map[string]*routing.Group{}, Topics: map[string]*routing.Topic{}, Members: map[string]string{},
-		NextProducerID: 1, Producers: map[string]ProducerIdentity{}, ConsumerGroups: map[string]*ConsumerGroup{}}
+		NextProducerID: 1, Producers: map[string]ProducerIdentity{}, ConsumerGroups: map[string]*ConsumerGroup{},
+		Principals: map[string]*PrincipalRecord{}}
 }
 
 func (s *State) clone() *State {
@@ -87,6 +95,11 @@ func (s *State) clone() *State {
 	for k, g := range s.ConsumerGroups {
 		c.ConsumerGroups[k] = g.clone()
 	}
+	c.Principals = maps.Clone(s.Principals) // records are never modified, only replaced
+	if c.Principals == nil {
+		c.Principals = map[string]*PrincipalRecord{}
+	}
+	c.ACLVersion = s.ACLVersion
 	return c
 }
 
@@ -107,6 +120,10 @@ type Result struct {
 type FSM struct {
 	mu sync.RWMutex
 	s  *State
+	// aclVersion is s.ACLVersion, written under mu, read without it;
+	// aclTable is the last table ACL built (acl.go).
+	aclVersion atomic.Uint64
+	aclTable   atomic.Pointer[auth.Table]
 }
 
 // New returns an empty registry.
@@ -278,6 +295,10 @@ func (f *FSM) apply(c Command) any {
 		return f.commitOffsets(c)
 	case *ResetOffsets:
 		return f.resetOffsets(c)
+	case *SetPrincipal:
+		return f.setPrincipal(c)
+	case *RemovePrincipal:
+		return f.removePrincipal(c)
 	}
 	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown command %T", c)}
 }
@@ -533,6 +554,14 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		}
 		g.fill()
 	}
+	if s.Principals == nil {
+		s.Principals = map[string]*PrincipalRecord{} // a snapshot from before the ACL
+	}
+	for name, p := range s.Principals {
+		if p == nil {
+			delete(s.Principals, name)
+		}
+	}
 	for _, g := range s.Groups {
 		if g.Epoch == 0 && g.Master.ID != "" {
 			// A snapshot from before epochs: its master leads epoch 1.
@@ -542,6 +571,8 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	f.s = s
+	f.aclVersion.Store(s.ACLVersion)
+	f.aclTable.Store(nil)
 	f.mu.Unlock()
 	return nil
 }
