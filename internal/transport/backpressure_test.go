@@ -39,7 +39,7 @@ func (s *Server) connFrom(remote net.Addr) *serverConn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
-		if c.nc.RemoteAddr().String() == remote.String() {
+		if c.raw.RemoteAddr().String() == remote.String() {
 			return c
 		}
 	}

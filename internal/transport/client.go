@@ -3,6 +3,7 @@ package transport
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -29,6 +30,12 @@ type ClientConfig struct {
 	// and the next call dials again. It bounds how long a caller writing a
 	// request itself can be held by the socket. Default 10 s.
 	WriteTimeout time.Duration
+	// TLS, when set, makes the client speak TLS with it: it verifies the
+	// server's certificate (for the address's host unless ServerName is
+	// set) and presents its own, if it has one. nil is plaintext. The
+	// handshake is part of the dial, bounded by DialTimeout; a failed one
+	// returns a *HandshakeError naming the likely cause.
+	TLS *tls.Config
 }
 
 func (c ClientConfig) withDefaults() ClientConfig {
@@ -53,6 +60,7 @@ func (c ClientConfig) withDefaults() ClientConfig {
 type Client struct {
 	addr   string
 	cfg    ClientConfig
+	tls    *tls.Config // nil: plaintext
 	opaque atomic.Uint32
 
 	mu     sync.Mutex // guards conn and closed; held while dialing
@@ -62,7 +70,7 @@ type Client struct {
 
 // NewClient returns a client for addr. It does not dial until the first call.
 func NewClient(addr string, cfg ClientConfig) *Client {
-	return &Client{addr: addr, cfg: cfg.withDefaults()}
+	return &Client{addr: addr, cfg: cfg.withDefaults(), tls: clientTLS(cfg.TLS, addr)}
 }
 
 // Addr is the address the client talks to.
@@ -75,7 +83,9 @@ type result struct {
 
 // clientConn is one live connection and its pending calls.
 type clientConn struct {
-	nc   net.Conn
+	nc   net.Conn // raw, or the TLS connection over it
+	raw  net.Conn
+	tls  bool
 	w    *writer
 	done chan struct{} // closed when both goroutines have exited
 
@@ -111,6 +121,11 @@ func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (pro
 		cc.unregister(opaque)
 		if ctx.Err() != nil {
 			return protocol.Frame{}, c.ctxErr(ctx, code)
+		}
+		if cerr := cc.failure(); cerr != nil && !errors.Is(cerr, ErrClosed) {
+			// The reader saw why the connection died (a TLS alert, say)
+			// before this write failed for it: that is the news.
+			return protocol.Frame{}, c.wrap(code, cerr)
 		}
 		return protocol.Frame{}, c.wrap(code, writeErr(err))
 	}
@@ -184,10 +199,28 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	raw := nc
+	if c.tls != nil {
+		tc := tls.Client(raw, c.tls)
+		hctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			_ = raw.Close()
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				err = errHandshakeTimeout
+			}
+			return nil, &HandshakeError{Addr: c.addr, Cause: clientTLSCause(err), Err: err}
+		}
+		nc = tc
+	}
 	w := newWriter(c.cfg.MaxWriteBuffer, c.cfg.WriteTimeout)
 	w.inline = nc
+	w.tls = c.tls != nil
 	cc := &clientConn{
 		nc:      nc,
+		raw:     raw,
+		tls:     c.tls != nil,
 		w:       w,
 		done:    make(chan struct{}),
 		pending: make(map[uint32]chan result),
@@ -203,7 +236,7 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 	}()
 	go func() {
 		defer wg.Done()
-		c.fail(cc, cc.readLoop())
+		c.fail(cc, cc.readLoop(c.addr))
 	}()
 	go func() {
 		wg.Wait()
@@ -213,11 +246,16 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 }
 
 // readLoop delivers responses to their calls until the connection breaks.
-func (cc *clientConn) readLoop() error {
+func (cc *clientConn) readLoop(addr string) error {
 	br := bufio.NewReaderSize(cc.nc, 64<<10)
-	for {
-		f, err := readFrame(br)
+	for first := true; ; first = false {
+		f, err := readFrame(br, protocol.MaxFrameSize, false)
 		if err != nil {
+			if cause := remoteAlertCause(err); first && cc.tls && cause != "" {
+				// TLS 1.3: the server refused this client's certificate
+				// after the client's side of the handshake was done.
+				return &HandshakeError{Addr: addr, Cause: cause, Err: err}
+			}
 			return err
 		}
 		if !f.IsResponse() {
@@ -244,6 +282,8 @@ func (c *Client) fail(cc *clientConn, cause error) {
 	}
 	if errors.Is(cause, ErrClosed) {
 		cc.err = ErrClosed
+	} else if errors.Is(cause, ErrConnLost) {
+		cc.err = cause
 	} else {
 		cc.err = fmt.Errorf("%w: %w", ErrConnLost, cause)
 	}
@@ -252,7 +292,7 @@ func (c *Client) fail(cc *clientConn, cause error) {
 	cc.mu.Unlock()
 
 	cc.w.close(cc.err)
-	_ = cc.nc.Close()
+	_ = cc.raw.Close() // not the TLS connection's Close, which may wait to say goodbye
 	for _, ch := range pending {
 		ch <- result{err: cc.err}
 	}
@@ -271,6 +311,13 @@ func (cc *clientConn) register(opaque uint32, ch chan result) error {
 	}
 	cc.pending[opaque] = ch
 	return nil
+}
+
+// failure is why the connection died, or nil while it lives.
+func (cc *clientConn) failure() error {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.err
 }
 
 func (cc *clientConn) unregister(opaque uint32) {

@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -20,20 +19,55 @@ var (
 	ErrBadFrame = errors.New("transport: bad frame from peer")
 )
 
-// readFrame reads one whole frame. Its buffer is freshly allocated (the frame
-// is handed to another goroutine), and never larger than the validated length.
-func readFrame(br *bufio.Reader) (protocol.Frame, error) {
+// errUnauthFrame marks a frame over ServerConfig.MaxUnauthFrame from a
+// connection that has not authenticated (with RequireAuth).
+var errUnauthFrame = errors.New("frame over the cap of a connection that has not authenticated")
+
+// readFrame reads one whole frame of at most limit bytes (its declared
+// length is checked before anything is allocated). Its buffer is freshly
+// allocated (the frame is handed to another goroutine): at once for the
+// declared length, or with grow, as the bytes arrive (from growStart,
+// doubling), so that a peer that declares a large frame and sends nothing
+// makes the server hold little.
+func readFrame(r io.Reader, limit int, grow bool) (protocol.Frame, error) {
 	var lenBuf [4]byte
-	if _, err := io.ReadFull(br, lenBuf[:]); err != nil {
+	if _, err := io.ReadFull(r, lenBuf[:]); err != nil {
 		return protocol.Frame{}, err
 	}
+	return readFrameAfter(r, lenBuf, limit, grow)
+}
+
+// growStart is the first buffer of a frame read with grow.
+const growStart = 16 << 10
+
+// readFrameAfter is readFrame once the frame's length prefix was read.
+func readFrameAfter(r io.Reader, lenBuf [4]byte, limit int, grow bool) (protocol.Frame, error) {
 	n, err := protocol.FrameLength(lenBuf[:])
 	if err != nil {
 		return protocol.Frame{}, fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
-	buf := make([]byte, n)
-	copy(buf, lenBuf[:])
-	if _, err := io.ReadFull(br, buf[4:]); err != nil {
+	if n > limit {
+		return protocol.Frame{}, fmt.Errorf("%w: %w: %d bytes declared, the cap is %d", ErrBadFrame, errUnauthFrame, n, limit)
+	}
+	var buf []byte
+	if !grow || n <= growStart {
+		buf = make([]byte, n)
+		copy(buf, lenBuf[:])
+		_, err = io.ReadFull(r, buf[4:])
+	} else {
+		buf = make([]byte, growStart)
+		copy(buf, lenBuf[:])
+		got := 4
+		for got < n && err == nil {
+			if got == len(buf) {
+				buf = append(buf, make([]byte, min(n, 2*len(buf))-len(buf))...)
+			}
+			var m int
+			m, err = io.ReadFull(r, buf[got:])
+			got += m
+		}
+	}
+	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -67,6 +68,38 @@ type ServerConfig struct {
 	ShutdownGrace time.Duration
 	// Logger receives connection errors. Default: a null logger.
 	Logger hclog.Logger
+
+	// TLS, when set, makes every connection speak TLS with it; nil is
+	// plaintext. A config with ClientCAs requires every client to present a
+	// certificate signed by them (its ClientAuth becomes
+	// tls.RequireAndVerifyClientCert). Versions before TLS 1.2 are refused.
+	TLS *tls.Config
+
+	// Limits before trust. A connection is authenticated once its TLS
+	// handshake verified a client certificate, or once it sent a request of
+	// a registered code (without RequireAuth), or once a handler called
+	// Request.Authenticate (with RequireAuth). Until then it holds little:
+	// see MaxUnauthFrame.
+
+	// HandshakeTimeout bounds how long a new connection may take to
+	// complete its TLS handshake and send its first whole request; past it
+	// the connection is closed. Default 5 s.
+	HandshakeTimeout time.Duration
+	// MaxConns caps the connections open at once, those in their handshake
+	// included; one over it is closed as soon as it is accepted (counted in
+	// ServerStats.Refused). Default 10000.
+	MaxConns int
+	// MaxUnauthFrame bounds what a connection that has not authenticated
+	// makes the server hold for one frame. A frame declared larger is read
+	// in growing pieces as its bytes arrive (the server holds about what
+	// the peer sent, and the handshake deadline bounds the first frame), or
+	// with RequireAuth refused: the connection is closed. Default 64 KiB.
+	MaxUnauthFrame int
+	// RequireAuth keeps a connection unauthenticated until its TLS client
+	// certificate was verified or a handler called Request.Authenticate;
+	// without it, a connection's first request of a registered code
+	// authenticates it.
+	RequireAuth bool
 }
 
 func (c ServerConfig) withDefaults() ServerConfig {
@@ -91,13 +124,66 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = 5 * time.Second
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 10000
+	}
+	if c.MaxUnauthFrame <= 0 {
+		c.MaxUnauthFrame = 64 << 10
+	}
 	return c
+}
+
+// ServerStats are a server's connection counters.
+type ServerStats struct {
+	// Conns is the connections open now, those in their handshake
+	// included; PeakConns the most there were at once.
+	Conns, PeakConns int64
+	// Refused counts connections closed at once over MaxConns.
+	Refused int64
+	// HandshakeTimeouts counts connections closed for not completing their
+	// handshake and first request within HandshakeTimeout.
+	HandshakeTimeouts int64
+	// HandshakeFailures counts failed TLS handshakes, plaintext peers on a
+	// TLS port and TLS peers on a plaintext one.
+	HandshakeFailures int64
+	// Oversize counts connections closed for declaring a frame over
+	// MaxUnauthFrame before they authenticated (RequireAuth).
+	Oversize int64
+}
+
+type serverStats struct {
+	conns, peak, refused, handshakeTimeouts, handshakeFailures, oversize atomic.Int64
+}
+
+// notePeak raises peak to n if n is higher.
+func (st *serverStats) notePeak(n int64) {
+	for {
+		p := st.peak.Load()
+		if n <= p || st.peak.CompareAndSwap(p, n) {
+			return
+		}
+	}
+}
+
+// Stats returns the server's connection counters.
+func (s *Server) Stats() ServerStats {
+	return ServerStats{
+		Conns: s.stats.conns.Load(), PeakConns: s.stats.peak.Load(), Refused: s.stats.refused.Load(),
+		HandshakeTimeouts: s.stats.handshakeTimeouts.Load(), HandshakeFailures: s.stats.handshakeFailures.Load(),
+		Oversize: s.stats.oversize.Load(),
+	}
 }
 
 // Server serves framed requests on one listener.
 type Server struct {
 	cfg      ServerConfig
 	log      hclog.Logger
+	limited  limitedLog
+	tls      *tls.Config // nil: plaintext
+	stats    serverStats
 	handlers map[protocol.Code]route // written only before Serve
 	tasks    chan *Request
 	stop     chan struct{} // closed by Close: readers stop, workers drain and exit
@@ -127,6 +213,8 @@ func NewServer(cfg ServerConfig) *Server {
 	return &Server{
 		cfg:      cfg,
 		log:      cfg.Logger,
+		limited:  limitedLog{log: cfg.Logger},
+		tls:      serverTLS(cfg.TLS),
 		handlers: make(map[protocol.Code]route),
 		tasks:    make(chan *Request, cfg.QueueSize),
 		stop:     make(chan struct{}),
@@ -282,28 +370,53 @@ func (s *Server) accept(ln net.Listener) {
 			s.log.Error("accept failed", "error", err)
 			return
 		}
+		if n := s.stats.conns.Add(1); n > int64(s.cfg.MaxConns) {
+			s.stats.conns.Add(-1)
+			s.stats.refused.Add(1)
+			_ = nc.Close()
+			remote := nc.RemoteAddr().String()
+			s.limited.warn("refused", fmt.Sprintf("refusing connection from %s: %d connections are open, the cap (MaxConns)", remote, s.cfg.MaxConns),
+				"remote", remote, "max_conns", s.cfg.MaxConns)
+			continue
+		} else {
+			s.stats.notePeak(n)
+		}
 		if tc, ok := nc.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
 		c := &serverConn{
 			s:   s,
-			nc:  nc,
+			raw: nc,
 			w:   newWriter(s.cfg.MaxWriteBuffer, s.cfg.WriteTimeout),
 			sem: make(chan struct{}, s.cfg.MaxInflightPerConn),
 		}
-		c.w.raw = socketOf(nc)
+		if s.tls == nil {
+			c.w.raw = socketOf(nc)
+		} else {
+			c.w.tls = true
+		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			_ = nc.Close()
+			s.stats.conns.Add(-1)
 			return
 		}
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 		s.readWG.Add(1)
-		s.writeWG.Add(1)
 		go c.readLoop()
-		go c.writeLoop()
+	}
+}
+
+// forget drops a connection that is gone from the server's set and count.
+func (s *Server) forget(c *serverConn) {
+	s.mu.Lock()
+	_, ok := s.conns[c]
+	delete(s.conns, c)
+	s.mu.Unlock()
+	if ok {
+		s.stats.conns.Add(-1)
 	}
 }
 
@@ -414,7 +527,7 @@ func (s *Server) Close() error {
 
 	// Stop the readers; requests already read stay queued for the workers.
 	for _, c := range conns {
-		_ = c.nc.SetReadDeadline(time.Unix(1, 0))
+		_ = c.raw.SetReadDeadline(time.Unix(1, 0))
 	}
 	s.readWG.Wait()
 	if s.serving {
@@ -441,9 +554,17 @@ func (s *Server) Close() error {
 // serverConn is one accepted connection.
 type serverConn struct {
 	s   *Server
+	raw net.Conn // the accepted socket
+	// nc is what requests are read from and answers written to: raw, or
+	// the TLS connection over it. Set by open, before the writer starts.
 	nc  net.Conn
 	w   *writer
 	sem chan struct{} // one slot per request read and not yet answered
+	// tlsState is the TLS connection's state once its handshake is done
+	// (nil on a plaintext port); trusted, whether the connection is
+	// authenticated (see ServerConfig).
+	tlsState *tls.ConnectionState
+	trusted  atomic.Bool
 
 	// The connection's ordered requests (HandleOrdered): while one is with
 	// the workers (queued for or run by one), running is set and those read
@@ -494,7 +615,16 @@ func (c *serverConn) nextOrdered() *Request {
 // waits, the peer's requests stay unread: backpressure on that peer alone.
 func (c *serverConn) readLoop() {
 	defer c.s.readWG.Done()
+	first, ok := c.open()
+	if !ok {
+		return
+	}
+	// The writer starts once the connection is past its handshake (Close
+	// waits for the readers before it waits for the writers).
+	c.s.writeWG.Add(1)
+	go c.writeLoop()
 	br := bufio.NewReaderSize(c.nc, 64<<10)
+	pending := true
 	for {
 		select {
 		case c.sem <- struct{}{}:
@@ -503,11 +633,16 @@ func (c *serverConn) readLoop() {
 		case <-c.w.done:
 			return // the connection is being torn down; the read fails too
 		}
-		f, err := readFrame(br)
-		if err != nil {
-			<-c.sem
-			c.readFailed(err)
-			return
+		f := first
+		if pending {
+			pending, first = false, protocol.Frame{}
+		} else {
+			var err error
+			if f, err = c.readFrame(br); err != nil {
+				<-c.sem
+				c.readFailed(err)
+				return
+			}
 		}
 		if f.IsResponse() {
 			<-c.sem
@@ -515,6 +650,9 @@ func (c *serverConn) readLoop() {
 			return
 		}
 		rt, known := c.s.handlers[f.Code]
+		if known && !c.s.cfg.RequireAuth && !c.trusted.Load() {
+			c.trusted.Store(true)
+		}
 		n := c.s.reservation(&f, rt, known)
 		if err := c.w.admit(n, c.s.stop); err != nil {
 			c.s.inflight.Add(1)
@@ -586,6 +724,30 @@ func (c *serverConn) runInline(req *Request) bool {
 	}
 }
 
+// readFrame reads the connection's next frame, within the cap of its
+// authentication when its length arrives (a handler may have
+// authenticated the connection while the reader waited for it).
+func (c *serverConn) readFrame(br *bufio.Reader) (protocol.Frame, error) {
+	var lenBuf [4]byte
+	if _, err := io.ReadFull(br, lenBuf[:]); err != nil {
+		return protocol.Frame{}, err
+	}
+	limit, grow := c.frameCap()
+	return readFrameAfter(br, lenBuf, limit, grow)
+}
+
+// frameCap is the most a connection may declare for its next frame, and
+// whether that frame's buffer grows as its bytes arrive.
+func (c *serverConn) frameCap() (limit int, grow bool) {
+	switch {
+	case c.trusted.Load():
+		return protocol.MaxFrameSize, false
+	case c.s.cfg.RequireAuth:
+		return c.s.cfg.MaxUnauthFrame, false
+	}
+	return protocol.MaxFrameSize, true
+}
+
 // readFailed ends a connection whose reading failed. A peer that went away
 // or a server that is closing is normal; a bad frame is logged, and the
 // connection is closed at once without waiting for its pending answers.
@@ -596,13 +758,16 @@ func (c *serverConn) readFailed(err error) {
 	default:
 	}
 	if errors.Is(err, ErrBadFrame) {
-		c.s.log.Warn("closing connection after a bad frame", "remote", c.nc.RemoteAddr().String(), "error", err)
+		if errors.Is(err, errUnauthFrame) {
+			c.s.stats.oversize.Add(1)
+		}
+		c.s.limited.warn("badframe", "closing connection after a bad frame", "remote", c.raw.RemoteAddr().String(), "error", err)
 		c.w.close(err)
-		_ = c.nc.Close()
+		_ = c.raw.Close() // not the TLS connection's Close, which may wait to say goodbye
 		return
 	}
 	if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-		c.s.log.Debug("connection read failed", "remote", c.nc.RemoteAddr().String(), "error", err)
+		c.s.log.Debug("connection read failed", "remote", c.raw.RemoteAddr().String(), "error", err)
 	}
 	// The peer closed its side: answers in flight have nowhere to go.
 	c.w.close(ErrConnLost)
@@ -619,10 +784,8 @@ func (c *serverConn) writeLoop() {
 			c.s.log.Debug("connection write failed", "remote", remote, "error", err)
 		}
 	}
-	_ = c.nc.Close()
-	c.s.mu.Lock()
-	delete(c.s.conns, c)
-	c.s.mu.Unlock()
+	_ = c.raw.Close() // not the TLS connection's Close, which may wait to say goodbye
+	c.s.forget(c)
 }
 
 // Request is one request read from a connection.
@@ -649,7 +812,20 @@ const (
 )
 
 // RemoteAddr is the address of the peer that sent the request.
-func (r *Request) RemoteAddr() net.Addr { return r.conn.nc.RemoteAddr() }
+func (r *Request) RemoteAddr() net.Addr { return r.conn.raw.RemoteAddr() }
+
+// TLS is the state of the request's TLS connection (its peer's verified
+// certificate chains among it), or nil on a plaintext port.
+func (r *Request) TLS() *tls.ConnectionState { return r.conn.tlsState }
+
+// Authenticated reports whether the request's connection is authenticated
+// (see ServerConfig.RequireAuth).
+func (r *Request) Authenticated() bool { return r.conn.trusted.Load() }
+
+// Authenticate marks the request's connection authenticated: its next
+// frames may be as large as any (the authorization layer calls it once a
+// peer proved who it is).
+func (r *Request) Authenticate() { r.conn.trusted.Store(true) }
 
 // Reply answers the request with OK and body. Only the first answer counts;
 // later ones return an error. A oneway request is never answered.

@@ -36,9 +36,14 @@ type testServer struct {
 	counted atomic.Int64
 }
 
-func startServer(t *testing.T, cfg ServerConfig) *testServer {
+// startServer starts a server with the test handlers; extra registers more
+// before it listens.
+func startServer(t *testing.T, cfg ServerConfig, extra ...func(*testServer)) *testServer {
 	t.Helper()
 	ts := &testServer{Server: NewServer(cfg), held: make(chan *Request, 1024)}
+	for _, f := range extra {
+		f(ts)
+	}
 	ts.Handle(codeEcho, func(r *Request) { _ = r.Reply(r.Body) })
 	ts.Handle(codeHold, func(r *Request) { ts.held <- r })
 	ts.Handle(codeFail, func(r *Request) { r.ReplyError(protocol.ErrorForStatus(protocol.StatusReadOnly, "group g1")) })
@@ -157,7 +162,7 @@ func TestConnLostFailsPendingAndReconnects(t *testing.T) {
 			}
 			br := bufio.NewReader(nc)
 			for range 3 {
-				if _, err := readFrame(br); err != nil {
+				if _, err := readFrame(br, protocol.MaxFrameSize, false); err != nil {
 					return err
 				}
 			}
@@ -168,7 +173,7 @@ func TestConnLostFailsPendingAndReconnects(t *testing.T) {
 				return err
 			}
 			defer nc.Close()
-			f, err := readFrame(bufio.NewReader(nc))
+			f, err := readFrame(bufio.NewReader(nc), protocol.MaxFrameSize, false)
 			if err != nil {
 				return err
 			}

@@ -46,8 +46,15 @@ type writer struct {
 	// without waking the writer goroutine (one thread wake-up less per call).
 	// wmu serializes writes to the socket between callers and run.
 	inline net.Conn
-	// raw, when set (a server's socket), lets flush write without waiting.
+	// raw, when set (a server's plaintext socket), lets flush write without
+	// waiting.
 	raw *socket
+	// tls is set on a TLS connection: a TLS write that times out breaks the
+	// connection for good (crypto/tls), so write hands it at most tlsChunk
+	// bytes per call, each with a fresh deadline, and a timeout fails it at
+	// once; and a large inline body is written after its head rather than
+	// with writev (which a TLS connection does not have).
+	tls bool
 	wmu sync.Mutex
 	// rest is the tail of a batch that flush began and the socket did not
 	// take (guarded by wmu): run writes it first, so no frame is cut by
@@ -279,7 +286,15 @@ func (w *writer) writeInline(f *protocol.Frame) error {
 	bp := framePool.Get().(*[]byte)
 	var b []byte
 	var err error
-	if len(f.Body) >= inlineCopyMax {
+	if len(f.Body) >= inlineCopyMax && w.tls {
+		// No copy of a large body over TLS either: the head, then the body.
+		b, err = protocol.AppendFrameHead((*bp)[:0], f)
+		if err == nil {
+			if err = w.write(w.inline, b); err == nil {
+				err = w.write(w.inline, f.Body)
+			}
+		}
+	} else if len(f.Body) >= inlineCopyMax {
 		// A large body goes from where it is, after its head, in one
 		// writev: no copy of it, and no pooled buffer grown to its size.
 		b, err = protocol.AppendFrameHead((*bp)[:0], f)
@@ -348,6 +363,9 @@ var ErrWriteTimeout = errors.New("transport: peer stopped reading")
 // the peer took no byte for at least timeout (and at most 2.25 times that
 // after the last byte it took); a slow peer that keeps reading is not cut.
 func (w *writer) write(conn net.Conn, b []byte) error {
+	if w.tls {
+		return w.writeTLS(conn, b)
+	}
 	if w.timeout <= 0 {
 		n, err := conn.Write(b)
 		w.written.Add(int64(n))
@@ -371,6 +389,36 @@ func (w *writer) write(conn net.Conn, b []byte) error {
 		}
 		b = b[n:]
 	}
+}
+
+// tlsChunk is the most writeTLS hands a TLS connection in one call.
+const tlsChunk = 64 << 10
+
+// writeTLS is write for a TLS connection: a TLS write that times out leaves
+// the connection unusable, so the bytes go in chunks of tlsChunk, each
+// started with at least timeout before the deadline, and the first timeout
+// fails the connection. A peer is thus cut when it took less than tlsChunk
+// bytes in timeout.
+func (w *writer) writeTLS(conn net.Conn, b []byte) error {
+	for len(b) > 0 {
+		chunk := b[:min(len(b), tlsChunk)]
+		if w.timeout > 0 {
+			if now := time.Now(); w.deadline.Sub(now) < w.timeout {
+				w.deadline = now.Add(w.timeout + w.timeout/8)
+				_ = conn.SetWriteDeadline(w.deadline)
+			}
+		}
+		n, err := conn.Write(chunk)
+		w.written.Add(int64(n))
+		if err != nil {
+			if w.timeout > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+				return fmt.Errorf("%w: less than %d bytes taken in %v (%d bytes unsent)", ErrWriteTimeout, tlsChunk, w.timeout, len(b)-n)
+			}
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
 }
 
 // close stops taking frames; run flushes what is buffered and returns.
