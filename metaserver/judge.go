@@ -55,8 +55,9 @@ type judge struct {
 	mu        sync.Mutex
 	since     time.Time // when this leadership's judge started
 	sessions  map[string]*session
-	lastRound time.Time     // the clock reading of the last finished round
-	roundDone chan struct{} // closed (and replaced) when a round finishes
+	heard     map[brokerKey]*heardBroker // each broker's last heartbeat, for operators (status.go)
+	lastRound time.Time                  // the clock reading of the last finished round
+	roundDone chan struct{}              // closed (and replaced) when a round finishes
 }
 
 type session struct {
@@ -92,6 +93,7 @@ func (j *judge) begin() {
 	defer j.mu.Unlock()
 	j.since = j.cfg.Clock.Now()
 	j.sessions = map[string]*session{}
+	j.heard = map[brokerKey]*heardBroker{}
 	if j.consumers != nil {
 		j.consumers.begin(j.since)
 	}
@@ -176,6 +178,7 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	j.noteHeardLocked(g, hb, now)
 	s := j.sessionLocked(hb.Group)
 	if role != routing.RoleMaster {
 		if s.slaveID != hb.BrokerID {
@@ -252,20 +255,30 @@ func (j *judge) judgeGroup(ctx context.Context, name string, now time.Time) {
 	}
 }
 
-// info returns what the judge knows of a group's heartbeats.
+// info returns what the judge knows of a group's heartbeats. The master's
+// and the slave's ages are those of the brokers' last heartbeats in any
+// role (a slave promoted a moment ago was heard as the slave).
 func (j *judge) info(g routing.Group, now time.Time) api.GroupInfo {
 	gi := api.GroupInfo{Group: g, State: g.Reasons.State(), Reason: g.Reasons.String(),
-		MasterHeartbeatAgeMillis: -1, SlaveHeartbeatAgeMillis: -1}
+		MasterHeartbeatAgeMillis: -1, SlaveHeartbeatAgeMillis: -1, SessionMillis: j.cfg.SessionTimeout.Milliseconds()}
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	gi.LeaderForMillis = now.Sub(j.since).Milliseconds()
+	gi.Members = j.membersLocked(g, now)
+	for _, m := range gi.Members {
+		switch m.Role {
+		case string(routing.RoleMaster):
+			gi.MasterHeartbeatAgeMillis = m.LastHeartbeatAgeMillis
+		case string(routing.RoleSlave):
+			gi.SlaveHeartbeatAgeMillis = m.LastHeartbeatAgeMillis
+		}
+	}
 	if s := j.sessions[g.Name]; s != nil {
 		gi.Failover = s.failover
 		if s.seenMaster {
-			gi.MasterHeartbeatAgeMillis = now.Sub(s.lastMaster).Milliseconds()
 			gi.Last = s.last
 		}
 		if s.seenSlave {
-			gi.SlaveHeartbeatAgeMillis = now.Sub(s.lastSlave).Milliseconds()
 			gi.LastSlave = s.lastSl
 		}
 	}

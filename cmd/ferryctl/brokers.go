@@ -29,7 +29,7 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 					reason = "-"
 				}
 				rows = append(rows, []string{gi.Name, fmt.Sprint(gi.Epoch), gi.State, reason, member(gi.Master.ID, gi.Master.Addr), member(gi.Slave.ID, gi.Slave.Addr),
-					age(gi.MasterHeartbeatAgeMillis), age(gi.SlaveHeartbeatAgeMillis), fmt.Sprint(gi.Last.LagBytes),
+					heartbeat(gi, gi.Master.ID, gi.MasterHeartbeatAgeMillis), heartbeat(gi, gi.Slave.ID, gi.SlaveHeartbeatAgeMillis), fmt.Sprint(gi.Last.LagBytes),
 					(time.Duration(gi.Last.LagMillis) * time.Millisecond).String(), fmt.Sprint(gi.Holders),
 					fmt.Sprint(gi.Last.Producers), fmt.Sprint(gi.Last.Duplicates)})
 			}
@@ -46,6 +46,11 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				}
 				if len(epochs) > 0 {
 					notes = append(notes, []string{gi.Name + " epochs:", strings.Join(epochs, " ")})
+				}
+				for _, m := range gi.Members {
+					if m.Role == api.RoleFormerMaster {
+						notes = append(notes, []string{gi.Name + " former master:", formerMaster(gi, m)})
+					}
 				}
 				if gi.Failover != "" {
 					notes = append(notes, []string{gi.Name + " failover:", gi.Failover})
@@ -75,11 +80,59 @@ func orDash(s string) string {
 	return s
 }
 
+// age is how long ago something happened ms milliseconds ago, to the
+// millisecond under a second and to the tenth of a second above.
 func age(ms int64) string {
 	if ms < 0 {
 		return "never"
 	}
-	return (time.Duration(ms) * time.Millisecond).Round(time.Millisecond).String() + " ago"
+	return duration(ms) + " ago"
+}
+
+func duration(ms int64) string {
+	d := time.Duration(ms) * time.Millisecond
+	if d >= time.Second {
+		d = d.Round(100 * time.Millisecond)
+	}
+	return d.String()
+}
+
+// heartbeat is the last heartbeat of group member id as the leader knows
+// it: its age, and DEAD once it is silent past the session; a member the
+// leader has not heard since it took over says so, with how long ago that
+// was (heartbeats live in the leader's memory only). "-" for no member;
+// ms is the age to show when the leader does not list its members (one
+// older than this ferryctl).
+func heartbeat(gi api.GroupInfo, id string, ms int64) string {
+	if id == "" {
+		return "-"
+	}
+	for _, m := range gi.Members {
+		if m.ID == id && m.Role != api.RoleFormerMaster {
+			return heartbeatOf(gi, m)
+		}
+	}
+	return age(ms)
+}
+
+func heartbeatOf(gi api.GroupInfo, m api.BrokerStatus) string {
+	s := age(m.LastHeartbeatAgeMillis)
+	if !m.Heard {
+		s = "none since this leader took over " + age(gi.LeaderForMillis)
+	}
+	if m.Lost {
+		s += " DEAD"
+	}
+	return s
+}
+
+// formerMaster describes a master a failover took out of the group.
+func formerMaster(gi api.GroupInfo, m api.BrokerStatus) string {
+	s := member(m.ID, m.Addr) + ", last heartbeat " + heartbeatOf(gi, m)
+	if m.ReplacedBy != "" {
+		s += fmt.Sprintf("; replaced by %s at epoch %d (it rejoins as the slave when it is back)", m.ReplacedBy, m.ReplacedAtEpoch)
+	}
+	return s
 }
 
 func newBrokerCommand(g *globalOptions) *cobra.Command {

@@ -70,6 +70,52 @@ type GroupInfo struct {
 	// Failover says why the group's slave is not being promoted while its
 	// master is lost, or what the last promotion did ("" if nothing).
 	Failover string `json:"failover,omitempty"`
+	// Members is each broker as the leader's heartbeats show it: the
+	// master, the slave, and then the former masters that a failover took
+	// out of the group (Role "former-master") that this leader heard, so a
+	// dead master stays in view with the age of its last heartbeat.
+	Members []BrokerStatus `json:"members"`
+	// LeaderForMillis is how long the answering leader has led: heartbeats
+	// are kept only in the leader's memory, so it knows none older.
+	LeaderForMillis int64 `json:"leader_for_ms"`
+	// SessionMillis is the leader's session: a broker unheard for longer
+	// is lost.
+	SessionMillis int64 `json:"session_ms"`
+}
+
+// Broker roles in BrokerStatus besides the registry's master and slave.
+const (
+	// RoleFormerMaster is a master that a failover took out of its group;
+	// it joins again as the slave when it comes back.
+	RoleFormerMaster = "former-master"
+)
+
+// BrokerStatus is one broker of a group as the leader's heartbeats show it.
+type BrokerStatus struct {
+	ID   string `json:"id"`
+	Addr string `json:"addr"`
+	// Role is the registry's ("master" or "slave"), or RoleFormerMaster.
+	Role string `json:"role"`
+	// Heard is whether this leader has taken a heartbeat from the broker
+	// since it took over (LeaderForMillis ago).
+	Heard bool `json:"heard"`
+	// LastHeartbeatAgeMillis is the age of the broker's last heartbeat, in
+	// whatever role it sent it; -1 if it sent none since this leader took
+	// over (an earlier leader may have heard it: ask the age of this
+	// leadership, LeaderForMillis).
+	LastHeartbeatAgeMillis int64 `json:"last_heartbeat_age_ms"`
+	// Alive is true when the broker was heard within the session.
+	Alive bool `json:"alive"`
+	// Lost is true when the broker has been silent for more than the
+	// session (counted from this leader's takeover when it has not been
+	// heard since). A broker neither alive nor lost is one that a new
+	// leader has not heard yet, within its first session.
+	Lost bool `json:"lost"`
+	// ReplacedAtEpoch is, for a former master, the epoch whose promotion
+	// replaced it.
+	ReplacedAtEpoch uint32 `json:"replaced_at_epoch,omitempty"`
+	// ReplacedBy is, for a former master, the broker promoted over it.
+	ReplacedBy string `json:"replaced_by,omitempty"`
 }
 
 // InitProducerRequest asks the metaserver leader for a producer identity.
