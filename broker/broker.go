@@ -145,6 +145,7 @@ func New(cfg Config) (*Broker, error) {
 	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) {
 		handlePull(b.pulls.store, b.lease.fence, b.pulls, r, r.Body)
 	}, pullReplySize)
+	b.rpc.Handle(protocol.CodeIdentify, b.handleIdentify)
 	bound, err := b.rpc.Listen(cfg.Addr)
 	if err != nil {
 		return fail(fmt.Errorf("broker: %w", err))
