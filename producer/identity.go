@@ -178,6 +178,7 @@ type statCounters struct {
 	retries            atomic.Int64
 	renewals           atomic.Int64
 	givenUp            atomic.Int64
+	sendLatency        latencyHistogram // SEND round trips (metrics.go)
 }
 
 // Stats returns the producer's counters.

@@ -484,6 +484,7 @@ func (s *sink) send(b *batch, cl *call) {
 		var resp protocol.Frame
 		resp, err = conn.Call(ctx, protocol.CodeSend, body)
 		latency = time.Since(start)
+		c.stats.sendLatency.observe(latency)
 		var g *givenUp
 		if err != nil && errors.As(context.Cause(ctx), &g) {
 			// An answer that came anyway wins; without one, the outcome is
