@@ -287,12 +287,25 @@ func (s *Server) raftStatus() api.RaftStatus {
 	st := api.RaftStatus{
 		Node: s.cfg.ID, State: s.raft.State().String(), LeaderID: string(leaderID), LeaderAddr: s.leaderRPC(),
 		Term: parse("term"), LastIndex: parse("last_log_index"), CommitIndex: parse("commit_index"), AppliedIndex: parse("applied_index"),
+		LastContactMillis: -1,
+	}
+	// Raft stamps its contacts with the real clock, not Config.Clock.
+	if st.State == raft.Leader.String() {
+		st.LastContactMillis = 0
+	} else if last := s.raft.LastContact(); !last.IsZero() {
+		st.LastContactMillis = time.Since(last).Milliseconds()
 	}
 	members := s.fsm.Members()
 	if f := s.raft.GetConfiguration(); f.Error() == nil {
 		for _, srv := range f.Configuration().Servers {
+			rpc, ok := members[string(srv.ID)]
+			for _, p := range s.cfg.Peers {
+				if !ok && p.ID == string(srv.ID) {
+					rpc = p.RPCAddr // the leader records it in the registry soon after the bootstrap
+				}
+			}
 			st.Members = append(st.Members, api.RaftMember{ID: string(srv.ID), RaftAddr: string(srv.Address),
-				RPCAddr: members[string(srv.ID)], Suffrage: srv.Suffrage.String(), Leader: srv.ID == leaderID})
+				RPCAddr: rpc, Suffrage: srv.Suffrage.String(), Leader: srv.ID == leaderID})
 		}
 	}
 	return st

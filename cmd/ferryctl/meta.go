@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -33,18 +35,75 @@ func printRaft(g *globalOptions, st api.RaftStatus) error {
 }
 
 func newMetaStatusCommand(g *globalOptions) *cobra.Command {
-	return &cobra.Command{
+	var memberTimeout time.Duration
+	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the Raft cluster: members, leader, term, last index",
-		Args:  usageArgs(cobra.NoArgs),
+		Short: "Show the Raft cluster: each member asked directly for its role, term, applied index and last contact with the leader",
+		Long: `Show the Raft cluster. The configuration comes from any metaserver; then every member is asked
+at its RPC address, all at once and each for at most --member-timeout, for its own view. A member that
+does not answer is shown unreachable, with the error, never as a follower.
+
+Columns: ROLE as the member reports it; LAST-CONTACT, how long ago it last heard from the leader (by its
+raft stats; "-" on the leader); APPLIED, its applied index; BEHIND, how far its applied index is behind
+the leader's; REACHABLE, yes, or no and why.`,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
-			st, err := cl.RaftStatus(ctx)
+			if memberTimeout <= 0 {
+				return usageError{fmt.Errorf("--member-timeout %v: want a positive duration", memberTimeout)}
+			}
+			st, err := cl.MetaStatus(ctx, memberTimeout)
 			if err != nil {
 				return err
 			}
-			return printRaft(g, st)
+			return printMetaStatus(g, st)
 		}),
 	}
+	cmd.Flags().DurationVar(&memberTimeout, "member-timeout", time.Second, "how long to wait for each member's answer")
+	return cmd
+}
+
+// printMetaStatus prints the members as each reported itself.
+func printMetaStatus(g *globalOptions, st api.MetaStatus) error {
+	if st.Members == nil {
+		st.Members = []api.MemberStatus{}
+	}
+	var rows [][]string
+	for _, m := range st.Members {
+		role, contact, applied, behind, reachable := "-", "-", "-", "-", "yes"
+		if !m.Reachable {
+			reachable = "no: " + m.Error
+		} else {
+			role = strings.ToLower(m.State)
+			applied = fmt.Sprint(m.AppliedIndex)
+			switch {
+			case m.State == "Leader":
+			case m.LastContactMillis < 0:
+				contact = "never"
+			default:
+				contact = age(m.LastContactMillis)
+			}
+			if m.AppliedBehind >= 0 {
+				behind = fmt.Sprint(m.AppliedBehind)
+			}
+		}
+		rows = append(rows, []string{m.ID, m.RaftAddr, orDash(m.RPCAddr), m.Suffrage, role, contact, applied, behind, reachable})
+	}
+	if !g.json {
+		down := 0
+		for _, m := range st.Members {
+			if !m.Reachable {
+				down++
+			}
+		}
+		if st.LeaderID == "" {
+			fmt.Fprintf(g.out, "no leader: no reachable member says it leads")
+		} else {
+			fmt.Fprintf(g.out, "leader %s (%s), term %d, last index %d, commit index %d, applied index %d",
+				st.LeaderID, orDash(st.LeaderAddr), st.Term, st.LastIndex, st.CommitIndex, st.AppliedIndex)
+		}
+		fmt.Fprintf(g.out, "; %d of %d members reachable\n", len(st.Members)-down, len(st.Members))
+	}
+	return g.printer().print(st, []string{"ID", "RAFT-ADDR", "RPC-ADDR", "SUFFRAGE", "ROLE", "LAST-CONTACT", "APPLIED", "BEHIND", "REACHABLE"}, rows)
 }
 
 type voterOptions struct{ raftAddr, rpcAddr string }

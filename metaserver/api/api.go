@@ -175,13 +175,54 @@ type RaftMember struct {
 
 // RaftStatus is one node's view of the Raft cluster.
 type RaftStatus struct {
-	Node         string       `json:"node"`
-	State        string       `json:"state"`
-	LeaderID     string       `json:"leader_id"`
-	LeaderAddr   string       `json:"leader_rpc_addr"`
-	Term         uint64       `json:"term"`
-	LastIndex    uint64       `json:"last_index"`
-	CommitIndex  uint64       `json:"commit_index"`
-	AppliedIndex uint64       `json:"applied_index"`
-	Members      []RaftMember `json:"members"`
+	Node         string `json:"node"`
+	State        string `json:"state"`
+	LeaderID     string `json:"leader_id"`
+	LeaderAddr   string `json:"leader_rpc_addr"`
+	Term         uint64 `json:"term"`
+	LastIndex    uint64 `json:"last_index"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	// LastContactMillis is how long ago this node last heard from the
+	// leader, by its raft stats: 0 on the leader itself, -1 if never.
+	LastContactMillis int64        `json:"last_contact_ms"`
+	Members           []RaftMember `json:"members"`
+}
+
+// MemberStatus is one member of the Raft configuration as it answered for
+// itself when asked directly at its RPC address.
+type MemberStatus struct {
+	RaftMember
+	// Reachable is whether the member answered; Error is why not.
+	Reachable bool   `json:"reachable"`
+	Error     string `json:"error,omitempty"`
+	// State is the member's own word: Leader, Follower, Candidate ("" if
+	// it did not answer).
+	State        string `json:"state"`
+	Term         uint64 `json:"term"`
+	LastIndex    uint64 `json:"last_index"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	// LastContactMillis is how long ago the member last heard from the
+	// leader: 0 on the leader, -1 if never or unreachable.
+	LastContactMillis int64 `json:"last_contact_ms"`
+	// AppliedBehind is the leader's applied index less this member's; -1
+	// if either did not answer.
+	AppliedBehind int64 `json:"applied_behind"`
+}
+
+// MetaStatus is the metaserver cluster with every member asked for its own
+// view. The leader is the member that says it leads (at the highest term);
+// Term and the indexes are its own (LeaderID is "" and they are 0 when no
+// reachable member leads). Members is the Raft configuration as the node
+// that answered first (Node) has it.
+type MetaStatus struct {
+	Node         string         `json:"node"`
+	LeaderID     string         `json:"leader_id"`
+	LeaderAddr   string         `json:"leader_rpc_addr"`
+	Term         uint64         `json:"term"`
+	LastIndex    uint64         `json:"last_index"`
+	CommitIndex  uint64         `json:"commit_index"`
+	AppliedIndex uint64         `json:"applied_index"`
+	Members      []MemberStatus `json:"members"`
 }
