@@ -8,6 +8,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"github.com/jonboulle/clockwork"
+
+	"github.com/ferrymq/ferrymq/auth"
 )
 
 // Peer is one node of the static bootstrap list.
@@ -95,6 +97,12 @@ type Config struct {
 
 	// Logger is the root logger. Default: stderr at info.
 	Logger hclog.Logger
+
+	// Auth holds the built-in principals' token hashes (acl.go): the
+	// bootstrap admin's, which is always admin and with an empty ACL the
+	// only one let in, and the cluster's, the servers' shared secret. They
+	// are never in the registry. Zero hashes: no such principal.
+	Auth auth.Builtins
 }
 
 // NoLoss as Config.FailoverMaxLoss promotes only a slave that had every
@@ -193,6 +201,9 @@ func (c Config) Validate() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("metaserver: "+format, args...)) }
 	if c.ID == "" {
 		bad("ID is required")
+	}
+	if err := c.Auth.Validate(); err != nil {
+		bad("Auth: %v", err)
 	}
 	if c.Dir == "" {
 		bad("Dir is required")
