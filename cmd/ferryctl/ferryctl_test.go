@@ -15,7 +15,14 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// The tests give the global flags themselves: none comes from the
+	// environment of whoever runs them.
+	for _, name := range globalFlags {
+		os.Unsetenv(envName(name))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // startCluster starts a metaserver and two single-broker groups, g1 and g2,
 // in-process, and returns the metaserver's RPC address.
@@ -71,7 +78,7 @@ func TestCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustCtl(t, meta, "send", "orders", "--key", "k1", "--body", "second", "--json")), &sent); err != nil {
 		t.Fatal(err)
 	}
-	queue := sent["Queue"].(float64)
+	queue := sent["queue"].(float64)
 
 	out = mustCtl(t, meta, "read", "orders", "--queue", fmt.Sprint(int(queue)))
 	if !strings.Contains(out, `"hello world"`) || !strings.Contains(out, `"second"`) || !strings.Contains(out, "a=b") {
@@ -139,7 +146,7 @@ func TestCommands(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
-	for _, args := range [][]string{{"topics"}, {"brokers"}, {"meta", "status"}, {"send", "x"}} {
+	for _, args := range [][]string{{"topics"}, {"brokers"}, {"meta", "status"}, {"send", "x", "--body", "b"}} {
 		code, _, errOut := ctl(append([]string{"--meta", "127.0.0.1:1", "--timeout", "300ms"}, args...)...)
 		if code != exitUnreachable || !strings.Contains(errOut, "cannot reach the cluster") {
 			t.Fatalf("%v against nothing: exit %d, %q", args, code, errOut)

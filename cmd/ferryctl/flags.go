@@ -222,7 +222,7 @@ func parseMetaAddrs(s string) ([]string, error) {
 		out = append(out, a)
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no address")
+		return nil, errors.New("no host:port address in it")
 	}
 	return out, nil
 }

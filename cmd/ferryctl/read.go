@@ -169,6 +169,9 @@ func pullOnce(ctx context.Context, tc *transport.Client, req *protocol.PullReque
 // pull reads up to limit messages from a broker.
 func pull(ctx context.Context, tc *transport.Client, req *protocol.PullRequest, limit int) ([]protocol.StoredMessage, error) {
 	var out []protocol.StoredMessage
+	if limit <= 0 {
+		return nil, nil
+	}
 	for len(out) < limit {
 		pr, err := pullOnce(ctx, tc, req)
 		if err != nil {

@@ -92,6 +92,12 @@ const defaultMeta = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
 // newRootCommand builds ferryctl's command tree; commands read stdin (send
 // --body -) from in and print to out.
 func newRootCommand(in io.Reader, out io.Writer) *cobra.Command {
+	root, _ := newRoot(in, out)
+	return root
+}
+
+// newRoot is newRootCommand, with the global options its commands share.
+func newRoot(in io.Reader, out io.Writer) (*cobra.Command, *globalOptions) {
 	g := &globalOptions{in: in, out: out}
 	root := &cobra.Command{
 		Use:   "ferryctl",
@@ -151,7 +157,30 @@ reached.`,
 		newConsumeCommand(g),
 	)
 	refuseUnknownSubcommands(root)
-	return root
+	checkMetaVoterFlags(root, g)
+	return root, g
+}
+
+// checkMetaVoterFlags checks the addresses of meta add-voter (defined in
+// meta.go) as --meta is checked: host:port.
+func checkMetaVoterFlags(root *cobra.Command, g *globalOptions) {
+	cmd, _, err := root.Find([]string{"meta", "add-voter"})
+	if err != nil || cmd.Name() != "add-voter" {
+		return
+	}
+	c := g.checker(cmd.Flags())
+	for _, name := range []string{"raft-addr", "rpc-addr"} {
+		if f := cmd.Flags().Lookup(name); f != nil {
+			if _, ok := f.Value.(*checkedValue); !ok {
+				c.wrap(name, "host:port (port 1 to 65535)", func(s string) error {
+					if _, err := parseMetaAddrs(s); err != nil || strings.Contains(s, ",") {
+						return errWant
+					}
+					return nil
+				})
+			}
+		}
+	}
 }
 
 // refuseUnknownSubcommands makes "ferryctl topic frobnicate" a usage error

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -12,17 +15,39 @@ import (
 
 type sendOptions struct {
 	body        string
+	bodyFile    string
 	key         string
 	props       []string
 	reliability string
 }
 
+// sendJSON is what send --json prints.
+type sendJSON struct {
+	ID          string `json:"id"`
+	Topic       string `json:"topic"`
+	Queue       uint32 `json:"queue"`
+	QueueOffset int64  `json:"queue_offset"`
+	LogOffset   int64  `json:"log_offset"`
+	Group       string `json:"group"`
+	Broker      string `json:"broker"`
+	// Duplicate: the broker had already stored this message and answered
+	// with the original's offsets.
+	Duplicate         bool   `json:"duplicate"`
+	PossibleDuplicate bool   `json:"possible_duplicate"`
+	ProducerID        uint64 `json:"producer_id"`
+	Epoch             uint16 `json:"epoch"`
+	Seq               int64  `json:"seq"`
+}
+
 func newSendCommand(g *globalOptions) *cobra.Command {
 	o := &sendOptions{}
 	cmd := &cobra.Command{
-		Use:   "send TOPIC",
+		Use:   "send TOPIC (--body B | --body-file FILE | --body -)",
 		Short: "Send one message and print where it was stored",
-		Args:  usageArgs(cobra.ExactArgs(1)),
+		Long: `Send one message and print where it was stored. The body is --body B,
+the contents of --body-file FILE, or stdin with --body -; it must not be
+empty and may be at most 4 MiB (protocol.MaxMessageSize).`,
+		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rel, err := protocol.ParseReliability(o.reliability)
 			if err != nil {
@@ -30,28 +55,137 @@ func newSendCommand(g *globalOptions) *cobra.Command {
 			}
 			props := map[string]string{}
 			for _, kv := range o.props {
-				k, v, ok := strings.Cut(kv, "=")
-				if !ok {
-					return usageError{fmt.Errorf("--prop %q: want key=value", kv)}
-				}
+				k, v, _ := strings.Cut(kv, "=") // checked when parsed
 				props[k] = v
 			}
-			p, err := producer.New(producer.MetaAddrs(g.addrs()...), producer.DeliveryTimeout(g.timeout), producer.RequestTimeout(g.timeout))
+			body, err := o.readBody(cmd, g.in)
+			if err != nil {
+				return err
+			}
+			p, err := producer.New(producer.MetaAddrs(g.addrs()...), producer.DeliveryTimeout(g.timeout), producer.RequestTimeout(g.timeout),
+				producer.Linger(0))
 			if err != nil {
 				return usageError{err}
 			}
 			defer p.Close()
-			r, err := p.Send(cmd.Context(), &producer.Message{Topic: args[0], Key: o.key, Properties: props, Body: []byte(o.body), Reliability: rel})
+			r, err := p.Send(cmd.Context(), &producer.Message{Topic: args[0], Key: o.key, Properties: props, Body: body, Reliability: rel})
 			if err != nil {
 				return err
 			}
-			return g.printer().print(r, []string{"ID", "TOPIC", "QUEUE", "QUEUE-OFFSET", "LOG-OFFSET", "GROUP", "BROKER"},
+			out := sendJSON{ID: r.ID, Topic: r.Topic, Queue: r.Queue, QueueOffset: r.QueueOffset, LogOffset: r.LogOffset, Group: r.Group,
+				Broker: r.Broker, Duplicate: r.Duplicate, PossibleDuplicate: r.PossibleDuplicate, ProducerID: r.ProducerID, Epoch: r.Epoch, Seq: r.Seq}
+			return g.printer().print(out, []string{"ID", "TOPIC", "QUEUE", "QUEUE-OFFSET", "LOG-OFFSET", "GROUP", "BROKER"},
 				[][]string{{r.ID, r.Topic, fmt.Sprint(r.Queue), fmt.Sprint(r.QueueOffset), fmt.Sprint(r.LogOffset), r.Group, r.Broker}})
 		},
 	}
-	cmd.Flags().StringVar(&o.body, "body", "hello from ferryctl", "message body")
-	cmd.Flags().StringVar(&o.key, "key", "", "message key (picks the queue)")
-	cmd.Flags().StringSliceVar(&o.props, "prop", nil, "a property key=value (repeatable)")
-	cmd.Flags().StringVar(&o.reliability, "reliability", "normal", "normal or high (answered after the slave has it)")
+	f := cmd.Flags()
+	f.StringVar(&o.body, "body", "", "message body; - reads it from stdin")
+	f.StringVar(&o.bodyFile, "body-file", "", "read the message body from this file")
+	f.StringVar(&o.key, "key", "", "message key (picks the queue)")
+	f.StringSliceVar(&o.props, "prop", nil, "a property key=value (repeatable, or comma-separated)")
+	f.StringVar(&o.reliability, "reliability", "normal", "normal or high (answered after the slave has it)")
+	c := g.checker(f)
+	c.name("body-file", "a file name", func(s string) error {
+		if s == "" {
+			return errors.New("want a file name")
+		}
+		return nil
+	})
+	c.name("key", fmt.Sprintf("at most %d bytes", protocol.MaxPropertyLen), func(s string) error {
+		if len(s) > protocol.MaxPropertyLen {
+			return fmt.Errorf("a key of %d bytes is over the cap %d", len(s), protocol.MaxPropertyLen)
+		}
+		return nil
+	})
+	c.name("prop", fmt.Sprintf("key=value, the key 1 to %d bytes and the value at most %d", protocol.MaxPropertyLen, protocol.MaxPropertyLen), func(s string) error {
+		if len(o.props) > protocol.MaxProperties-1 {
+			return fmt.Errorf("%d properties are over the cap %d", len(o.props), protocol.MaxProperties-1)
+		}
+		for _, kv := range strings.Split(s, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" || len(k) > protocol.MaxPropertyLen || len(v) > protocol.MaxPropertyLen {
+				return fmt.Errorf("%s: want key=value, the key 1 to %d bytes and the value at most %d", shown(kv), protocol.MaxPropertyLen, protocol.MaxPropertyLen)
+			}
+			if k == "key" {
+				return errors.New(`the property "key" is the message key: give it with --key`)
+			}
+		}
+		return nil
+	})
+	c.wrap("reliability", "normal or high", func(s string) error {
+		if _, err := protocol.ParseReliability(s); err != nil {
+			return errWant
+		}
+		return nil
+	})
 	return cmd
+}
+
+// readBody returns the body that --body or --body-file gives: exactly one
+// of them, not empty and at most protocol.MaxMessageSize bytes.
+func (o *sendOptions) readBody(cmd *cobra.Command, stdin io.Reader) ([]byte, error) {
+	fromFlag, fromFile := cmd.Flags().Changed("body"), cmd.Flags().Changed("body-file")
+	if fromFlag && fromFile {
+		return nil, usageError{errors.New("give only one of --body and --body-file")}
+	}
+	var body []byte
+	var err error
+	what := "--body"
+	switch {
+	case fromFile:
+		what = "--body-file " + shown(o.bodyFile)
+		body, err = readCapped(o.bodyFile, nil)
+	case fromFlag && o.body == "-":
+		what = "--body - (stdin)"
+		if stdin == nil {
+			stdin = strings.NewReader("")
+		}
+		body, err = readCapped("", stdin)
+	default:
+		body = []byte(o.body)
+	}
+	if err != nil {
+		return nil, usageError{fmt.Errorf("%s: %w", what, err)}
+	}
+	if len(body) > protocol.MaxMessageSize {
+		return nil, usageError{fmt.Errorf("%s: a body of %d bytes is over the cap of %d bytes (4 MiB)", what, len(body), protocol.MaxMessageSize)}
+	}
+	if len(body) == 0 {
+		return nil, usageError{fmt.Errorf("a message needs a body: give --body B, --body-file FILE or --body - (stdin); %s is empty", what)}
+	}
+	return body, nil
+}
+
+// errTooLarge reports a body over the cap without reading all of it.
+type errTooLarge struct{ size int64 }
+
+func (e errTooLarge) Error() string {
+	if e.size < 0 {
+		return fmt.Sprintf("a body over the cap of %d bytes (4 MiB)", protocol.MaxMessageSize)
+	}
+	return fmt.Sprintf("a body of %d bytes is over the cap of %d bytes (4 MiB)", e.size, protocol.MaxMessageSize)
+}
+
+// readCapped reads the file name (or r when name is "") up to one byte
+// past protocol.MaxMessageSize.
+func readCapped(name string, r io.Reader) ([]byte, error) {
+	if name != "" {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if st, err := f.Stat(); err == nil && st.Mode().IsRegular() && st.Size() > protocol.MaxMessageSize {
+			return nil, errTooLarge{st.Size()}
+		}
+		r = f
+	}
+	b, err := io.ReadAll(io.LimitReader(r, protocol.MaxMessageSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > protocol.MaxMessageSize {
+		return nil, errTooLarge{-1}
+	}
+	return b, nil
 }
