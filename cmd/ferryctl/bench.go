@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime/pprof"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -26,8 +29,9 @@ type benchOptions struct {
 	queues      int
 	producers   int
 	size        int
-	count       int64
+	count       int64 // 0: no limit (only --duration was given)
 	duration    time.Duration
+	deliveryTO  time.Duration
 	reliability string
 	mode        string
 	window      int
@@ -47,16 +51,23 @@ type benchOptions struct {
 
 // benchResult is what bench prints.
 type benchResult struct {
-	Topic       string  `json:"topic"`
-	Mode        string  `json:"mode"`
-	Reliability string  `json:"reliability"`
-	Idempotence bool    `json:"idempotence"`
-	Producers   int     `json:"producers"`
-	Size        int     `json:"size"`
-	Sent        int64   `json:"sent"`
-	Errors      int64   `json:"errors"`
-	FirstError  string  `json:"first_error,omitempty"`
-	Seconds     float64 `json:"seconds"`
+	Topic       string `json:"topic"`
+	Mode        string `json:"mode"`
+	Reliability string `json:"reliability"`
+	Idempotence bool   `json:"idempotence"`
+	Producers   int    `json:"producers"`
+	Size        int    `json:"size"`
+	// Count is the most messages the run would send (0: no limit, with
+	// --duration alone); DurationSeconds the longest it would send (0: no
+	// limit).
+	Count           int64   `json:"count"`
+	DurationSeconds float64 `json:"duration_seconds"`
+	Sent            int64   `json:"sent"`
+	Errors          int64   `json:"errors"`
+	FirstError      string  `json:"first_error,omitempty"`
+	// ErrorCauses groups the failed sends by cause, most frequent first.
+	ErrorCauses []errorCause `json:"error_causes,omitempty"`
+	Seconds     float64      `json:"seconds"`
 	// CPUSeconds is the CPU time (user and system) this process used
 	// while sending: producers, promises and the bench's bookkeeping.
 	CPUSeconds float64 `json:"cpu_seconds"`
@@ -82,17 +93,15 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 		Short: "Send messages as fast as the cluster takes them (or at --rate) and report throughput and latency; with --consumers, consume them too",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.producers <= 0 || o.size < 0 || o.window <= 0 || (o.count <= 0 && o.duration <= 0) {
-				return usageError{fmt.Errorf("bench needs --producers > 0, --window > 0, --size >= 0 and a --count or --duration")}
-			}
-			if o.consumers < 0 || o.rate < 0 || o.consumeWait <= 0 {
-				return usageError{fmt.Errorf("bench needs --consumers >= 0, --rate >= 0 and --consume-wait > 0")}
-			}
+			// Each flag was checked when parsed; here what they say together.
 			if o.backlog && o.consumers == 0 {
 				return usageError{fmt.Errorf("--backlog needs --consumers")}
 			}
-			if o.mode != "sync" && o.mode != "async" {
-				return usageError{fmt.Errorf("--mode must be sync or async, got %q", o.mode)}
+			if cmd.Flags().Changed("duration") && !cmd.Flags().Changed("count") {
+				o.count = 0 // --duration alone: as many as fit in it
+			}
+			if o.linger >= o.deliveryTO {
+				return usageError{fmt.Errorf("--linger %v must be shorter than --delivery-timeout %v", o.linger, o.deliveryTO)}
 			}
 			rel, err := protocol.ParseReliability(o.reliability)
 			if err != nil {
@@ -102,18 +111,13 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := g.printer().print(res, []string{"MODE", "RELIABILITY", "SENT", "ERRORS", "SECONDS", "MSGS/S", "MB/S", "P50", "P90", "P99", "P99.9", "MAX"},
-				[][]string{{res.Mode, res.Reliability, fmt.Sprint(res.Sent), fmt.Sprint(res.Errors), fmt.Sprintf("%.2f", res.Seconds),
-					fmt.Sprintf("%.0f", res.MsgsPerSec), fmt.Sprintf("%.1f", res.MBPerSec), us(res.P50Micros), us(res.P90Micros),
-					us(res.P99Micros), us(res.P999Micros), us(res.MaxMicros)}}); err != nil || g.json || res.Consume == nil {
+			if err := printBench(g, res); err != nil {
 				return err
 			}
-			c := res.Consume
-			fmt.Fprintln(g.out)
-			return tablePrinter{g.out}.print(nil, []string{"CONSUMERS", "CONSUMED", "MISSING", "SECONDS", "MSGS/S", "MB/S", "E2E-P50", "P90", "P99", "P99.9", "MAX"},
-				[][]string{{fmt.Sprint(c.Consumers), fmt.Sprint(c.Consumed), fmt.Sprint(c.Missing), fmt.Sprintf("%.2f", c.Seconds),
-					fmt.Sprintf("%.0f", c.MsgsPerSec), fmt.Sprintf("%.1f", c.MBPerSec), us(c.P50Micros), us(c.P90Micros),
-					us(c.P99Micros), us(c.P999Micros), us(c.MaxMicros)}})
+			if res.Errors > 0 {
+				return sendFailures(res)
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()
@@ -121,8 +125,9 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.IntVar(&o.queues, "queues", 8, "queues of the topic if bench creates it")
 	f.IntVar(&o.producers, "producers", 4, "producer clients, each in its own goroutine")
 	f.IntVar(&o.size, "size", 1024, "message body size in bytes")
-	f.Int64Var(&o.count, "count", 100000, "messages to send in all (0: until --duration)")
-	f.DurationVar(&o.duration, "duration", 0, "stop after this long (0: until --count)")
+	f.Int64Var(&o.count, "count", 100000, "messages to send in all (with --duration alone: no limit; with both: whichever ends first)")
+	f.DurationVar(&o.duration, "duration", 0, "stop after this long (default: when --count messages are sent)")
+	f.DurationVar(&o.deliveryTO, "delivery-timeout", 30*time.Second, "a message not acknowledged this long after its send fails (the producer's DeliveryTimeout)")
 	f.StringVar(&o.reliability, "reliability", "normal", "normal or high")
 	f.StringVar(&o.mode, "mode", "async", "sync (one message at a time per producer) or async (--window in flight per producer)")
 	f.IntVar(&o.window, "window", 1000, "async: messages in flight per producer")
@@ -138,7 +143,124 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&o.consumeWait, "consume-wait", 10*time.Second, "stop consuming when no message came for this long")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "debug: write a CPU profile of this process while it sends to this file (go tool pprof FILE)")
 	f.StringVar(&o.memProfile, "memprofile", "", "debug: write an allocation profile of this process, taken after the sends, to this file")
+	c := g.checker(f)
+	c.name("topic", topicWant, checkTopic)
+	c.intRange("queues", 1, maxQueues)
+	c.intRange("producers", 1, maxProducers)
+	c.intRange("size", 0, protocol.MaxMessageSize)
+	c.intRange("count", 1, maxCount)
+	c.durationRange("duration", time.Millisecond, maxBenchTime)
+	c.durationRange("delivery-timeout", time.Millisecond, time.Hour)
+	c.oneOf("reliability", "normal", "high")
+	c.oneOf("mode", "sync", "async")
+	c.intRange("window", 1, maxWindow)
+	c.durationRange("linger", 0, maxLinger)
+	c.intRange("batch-bytes", 0, protocol.MaxFrameSize-protocol.FixedHeaderSize-protocol.SendRequestHeaderSize)
+	c.intRange("max-inflight", 0, maxInflight)
+	c.bool("idempotence")
+	c.bool("progress")
+	c.floatRange("rate", 0, maxRate)
+	c.intRange("consumers", 0, maxConsumers)
+	c.name("group", groupWant, checkConsumerGroup)
+	c.bool("backlog")
+	c.durationRange("consume-wait", time.Millisecond, maxConsumeIdl)
+	notEmpty := func(s string) error {
+		if s == "" {
+			return errors.New("want a file name")
+		}
+		return nil
+	}
+	c.name("cpuprofile", "a file name", notEmpty)
+	c.name("memprofile", "a file name", notEmpty)
 	return cmd
+}
+
+// printBench prints a run's result: one JSON object, or the send table
+// and, with --consumers, the consume table.
+func printBench(g *globalOptions, res benchResult) error {
+	if err := g.printer().print(res, []string{"MODE", "RELIABILITY", "SENT", "ERRORS", "SECONDS", "MSGS/S", "MB/S", "P50", "P90", "P99", "P99.9", "MAX"},
+		[][]string{{res.Mode, res.Reliability, fmt.Sprint(res.Sent), fmt.Sprint(res.Errors), fmt.Sprintf("%.2f", res.Seconds),
+			fmt.Sprintf("%.0f", res.MsgsPerSec), fmt.Sprintf("%.1f", res.MBPerSec), us(res.P50Micros), us(res.P90Micros),
+			us(res.P99Micros), us(res.P999Micros), us(res.MaxMicros)}}); err != nil || g.json || res.Consume == nil {
+		return err
+	}
+	c := res.Consume
+	fmt.Fprintln(g.out)
+	return tablePrinter{g.out}.print(nil, []string{"CONSUMERS", "CONSUMED", "MISSING", "SECONDS", "MSGS/S", "MB/S", "E2E-P50", "P90", "P99", "P99.9", "MAX"},
+		[][]string{{fmt.Sprint(c.Consumers), fmt.Sprint(c.Consumed), fmt.Sprint(c.Missing), fmt.Sprintf("%.2f", c.Seconds),
+			fmt.Sprintf("%.0f", c.MsgsPerSec), fmt.Sprintf("%.1f", c.MBPerSec), us(c.P50Micros), us(c.P90Micros),
+			us(c.P99Micros), us(c.P999Micros), us(c.MaxMicros)}})
+}
+
+// errorCause is one cause of failed sends: a status (READ_ONLY) or, for an
+// error that is not a status, its text.
+type errorCause struct {
+	Cause   string `json:"cause"`
+	Count   int64  `json:"count"`
+	Example string `json:"example"` // the first error of this cause
+}
+
+// maxCausesShown is how many causes a failed run names.
+const maxCausesShown = 5
+
+// sendErrors groups failed sends by cause.
+type sendErrors struct {
+	mu     sync.Mutex
+	causes map[string]*errorCause
+	order  []string // first seen first
+}
+
+func (s *sendErrors) add(err error) {
+	cause := err.Error()
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		cause = pe.Status.String()
+	} else if errors.Is(err, context.DeadlineExceeded) {
+		cause = "deadline exceeded"
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.causes == nil {
+		s.causes = map[string]*errorCause{}
+	}
+	c := s.causes[cause]
+	if c == nil {
+		c = &errorCause{Cause: cause, Example: err.Error()}
+		s.causes[cause] = c
+		s.order = append(s.order, cause)
+	}
+	c.Count++
+}
+
+// list returns the causes, most frequent first (first seen first among
+// equals).
+func (s *sendErrors) list() []errorCause {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]errorCause, 0, len(s.order))
+	for _, k := range s.order {
+		out = append(out, *s.causes[k])
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Count > out[j].Count })
+	return out
+}
+
+// sendFailures is bench's error when sends failed: how many, and the first
+// few causes with their counts, one a line.
+func sendFailures(res benchResult) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "bench: %d of %d sends failed", res.Errors, res.Errors+res.Sent)
+	for i, c := range res.ErrorCauses {
+		if i == maxCausesShown {
+			fmt.Fprintf(&b, "\n... and %d more causes (--json lists them all)", len(res.ErrorCauses)-maxCausesShown)
+			break
+		}
+		fmt.Fprintf(&b, "\n%d x %s", c.Count, c.Cause)
+		if c.Example != c.Cause {
+			fmt.Fprintf(&b, ": %s", c.Example)
+		}
+	}
+	return errors.New(b.String())
 }
 
 // startProfiles starts the CPU profile of --cpuprofile; the returned stop
@@ -232,12 +354,10 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	}
 	var sent, errs, started atomic.Int64
 	var firstErr atomic.Value
+	var causes sendErrors
 	hists := make([]*hdrhistogram.Histogram, o.producers)
 	var hmu = make([]sync.Mutex, o.producers)
-	deadline := time.Time{}
-	if o.duration > 0 {
-		deadline = time.Now().Add(o.duration)
-	}
+	var deadline time.Time // --duration: set when the sends start
 	more := func() bool {
 		if !deadline.IsZero() && time.Now().After(deadline) {
 			return false
@@ -248,6 +368,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		if err != nil {
 			errs.Add(1)
 			firstErr.CompareAndSwap(nil, err.Error())
+			causes.add(err)
 			return
 		}
 		sent.Add(1)
@@ -259,7 +380,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	for i := range producers {
 		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
 		opts := []producer.Opt{producer.MetaAddrs(g.addrs()...), producer.Linger(o.linger),
-			producer.MaxBuffered(max(o.window, 1), 1<<30), producer.DeliveryTimeout(30 * time.Second),
+			producer.MaxBuffered(max(o.window, 1), 1<<30), producer.DeliveryTimeout(o.deliveryTO),
 			producer.Idempotence(o.idempotence)}
 		if o.batchBytes > 0 {
 			opts = append(opts, producer.MaxBatchBytes(o.batchBytes))
@@ -287,6 +408,9 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		return benchResult{}, err
 	}
 	start, cpu0 := time.Now(), cpuTime()
+	if o.duration > 0 {
+		deadline = start.Add(o.duration)
+	}
 	pace := func(n int64) {} // --rate: the n-th send of a producer waits for its turn
 	if o.rate > 0 {
 		interval := time.Duration(float64(time.Second) * float64(o.producers) / o.rate)
@@ -363,6 +487,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		h.Merge(x)
 	}
 	res := benchResult{Topic: o.topic, Mode: o.mode, Reliability: rel.String(), Idempotence: o.idempotence, Producers: o.producers, Size: o.size,
+		Count: o.count, DurationSeconds: o.duration.Seconds(),
 		Sent: sent.Load(), Errors: errs.Load(), Seconds: elapsed.Seconds(), CPUSeconds: cpu.Seconds(), Retries: retries,
 		P50Micros: h.ValueAtQuantile(50), P90Micros: h.ValueAtQuantile(90), P99Micros: h.ValueAtQuantile(99),
 		P999Micros: h.ValueAtQuantile(99.9), MaxMicros: h.Max()}
@@ -371,6 +496,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	if v, ok := firstErr.Load().(string); ok {
 		res.FirstError = v
 	}
+	res.ErrorCauses = causes.list()
 	if bc != nil {
 		from := start
 		if o.backlog {
@@ -390,9 +516,6 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		}
 		bc.wait(ctx, res.Sent)
 		res.Consume = bc.result(from, res.Sent, o.backlog)
-	}
-	if res.Sent == 0 && res.Errors > 0 {
-		return res, fmt.Errorf("every send failed; first error: %s", res.FirstError)
 	}
 	return res, nil
 }
