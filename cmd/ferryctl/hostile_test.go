@@ -1,0 +1,431 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// What the tests below expect of a command line.
+const (
+	wantUsage   = exitUsage       // refused before any network call
+	wantNetwork = exitUnreachable // accepted, then the cluster (nothing at 127.0.0.1:1) cannot be reached
+)
+
+// nowhere is an address where nothing listens.
+const nowhere = "127.0.0.1:1"
+
+// hostileValues is what every flag is tried with.
+var hostileValues = []string{
+	"-1", "0", "1", "4611686018427387904" /* 1<<62 */, "99999999999999999999", "", "主题-ü",
+	"-1s", "0s", "1s", "2562047h", "NaN", "+Inf", "1e400", nowhere, "a=b", "true", "x,,y",
+}
+
+// Expectations of a flag's values: each returns the exit code a value
+// gives.
+
+func intIn(lo, hi int64) func(string) int {
+	return func(v string) int {
+		n, err := strconv.ParseInt(v, 0, 64)
+		if err != nil || n < lo || n > hi {
+			return wantUsage
+		}
+		return wantNetwork
+	}
+}
+
+func durationIn(lo, hi time.Duration) func(string) int {
+	return func(v string) int {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < lo || d > hi {
+			return wantUsage
+		}
+		return wantNetwork
+	}
+}
+
+func floatIn(lo, hi float64) func(string) int {
+	return func(v string) int {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsNaN(f) || f < lo || f > hi {
+			return wantUsage
+		}
+		return wantNetwork
+	}
+}
+
+func words(ws ...string) func(string) int {
+	return func(v string) int {
+		for _, w := range ws {
+			if v == w {
+				return wantNetwork
+			}
+		}
+		return wantUsage
+	}
+}
+
+func isBool(v string) bool { _, err := strconv.ParseBool(v); return err == nil }
+
+func anyBool(v string) int {
+	if isBool(v) {
+		return wantNetwork
+	}
+	return wantUsage
+}
+
+func matches(re string) func(string) int {
+	r := regexp.MustCompile(re)
+	return func(v string) int {
+		if r.MatchString(v) {
+			return wantNetwork
+		}
+		return wantUsage
+	}
+}
+
+var (
+	topicName    = matches(`^[A-Za-z0-9._%-]{1,255}$`)
+	consumerName = matches(`^[A-Za-z0-9._-]{1,255}$`)
+	hostPort     = matches(`^[^,:\s]+:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$`)
+	// A broker group has no naming rule but this: printable, no spaces.
+	brokerGroupName = matches(`^[^\s\x00-\x1f\x7f]{1,255}$`)
+	nonEmpty        = func(v string) int {
+		if v == "" {
+			return wantUsage
+		}
+		return wantNetwork
+	}
+	anything = func(string) int { return wantNetwork }
+)
+
+// flagCase is one flag of one command: the command line it is tried on
+// (after the global flags) and what each value gives.
+type flagCase struct {
+	base []string
+	want func(v string) int
+}
+
+// flagCases lists every flag of every command ("command path/flag");
+// TestHostileFlagValues fails when the command tree has one it does not.
+var flagCases = map[string]flagCase{
+	// Global flags, tried on topics.
+	"/meta":    {[]string{"topics"}, hostPort},
+	"/timeout": {[]string{"topics"}, durationIn(time.Millisecond, 24*time.Hour)},
+	"/json":    {[]string{"topics"}, anyBool},
+
+	"topic create/queues":    {[]string{"topic", "create", "t"}, intIn(1, 4096)},
+	"topic create/groups":    {[]string{"topic", "create", "t"}, matches(`^[^,\s]+(,[^,\s]+)*$`)},
+	"topic add-queues/count": {[]string{"topic", "add-queues", "t"}, intIn(1, 4096)},
+
+	"read/queue":     {[]string{"read", "t"}, intIn(0, math.MaxUint32)},
+	"read/from":      {[]string{"read", "t"}, intIn(0, math.MaxInt64)},
+	"read/limit":     {[]string{"read", "t"}, intIn(1, 100000)},
+	"read/max-bytes": {[]string{"read", "t"}, intIn(1, 16<<20)},
+
+	"send/body": {[]string{"send", "t"}, nonEmpty},
+	// A file that is not there is a usage error.
+	"send/body-file":   {[]string{"send", "t"}, func(string) int { return wantUsage }},
+	"send/key":         {[]string{"send", "t", "--body", "b"}, anything},
+	"send/prop":        {[]string{"send", "t", "--body", "b"}, matches(`^[^=,]+=[^,]*$`)},
+	"send/reliability": {[]string{"send", "t", "--body", "b"}, words("normal", "high", "NORMAL", "HIGH")},
+
+	"bench/topic":            {[]string{"bench"}, topicName},
+	"bench/queues":           {[]string{"bench"}, intIn(1, 4096)},
+	"bench/producers":        {[]string{"bench"}, intIn(1, 1024)},
+	"bench/size":             {[]string{"bench"}, intIn(0, 4<<20)},
+	"bench/count":            {[]string{"bench"}, intIn(1, 1e12)},
+	"bench/duration":         {[]string{"bench"}, durationIn(time.Millisecond, 7*24*time.Hour)},
+	"bench/delivery-timeout": {[]string{"bench"}, durationIn(time.Millisecond, time.Hour)},
+	"bench/reliability":      {[]string{"bench"}, words("normal", "high")},
+	"bench/mode":             {[]string{"bench"}, words("sync", "async")},
+	"bench/window":           {[]string{"bench"}, intIn(1, 1e6)},
+	"bench/linger":           {[]string{"bench"}, durationIn(0, time.Second)},
+	"bench/batch-bytes":      {[]string{"bench"}, intIn(0, 16<<20-18-8)},
+	"bench/max-inflight":     {[]string{"bench"}, intIn(0, 1024)},
+	"bench/idempotence":      {[]string{"bench"}, anyBool},
+	"bench/progress":         {[]string{"bench"}, anyBool},
+	"bench/rate":             {[]string{"bench"}, floatIn(0, 1e9)},
+	"bench/consumers":        {[]string{"bench"}, intIn(0, 1024)},
+	"bench/group":            {[]string{"bench"}, consumerName},
+	// --backlog needs --consumers.
+	"bench/backlog": {[]string{"bench"}, func(v string) int {
+		if b, err := strconv.ParseBool(v); err == nil && !b {
+			return wantNetwork
+		}
+		return wantUsage
+	}},
+	"bench/consume-wait": {[]string{"bench"}, durationIn(time.Millisecond, time.Hour)},
+	"bench/cpuprofile":   {[]string{"bench"}, nonEmpty},
+	"bench/memprofile":   {[]string{"bench"}, nonEmpty},
+
+	"consume/group":  {[]string{"consume", "t"}, consumerName},
+	"consume/from":   {[]string{"consume", "t", "--group", "g"}, words("earliest", "latest")},
+	"consume/count":  {[]string{"consume", "t", "--group", "g"}, intIn(0, 1e12)},
+	"consume/member": {[]string{"consume", "t", "--group", "g"}, consumerName},
+
+	"group reset-offsets/topic": {[]string{"group", "reset-offsets", "g", "--to-earliest"}, topicName},
+	"group reset-offsets/queues": {[]string{"group", "reset-offsets", "g", "--topic", "t", "--to-earliest"},
+		matches(`^(0|[1-9][0-9]{0,9})(,(0|[1-9][0-9]{0,9}))*$`)},
+	// The --to-* flags: exactly one is needed.
+	"group reset-offsets/to-offset": {[]string{"group", "reset-offsets", "g", "--topic", "t"}, intIn(0, math.MaxInt64)},
+	"group reset-offsets/to-time": {[]string{"group", "reset-offsets", "g", "--topic", "t"}, func(v string) int {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return map[bool]int{true: wantNetwork, false: wantUsage}[n >= 0]
+		}
+		if _, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			return wantNetwork
+		}
+		return wantUsage
+	}},
+	"group reset-offsets/to-earliest": {[]string{"group", "reset-offsets", "g", "--topic", "t"}, trueOnly},
+	"group reset-offsets/to-latest":   {[]string{"group", "reset-offsets", "g", "--topic", "t"}, trueOnly},
+	"group reset-offsets/dry-run":     {[]string{"group", "reset-offsets", "g", "--topic", "t", "--to-earliest"}, anyBool},
+
+	"meta status/member-timeout": {[]string{"meta", "status"}, durationIn(1, math.MaxInt64)},
+	"meta add-voter/raft-addr":   {[]string{"meta", "add-voter", "m9", "--rpc-addr", "127.0.0.1:2"}, hostPort},
+	"meta add-voter/rpc-addr":    {[]string{"meta", "add-voter", "m9", "--raft-addr", "127.0.0.1:2"}, hostPort},
+}
+
+// trueOnly: a --to-* flag set to false leaves reset-offsets without a
+// target.
+func trueOnly(v string) int {
+	if b, err := strconv.ParseBool(v); err == nil && b {
+		return wantNetwork
+	}
+	return wantUsage
+}
+
+// argCases gives, for every runnable command, a command line with ARG where
+// its first positional argument goes (nil: it takes none) and what an
+// argument gives. TestHostileFlagValues fails when the tree has a command
+// it does not list.
+var argCases = map[string]flagCase{
+	"routes":              {[]string{"routes", "ARG"}, topicName},
+	"topics":              {nil, nil},
+	"topic create":        {[]string{"topic", "create", "ARG"}, topicName},
+	"topic add-queues":    {[]string{"topic", "add-queues", "ARG"}, topicName},
+	"brokers":             {nil, nil},
+	"broker readonly":     {[]string{"broker", "readonly", "ARG"}, brokerGroupName},
+	"broker writable":     {[]string{"broker", "writable", "ARG"}, brokerGroupName},
+	"meta status":         {nil, nil},
+	"meta add-voter":      {[]string{"meta", "add-voter", "ARG", "--raft-addr", "127.0.0.1:2", "--rpc-addr", "127.0.0.1:3"}, nonEmpty},
+	"meta remove-voter":   {[]string{"meta", "remove-voter", "ARG"}, nonEmpty},
+	"send":                {[]string{"send", "ARG", "--body", "b"}, topicName},
+	"read":                {[]string{"read", "ARG"}, topicName},
+	"truncated":           {[]string{"truncated", "ARG"}, missingFile},
+	"bench":               {nil, nil},
+	"groups":              {nil, nil},
+	"group describe":      {[]string{"group", "describe", "ARG"}, consumerName},
+	"group reset-offsets": {[]string{"group", "reset-offsets", "ARG", "--topic", "t", "--to-earliest"}, consumerName},
+	"consume":             {[]string{"consume", "ARG", "--group", "g"}, topicName},
+}
+
+// missingFile: truncated reads a file, not the cluster; the files tried
+// are not there (the cluster said no is 1: so is a file that cannot be read).
+func missingFile(v string) int {
+	if v == "" {
+		return wantUsage
+	}
+	return exitError
+}
+
+var hostileArgs = []string{"", "主题-ü", strings.Repeat("a", 300), "ok-name", "a b", "x\x00y"}
+
+// leafCommands walks the command tree: every runnable command by its path
+// after "ferryctl", and its flags (the global ones under "").
+func leafCommands() map[string][]string {
+	root := newRootCommand(strings.NewReader(""), &strings.Builder{})
+	out := map[string][]string{}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.HasSubCommands() {
+			for _, sub := range c.Commands() {
+				walk(sub)
+			}
+			if c != root {
+				return
+			}
+		}
+		path := strings.TrimPrefix(c.CommandPath(), "ferryctl")
+		path = strings.TrimPrefix(path, " ")
+		var flags []string
+		fs := c.LocalNonPersistentFlags()
+		if c == root {
+			fs = c.PersistentFlags()
+		}
+		fs.VisitAll(func(f *pflag.Flag) {
+			if f.Name != "help" {
+				flags = append(flags, f.Name)
+			}
+		})
+		out[path] = flags
+	}
+	walk(root)
+	return out
+}
+
+type hostileCase struct {
+	name string
+	args []string
+	want int
+}
+
+// TestHostileFlagValues runs every command with every flag set to each
+// hostile value, and with hostile positional arguments, against an address
+// where nothing listens: a value the README's rules refuse exits 2 before
+// any network call, one they take exits 3 (the cluster cannot be reached);
+// never a panic, and the error is one line "ferryctl: ...".
+func TestHostileFlagValues(t *testing.T) {
+	t.Chdir(t.TempDir()) // a profile or a file named by a value lands here
+	global := []string{"--meta", nowhere, "--timeout", "1s"}
+	tree := leafCommands()
+	var cases []hostileCase
+	var missing []string
+	var paths []string
+	for path := range tree {
+		paths = append(paths, path)
+	}
+	sort.Strings(paths)
+	for _, path := range paths {
+		for _, flag := range tree[path] {
+			key := path + "/" + flag
+			fc, ok := flagCases[key]
+			if !ok {
+				missing = append(missing, "flag "+key)
+				continue
+			}
+			for _, v := range hostileValues {
+				var args []string
+				for i := 0; i < len(global); i += 2 { // a global flag under test is not given twice
+					if global[i] != "--"+flag {
+						args = append(args, global[i], global[i+1])
+					}
+				}
+				args = append(append(args, fc.base...), "--"+flag+"="+v)
+				cases = append(cases, hostileCase{fmt.Sprintf("%s=%q", key, v), args, fc.want(v)})
+			}
+		}
+		if path == "" {
+			continue
+		}
+		ac, ok := argCases[path]
+		if !ok {
+			missing = append(missing, "command "+path)
+			continue
+		}
+		if ac.base == nil {
+			cases = append(cases, hostileCase{path + " with an extra argument", append(append([]string{}, global...), append(strings.Fields(path), "extra")...), wantUsage})
+			cases = append(cases, hostileCase{path, append(append([]string{}, global...), strings.Fields(path)...), wantNetwork})
+			continue
+		}
+		for _, v := range hostileArgs {
+			args := append([]string{}, global...)
+			for _, a := range ac.base {
+				if a == "ARG" {
+					a = v
+				}
+				args = append(args, a)
+			}
+			cases = append(cases, hostileCase{fmt.Sprintf("%s ARG=%q", path, v), args, ac.want(v)})
+		}
+	}
+	for key := range flagCases {
+		i := strings.LastIndex(key, "/")
+		if flags, ok := tree[key[:i]]; !ok || !contains(flags, key[i+1:]) {
+			t.Logf("flagCases has %s, which the command tree does not (a flag still to come, or one gone)", key)
+		}
+	}
+	for path := range argCases {
+		if _, ok := tree[path]; !ok {
+			t.Logf("argCases has %q, which the command tree does not (a command still to come, or one gone)", path)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("flags and commands without a hostile case (add them to flagCases or argCases): %v", missing)
+	}
+
+	// The cases that reach for the cluster wait up to --timeout: run them
+	// side by side.
+	type result struct {
+		code           int
+		stdout, stderr string
+		panicked       any
+	}
+	results := make([]result, len(cases))
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i, c := range cases {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			defer func() {
+				if p := recover(); p != nil {
+					results[i].panicked = p
+				}
+			}()
+			code, out, errOut := ctl(c.args...)
+			results[i] = result{code: code, stdout: out, stderr: errOut}
+		}()
+	}
+	wg.Wait()
+	for i, c := range cases {
+		r := results[i]
+		if r.panicked != nil {
+			t.Errorf("%s: ferryctl %q panicked: %v", c.name, c.args, r.panicked)
+			continue
+		}
+		if r.code != c.want {
+			t.Errorf("%s: ferryctl %q: exit %d, want %d; stderr %q", c.name, c.args, r.code, c.want, r.stderr)
+		}
+		checkOneErrorLine(t, c.name, r.code, r.stderr)
+	}
+	t.Logf("%d cases", len(cases))
+}
+
+// checkOneErrorLine checks what a failed command prints on stderr: exactly
+// one line starting "ferryctl: " (an error may go on over indented lines)
+// and no Go stack trace.
+func checkOneErrorLine(t *testing.T, name string, code int, stderr string) {
+	t.Helper()
+	if code == 0 {
+		return
+	}
+	n := 0
+	for _, line := range strings.Split(strings.TrimRight(stderr, "\n"), "\n") {
+		if strings.HasPrefix(line, "ferryctl: ") {
+			n++
+		} else if !strings.HasPrefix(line, "  ") {
+			t.Errorf("%s: stderr line %q is neither the error nor its continuation", name, line)
+		}
+	}
+	if n != 1 {
+		t.Errorf("%s: stderr has %d lines starting \"ferryctl: \", want 1: %q", name, n, stderr)
+	}
+	if strings.Count(stderr, "ferryctl:") != 1 {
+		t.Errorf("%s: stderr repeats the prefix: %q", name, stderr)
+	}
+	if strings.Contains(stderr, "goroutine") || strings.Contains(stderr, "panic") {
+		t.Errorf("%s: stderr has a stack trace: %q", name, stderr)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
