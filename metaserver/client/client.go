@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,8 +38,9 @@ type Client struct {
 
 	mu     sync.Mutex
 	conns  map[string]*transport.Client
-	leader string // last known leader RPC address
-	good   string // last node that answered a read
+	leader string          // last known leader RPC address
+	good   string          // last node that answered a read
+	wrong  map[string]bool // addresses found not to be metaservers: tried last
 	closed bool
 }
 
@@ -53,7 +55,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = 5 * time.Second
 	}
-	return &Client{cfg: cfg, conns: map[string]*transport.Client{}}, nil
+	return &Client{cfg: cfg, conns: map[string]*transport.Client{}, wrong: map[string]bool{}}, nil
 }
 
 // Close closes every connection.
@@ -83,28 +85,38 @@ func (c *Client) conn(addr string) (*transport.Client, error) {
 	return tc, nil
 }
 
-// order returns the addresses to try, first the preferred one.
+// order returns the addresses to try, first the preferred one, last those
+// found not to be metaservers (they are asked again, in case one became
+// one).
 func (c *Client) order(preferLeader bool) []string {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	first := c.good
 	if preferLeader {
 		first = c.leader
 	}
-	c.mu.Unlock()
 	out := make([]string, 0, len(c.cfg.Addrs)+1)
 	if first != "" {
 		out = append(out, first)
 	}
+	var wrong []string
 	for _, a := range c.cfg.Addrs {
-		if a != first {
+		switch {
+		case a == first:
+		case c.wrong[a]:
+			wrong = append(wrong, a)
+		default:
 			out = append(out, a)
 		}
 	}
-	return out
+	return append(out, wrong...)
 }
 
 // call sends a request to the leader (toLeader) or to any node, retrying
-// other nodes on connection errors and following NOT_LEADER.
+// other nodes on connection errors and following NOT_LEADER. An address
+// that turns out not to be a metaserver (identify) is skipped for the rest
+// of the call; when every address is one, the call fails at once with
+// their WrongServerErrors (ErrNotMetaserver).
 func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader bool) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -119,12 +131,19 @@ func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader
 		}
 	}
 	var lastErr error
+	var wrong wrongServers
+	isWrong := func(addr string) bool {
+		return slices.ContainsFunc(wrong, func(w *WrongServerError) bool { return w.Addr == addr })
+	}
 	backoff := 20 * time.Millisecond
 	for round := 0; ; round++ {
 		queue := c.order(toLeader)
 		for len(queue) > 0 {
 			addr := queue[0]
 			queue = queue[1:]
+			if isWrong(addr) {
+				continue
+			}
 			tc, err := c.conn(addr)
 			if err != nil {
 				return nil, err
@@ -137,8 +156,21 @@ func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader
 				} else {
 					c.good = addr
 				}
+				delete(c.wrong, addr)
 				c.mu.Unlock()
 				return resp.Body, nil
+			}
+			if suspect(err) && ctx.Err() == nil {
+				if w := identify(ctx, tc, addr, code, err); w != nil {
+					wrong = append(wrong, w)
+					c.mu.Lock()
+					c.wrong[addr] = true
+					c.mu.Unlock()
+					if !slices.ContainsFunc(c.cfg.Addrs, func(a string) bool { return !isWrong(a) }) {
+						return nil, wrong
+					}
+					continue
+				}
 			}
 			lastErr = err
 			if errors.Is(err, protocol.ErrNotLeader) {
@@ -164,6 +196,11 @@ func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader
 		// Every node tried: wait (an election may be under way) and go again.
 		select {
 		case <-ctx.Done():
+			if len(wrong) > 0 {
+				// Say why the addresses that answered were no help; the
+				// error is still ErrNoNode's: the others may be metaservers.
+				return nil, fmt.Errorf("%w: %v after %d rounds: %w (and %v)", ErrNoNode, code, round+1, lastErr, wrong)
+			}
 			return nil, fmt.Errorf("%w: %v after %d rounds: %w", ErrNoNode, code, round+1, lastErr)
 		case <-time.After(backoff):
 		}
@@ -218,6 +255,9 @@ func (c *Client) route(ctx context.Context, code protocol.Code, topic string, le
 // unknown and was retried may have skipped an id or an epoch; none is ever
 // handed out twice.
 func (c *Client) InitProducer(ctx context.Context, name string) (api.InitProducerReply, error) {
+	if err := checkUTF8(producerName, name); err != nil {
+		return api.InitProducerReply{}, err
+	}
 	return decode[api.InitProducerReply](c.call(ctx, protocol.CodeInitProducer, api.InitProducerRequest{Name: name}, true))
 }
 
@@ -233,11 +273,17 @@ func (c *Client) Topics(ctx context.Context) ([]routing.Topic, error) {
 
 // CreateTopic creates a topic and returns its route.
 func (c *Client) CreateTopic(ctx context.Context, req api.CreateTopicRequest) (routing.Route, error) {
+	if err := checkUTF8(topicName, req.Name); err != nil {
+		return routing.Route{}, err
+	}
 	return decode[routing.Route](c.call(ctx, protocol.CodeAdminCreateTopic, req, true))
 }
 
 // AddQueues adds queues to a topic and returns its route.
 func (c *Client) AddQueues(ctx context.Context, topic string, count int) (routing.Route, error) {
+	if err := checkUTF8(topicName, topic); err != nil {
+		return routing.Route{}, err
+	}
 	return decode[routing.Route](c.call(ctx, protocol.CodeAdminAddQueues, api.AddQueuesRequest{Topic: topic, Count: count}, true))
 }
 
@@ -265,6 +311,17 @@ func (c *Client) RemoveVoter(ctx context.Context, id string) (api.RaftStatus, er
 // ConsumerHeartbeat joins, keeps or (Leave) leaves a consumer group, and
 // returns the member's assignment in the group's current generation (leader).
 func (c *Client) ConsumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat) (api.ConsumerHeartbeatReply, error) {
+	if err := checkUTF8(groupName, hb.Group); err != nil {
+		return api.ConsumerHeartbeatReply{}, err
+	}
+	if err := checkUTF8(memberName, hb.Member); err != nil {
+		return api.ConsumerHeartbeatReply{}, err
+	}
+	for _, t := range hb.Topics {
+		if err := checkUTF8(topicName, t); err != nil {
+			return api.ConsumerHeartbeatReply{}, err
+		}
+	}
 	return decode[api.ConsumerHeartbeatReply](c.call(ctx, protocol.CodeConsumerHeartbeat, hb, true))
 }
 
@@ -276,11 +333,17 @@ func (c *Client) CommitOffsets(ctx context.Context, req api.CommitRequest) (api.
 
 // ConsumerGroups lists the consumer groups, or the one named (leader).
 func (c *Client) ConsumerGroups(ctx context.Context, group string) ([]api.ConsumerGroupInfo, error) {
+	if err := checkUTF8(groupName, group); err != nil {
+		return nil, err
+	}
 	return decode[[]api.ConsumerGroupInfo](c.call(ctx, protocol.CodeConsumerGroups, api.ConsumerGroupsRequest{Group: group}, true))
 }
 
 // ResetOffsets sets a group's committed offsets; a group with live members
 // gets protocol.ErrGroupActive (leader).
 func (c *Client) ResetOffsets(ctx context.Context, req api.ResetOffsetsRequest) (api.ConsumerGroupInfo, error) {
+	if err := checkUTF8(groupName, req.Group); err != nil {
+		return api.ConsumerGroupInfo{}, err
+	}
 	return decode[api.ConsumerGroupInfo](c.call(ctx, protocol.CodeResetOffsets, req, true))
 }
