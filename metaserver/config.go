@@ -1,6 +1,7 @@
 package metaserver
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -97,6 +98,17 @@ type Config struct {
 
 	// Logger is the root logger. Default: stderr at info.
 	Logger hclog.Logger
+
+	// TLSServer and TLSClient, both or neither, put the node's links on
+	// TLS (tlsconf makes them from -tls-cert, -tls-key and -tls-ca). The
+	// RPC port serves TLS with TLSServer (client certificates required
+	// when it has ClientCAs); raft speaks mutual TLS: its port accepts only
+	// peers whose certificate TLSServer.ClientCAs verifies, and the node
+	// dials its peers with TLSClient, presenting TLSClient's certificate.
+	// The node's own clients (to the other nodes' RPC) use TLSClient.
+	// Neither: plaintext everywhere.
+	TLSServer *tls.Config `json:"-"`
+	TLSClient *tls.Config `json:"-"`
 
 	// Auth holds the built-in principals' token hashes (acl.go): the
 	// bootstrap admin's, which is always admin and with an empty ACL the
@@ -213,6 +225,16 @@ func (c Config) Validate() error {
 	}
 	if c.RPCAddr == "" {
 		bad("RPCAddr is required")
+	}
+	switch {
+	case (c.TLSServer == nil) != (c.TLSClient == nil):
+		bad("TLSServer and TLSClient go together: the node serves and dials its peers over TLS, or neither")
+	case c.TLSServer != nil && c.TLSServer.ClientCAs == nil:
+		bad("raft over TLS authenticates peers by their certificates: TLSServer needs ClientCAs (-tls-ca)")
+	case c.TLSServer != nil && len(c.TLSServer.Certificates) == 0 && c.TLSServer.GetCertificate == nil:
+		bad("TLSServer has no certificate (-tls-cert and -tls-key)")
+	case c.TLSClient != nil && len(c.TLSClient.Certificates) == 0 && c.TLSClient.GetClientCertificate == nil:
+		bad("raft over TLS authenticates peers by their certificates: TLSClient needs the node's certificate (-tls-cert and -tls-key)")
 	}
 	ids, raftAddrs, rpcAddrs := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, p := range c.Peers {

@@ -99,14 +99,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("metaserver: open snapshot store: %w", err)
 	}
 	var stream *streamLayer
-	if stream, err = newStreamLayer(cfg.RaftAddr); err != nil {
+	if stream, err = newRaftStream(cfg, s.log.Named("raft-net")); err != nil {
 		return nil, fmt.Errorf("metaserver: raft transport on %s: %w", cfg.RaftAddr, err)
 	}
 	s.stream = stream
 	s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: s.log.Named("raft-net"),
 	})
-	s.rpc = transport.NewServer(transport.ServerConfig{Logger: s.log.Named("rpc")})
+	s.rpc = transport.NewServer(transport.ServerConfig{Logger: s.log.Named("rpc"), TLS: cfg.TLSServer})
 	s.routes()
 	var bound net.Addr
 	if bound, err = s.rpc.Listen(cfg.RPCAddr); err != nil {
@@ -185,7 +185,7 @@ func (s *Server) Start(peers []Peer) error {
 	if len(addrs) == 0 {
 		addrs = []string{s.addr}
 	}
-	s.peers, _ = client.New(client.Config{Addrs: addrs})
+	s.peers, _ = client.New(client.Config{Addrs: addrs, Transport: transport.ClientConfig{TLS: s.cfg.TLSClient}})
 	s.started.Store(true)
 	go s.leaderLoop()
 	return nil

@@ -22,6 +22,8 @@ import (
 // for the peer's clean hang-up. A node's clean stop logs no error.
 type streamLayer struct {
 	ln net.Listener
+	// dial connects to a peer; nil: plain TCP (raftlayer.go sets TLS's).
+	dial func(addr string, timeout time.Duration) (net.Conn, error)
 
 	mu       sync.Mutex
 	conns    map[*trackedConn]struct{}
@@ -65,7 +67,13 @@ func (s *streamLayer) Accept() (net.Conn, error) {
 }
 
 func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", string(addr), timeout)
+	dial := s.dial
+	if dial == nil {
+		dial = func(addr string, timeout time.Duration) (net.Conn, error) {
+			return net.DialTimeout("tcp", addr, timeout)
+		}
+	}
+	c, err := dial(string(addr), timeout)
 	if err != nil {
 		return nil, err
 	}

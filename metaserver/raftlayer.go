@@ -1,0 +1,226 @@
+package metaserver
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// Raft over TLS. With Config.TLSServer and TLSClient, raft's stream layer
+// speaks mutual TLS: a node accepts a raft connection only once its TLS
+// handshake verified the peer's certificate against TLSServer.ClientCAs,
+// and dials its peers with TLSClient, presenting its own certificate. A
+// stranger (no certificate, one from another CA, an expired one, or
+// plaintext) never reaches raft's decoder: its connection is closed after
+// a failed handshake, within raftHandshakeTimeout, and at most
+// raftMaxHandshakes handshakes run at once (those over it are closed at
+// once), so strangers on the raft port hold little memory and time.
+
+const (
+	// raftHandshakeTimeout bounds a raft connection's TLS handshake.
+	raftHandshakeTimeout = 5 * time.Second
+	// raftMaxHandshakes caps the raft handshakes in progress at once.
+	raftMaxHandshakes = 64
+)
+
+// newRaftStream binds raft's stream layer on cfg.RaftAddr: over TLS when
+// the config has TLS, plaintext otherwise.
+func newRaftStream(cfg Config, log hclog.Logger) (*streamLayer, error) {
+	if cfg.TLSServer == nil {
+		return newStreamLayer(cfg.RaftAddr)
+	}
+	ln, err := net.Listen("tcp", cfg.RaftAddr)
+	if err != nil {
+		return nil, err
+	}
+	tl := newTLSListener(ln, raftServerTLS(cfg.TLSServer), raftHandshakeTimeout, raftMaxHandshakes, log)
+	return &streamLayer{ln: tl, conns: map[*trackedConn]struct{}{}, dial: tlsDialer(cfg.TLSClient)}, nil
+}
+
+// raftServerTLS is the raft listener's copy of cfg: peers must present a
+// certificate signed by its ClientCAs (Validate requires them).
+func raftServerTLS(cfg *tls.Config) *tls.Config {
+	c := cfg.Clone()
+	c.ClientAuth = tls.RequireAndVerifyClientCert
+	if c.MinVersion < tls.VersionTLS12 {
+		c.MinVersion = tls.VersionTLS12
+	}
+	return c
+}
+
+// tlsDialer dials a raft peer over TLS with cfg (the peer's certificate is
+// verified for the host of its raft address unless cfg names a server).
+func tlsDialer(cfg *tls.Config) func(addr string, timeout time.Duration) (net.Conn, error) {
+	return func(addr string, timeout time.Duration) (net.Conn, error) {
+		c := cfg.Clone()
+		if c.ServerName == "" {
+			if host, _, err := net.SplitHostPort(addr); err == nil {
+				c.ServerName = host
+			}
+		}
+		if c.MinVersion < tls.VersionTLS12 {
+			c.MinVersion = tls.VersionTLS12
+		}
+		raw, err := net.DialTimeout("tcp", addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		tc := tls.Client(raw, c)
+		_ = raw.SetDeadline(time.Now().Add(timeout))
+		if err := tc.Handshake(); err != nil {
+			_ = raw.Close()
+			return nil, fmt.Errorf("metaserver: raft tls handshake with %s: %w", addr, err)
+		}
+		_ = raw.SetDeadline(time.Time{})
+		return &tlsConn{Conn: tc, raw: raw}, nil
+	}
+}
+
+// tlsConn is a TLS connection whose Close closes the socket at once
+// (tls.Conn's Close first sends an alert, which may wait on the peer).
+type tlsConn struct {
+	*tls.Conn
+	raw net.Conn
+}
+
+func (c *tlsConn) Close() error { return c.raw.Close() }
+
+// tlsListener accepts TCP connections and hands out only those whose TLS
+// handshake completed (with a verified client certificate, by its config)
+// within timeout. Handshakes run on their own goroutines, at most max at
+// once; a connection over that is closed as soon as it is accepted.
+type tlsListener struct {
+	ln      net.Listener
+	cfg     *tls.Config
+	timeout time.Duration
+	max     int
+	log     hclog.Logger
+
+	ready chan net.Conn
+	done  chan struct{}
+	wg    sync.WaitGroup
+
+	mu      sync.Mutex
+	pending map[net.Conn]struct{} // sockets in their handshake
+	closed  bool
+
+	refused, failed atomic.Int64 // over max; failed handshakes (timeouts included)
+	lastWarn        atomic.Int64 // unix nanos of the last failure logged
+}
+
+func newTLSListener(ln net.Listener, cfg *tls.Config, timeout time.Duration, max int, log hclog.Logger) *tlsListener {
+	l := &tlsListener{ln: ln, cfg: cfg, timeout: timeout, max: max, log: log,
+		ready: make(chan net.Conn), done: make(chan struct{}), pending: map[net.Conn]struct{}{}}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l
+}
+
+func (l *tlsListener) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		raw, err := l.ln.Accept()
+		if err != nil {
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			l.log.Error("raft listener: accept failed", "error", err)
+			return
+		}
+		l.mu.Lock()
+		if l.closed || len(l.pending) >= l.max {
+			closed := l.closed
+			l.mu.Unlock()
+			_ = raw.Close()
+			if !closed {
+				l.refused.Add(1)
+				l.warn("raft port: refusing a connection: too many handshakes in progress", "remote", raw.RemoteAddr().String(), "max", l.max)
+			}
+			continue
+		}
+		l.pending[raw] = struct{}{}
+		l.wg.Add(1)
+		l.mu.Unlock()
+		go l.handshake(raw)
+	}
+}
+
+func (l *tlsListener) handshake(raw net.Conn) {
+	defer l.wg.Done()
+	_ = raw.SetDeadline(time.Now().Add(l.timeout))
+	tc := tls.Server(raw, l.cfg)
+	err := tc.Handshake()
+	l.mu.Lock()
+	delete(l.pending, raw)
+	closed := l.closed
+	l.mu.Unlock()
+	if err != nil || closed {
+		_ = raw.Close()
+		if err != nil && !closed {
+			l.failed.Add(1)
+			l.warn("raft port: tls handshake failed; the peer gets nothing", "remote", raw.RemoteAddr().String(), "error", err)
+		}
+		return
+	}
+	_ = raw.SetDeadline(time.Time{})
+	select {
+	case l.ready <- &tlsConn{Conn: tc, raw: raw}:
+	case <-l.done:
+		_ = raw.Close()
+	}
+}
+
+// warn logs at most one failure per logEvery (a flood of strangers does
+// not flood the log; the counters count them all).
+func (l *tlsListener) warn(msg string, args ...any) {
+	const logEvery = int64(10 * time.Second)
+	now := time.Now().UnixNano()
+	last := l.lastWarn.Load()
+	if now-last < logEvery || !l.lastWarn.CompareAndSwap(last, now) {
+		return
+	}
+	l.log.Warn(msg, args...)
+}
+
+// Accept returns the next connection whose handshake completed.
+func (l *tlsListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops accepting, closes the connections in their handshake and
+// waits for its goroutines.
+func (l *tlsListener) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.done)
+	for raw := range l.pending {
+		_ = raw.Close()
+	}
+	l.mu.Unlock()
+	err := l.ln.Close()
+	l.wg.Wait()
+	return err
+}
+
+func (l *tlsListener) Addr() net.Addr { return l.ln.Addr() }
