@@ -46,15 +46,17 @@ func sendErr(group, addr string, err error) error {
 // lookupErr gives an error of a route lookup its public sentinel. A lookup
 // that got no answer (no node reachable, a broken connection, no answer in
 // time) means the metaserver is unreachable; a status the cluster answered
-// (UNKNOWN_TOPIC, INVALID) stays as it is.
-func lookupErr(topic string, err error) error {
+// (UNKNOWN_TOPIC, INVALID) stays as it is. The message's error around it
+// names the producer, the message and its topic, so this adds only what
+// failed: "route lookup".
+func lookupErr(err error) error {
 	switch {
 	case errors.Is(err, transport.ErrClosed):
-		return fmt.Errorf("%w: route of %q: %w", ErrClosed, topic, err)
+		return fmt.Errorf("%w: route lookup: %w", ErrClosed, err)
 	case errors.Is(err, client.ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, protocol.ErrTimeout):
-		return fmt.Errorf("%w: route of %q: %w", ErrUnreachable, topic, err)
+		return fmt.Errorf("%w: route lookup: %w", ErrUnreachable, err)
 	}
-	return fmt.Errorf("producer: route of %q: %w", topic, err)
+	return fmt.Errorf("route lookup: %w", err)
 }
 
 // retryable reports whether a failed attempt may be tried again elsewhere.

@@ -36,7 +36,8 @@ func (m metaIdentity) initProducer(ctx context.Context, name string) (uint64, ui
 }
 
 // initErr gives an error of an identity request its public sentinel, as
-// lookupErr does for routes.
+// lookupErr does for routes (and, like it, leaves the "producer:" to the
+// message's error around it).
 func initErr(err error) error {
 	switch {
 	case errors.Is(err, transport.ErrClosed):
@@ -45,7 +46,7 @@ func initErr(err error) error {
 		errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%w: producer id: %w", ErrUnreachable, err)
 	}
-	return fmt.Errorf("producer: producer id: %w", err)
+	return fmt.Errorf("producer id: %w", err)
 }
 
 // ensureIdentity takes the producer's first identity, once, before the

@@ -425,9 +425,9 @@ func (c *Client) dispatch(rec *record, urgent bool) {
 // the dispatch is scheduled.
 func (c *Client) dispatchOne(rec *record, urgent bool) (settled bool) {
 	if c.dead.Load() {
-		err := ErrClosed
+		err := fmt.Errorf("%w: message %s to %q", ErrClosed, rec.msg.ID, rec.msg.Topic)
 		if rec.lastErr != nil {
-			err = fmt.Errorf("%w (last attempt: %w)", ErrClosed, rec.lastErr)
+			err = fmt.Errorf("%w: message %s to %q (last attempt: %w)", ErrClosed, rec.msg.ID, rec.msg.Topic, rec.lastErr)
 		}
 		c.finish(rec, Result{}, err)
 		return true
@@ -677,7 +677,7 @@ func (c *Client) route(rec *record) (*plan, error) {
 	defer cancel()
 	r, err := c.cfg.routeSrc.route(lctx, topic)
 	if err != nil {
-		return nil, lookupErr(topic, err)
+		return nil, lookupErr(err)
 	}
 	return c.storeRoute(topic, r, false), nil
 }
