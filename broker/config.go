@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -96,6 +97,15 @@ type Config struct {
 	// read nothing of its answers for this long; its unanswered requests'
 	// answers are dropped. Default 10 s.
 	WriteTimeout time.Duration
+
+	// TLSServer and TLSClient, both or neither, put the broker's links on
+	// TLS (tlsconf makes them from -tls-cert, -tls-key and -tls-ca).
+	// TLSServer serves the data port (producers, consumers) and the HA port
+	// (the slave); with ClientCAs, their clients must present a certificate
+	// signed by them. TLSClient is for what the broker dials: the
+	// metaservers, and as a slave its master's HA port. Neither: plaintext.
+	TLSServer *tls.Config `json:"-"`
+	TLSClient *tls.Config `json:"-"`
 
 	// Logger is the root logger. Default: stderr at info.
 	Logger hclog.Logger `json:"-"`
@@ -218,6 +228,11 @@ func (c Config) Validate() error {
 	}
 	if len(c.MetaAddrs) == 0 {
 		errs = append(errs, errors.New("broker: MetaAddrs is required"))
+	}
+	if (c.TLSServer == nil) != (c.TLSClient == nil) {
+		errs = append(errs, errors.New("broker: TLSServer and TLSClient go together: a slave dials its master's HA port with TLSClient when masters serve it with TLSServer"))
+	} else if c.TLSServer != nil && len(c.TLSServer.Certificates) == 0 && c.TLSServer.GetCertificate == nil {
+		errs = append(errs, errors.New("broker: TLSServer has no certificate (-tls-cert and -tls-key)"))
 	}
 	return errors.Join(errs...)
 }

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -34,8 +35,14 @@ type masterLink interface {
 // wait behind a parked fetch: the master's connection reader admits a
 // request only while the answers it owes fit in its write buffer, and a
 // parked fetch has reserved a whole answer's worth.
-func dialMaster(addr string) masterLink {
-	return &transportLink{c: transport.NewClient(addr, transport.ClientConfig{}), acks: transport.NewClient(addr, transport.ClientConfig{})}
+func dialMaster(addr string) masterLink { return masterDialer(nil)(addr) }
+
+// masterDialer is dialMaster over TLS with tlsCfg (nil: plaintext).
+func masterDialer(tlsCfg *tls.Config) func(addr string) masterLink {
+	return func(addr string) masterLink {
+		cfg := transport.ClientConfig{TLS: tlsCfg}
+		return &transportLink{c: transport.NewClient(addr, cfg), acks: transport.NewClient(addr, cfg)}
+	}
 }
 
 type transportLink struct{ c, acks *transport.Client }
