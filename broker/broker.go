@@ -76,6 +76,7 @@ func New(cfg Config) (*Broker, error) {
 	b := &Broker{cfg: cfg, log: lg}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 
+	b.stats.initHistograms()
 	var err error
 	b.store, err = storage.Open(storage.Config{
 		Dir: cfg.Dir, FS: cfg.FS, SegmentSize: cfg.SegmentSize, Flush: cfg.Flush, FlushInterval: cfg.FlushInterval,
@@ -86,12 +87,13 @@ func New(cfg Config) (*Broker, error) {
 		},
 		ProducerIdle: cfg.ProducerIdle,
 		Pretouch:     cfg.Pretouch,
+		OnSync:       b.stats.observeFlush,
 	})
 	if err != nil {
 		b.cancel()
 		return nil, fmt.Errorf("broker: open commit log: %w", err)
 	}
-	if b.meta, err = client.New(client.Config{Addrs: cfg.MetaAddrs}); err != nil {
+	if b.meta, err = client.New(client.Config{Addrs: cfg.MetaAddrs, Transport: transport.ClientConfig{TLS: cfg.TLSClient}}); err != nil {
 		b.cancel()
 		_ = b.store.Close()
 		return nil, err
@@ -119,7 +121,7 @@ func New(cfg Config) (*Broker, error) {
 			return rep
 		},
 		newFollow: func(epoch uint32, addr string, masterEnd *atomic.Int64) *follower {
-			return &follower{id: cfg.ID, epoch: epoch, addr: addr, log: b.store, dial: dialMaster,
+			return &follower{id: cfg.ID, epoch: epoch, addr: addr, log: b.store, dial: masterDialer(cfg.TLSClient),
 				fetchBytes: cfg.HAFetchBytes, fetchWait: cfg.HAFetchWait, clock: cfg.Clock, lg: lg.Named("follower"),
 				masterEnd: masterEnd, appended: b.pulls.appendedAny}
 		},
@@ -137,6 +139,7 @@ func New(cfg Config) (*Broker, error) {
 	// answer's size, and a peer that stops reading for WriteTimeout is cut.
 	b.rpc = transport.NewServer(transport.ServerConfig{
 		Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("rpc"),
+		TLS: cfg.TLSServer,
 	})
 	// SENDs of one connection run one at a time, in arrival order, so they
 	// reach the commit log in the order they arrived (the handler only
@@ -157,7 +160,7 @@ func New(cfg Config) (*Broker, error) {
 	// The HA port is open on both roles, so its address stays the same
 	// across role changes; it serves fetches only while this broker is the
 	// master, and only from the group's slave.
-	b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("ha")})
+	b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("ha"), TLS: cfg.TLSServer})
 	b.ha.HandleWithReply(protocol.CodeHAFetch, func(r *transport.Request) {
 		if rep := b.roles.replication(); rep != nil {
 			rep.handleFetch(r, r.Body)

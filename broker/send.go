@@ -86,8 +86,7 @@ func (sb *sendBatch) done1() {
 	}
 	st := sb.s.stats
 	st.Refused.Add(int64(refused))
-	st.Batches.Add(1)
-	st.BatchNanos.Add(int64(sb.s.clock.Since(sb.start)))
+	st.SendDuration.Observe(sb.s.clock.Since(sb.start).Seconds())
 	_ = sb.rep.Reply(protocol.AppendSendResponse(make([]byte, 0, sendReplySize(len(sb.results))), sb.results))
 	sb.s.release(sb.size)
 }

@@ -1,17 +1,32 @@
 package broker
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// LatencyBuckets are the bounds, in seconds, of the broker's latency
+// histograms: 50 µs doubling to about 13 s.
+var LatencyBuckets = prometheus.ExponentialBuckets(50e-6, 2, 19)
 
 // Stats are the broker's counters, read by the metrics endpoint. The parts
-// add to them; nothing reads them on the hot path.
+// add to them; nothing reads them on the hot path. The histograms are made
+// by New (nil in a Stats made otherwise).
 type Stats struct {
 	MessagesIn   atomic.Int64 // messages stored
 	BytesIn      atomic.Int64 // message bytes stored
 	Refused      atomic.Int64 // messages answered with a non-OK status
-	Batches      atomic.Int64 // SEND requests answered
-	BatchNanos   atomic.Int64 // sum of SEND latencies, for the mean
 	HighAcked    atomic.Int64 // HIGH messages confirmed by the slave
 	HighTimeouts atomic.Int64 // HIGH messages answered SLAVE_SYNC_TIMEOUT (or LEASE_LOST when stepping down)
+
+	// SendDuration observes, once per SEND request (not per message), the
+	// time from reading it to answering it; its count is the requests
+	// answered.
+	SendDuration prometheus.Histogram
+	// FlushDuration observes every commit log sync.
+	FlushDuration prometheus.Histogram
 
 	// Failover.
 	LeaseLost      atomic.Int64 // stored messages answered LEASE_LOST: the lease ran out before the answer
@@ -28,3 +43,21 @@ type Stats struct {
 	PullsReleased atomic.Int64 // parked PULLs answered at a step-down or a truncation
 	PullsOverflow atomic.Int64 // PULLs answered at once, empty, because too many were parked
 }
+
+// initHistograms makes the histograms; New calls it before anything
+// observes.
+func (s *Stats) initHistograms() {
+	s.SendDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ferrymq_broker_send_duration_seconds",
+		Help:    "Time from reading a SEND request to answering it, per request (a batch of messages).",
+		Buckets: LatencyBuckets,
+	})
+	s.FlushDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ferrymq_broker_flush_duration_seconds",
+		Help:    "Time of a commit log sync (fdatasync of the segments written since the last one).",
+		Buckets: LatencyBuckets,
+	})
+}
+
+// observeFlush is the commit log's OnSync.
+func (s *Stats) observeFlush(d time.Duration) { s.FlushDuration.Observe(d.Seconds()) }

@@ -109,6 +109,10 @@ type Config struct {
 	// most zero pages synced before they are overwritten too: the disk
 	// then writes those pages twice.)
 	Pretouch int64
+	// OnSync, if set, gets the duration of every sync of the segments (for
+	// a latency histogram). It runs on the goroutine that synced, with the
+	// log's sync lock held: it must be quick and must not call the log.
+	OnSync func(time.Duration)
 }
 
 // ErrInvalidConfig is matched (with errors.Is) by every error of

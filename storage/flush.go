@@ -62,8 +62,12 @@ func (l *Log) syncOnce() {
 	if target > l.flushed.Load() {
 		start := time.Now()
 		err = l.syncSegments(l.flushed.Load())
+		took := time.Since(start)
 		l.Flushes.Add(1)
-		l.FlushNanos.Add(int64(time.Since(start)))
+		l.FlushNanos.Add(int64(took))
+		if l.cfg.OnSync != nil {
+			l.cfg.OnSync(took)
+		}
 		if err == nil {
 			l.flushed.Store(target)
 			l.writeCheckpoint(target)

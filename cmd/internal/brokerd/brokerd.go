@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
@@ -75,7 +78,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer b.Close()
 	m := cli.NewMetrics()
-	register(m, b)
+	register(m, b, cfg.Dir)
 	if err := m.Serve(metricsAddr, cfg.Logger); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
@@ -90,15 +93,13 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	return nil
 }
 
-func register(m *cli.Metrics, b *broker.Broker) {
+func register(m *cli.Metrics, b *broker.Broker, dir string) {
 	st := b.Stats()
 	f := func(v interface{ Load() int64 }) func() float64 { return func() float64 { return float64(v.Load()) } }
 	m.CounterFunc("ferrymq_broker_messages_in_total", "Messages stored.", f(&st.MessagesIn))
 	m.CounterFunc("ferrymq_broker_bytes_in_total", "Message body bytes stored.", f(&st.BytesIn))
 	m.CounterFunc("ferrymq_broker_messages_refused_total", "Messages answered with a non-OK status.", f(&st.Refused))
-	m.CounterFunc("ferrymq_broker_send_requests_total", "SEND requests answered.", f(&st.Batches))
-	m.CounterFunc("ferrymq_broker_send_seconds_total", "Total time from reading a SEND to answering it; divide by send_requests_total for the mean.",
-		func() float64 { return time.Duration(st.BatchNanos.Load()).Seconds() })
+	m.Registry.MustRegister(st.SendDuration, st.FlushDuration)
 	m.CounterFunc("ferrymq_broker_high_acked_total", "HIGH messages confirmed by the slave.", f(&st.HighAcked))
 	m.CounterFunc("ferrymq_broker_high_timeouts_total", "HIGH messages answered SLAVE_SYNC_TIMEOUT.", f(&st.HighTimeouts))
 	m.GaugeFunc("ferrymq_broker_producers_tracked", "Idempotent (producer, queue) pairs whose sequences the broker remembers.",
@@ -107,12 +108,9 @@ func register(m *cli.Metrics, b *broker.Broker) {
 		func() float64 { return float64(b.Store().ProducerStats().Duplicates) })
 	m.CounterFunc("ferrymq_broker_sequence_refusals_total", "Messages refused OUT_OF_ORDER_SEQUENCE or PRODUCER_FENCED.",
 		func() float64 { return float64(b.Store().ProducerStats().Refused) })
-	m.CounterFunc("ferrymq_broker_flushes_total", "Commit log syncs.", f(&b.Store().Flushes))
-	m.CounterFunc("ferrymq_broker_flush_seconds_total", "Total time in commit log syncs; divide by flushes_total for the mean.",
-		func() float64 { return time.Duration(b.Store().FlushNanos.Load()).Seconds() })
 	m.GaugeFunc("ferrymq_broker_log_end_offset", "Commit log end offset.", func() float64 { return float64(b.Store().EndOffset()) })
 	m.GaugeFunc("ferrymq_broker_log_start_offset", "Commit log start offset (after retention).", func() float64 { return float64(b.Store().StartOffset()) })
-	m.GaugeFunc("ferrymq_broker_writable", "1 if the broker takes writes.", func() float64 {
+	m.GaugeFunc("ferrymq_broker_writable", "1 if the broker takes writes (it is the master and its write lease holds).", func() float64 {
 		if b.IsMaster() && b.Writable() {
 			return 1
 		}
@@ -136,12 +134,97 @@ func register(m *cli.Metrics, b *broker.Broker) {
 	m.CounterFunc("ferrymq_broker_pulls_expired_total", "Parked PULLs answered when their wait passed.", f(&st.PullsExpired))
 	m.CounterFunc("ferrymq_broker_pulls_released_total", "Parked PULLs answered at once because the broker stepped down or cut its log.", f(&st.PullsReleased))
 	m.CounterFunc("ferrymq_broker_pulls_overflow_total", "PULLs answered at once, empty, because too many were parked.", f(&st.PullsOverflow))
-	m.GaugeFunc("ferrymq_broker_slave_lag_bytes", "Master: bytes the slave is behind.", func() float64 { return float64(b.Slave().LagBytes) })
-	m.GaugeFunc("ferrymq_broker_slave_lag_seconds", "Master: time the slave has not been caught up.", func() float64 { return b.Slave().LagTime.Seconds() })
-	m.GaugeFunc("ferrymq_broker_slave_connected", "Master: 1 if the slave is fetching.", func() float64 {
-		if b.Slave().Connected {
-			return 1
+	m.Registry.MustRegister(roleCollector{b}, queueCollector{b}, diskCollector{dir})
+}
+
+// roleCollector exports the broker's role and the gauges that only mean
+// something on a master: a slave (or a broker the registry has not named
+// yet) exports none of them, so an alert on slave lag never fires on a
+// slave. ferrymq_broker_role has one series, valued 1, once the broker has
+// a role: join on it (`* on(instance) group_left(role)`) to split any
+// other metric by role.
+type roleCollector struct{ b *broker.Broker }
+
+var (
+	roleDesc = prometheus.NewDesc("ferrymq_broker_role",
+		"1, labelled with the broker's role now: master, or slave (also while it cannot follow its master); absent before the registry names one.",
+		[]string{"role"}, nil)
+	slaveLagBytesDesc = prometheus.NewDesc("ferrymq_broker_slave_lag_bytes",
+		"Master only: bytes the slave is behind.", nil, nil)
+	slaveLagSecondsDesc = prometheus.NewDesc("ferrymq_broker_slave_lag_seconds",
+		"Master only: how long the slave has not been caught up.", nil, nil)
+	slaveConnectedDesc = prometheus.NewDesc("ferrymq_broker_slave_connected",
+		"Master only: 1 if the slave is fetching.", nil, nil)
+)
+
+func (c roleCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- roleDesc
+	ch <- slaveLagBytesDesc
+	ch <- slaveLagSecondsDesc
+	ch <- slaveConnectedDesc
+}
+
+func (c roleCollector) Collect(ch chan<- prometheus.Metric) {
+	if !c.b.IsMaster() {
+		switch role := c.b.Role(); {
+		case role == string(routing.RoleSlave), strings.HasPrefix(role, "blocked"):
+			ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, 1, string(routing.RoleSlave))
 		}
-		return 0
-	})
+		return
+	}
+	s := c.b.Slave()
+	ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, 1, string(routing.RoleMaster))
+	ch <- prometheus.MustNewConstMetric(slaveLagBytesDesc, prometheus.GaugeValue, float64(s.LagBytes))
+	ch <- prometheus.MustNewConstMetric(slaveLagSecondsDesc, prometheus.GaugeValue, s.LagTime.Seconds())
+	connected := 0.0
+	if s.Connected {
+		connected = 1
+	}
+	ch <- prometheus.MustNewConstMetric(slaveConnectedDesc, prometheus.GaugeValue, connected)
+}
+
+// queueCollector exports every queue's end offset in the broker's log,
+// for consumer lag (end minus a consumer group's committed offset). The
+// labels name configured topics and their queues.
+type queueCollector struct{ b *broker.Broker }
+
+var queueEndDesc = prometheus.NewDesc("ferrymq_broker_queue_end_offset",
+	"A queue's next offset in this broker's log (the offset its next message gets).", []string{"topic", "queue"}, nil)
+
+func (c queueCollector) Describe(ch chan<- *prometheus.Desc) { ch <- queueEndDesc }
+
+func (c queueCollector) Collect(ch chan<- prometheus.Metric) {
+	type q struct {
+		topic string
+		queue uint32
+		next  int64
+	}
+	var qs []q
+	// Queues holds the log's index lock: copy, then send.
+	c.b.Store().Queues(func(topic string, queue uint32, _, next int64) { qs = append(qs, q{topic, queue, next}) })
+	for _, x := range qs {
+		ch <- prometheus.MustNewConstMetric(queueEndDesc, prometheus.GaugeValue, float64(x.next), x.topic, strconv.FormatUint(uint64(x.queue), 10))
+	}
+}
+
+// diskCollector exports the size and the free space of the file system
+// holding the data directory.
+type diskCollector struct{ dir string }
+
+var (
+	diskAvailDesc = prometheus.NewDesc("ferrymq_broker_disk_avail_bytes",
+		"Bytes free for the broker on the file system of its data directory.", nil, nil)
+	diskSizeDesc = prometheus.NewDesc("ferrymq_broker_disk_size_bytes",
+		"Size in bytes of the file system of the broker's data directory.", nil, nil)
+)
+
+func (c diskCollector) Describe(ch chan<- *prometheus.Desc) { ch <- diskAvailDesc; ch <- diskSizeDesc }
+
+func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
+	avail, size, err := diskSpace(c.dir)
+	if err != nil {
+		return // not on this system: the series are absent
+	}
+	ch <- prometheus.MustNewConstMetric(diskAvailDesc, prometheus.GaugeValue, float64(avail))
+	ch <- prometheus.MustNewConstMetric(diskSizeDesc, prometheus.GaugeValue, float64(size))
 }
