@@ -109,7 +109,7 @@ func (c checker) wrap(name, want string, check func(string) error) {
 		panic("ferryctl: no flag " + name)
 	}
 	f.Value = &checkedValue{Value: f.Value, name: name, want: want, check: check, errs: c.errs}
-	if want != "" {
+	if want != "" && f.Value.Type() != "bool" && !strings.Contains(f.Usage, want) {
 		f.Usage += " (" + want + ")"
 	}
 }
