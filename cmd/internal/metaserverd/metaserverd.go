@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
 	"github.com/ferrymq/ferrymq/metaserver"
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 // ParsePeers parses "id=raftAddr/rpcAddr,..." into peers.
@@ -128,7 +129,7 @@ func register(m *cli.Metrics, s *metaserver.Server) {
 	m.GaugeFunc("ferrymq_metaserver_raft_term", "The node's raft term.", func() float64 { return float64(s.RaftStatus().Term) })
 	m.GaugeFunc("ferrymq_metaserver_raft_last_index", "The node's last raft log index.", func() float64 { return float64(s.RaftStatus().LastIndex) })
 	m.CounterFunc("ferrymq_metaserver_heartbeats_total", "Broker heartbeats taken as leader.", func() float64 { return float64(s.Heartbeats()) })
-	m.Registry.MustRegister(groupCollector{s})
+	m.Registry.MustRegister(groupCollector{s}, s.RouteLookupDuration())
 	m.CounterFunc("ferrymq_metaserver_failover_promotions_total", "Slaves promoted to master by this node as leader.",
 		func() float64 { return float64(s.Failovers().Promotions) })
 	m.CounterFunc("ferrymq_metaserver_failover_lost_bytes_total",
@@ -192,22 +193,51 @@ func (c refusalCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// groupCollector exports every broker group's state.
+// groupCollector exports every broker group's state: whether it takes
+// writes, and one series per known read-only reason (all of them, 0 or 1),
+// so that no label value changes with the group's state.
 type groupCollector struct{ s *metaserver.Server }
 
-var groupDesc = prometheus.NewDesc("ferrymq_metaserver_group_writable", "1 if the broker group takes writes, 0 if read-only.", []string{"group", "reasons"}, nil)
+var (
+	groupDesc = prometheus.NewDesc("ferrymq_metaserver_group_writable",
+		"1 if the broker group takes writes, 0 if read-only (ferrymq_metaserver_group_readonly_reason says why).", []string{"group"}, nil)
+	reasonDesc = prometheus.NewDesc("ferrymq_metaserver_group_readonly_reason",
+		"1 if the reason holds for the broker group, for each reason a group can be read-only for: heartbeat-lost, slave-lag, admin.",
+		[]string{"group", "reason"}, nil)
+	epochDesc = prometheus.NewDesc("ferrymq_metaserver_group_epoch",
+		"The broker group's epoch: it grows by one at every promotion.", []string{"group"}, nil)
+)
 
-var epochDesc = prometheus.NewDesc("ferrymq_metaserver_group_epoch", "The broker group's epoch: it grows by one at every promotion.", []string{"group"}, nil)
+// readOnlyReasons are the reasons routing knows, one bit each.
+var readOnlyReasons = func() []routing.Reasons {
+	var rs []routing.Reasons
+	for r := routing.Reasons(1); r != 0; r <<= 1 {
+		if r.String() != "" {
+			rs = append(rs, r)
+		}
+	}
+	return rs
+}()
 
-func (c groupCollector) Describe(ch chan<- *prometheus.Desc) { ch <- groupDesc; ch <- epochDesc }
+func (c groupCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- groupDesc
+	ch <- reasonDesc
+	ch <- epochDesc
+}
 
 func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, g := range c.s.FSM().Groups() {
-		v := 0.0
-		if g.Writable() {
-			v = 1
+		ch <- prometheus.MustNewConstMetric(groupDesc, prometheus.GaugeValue, b2f(g.Writable()), g.Name)
+		for _, r := range readOnlyReasons {
+			ch <- prometheus.MustNewConstMetric(reasonDesc, prometheus.GaugeValue, b2f(g.Reasons&r != 0), g.Name, r.String())
 		}
-		ch <- prometheus.MustNewConstMetric(groupDesc, prometheus.GaugeValue, v, g.Name, g.Reasons.String())
 		ch <- prometheus.MustNewConstMetric(epochDesc, prometheus.GaugeValue, float64(g.Epoch), g.Name)
 	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

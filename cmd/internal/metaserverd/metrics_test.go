@@ -1,0 +1,114 @@
+package metaserverd
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/ferrymq/ferrymq/cmd/internal/cli"
+	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/routing"
+)
+
+func gather(t *testing.T, g prometheus.Gatherer) map[string]*dto.MetricFamily {
+	t.Helper()
+	families, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*dto.MetricFamily{}
+	for _, f := range families {
+		out[f.GetName()] = f
+	}
+	return out
+}
+
+func labelsOf(m *dto.Metric) map[string]string {
+	out := map[string]string{}
+	for _, l := range m.GetLabel() {
+		out[l.GetName()] = l.GetValue()
+	}
+	return out
+}
+
+// TestGroupStateMetrics: a broker group's state is
+// ferrymq_metaserver_group_writable{group} and one
+// ferrymq_metaserver_group_readonly_reason{group,reason} per known reason,
+// valued as the registry says; the series stay the same (no label value
+// changes) while the group's reasons change.
+func TestGroupStateMetrics(t *testing.T) {
+	meta := testcluster.StartMeta(t, 1, nil)
+	_, s := meta.Leader()
+	m := cli.NewMetrics()
+	register(m, s)
+	cl := meta.Client(t)
+	ctx := context.Background()
+	if _, err := cl.Heartbeat(ctx, api.Heartbeat{Group: "g1", Role: routing.RoleMaster, BrokerID: "g1-master", Addr: "127.0.0.1:11", HAAddr: "127.0.0.1:21"}); err != nil {
+		t.Fatal(err)
+	}
+	known := []string{"heartbeat-lost", "slave-lag", "admin"}
+
+	// check compares the metrics with the registry's group and returns the
+	// series' identities.
+	check := func(step string) []string {
+		t.Helper()
+		g, ok := s.FSM().Group("g1")
+		if !ok {
+			t.Fatalf("%s: no group g1", step)
+		}
+		fams := gather(t, m.Registry)
+		var series []string
+		w := fams["ferrymq_metaserver_group_writable"].GetMetric()
+		if len(w) != 1 || !maps.Equal(labelsOf(w[0]), map[string]string{"group": "g1"}) || (w[0].GetGauge().GetValue() == 1) != g.Writable() {
+			t.Fatalf("%s: group_writable %v, the registry's group is %s (%s)", step, w, g.Reasons.State(), g.Reasons)
+		}
+		got := map[string]float64{}
+		for _, r := range fams["ferrymq_metaserver_group_readonly_reason"].GetMetric() {
+			l := labelsOf(r)
+			if len(l) != 2 || l["group"] != "g1" {
+				t.Fatalf("%s: readonly_reason labels %v, want group and reason", step, l)
+			}
+			got[l["reason"]] = r.GetGauge().GetValue()
+			series = append(series, l["reason"])
+		}
+		want := map[string]float64{}
+		for _, r := range readOnlyReasons {
+			want[r.String()] = b2f(g.Reasons&r != 0)
+		}
+		if !maps.Equal(got, want) || len(got) != len(known) {
+			t.Fatalf("%s: reasons %v, the registry's group has %q: want %v, one series for each of %v", step, got, g.Reasons, want, known)
+		}
+		slices.Sort(series)
+		return series
+	}
+	before := check("a master alone")
+	if _, err := cl.SetGroupReadOnly(ctx, "g1", true); err != nil {
+		t.Fatal(err)
+	}
+	marked := check("marked read-only")
+	if fams := gather(t, m.Registry); fams["ferrymq_metaserver_group_writable"].GetMetric()[0].GetGauge().GetValue() != 0 {
+		t.Fatal("a group marked read-only by an admin is exported writable")
+	}
+	if !slices.Equal(before, marked) || !slices.Equal(marked, []string{"admin", "heartbeat-lost", "slave-lag"}) {
+		t.Fatalf("the reason series changed with the reasons: %v, then %v", before, marked)
+	}
+}
+
+// TestReadOnlyReasonsAreRoutingsReasons: the exported reasons are every
+// reason routing names, so a reason added there is exported too.
+func TestReadOnlyReasonsAreRoutingsReasons(t *testing.T) {
+	var names []string
+	all := routing.Reasons(0)
+	for _, r := range readOnlyReasons {
+		names = append(names, r.String())
+		all |= r
+	}
+	if !slices.Equal(names, []string{"heartbeat-lost", "slave-lag", "admin"}) || all.String() != "heartbeat-lost,slave-lag,admin" {
+		t.Fatalf("readOnlyReasons %v", names)
+	}
+}
