@@ -76,6 +76,7 @@ func New(cfg Config) (*Broker, error) {
 	b := &Broker{cfg: cfg, log: lg}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 
+	b.stats.initHistograms()
 	var err error
 	b.store, err = storage.Open(storage.Config{
 		Dir: cfg.Dir, FS: cfg.FS, SegmentSize: cfg.SegmentSize, Flush: cfg.Flush, FlushInterval: cfg.FlushInterval,
@@ -86,6 +87,7 @@ func New(cfg Config) (*Broker, error) {
 		},
 		ProducerIdle: cfg.ProducerIdle,
 		Pretouch:     cfg.Pretouch,
+		OnSync:       b.stats.observeFlush,
 	})
 	if err != nil {
 		b.cancel()
