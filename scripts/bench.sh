@@ -220,20 +220,23 @@ bench_run() {
 	local master="${BROKER_PIDS[0]}" t0 t1
 	t0="$(proc_ticks "$master")"
 	out="$(timeout --foreground -k 5 "$RUN_TIMEOUT" "$BIN/ferryctl" --meta "$META" --timeout 10s --json bench \
-		--topic "$topic" --size "$SIZE" --progress=false "$@" "${prof[@]}" 2>>"$WORK/logs/bench.err")"
+		--topic "$topic" --size "$SIZE" --progress=false "$@" "${prof[@]}" 2>"$WORK/logs/bench.run.err")"
 	rc=$?
+	cat "$WORK/logs/bench.run.err" >>"$WORK/logs/bench.err"
 	t1="$(proc_ticks "$master")"
 	echo "$shape run $RUN_NO (rc $rc): ferryctl bench --topic $topic $*" >>"$WORK/logs/bench.out"
 	echo "$out" >>"$WORK/logs/bench.out"
 	sig "$rc"
 	stop_group
 	if [ "$rc" != 0 ]; then
-		log "$shape: ferryctl bench failed (rc $rc): $(tail -1 "$WORK/logs/bench.err")"
+		# ferryctl's error is one line "ferryctl: ..." (bench's failed sends
+		# by cause follow it, indented); the run is not counted.
+		log "$shape: ferryctl bench failed (rc $rc), run not counted: $(grep -m1 -A3 '^ferryctl:' "$WORK/logs/bench.run.err" | tr '\n' ' ')"
 		return
 	fi
 	errs="$(jnum errors "$out")"
 	if [ "${errs:-0}" != 0 ]; then
-		log "$shape: $errs sends failed ($(sed -n 's/.*"first_error": "\(.*\)",*$/\1/p' <<<"$out")); run not counted"
+		log "$shape: $errs sends failed; run not counted"
 		return
 	fi
 	R_RATE="$(awk -v x="$(jnum msgs_per_sec "$out")" 'BEGIN{ printf "%.0f", x }')"
