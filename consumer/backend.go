@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"sync"
 
@@ -41,12 +42,15 @@ var _ router = (*client.Client)(nil)
 
 // brokerPuller keeps one connection per broker address.
 type brokerPuller struct {
+	tls    *tls.Config // nil: plaintext
 	mu     sync.Mutex
 	conns  map[string]*transport.Client
 	closed bool
 }
 
-func newBrokerPuller() *brokerPuller { return &brokerPuller{conns: map[string]*transport.Client{}} }
+func newBrokerPuller(tlsCfg *tls.Config) *brokerPuller {
+	return &brokerPuller{tls: tlsCfg, conns: map[string]*transport.Client{}}
+}
 
 func (p *brokerPuller) Pull(ctx context.Context, addr string, req *protocol.PullRequest) (protocol.PullResponse, error) {
 	p.mu.Lock()
@@ -56,7 +60,7 @@ func (p *brokerPuller) Pull(ctx context.Context, addr string, req *protocol.Pull
 	}
 	tc := p.conns[addr]
 	if tc == nil {
-		tc = transport.NewClient(addr, transport.ClientConfig{})
+		tc = transport.NewClient(addr, transport.ClientConfig{TLS: p.tls})
 		p.conns[addr] = tc
 	}
 	p.mu.Unlock()
@@ -86,6 +90,7 @@ func (p *brokerPuller) Close() error {
 // producerDLQ stores dead letters with a producer made on first use.
 type producerDLQ struct {
 	addrs []string
+	tls   *tls.Config
 	mu    sync.Mutex
 	p     *producer.Client
 }
@@ -93,7 +98,7 @@ type producerDLQ struct {
 func (d *producerDLQ) DeadLetter(ctx context.Context, m *producer.Message) error {
 	d.mu.Lock()
 	if d.p == nil {
-		p, err := producer.New(producer.MetaAddrs(d.addrs...))
+		p, err := producer.New(producer.MetaAddrs(d.addrs...), producer.TLS(d.tls))
 		if err != nil {
 			d.mu.Unlock()
 			return err

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -171,7 +172,7 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 		failed: make(chan struct{}),
 	}
 	if cfg.coord == nil || cfg.router == nil {
-		meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, CallTimeout: cfg.requestTimeout})
+		meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, CallTimeout: cfg.requestTimeout, Transport: transport.ClientConfig{TLS: cfg.tls}})
 		if err != nil {
 			return nil, err
 		}
@@ -184,10 +185,10 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 		}
 	}
 	if c.cfg.puller == nil {
-		c.cfg.puller = newBrokerPuller()
+		c.cfg.puller = newBrokerPuller(cfg.tls)
 	}
 	if c.cfg.dlq == nil {
-		c.cfg.dlq = &producerDLQ{addrs: cfg.metaAddrs}
+		c.cfg.dlq = &producerDLQ{addrs: cfg.metaAddrs, tls: cfg.tls}
 	}
 	c.routes = routeCache{r: c.cfg.router, clock: c.cfg.clock, routes: map[string]*cachedRoute{}}
 	c.bg, c.cancelBg = context.WithCancel(context.Background())

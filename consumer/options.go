@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -58,7 +59,8 @@ type config struct {
 	maxRetries       int
 	retryBackoff     time.Duration
 	maxRetryBackoff  time.Duration
-	deadLetter       string // "" until New: "%DLQ%" + group
+	deadLetter       string      // "" until New: "%DLQ%" + group
+	tls              *tls.Config // nil: plaintext
 	logger           hclog.Logger
 	clock            clockwork.Clock
 
@@ -179,6 +181,13 @@ func defaultMember() string {
 	_, _ = rand.Read(b[:])
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
 }
+
+// TLS makes the consumer speak TLS with cfg to the metaservers and the
+// brokers (its dead-letter producer included): it verifies their
+// certificates with cfg.RootCAs (the system's roots when nil) and presents
+// cfg's certificate to servers that require one (tlsconf.ClientConfig
+// makes cfg from -tls-ca, -tls-cert and -tls-key). Default nil: plaintext.
+func TLS(cfg *tls.Config) Opt { return optFunc(func(c *config) { c.tls = cfg }) }
 
 // MetaAddrs sets the metaserver nodes' RPC addresses. Required.
 func MetaAddrs(addrs ...string) Opt {

@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -42,6 +43,7 @@ type config struct {
 	idSource        identitySource      // nil: the metaserver
 	routeSrc        routeSource         // nil: the metaserver
 	dialAddr        func(string) string // nil: brokers' addresses as routed (tests put a proxy between)
+	tls             *tls.Config         // nil: plaintext
 }
 
 func defaults() config {
@@ -171,6 +173,15 @@ func withRouteSource(src routeSource) Opt { return optFunc(func(c *config) { c.r
 
 // withDialAddr maps a broker's routed address to the one dialed (tests).
 func withDialAddr(f func(string) string) Opt { return optFunc(func(c *config) { c.dialAddr = f }) }
+
+// TLS makes the producer speak TLS with cfg to the metaservers and the
+// brokers: it verifies their certificates with cfg.RootCAs (the system's
+// roots when nil) and presents cfg's certificate to servers that require
+// one (tlsconf.ClientConfig makes cfg from -tls-ca, -tls-cert and
+// -tls-key). Default nil: plaintext. A failed handshake fails the send's
+// attempt like a lost connection, with an error that names the likely
+// cause (transport.HandshakeError).
+func TLS(cfg *tls.Config) Opt { return optFunc(func(c *config) { c.tls = cfg }) }
 
 // MetaAddrs sets the metaserver nodes' RPC addresses. Required.
 func MetaAddrs(addrs ...string) Opt {
