@@ -134,7 +134,7 @@ func identify(ctx context.Context, tc *transport.Client, addr string, code proto
 		return &WrongServerError{Addr: addr, Ferrymq: true,
 			Why: fmt.Sprintf("it has no handler for %v (request code %d) and does not say what it is", code, uint16(code))}
 	case closedUnanswered(err) && closedUnanswered(callErr):
-		return &WrongServerError{Addr: addr, Why: "it took the connection and closed it without answering, twice"}
+		return &WrongServerError{Addr: addr, Why: "it took the connection and closed it without answering, twice (so does a port that wants TLS, to a client without it)"}
 	}
 	return nil
 }

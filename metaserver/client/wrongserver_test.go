@@ -114,7 +114,7 @@ func TestNotAFerrymqServer(t *testing.T) {
 	for _, c := range []struct{ name, addr, why string }{
 		{"HTTP error", garbage, notFrame},
 		{"HTTP server", ln.Addr().String(), notFrame},
-		{"closer", closer, "it took the connection and closed it without answering, twice"},
+		{"closer", closer, "it took the connection and closed it without answering, twice (so does a port that wants TLS, to a client without it)"},
 	} {
 		_, err := newClient(t, time.Minute, c.addr).Topics(context.Background())
 		if want := c.addr + " is not a ferrymq server: " + c.why; err == nil || err.Error() != want {
