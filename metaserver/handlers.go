@@ -19,6 +19,11 @@ import (
 type empty struct{}
 
 func (s *Server) routes() {
+	// IDENTIFY: this is a metaserver (a client that got an answer it did
+	// not expect asks, to tell a wrong address from an old metaserver).
+	s.rpc.Handle(protocol.CodeIdentify, func(r *transport.Request) {
+		_ = r.Reply(protocol.AppendIdentity(nil, &protocol.Identity{Kind: protocol.KindMetaserver, ID: s.cfg.ID}))
+	})
 	handle(s, protocol.CodeHeartbeat, true, s.heartbeat)
 	s.rpc.Handle(protocol.CodeRouteLookup, func(r *transport.Request) { s.handleRouteLookup(r, s.cfg.AutoCreateTopics) })
 	s.rpc.Handle(protocol.CodeRouteGet, func(r *transport.Request) { s.handleRouteLookup(r, false) })
