@@ -57,7 +57,7 @@ type server struct {
 }
 
 // run starts run(args) until the test ends; Cleanup cancels it and fails
-// the test if it returns an error.
+// the test if it returns an error or logs an error while stopping.
 func run(t *testing.T, name string, fn func(context.Context, []string, io.Writer) error, args ...string) *server {
 	t.Helper()
 	s := &server{name: name, stderr: &syncBuffer{}}
@@ -68,6 +68,18 @@ func run(t *testing.T, name string, fn func(context.Context, []string, io.Writer
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("%s: Run returned %v", name, err)
+		}
+		// A clean stop logs no error.
+		out := s.stderr.String()
+		i := strings.Index(out, "shutting down")
+		if i < 0 {
+			t.Errorf("%s did not log shutting down:\n%s", name, out)
+			return
+		}
+		for _, l := range strings.Split(out[i:], "\n") {
+			if strings.Contains(l, "[ERROR]") {
+				t.Errorf("%s logged while stopping: %s", name, l)
+			}
 		}
 	})
 	return s
@@ -336,7 +348,8 @@ func lintFamilies(t *testing.T, endpoint, prefix string, fams map[string]*dto.Me
 // groups the test made: no label takes a reason list, an error or any other
 // value that changes with the state. Then it checks that every metric the
 // Grafana dashboard and the Prometheus alerts in deploy/ use is one a
-// server or the producer SDK exports.
+// server or the producer SDK exports. At the end every server stops as on
+// SIGTERM and must log no error while stopping.
 func TestMetricsEndpoints(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a metaserver and two brokers")
