@@ -238,6 +238,10 @@ func exitCode(err error) int {
 		// cobra reports these two as plain errors, with no hook to type them.
 		strings.Contains(err.Error(), "unknown command"), strings.Contains(err.Error(), "required flag"):
 		return exitUsage
+	case errors.Is(err, client.ErrNotMetaserver):
+		// --meta names a broker or something that is not ferrymq: the
+		// address is wrong, and saying so is the whole error.
+		return exitUsage
 	case errors.Is(err, client.ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, protocol.ErrTimeout):
 		return exitUnreachable
