@@ -306,7 +306,7 @@ func (s *Server) commitOffsets(ctx context.Context, req api.CommitRequest) (api.
 	cmd := &fsm.CommitOffsets{Group: req.Group, Member: req.Member, Generation: req.Generation, Offsets: toFSMOffsets(req.Offsets)}
 	g, ok := s.fsm.ConsumerGroup(req.Group)
 	if !ok {
-		return api.CommitReply{}, &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("consumer group %q", req.Group)}
+		return api.CommitReply{}, &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("consumer group %q does not exist", req.Group)}
 	}
 	if req.Generation != g.Generation {
 		return api.CommitReply{}, &protocol.Error{Status: protocol.StatusStaleGeneration,

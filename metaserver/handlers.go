@@ -198,7 +198,7 @@ func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (r
 		if req.IfMissing {
 			return r, nil
 		}
-		return routing.Route{}, &protocol.Error{Status: protocol.StatusConflict, Message: fmt.Sprintf("topic %q exists", req.Name)}
+		return routing.Route{}, &protocol.Error{Status: protocol.StatusConflict, Message: fmt.Sprintf("topic %q already exists", req.Name)}
 	}
 	n := req.Queues
 	if n <= 0 {
@@ -247,7 +247,7 @@ func (s *Server) addQueues(ctx context.Context, req api.AddQueuesRequest) (routi
 	topics := s.fsm.Topics()
 	i := sort.Search(len(topics), func(i int) bool { return topics[i].Name >= req.Topic })
 	if i == len(topics) || topics[i].Name != req.Topic {
-		return routing.Route{}, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q", req.Topic)}
+		return routing.Route{}, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", req.Topic)}
 	}
 	groups := s.writableGroups()
 	if len(groups) == 0 {

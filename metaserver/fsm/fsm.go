@@ -165,7 +165,7 @@ func (f *FSM) apply(c Command) any {
 	case *SetGroupReasons:
 		g := s.Groups[c.Group]
 		if g == nil {
-			return notFound("group %q", c.Group)
+			return notFound("broker group %q does not exist", c.Group)
 		}
 		if c.ExpectVersion != 0 && c.ExpectVersion != g.Version {
 			return conflict("group %q is at version %d, not %d", c.Group, g.Version, c.ExpectVersion)
@@ -185,14 +185,14 @@ func (f *FSM) apply(c Command) any {
 			if slices.Equal(t.Queues, c.Queues) {
 				return &Result{Version: t.Version} // a retried create
 			}
-			return conflict("topic %q exists", c.Name)
+			return conflict("topic %q already exists", c.Name)
 		}
 		if len(c.Queues) == 0 {
 			return &protocol.Error{Status: protocol.StatusInvalid, Message: "a topic needs at least one queue"}
 		}
 		for _, g := range c.Queues {
 			if s.Groups[g] == nil {
-				return notFound("group %q", g)
+				return notFound("broker group %q does not exist", g)
 			}
 		}
 		s.Version++
@@ -201,14 +201,14 @@ func (f *FSM) apply(c Command) any {
 	case *AddQueues:
 		t := s.Topics[c.Topic]
 		if t == nil {
-			return notFound("topic %q", c.Topic)
+			return notFound("topic %q does not exist", c.Topic)
 		}
 		if c.ExpectVersion != 0 && c.ExpectVersion != t.Version {
 			return conflict("topic %q is at version %d, not %d", c.Topic, t.Version, c.ExpectVersion)
 		}
 		for _, g := range c.Groups {
 			if s.Groups[g] == nil {
-				return notFound("group %q", g)
+				return notFound("broker group %q does not exist", g)
 			}
 		}
 		if len(c.Groups) == 0 {
@@ -237,7 +237,7 @@ func (f *FSM) apply(c Command) any {
 	case *RemoveBroker:
 		g := s.Groups[c.Group]
 		if g == nil {
-			return notFound("group %q", c.Group)
+			return notFound("broker group %q does not exist", c.Group)
 		}
 		switch c.Role {
 		case routing.RoleMaster:
@@ -275,7 +275,7 @@ func (f *FSM) apply(c Command) any {
 	case *SetEpochStart:
 		g := s.Groups[c.Group]
 		if g == nil {
-			return notFound("group %q", c.Group)
+			return notFound("broker group %q does not exist", c.Group)
 		}
 		n := len(g.History)
 		if n == 0 || g.Epoch != c.Epoch || g.History[n-1].Epoch != c.Epoch {
@@ -367,7 +367,7 @@ func (f *FSM) newEpoch(g *routing.Group, master string, start, at int64) {
 func (f *FSM) promote(c *Promote) any {
 	g := f.s.Groups[c.Group]
 	if g == nil {
-		return notFound("group %q", c.Group)
+		return notFound("broker group %q does not exist", c.Group)
 	}
 	if g.Epoch != c.Epoch || g.Master.ID != c.Master || g.Slave.ID != c.Slave || c.Slave == "" {
 		return conflict("group %q is at epoch %d with master %q and slave %q, not epoch %d with master %q and slave %q",
