@@ -205,6 +205,9 @@ func TestRollFails(t *testing.T) {
 			must(t, l.Close())
 			l = openLog(t, Config{Dir: dir, SegmentSize: 1000})
 			defer l.Close()
+			if b := l.Broken(); b != nil {
+				t.Fatalf("Broken() = %v after reopening, want nil", b)
+			}
 			m.check(t, l)
 		})
 	}
@@ -253,6 +256,9 @@ func TestFailedUndoBreaksTheLog(t *testing.T) {
 			isInjected(t, err, c.cause)
 			if !errors.Is(err, ErrBroken) {
 				t.Fatalf("append whose undo failed: %v, want ErrBroken too", err)
+			}
+			if b := l.Broken(); !errors.Is(b, ErrBroken) {
+				t.Fatalf("Broken() = %v after a failed undo, want ErrBroken (a broker's /healthz reads it)", b)
 			}
 			efs.DropAll()
 			if err := m.append(t, l, false, entry(0, "later", 100)); !errors.Is(err, ErrBroken) {

@@ -78,6 +78,8 @@ type Log struct {
 	end     atomic.Int64 // log offset after the last record written
 	flushed atomic.Int64 // log offset up to which the log is synced
 	broken  error        // writer-owned: set when a failed write could not be undone
+	// brokenSeen publishes broken for Broken (readers off the writer).
+	brokenSeen atomic.Pointer[error]
 	// gen counts truncations (Truncate); changed under mu. A read plans
 	// under mu and fails if gen moved before its bytes were read, since the
 	// bytes past a truncation point may since hold other records.

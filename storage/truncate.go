@@ -257,8 +257,25 @@ func (l *Log) truncate(offset int64, sideFile string) (TruncateResult, error) {
 // breakBy marks the log broken by a failed truncation and returns the error.
 func (l *Log) breakBy(err error) error {
 	l.broken = fmt.Errorf("%w: truncate: %w", ErrBroken, err)
+	l.publishBroken()
 	l.log.Error("log broken", "error", l.broken)
 	return l.broken
+}
+
+// publishBroken makes l.broken visible to Broken.
+func (l *Log) publishBroken() {
+	err := l.broken
+	l.brokenSeen.Store(&err)
+}
+
+// Broken returns the error that broke the log (a failed write or
+// truncation that could not be undone: every later append fails with it
+// until the log is reopened), or nil. Safe from any goroutine.
+func (l *Log) Broken() error {
+	if p := l.brokenSeen.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // cutState is the index and deduplication state of the log cut at an

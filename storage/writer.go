@@ -269,6 +269,7 @@ func (l *Log) writeChunks(chunks []chunk) error {
 		l.pt.use(chunks[0].seg, chunks[0].start)
 		if len(errs) > 0 {
 			l.broken = fmt.Errorf("%w: undoing a failed write: %w (write: %w)", ErrBroken, errors.Join(errs...), cause)
+			l.publishBroken()
 			l.log.Error("log broken", "error", l.broken)
 			return l.broken
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/cmd/internal/cli"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -100,8 +101,9 @@ func newRootCommand(in io.Reader, out io.Writer) *cobra.Command {
 func newRoot(in io.Reader, out io.Writer) (*cobra.Command, *globalOptions) {
 	g := &globalOptions{in: in, out: out}
 	root := &cobra.Command{
-		Use:   "ferryctl",
-		Short: "Inspect and drive a ferrymq cluster",
+		Use:     "ferryctl",
+		Short:   "Inspect and drive a ferrymq cluster",
+		Version: cli.Version,
 		Long: `Inspect and drive a ferrymq cluster.
 
 The global flags can also come from the environment: FERRY_META, FERRY_JSON
@@ -119,6 +121,7 @@ reached.`,
 			return checkArgs(cmd, args)
 		},
 	}
+	root.SetVersionTemplate(cli.VersionLine("ferryctl") + "\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		if first := g.flagErrs.first; first != nil && strings.Contains(err.Error(), first.Error()) {
 			return usageError{first}

@@ -4,6 +4,7 @@ package brokerd
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -79,6 +80,8 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	defer b.Close()
 	m := cli.NewMetrics()
 	register(m, b, cfg.Dir)
+	m.Health = b.Store().Broken
+	m.Ready = func() error { return ready(b) }
 	if err := m.Serve(metricsAddr, cfg.Logger); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
@@ -227,4 +230,20 @@ func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(diskAvailDesc, prometheus.GaugeValue, float64(avail))
 	ch <- prometheus.MustNewConstMetric(diskSizeDesc, prometheus.GaugeValue, float64(size))
+}
+
+// ready is /readyz: the broker serves once the metaserver named it its
+// group's master or slave (before that it takes no writes and follows no
+// master), and while its log is not broken.
+func ready(b *broker.Broker) error {
+	if err := b.Store().Broken(); err != nil {
+		return err
+	}
+	if b.IsMaster() || b.Role() == string(routing.RoleSlave) {
+		return nil
+	}
+	if role := b.Role(); strings.HasPrefix(role, "blocked") {
+		return fmt.Errorf("not ready: %s", role)
+	}
+	return errors.New("not ready: the metaserver has not named this broker master or slave yet")
 }

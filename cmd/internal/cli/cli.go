@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -29,6 +30,20 @@ const (
 	ExitConfig = 2 // a bad flag, config file or setting, a taken port, an unusable directory
 )
 
+// Version is the programs' version, set at build time with
+// -ldflags "-X github.com/ferrymq/ferrymq/cmd/internal/cli.Version=v1.2.3";
+// "devel" in a plain build.
+var Version = "devel"
+
+// VersionLine is what -version prints: the program, its version and the Go
+// that built it.
+func VersionLine(name string) string {
+	return fmt.Sprintf("%s %s (%s %s/%s)", name, Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+// ErrVersion is what Parse returns for -version: print VersionLine, exit 0.
+var ErrVersion = errors.New("version asked")
+
 // ConfigError marks an error in the settings (exit code 2).
 type ConfigError struct{ Err error }
 
@@ -41,7 +56,9 @@ func Main(name string, run func(ctx context.Context, args []string, stderr io.Wr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr)
 	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
+	if errors.Is(err, ErrVersion) {
+		fmt.Println(VersionLine(name))
+	} else if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 	}
 	os.Exit(ExitCode(err))
@@ -51,7 +68,7 @@ func Main(name string, run func(ctx context.Context, args []string, stderr io.Wr
 func ExitCode(err error) int {
 	var ce *ConfigError
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil, errors.Is(err, flag.ErrHelp), errors.Is(err, ErrVersion):
 		return ExitOK
 	case errors.As(err, &ce), errors.Is(err, syscall.EADDRINUSE), errors.Is(err, syscall.EADDRNOTAVAIL),
 		errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EROFS):
@@ -67,8 +84,12 @@ func ExitCode(err error) int {
 // flag names; values strings, numbers or booleans).
 func Parse(fs *flag.FlagSet, args []string) error {
 	config := fs.String("config", "", "a JSON file of settings (keys are flag names); flags given on the command line win")
+	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return &ConfigError{err}
+	}
+	if *version {
+		return ErrVersion
 	}
 	if fs.NArg() > 0 {
 		return &ConfigError{fmt.Errorf("unexpected arguments: %v", fs.Args())}
@@ -87,7 +108,7 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for k, v := range values {
-		if fs.Lookup(k) == nil || k == "config" {
+		if fs.Lookup(k) == nil || k == "config" || k == "version" {
 			return &ConfigError{fmt.Errorf("config file %s: unknown setting %q", *config, k)}
 		}
 		if set[k] {
@@ -122,12 +143,19 @@ func (l *LogFlags) Logger(name string, out io.Writer) (hclog.Logger, error) {
 }
 
 // Metrics serves a registry (with the Go and process collectors added) on
-// addr at /metrics until Close. An empty addr serves nothing.
+// addr at /metrics until Close, and the health checks /healthz (liveness:
+// Health's error, or 200) and /readyz (readiness: Ready's error, or 200);
+// a nil check answers 200. An empty addr serves nothing.
 type Metrics struct {
 	Registry *prometheus.Registry
-	srv      *http.Server
-	done     chan struct{}
-	Addr     string
+	// Health says why the process should be restarted (nil: it is live).
+	Health func() error
+	// Ready says why the server cannot serve yet (nil: it can).
+	Ready func() error
+
+	srv  *http.Server
+	done chan struct{}
+	Addr string
 }
 
 // NewMetrics makes the registry; Serve starts the endpoint.
@@ -149,6 +177,8 @@ func (m *Metrics) Serve(addr string, log hclog.Logger) error {
 	m.Addr = ln.Addr().String()
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("/healthz", checkHandler(m.Health))
+	mux.Handle("/readyz", checkHandler(m.Ready))
 	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	m.done = make(chan struct{})
 	go func() {
@@ -157,8 +187,25 @@ func (m *Metrics) Serve(addr string, log hclog.Logger) error {
 			log.Error("metrics server failed", "error", err)
 		}
 	}()
-	log.Info("serving metrics", "addr", m.Addr)
+	log.Info("serving metrics", "addr", m.Addr, "health", "/healthz /readyz")
 	return nil
+}
+
+// checkHandler answers 200 "ok" when check passes (or is nil), and 503 with
+// the reason when it does not.
+func checkHandler(check func() error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		if check != nil {
+			if err := check(); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintln(w, err)
+				return
+			}
+		}
+		fmt.Fprintln(w, "ok")
+	})
 }
 
 // Close stops the endpoint.

@@ -4,6 +4,7 @@ package metaserverd
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
 	"github.com/ferrymq/ferrymq/metaserver"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
@@ -97,6 +99,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	defer s.Close()
 	m := cli.NewMetrics()
 	register(m, s)
+	m.Ready = func() error { return ready(s.RaftStatus()) }
 	if err := m.Serve(metricsAddr, cfg.Logger); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
@@ -240,4 +243,18 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// ready is /readyz: the node serves once it follows a known leader or
+// leads (a node that knows no leader cannot answer for the registry).
+func ready(st api.RaftStatus) error {
+	switch {
+	case st.State == "Leader":
+		return nil
+	case st.State == "Follower" && st.LeaderID != "":
+		return nil
+	case st.State == "Starting":
+		return errors.New("not ready: the node is starting")
+	}
+	return fmt.Errorf("not ready: no raft leader known (this node is %s)", st.State)
 }
