@@ -59,6 +59,10 @@ const (
 var rules = map[protocol.Code]need{
 	// A peer asking what a server is; it changes nothing.
 	protocol.CodeIdentify: needAny,
+	// AUTH is how a peer becomes a principal: it is served before one
+	// exists (transport lets it through), and a principal may present
+	// another token on the same connection.
+	protocol.CodeAuth: needAny,
 
 	protocol.CodeSend: needProduce,
 	// PULL names no group: a consumer of any group may read the topic.
@@ -94,6 +98,13 @@ var rules = map[protocol.Code]need{
 	protocol.CodeConsumerGroups:    needDescribe | needConsumeGroupNamed,
 	// Moving a group's offsets is an operator's act.
 	protocol.CodeResetOffsets: 0,
+
+	// The ACL: only admin changes or lists it; the brokers read it (token
+	// hashes and permissions) for their copy of the table.
+	protocol.CodeAdminACLSet:    0,
+	protocol.CodeAdminACLRemove: 0,
+	protocol.CodeAdminACLList:   0,
+	protocol.CodeACLGet:         needCluster,
 }
 
 // HasRule reports whether code has a rule (a code without one is allowed

@@ -67,6 +67,7 @@ var (
 // request code protocol names must be here (TestEveryCodeHasARule).
 var expect = map[string][]allow{
 	"IDENTIFY": {{Target{}, everyone}},
+	"AUTH":     {{Target{}, everyone}},
 	"SEND": {
 		{Topic("orders"), []string{"admin", "prodExact", "prodAll", "mixed"}},
 		{Topic("orders.eu"), []string{"admin", "prodPrefix", "prodAll"}},
@@ -110,7 +111,11 @@ var expect = map[string][]allow{
 		{Target{Group: "other"}, []string{"admin", "describe", "consAll"}},
 		{Target{}, []string{"admin", "describe"}}, // every group
 	},
-	"RESET_OFFSETS": adminOnly,
+	"RESET_OFFSETS":    adminOnly,
+	"ADMIN_ACL_SET":    adminOnly,
+	"ADMIN_ACL_REMOVE": adminOnly,
+	"ADMIN_ACL_LIST":   adminOnly,
+	"ACL_GET":          clusterOnly,
 }
 
 // namedCodes returns every request code protocol gives a name.

@@ -6,13 +6,21 @@ import "fmt"
 type Code uint16
 
 // Request codes. Ranges: 0x any server, 1x broker data path, 2x replication, 3x metaserver
-// broker-facing, 4x metaserver admin, 5x consumer groups (metaserver).
+// broker-facing, 4x metaserver admin, 5x consumer groups (metaserver), 6x the access control list
+// (metaserver).
 const (
 	// CodeIdentify asks a server what it is (an empty body -> Identity).
 	// A broker answers it; a metaserver today answers UNKNOWN_CODE. The
 	// metaserver client asks it of a server that answered one of its
 	// requests UNKNOWN_CODE, to say whom it reached.
 	CodeIdentify Code = 1
+	// CodeAuth presents a credential: the body is a token (the answer is
+	// an AuthReply: the principal it names and its permissions). On a
+	// server with authorization on, a connection is served nothing but
+	// AUTH and IDENTIFY until it authenticated (by AUTH or by its TLS
+	// client certificate); a token that is not recognised is answered
+	// NOT_AUTHORIZED and leaves the connection unauthenticated.
+	CodeAuth Code = 2
 
 	CodeSend Code = 10 // SEND a batch of messages (SendRequest -> SendResponse)
 	CodePull Code = 11 // PULL stored messages of one queue (PullRequest -> PullResponse)
@@ -39,10 +47,21 @@ const (
 	CodeCommitOffsets     Code = 51 // a member commits its queues' offsets (metaserver leader)
 	CodeConsumerGroups    Code = 52 // the consumer groups: members, assignments, committed offsets
 	CodeResetOffsets      Code = 53 // an admin sets a group's offsets; only with no live members
+
+	// The access control list (6x, metaserver; JSON bodies, metaserver/api).
+	CodeAdminACLSet    Code = 60 // create or replace a principal (leader)
+	CodeAdminACLRemove Code = 61 // remove a principal (leader)
+	CodeAdminACLList   Code = 62 // the principals, for an admin (leader)
+	CodeACLGet         Code = 63 // the principals, for a broker's copy of the table (leader)
 )
 
 var codeNames = map[Code]string{
 	CodeIdentify:          "IDENTIFY",
+	CodeAuth:              "AUTH",
+	CodeAdminACLSet:       "ADMIN_ACL_SET",
+	CodeAdminACLRemove:    "ADMIN_ACL_REMOVE",
+	CodeAdminACLList:      "ADMIN_ACL_LIST",
+	CodeACLGet:            "ACL_GET",
 	CodeSend:              "SEND",
 	CodePull:              "PULL",
 	CodeHAFetch:           "HA_FETCH",
