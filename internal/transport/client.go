@@ -36,6 +36,14 @@ type ClientConfig struct {
 	// handshake is part of the dial, bounded by DialTimeout; a failed one
 	// returns a *HandshakeError naming the likely cause.
 	TLS *tls.Config
+	// Token, when set, is presented to the server with AUTH first thing on
+	// every connection (after the TLS handshake): a call waits for the
+	// server's answer before its own request goes. A server that does not
+	// recognise the token answers NOT_AUTHORIZED, and every call on that
+	// connection fails with that error, whose text says so ("transport:
+	// AUTH to ADDR: ferrymq: NOT_AUTHORIZED: token not recognised"); the
+	// next call dials again. "" presents nothing.
+	Token string
 }
 
 func (c ClientConfig) withDefaults() ClientConfig {
@@ -111,6 +119,11 @@ func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (pro
 	if err != nil {
 		return protocol.Frame{}, err
 	}
+	return c.callOn(ctx, cc, code, body)
+}
+
+// callOn is Call on the connection cc.
+func (c *Client) callOn(ctx context.Context, cc *clientConn, code protocol.Code, body []byte) (protocol.Frame, error) {
 	opaque := c.opaque.Add(1)
 	ch := make(chan result, 1)
 	if err := cc.register(opaque, ch); err != nil {
@@ -225,7 +238,6 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 		done:    make(chan struct{}),
 		pending: make(map[uint32]chan result),
 	}
-	c.conn = cc
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -242,7 +254,32 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 		wg.Wait()
 		close(cc.done)
 	}()
+	if c.cfg.Token != "" {
+		if err := c.login(ctx, cc); err != nil {
+			// Not yet c.conn: kill it without the detach, which takes c.mu.
+			cc.kill(err)
+			return nil, err
+		}
+	}
+	c.conn = cc
 	return cc, nil
+}
+
+// login presents the client's token on the new connection cc and waits for
+// the answer (at most DialTimeout). A server that predates AUTH
+// (UNKNOWN_CODE) checks no credentials: the connection is used as it is.
+func (c *Client) login(ctx context.Context, cc *clientConn) error {
+	lctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	defer cancel()
+	_, err := c.callOn(lctx, cc, protocol.CodeAuth, []byte(c.cfg.Token))
+	if err == nil || errors.Is(err, protocol.ErrUnknownCode) {
+		return nil
+	}
+	var pe *protocol.Error
+	if errors.As(err, &pe) && !errors.Is(err, ErrConnLost) {
+		return c.wrap(protocol.CodeAuth, err)
+	}
+	return err
 }
 
 // readLoop delivers responses to their calls until the connection breaks.
@@ -275,10 +312,23 @@ func (cc *clientConn) readLoop(addr string) error {
 // fail kills cc: it closes the socket, stops the writer, fails every pending
 // call, and detaches cc from the client so the next call dials again.
 func (c *Client) fail(cc *clientConn, cause error) {
+	if !cc.kill(cause) {
+		return
+	}
+	c.mu.Lock()
+	if c.conn == cc {
+		c.conn = nil
+	}
+	c.mu.Unlock()
+}
+
+// kill closes cc's socket, stops its writer and fails its pending calls
+// with cause; it reports whether cc was alive.
+func (cc *clientConn) kill(cause error) bool {
 	cc.mu.Lock()
 	if cc.err != nil {
 		cc.mu.Unlock()
-		return
+		return false
 	}
 	if errors.Is(cause, ErrClosed) {
 		cc.err = ErrClosed
@@ -296,11 +346,7 @@ func (c *Client) fail(cc *clientConn, cause error) {
 	for _, ch := range pending {
 		ch <- result{err: cc.err}
 	}
-	c.mu.Lock()
-	if c.conn == cc {
-		c.conn = nil
-	}
-	c.mu.Unlock()
+	return true
 }
 
 func (cc *clientConn) register(opaque uint32, ch chan result) error {

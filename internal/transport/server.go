@@ -98,7 +98,10 @@ type ServerConfig struct {
 	// RequireAuth keeps a connection unauthenticated until its TLS client
 	// certificate was verified or a handler called Request.Authenticate;
 	// without it, a connection's first request of a registered code
-	// authenticates it.
+	// authenticates it. With it, an unauthenticated connection is served
+	// only AUTH and IDENTIFY (protocol.CodeAuth, CodeIdentify): any other
+	// request is answered NOT_AUTHORIZED "authenticate first", without
+	// reaching a handler.
 	RequireAuth bool
 }
 
@@ -565,6 +568,9 @@ type serverConn struct {
 	// authenticated (see ServerConfig).
 	tlsState *tls.ConnectionState
 	trusted  atomic.Bool
+	// peer is the connection's identity slot (Request.SetPeer): nil until
+	// a handler sets it.
+	peer atomic.Pointer[any]
 
 	// The connection's ordered requests (HandleOrdered): while one is with
 	// the workers (queued for or run by one), running is set and those read
@@ -666,6 +672,13 @@ func (c *serverConn) readLoop() {
 		}
 		req := &Request{Frame: f, conn: c, h: rt.h, reserved: n, ordered: rt.ordered}
 		c.s.inflight.Add(1)
+		if c.s.cfg.RequireAuth && !preAuth(f.Code) && !c.trusted.Load() {
+			req.ReplyError(errAuthFirst)
+			if f.IsOneway() {
+				req.finish()
+			}
+			continue
+		}
 		if !known {
 			req.ReplyError(&protocol.Error{Status: protocol.StatusUnknownCode,
 				Message: fmt.Sprintf("no handler for request code %d", uint16(f.Code))})
@@ -821,6 +834,31 @@ func (r *Request) TLS() *tls.ConnectionState { return r.conn.tlsState }
 // Authenticated reports whether the request's connection is authenticated
 // (see ServerConfig.RequireAuth).
 func (r *Request) Authenticated() bool { return r.conn.trusted.Load() }
+
+// errAuthFirst answers a request that an unauthenticated connection may
+// not make (RequireAuth).
+var errAuthFirst = &protocol.Error{Status: protocol.StatusNotAuthorized,
+	Message: "authenticate first: send AUTH with a token, or connect with a TLS client certificate"}
+
+// preAuth reports whether a connection that has not authenticated may make
+// a request of code (RequireAuth): AUTH, and IDENTIFY, which changes
+// nothing.
+func preAuth(code protocol.Code) bool {
+	return code == protocol.CodeAuth || code == protocol.CodeIdentify
+}
+
+// Peer is what a handler stored for the request's connection with SetPeer
+// (the authorization layer keeps who the peer is there), or nil.
+func (r *Request) Peer() any {
+	if p := r.conn.peer.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// SetPeer stores v for the request's connection: every later request of
+// the connection sees it with Peer.
+func (r *Request) SetPeer(v any) { r.conn.peer.Store(&v) }
 
 // Authenticate marks the request's connection authenticated: its next
 // frames may be as large as any (the authorization layer calls it once a

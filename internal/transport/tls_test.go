@@ -132,8 +132,8 @@ func TestTLSRoundTrip(t *testing.T) {
 
 // Codes of the TLS tests' own handlers.
 const (
-	codeWho  protocol.Code = 1020 // records the peer's certificate and authentication
-	codeAuth protocol.Code = 1021 // authenticates its connection
+	codeWho  protocol.Code = 1020              // records the peer's certificate and authentication
+	codeAuth               = protocol.CodeAuth // authenticates its connection
 )
 
 // A failed handshake is explained on both ends: the client's error names
@@ -255,8 +255,13 @@ func TestHalfOpenFlood(t *testing.T) {
 			if requireAuth {
 				deadline = 2 * time.Second
 			}
-			ts := startServer(t, ServerConfig{MaxConns: maxConns, HandshakeTimeout: deadline, RequireAuth: requireAuth})
-			good := newClient(t, ts.addr, ClientConfig{})
+			ts := startServer(t, ServerConfig{MaxConns: maxConns, HandshakeTimeout: deadline, RequireAuth: requireAuth}, func(ts *testServer) {
+				ts.Handle(codeAuth, func(r *Request) {
+					r.Authenticate()
+					_ = r.Reply(nil)
+				})
+			})
+			good := newClient(t, ts.addr, ClientConfig{Token: "a token"})
 			if _, err := good.Call(context.Background(), codeEcho, []byte("before")); err != nil {
 				t.Fatal(err)
 			}
@@ -307,7 +312,7 @@ func TestHalfOpenFlood(t *testing.T) {
 			if resp, err := good.Call(context.Background(), codeEcho, []byte("after")); err != nil || string(resp.Body) != "after" {
 				t.Fatalf("the connected client after the flood: %q, %v", resp.Body, err)
 			}
-			fresh := newClient(t, ts.addr, ClientConfig{})
+			fresh := newClient(t, ts.addr, ClientConfig{Token: "a token"})
 			if resp, err := fresh.Call(context.Background(), codeEcho, []byte("new")); err != nil || string(resp.Body) != "new" {
 				t.Fatalf("a new client after the flood: %q, %v", resp.Body, err)
 			}
@@ -343,8 +348,9 @@ func TestUnauthenticatedFrameCap(t *testing.T) {
 	}
 	testwait.For(t, 5*time.Second, "the refusal counted", func() bool { return strict.Stats().Oversize == 1 })
 	c2 := newClient(t, strict.addr, ClientConfig{})
-	if _, err := c2.Call(context.Background(), codeEcho, []byte("small")); err != nil {
-		t.Fatalf("a small request before authenticating: %v", err)
+	if _, err := c2.Call(context.Background(), codeEcho, []byte("small")); !errors.Is(err, protocol.ErrNotAuthorized) ||
+		!strings.Contains(err.Error(), "authenticate first") {
+		t.Fatalf("a small request before authenticating: %v, want NOT_AUTHORIZED: authenticate first", err)
 	}
 	if _, err := c2.Call(context.Background(), codeAuth, nil); err != nil {
 		t.Fatal(err)
