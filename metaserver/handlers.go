@@ -353,7 +353,7 @@ func (s *Server) leaderRoute(ctx context.Context, leader, topic string) (routing
 		if s.leaderConn != nil {
 			_ = s.leaderConn.Close()
 		}
-		s.leaderConn = transport.NewClient(leader, transport.ClientConfig{})
+		s.leaderConn = transport.NewClient(leader, transport.ClientConfig{TLS: s.cfg.TLSClient})
 	}
 	conn := s.leaderConn
 	s.leaderMu.Unlock()
