@@ -28,6 +28,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	var cfg broker.Config
 	var meta, flush, role, metricsAddr, pprofAddr string
 	var logf cli.LogFlags
+	var tlsf cli.TLSFlags
 	fs.StringVar(&cfg.ID, "id", "", "broker ID (required)")
 	fs.StringVar(&cfg.Group, "group", "", "broker group (required)")
 	fs.StringVar(&role, "role", string(routing.RoleMaster), "preferred role when first joining the group: master or slave (afterwards the metaserver decides, e.g. at a failover)")
@@ -51,11 +52,15 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
 	fs.StringVar(&pprofAddr, "pprof", "", cli.PprofHelp)
 	logf.Register(fs)
+	tlsf.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	cfg.Role = routing.Role(role)
 	var err error
+	if cfg.TLSServer, cfg.TLSClient, err = tlsf.Configs(); err != nil {
+		return err
+	}
 	if cfg.Flush, err = storage.ParseFlushMode(flush); err != nil {
 		return &cli.ConfigError{Err: err}
 	}

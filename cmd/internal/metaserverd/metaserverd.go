@@ -45,6 +45,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	var peers, metricsAddr, pprofAddr, failover string
 	var maxLoss int64
 	var logf cli.LogFlags
+	var tlsf cli.TLSFlags
 	fs.StringVar(&cfg.ID, "id", "", "this node's raft ID (required)")
 	fs.StringVar(&cfg.Dir, "dir", "", "data directory for the raft log and snapshots (required)")
 	fs.StringVar(&cfg.RaftAddr, "raft-addr", "127.0.0.1:7201", "raft transport address")
@@ -64,7 +65,12 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
 	fs.StringVar(&pprofAddr, "pprof", "", cli.PprofHelp)
 	logf.Register(fs)
+	tlsf.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.TLSServer, cfg.TLSClient, err = tlsf.Configs(); err != nil {
 		return err
 	}
 	switch failover {
@@ -82,7 +88,6 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	case maxLoss != -1:
 		return &cli.ConfigError{Err: fmt.Errorf("-failover-max-loss must be 0 or more bytes, got %d", maxLoss)}
 	}
-	var err error
 	if cfg.Peers, err = ParsePeers(peers); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
