@@ -183,7 +183,7 @@ demo() {
   echo "== ferryctl bench --topic demo --count 10000 --reliability high"
   ctl bench --topic demo --count 10000 --size 1024 --producers 4 --reliability high --progress=false
   echo
-  echo "== ferryctl send demo --body 'hello, ferrymq'"
+  echo "== ferryctl send demo --body 'hello, ferrymq' --key greeting"
   ctl send demo --body 'hello, ferrymq' --key greeting
   echo
   echo "== ferryctl routes demo"
