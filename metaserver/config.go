@@ -113,9 +113,21 @@ type Config struct {
 	// Auth holds the built-in principals' token hashes (acl.go): the
 	// bootstrap admin's, which is always admin and with an empty ACL the
 	// only one let in, and the cluster's, the servers' shared secret. They
-	// are never in the registry. Zero hashes: no such principal.
+	// are never in the registry. Zero hashes: no such principal. The
+	// cluster's is ClusterToken's when that is set.
 	Auth auth.Builtins
+	// ClusterToken is the servers' shared secret. Setting it turns
+	// authorization on: every RPC connection must authenticate (AUTH with
+	// a token, or a TLS client certificate naming a principal) and every
+	// request is checked against the permission table (ACL); the node
+	// presents it to the other nodes (forwards, route questions). "":
+	// authorization off, every peer may do anything.
+	ClusterToken string `json:"-"`
 }
+
+// AuthEnabled reports whether the node checks credentials and permissions
+// (ClusterToken is set).
+func (c Config) AuthEnabled() bool { return c.ClusterToken != "" }
 
 // NoLoss as Config.FailoverMaxLoss promotes only a slave that had every
 // byte the master reported.
@@ -138,6 +150,9 @@ func DefaultConfig() Config {
 // withDefaults fills in zero fields. Negative ones are left for Validate to
 // report.
 func (c Config) withDefaults() Config {
+	if c.ClusterToken != "" && c.Auth.Cluster.IsZero() {
+		c.Auth.Cluster = auth.HashToken(c.ClusterToken)
+	}
 	if c.DefaultQueues == 0 {
 		c.DefaultQueues = 8
 	}
@@ -216,6 +231,18 @@ func (c Config) Validate() error {
 	}
 	if err := c.Auth.Validate(); err != nil {
 		bad("Auth: %v", err)
+	}
+	switch {
+	case c.ClusterToken != "":
+		if err := auth.ValidateToken(c.ClusterToken); err != nil {
+			bad("ClusterToken: %v", err)
+		} else if h := auth.HashToken(c.ClusterToken); !c.Auth.Cluster.IsZero() && c.Auth.Cluster != h {
+			bad("Auth.Cluster is not ClusterToken's hash")
+		} else if h == c.Auth.Admin {
+			bad("the bootstrap admin and the cluster have the same token")
+		}
+	case !c.Auth.Admin.IsZero() || !c.Auth.Cluster.IsZero():
+		bad("Auth without ClusterToken: authorization is on only with the cluster token (-auth-cluster-token-file)")
 	}
 	if c.Dir == "" {
 		bad("Dir is required")

@@ -44,6 +44,7 @@ func (s *Server) routes() {
 	handle(s, protocol.CodeCommitOffsets, true, s.commitOffsets)
 	handle(s, protocol.CodeConsumerGroups, true, s.consumerGroups)
 	handle(s, protocol.CodeResetOffsets, true, s.resetOffsets)
+	s.authRoutes()
 }
 
 func invalid(format string, args ...any) error {
@@ -80,7 +81,7 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 	}
 	s.judge.judgeGroup(ctx, hb.Group, now)
 	g, _ = s.fsm.Group(hb.Group)
-	return api.HeartbeatReply{Group: g, SessionMillis: s.cfg.SessionTimeout.Milliseconds()}, nil
+	return api.HeartbeatReply{Group: g, SessionMillis: s.cfg.SessionTimeout.Milliseconds(), ACLVersion: s.fsm.ACLVersion()}, nil
 }
 
 // handleRouteLookup answers a route lookup: the body is the topic name, the
@@ -93,6 +94,10 @@ func (s *Server) handleRouteLookup(r *transport.Request, create bool) {
 	}
 	defer s.observeRouteLookup(time.Now())
 	topic := string(r.Body)
+	if err := s.authorizeTopic(r, topic); err != nil {
+		r.ReplyError(err)
+		return
+	}
 	version := s.fsm.Version()
 	if body, ok := s.routeCache.get(topic, version); ok {
 		_ = r.Reply(body)
@@ -353,7 +358,7 @@ func (s *Server) leaderRoute(ctx context.Context, leader, topic string) (routing
 		if s.leaderConn != nil {
 			_ = s.leaderConn.Close()
 		}
-		s.leaderConn = transport.NewClient(leader, transport.ClientConfig{TLS: s.cfg.TLSClient})
+		s.leaderConn = transport.NewClient(leader, s.clusterClient())
 	}
 	conn := s.leaderConn
 	s.leaderMu.Unlock()

@@ -106,7 +106,7 @@ func New(cfg Config) (*Server, error) {
 	s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: s.log.Named("raft-net"),
 	})
-	s.rpc = transport.NewServer(transport.ServerConfig{Logger: s.log.Named("rpc"), TLS: cfg.TLSServer})
+	s.rpc = transport.NewServer(transport.ServerConfig{Logger: s.log.Named("rpc"), TLS: cfg.TLSServer, RequireAuth: cfg.AuthEnabled()})
 	s.routes()
 	var bound net.Addr
 	if bound, err = s.rpc.Listen(cfg.RPCAddr); err != nil {
@@ -185,7 +185,7 @@ func (s *Server) Start(peers []Peer) error {
 	if len(addrs) == 0 {
 		addrs = []string{s.addr}
 	}
-	s.peers, _ = client.New(client.Config{Addrs: addrs, Transport: transport.ClientConfig{TLS: s.cfg.TLSClient}})
+	s.peers, _ = client.New(client.Config{Addrs: addrs, Transport: s.clusterClient()})
 	s.started.Store(true)
 	go s.leaderLoop()
 	return nil
@@ -380,12 +380,23 @@ func (s *Server) closeResources() {
 	}
 }
 
-// handle registers a JSON request/response handler. leaderOnly handlers
-// answer NOT_LEADER (with the leader's address as the body) on a follower.
+// handle registers a JSON request/response handler. With authorization
+// on, a request is checked (authz.go) before anything else is said of it.
+// leaderOnly handlers answer NOT_LEADER (with the leader's address as the
+// body) on a follower.
 func handle[Req, Resp any](s *Server, code protocol.Code, leaderOnly bool, fn func(ctx context.Context, req Req) (Resp, error)) {
 	s.rpc.Handle(code, func(r *transport.Request) {
 		if !s.started.Load() {
 			r.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: "metaserver node is starting"})
+			return
+		}
+		var req Req
+		if err := json.Unmarshal(r.Body, &req); err != nil {
+			r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("decode %v request: %v", code, err)})
+			return
+		}
+		if err := s.authorize(r, code, targetOf(req)); err != nil {
+			r.ReplyError(err)
 			return
 		}
 		if leaderOnly && !s.IsLeader() {
@@ -394,11 +405,6 @@ func handle[Req, Resp any](s *Server, code protocol.Code, leaderOnly bool, fn fu
 				return
 			}
 			_ = r.ReplyStatus(protocol.StatusNotLeader, []byte(s.leaderRPC()))
-			return
-		}
-		var req Req
-		if err := json.Unmarshal(r.Body, &req); err != nil {
-			r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("decode %v request: %v", code, err)})
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -53,6 +53,9 @@ type HeartbeatReply struct {
 	// lasts no longer than it (nor than the broker's own session), so the
 	// leader's wait before a promotion always outlasts the old master's lease.
 	SessionMillis int64 `json:"session_ms"`
+	// ACLVersion is the registry's ACL version: a broker whose copy of the
+	// permission table is older fetches the ACL (ACL_GET).
+	ACLVersion uint64 `json:"acl_version,omitempty"`
 }
 
 // GroupInfo is a group with what only the leader knows: its heartbeats.
@@ -81,6 +84,9 @@ type GroupInfo struct {
 	// SessionMillis is the leader's session: a broker unheard for longer
 	// is lost.
 	SessionMillis int64 `json:"session_ms"`
+	// ACLVersion is the registry's ACL version: a broker whose copy of the
+	// permission table is older fetches the ACL (ACL_GET).
+	ACLVersion uint64 `json:"acl_version,omitempty"`
 }
 
 // Broker roles in BrokerStatus besides the registry's master and slave.

@@ -1,0 +1,115 @@
+package metaserver
+
+import (
+	"context"
+	"slices"
+
+	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// Authorization on the RPC port (Config.ClusterToken turns it on). The
+// transport serves an unauthenticated connection nothing but AUTH and
+// IDENTIFY (transport.ServerConfig.RequireAuth); every other request is
+// checked here against this node's table (ACL), before its handler: the
+// generic handle() with the request's target (targetOf), the route lookups
+// with their topic. A refusal is NOT_AUTHORIZED naming the permission
+// missing; nothing of the request is applied.
+
+// authRoutes registers AUTH and the ACL's requests.
+func (s *Server) authRoutes() {
+	s.rpc.Handle(protocol.CodeAuth, func(r *transport.Request) {
+		if !s.cfg.AuthEnabled() {
+			_ = r.Reply(protocol.AppendAuthReply(nil, &protocol.AuthReply{}))
+			return
+		}
+		reply, err := auth.Login(r, s.ACL(), r.Body)
+		if err != nil {
+			r.ReplyError(err)
+			return
+		}
+		_ = r.Reply(protocol.AppendAuthReply(nil, &reply))
+	})
+	handle(s, protocol.CodeAdminACLSet, true, s.aclSet)
+	handle(s, protocol.CodeAdminACLRemove, true, func(ctx context.Context, req api.ACLRemoveRequest) (api.ACLChangeReply, error) {
+		ch, err := s.RemovePrincipal(ctx, req.Name, req.ExpectVersion)
+		return api.ACLChangeReply{Changed: ch.Changed, Version: ch.Version}, err
+	})
+	handle(s, protocol.CodeAdminACLList, true, s.aclList)
+	handle(s, protocol.CodeACLGet, true, s.aclList)
+}
+
+func (s *Server) aclSet(ctx context.Context, req api.ACLSetRequest) (api.ACLChangeReply, error) {
+	var h auth.TokenHash
+	if err := h.UnmarshalText([]byte(req.TokenSHA256)); err != nil {
+		return api.ACLChangeReply{}, invalid("principal %q: %v", req.Name, err)
+	}
+	ch, err := s.SetPrincipal(ctx, req.Name, h, req.Permissions, req.ExpectVersion)
+	return api.ACLChangeReply{Changed: ch.Changed, Version: ch.Version}, err
+}
+
+func (s *Server) aclList(context.Context, empty) (api.ACL, error) {
+	t := s.fsm.ACL()
+	out := api.ACL{Version: t.Version(), Principals: []api.ACLPrincipal{}}
+	for _, p := range t.Principals() {
+		out.Principals = append(out.Principals, api.ACLPrincipal{Name: p.Name, TokenSHA256: p.TokenHash.String(),
+			Permissions: auth.Strings(p.Permissions)})
+	}
+	return out, nil
+}
+
+// authorize checks the request r of code with target against this node's
+// table; nil when authorization is off.
+func (s *Server) authorize(r *transport.Request, code protocol.Code, target auth.Target) error {
+	if !s.cfg.AuthEnabled() {
+		return nil
+	}
+	return auth.Check(r, s.ACL(), code, target)
+}
+
+// authorizeTopic checks a route lookup (ROUTE_LOOKUP or ROUTE_GET) of
+// topic.
+func (s *Server) authorizeTopic(r *transport.Request, topic string) error {
+	return s.authorize(r, r.Code, auth.Topic(topic))
+}
+
+// targetOf is what a decoded request names, as far as permissions go.
+func targetOf(req any) auth.Target {
+	switch q := req.(type) {
+	case api.CreateTopicRequest:
+		return auth.Topic(q.Name)
+	case api.AddQueuesRequest:
+		return auth.Topic(q.Topic)
+	case api.ConsumerHeartbeat:
+		return auth.Target{Topics: sortedTopics(q.Topics), Group: q.Group}
+	case api.CommitRequest:
+		return auth.Target{Topics: offsetTopics(q.Offsets), Group: q.Group}
+	case api.ResetOffsetsRequest:
+		return auth.Target{Topics: offsetTopics(q.Offsets), Group: q.Group}
+	case api.ConsumerGroupsRequest:
+		return auth.Target{Group: q.Group}
+	}
+	return auth.Target{}
+}
+
+func sortedTopics(topics []string) []string {
+	out := slices.Clone(topics)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func offsetTopics(offs []api.QueueOffset) []string {
+	out := make([]string, len(offs))
+	for i, o := range offs {
+		out[i] = o.Topic
+	}
+	return sortedTopics(out)
+}
+
+// clusterClient is the transport config of this node's own connections to
+// the other nodes: TLS, and the cluster token when authorization is on.
+func (s *Server) clusterClient() transport.ClientConfig {
+	return transport.ClientConfig{TLS: s.cfg.TLSClient, Token: s.cfg.ClusterToken}
+}
