@@ -55,6 +55,7 @@ type Broker struct {
 	send   *sender
 	pulls  *longPoll
 	roles  *roles
+	acl    *aclCopy // nil: authorization off
 	stats  Stats
 
 	ctx       context.Context // cancelled by Close
@@ -93,7 +94,7 @@ func New(cfg Config) (*Broker, error) {
 		b.cancel()
 		return nil, fmt.Errorf("broker: open commit log: %w", err)
 	}
-	if b.meta, err = client.New(client.Config{Addrs: cfg.MetaAddrs, Transport: transport.ClientConfig{TLS: cfg.TLSClient}}); err != nil {
+	if b.meta, err = client.New(client.Config{Addrs: cfg.MetaAddrs, Transport: transport.ClientConfig{TLS: cfg.TLSClient, Token: cfg.ClusterToken}}); err != nil {
 		b.cancel()
 		_ = b.store.Close()
 		return nil, err
@@ -110,6 +111,11 @@ func New(cfg Config) (*Broker, error) {
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
 	hb := &heartbeater{id: cfg.ID, meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
 		log: lg.Named("heartbeat"), describe: b.describe, kicks: make(chan struct{}, 1)}
+	if cfg.ClusterToken != "" {
+		b.acl = newACLCopy(cfg.ClusterToken, b.meta, lg.Named("acl"))
+		hb.aclVersion = b.acl.sawVersion
+		b.goFunc(b.acl.run)
+	}
 	b.roles, err = newRoles(&roles{id: cfg.ID, dir: cfg.Dir, log: b.store, lease: b.lease, clock: cfg.Clock,
 		lg: lg.Named("roles"), stats: &b.stats, fixedHA: cfg.MasterHAAddr, releasePulls: b.pulls.releaseAll,
 		newRepl: func() *replication {
@@ -121,7 +127,7 @@ func New(cfg Config) (*Broker, error) {
 			return rep
 		},
 		newFollow: func(epoch uint32, addr string, masterEnd *atomic.Int64) *follower {
-			return &follower{id: cfg.ID, epoch: epoch, addr: addr, log: b.store, dial: masterDialer(cfg.TLSClient),
+			return &follower{id: cfg.ID, epoch: epoch, addr: addr, log: b.store, dial: masterDialer(cfg.TLSClient, cfg.ClusterToken),
 				fetchBytes: cfg.HAFetchBytes, fetchWait: cfg.HAFetchWait, clock: cfg.Clock, lg: lg.Named("follower"),
 				masterEnd: masterEnd, appended: b.pulls.appendedAny}
 		},
@@ -132,6 +138,9 @@ func New(cfg Config) (*Broker, error) {
 	hb.observe = b.roles.observe
 	b.send = &sender{id: cfg.ID, store: b.store, lease: b.lease, routes: b.routes, repl: b.roles.replication, pulls: b.pulls, stats: &b.stats,
 		clock: cfg.Clock, lg: lg, maxReqs: cfg.MaxInflightRequests, maxBytes: cfg.MaxInflightBytes}
+	if b.acl != nil {
+		b.send.authorize = b.acl.checkSend
+	}
 
 	// Answers are sent from the commit log's and replication's goroutines
 	// and never wait on a peer: what a connection may have queued is bounded
@@ -139,16 +148,23 @@ func New(cfg Config) (*Broker, error) {
 	// answer's size, and a peer that stops reading for WriteTimeout is cut.
 	b.rpc = transport.NewServer(transport.ServerConfig{
 		Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("rpc"),
-		TLS: cfg.TLSServer,
+		TLS: cfg.TLSServer, RequireAuth: b.acl != nil,
 	})
 	// SENDs of one connection run one at a time, in arrival order, so they
 	// reach the commit log in the order they arrived (the handler only
 	// checks and queues the append; it never waits).
 	b.rpc.HandleOrderedInline(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) }, sendReplyEstimate)
 	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) {
+		if b.acl != nil {
+			if err := b.acl.checkPull(r); err != nil {
+				r.ReplyError(err)
+				return
+			}
+		}
 		handlePull(b.pulls.store, b.lease.fence, b.pulls, r, r.Body)
 	}, pullReplySize)
 	b.rpc.Handle(protocol.CodeIdentify, b.handleIdentify)
+	b.rpc.Handle(protocol.CodeAuth, b.handleAuth)
 	bound, err := b.rpc.Listen(cfg.Addr)
 	if err != nil {
 		return fail(fmt.Errorf("broker: %w", err))
@@ -160,8 +176,13 @@ func New(cfg Config) (*Broker, error) {
 	// The HA port is open on both roles, so its address stays the same
 	// across role changes; it serves fetches only while this broker is the
 	// master, and only from the group's slave.
-	b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("ha"), TLS: cfg.TLSServer})
+	b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("ha"), TLS: cfg.TLSServer,
+		RequireAuth: b.acl != nil})
+	b.ha.Handle(protocol.CodeAuth, b.handleAuth)
 	b.ha.HandleWithReply(protocol.CodeHAFetch, func(r *transport.Request) {
+		if !b.authorized(r) {
+			return
+		}
 		if rep := b.roles.replication(); rep != nil {
 			rep.handleFetch(r, r.Body)
 			return
@@ -169,6 +190,9 @@ func New(cfg Config) (*Broker, error) {
 		r.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster, Message: "broker " + cfg.ID + " is not its group's master"})
 	}, func([]byte) int { return protocol.HAFetchResponseHeaderSize + cfg.HAFetchBytes })
 	b.ha.Handle(protocol.CodeHAAck, func(r *transport.Request) {
+		if !b.authorized(r) {
+			return
+		}
 		if rep := b.roles.replication(); rep != nil {
 			rep.handleAck(r, r.Body)
 			return

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
@@ -106,6 +107,14 @@ type Config struct {
 	// metaservers, and as a slave its master's HA port. Neither: plaintext.
 	TLSServer *tls.Config `json:"-"`
 	TLSClient *tls.Config `json:"-"`
+
+	// ClusterToken is the servers' shared secret. Setting it turns
+	// authorization on (authz.go): the data and HA ports serve a
+	// connection only once it authenticated (AUTH with a token, or a TLS
+	// client certificate naming a principal), and check every request
+	// against the registry's permission table; the broker presents it to
+	// the metaservers and, as a slave, to its master. "": off.
+	ClusterToken string `json:"-"`
 
 	// Logger is the root logger. Default: stderr at info.
 	Logger hclog.Logger `json:"-"`
@@ -228,6 +237,11 @@ func (c Config) Validate() error {
 	}
 	if len(c.MetaAddrs) == 0 {
 		errs = append(errs, errors.New("broker: MetaAddrs is required"))
+	}
+	if c.ClusterToken != "" {
+		if err := auth.ValidateToken(c.ClusterToken); err != nil {
+			errs = append(errs, fmt.Errorf("broker: ClusterToken: %w", err))
+		}
 	}
 	if (c.TLSServer == nil) != (c.TLSClient == nil) {
 		errs = append(errs, errors.New("broker: TLSServer and TLSClient go together: a slave dials its master's HA port with TLSClient when masters serve it with TLSServer"))

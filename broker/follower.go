@@ -35,12 +35,13 @@ type masterLink interface {
 // wait behind a parked fetch: the master's connection reader admits a
 // request only while the answers it owes fit in its write buffer, and a
 // parked fetch has reserved a whole answer's worth.
-func dialMaster(addr string) masterLink { return masterDialer(nil)(addr) }
+func dialMaster(addr string) masterLink { return masterDialer(nil, "")(addr) }
 
-// masterDialer is dialMaster over TLS with tlsCfg (nil: plaintext).
-func masterDialer(tlsCfg *tls.Config) func(addr string) masterLink {
+// masterDialer is dialMaster over TLS with tlsCfg (nil: plaintext),
+// presenting token (the cluster's; "": none).
+func masterDialer(tlsCfg *tls.Config, token string) func(addr string) masterLink {
 	return func(addr string) masterLink {
-		cfg := transport.ClientConfig{TLS: tlsCfg}
+		cfg := transport.ClientConfig{TLS: tlsCfg, Token: token}
 		return &transportLink{c: transport.NewClient(addr, cfg), acks: transport.NewClient(addr, cfg)}
 	}
 }

@@ -128,6 +128,9 @@ type heartbeater struct {
 	// observe takes the group as the registry has it, after each accepted
 	// heartbeat. It must not block.
 	observe func(routing.Group)
+	// aclVersion, when authorization is on, takes each accepted reply's
+	// ACL version (nil: off). It must not block.
+	aclVersion func(uint64)
 
 	// kicks asks for a heartbeat now (capacity 1): the broker learned
 	// something the registry may have news about (a slave it does not
@@ -201,4 +204,7 @@ func (h *heartbeater) beat(ctx context.Context) {
 		h.log.Info("write lease changed", "writable", h.lease.valid(), "role", role, "epoch", g.Epoch, "reasons", g.Reasons.String())
 	}
 	h.observe(g)
+	if h.aclVersion != nil {
+		h.aclVersion(reply.ACLVersion)
+	}
 }

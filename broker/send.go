@@ -43,6 +43,9 @@ type sender struct {
 	stats *Stats
 	clock clockwork.Clock
 	lg    hclog.Logger
+	// authorize, when authorization is on, checks a batch whole before
+	// anything of it is stored or fences anything (nil: off).
+	authorize func(rep replier, msgs []protocol.Message) error
 
 	// Broker-wide bounds on SEND requests in flight and their bytes; past
 	// them a request is refused whole with BUSY.
@@ -122,6 +125,13 @@ func (s *sender) handle(rep replier, body []byte) {
 		s.release(size)
 		rep.ReplyError(err)
 		return
+	}
+	if s.authorize != nil {
+		if err := s.authorize(rep, msgs); err != nil {
+			s.release(size)
+			rep.ReplyError(err)
+			return
+		}
 	}
 	s.lease.fence(epoch)
 	sb := &sendBatch{s: s, rep: rep, size: size, start: s.clock.Now(), results: make([]protocol.SendResult, len(msgs))}

@@ -46,7 +46,7 @@ func TestMasterLinkOverTLS(t *testing.T) {
 	}
 	defer ha.Close()
 
-	link := masterDialer(cliTLS)(addr.String())
+	link := masterDialer(cliTLS, "")(addr.String())
 	defer link.Close()
 	resp, err := link.Fetch(context.Background(), protocol.HAFetchRequest{BrokerID: "slave", Epoch: 7})
 	if err != nil {

@@ -38,7 +38,11 @@ func (s *Server) authRoutes() {
 		return api.ACLChangeReply{Changed: ch.Changed, Version: ch.Version}, err
 	})
 	handle(s, protocol.CodeAdminACLList, true, s.aclList)
-	handle(s, protocol.CodeACLGet, true, s.aclList)
+	handle(s, protocol.CodeACLGet, true, func(ctx context.Context, req empty) (api.ACL, error) {
+		acl, err := s.aclList(ctx, req)
+		acl.AdminSHA256 = s.cfg.Auth.Admin.String()
+		return acl, err
+	})
 }
 
 func (s *Server) aclSet(ctx context.Context, req api.ACLSetRequest) (api.ACLChangeReply, error) {

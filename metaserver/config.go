@@ -114,7 +114,8 @@ type Config struct {
 	// bootstrap admin's, which is always admin and with an empty ACL the
 	// only one let in, and the cluster's, the servers' shared secret. They
 	// are never in the registry. Zero hashes: no such principal. The
-	// cluster's is ClusterToken's when that is set.
+	// cluster's is ClusterToken's when that is set. Without ClusterToken
+	// they are in the table (ACL) but nothing checks it.
 	Auth auth.Builtins
 	// ClusterToken is the servers' shared secret. Setting it turns
 	// authorization on: every RPC connection must authenticate (AUTH with
@@ -232,17 +233,12 @@ func (c Config) Validate() error {
 	if err := c.Auth.Validate(); err != nil {
 		bad("Auth: %v", err)
 	}
-	switch {
-	case c.ClusterToken != "":
+	if c.ClusterToken != "" {
 		if err := auth.ValidateToken(c.ClusterToken); err != nil {
 			bad("ClusterToken: %v", err)
 		} else if h := auth.HashToken(c.ClusterToken); !c.Auth.Cluster.IsZero() && c.Auth.Cluster != h {
 			bad("Auth.Cluster is not ClusterToken's hash")
-		} else if h == c.Auth.Admin {
-			bad("the bootstrap admin and the cluster have the same token")
 		}
-	case !c.Auth.Admin.IsZero() || !c.Auth.Cluster.IsZero():
-		bad("Auth without ClusterToken: authorization is on only with the cluster token (-auth-cluster-token-file)")
 	}
 	if c.Dir == "" {
 		bad("Dir is required")

@@ -41,4 +41,8 @@ type ACLPrincipal struct {
 type ACL struct {
 	Version    uint64         `json:"version"`
 	Principals []ACLPrincipal `json:"principals"`
+	// AdminSHA256 is, in ACL_GET's answer only, the hash of the answering
+	// node's bootstrap admin token ("": none), so that brokers let the
+	// bootstrap admin in without a file of their own.
+	AdminSHA256 string `json:"admin_sha256,omitempty"`
 }

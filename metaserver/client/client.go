@@ -27,6 +27,10 @@ type Config struct {
 	CallTimeout time.Duration
 	// Transport tunes the connections.
 	Transport transport.ClientConfig
+	// Token, when set, is presented on every connection (it sets
+	// Transport.Token): a servers' cluster token, an admin's, or a
+	// principal's that ferryctl acl add made.
+	Token string
 }
 
 // Client is the typed metaserver client. Reads go to any node (the last one
@@ -54,6 +58,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = 5 * time.Second
+	}
+	if cfg.Token != "" {
+		cfg.Transport.Token = cfg.Token
 	}
 	return &Client{cfg: cfg, conns: map[string]*transport.Client{}, wrong: map[string]bool{}}, nil
 }

@@ -1,0 +1,189 @@
+package broker
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// Authorization on the data and HA ports (Config.ClusterToken turns it
+// on). The transport serves an unauthenticated connection nothing but AUTH
+// and IDENTIFY; each request is checked here against the broker's copy of
+// the registry's table: a SEND batch whole before anything of it is stored
+// (one check per batch, not per message), a PULL on its topic, HA_FETCH
+// and HA_ACK need cluster.
+//
+// The copy: every heartbeat reply carries the registry's ACL version; when
+// it is not the copy's, the broker fetches the ACL (ACL_GET, with the
+// cluster token) and swaps the table whole, so a principal removed or
+// changed is refused within about a heartbeat. Until the first table is
+// in, requests are answered BUSY (retriable).
+
+// aclCopy is the broker's copy of the permission table.
+type aclCopy struct {
+	cluster auth.TokenHash // the cluster token's hash
+	meta    interface {
+		ClusterACL(ctx context.Context) (api.ACL, error)
+	}
+	log   hclog.Logger
+	table atomic.Pointer[auth.Table]
+	want  atomic.Uint64 // the version the last heartbeat reply named
+	kicks chan struct{}
+}
+
+var errNoTable = &protocol.Error{Status: protocol.StatusBusy, Message: "the broker has not loaded the permission table yet"}
+
+func newACLCopy(clusterToken string, meta interface {
+	ClusterACL(ctx context.Context) (api.ACL, error)
+}, log hclog.Logger) *aclCopy {
+	return &aclCopy{cluster: auth.HashToken(clusterToken), meta: meta, log: log, kicks: make(chan struct{}, 1)}
+}
+
+// sawVersion takes the ACL version of a heartbeat reply; it never blocks.
+func (a *aclCopy) sawVersion(v uint64) {
+	a.want.Store(v)
+	if t := a.table.Load(); t == nil || t.Version() != v {
+		select {
+		case a.kicks <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run fetches the ACL whenever a heartbeat reply names another version
+// than the copy's, retrying a failed fetch after a pause.
+func (a *aclCopy) run(ctx context.Context) {
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.kicks:
+		case <-retry.C:
+		}
+		if t := a.table.Load(); t != nil && t.Version() == a.want.Load() {
+			continue
+		}
+		if err := a.fetch(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			a.log.Warn("fetching the permission table failed; retrying", "error", err)
+			retry.Reset(500 * time.Millisecond)
+		}
+	}
+}
+
+func (a *aclCopy) fetch(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	acl, err := a.meta.ClusterACL(cctx)
+	if err != nil {
+		return err
+	}
+	b := auth.Builtins{Cluster: a.cluster}
+	if err := b.Admin.UnmarshalText([]byte(acl.AdminSHA256)); err != nil {
+		return err
+	}
+	ps := make([]auth.Principal, 0, len(acl.Principals))
+	for _, p := range acl.Principals {
+		q := auth.Principal{Name: p.Name}
+		if err := q.TokenHash.UnmarshalText([]byte(p.TokenSHA256)); err != nil {
+			return err
+		}
+		perms, err := auth.ParsePermissions(p.Permissions)
+		if err != nil {
+			a.log.Warn("a principal's permissions do not parse here; it is given none", "principal", p.Name, "error", err)
+		}
+		q.Permissions = perms
+		ps = append(ps, q)
+	}
+	t, err := auth.NewTable(acl.Version, ps, b)
+	if err != nil {
+		return err
+	}
+	old := a.table.Swap(t)
+	if old == nil || old.Version() != t.Version() {
+		a.log.Info("permission table loaded", "acl-version", t.Version(), "principals", len(ps))
+	}
+	return nil
+}
+
+// login serves AUTH.
+func (a *aclCopy) login(r *transport.Request) {
+	t := a.table.Load()
+	if t == nil {
+		r.ReplyError(errNoTable)
+		return
+	}
+	reply, err := auth.Login(r, t, r.Body)
+	if err != nil {
+		r.ReplyError(err)
+		return
+	}
+	_ = r.Reply(protocol.AppendAuthReply(nil, &reply))
+}
+
+// check authorizes a request of code on target.
+func (a *aclCopy) check(c auth.Conn, code protocol.Code, target auth.Target) error {
+	t := a.table.Load()
+	if t == nil {
+		return errNoTable
+	}
+	return auth.Check(c, t, code, target)
+}
+
+// checkSend authorizes a SEND batch: every topic it names, in one check.
+func (a *aclCopy) checkSend(rep replier, msgs []protocol.Message) error {
+	c, ok := rep.(auth.Conn)
+	if !ok {
+		return &protocol.Error{Status: protocol.StatusNotAuthorized, Message: "a request from no connection"}
+	}
+	var topics []string
+	for i := range msgs {
+		if t := msgs[i].Topic; len(topics) == 0 || topics[len(topics)-1] != t {
+			topics = append(topics, t)
+		}
+	}
+	return a.check(c, protocol.CodeSend, auth.Target{Topics: topics})
+}
+
+// checkPull authorizes a PULL: consume on its topic.
+func (a *aclCopy) checkPull(r *transport.Request) error {
+	req, err := protocol.DecodePullRequest(r.Body)
+	if err != nil {
+		return nil // handlePull answers it INVALID
+	}
+	return a.check(r, protocol.CodePull, auth.Topic(req.Topic))
+}
+
+// handleAuth serves AUTH on the data and HA ports.
+func (b *Broker) handleAuth(r *transport.Request) {
+	if b.acl == nil {
+		_ = r.Reply(protocol.AppendAuthReply(nil, &protocol.AuthReply{}))
+		return
+	}
+	b.acl.login(r)
+}
+
+// authorized checks a request that names no topic (HA_FETCH, HA_ACK) and
+// answers a refusal; true when authorization is off.
+func (b *Broker) authorized(r *transport.Request) bool {
+	if b.acl == nil {
+		return true
+	}
+	if err := b.acl.check(r, r.Code, auth.Target{}); err != nil {
+		r.ReplyError(err)
+		return false
+	}
+	return true
+}
