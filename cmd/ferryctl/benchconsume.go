@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"sync"
@@ -44,6 +45,7 @@ type consumeResult struct {
 type benchConsumers struct {
 	o        *benchOptions
 	metas    []string
+	tls      *tls.Config
 	group    string
 	cs       []*consumer.Consumer
 	hists    []*hdrhistogram.Histogram
@@ -56,12 +58,12 @@ type benchConsumers struct {
 	errs     chan error
 }
 
-func newBenchConsumers(o *benchOptions, metas []string) *benchConsumers {
+func newBenchConsumers(o *benchOptions, metas []string, tlsCfg *tls.Config) *benchConsumers {
 	group := o.group
 	if group == "" {
 		group = fmt.Sprintf("ferryctl-bench-%d", time.Now().UnixNano())
 	}
-	return &benchConsumers{o: o, metas: metas, group: group, errs: make(chan error, o.consumers)}
+	return &benchConsumers{o: o, metas: metas, tls: tlsCfg, group: group, errs: make(chan error, o.consumers)}
 }
 
 // start starts the members and waits until every queue of route has a
@@ -75,7 +77,7 @@ func (b *benchConsumers) start(ctx context.Context, route routing.Route, start c
 	b.gate = make(chan struct{})
 	for i := range b.cs {
 		c, err := consumer.New(b.group, []string{b.o.topic}, consumer.MetaAddrs(b.metas...), consumer.StartFrom(start),
-			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second))
+			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), consumer.TLS(b.tls))
 		if err != nil {
 			return usageError{err}
 		}

@@ -231,7 +231,7 @@ const metaWant = "a comma-separated list of host:port (port 1 to 65535)"
 
 // globalFlags are the flags every command takes, and their environment
 // variables: FERRY_ and the flag's name in capitals.
-var globalFlags = []string{"meta", "json", "timeout"}
+var globalFlags = []string{"meta", "json", "timeout", "tls-ca", "tls-cert", "tls-key"}
 
 func envName(flag string) string {
 	return "FERRY_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))

@@ -122,6 +122,11 @@ var flagCases = map[string]flagCase{
 	"/meta":    {[]string{"topics"}, hostPort},
 	"/timeout": {[]string{"topics"}, durationIn(time.Millisecond, 24*time.Hour)},
 	"/json":    {[]string{"topics"}, anyBool},
+	// No hostile value names a PEM file (none is there), and a certificate
+	// needs its key: each is refused before any network call.
+	"/tls-ca":   {[]string{"topics"}, func(string) int { return wantUsage }},
+	"/tls-cert": {[]string{"topics"}, func(string) int { return wantUsage }},
+	"/tls-key":  {[]string{"topics"}, func(string) int { return wantUsage }},
 
 	"topic create/queues":    {[]string{"topic", "create", "t"}, intIn(1, 4096)},
 	"topic create/groups":    {[]string{"topic", "create", "t"}, matches(`^[^,\s]+(,[^,\s]+)*$`)},
@@ -191,9 +196,27 @@ var flagCases = map[string]flagCase{
 	"group reset-offsets/to-latest":   {[]string{"group", "reset-offsets", "g", "--topic", "t"}, trueOnly},
 	"group reset-offsets/dry-run":     {[]string{"group", "reset-offsets", "g", "--topic", "t", "--to-earliest"}, anyBool},
 
+	// certs dials nothing: into a directory that cannot be made, what its
+	// flags take fails writing (1).
+	"certs/node":   {[]string{"certs", "/dev/null/tls"}, writeFails(matches(`^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}=[^,\s]+(,[^,\s]+)*$`))},
+	"certs/client": {[]string{"certs", "/dev/null/tls"}, writeFails(matches(`^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$`))},
+	"certs/days":   {[]string{"certs", "/dev/null/tls", "--node", "n=127.0.0.1"}, writeFails(intIn(1, 3650))},
+	"certs/force":  {[]string{"certs", "/dev/null/tls", "--node", "n=127.0.0.1"}, writeFails(anyBool)},
+
 	"meta status/member-timeout": {[]string{"meta", "status"}, durationIn(1, math.MaxInt64)},
 	"meta add-voter/raft-addr":   {[]string{"meta", "add-voter", "m9", "--rpc-addr", "127.0.0.1:2"}, hostPort},
 	"meta add-voter/rpc-addr":    {[]string{"meta", "add-voter", "m9", "--raft-addr", "127.0.0.1:2"}, hostPort},
+}
+
+// writeFails is want for a command that dials nothing and fails writing
+// what it was asked to: a value want accepts gives exit 1, not 3.
+func writeFails(want func(string) int) func(string) int {
+	return func(v string) int {
+		if code := want(v); code != wantNetwork {
+			return code
+		}
+		return exitError
+	}
 }
 
 // trueOnly: a --to-* flag set to false leaves reset-offsets without a
@@ -228,6 +251,17 @@ var argCases = map[string]flagCase{
 	"group describe":      {[]string{"group", "describe", "ARG"}, consumerName},
 	"group reset-offsets": {[]string{"group", "reset-offsets", "ARG", "--topic", "t", "--to-earliest"}, consumerName},
 	"consume":             {[]string{"consume", "ARG", "--group", "g"}, topicName},
+	// certs writes into ARG (in the test's directory): a name the file
+	// system refuses fails writing (1).
+	"certs": {[]string{"certs", "ARG", "--node", "n=127.0.0.1"}, func(v string) int {
+		switch {
+		case v == "":
+			return wantUsage
+		case len(v) > 255, strings.ContainsRune(v, 0):
+			return exitError
+		}
+		return exitOK
+	}},
 }
 
 // missingFile: truncated reads a file, not the cluster; the files tried

@@ -143,8 +143,10 @@ func onQueueBroker(ctx context.Context, qr routing.QueueRoute, topic string, std
 	return nil
 }
 
+// callBroker runs fn on a connection to the broker at addr, over TLS when
+// ctx carries a config (withBrokerTLS: ferryctl's --tls-* flags).
 func callBroker(ctx context.Context, addr string, fn func(context.Context, *transport.Client) error) error {
-	tc := transport.NewClient(addr, transport.ClientConfig{})
+	tc := transport.NewClient(addr, transport.ClientConfig{TLS: brokerTLS(ctx)})
 	defer tc.Close()
 	return fn(ctx, tc)
 }

@@ -30,6 +30,7 @@ type globalOptions struct {
 	meta    string
 	json    bool
 	timeout time.Duration
+	tls     tlsOptions
 	in      io.Reader
 	out     io.Writer
 
@@ -44,7 +45,7 @@ func (g *globalOptions) addrs() []string {
 
 // metaClient returns a metaserver client and a context bounded by --timeout.
 func (g *globalOptions) metaClient(ctx context.Context) (*client.Client, context.Context, func(), error) {
-	cl, err := client.New(client.Config{Addrs: g.addrs(), CallTimeout: g.timeout})
+	cl, err := client.New(client.Config{Addrs: g.addrs(), CallTimeout: g.timeout, Transport: transport.ClientConfig{TLS: g.tls.config}})
 	if err != nil {
 		return nil, nil, nil, usageError{err}
 	}
@@ -106,8 +107,9 @@ func newRoot(in io.Reader, out io.Writer) (*cobra.Command, *globalOptions) {
 		Version: cli.Version,
 		Long: `Inspect and drive a ferrymq cluster.
 
-The global flags can also come from the environment: FERRY_META, FERRY_JSON
-and FERRY_TIMEOUT (a flag on the command line wins).
+The global flags can also come from the environment: FERRY_META, FERRY_JSON,
+FERRY_TIMEOUT, FERRY_TLS_CA, FERRY_TLS_CERT and FERRY_TLS_KEY (a flag on the
+command line wins).
 Exit codes: 0 ok, 1 the cluster said no, 2 bad usage, 3 the cluster cannot be
 reached.`,
 		SilenceUsage:  true,
@@ -116,6 +118,9 @@ reached.`,
 		// the positional arguments (flags were checked as they were parsed).
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			if err := applyEnv(cmd, g); err != nil {
+				return err
+			}
+			if err := g.loadTLS(cmd); err != nil {
 				return err
 			}
 			return checkArgs(cmd, args)
@@ -144,6 +149,7 @@ reached.`,
 	})
 	c.bool("json")
 	c.durationRange("timeout", time.Millisecond, maxTimeout)
+	g.addTLSFlags(pf)
 	root.AddCommand(
 		newRoutesCommand(g),
 		newTopicsCommand(g),
@@ -158,6 +164,7 @@ reached.`,
 		newGroupsCommand(g),
 		newGroupCommand(g),
 		newConsumeCommand(g),
+		newCertsCommand(g),
 	)
 	refuseUnknownSubcommands(root)
 	checkMetaVoterFlags(root, g)

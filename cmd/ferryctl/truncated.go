@@ -46,7 +46,8 @@ as the slave cut from its commit log because the new master does not have them
 (in the broker's data directory, truncated/<first log offset>-epoch-<n>.log).
 Each record is printed with its log offset, topic, queue, queue offset, store
 time and message. It reads the file only; it needs no cluster.`,
-		Args: usageArgs(cobra.ExactArgs(1)),
+		Args:        usageArgs(cobra.ExactArgs(1)),
+		Annotations: map[string]string{offline: "true"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var out []truncatedJSON
 			var rows [][]string

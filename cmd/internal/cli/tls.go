@@ -88,50 +88,51 @@ func (f *TLSFlags) files() tlsconf.Files {
 // check reads every file named and checks it holds what its flag says,
 // so that an error names the flag and the file.
 func (f *TLSFlags) check() error {
-	if err := CheckTLSFiles(f.Cert, f.Key, f.CA, "-"); err != nil {
+	label := func(flag, path string) string { return "-" + flag + " " + path }
+	if err := CheckTLSFiles(f.Cert, f.Key, f.CA, label); err != nil {
 		return &ConfigError{err}
 	}
 	return nil
 }
 
-// CheckTLSFiles checks TLS files as the flags tls-cert, tls-key and tls-ca
-// name them (each "" when not given), naming the flag (with dash, "-" or
-// "--") in its error: each file is readable, the CA file and the
-// certificate file hold a PEM certificate, and the key is the
-// certificate's.
-func CheckTLSFiles(cert, key, ca, dash string) error {
+// CheckTLSFiles checks the TLS files a program's flags tls-cert, tls-key
+// and tls-ca name (each "" when not given): each file is readable, the CA
+// file and the certificate file hold a PEM certificate, and the key is the
+// certificate's (both are checked only when both are named). An error
+// names the file as label(flag, path) says, e.g. "-tls-ca ca.pem".
+func CheckTLSFiles(cert, key, ca string, label func(flag, path string) string) error {
 	read := func(flag, path string) ([]byte, error) {
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return nil, fmt.Errorf("%stls-%s %s: %w", dash, flag, path, err)
+			return nil, fmt.Errorf("%s: %w", label(flag, path), err)
 		}
 		return b, nil
 	}
 	if ca != "" {
-		b, err := read("ca", ca)
+		b, err := read("tls-ca", ca)
 		if err != nil {
 			return err
 		}
 		if !x509.NewCertPool().AppendCertsFromPEM(b) {
-			return fmt.Errorf("%stls-ca %s: holds no PEM certificate", dash, ca)
+			return fmt.Errorf("%s: holds no PEM certificate", label("tls-ca", ca))
 		}
 	}
 	if cert == "" || key == "" {
 		return nil
 	}
-	certPEM, err := read("cert", cert)
+	certPEM, err := read("tls-cert", cert)
 	if err != nil {
 		return err
 	}
-	keyPEM, err := read("key", key)
+	keyPEM, err := read("tls-key", key)
 	if err != nil {
 		return err
 	}
 	if !holdsCertificate(certPEM) {
-		return fmt.Errorf("%stls-cert %s: holds no PEM certificate", dash, cert)
+		return fmt.Errorf("%s: holds no PEM certificate", label("tls-cert", cert))
 	}
 	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
-		return fmt.Errorf("%stls-key %s (the key of %stls-cert %s): %w", dash, key, dash, cert, err)
+		return fmt.Errorf("%s (the key of %s): %w", label("tls-key", key), label("tls-cert", cert), err)
 	}
 	return nil
 }
