@@ -43,13 +43,14 @@ var _ router = (*client.Client)(nil)
 // brokerPuller keeps one connection per broker address.
 type brokerPuller struct {
 	tls    *tls.Config // nil: plaintext
+	token  string      // "": none
 	mu     sync.Mutex
 	conns  map[string]*transport.Client
 	closed bool
 }
 
-func newBrokerPuller(tlsCfg *tls.Config) *brokerPuller {
-	return &brokerPuller{tls: tlsCfg, conns: map[string]*transport.Client{}}
+func newBrokerPuller(tlsCfg *tls.Config, token string) *brokerPuller {
+	return &brokerPuller{tls: tlsCfg, token: token, conns: map[string]*transport.Client{}}
 }
 
 func (p *brokerPuller) Pull(ctx context.Context, addr string, req *protocol.PullRequest) (protocol.PullResponse, error) {
@@ -60,7 +61,7 @@ func (p *brokerPuller) Pull(ctx context.Context, addr string, req *protocol.Pull
 	}
 	tc := p.conns[addr]
 	if tc == nil {
-		tc = transport.NewClient(addr, transport.ClientConfig{TLS: p.tls})
+		tc = transport.NewClient(addr, transport.ClientConfig{TLS: p.tls, Token: p.token})
 		p.conns[addr] = tc
 	}
 	p.mu.Unlock()
@@ -91,6 +92,7 @@ func (p *brokerPuller) Close() error {
 type producerDLQ struct {
 	addrs []string
 	tls   *tls.Config
+	token string
 	mu    sync.Mutex
 	p     *producer.Client
 }
@@ -98,7 +100,7 @@ type producerDLQ struct {
 func (d *producerDLQ) DeadLetter(ctx context.Context, m *producer.Message) error {
 	d.mu.Lock()
 	if d.p == nil {
-		p, err := producer.New(producer.MetaAddrs(d.addrs...), producer.TLS(d.tls))
+		p, err := producer.New(producer.MetaAddrs(d.addrs...), producer.TLS(d.tls), producer.Token(d.token))
 		if err != nil {
 			d.mu.Unlock()
 			return err

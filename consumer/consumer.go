@@ -172,7 +172,7 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 		failed: make(chan struct{}),
 	}
 	if cfg.coord == nil || cfg.router == nil {
-		meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, CallTimeout: cfg.requestTimeout, Transport: transport.ClientConfig{TLS: cfg.tls}})
+		meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, CallTimeout: cfg.requestTimeout, Transport: transport.ClientConfig{TLS: cfg.tls, Token: cfg.token}})
 		if err != nil {
 			return nil, err
 		}
@@ -185,10 +185,10 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 		}
 	}
 	if c.cfg.puller == nil {
-		c.cfg.puller = newBrokerPuller(cfg.tls)
+		c.cfg.puller = newBrokerPuller(cfg.tls, cfg.token)
 	}
 	if c.cfg.dlq == nil {
-		c.cfg.dlq = &producerDLQ{addrs: cfg.metaAddrs, tls: cfg.tls}
+		c.cfg.dlq = &producerDLQ{addrs: cfg.metaAddrs, tls: cfg.tls, token: cfg.token}
 	}
 	c.routes = routeCache{r: c.cfg.router, clock: c.cfg.clock, routes: map[string]*cachedRoute{}}
 	c.bg, c.cancelBg = context.WithCancel(context.Background())

@@ -61,6 +61,7 @@ type config struct {
 	maxRetryBackoff  time.Duration
 	deadLetter       string      // "" until New: "%DLQ%" + group
 	tls              *tls.Config // nil: plaintext
+	token            string      // "": none
 	logger           hclog.Logger
 	clock            clockwork.Clock
 
@@ -188,6 +189,13 @@ func defaultMember() string {
 // cfg's certificate to servers that require one (tlsconf.ClientConfig
 // makes cfg from -tls-ca, -tls-cert and -tls-key). Default nil: plaintext.
 func TLS(cfg *tls.Config) Opt { return optFunc(func(c *config) { c.tls = cfg }) }
+
+// Token is the credential the consumer presents (AUTH) on every connection
+// to the metaservers and the brokers (and its dead-letter producer) of a
+// cluster with authorization on. Its principal needs consume on the
+// group's topics (and produce on %DLQ%GROUP for dead letters). Default "":
+// none.
+func Token(token string) Opt { return optFunc(func(c *config) { c.token = token }) }
 
 // MetaAddrs sets the metaserver nodes' RPC addresses. Required.
 func MetaAddrs(addrs ...string) Opt {

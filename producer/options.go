@@ -44,6 +44,7 @@ type config struct {
 	routeSrc        routeSource         // nil: the metaserver
 	dialAddr        func(string) string // nil: brokers' addresses as routed (tests put a proxy between)
 	tls             *tls.Config         // nil: plaintext
+	token           string              // "": none
 }
 
 func defaults() config {
@@ -182,6 +183,14 @@ func withDialAddr(f func(string) string) Opt { return optFunc(func(c *config) { 
 // attempt like a lost connection, with an error that names the likely
 // cause (transport.HandshakeError).
 func TLS(cfg *tls.Config) Opt { return optFunc(func(c *config) { c.tls = cfg }) }
+
+// Token is the credential the producer presents (AUTH) on every connection
+// to the metaservers and the brokers of a cluster with authorization on:
+// a token that ferryctl acl add printed. A refusal (a token not recognised,
+// a topic the principal may not produce to) fails the messages it concerns
+// at once with protocol.ErrNotAuthorized, whose text names the permission
+// missing; it is not retried. Default "": none.
+func Token(token string) Opt { return optFunc(func(c *config) { c.token = token }) }
 
 // MetaAddrs sets the metaserver nodes' RPC addresses. Required.
 func MetaAddrs(addrs ...string) Opt {

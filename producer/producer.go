@@ -136,7 +136,7 @@ func New(opts ...Opt) (*Client, error) {
 	if cfg.avoider == nil {
 		cfg.avoider = routing.NewLatencyTable(nil)
 	}
-	meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, Transport: transport.ClientConfig{TLS: cfg.tls}})
+	meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, Transport: transport.ClientConfig{TLS: cfg.tls, Token: cfg.token}})
 	if err != nil {
 		return nil, err
 	}
@@ -847,7 +847,7 @@ func (c *Client) conn(addr string) *transport.Client {
 		if c.cfg.dialAddr != nil {
 			dial = c.cfg.dialAddr(addr)
 		}
-		tc = transport.NewClient(dial, transport.ClientConfig{CallTimeout: c.cfg.requestTimeout, TLS: c.cfg.tls})
+		tc = transport.NewClient(dial, transport.ClientConfig{CallTimeout: c.cfg.requestTimeout, TLS: c.cfg.tls, Token: c.cfg.token})
 		c.conns[addr] = tc
 	}
 	return tc
