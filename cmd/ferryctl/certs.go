@@ -168,8 +168,9 @@ func (o *certsOptions) run(g *globalOptions, dir string) error {
 		return err
 	}
 	out := []certJSON{{Name: "ca", Kind: "ca", Cert: ca.CertFile, Key: filepath.Join(dir, tlsconf.CAKeyFile), NotAfter: ca.Cert.NotAfter}}
-	notBefore := time.Now().Add(-time.Hour) // a peer whose clock is a little behind accepts it
-	notAfter := notBefore.Add(time.Duration(o.days) * 24 * time.Hour)
+	now := time.Now()
+	notBefore := now.Add(-time.Hour) // a peer whose clock is a little behind accepts it
+	notAfter := now.Add(time.Duration(o.days) * 24 * time.Hour)
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
 	}

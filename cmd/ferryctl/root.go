@@ -227,7 +227,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	err := explainTLSRefusal(root.Execute())
 	if err == nil {
 		return exitOK
 	}

@@ -3,14 +3,17 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
 	"github.com/ferrymq/ferrymq/internal/tlsconf"
+	"github.com/ferrymq/ferrymq/protocol"
 )
 
 // tlsOptions are the global TLS flags: with any of them ferryctl speaks TLS
@@ -101,4 +104,19 @@ func withBrokerTLS(ctx context.Context, cfg *tls.Config) context.Context {
 func brokerTLS(ctx context.Context) *tls.Config {
 	cfg, _ := ctx.Value(brokerTLSKey{}).(*tls.Config)
 	return cfg
+}
+
+// explainTLSRefusal turns a server's refusal of a plaintext connection (its
+// port requires TLS) into a usage error that says which flags ferryctl
+// needs; other errors pass.
+func explainTLSRefusal(err error) error {
+	var pe *protocol.Error
+	if err == nil || !errors.As(err, &pe) || pe.Status != protocol.StatusNotAuthorized {
+		return err
+	}
+	addr, _, ok := strings.Cut(pe.Message, " requires TLS")
+	if !ok {
+		return err
+	}
+	return usageError{fmt.Errorf("%s requires TLS: give ferryctl the cluster's CA with --tls-ca (or FERRY_TLS_CA), and a client certificate with --tls-cert and --tls-key when the servers require one", addr)}
 }
