@@ -1,0 +1,85 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/ferrymq/ferrymq/auth"
+)
+
+// AuthFlags are the authorization flags of the servers. Authorization is
+// on when -auth-cluster-token-file is given (off by default): every port
+// then serves a connection only once it authenticated (AUTH with a token,
+// or a TLS client certificate naming a principal) and checks each request
+// against the registry's permission table.
+//
+//   - -auth-cluster-token-file (every server): the servers' shared secret,
+//     the same on every metaserver and broker; a broker presents it to the
+//     metaservers and, as a slave, to its master.
+//   - -auth-admin-token-file (metaservers): the bootstrap admin's token,
+//     which holds admin whatever the table says (the brokers learn its
+//     hash from the metaservers).
+//
+// A token file holds one token of 32 to 512 printable characters (ferryctl
+// acl add makes them; so does 32 random bytes in base64); the spaces and
+// line ends around it are cut.
+type AuthFlags struct {
+	ClusterFile, AdminFile string
+}
+
+// Register adds -auth-cluster-token-file to fs, and with admin
+// -auth-admin-token-file (the metaservers').
+func (f *AuthFlags) Register(fs *flag.FlagSet, admin bool) {
+	fs.StringVar(&f.ClusterFile, "auth-cluster-token-file", "", "file holding the servers' shared token; given, it turns authorization on (empty: off, every peer may do anything)")
+	if admin {
+		fs.StringVar(&f.AdminFile, "auth-admin-token-file", "", "file holding the bootstrap admin's token, admin whatever the permission table says (needs -auth-cluster-token-file)")
+	}
+}
+
+// ClusterToken reads the cluster token ("" without the flag). A file that
+// cannot be read or holds no token is a ConfigError naming the flag.
+func (f *AuthFlags) ClusterToken() (string, error) {
+	if f.AdminFile != "" && f.ClusterFile == "" {
+		return "", &ConfigError{errors.New("-auth-admin-token-file needs -auth-cluster-token-file: authorization is on only with the cluster token")}
+	}
+	return readToken("auth-cluster-token-file", f.ClusterFile)
+}
+
+// Builtins reads both files: the cluster token and the built-in
+// principals' hashes (zero without the flags).
+func (f *AuthFlags) Builtins() (clusterToken string, b auth.Builtins, err error) {
+	if clusterToken, err = f.ClusterToken(); err != nil {
+		return "", auth.Builtins{}, err
+	}
+	admin, err := readToken("auth-admin-token-file", f.AdminFile)
+	if err != nil {
+		return "", auth.Builtins{}, err
+	}
+	if admin != "" {
+		b.Admin = auth.HashToken(admin)
+		if admin == clusterToken {
+			return "", auth.Builtins{}, &ConfigError{errors.New("-auth-admin-token-file and -auth-cluster-token-file hold the same token: give each its own")}
+		}
+	}
+	if clusterToken != "" {
+		b.Cluster = auth.HashToken(clusterToken)
+	}
+	return clusterToken, b, nil
+}
+
+func readToken(flagName, path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", &ConfigError{fmt.Errorf("-%s: %w", flagName, err)}
+	}
+	tok, err := auth.ParseToken(raw)
+	if err != nil {
+		return "", &ConfigError{fmt.Errorf("-%s %s: %w", flagName, path, err)}
+	}
+	return tok, nil
+}
