@@ -29,6 +29,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	var meta, flush, role, metricsAddr, pprofAddr string
 	var logf cli.LogFlags
 	var tlsf cli.TLSFlags
+	var authf cli.AuthFlags
 	fs.StringVar(&cfg.ID, "id", "", "broker ID (required)")
 	fs.StringVar(&cfg.Group, "group", "", "broker group (required)")
 	fs.StringVar(&role, "role", string(routing.RoleMaster), "preferred role when first joining the group: master or slave (afterwards the metaserver decides, e.g. at a failover)")
@@ -53,12 +54,16 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&pprofAddr, "pprof", "", cli.PprofHelp)
 	logf.Register(fs)
 	tlsf.Register(fs)
+	authf.Register(fs, false)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	cfg.Role = routing.Role(role)
 	var err error
 	if cfg.TLSServer, cfg.TLSClient, err = tlsf.Configs(); err != nil {
+		return err
+	}
+	if cfg.ClusterToken, err = authf.ClusterToken(); err != nil {
 		return err
 	}
 	if cfg.Flush, err = storage.ParseFlushMode(flush); err != nil {

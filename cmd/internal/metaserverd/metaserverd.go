@@ -46,6 +46,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	var maxLoss int64
 	var logf cli.LogFlags
 	var tlsf cli.TLSFlags
+	var authf cli.AuthFlags
 	fs.StringVar(&cfg.ID, "id", "", "this node's raft ID (required)")
 	fs.StringVar(&cfg.Dir, "dir", "", "data directory for the raft log and snapshots (required)")
 	fs.StringVar(&cfg.RaftAddr, "raft-addr", "127.0.0.1:7201", "raft transport address")
@@ -66,11 +67,15 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&pprofAddr, "pprof", "", cli.PprofHelp)
 	logf.Register(fs)
 	tlsf.Register(fs)
+	authf.Register(fs, true)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	var err error
 	if cfg.TLSServer, cfg.TLSClient, err = tlsf.Configs(); err != nil {
+		return err
+	}
+	if cfg.ClusterToken, cfg.Auth, err = authf.Builtins(); err != nil {
 		return err
 	}
 	switch failover {
