@@ -18,6 +18,12 @@
 #                    stays read-only until its master is back
 #   FERRY_AUTO_CREATE  1: a route lookup of an unknown topic creates it (8 queues); default 0: an
 #                    unknown topic is refused UNKNOWN_TOPIC, so a typo does not make a topic
+#   FERRY_TLS        1: TLS on every link (clients, brokers to metaservers, slaves to masters, raft),
+#                    client certificates required. `ferryctl certs` makes a throwaway CA and a
+#                    certificate per process (for 127.0.0.1 and localhost) and one for ferryctl
+#                    ("ctl") under $FERRY_HOME/tls, kept across `start`s (demo makes new ones); the
+#                    servers get -tls-cert/-tls-key/-tls-ca and this script's ferryctl --tls-ca,
+#                    --tls-cert, --tls-key. Give status and stop the same FERRY_TLS. Default 0: plaintext
 #
 # Ports, from BASE: metaserver RPC +1..+3, raft +11..+13, metrics +21..+23;
 # brokers (g1 master, g1 slave, g2 master, g2 slave) data +31..+34, HA +41..+44, metrics +51..+54.
@@ -29,13 +35,45 @@ BASE="${FERRY_BASE_PORT:-7100}"
 FLUSH="${FERRY_FLUSH:-async}"
 FAILOVER="${FERRY_FAILOVER:-on}"
 AUTO_CREATE="${FERRY_AUTO_CREATE:-0}"
+TLS="${FERRY_TLS:-0}"
 BIN="$FERRY_HOME/bin"
 PIDS="$FERRY_HOME/pids"
 LOGS="$FERRY_HOME/logs"
 META="127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))"
 BROKERS=(g1:master g1:slave g2:master g2:slave)
+TLS_DIR="$FERRY_HOME/tls"
+CTL_TLS=()
+case "$TLS" in
+1) CTL_TLS=(--tls-ca "$TLS_DIR/ca.pem" --tls-cert "$TLS_DIR/ctl.pem" --tls-key "$TLS_DIR/ctl-key.pem") ;;
+0) ;;
+*)
+  echo "cluster.sh: FERRY_TLS=$TLS: want 0 or 1" >&2
+  exit 2
+  ;;
+esac
 
-ctl() { "$BIN/ferryctl" --meta "$META" "$@"; }
+ctl() { "$BIN/ferryctl" --meta "$META" "${CTL_TLS[@]}" "$@"; }
+
+# tls_flags NAME: the TLS flags of the server NAME (none without FERRY_TLS=1).
+tls_flags() {
+  [ "$TLS" = 1 ] || return 0
+  printf '%s\n' -tls-cert "$TLS_DIR/$1.pem" -tls-key "$TLS_DIR/$1-key.pem" -tls-ca "$TLS_DIR/ca.pem"
+}
+
+# make_certs: with FERRY_TLS=1, a CA and the certificates under $TLS_DIR, unless it has a CA.
+make_certs() {
+  [ "$TLS" = 1 ] || return 0
+  if [ -f "$TLS_DIR/ca.pem" ]; then
+    echo "TLS: using the certificates in $TLS_DIR"
+    return 0
+  fi
+  local nodes=() name
+  for name in meta-m1 meta-m2 meta-m3 g1-master g1-slave g2-master g2-slave; do
+    nodes+=(--node "$name=127.0.0.1,localhost")
+  done
+  echo "TLS: making a CA and certificates in $TLS_DIR"
+  "$BIN/ferryctl" certs "$TLS_DIR" "${nodes[@]}" --client ctl
+}
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
@@ -68,7 +106,8 @@ refuse_if_running() {
 start() {
   refuse_if_running
   build
-  local peers="" i auto=()
+  make_certs
+  local peers="" i auto=() tlsf=()
   case "$AUTO_CREATE" in
   1) auto=(-auto-create) ;;
   0) ;;
@@ -81,18 +120,21 @@ start() {
     peers="${peers:+$peers,}m$i=127.0.0.1:$((BASE + 10 + i))/127.0.0.1:$((BASE + i))"
   done
   for i in 1 2 3; do
+    mapfile -t tlsf < <(tls_flags "meta-m$i")
     launch "meta-m$i" "$BIN/ferry-metaserver" -id "m$i" -dir "$FERRY_HOME/data/meta-m$i" \
       -rpc-addr "127.0.0.1:$((BASE + i))" -raft-addr "127.0.0.1:$((BASE + 10 + i))" -peers "$peers" \
-      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" "${auto[@]}" -session 4s -lag-time 5s -failover "$FAILOVER" -failover-margin 500ms
+      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" "${auto[@]}" -session 4s -lag-time 5s -failover "$FAILOVER" -failover-margin 500ms \
+      "${tlsf[@]}"
   done
   local j=0 spec group role
   for spec in "${BROKERS[@]}"; do
     j=$((j + 1))
     group="${spec%%:*}"
     role="${spec##*:}"
+    mapfile -t tlsf < <(tls_flags "$group-$role")
     launch "$group-$role" "$BIN/ferry-broker" -id "$group-$role" -group "$group" -role "$role" \
       -dir "$FERRY_HOME/data/$group-$role" -addr "127.0.0.1:$((BASE + 30 + j))" -ha-addr "127.0.0.1:$((BASE + 40 + j))" \
-      -metrics-addr "127.0.0.1:$((BASE + 50 + j))" -meta "$META" -flush "$FLUSH" -heartbeat 1s -session 4s
+      -metrics-addr "127.0.0.1:$((BASE + 50 + j))" -meta "$META" -flush "$FLUSH" -heartbeat 1s -session 4s "${tlsf[@]}"
   done
   wait_ready
 }
@@ -114,7 +156,7 @@ wait_ready() {
       [ "$(grep -c '"state": "RW"' <<<"$out")" = 2 ] &&
       [ "$(grep -c '"slave_heartbeat_age_ms": -1' <<<"$out")" = 0 ] &&
       [ "$(grep -c '"slave_connected": true' <<<"$out")" = 2 ]; then
-      echo "cluster ready: metaservers $META"
+      echo "cluster ready: metaservers $META${CTL_TLS[*]:+ (TLS: ferryctl ${CTL_TLS[*]})}"
       return 0
     fi
     sleep 0.5
@@ -171,6 +213,9 @@ demo() {
   # The demo starts from empty data, so it runs the same every time.
   refuse_if_running
   rm -rf "$FERRY_HOME/data"
+  if [ "$TLS" = 1 ]; then
+    rm -rf "$TLS_DIR"
+  fi
   start
   trap stop EXIT
   echo
