@@ -36,6 +36,9 @@
 #   RUN_TIMEOUT=120          hard cap in seconds of each ferryctl bench run
 #   KEEP=1                   keep the temporary directory (logs, data)
 #   BROKER_ARGS="..."        more flags for every broker (for instance "-pretouch -1")
+#   TLS=1                    every link over TLS, client certificates required: `ferryctl certs` makes a
+#                            CA and certificates in the work directory; the servers get -tls-cert,
+#                            -tls-key, -tls-ca and ferryctl --tls-ca, --tls-cert, --tls-key
 #
 # Output: progress lines start with '#'; then one line per figure:
 #   FIGURE NAME UNIT FERRYMQ runs=R1,R2,R3 | NATS-FIGURE NATS-VALUE | RATIO | aim AIM MET/MISSED
@@ -53,6 +56,7 @@ PPROF="${PPROF:-0}"
 CPUPROFILE="${CPUPROFILE:-}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-120}"
 KEEP="${KEEP:-0}"
+TLS="${TLS:-0}"
 read -r -a BROKER_EXTRA <<<"${BROKER_ARGS:-}"
 SIZE=1024
 
@@ -133,7 +137,17 @@ launch() {
 	LAST_PID=$!
 	PIDS+=("$LAST_PID")
 }
-ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "$@"; }
+META_TLS=() BROKER_TLS=() CTL_TLS=()
+case "$TLS" in
+0) ;;
+1)
+	META_TLS=(-tls-cert "$WORK/tls/meta.pem" -tls-key "$WORK/tls/meta-key.pem" -tls-ca "$WORK/tls/ca.pem")
+	BROKER_TLS=(-tls-cert "$WORK/tls/broker.pem" -tls-key "$WORK/tls/broker-key.pem" -tls-ca "$WORK/tls/ca.pem")
+	CTL_TLS=(--tls-ca "$WORK/tls/ca.pem" --tls-cert "$WORK/tls/ctl.pem" --tls-key "$WORK/tls/ctl-key.pem")
+	;;
+*) die "TLS=$TLS: want 0 or 1" ;;
+esac
+ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "${CTL_TLS[@]}" "$@"; }
 
 # wait_until SECONDS DESC CMD...: poll CMD every 0.1 s.
 wait_until() {
@@ -149,7 +163,7 @@ wait_until() {
 meta_leader() { ctl meta status --json 2>/dev/null | grep -q '"leader_id": "m1"'; }
 start_meta() {
 	launch meta "$BIN/ferry-metaserver" -id m1 -dir "$WORK/data/meta" -rpc-addr "$META" \
-		-raft-addr "127.0.0.1:$((BASE + 2))" -peers "m1=127.0.0.1:$((BASE + 2))/$META"
+		-raft-addr "127.0.0.1:$((BASE + 2))" -peers "m1=127.0.0.1:$((BASE + 2))/$META" "${META_TLS[@]}"
 	wait_until 30 "the metaserver's election" meta_leader
 }
 
@@ -171,13 +185,13 @@ start_group() {
 	local g="$1" flush="$2" slave="$3" pp=()
 	[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 7))")
 	launch "$g-master" "$BIN/ferry-broker" -id "$g-master" -group "$g" -role master -dir "$WORK/data/$g-master" \
-		-addr "$MASTER_ADDR" -ha-addr "$MASTER_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}"
+		-addr "$MASTER_ADDR" -ha-addr "$MASTER_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}" "${BROKER_TLS[@]}"
 	BROKER_PIDS=("$LAST_PID")
 	if [ "$slave" = 1 ]; then
 		[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 8))")
 		wait_until 30 "group $g's master registering" group_ready "$g" 0
 		launch "$g-slave" "$BIN/ferry-broker" -id "$g-slave" -group "$g" -role slave -dir "$WORK/data/$g-slave" \
-			-addr "$SLAVE_ADDR" -ha-addr "$SLAVE_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}"
+			-addr "$SLAVE_ADDR" -ha-addr "$SLAVE_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}" "${BROKER_TLS[@]}"
 		BROKER_PIDS+=("$LAST_PID")
 	fi
 	wait_until 30 "group $g taking writes" group_ready "$g" "$slave"
@@ -219,7 +233,7 @@ bench_run() {
 	[ -n "$CPUPROFILE" ] && mkdir -p "$CPUPROFILE" && prof=(--cpuprofile "$CPUPROFILE/$shape-$RUN_NO.pprof")
 	local master="${BROKER_PIDS[0]}" t0 t1
 	t0="$(proc_ticks "$master")"
-	out="$(timeout --foreground -k 5 "$RUN_TIMEOUT" "$BIN/ferryctl" --meta "$META" --timeout 10s --json bench \
+	out="$(timeout --foreground -k 5 "$RUN_TIMEOUT" "$BIN/ferryctl" --meta "$META" --timeout 10s "${CTL_TLS[@]}" --json bench \
 		--topic "$topic" --size "$SIZE" --progress=false "$@" "${prof[@]}" 2>"$WORK/logs/bench.run.err")"
 	rc=$?
 	cat "$WORK/logs/bench.run.err" >>"$WORK/logs/bench.err"
@@ -332,7 +346,7 @@ runs() { local v="${VALS[$1]:-}"; v="${v% }"; echo "${v// /,}"; }
 
 report() {
 	local v n rt
-	echo "# $(date -u +%FT%TZ) commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?") nproc=$(nproc) RUNS=$RUNS COUNT=$COUNT SYNC_COUNT=$SYNC_COUNT size=$SIZE B"
+	echo "# $(date -u +%FT%TZ) commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?") nproc=$(nproc) RUNS=$RUNS COUNT=$COUNT SYNC_COUNT=$SYNC_COUNT size=$SIZE B TLS=$TLS"
 	if has async || has high; then
 		v=$(med async) n="${NATS[nats.js.default.pub_async]:-}"
 		rt=$(ratio "$v" "$n")
@@ -389,6 +403,10 @@ log "work directory $WORK, ports $BASE..$((BASE + 29)), shapes: ${SHAPES[*]:-non
 if [ ${#SHAPES[@]} -gt 0 ]; then
 	log "building binaries into $BIN"
 	(cd "$ROOT" && go build -o "$BIN/" ./cmd/ferry-metaserver ./cmd/ferry-broker ./cmd/ferryctl) || die "build failed"
+	if [ "$TLS" = 1 ]; then
+		log "TLS on every link: certificates in $WORK/tls"
+		"$BIN/ferryctl" certs "$WORK/tls" --node meta=127.0.0.1 --node broker=127.0.0.1 --client ctl >/dev/null || die "ferryctl certs failed"
+	fi
 	start_meta
 	run_shapes
 fi
