@@ -3,6 +3,7 @@ package tests
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +21,8 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/internal/tlsconf"
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 )
@@ -55,6 +59,10 @@ type localCluster struct {
 	base int
 	meta string
 	mc   *client.Client
+	// With FERRY_TLS=1: the client config of cluster.sh's ferryctl
+	// certificate (mc uses it) and ctl's flags for it.
+	tls      *tls.Config
+	tlsFlags []string
 }
 
 // brokerPorts maps cluster.sh's broker names to their index j (1..4): data
@@ -83,7 +91,15 @@ func startLocalCluster(t *testing.T, extraEnv ...string) *localCluster {
 		t.Fatalf("start:\n%s", out)
 	}
 	t.Logf("cluster up in %v (FERRY_HOME %s, base port %d)", time.Since(started).Round(100*time.Millisecond), c.home, base)
-	mc, err := client.New(client.Config{Addrs: strings.Split(c.meta, ",")})
+	if slices.Contains(extraEnv, "FERRY_TLS=1") {
+		dir := filepath.Join(c.home, "tls")
+		ca, cert, key := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ctl.pem"), filepath.Join(dir, "ctl-key.pem")
+		c.tlsFlags = []string{"--tls-ca", ca, "--tls-cert", cert, "--tls-key", key}
+		if c.tls, err = tlsconf.ClientConfig(ca, cert, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mc, err := client.New(client.Config{Addrs: strings.Split(c.meta, ","), Transport: transport.ClientConfig{TLS: c.tls}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +147,7 @@ func (c *localCluster) script(args ...string) string {
 
 func (c *localCluster) ctl(args ...string) string {
 	c.t.Helper()
-	cmd := exec.Command(filepath.Join(c.home, "bin", "ferryctl"), append([]string{"--meta", c.meta}, args...)...)
+	cmd := exec.Command(filepath.Join(c.home, "bin", "ferryctl"), append(append([]string{"--meta", c.meta}, c.tlsFlags...), args...)...)
 	out, err := cmd.Output()
 	if err != nil {
 		var stderr string
@@ -146,7 +162,7 @@ func (c *localCluster) ctl(args ...string) string {
 // ctlExit runs ferryctl and returns its exit code, stdout and stderr.
 func (c *localCluster) ctlExit(args ...string) (int, string, string) {
 	c.t.Helper()
-	cmd := exec.Command(filepath.Join(c.home, "bin", "ferryctl"), append([]string{"--meta", c.meta}, args...)...)
+	cmd := exec.Command(filepath.Join(c.home, "bin", "ferryctl"), append(append([]string{"--meta", c.meta}, c.tlsFlags...), args...)...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
