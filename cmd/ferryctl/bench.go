@@ -333,7 +333,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	var bc *benchConsumers
 	var backlogFrom []api.QueueOffset
 	if o.consumers > 0 {
-		bc = newBenchConsumers(o, g.addrs(), g.tls.config)
+		bc = newBenchConsumers(o, g.addrs(), g.tls.config, g.token)
 		defer bc.stop()
 		if o.backlog {
 			// The group will start where the queues end now.
@@ -381,7 +381,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
 		opts := []producer.Opt{producer.MetaAddrs(g.addrs()...), producer.Linger(o.linger),
 			producer.MaxBuffered(max(o.window, 1), 1<<30), producer.DeliveryTimeout(o.deliveryTO),
-			producer.Idempotence(o.idempotence), producer.TLS(g.tls.config)}
+			producer.Idempotence(o.idempotence), producer.TLS(g.tls.config), producer.Token(g.token)}
 		if o.batchBytes > 0 {
 			opts = append(opts, producer.MaxBatchBytes(o.batchBytes))
 		}

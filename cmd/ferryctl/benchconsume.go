@@ -46,6 +46,7 @@ type benchConsumers struct {
 	o        *benchOptions
 	metas    []string
 	tls      *tls.Config
+	token    string // "": none
 	group    string
 	cs       []*consumer.Consumer
 	hists    []*hdrhistogram.Histogram
@@ -58,12 +59,12 @@ type benchConsumers struct {
 	errs     chan error
 }
 
-func newBenchConsumers(o *benchOptions, metas []string, tlsCfg *tls.Config) *benchConsumers {
+func newBenchConsumers(o *benchOptions, metas []string, tlsCfg *tls.Config, token string) *benchConsumers {
 	group := o.group
 	if group == "" {
 		group = fmt.Sprintf("ferryctl-bench-%d", time.Now().UnixNano())
 	}
-	return &benchConsumers{o: o, metas: metas, tls: tlsCfg, group: group, errs: make(chan error, o.consumers)}
+	return &benchConsumers{o: o, metas: metas, tls: tlsCfg, token: token, group: group, errs: make(chan error, o.consumers)}
 }
 
 // start starts the members and waits until every queue of route has a
@@ -77,7 +78,7 @@ func (b *benchConsumers) start(ctx context.Context, route routing.Route, start c
 	b.gate = make(chan struct{})
 	for i := range b.cs {
 		c, err := consumer.New(b.group, []string{b.o.topic}, consumer.MetaAddrs(b.metas...), consumer.StartFrom(start),
-			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), consumer.TLS(b.tls))
+			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), consumer.TLS(b.tls), consumer.Token(b.token))
 		if err != nil {
 			return usageError{err}
 		}

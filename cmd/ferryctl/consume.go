@@ -61,7 +61,7 @@ and stop. Without --timeout it waits for messages until interrupted.`,
 			if cmd.Flags().Changed("timeout") { // or FERRY_TIMEOUT
 				idle = g.timeout
 			}
-			opts := []consumer.Opt{consumer.MetaAddrs(g.addrs()...), consumer.StartFrom(start), consumer.ManualCommit(), consumer.TLS(g.tls.config)}
+			opts := []consumer.Opt{consumer.MetaAddrs(g.addrs()...), consumer.StartFrom(start), consumer.ManualCommit(), consumer.TLS(g.tls.config), consumer.Token(g.token)}
 			if o.member != "" {
 				opts = append(opts, consumer.MemberID(o.member))
 			}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/ferrymq/ferrymq/auth"
 )
 
 // What the tests below expect of a command line.
@@ -127,6 +129,11 @@ var flagCases = map[string]flagCase{
 	"/tls-ca":   {[]string{"topics"}, func(string) int { return wantUsage }},
 	"/tls-cert": {[]string{"topics"}, func(string) int { return wantUsage }},
 	"/tls-key":  {[]string{"topics"}, func(string) int { return wantUsage }},
+	// No value names a readable file holding a token.
+	"/token-file":     {[]string{"topics"}, func(string) int { return wantUsage }},
+	"acl add/perm":    {[]string{"acl", "add", "p"}, permission},
+	"acl grant/perm":  {[]string{"acl", "grant", "p"}, permission},
+	"acl revoke/perm": {[]string{"acl", "revoke", "p"}, permission},
 
 	"topic create/queues":    {[]string{"topic", "create", "t"}, intIn(1, 4096)},
 	"topic create/groups":    {[]string{"topic", "create", "t"}, matches(`^[^,\s]+(,[^,\s]+)*$`)},
@@ -251,6 +258,12 @@ var argCases = map[string]flagCase{
 	"group describe":      {[]string{"group", "describe", "ARG"}, consumerName},
 	"group reset-offsets": {[]string{"group", "reset-offsets", "ARG", "--topic", "t", "--to-earliest"}, consumerName},
 	"consume":             {[]string{"consume", "ARG", "--group", "g"}, topicName},
+	"acl add":             {[]string{"acl", "add", "ARG", "--perm", "describe"}, principalName},
+	"acl grant":           {[]string{"acl", "grant", "ARG", "--perm", "describe"}, principalName},
+	"acl revoke":          {[]string{"acl", "revoke", "ARG", "--perm", "describe"}, principalName},
+	"acl rm":              {[]string{"acl", "rm", "ARG"}, principalName},
+	"acl rotate":          {[]string{"acl", "rotate", "ARG"}, principalName},
+	"acl list":            {nil, nil},
 	// certs writes into ARG (in the test's directory): a name the file
 	// system refuses fails writing (1).
 	"certs": {[]string{"certs", "ARG", "--node", "n=127.0.0.1"}, func(v string) int {
@@ -262,6 +275,22 @@ var argCases = map[string]flagCase{
 		}
 		return exitOK
 	}},
+}
+
+// permission: a --perm value auth reads is taken.
+func permission(v string) int {
+	if _, err := auth.ParsePermission(v); err != nil {
+		return wantUsage
+	}
+	return wantNetwork
+}
+
+// principalName: a principal's name as auth allows it.
+func principalName(v string) int {
+	if auth.ValidateName(v) != nil {
+		return wantUsage
+	}
+	return wantNetwork
 }
 
 // missingFile: truncated reads a file, not the cluster; the files tried

@@ -146,7 +146,7 @@ func onQueueBroker(ctx context.Context, qr routing.QueueRoute, topic string, std
 // callBroker runs fn on a connection to the broker at addr, over TLS when
 // ctx carries a config (withBrokerTLS: ferryctl's --tls-* flags).
 func callBroker(ctx context.Context, addr string, fn func(context.Context, *transport.Client) error) error {
-	tc := transport.NewClient(addr, transport.ClientConfig{TLS: brokerTLS(ctx)})
+	tc := transport.NewClient(addr, transport.ClientConfig{TLS: brokerTLS(ctx), Token: ctxToken(ctx)})
 	defer tc.Close()
 	return fn(ctx, tc)
 }

@@ -31,8 +31,10 @@ type globalOptions struct {
 	json    bool
 	timeout time.Duration
 	tls     tlsOptions
-	in      io.Reader
-	out     io.Writer
+	// tokenFile is --token-file; token the token presented (token.go).
+	tokenFile, token string
+	in               io.Reader
+	out              io.Writer
 
 	flagErrs flagErrors
 }
@@ -45,7 +47,7 @@ func (g *globalOptions) addrs() []string {
 
 // metaClient returns a metaserver client and a context bounded by --timeout.
 func (g *globalOptions) metaClient(ctx context.Context) (*client.Client, context.Context, func(), error) {
-	cl, err := client.New(client.Config{Addrs: g.addrs(), CallTimeout: g.timeout, Transport: transport.ClientConfig{TLS: g.tls.config}})
+	cl, err := client.New(client.Config{Addrs: g.addrs(), CallTimeout: g.timeout, Transport: transport.ClientConfig{TLS: g.tls.config, Token: g.token}})
 	if err != nil {
 		return nil, nil, nil, usageError{err}
 	}
@@ -109,7 +111,8 @@ func newRoot(in io.Reader, out io.Writer) (*cobra.Command, *globalOptions) {
 
 The global flags can also come from the environment: FERRY_META, FERRY_JSON,
 FERRY_TIMEOUT, FERRY_TLS_CA, FERRY_TLS_CERT and FERRY_TLS_KEY (a flag on the
-command line wins).
+command line wins). The token presented to the servers is --token-file's, or
+else FERRY_TOKEN's (the token itself).
 Exit codes: 0 ok, 1 the cluster said no, 2 bad usage, 3 the cluster cannot be
 reached.`,
 		SilenceUsage:  true,
@@ -121,6 +124,9 @@ reached.`,
 				return err
 			}
 			if err := g.loadTLS(cmd); err != nil {
+				return err
+			}
+			if err := g.loadToken(cmd); err != nil {
 				return err
 			}
 			return checkArgs(cmd, args)
@@ -150,6 +156,7 @@ reached.`,
 	c.bool("json")
 	c.durationRange("timeout", time.Millisecond, maxTimeout)
 	g.addTLSFlags(pf)
+	g.addTokenFlags(pf)
 	root.AddCommand(
 		newRoutesCommand(g),
 		newTopicsCommand(g),
@@ -165,6 +172,7 @@ reached.`,
 		newGroupCommand(g),
 		newConsumeCommand(g),
 		newCertsCommand(g),
+		newACLCommand(g),
 	)
 	refuseUnknownSubcommands(root)
 	checkMetaVoterFlags(root, g)

@@ -63,7 +63,7 @@ empty and may be at most 4 MiB (protocol.MaxMessageSize).`,
 				return err
 			}
 			p, err := producer.New(producer.MetaAddrs(g.addrs()...), producer.DeliveryTimeout(g.timeout), producer.RequestTimeout(g.timeout),
-				producer.Linger(0), producer.TLS(g.tls.config))
+				producer.Linger(0), producer.TLS(g.tls.config), producer.Token(g.token))
 			if err != nil {
 				return usageError{err}
 			}
