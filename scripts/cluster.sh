@@ -24,6 +24,11 @@
 #                    ("ctl") under $FERRY_HOME/tls, kept across `start`s (demo makes new ones); the
 #                    servers get -tls-cert/-tls-key/-tls-ca and this script's ferryctl --tls-ca,
 #                    --tls-cert, --tls-key. Give status and stop the same FERRY_TLS. Default 0: plaintext
+#   FERRY_AUTH       1: authorization on. Makes an admin and a cluster token under $FERRY_HOME/auth
+#                    (kept across `start`s; demo makes new ones): every server gets
+#                    -auth-cluster-token-file, the metaservers -auth-admin-token-file, and this
+#                    script's ferryctl --token-file auth/admin.token. Give status and stop the same
+#                    FERRY_AUTH. Default 0: off
 #
 # Ports, from BASE: metaserver RPC +1..+3, raft +11..+13, metrics +21..+23;
 # brokers (g1 master, g1 slave, g2 master, g2 slave) data +31..+34, HA +41..+44, metrics +51..+54.
@@ -36,6 +41,7 @@ FLUSH="${FERRY_FLUSH:-async}"
 FAILOVER="${FERRY_FAILOVER:-on}"
 AUTO_CREATE="${FERRY_AUTO_CREATE:-0}"
 TLS="${FERRY_TLS:-0}"
+AUTH="${FERRY_AUTH:-0}"
 BIN="$FERRY_HOME/bin"
 PIDS="$FERRY_HOME/pids"
 LOGS="$FERRY_HOME/logs"
@@ -52,7 +58,44 @@ case "$TLS" in
   ;;
 esac
 
-ctl() { "$BIN/ferryctl" --meta "$META" "${CTL_TLS[@]}" "$@"; }
+AUTH_DIR="$FERRY_HOME/auth"
+CTL_AUTH=()
+case "$AUTH" in
+1) CTL_AUTH=(--token-file "$AUTH_DIR/admin.token") ;;
+0) ;;
+*)
+  echo "cluster.sh: FERRY_AUTH=$AUTH: want 0 or 1" >&2
+  exit 2
+  ;;
+esac
+
+ctl() { "$BIN/ferryctl" --meta "$META" "${CTL_TLS[@]}" "${CTL_AUTH[@]}" "$@"; }
+
+# auth_flags KIND: the authorization flags of a metaserver or a broker (none without FERRY_AUTH=1).
+auth_flags() {
+  [ "$AUTH" = 1 ] || return 0
+  printf '%s\n' -auth-cluster-token-file "$AUTH_DIR/cluster.token"
+  if [ "$1" = metaserver ]; then
+    printf '%s\n' -auth-admin-token-file "$AUTH_DIR/admin.token"
+  fi
+}
+
+# make_tokens: with FERRY_AUTH=1, the admin and cluster tokens (32 random bytes, base64url) under
+# $AUTH_DIR, unless it has them.
+make_tokens() {
+  [ "$AUTH" = 1 ] || return 0
+  if [ -f "$AUTH_DIR/admin.token" ] && [ -f "$AUTH_DIR/cluster.token" ]; then
+    echo "auth: using the tokens in $AUTH_DIR"
+    return 0
+  fi
+  echo "auth: making the admin and cluster tokens in $AUTH_DIR"
+  mkdir -p "$AUTH_DIR"
+  chmod 700 "$AUTH_DIR"
+  local name
+  for name in admin cluster; do
+    (umask 077 && head -c 32 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n' >"$AUTH_DIR/$name.token")
+  done
+}
 
 # tls_flags NAME: the TLS flags of the server NAME (none without FERRY_TLS=1).
 tls_flags() {
@@ -107,7 +150,8 @@ start() {
   refuse_if_running
   build
   make_certs
-  local peers="" i auto=() tlsf=()
+  make_tokens
+  local peers="" i auto=() tlsf=() authf=()
   case "$AUTO_CREATE" in
   1) auto=(-auto-create) ;;
   0) ;;
@@ -121,10 +165,11 @@ start() {
   done
   for i in 1 2 3; do
     mapfile -t tlsf < <(tls_flags "meta-m$i")
+    mapfile -t authf < <(auth_flags metaserver)
     launch "meta-m$i" "$BIN/ferry-metaserver" -id "m$i" -dir "$FERRY_HOME/data/meta-m$i" \
       -rpc-addr "127.0.0.1:$((BASE + i))" -raft-addr "127.0.0.1:$((BASE + 10 + i))" -peers "$peers" \
       -metrics-addr "127.0.0.1:$((BASE + 20 + i))" "${auto[@]}" -session 4s -lag-time 5s -failover "$FAILOVER" -failover-margin 500ms \
-      "${tlsf[@]}"
+      "${tlsf[@]}" "${authf[@]}"
   done
   local j=0 spec group role
   for spec in "${BROKERS[@]}"; do
@@ -132,9 +177,10 @@ start() {
     group="${spec%%:*}"
     role="${spec##*:}"
     mapfile -t tlsf < <(tls_flags "$group-$role")
+    mapfile -t authf < <(auth_flags broker)
     launch "$group-$role" "$BIN/ferry-broker" -id "$group-$role" -group "$group" -role "$role" \
       -dir "$FERRY_HOME/data/$group-$role" -addr "127.0.0.1:$((BASE + 30 + j))" -ha-addr "127.0.0.1:$((BASE + 40 + j))" \
-      -metrics-addr "127.0.0.1:$((BASE + 50 + j))" -meta "$META" -flush "$FLUSH" -heartbeat 1s -session 4s "${tlsf[@]}"
+      -metrics-addr "127.0.0.1:$((BASE + 50 + j))" -meta "$META" -flush "$FLUSH" -heartbeat 1s -session 4s "${tlsf[@]}" "${authf[@]}"
   done
   wait_ready
 }
@@ -216,12 +262,23 @@ demo() {
   if [ "$TLS" = 1 ]; then
     rm -rf "$TLS_DIR"
   fi
+  if [ "$AUTH" = 1 ]; then
+    rm -rf "$AUTH_DIR"
+  fi
   start
   trap stop EXIT
   echo
   echo "== ferryctl topic create demo --queues 8"
   ctl topic create demo --queues 8
   echo
+  if [ "$AUTH" = 1 ]; then
+    echo "== ferryctl acl add demo-app --perm produce:demo --perm 'consume:demo:*' (the token is printed once)"
+    ctl acl add demo-app --perm produce:demo --perm 'consume:demo:*'
+    echo
+    echo "== ferryctl acl list"
+    ctl acl list
+    echo
+  fi
   echo "== ferryctl bench --topic demo --count 50000 --size 1024 --consumers 4 (NORMAL, async; a consumer group of 4 takes them)"
   ctl bench --topic demo --count 50000 --size 1024 --producers 4 --consumers 4 --group demo-bench --progress=false
   echo
