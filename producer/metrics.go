@@ -15,6 +15,12 @@ const (
 	latencyBase    = 50 * time.Microsecond
 )
 
+// latencyBounds are the buckets' upper bounds in seconds, exactly as the
+// brokers export them (prometheus.ExponentialBuckets, as broker.LatencyBuckets):
+// a query joining the producer's and a broker's le labels finds the same
+// strings (1.6384, not 1.6383999999999999 from converting latencyBase<<15).
+var latencyBounds = prometheus.ExponentialBuckets(latencyBase.Seconds(), 2, latencyBuckets)
+
 // latencyHistogram is a histogram of durations in fixed buckets, made of
 // atomic counters: observe takes no lock and allocates nothing, and the
 // zero value is ready.
@@ -50,7 +56,7 @@ func (h *latencyHistogram) snapshot() (map[float64]uint64, uint64, float64) {
 	var n uint64
 	for i := range h.buckets {
 		n += h.buckets[i].Load()
-		cum[(latencyBase << i).Seconds()] = n
+		cum[latencyBounds[i]] = n
 	}
 	count := max(h.count.Load(), n)
 	return cum, count, time.Duration(h.sum.Load()).Seconds()

@@ -3,13 +3,32 @@ package producer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/ferrymq/ferrymq/broker"
 )
+
+// TestLatencyBoundsAreTheBrokers: the producer's send latency histogram has
+// exactly the brokers' bucket bounds, so that its le labels are the same
+// strings as a broker's (a query comparing or joining them by le works).
+func TestLatencyBoundsAreTheBrokers(t *testing.T) {
+	var h latencyHistogram
+	cum, _, _ := h.snapshot()
+	var got []float64
+	for le := range cum {
+		got = append(got, le)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, broker.LatencyBuckets) {
+		t.Fatalf("producer bounds %v\nbroker bounds   %v", got, broker.LatencyBuckets)
+	}
+}
 
 func TestLatencyBucketBounds(t *testing.T) {
 	last := latencyBase << (latencyBuckets - 1) // about 13 s
@@ -31,7 +50,7 @@ func TestLatencyBucketBounds(t *testing.T) {
 		h.observe(d)
 	}
 	cum, count, sum := h.snapshot()
-	if count != 4 || cum[50e-6] != 1 || cum[100e-6] != 3 || cum[last.Seconds()] != 3 || len(cum) != latencyBuckets {
+	if count != 4 || cum[50e-6] != 1 || cum[100e-6] != 3 || cum[broker.LatencyBuckets[latencyBuckets-1]] != 3 || len(cum) != latencyBuckets {
 		t.Errorf("snapshot: count %d, buckets %v; want 4 observations, 1 up to 50 µs, 3 up to 100 µs and up to the last bound", count, cum)
 	}
 	if want := (time.Hour + 170*time.Microsecond).Seconds(); sum != want {
