@@ -128,19 +128,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 var raftStates = []string{"Follower", "Candidate", "Leader", "Shutdown"}
 
 func register(m *cli.Metrics, s *metaserver.Server) {
-	for _, st := range raftStates {
-		m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "ferrymq_metaserver_raft_state", Help: "1 for the node's current raft state.",
-			ConstLabels: prometheus.Labels{"state": st},
-		}, func() float64 {
-			if s.RaftStatus().State == st {
-				return 1
-			}
-			return 0
-		}))
-	}
-	m.GaugeFunc("ferrymq_metaserver_raft_term", "The node's raft term.", func() float64 { return float64(s.RaftStatus().Term) })
-	m.GaugeFunc("ferrymq_metaserver_raft_last_index", "The node's last raft log index.", func() float64 { return float64(s.RaftStatus().LastIndex) })
+	registerRaft(m.Registry, s.RaftStatus)
 	m.CounterFunc("ferrymq_metaserver_heartbeats_total", "Broker heartbeats taken as leader.", func() float64 { return float64(s.Heartbeats()) })
 	m.Registry.MustRegister(groupCollector{s}, s.RouteLookupDuration())
 	m.CounterFunc("ferrymq_metaserver_failover_promotions_total", "Slaves promoted to master by this node as leader.",
@@ -161,6 +149,40 @@ func register(m *cli.Metrics, s *metaserver.Server) {
 		"Consumer group members this node as leader removed because their session ran out.",
 		func() float64 { return float64(s.ConsumerStats().Expired) })
 	m.Registry.MustRegister(consumerCollector{s})
+}
+
+// registerRaft registers the raft metrics, read from status at scrape time.
+func registerRaft(reg prometheus.Registerer, status func() api.RaftStatus) {
+	reg.MustRegister(raftCollector{status})
+}
+
+// raftCollector exports the node's raft state, term and last index from
+// one RaftStatus per scrape: each RaftStatus is a trip through raft's main
+// loop, which a scrape should make once, not once per series.
+type raftCollector struct{ status func() api.RaftStatus }
+
+var (
+	raftStateDesc = prometheus.NewDesc("ferrymq_metaserver_raft_state",
+		"1 for the node's current raft state.", []string{"state"}, nil)
+	raftTermDesc = prometheus.NewDesc("ferrymq_metaserver_raft_term",
+		"The node's raft term.", nil, nil)
+	raftLastIndexDesc = prometheus.NewDesc("ferrymq_metaserver_raft_last_index",
+		"The node's last raft log index.", nil, nil)
+)
+
+func (c raftCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- raftStateDesc
+	ch <- raftTermDesc
+	ch <- raftLastIndexDesc
+}
+
+func (c raftCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.status()
+	for _, state := range raftStates {
+		ch <- prometheus.MustNewConstMetric(raftStateDesc, prometheus.GaugeValue, b2f(st.State == state), state)
+	}
+	ch <- prometheus.MustNewConstMetric(raftTermDesc, prometheus.GaugeValue, float64(st.Term))
+	ch <- prometheus.MustNewConstMetric(raftLastIndexDesc, prometheus.GaugeValue, float64(st.LastIndex))
 }
 
 // consumerCollector exports every consumer group's members, generation and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,6 +97,40 @@ func TestGroupStateMetrics(t *testing.T) {
 	}
 	if !slices.Equal(before, marked) || !slices.Equal(marked, []string{"admin", "heartbeat-lost", "slave-lag"}) {
 		t.Fatalf("the reason series changed with the reasons: %v, then %v", before, marked)
+	}
+}
+
+// TestRaftMetricsOneStatusPerScrape: a scrape asks the node for its raft
+// status once (each ask is a trip through raft's main loop), and exports
+// from it ferrymq_metaserver_raft_state{state} (1 for the node's state, 0
+// for the others), _raft_term and _raft_last_index.
+func TestRaftMetricsOneStatusPerScrape(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	var calls atomic.Int64
+	registerRaft(reg, func() api.RaftStatus {
+		calls.Add(1)
+		return api.RaftStatus{State: "Candidate", Term: 7, LastIndex: 42}
+	})
+	for scrape := int64(1); scrape <= 2; scrape++ {
+		fams := gather(t, reg)
+		if n := calls.Load(); n != scrape {
+			t.Fatalf("%d scrapes asked for the raft status %d times, want once each", scrape, n)
+		}
+		states := map[string]float64{}
+		f := fams["ferrymq_metaserver_raft_state"]
+		for _, m := range f.GetMetric() {
+			states[labelsOf(m)["state"]] = m.GetGauge().GetValue()
+		}
+		want := map[string]float64{"Follower": 0, "Candidate": 1, "Leader": 0, "Shutdown": 0}
+		if f.GetType() != dto.MetricType_GAUGE || !maps.Equal(states, want) {
+			t.Errorf("raft_state %v (%v), want %v", states, f.GetType(), want)
+		}
+		for name, v := range map[string]float64{"ferrymq_metaserver_raft_term": 7, "ferrymq_metaserver_raft_last_index": 42} {
+			m := fams[name].GetMetric()
+			if fams[name].GetType() != dto.MetricType_GAUGE || len(m) != 1 || len(m[0].GetLabel()) != 0 || m[0].GetGauge().GetValue() != v {
+				t.Errorf("%s: %v, want one gauge without labels at %v", name, fams[name], v)
+			}
+		}
 	}
 }
 
