@@ -121,9 +121,18 @@ type Config struct {
 	// authorization on: every RPC connection must authenticate (AUTH with
 	// a token, or a TLS client certificate naming a principal) and every
 	// request is checked against the permission table (ACL); the node
-	// presents it to the other nodes (forwards, route questions). "":
-	// authorization off, every peer may do anything.
+	// presents it to the other nodes (forwards, route questions). Raft's
+	// port, too, then serves only nodes that prove they hold it: each
+	// connection opens with a challenge and response keyed with a key
+	// derived from it (raftsecret.go), inside TLS when TLS is on. "":
+	// authorization off, every peer may do anything, and without TLS raft
+	// is plaintext to anyone who reaches its port.
 	ClusterToken string `json:"-"`
+
+	// The raft port's limits before trust (raftlayer.go); zero: 5 s and 64.
+	// Tests shorten them.
+	raftHandshakeTimeout time.Duration
+	raftMaxHandshakes    int
 }
 
 // AuthEnabled reports whether the node checks credentials and permissions
@@ -238,6 +247,9 @@ func (c Config) Validate() error {
 			bad("ClusterToken: %v", err)
 		} else if h := auth.HashToken(c.ClusterToken); !c.Auth.Cluster.IsZero() && c.Auth.Cluster != h {
 			bad("Auth.Cluster is not ClusterToken's hash")
+		}
+		if len(c.ID) > raftMaxIDLen {
+			bad("ID is %d bytes; with a cluster token raft's handshake carries it, which allows at most %d", len(c.ID), raftMaxIDLen)
 		}
 	}
 	if c.Dir == "" {

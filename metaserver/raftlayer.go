@@ -12,35 +12,92 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-// Raft over TLS. With Config.TLSServer and TLSClient, raft's stream layer
-// speaks mutual TLS: a node accepts a raft connection only once its TLS
-// handshake verified the peer's certificate against TLSServer.ClientCAs,
-// and dials its peers with TLSClient, presenting its own certificate. A
-// stranger (no certificate, one from another CA, an expired one, or
-// plaintext) never reaches raft's decoder: its connection is closed after
-// a failed handshake, within raftHandshakeTimeout, and at most
-// raftMaxHandshakes handshakes run at once (those over it are closed at
-// once), so strangers on the raft port hold little memory and time.
+// Raft's port trusts no one it has not authenticated. With
+// Config.TLSServer and TLSClient, raft's stream layer speaks mutual TLS: a
+// node accepts a raft connection only once its TLS handshake verified the
+// peer's certificate against TLSServer.ClientCAs, and dials its peers with
+// TLSClient, presenting its own certificate. With Config.ClusterToken
+// (authorization on), every raft connection first passes the cluster-key
+// handshake of raftsecret.go, which proves on both ends that the other holds
+// a key derived from the cluster token; with TLS as well, it runs inside
+// the TLS connection, so a certificate of the cluster's CA (which also signs
+// clients' certificates) is not enough to speak raft. Neither: plaintext
+// raft, as hashicorp's TCP transport (the port must then be firewalled).
+//
+// A stranger (no certificate, one from another CA, an expired one,
+// plaintext, a wrong or no cluster key) never reaches raft's decoder: its
+// connection is closed after a failed handshake, within
+// raftHandshakeTimeout, and at most raftMaxHandshakes handshakes run at
+// once (those over it are closed at once), so strangers on the raft port
+// hold little memory and time. handshakeListener does this for both kinds
+// of handshake.
 
 const (
-	// raftHandshakeTimeout bounds a raft connection's TLS handshake.
+	// raftHandshakeTimeout bounds a raft connection's handshakes (TLS and
+	// the cluster key's together).
 	raftHandshakeTimeout = 5 * time.Second
 	// raftMaxHandshakes caps the raft handshakes in progress at once.
 	raftMaxHandshakes = 64
 )
 
+// dialFunc connects to a raft peer and runs the dialer's side of the
+// layer's handshakes within timeout.
+type dialFunc func(addr string, timeout time.Duration) (net.Conn, error)
+
+// handshakeFunc runs the listener's side of a connection's handshakes on
+// raw (whose deadline the listener has set) and returns the connection to
+// hand to raft, or an error saying why the peer gets nothing.
+type handshakeFunc func(raw net.Conn) (net.Conn, error)
+
 // newRaftStream binds raft's stream layer on cfg.RaftAddr: over TLS when
-// the config has TLS, plaintext otherwise.
+// the config has TLS, behind the cluster-key handshake when it has a
+// cluster token, plaintext with neither.
 func newRaftStream(cfg Config, log hclog.Logger) (*streamLayer, error) {
-	if cfg.TLSServer == nil {
+	if cfg.TLSServer == nil && cfg.ClusterToken == "" {
 		return newStreamLayer(cfg.RaftAddr)
+	}
+	var serve handshakeFunc
+	dial := plainDial
+	what := "tls"
+	if cfg.TLSServer != nil {
+		serve, dial = tlsServe(raftServerTLS(cfg.TLSServer)), tlsDialer(cfg.TLSClient)
+	}
+	if cfg.ClusterToken != "" {
+		key := raftKey(cfg.ClusterToken)
+		serve, dial = secretServe(serve, key, cfg.ID), secretDialer(dial, key)
+		what = "cluster-key"
+		if cfg.TLSServer != nil {
+			what = "tls and cluster-key"
+		}
+	}
+	timeout, max := cfg.raftHandshakeTimeout, cfg.raftMaxHandshakes
+	if timeout == 0 {
+		timeout = raftHandshakeTimeout
+	}
+	if max == 0 {
+		max = raftMaxHandshakes
 	}
 	ln, err := net.Listen("tcp", cfg.RaftAddr)
 	if err != nil {
 		return nil, err
 	}
-	tl := newTLSListener(ln, raftServerTLS(cfg.TLSServer), raftHandshakeTimeout, raftMaxHandshakes, log)
-	return &streamLayer{ln: tl, conns: map[*trackedConn]struct{}{}, dial: tlsDialer(cfg.TLSClient)}, nil
+	hl := newHandshakeListener(ln, what, serve, timeout, max, log)
+	return &streamLayer{ln: hl, conns: map[*trackedConn]struct{}{}, dial: dial}, nil
+}
+
+func plainDial(addr string, timeout time.Duration) (net.Conn, error) {
+	return net.DialTimeout("tcp", addr, timeout)
+}
+
+// tlsServe is the listener's TLS handshake with cfg.
+func tlsServe(cfg *tls.Config) handshakeFunc {
+	return func(raw net.Conn) (net.Conn, error) {
+		tc := tls.Server(raw, cfg)
+		if err := tc.Handshake(); err != nil {
+			return nil, err
+		}
+		return &tlsConn{Conn: tc, raw: raw}, nil
+	}
 }
 
 // raftServerTLS is the raft listener's copy of cfg: peers must present a
@@ -56,7 +113,7 @@ func raftServerTLS(cfg *tls.Config) *tls.Config {
 
 // tlsDialer dials a raft peer over TLS with cfg (the peer's certificate is
 // verified for the host of its raft address unless cfg names a server).
-func tlsDialer(cfg *tls.Config) func(addr string, timeout time.Duration) (net.Conn, error) {
+func tlsDialer(cfg *tls.Config) dialFunc {
 	return func(addr string, timeout time.Duration) (net.Conn, error) {
 		c := cfg.Clone()
 		if c.ServerName == "" {
@@ -91,16 +148,17 @@ type tlsConn struct {
 
 func (c *tlsConn) Close() error { return c.raw.Close() }
 
-// tlsListener accepts TCP connections and hands out only those whose TLS
-// handshake completed (with a verified client certificate, by its config)
+// handshakeListener accepts TCP connections and hands out only those whose
+// handshake (TLS, the cluster key's, or both: a handshakeFunc) completed
 // within timeout. Handshakes run on their own goroutines, at most max at
 // once; a connection over that is closed as soon as it is accepted.
-type tlsListener struct {
-	ln      net.Listener
-	cfg     *tls.Config
-	timeout time.Duration
-	max     int
-	log     hclog.Logger
+type handshakeListener struct {
+	ln        net.Listener
+	what      string // the handshake, for the log
+	handshake handshakeFunc
+	timeout   time.Duration
+	max       int
+	log       hclog.Logger
 
 	ready chan net.Conn
 	done  chan struct{}
@@ -111,18 +169,19 @@ type tlsListener struct {
 	closed  bool
 
 	refused, failed atomic.Int64 // over max; failed handshakes (timeouts included)
+	peak            atomic.Int64 // the most handshakes in progress at once
 	lastWarn        atomic.Int64 // unix nanos of the last failure logged
 }
 
-func newTLSListener(ln net.Listener, cfg *tls.Config, timeout time.Duration, max int, log hclog.Logger) *tlsListener {
-	l := &tlsListener{ln: ln, cfg: cfg, timeout: timeout, max: max, log: log,
+func newHandshakeListener(ln net.Listener, what string, handshake handshakeFunc, timeout time.Duration, max int, log hclog.Logger) *handshakeListener {
+	l := &handshakeListener{ln: ln, what: what, handshake: handshake, timeout: timeout, max: max, log: log,
 		ready: make(chan net.Conn), done: make(chan struct{}), pending: map[net.Conn]struct{}{}}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l
 }
 
-func (l *tlsListener) acceptLoop() {
+func (l *handshakeListener) acceptLoop() {
 	defer l.wg.Done()
 	for {
 		raw, err := l.ln.Accept()
@@ -151,17 +210,19 @@ func (l *tlsListener) acceptLoop() {
 			continue
 		}
 		l.pending[raw] = struct{}{}
+		if n := int64(len(l.pending)); n > l.peak.Load() {
+			l.peak.Store(n)
+		}
 		l.wg.Add(1)
 		l.mu.Unlock()
-		go l.handshake(raw)
+		go l.serve(raw)
 	}
 }
 
-func (l *tlsListener) handshake(raw net.Conn) {
+func (l *handshakeListener) serve(raw net.Conn) {
 	defer l.wg.Done()
 	_ = raw.SetDeadline(time.Now().Add(l.timeout))
-	tc := tls.Server(raw, l.cfg)
-	err := tc.Handshake()
+	c, err := l.handshake(raw)
 	l.mu.Lock()
 	delete(l.pending, raw)
 	closed := l.closed
@@ -170,13 +231,13 @@ func (l *tlsListener) handshake(raw net.Conn) {
 		_ = raw.Close()
 		if err != nil && !closed {
 			l.failed.Add(1)
-			l.warn("raft port: tls handshake failed; the peer gets nothing", "remote", raw.RemoteAddr().String(), "error", err)
+			l.warn("raft port: "+l.what+" handshake failed; the peer gets nothing", "remote", raw.RemoteAddr().String(), "error", err)
 		}
 		return
 	}
 	_ = raw.SetDeadline(time.Time{})
 	select {
-	case l.ready <- &tlsConn{Conn: tc, raw: raw}:
+	case l.ready <- c:
 	case <-l.done:
 		_ = raw.Close()
 	}
@@ -184,7 +245,7 @@ func (l *tlsListener) handshake(raw net.Conn) {
 
 // warn logs at most one failure per logEvery (a flood of strangers does
 // not flood the log; the counters count them all).
-func (l *tlsListener) warn(msg string, args ...any) {
+func (l *handshakeListener) warn(msg string, args ...any) {
 	const logEvery = int64(10 * time.Second)
 	now := time.Now().UnixNano()
 	last := l.lastWarn.Load()
@@ -195,7 +256,7 @@ func (l *tlsListener) warn(msg string, args ...any) {
 }
 
 // Accept returns the next connection whose handshake completed.
-func (l *tlsListener) Accept() (net.Conn, error) {
+func (l *handshakeListener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.ready:
 		return c, nil
@@ -206,7 +267,7 @@ func (l *tlsListener) Accept() (net.Conn, error) {
 
 // Close stops accepting, closes the connections in their handshake and
 // waits for its goroutines.
-func (l *tlsListener) Close() error {
+func (l *handshakeListener) Close() error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -223,4 +284,4 @@ func (l *tlsListener) Close() error {
 	return err
 }
 
-func (l *tlsListener) Addr() net.Addr { return l.ln.Addr() }
+func (l *handshakeListener) Addr() net.Addr { return l.ln.Addr() }

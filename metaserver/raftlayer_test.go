@@ -141,7 +141,7 @@ func TestRaftOverTLSRefusesStrangers(t *testing.T) {
 	}
 	testwait.For(t, 20*time.Second, "m1 to lead", s.IsLeader)
 	target := raft.ServerAddress(s.RaftAddr())
-	tl := s.stream.ln.(*tlsListener)
+	tl := s.stream.ln.(*handshakeListener)
 
 	// The stranger trusts the cluster's CA (it could verify the node) but
 	// its own certificate is from another CA.
