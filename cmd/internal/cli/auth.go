@@ -17,7 +17,9 @@ import (
 //
 //   - -auth-cluster-token-file (every server): the servers' shared secret,
 //     the same on every metaserver and broker; a broker presents it to the
-//     metaservers and, as a slave, to its master.
+//     metaservers and, as a slave, to its master. The metaservers' raft
+//     port then admits only metaservers that prove they hold it (a
+//     challenge-response keyed from the token itself, not from its hash).
 //   - -auth-admin-token-file (metaservers): the bootstrap admin's token,
 //     which holds admin whatever the table says (the brokers learn its
 //     hash from the metaservers).
