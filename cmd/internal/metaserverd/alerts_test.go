@@ -1,0 +1,35 @@
+package metaserverd
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// TestAlertRules runs the unit tests of the Prometheus alert rules
+// (deploy/prometheus/alerts_test.yml) with promtool: a disk filling
+// towards its retention with most of it free does not fire
+// FerrymqDiskFillingUp, the same trend under 40% free does, and a master
+// without a slave is a warning. It needs promtool (on PATH or in
+// $(go env GOPATH)/bin: go install
+// github.com/prometheus/prometheus/cmd/promtool@latest) and is skipped
+// without it.
+func TestAlertRules(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		gopath := os.Getenv("GOPATH")
+		if gopath == "" {
+			home, _ := os.UserHomeDir()
+			gopath = filepath.Join(home, "go")
+		}
+		promtool = filepath.Join(gopath, "bin", "promtool")
+		if _, err := os.Stat(promtool); err != nil {
+			t.Skip("no promtool on PATH or in GOPATH/bin")
+		}
+	}
+	out, err := exec.Command(promtool, "test", "rules", filepath.Join("..", "..", "..", "deploy", "prometheus", "alerts_test.yml")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+}
