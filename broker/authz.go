@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,7 +37,23 @@ type aclCopy struct {
 	table atomic.Pointer[auth.Table]
 	want  atomic.Uint64 // the version the last heartbeat reply named
 	kicks chan struct{}
+
+	// An AUTH whose token the copy does not know waits for one fetch made
+	// for it, since the principal may be newer than the last heartbeat
+	// (ferryctl acl add, then a producer at once). At most one such fetch
+	// per unknownRefetch, and at most maxWaitingLogins waiting: a flood of
+	// bad tokens costs the metaserver a few fetches a second and the
+	// broker a bounded list.
+	mu        sync.Mutex
+	waiting   []*transport.Request // AUTHs waiting for the next fetch
+	force     bool                 // fetch even if the version is the heartbeat's
+	lastFetch time.Time            // when the last fetch for unknown tokens started
 }
+
+const (
+	unknownRefetch   = 250 * time.Millisecond
+	maxWaitingLogins = 256
+)
 
 var errNoTable = &protocol.Error{Status: protocol.StatusBusy, Message: "the broker has not loaded the permission table yet"}
 
@@ -58,7 +75,8 @@ func (a *aclCopy) sawVersion(v uint64) {
 }
 
 // run fetches the ACL whenever a heartbeat reply names another version
-// than the copy's, retrying a failed fetch after a pause.
+// than the copy's, retrying a failed fetch after a pause, and for AUTHs of
+// unknown tokens (at most one such fetch per unknownRefetch).
 func (a *aclCopy) run(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
@@ -66,14 +84,40 @@ func (a *aclCopy) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			a.mu.Lock()
+			waiting := a.waiting
+			a.waiting = nil
+			a.mu.Unlock()
+			for _, r := range waiting {
+				r.ReplyError(protocol.ErrShuttingDown)
+			}
 			return
 		case <-a.kicks:
 		case <-retry.C:
 		}
-		if t := a.table.Load(); t != nil && t.Version() == a.want.Load() {
+		// The AUTHs waiting now are answered from a fetch that starts after
+		// they arrived: their token is known then, or the registry does not
+		// know it either.
+		a.mu.Lock()
+		if wait := unknownRefetch - time.Since(a.lastFetch); a.force && wait > 0 {
+			a.mu.Unlock()
+			retry.Reset(wait)
 			continue
 		}
-		if err := a.fetch(ctx); err != nil {
+		force, waiting := a.force, a.waiting
+		a.force, a.waiting = false, nil
+		if force {
+			a.lastFetch = time.Now()
+		}
+		a.mu.Unlock()
+		if t := a.table.Load(); !force && t != nil && t.Version() == a.want.Load() {
+			continue
+		}
+		err := a.fetch(ctx)
+		for _, r := range waiting {
+			a.answerLogin(r, a.table.Load())
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -118,9 +162,37 @@ func (a *aclCopy) fetch(ctx context.Context) error {
 	return nil
 }
 
-// login serves AUTH.
+// login serves AUTH. A token the copy does not know is looked up once
+// more in a table fetched for it (unless one was fetched a moment ago), so
+// that a principal made just now is not refused for the heartbeat it takes
+// the broker to hear of it.
 func (a *aclCopy) login(r *transport.Request) {
 	t := a.table.Load()
+	if t == nil {
+		r.ReplyError(errNoTable)
+		return
+	}
+	if _, ok := t.AuthenticateHash(auth.HashToken(string(r.Body))); !ok {
+		a.mu.Lock()
+		wait := len(a.waiting) < maxWaitingLogins
+		if wait {
+			a.waiting = append(a.waiting, r)
+			a.force = true
+		}
+		a.mu.Unlock()
+		if wait {
+			select {
+			case a.kicks <- struct{}{}:
+			default:
+			}
+			return // run answers it after the fetch
+		}
+	}
+	a.answerLogin(r, t)
+}
+
+// answerLogin answers an AUTH by the table t.
+func (a *aclCopy) answerLogin(r *transport.Request, t *auth.Table) {
 	if t == nil {
 		r.ReplyError(errNoTable)
 		return

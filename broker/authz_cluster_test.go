@@ -360,3 +360,48 @@ func TestRevocation(t *testing.T) {
 		return errors.Is(err, protocol.ErrNotAuthorized) && strings.Contains(err.Error(), "token not recognised")
 	})
 }
+
+// TestNewPrincipalAtOnce: a principal made a moment ago is taken by a
+// broker at its first AUTH, without waiting for the heartbeat that would
+// tell the broker of the new ACL version (here an hour away): an unknown
+// token makes the broker fetch the table once before it refuses.
+func TestNewPrincipalAtOnce(t *testing.T) {
+	adminTok, clusterTok := auth.NewToken(), auth.NewToken()
+	c := tc.Start(t, tc.Opts{Groups: []string{"g1"},
+		MetaEdit: func(c *metaserver.Config) {
+			c.ClusterToken = clusterTok
+			c.Auth.Admin = auth.HashToken(adminTok)
+		},
+		BrokerEdit: func(c *broker.Config) {
+			c.ClusterToken = clusterTok
+			c.HeartbeatInterval, c.SessionTimeout = time.Hour, 3*time.Hour
+		},
+	})
+	admin, err := client.New(client.Config{Addrs: c.Meta.Addrs(), Token: adminTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	identify := func(token string) error {
+		tcl := transport.NewClient(c.Master("g1").Addr(), transport.ClientConfig{Token: token, CallTimeout: 5 * time.Second})
+		defer tcl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := tcl.Call(ctx, protocol.CodeIdentify, nil)
+		return err
+	}
+	testwait.For(t, 10*time.Second, "the broker to load its first table", func() bool { return identify(adminTok) == nil })
+
+	tok := auth.NewToken()
+	if _, err := admin.SetPrincipal(context.Background(), api.ACLSetRequest{Name: "app1",
+		TokenSHA256: auth.HashToken(tok).String(), Permissions: []string{"produce:orders"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := identify(tok); err != nil {
+		t.Fatalf("AUTH of a principal made before it: %v", err)
+	}
+	// A token the registry does not know either is still refused.
+	if err := identify(auth.NewToken()); !errors.Is(err, protocol.ErrNotAuthorized) || !strings.Contains(err.Error(), "token not recognised") {
+		t.Fatalf("AUTH of an unknown token: %v, want NOT_AUTHORIZED token not recognised", err)
+	}
+}
