@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime/pprof"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -159,7 +161,7 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	c.intRange("max-inflight", 0, maxInflight)
 	c.bool("idempotence")
 	c.bool("progress")
-	c.floatRange("rate", 0, maxRate)
+	c.wrap("rate", fmt.Sprintf("0 (as fast as the cluster takes them) or a number from %g to %g", minRate, maxRate), checkRate)
 	c.intRange("consumers", 0, maxConsumers)
 	c.name("group", groupWant, checkConsumerGroup)
 	c.bool("backlog")
@@ -173,6 +175,19 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	c.name("cpuprofile", "a file name", notEmpty)
 	c.name("memprofile", "a file name", notEmpty)
 	return cmd
+}
+
+// minRate is the lowest --rate other than 0 (unpaced): one message in
+// about 17 minutes.
+const minRate = 0.001
+
+// checkRate checks a --rate: 0, or from minRate to maxRate.
+func checkRate(s string) error {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(f) || f != 0 && (f < minRate || f > maxRate) {
+		return errWant
+	}
+	return nil
 }
 
 // printBench prints a run's result: one JSON object, or the send table
@@ -420,7 +435,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	var hmu = make([]sync.Mutex, o.producers)
 	var deadline time.Time // --duration: set when the sends start
 	more := func() bool {
-		if !deadline.IsZero() && time.Now().After(deadline) {
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
 			return false
 		}
 		return o.count <= 0 || started.Add(1) <= o.count
@@ -472,12 +487,29 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	if o.duration > 0 {
 		deadline = start.Add(o.duration)
 	}
-	pace := func(n int64) {} // --rate: the n-th send of a producer waits for its turn
+	// --rate: the n-th send of a producer waits for its turn, or for the
+	// deadline if that comes first, or for ctx; more() is asked after the
+	// wait, so that a turn past the deadline sends nothing. The turn is
+	// computed in float seconds: a low rate makes turns far off, never a
+	// Duration that overflows.
+	pace := func(n int64) bool { return ctx.Err() == nil }
 	if o.rate > 0 {
-		interval := time.Duration(float64(time.Second) * float64(o.producers) / o.rate)
-		pace = func(n int64) {
-			if d := time.Until(start.Add(time.Duration(n) * interval)); d > 0 {
-				time.Sleep(d)
+		pace = func(n int64) bool {
+			wait := float64(n)*float64(o.producers)/o.rate - time.Since(start).Seconds()
+			if wait <= 0 {
+				return ctx.Err() == nil
+			}
+			d := time.Duration(min(wait, maxBenchTime.Seconds()) * float64(time.Second))
+			if !deadline.IsZero() {
+				d = min(d, time.Until(deadline))
+			}
+			timer := time.NewTimer(d)
+			defer timer.Stop()
+			select {
+			case <-timer.C:
+				return true
+			case <-ctx.Done():
+				return false
 			}
 		}
 	}
@@ -499,8 +531,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 			defer wg.Done()
 			var n int64
 			if o.mode == "sync" {
-				for more() {
-					pace(n)
+				for pace(n) && more() {
 					n++
 					t0 := time.Now()
 					_, err := p.Send(ctx, &producer.Message{Topic: o.topic, Body: stamped(), Reliability: rel})
@@ -516,8 +547,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 			// what it needs before it returns.
 			var pending sync.WaitGroup
 			m := &producer.Message{Topic: o.topic, Reliability: rel}
-			for more() {
-				pace(n)
+			for pace(n) && more() {
 				n++
 				t0 := time.Now()
 				m.Body = stamped()

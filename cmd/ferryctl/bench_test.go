@@ -1,9 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -54,5 +57,70 @@ func TestSendErrorCausesByKind(t *testing.T) {
 	lines := strings.Split(sendFailures(benchResult{Errors: 75, ErrorCauses: got}).Error(), "\n")
 	if len(lines) != 4 || !strings.HasPrefix(lines[1], "50 x not delivered in time: metaserver unreachable: ") {
 		t.Errorf("%q", lines)
+	}
+}
+
+// TestBenchRateEndsAtDuration: a --rate whose next turn comes after
+// --duration ends the run at the duration, without sending at that turn:
+// at --rate 0.5 four producers have their second turns 8s in, so a 2s run
+// sends one message each; at --rate 0.001 the second turn is 1000s (one
+// producer) away. Each run must end well before its next turn: a run still
+// going after a minute fails the test.
+func TestBenchRateEndsAtDuration(t *testing.T) {
+	meta := "--meta=" + startCluster(t)
+	for _, c := range []struct {
+		args []string
+		most int64
+	}{
+		{[]string{"--rate", "0.5", "--producers", "4", "--duration", "2s"}, 4},
+		{[]string{"--rate", "0.001", "--producers", "1", "--duration", "2s", "--mode", "sync"}, 1},
+		{[]string{"--rate", "0.001", "--producers", "2", "--duration", "1s", "--count", "5"}, 2},
+	} {
+		type result struct {
+			code     int
+			out, err string
+		}
+		done := make(chan result, 1)
+		go func() {
+			code, out, errOut := ctl(append([]string{meta, "bench", "--topic", "paced", "--queues", "2", "--size", "16", "--json"}, c.args...)...)
+			done <- result{code, out, errOut}
+		}()
+		var r result
+		select {
+		case r = <-done:
+		case <-time.After(time.Minute):
+			t.Fatalf("bench %v still runs after a minute", c.args)
+		}
+		var res benchResult
+		if err := json.Unmarshal([]byte(r.out), &res); err != nil || r.code != 0 {
+			t.Fatalf("bench %v: exit %d, %v\n%s\n%s", c.args, r.code, err, r.out, r.err)
+		}
+		if res.Sent < 1 || res.Sent > c.most || res.Errors != 0 {
+			t.Errorf("bench %v: sent %d, %d errors; want 1 to %d sent (the turns before the deadline)", c.args, res.Sent, res.Errors, c.most)
+		}
+	}
+}
+
+// rateIn is what bench --rate takes: 0 (unpaced), or 0.001 to 1e9
+// messages/s.
+func rateIn(v string) int {
+	if f, err := strconv.ParseFloat(v, 64); err == nil && f == 0 {
+		return wantNetwork
+	}
+	return floatIn(0.001, 1e9)(v)
+}
+
+// TestBenchRateBounds: a --rate so low that its turns would be years apart
+// (or past what a Duration holds) is refused before any network call; 0
+// (unpaced) and the lowest rate are taken.
+func TestBenchRateBounds(t *testing.T) {
+	for _, v := range []string{"1e-300", "0.0001", "0.000999", "-0.5", "0", "0.001", "1"} {
+		code, _, errOut := ctl("--meta", nowhere, "--timeout", "1s", "bench", "--rate", v, "--count", "1")
+		if want := rateIn(v); code != want {
+			t.Errorf("--rate %s: exit %d, want %d: %s", v, code, want, errOut)
+		}
+		if code == exitUsage && !strings.Contains(errOut, "--rate "+v+": want 0 (as fast as the cluster takes them) or a number from 0.001 to 1e+09") {
+			t.Errorf("--rate %s: %q does not say what --rate takes", v, errOut)
+		}
 	}
 }

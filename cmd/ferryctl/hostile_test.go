@@ -166,7 +166,7 @@ var flagCases = map[string]flagCase{
 	"bench/max-inflight":     {[]string{"bench"}, intIn(0, 1024)},
 	"bench/idempotence":      {[]string{"bench"}, anyBool},
 	"bench/progress":         {[]string{"bench"}, anyBool},
-	"bench/rate":             {[]string{"bench"}, floatIn(0, 1e9)},
+	"bench/rate":             {[]string{"bench"}, rateIn},
 	"bench/consumers":        {[]string{"bench"}, intIn(0, 1024)},
 	"bench/group":            {[]string{"bench"}, consumerName},
 	// --backlog needs --consumers.
