@@ -3,6 +3,7 @@ package producer
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -31,14 +32,36 @@ var (
 	ErrFenced = errors.New("producer: fenced by a later instance of the same producer")
 )
 
+// kindError is an attempt's error of one of the sentinels' kinds, which a
+// message's error wraps (ErrDeliveryTimeout, "producer: message ..."): that
+// error names the producer, so this one says its kind without the
+// sentinel's "producer: " ("metaserver unreachable: route lookup: ...").
+// It matches the sentinel and everything err matches.
+type kindError struct {
+	kind error // a sentinel
+	err  error
+}
+
+func (e *kindError) Error() string {
+	return strings.TrimPrefix(e.kind.Error(), "producer: ") + ": " + e.err.Error()
+}
+
+func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
+
+// ofKind is fmt.Errorf(format, args...) of the kind of the sentinel kind,
+// for a message's error to wrap.
+func ofKind(kind error, format string, args ...any) error {
+	return &kindError{kind: kind, err: fmt.Errorf(format, args...)}
+}
+
 // sendErr gives an error of a SEND call to a broker its public sentinel.
 func sendErr(group, addr string, err error) error {
 	switch {
 	case errors.Is(err, transport.ErrClosed):
 		// Only Close closes the producer's connections.
-		return fmt.Errorf("%w: send to group %s at %s: %w", ErrClosed, group, addr, err)
+		return ofKind(ErrClosed, "send to group %s at %s: %w", group, addr, err)
 	case errors.Is(err, transport.ErrConnLost):
-		return fmt.Errorf("%w: group %s at %s: %w", ErrConnLost, group, addr, err)
+		return ofKind(ErrConnLost, "group %s at %s: %w", group, addr, err)
 	}
 	return fmt.Errorf("send to group %s at %s: %w", group, addr, err)
 }
@@ -52,9 +75,9 @@ func sendErr(group, addr string, err error) error {
 func lookupErr(err error) error {
 	switch {
 	case errors.Is(err, transport.ErrClosed):
-		return fmt.Errorf("%w: route lookup: %w", ErrClosed, err)
+		return ofKind(ErrClosed, "route lookup: %w", err)
 	case errors.Is(err, client.ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, protocol.ErrTimeout):
-		return fmt.Errorf("%w: route lookup: %w", ErrUnreachable, err)
+		return ofKind(ErrUnreachable, "route lookup: %w", err)
 	}
 	return fmt.Errorf("route lookup: %w", err)
 }

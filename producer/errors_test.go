@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"sync"
 	"testing"
 	"time"
@@ -166,6 +167,11 @@ func TestErrorsMatch(t *testing.T) {
 				t.Fatal("no error")
 			}
 			t.Log(err)
+			// The error names the producer once, however many layers of it
+			// (a delivery timeout around an unreachable metaserver) it has.
+			if n := len(producerLayer.FindAllString(err.Error(), -1)); n > 1 {
+				t.Errorf("%v\nsays %q %d times", err, "producer: ", n)
+			}
 			for _, w := range tc.want {
 				if !errors.Is(err, w) {
 					t.Errorf("%v\ndoes not match %v", err, w)
@@ -187,6 +193,10 @@ func TestErrorsMatch(t *testing.T) {
 		})
 	}
 }
+
+// producerLayer is the "producer: " a layer of an error begins with (not
+// "the same producer: ", the end of ErrFenced's text).
+var producerLayer = regexp.MustCompile(`(^|: )producer: `)
 
 // statuses are the statuses of every *protocol.Error in err's tree.
 func statuses(err error) []protocol.Status {

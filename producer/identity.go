@@ -41,10 +41,10 @@ func (m metaIdentity) initProducer(ctx context.Context, name string) (uint64, ui
 func initErr(err error) error {
 	switch {
 	case errors.Is(err, transport.ErrClosed):
-		return fmt.Errorf("%w: producer id: %w", ErrClosed, err)
+		return ofKind(ErrClosed, "producer id: %w", err)
 	case errors.Is(err, client.ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, protocol.ErrTimeout),
 		errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%w: producer id: %w", ErrUnreachable, err)
+		return ofKind(ErrUnreachable, "producer id: %w", err)
 	}
 	return fmt.Errorf("producer id: %w", err)
 }
