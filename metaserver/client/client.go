@@ -44,6 +44,7 @@ type Client struct {
 	conns  map[string]*transport.Client
 	leader string          // last known leader RPC address
 	good   string          // last node that answered a read
+	slow   map[string]bool // addresses that did not answer within their attempt: tried after the others
 	wrong  map[string]bool // addresses found not to be metaservers: tried last
 	closed bool
 }
@@ -62,7 +63,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Token != "" {
 		cfg.Transport.Token = cfg.Token
 	}
-	return &Client{cfg: cfg, conns: map[string]*transport.Client{}, wrong: map[string]bool{}}, nil
+	return &Client{cfg: cfg, conns: map[string]*transport.Client{}, slow: map[string]bool{}, wrong: map[string]bool{}}, nil
 }
 
 // Close closes every connection.
@@ -92,9 +93,10 @@ func (c *Client) conn(addr string) (*transport.Client, error) {
 	return tc, nil
 }
 
-// order returns the addresses to try, first the preferred one, last those
-// found not to be metaservers (they are asked again, in case one became
-// one).
+// order returns the addresses to try, first the preferred one, then the
+// others, then those that last did not answer within their attempt (a
+// paused process), last those found not to be metaservers (they are asked
+// again, in case one became one).
 func (c *Client) order(preferLeader bool) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -106,24 +108,78 @@ func (c *Client) order(preferLeader bool) []string {
 	if first != "" {
 		out = append(out, first)
 	}
-	var wrong []string
+	var slow, wrong []string
 	for _, a := range c.cfg.Addrs {
 		switch {
 		case a == first:
 		case c.wrong[a]:
 			wrong = append(wrong, a)
+		case c.slow[a]:
+			slow = append(slow, a)
 		default:
 			out = append(out, a)
 		}
 	}
-	return append(out, wrong...)
+	return append(append(out, slow...), wrong...)
+}
+
+// Bounds of one attempt at one address (see attemptBase).
+const (
+	maxFirstAttempt = time.Second
+	minAttempt      = 50 * time.Millisecond
+)
+
+// attemptBase is how long the first pass of a call gives each address,
+// out of the call's budget: an equal share, at most maxFirstAttempt and at
+// least minAttempt (always bounded by what is left of the call). A
+// process that accepts connections and answers nothing (SIGSTOPped, or
+// wedged) then costs one share, and the other addresses are asked within
+// the call's time. Each later pass doubles the attempt, so a node that is
+// healthy but slower than a share (loaded) is given longer and longer,
+// up to the whole of what is left. With one address there is nothing to
+// move on to: it gets the whole call.
+func attemptBase(budget time.Duration, addrs int) time.Duration {
+	if addrs <= 1 {
+		return budget
+	}
+	return max(min(budget/time.Duration(addrs), maxFirstAttempt), minAttempt)
+}
+
+// noteAnswered records that addr answered: it is no longer slow.
+func (c *Client) noteAnswered(addr string) {
+	c.mu.Lock()
+	delete(c.wrong, addr)
+	delete(c.slow, addr)
+	c.mu.Unlock()
+}
+
+// noteSilent records that addr did not answer within its attempt: it is
+// forgotten as the leader or the node to read from, and tried after the
+// others until it answers again.
+func (c *Client) noteSilent(addr string) {
+	c.mu.Lock()
+	if c.leader == addr {
+		c.leader = ""
+	}
+	if c.good == addr {
+		c.good = ""
+	}
+	c.slow[addr] = true
+	c.mu.Unlock()
 }
 
 // call sends a request to the leader (toLeader) or to any node, retrying
-// other nodes on connection errors and following NOT_LEADER. An address
-// that turns out not to be a metaserver (identify) is skipped for the rest
-// of the call; when every address is one, the call fails at once with
-// their WrongServerErrors (ErrNotMetaserver).
+// other nodes on connection errors and following NOT_LEADER. Each address
+// gets its own bounded attempt (attemptBase, doubling on each pass), so one
+// that takes connections and never answers does not eat the call's time;
+// it is dropped as the leader and tried after the others from then on. An
+// address that turns out not to be a metaserver (identify) is skipped for
+// the rest of the call; when every address is one, the call fails at once
+// with their WrongServerErrors (ErrNotMetaserver).
+//
+// A request whose attempt timed out may still be carried out by its node
+// (as with a connection lost after the request went): a write retried
+// elsewhere can meet its own effect (a topic that exists).
 func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader bool) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -137,25 +193,33 @@ func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader
 			return nil, fmt.Errorf("metaserver client: encode %v: %w", code, err)
 		}
 	}
+	deadline, _ := ctx.Deadline()
+	base := attemptBase(time.Until(deadline), len(c.cfg.Addrs))
 	var lastErr error
+	var lastAnswer error // the last error a server answered with (BUSY, say): kept past later timeouts
 	var wrong wrongServers
 	isWrong := func(addr string) bool {
 		return slices.ContainsFunc(wrong, func(w *WrongServerError) bool { return w.Addr == addr })
 	}
 	backoff := 20 * time.Millisecond
 	for round := 0; ; round++ {
+		attempt := base << min(round, 20)
+		silent := map[string]bool{} // addresses whose attempt timed out in this pass
 		queue := c.order(toLeader)
 		for len(queue) > 0 {
 			addr := queue[0]
 			queue = queue[1:]
-			if isWrong(addr) {
+			if isWrong(addr) || silent[addr] {
 				continue
 			}
 			tc, err := c.conn(addr)
 			if err != nil {
 				return nil, err
 			}
-			resp, err := tc.Call(ctx, code, body)
+			actx, cancel := context.WithTimeout(ctx, attempt)
+			resp, err := tc.Call(actx, code, body)
+			timedOut := err != nil && actx.Err() != nil && ctx.Err() == nil
+			cancel()
 			if err == nil {
 				c.mu.Lock()
 				if toLeader {
@@ -163,12 +227,23 @@ func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader
 				} else {
 					c.good = addr
 				}
-				delete(c.wrong, addr)
 				c.mu.Unlock()
+				c.noteAnswered(addr)
 				return resp.Body, nil
 			}
+			if timedOut {
+				// Taken, not answered in its share: a paused or wedged
+				// process, or a loaded one (the next pass gives it longer).
+				silent[addr] = true
+				c.noteSilent(addr)
+				lastErr = err
+				continue
+			}
 			if suspect(err) && ctx.Err() == nil {
-				if w := identify(ctx, tc, addr, code, err); w != nil {
+				ictx, icancel := context.WithTimeout(ctx, attempt)
+				w := identify(ictx, tc, addr, code, err)
+				icancel()
+				if w != nil {
 					wrong = append(wrong, w)
 					c.mu.Lock()
 					c.wrong[addr] = true
@@ -180,8 +255,14 @@ func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader
 				}
 			}
 			lastErr = err
+			var pe *protocol.Error
+			if errors.As(err, &pe) && !errors.Is(err, protocol.ErrTimeout) {
+				lastAnswer = err
+			}
 			if errors.Is(err, protocol.ErrNotLeader) {
-				if leader := string(resp.Body); leader != "" {
+				// A node that is not the leader answered: it is alive.
+				c.noteAnswered(addr)
+				if leader := string(resp.Body); leader != "" && !silent[leader] {
 					c.mu.Lock()
 					c.leader = leader
 					c.mu.Unlock()
@@ -192,9 +273,11 @@ func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader
 				continue
 			}
 			if ctx.Err() != nil {
+				if lastAnswer != nil && lastAnswer != err {
+					return nil, fmt.Errorf("%w: %v after %d rounds: %w (before that: %w)", ErrNoNode, code, round+1, err, lastAnswer)
+				}
 				return nil, fmt.Errorf("metaserver client: %v: %w", code, err)
 			}
-			var pe *protocol.Error
 			if errors.As(err, &pe) && !pe.Retriable() {
 				return nil, err // the cluster answered: no other node will say otherwise
 			}
@@ -203,6 +286,9 @@ func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader
 		// Every node tried: wait (an election may be under way) and go again.
 		select {
 		case <-ctx.Done():
+			if lastAnswer != nil && lastAnswer != lastErr {
+				lastErr = fmt.Errorf("%w (before that: %w)", lastErr, lastAnswer)
+			}
 			if len(wrong) > 0 {
 				// Say why the addresses that answered were no help; the
 				// error is still ErrNoNode's: the others may be metaservers.

@@ -36,16 +36,23 @@ func (c *Client) NodeStatus(ctx context.Context, addr string, timeout time.Durat
 	return st, nil
 }
 
-// MetaStatus reads the Raft configuration from any node, then asks every
-// member at its RPC address, all at once and each for at most perMember,
-// for its own view. A member that does not answer is unreachable, with the
-// error; its state is not guessed. The leader is the member that says it
-// leads, at the highest term if two do; every member's AppliedBehind is
-// measured against its applied index.
+// MetaStatus reads the Raft configuration from every address at once, each
+// asked for at most perMember (a paused node costs perMember, not the
+// call), and takes the leader's, else the one of the highest term and
+// applied index; then it asks every member at its RPC address, all at once
+// and each for at most perMember, for its own view. A member that does not
+// answer is unreachable, with the error; its state is not guessed. The
+// leader is the member that says it leads, at the highest term if two do;
+// every member's AppliedBehind is measured against its applied index.
+// When no address answered, the error is the one an ordinary call gets
+// (which says when an address is not a metaserver).
 func (c *Client) MetaStatus(ctx context.Context, perMember time.Duration) (api.MetaStatus, error) {
-	cfg, err := c.RaftStatus(ctx)
-	if err != nil {
-		return api.MetaStatus{}, err
+	cfg, ok := c.configuration(ctx, perMember)
+	if !ok {
+		var err error
+		if cfg, err = c.RaftStatus(ctx); err != nil {
+			return api.MetaStatus{}, err
+		}
 	}
 	out := api.MetaStatus{Node: cfg.Node, Members: make([]api.MemberStatus, len(cfg.Members))}
 	var wg sync.WaitGroup
@@ -88,4 +95,38 @@ func (c *Client) MetaStatus(ctx context.Context, perMember time.Duration) (api.M
 		}
 	}
 	return out, nil
+}
+
+// configuration asks every address at once for its view of the Raft
+// cluster, each for at most perMember, and returns the best answer: the
+// leader's, else the one of the highest term, then applied index. ok is
+// false when no address answered.
+func (c *Client) configuration(ctx context.Context, perMember time.Duration) (best api.RaftStatus, ok bool) {
+	answers := make([]*api.RaftStatus, len(c.cfg.Addrs))
+	var wg sync.WaitGroup
+	for i, addr := range c.cfg.Addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if st, err := c.NodeStatus(ctx, addr, perMember); err == nil {
+				answers[i] = &st
+			}
+		}()
+	}
+	wg.Wait()
+	better := func(a, b *api.RaftStatus) bool { // a over b
+		if al, bl := a.State == "Leader", b.State == "Leader"; al != bl {
+			return al
+		}
+		if a.Term != b.Term {
+			return a.Term > b.Term
+		}
+		return a.AppliedIndex > b.AppliedIndex
+	}
+	for _, a := range answers {
+		if a != nil && (!ok || better(a, &best)) {
+			best, ok = *a, true
+		}
+	}
+	return best, ok
 }
