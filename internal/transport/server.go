@@ -208,6 +208,11 @@ type Server struct {
 	conns   map[*serverConn]struct{}
 	serving bool
 	closed  bool
+
+	// busy holds a token per over-cap connection being answered BUSY
+	// (refuseBusy); busyConns are those connections (guarded by mu).
+	busy      chan struct{}
+	busyConns map[net.Conn]struct{}
 }
 
 // NewServer returns a server with no handlers.
@@ -222,6 +227,9 @@ func NewServer(cfg ServerConfig) *Server {
 		tasks:    make(chan *Request, cfg.QueueSize),
 		stop:     make(chan struct{}),
 		conns:    make(map[*serverConn]struct{}),
+
+		busy:      make(chan struct{}, maxBusyAnswers),
+		busyConns: make(map[net.Conn]struct{}),
 	}
 }
 
@@ -376,10 +384,10 @@ func (s *Server) accept(ln net.Listener) {
 		if n := s.stats.conns.Add(1); n > int64(s.cfg.MaxConns) {
 			s.stats.conns.Add(-1)
 			s.stats.refused.Add(1)
-			_ = nc.Close()
 			remote := nc.RemoteAddr().String()
 			s.limited.warn("refused", fmt.Sprintf("refusing connection from %s: %d connections are open, the cap (MaxConns)", remote, s.cfg.MaxConns),
 				"remote", remote, "max_conns", s.cfg.MaxConns)
+			s.refuseBusy(nc)
 			continue
 		} else {
 			s.stats.notePeak(n)
@@ -410,6 +418,77 @@ func (s *Server) accept(ln net.Listener) {
 		s.readWG.Add(1)
 		go c.readLoop()
 	}
+}
+
+// Over-cap connections answered BUSY (refuseBusy).
+const (
+	// maxBusyAnswers bounds how many are served at once; past it one is
+	// closed unanswered, as it is on a TLS port (answering would take a
+	// handshake).
+	maxBusyAnswers = 64
+	// busyWait bounds how long one is given to send its first request
+	// (and the server's answer to be read), at most HandshakeTimeout.
+	busyWait = time.Second
+)
+
+// refuseBusy ends a connection over MaxConns. On a plaintext port it reads
+// the connection's first request (within busyWait) and answers it BUSY,
+// saying the server is over its connection cap, so the client knows it
+// met a live server that is full (and may retry, here or elsewhere), not
+// something that hangs up on every client; then it closes. A oneway
+// request, a frame too large for a connection that has not authenticated,
+// or bytes that are not a frame are closed unanswered.
+func (s *Server) refuseBusy(nc net.Conn) {
+	if s.tls != nil {
+		_ = nc.Close()
+		return
+	}
+	select {
+	case s.busy <- struct{}{}:
+	default:
+		_ = nc.Close()
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		<-s.busy
+		_ = nc.Close()
+		return
+	}
+	s.busyConns[nc] = struct{}{}
+	s.mu.Unlock()
+	s.readWG.Add(1) // the acceptor holds one: Close is not waiting yet
+	go func() {
+		defer s.readWG.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.busyConns, nc)
+			s.mu.Unlock()
+			_ = nc.Close()
+			<-s.busy
+		}()
+		_ = nc.SetDeadline(time.Now().Add(min(s.cfg.HandshakeTimeout, busyWait)))
+		f, err := readFrame(nc, s.cfg.MaxUnauthFrame, false)
+		if err != nil || f.IsResponse() || f.IsOneway() {
+			return
+		}
+		msg := fmt.Sprintf("%s is over its connection cap (%d connections open): try again later, or another server", nc.LocalAddr(), s.cfg.MaxConns)
+		resp := protocol.Frame{Flags: protocol.FlagResponse, Code: f.Code, Status: protocol.StatusBusy, Opaque: f.Opaque, Body: []byte(msg)}
+		b, err := protocol.AppendFrame(nil, &resp)
+		if err != nil {
+			return
+		}
+		if _, err := nc.Write(b); err != nil {
+			return
+		}
+		// Drop what the client still sends until it closes: closing with
+		// unread bytes would reset the connection, and the answer with it.
+		if hc, ok := nc.(interface{ CloseWrite() error }); ok {
+			_ = hc.CloseWrite()
+		}
+		_, _ = io.CopyN(io.Discard, nc, 64<<10)
+	}()
 }
 
 // forget drops a connection that is gone from the server's set and count.
@@ -525,6 +604,9 @@ func (s *Server) Close() error {
 	conns := make([]*serverConn, 0, len(s.conns))
 	for c := range s.conns {
 		conns = append(conns, c)
+	}
+	for nc := range s.busyConns {
+		_ = nc.SetDeadline(time.Unix(1, 0))
 	}
 	s.mu.Unlock()
 

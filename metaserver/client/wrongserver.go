@@ -111,9 +111,12 @@ func closedUnanswered(err error) bool {
 // is instead; nil when it cannot tell, or when it is a metaserver after all
 // (callErr then stands). A server that answered UNKNOWN_CODE is asked
 // IDENTIFY (a broker answers it); a server that closed the connection
-// unanswered is asked too, on a new connection, and is not a ferrymq server
-// if it does that again. Bytes that are not a frame are enough by
-// themselves.
+// unanswered is asked too, on a new connection. Only an answer proves
+// anything: bytes that are not a frame are enough by themselves, an
+// answered IDENTIFY says what the server is, but a server that closes
+// again without answering is not judged (a metaserver at its connection
+// cap, or shutting down, does that too; a current one says BUSY first):
+// the call goes on as if it were unreachable.
 func identify(ctx context.Context, tc *transport.Client, addr string, code protocol.Code, callErr error) *WrongServerError {
 	if badFrame(callErr) {
 		return &WrongServerError{Addr: addr, Why: "it answered with bytes that are not a ferrymq frame"}
@@ -133,8 +136,6 @@ func identify(ctx context.Context, tc *transport.Client, addr string, code proto
 	case errors.Is(err, protocol.ErrUnknownCode) && errors.Is(callErr, protocol.ErrUnknownCode):
 		return &WrongServerError{Addr: addr, Ferrymq: true,
 			Why: fmt.Sprintf("it has no handler for %v (request code %d) and does not say what it is", code, uint16(code))}
-	case closedUnanswered(err) && closedUnanswered(callErr):
-		return &WrongServerError{Addr: addr, Why: "it took the connection and closed it without answering, twice (so does a port that wants TLS, to a client without it)"}
 	}
 	return nil
 }
