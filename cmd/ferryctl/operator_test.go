@@ -34,7 +34,7 @@ func TestOperatorUsageErrors(t *testing.T) {
 		{[]string{"topic", "add-queues", "demo", "--count", "0"}, "--count 0: want 1 to 4096"},
 		{[]string{"topic", "create", "other", "--queues", "99999999999999999999"}, "--queues 99999999999999999999: want 1 to 4096"},
 		{[]string{"bench", "--producers", "0"}, "--producers 0: want 1 to 1024"},
-		{[]string{"bench", "--rate", "NaN"}, "--rate NaN: want a number from 0 to 1e+09"},
+		{[]string{"bench", "--rate", "NaN"}, "--rate NaN: want 0 (as fast as the cluster takes them) or a number from 0.001 to 1e+09"},
 		{[]string{"consume", "demo", "--group", "g", "--from", "middle"}, "--from middle: want earliest or latest"},
 		{[]string{"group", "reset-offsets", "g", "--topic", "demo", "--to-offset", "-3"}, "--to-offset -3: want 0 to"},
 		{[]string{"read", "主题-ü"}, "read: topic name"},
