@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -171,6 +172,9 @@ func TestErrorsMatch(t *testing.T) {
 			// (a delivery timeout around an unreachable metaserver) it has.
 			if n := len(producerLayer.FindAllString(err.Error(), -1)); n > 1 {
 				t.Errorf("%v\nsays %q %d times", err, "producer: ", n)
+			}
+			if n := strings.Count(err.Error(), "transport: "); n > 1 {
+				t.Errorf("%v\nsays %q %d times", err, "transport: ", n)
 			}
 			for _, w := range tc.want {
 				if !errors.Is(err, w) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -207,7 +208,7 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 	d := net.Dialer{Timeout: c.cfg.DialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", c.addr)
 	if err != nil {
-		return nil, fmt.Errorf("transport: dial %s: %w: %w", c.addr, ErrConnLost, err)
+		return nil, &dialError{addr: c.addr, err: err}
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
@@ -385,3 +386,17 @@ func (c *Client) Close() error {
 	}
 	return nil
 }
+
+// dialError is a dial that failed: it is ErrConnLost (the call may be tried
+// again, elsewhere) and says so without ErrConnLost's own "transport: ",
+// which its text begins with already.
+type dialError struct {
+	addr string
+	err  error
+}
+
+func (e *dialError) Error() string {
+	return "transport: dial " + e.addr + ": " + strings.TrimPrefix(ErrConnLost.Error(), "transport: ") + ": " + e.err.Error()
+}
+
+func (e *dialError) Unwrap() []error { return []error{ErrConnLost, e.err} }
