@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -216,6 +217,9 @@ func parseMetaAddrs(s string) ([]string, error) {
 		if host == "" {
 			return nil, fmt.Errorf("%s has no host", shown(a))
 		}
+		if err := checkHost(host); err != nil {
+			return nil, fmt.Errorf("%s: %w", shown(a), err)
+		}
 		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 			return nil, fmt.Errorf("%s: the port must be a number from 1 to 65535", shown(a))
 		}
@@ -225,6 +229,25 @@ func parseMetaAddrs(s string) ([]string, error) {
 		return nil, errors.New("no host:port address in it")
 	}
 	return out, nil
+}
+
+// checkHost refuses a host no address can have, before it costs a DNS
+// lookup (and --timeout): an IP address, or a name of letters, digits,
+// '-', '_' and '.', at most 253 bytes.
+func checkHost(host string) error {
+	if net.ParseIP(host) != nil {
+		return nil
+	}
+	if len(host) > 253 {
+		return fmt.Errorf("the host name is %d bytes, more than a host name has (253)", len(host))
+	}
+	for i, r := range host {
+		if r < utf8.RuneSelf && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			continue
+		}
+		return fmt.Errorf("the host %s has %q at byte %d, which no host name has (want an IP address, or letters, digits, '-', '_' and '.')", shown(host), r, i)
+	}
+	return nil
 }
 
 const metaWant = "a comma-separated list of host:port (port 1 to 65535)"

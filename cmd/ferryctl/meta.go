@@ -48,19 +48,32 @@ raft stats; "-" on the leader); APPLIED, its applied index; BEHIND, how far its 
 the leader's; REACHABLE, yes, or no and why.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
-			if memberTimeout <= 0 {
-				return usageError{fmt.Errorf("--member-timeout %v: want a positive duration", memberTimeout)}
-			}
 			st, err := cl.MetaStatus(ctx, memberTimeout)
 			if err != nil {
 				return err
 			}
-			return printMetaStatus(g, st)
+			if err := printMetaStatus(g, st); err != nil {
+				return err
+			}
+			for _, m := range st.Members {
+				if m.Reachable {
+					return nil
+				}
+			}
+			// A configuration came, but no member answered for itself.
+			return fmt.Errorf("meta status: none of the %d members answered within --member-timeout %v", len(st.Members), memberTimeout)
 		}),
 	}
 	cmd.Flags().DurationVar(&memberTimeout, "member-timeout", time.Second, "how long to wait for each member's answer")
+	g.checker(cmd.Flags()).durationRange("member-timeout", minMemberTimeout, maxMemberTimeout)
 	return cmd
 }
+
+// Bounds of meta status --member-timeout.
+const (
+	minMemberTimeout = 10 * time.Millisecond
+	maxMemberTimeout = time.Minute
+)
 
 // printMetaStatus prints the members as each reported itself.
 func printMetaStatus(g *globalOptions, st api.MetaStatus) error {

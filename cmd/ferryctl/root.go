@@ -37,6 +37,28 @@ type globalOptions struct {
 	out              io.Writer
 
 	flagErrs flagErrors
+	// preFailed is set when ferryctl's own pre-run failed, ran when a
+	// command's RunE started. An error Execute returns with neither set
+	// came from cobra's own checks (an unknown command, an argument it
+	// refused, a required flag missing): a usage error (cobraError).
+	preFailed, ran bool
+}
+
+// cobraError reports whether err, the error Execute returned, came from
+// cobra's own checks rather than from ferryctl's pre-run or a command.
+func (g *globalOptions) cobraError() bool { return !g.ran && !g.preFailed }
+
+// markRuns wraps every command's RunE so that g knows a command ran.
+func (g *globalOptions) markRuns(cmd *cobra.Command) {
+	for _, c := range cmd.Commands() {
+		g.markRuns(c)
+	}
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(cmd *cobra.Command, args []string) error {
+			g.ran = true
+			return run(cmd, args)
+		}
+	}
 }
 
 // addrs is --meta as a list (checked when the flag was parsed).
@@ -120,16 +142,9 @@ reached.`,
 		// Before any command runs: the environment's global flags, then
 		// the positional arguments (flags were checked as they were parsed).
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			if err := applyEnv(cmd, g); err != nil {
-				return err
-			}
-			if err := g.loadTLS(cmd); err != nil {
-				return err
-			}
-			if err := g.loadToken(cmd); err != nil {
-				return err
-			}
-			return checkArgs(cmd, args)
+			err := g.preRun(cmd, args)
+			g.preFailed = err != nil
+			return err
 		},
 	}
 	root.SetVersionTemplate(cli.VersionLine("ferryctl") + "\n")
@@ -176,7 +191,23 @@ reached.`,
 	)
 	refuseUnknownSubcommands(root)
 	checkMetaVoterFlags(root, g)
+	g.markRuns(root)
 	return root, g
+}
+
+// preRun is what runs before any command: the environment's global flags,
+// then the positional arguments (flags were checked as they were parsed).
+func (g *globalOptions) preRun(cmd *cobra.Command, args []string) error {
+	if err := applyEnv(cmd, g); err != nil {
+		return err
+	}
+	if err := g.loadTLS(cmd); err != nil {
+		return err
+	}
+	if err := g.loadToken(cmd); err != nil {
+		return err
+	}
+	return checkArgs(cmd, args)
 }
 
 // checkMetaVoterFlags checks the addresses of meta add-voter (defined in
@@ -230,15 +261,22 @@ func refuseUnknownSubcommands(cmd *cobra.Command) {
 // one line "ferryctl: ..." on stderr; an error of several lines (several
 // queues, or a bench's causes) continues on indented lines.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	root := newRootCommand(stdin, stdout)
+	root, g := newRoot(stdin, stdout)
 	root.SetArgs(args)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := explainTLSRefusal(root.Execute())
+	err := root.Execute()
 	if err == nil {
 		return exitOK
 	}
+	var ue usageError
+	if !errors.As(err, &ue) && g.cobraError() {
+		// cobra refused the command line (an unknown command, a required
+		// flag missing): it has no typed errors for these.
+		err = usageError{err}
+	}
+	err = explainTLSRefusal(err)
 	code := exitCode(err)
 	msg := err.Error()
 	if code == exitUnreachable {
@@ -252,9 +290,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func exitCode(err error) int {
 	var ue usageError
 	switch {
-	case errors.As(err, &ue),
-		// cobra reports these two as plain errors, with no hook to type them.
-		strings.Contains(err.Error(), "unknown command"), strings.Contains(err.Error(), "required flag"):
+	case errors.As(err, &ue): // cobra's own refusals are made usageErrors by run
 		return exitUsage
 	case errors.Is(err, client.ErrNotMetaserver):
 		// --meta names a broker or something that is not ferrymq: the
