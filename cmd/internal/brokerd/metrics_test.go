@@ -4,12 +4,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testmetrics"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/storage"
@@ -17,28 +17,6 @@ import (
 
 // masterOnly are the gauges that mean something only on a master.
 var masterOnly = []string{"ferrymq_broker_slave_lag_bytes", "ferrymq_broker_slave_lag_seconds", "ferrymq_broker_slave_connected"}
-
-func gather(t *testing.T, g prometheus.Gatherer) map[string]*dto.MetricFamily {
-	t.Helper()
-	families, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]*dto.MetricFamily{}
-	for _, f := range families {
-		out[f.GetName()] = f
-	}
-	return out
-}
-
-// labelsOf is a metric's labels as a map.
-func labelsOf(m *dto.Metric) map[string]string {
-	out := map[string]string{}
-	for _, l := range m.GetLabel() {
-		out[l.GetName()] = l.GetValue()
-	}
-	return out
-}
 
 // TestMetricsFollowTheRole: the master exports ferrymq_broker_role
 // {role="master"} and the slave gauges; its slave exports
@@ -64,9 +42,9 @@ func TestMetricsFollowTheRole(t *testing.T) {
 		if f == nil || len(f.Metric) != 1 || f.Metric[0].GetGauge().GetValue() != 1 {
 			t.Fatalf("%s: ferrymq_broker_role is %v; want one series valued 1", name, f)
 		}
-		return labelsOf(f.Metric[0])["role"]
+		return testmetrics.Labels(f.Metric[0])["role"]
 	}
-	mf, sf := gather(t, master.Registry), gather(t, slave.Registry)
+	mf, sf := testmetrics.Gather(t, master.Registry), testmetrics.Gather(t, slave.Registry)
 	if r := roleOf("master", mf); r != "master" {
 		t.Errorf("the master exports role %q", r)
 	}
@@ -87,7 +65,7 @@ func TestMetricsFollowTheRole(t *testing.T) {
 
 	histCount := func(name string) uint64 {
 		t.Helper()
-		f := gather(t, master.Registry)[name]
+		f := testmetrics.Gather(t, master.Registry)[name]
 		if f == nil || f.GetType() != dto.MetricType_HISTOGRAM {
 			t.Fatalf("%s: %v, want a histogram", name, f)
 		}
@@ -120,15 +98,15 @@ func TestMetricsFollowTheRole(t *testing.T) {
 	}
 
 	ends := map[string]float64{}
-	for _, m := range gather(t, master.Registry)["ferrymq_broker_queue_end_offset"].GetMetric() {
-		l := labelsOf(m)
+	for _, m := range testmetrics.Gather(t, master.Registry)["ferrymq_broker_queue_end_offset"].GetMetric() {
+		l := testmetrics.Labels(m)
 		ends[l["topic"]+"/"+l["queue"]] = m.GetGauge().GetValue()
 	}
 	if ends["measured/0"] != 5 || ends["measured/1"] != 3 {
 		t.Errorf("queue end offsets %v, want measured/0 at 5 and measured/1 at 3", ends)
 	}
 
-	mf = gather(t, master.Registry)
+	mf = testmetrics.Gather(t, master.Registry)
 	avail, size := mf["ferrymq_broker_disk_avail_bytes"], mf["ferrymq_broker_disk_size_bytes"]
 	if avail == nil || size == nil {
 		t.Fatalf("no disk gauges: %v %v", avail, size)

@@ -26,6 +26,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/brokerd"
+	"github.com/ferrymq/ferrymq/internal/testmetrics"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -121,7 +122,7 @@ func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
 
 func value(f *dto.MetricFamily, labels map[string]string) (float64, bool) {
 	for _, m := range f.GetMetric() {
-		l := labelsOf(m)
+		l := testmetrics.Labels(m)
 		match := true
 		for k, v := range labels {
 			match = match && l[k] == v
@@ -380,15 +381,7 @@ func TestMetricsEndpoints(t *testing.T) {
 	// The producer SDK's collector, as an application registers it.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(lc.producer.Collector())
-	pf, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fams := map[string]*dto.MetricFamily{}
-	for _, f := range pf {
-		fams[f.GetName()] = f
-	}
-	for _, n := range lintFamilies(t, "producer", "ferrymq_producer_", fams) {
+	for _, n := range lintFamilies(t, "producer", "ferrymq_producer_", testmetrics.Gather(t, reg)) {
 		exported[n] = true
 	}
 	// What the live cluster shows: a sample of the values, not only names.

@@ -12,30 +12,10 @@ import (
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testmetrics"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/routing"
 )
-
-func gather(t *testing.T, g prometheus.Gatherer) map[string]*dto.MetricFamily {
-	t.Helper()
-	families, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]*dto.MetricFamily{}
-	for _, f := range families {
-		out[f.GetName()] = f
-	}
-	return out
-}
-
-func labelsOf(m *dto.Metric) map[string]string {
-	out := map[string]string{}
-	for _, l := range m.GetLabel() {
-		out[l.GetName()] = l.GetValue()
-	}
-	return out
-}
 
 // TestGroupStateMetrics: a broker group's state is
 // ferrymq_metaserver_group_writable{group} and one
@@ -62,15 +42,15 @@ func TestGroupStateMetrics(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s: no group g1", step)
 		}
-		fams := gather(t, m.Registry)
+		fams := testmetrics.Gather(t, m.Registry)
 		var series []string
 		w := fams["ferrymq_metaserver_group_writable"].GetMetric()
-		if len(w) != 1 || !maps.Equal(labelsOf(w[0]), map[string]string{"group": "g1"}) || (w[0].GetGauge().GetValue() == 1) != g.Writable() {
+		if len(w) != 1 || !maps.Equal(testmetrics.Labels(w[0]), map[string]string{"group": "g1"}) || (w[0].GetGauge().GetValue() == 1) != g.Writable() {
 			t.Fatalf("%s: group_writable %v, the registry's group is %s (%s)", step, w, g.Reasons.State(), g.Reasons)
 		}
 		got := map[string]float64{}
 		for _, r := range fams["ferrymq_metaserver_group_readonly_reason"].GetMetric() {
-			l := labelsOf(r)
+			l := testmetrics.Labels(r)
 			if len(l) != 2 || l["group"] != "g1" {
 				t.Fatalf("%s: readonly_reason labels %v, want group and reason", step, l)
 			}
@@ -92,7 +72,7 @@ func TestGroupStateMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	marked := check("marked read-only")
-	if fams := gather(t, m.Registry); fams["ferrymq_metaserver_group_writable"].GetMetric()[0].GetGauge().GetValue() != 0 {
+	if fams := testmetrics.Gather(t, m.Registry); fams["ferrymq_metaserver_group_writable"].GetMetric()[0].GetGauge().GetValue() != 0 {
 		t.Fatal("a group marked read-only by an admin is exported writable")
 	}
 	if !slices.Equal(before, marked) || !slices.Equal(marked, []string{"admin", "heartbeat-lost", "slave-lag"}) {
@@ -112,14 +92,14 @@ func TestRaftMetricsOneStatusPerScrape(t *testing.T) {
 		return api.RaftStatus{State: "Candidate", Term: 7, LastIndex: 42}
 	})
 	for scrape := int64(1); scrape <= 2; scrape++ {
-		fams := gather(t, reg)
+		fams := testmetrics.Gather(t, reg)
 		if n := calls.Load(); n != scrape {
 			t.Fatalf("%d scrapes asked for the raft status %d times, want once each", scrape, n)
 		}
 		states := map[string]float64{}
 		f := fams["ferrymq_metaserver_raft_state"]
 		for _, m := range f.GetMetric() {
-			states[labelsOf(m)["state"]] = m.GetGauge().GetValue()
+			states[testmetrics.Labels(m)["state"]] = m.GetGauge().GetValue()
 		}
 		want := map[string]float64{"Follower": 0, "Candidate": 1, "Leader": 0, "Shutdown": 0}
 		if f.GetType() != dto.MetricType_GAUGE || !maps.Equal(states, want) {
