@@ -3,7 +3,6 @@ package main
 import (
 	"net"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
@@ -11,48 +10,13 @@ import (
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
-// silentAddr takes connections and never answers, as a SIGSTOPped
-// metaserver does; its connections stay open until Cleanup.
-func silentAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
-
 // TestPausedFirstMeta: with a paused metaserver first in --meta, the
 // commands reach the others within the default --timeout: routes, topics
 // and meta status (which shows the three members reachable).
 func TestPausedFirstMeta(t *testing.T) {
 	m := testcluster.StartMeta(t, 3, nil)
 	testcluster.StartGroup(t, m.Addrs(), "g1", testcluster.GroupOpts{Edit: testcluster.SteadyBroker})
-	meta := "--meta=" + silentAddr(t) + "," + strings.Join(m.Addrs(), ",")
+	meta := "--meta=" + testcluster.SilentAddr(t) + "," + strings.Join(m.Addrs(), ",")
 	mustCtl(t, meta, "topic", "create", "orders", "--queues", "1")
 	mustCtl(t, meta, "routes", "orders")
 	if out := mustCtl(t, meta, "topics"); !strings.Contains(out, "orders") {

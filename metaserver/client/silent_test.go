@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,42 +12,6 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/client"
 )
 
-// silentServer is an address that takes connections and never answers, as
-// a SIGSTOPped process does (the kernel completes the handshake and
-// buffers what is sent). It holds every connection open until Cleanup.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
-
 // TestPausedFirstAddress: a paused node listed first does not take the
 // whole call: reads, leader calls and meta status reach the live nodes
 // after it within the call's timeout (ferryctl's default, 5 s), again and
@@ -56,7 +19,7 @@ func silentServer(t *testing.T) string {
 func TestPausedFirstAddress(t *testing.T) {
 	m := testcluster.StartMeta(t, 3, nil)
 	testcluster.StartGroup(t, m.Addrs(), "g1", testcluster.GroupOpts{Edit: testcluster.SteadyBroker})
-	cl := newClient(t, 5*time.Second, append([]string{silentServer(t)}, m.Addrs()...)...)
+	cl := newClient(t, 5*time.Second, append([]string{testcluster.SilentAddr(t)}, m.Addrs()...)...)
 	ctx := context.Background()
 	for i := range 2 {
 		if _, err := cl.Topics(ctx); err != nil {
@@ -78,11 +41,11 @@ func TestPausedFirstAddress(t *testing.T) {
 		"routes": func(c *client.Client) error { _, err := c.Route(ctx, "ta"); return err },
 		"groups": func(c *client.Client) error { _, err := c.Groups(ctx); return err },
 	} {
-		if err := call(newClient(t, 5*time.Second, append([]string{silentServer(t)}, m.Addrs()...)...)); err != nil {
+		if err := call(newClient(t, 5*time.Second, append([]string{testcluster.SilentAddr(t)}, m.Addrs()...)...)); err != nil {
 			t.Errorf("%s with a paused node first: %v", name, err)
 		}
 	}
-	st, err := newClient(t, 5*time.Second, append([]string{silentServer(t)}, m.Addrs()...)...).MetaStatus(ctx, time.Second)
+	st, err := newClient(t, 5*time.Second, append([]string{testcluster.SilentAddr(t)}, m.Addrs()...)...).MetaStatus(ctx, time.Second)
 	if err != nil {
 		t.Fatalf("meta status with a paused node first: %v", err)
 	}
