@@ -78,6 +78,31 @@ func findPrincipal(ctx context.Context, cl *client.Client, name string) (api.ACL
 	return acl, nil, nil
 }
 
+// setPrincipal is the read-modify-write of acl add, grant, revoke and
+// rotate: it reads the ACL and the principal named name, refuses one that
+// exists (isNew: add) or one that does not (the others), and sets the token
+// hash and permissions edit makes of it (nil for add) at the ACL version it
+// read.
+func setPrincipal(ctx context.Context, cl *client.Client, name string, isNew bool,
+	edit func(p *api.ACLPrincipal) (tokenSHA256 string, perms []string, err error)) (api.ACLChangeReply, error) {
+	acl, p, err := findPrincipal(ctx, cl, name)
+	if err != nil {
+		return api.ACLChangeReply{}, err
+	}
+	if isNew && p != nil {
+		return api.ACLChangeReply{}, fmt.Errorf("principal %q already exists (ferryctl acl grant, revoke or rotate change it)", name)
+	}
+	if !isNew && p == nil {
+		return api.ACLChangeReply{}, fmt.Errorf("principal %q does not exist (ferryctl acl add makes one)", name)
+	}
+	tokenSHA256, perms, err := edit(p)
+	if err != nil {
+		return api.ACLChangeReply{}, err
+	}
+	return cl.SetPrincipal(ctx, api.ACLSetRequest{Name: name, TokenSHA256: tokenSHA256, Permissions: perms,
+		ExpectVersion: acl.Version})
+}
+
 func newACLAddCommand(g *globalOptions) *cobra.Command {
 	var perms []string
 	cmd := &cobra.Command{
@@ -86,16 +111,11 @@ func newACLAddCommand(g *globalOptions) *cobra.Command {
 		Args:  usageArgs(cobra.MatchAll(cobra.ExactArgs(1), principalArg)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			name := args[0]
-			acl, p, err := findPrincipal(ctx, cl, name)
-			if err != nil {
-				return err
-			}
-			if p != nil {
-				return fmt.Errorf("principal %q already exists (ferryctl acl grant, revoke or rotate change it)", name)
-			}
-			tok := auth.NewToken()
-			res, err := cl.SetPrincipal(ctx, api.ACLSetRequest{Name: name, TokenSHA256: auth.HashToken(tok).String(),
-				Permissions: perms, ExpectVersion: acl.Version})
+			var tok string
+			res, err := setPrincipal(ctx, cl, name, true, func(*api.ACLPrincipal) (string, []string, error) {
+				tok = auth.NewToken()
+				return auth.HashToken(tok).String(), perms, nil
+			})
 			if err != nil {
 				return err
 			}
@@ -123,33 +143,29 @@ func newACLPermCommand(g *globalOptions, verb string) *cobra.Command {
 				return usageError{errors.New("--perm is required: the permissions to " + verb)}
 			}
 			name := args[0]
-			acl, p, err := findPrincipal(ctx, cl, name)
-			if err != nil {
-				return err
-			}
-			if p == nil {
-				return fmt.Errorf("principal %q does not exist (ferryctl acl add makes one)", name)
-			}
-			given, err := auth.ParsePermissions(perms)
-			if err != nil {
-				return usageError{err}
-			}
-			next := slices.Clone(p.Permissions)
-			for _, q := range auth.Strings(given) {
-				if verb == "grant" {
-					next = append(next, q)
-				} else {
-					next = slices.DeleteFunc(next, func(s string) bool { return s == q })
+			var tokenSHA256 string
+			var next []string
+			res, err := setPrincipal(ctx, cl, name, false, func(p *api.ACLPrincipal) (string, []string, error) {
+				given, err := auth.ParsePermissions(perms)
+				if err != nil {
+					return "", nil, usageError{err}
 				}
-			}
-			res, err := cl.SetPrincipal(ctx, api.ACLSetRequest{Name: name, TokenSHA256: p.TokenSHA256, Permissions: next,
-				ExpectVersion: acl.Version})
+				tokenSHA256, next = p.TokenSHA256, slices.Clone(p.Permissions)
+				for _, q := range auth.Strings(given) {
+					if verb == "grant" {
+						next = append(next, q)
+					} else {
+						next = slices.DeleteFunc(next, func(s string) bool { return s == q })
+					}
+				}
+				return tokenSHA256, next, nil
+			})
 			if err != nil {
 				return err
 			}
 			canon, _ := auth.ParsePermissions(next)
 			return printPrincipals(g, api.ACL{Version: res.Version, Principals: []api.ACLPrincipal{{Name: name,
-				TokenSHA256: p.TokenSHA256, Permissions: auth.Strings(canon)}}})
+				TokenSHA256: tokenSHA256, Permissions: auth.Strings(canon)}}})
 		}),
 	}
 	addPermFlag(g, cmd, &perms, "a permission to "+verb+" (repeat it for more)")
@@ -212,20 +228,16 @@ func newACLRotateCommand(g *globalOptions) *cobra.Command {
 		Args:  usageArgs(cobra.MatchAll(cobra.ExactArgs(1), principalArg)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			name := args[0]
-			acl, p, err := findPrincipal(ctx, cl, name)
+			var tok string
+			var perms []string
+			res, err := setPrincipal(ctx, cl, name, false, func(p *api.ACLPrincipal) (string, []string, error) {
+				tok, perms = auth.NewToken(), p.Permissions
+				return auth.HashToken(tok).String(), perms, nil
+			})
 			if err != nil {
 				return err
 			}
-			if p == nil {
-				return fmt.Errorf("principal %q does not exist (ferryctl acl add makes one)", name)
-			}
-			tok := auth.NewToken()
-			res, err := cl.SetPrincipal(ctx, api.ACLSetRequest{Name: name, TokenSHA256: auth.HashToken(tok).String(),
-				Permissions: p.Permissions, ExpectVersion: acl.Version})
-			if err != nil {
-				return err
-			}
-			return printToken(g, tokenResult{Name: name, Token: tok, Permissions: p.Permissions, Version: res.Version})
+			return printToken(g, tokenResult{Name: name, Token: tok, Permissions: perms, Version: res.Version})
 		}),
 	}
 }
