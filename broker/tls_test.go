@@ -5,9 +5,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
+	"github.com/ferrymq/ferrymq/internal/testtls"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -16,26 +15,9 @@ import (
 // and a slave without TLS is told the port requires it.
 func TestMasterLinkOverTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := tlsconf.GenerateCA(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	master, err := tlsconf.GenerateCert(ca, "master", []string{"127.0.0.1"}, dir, time.Time{}, time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	slave, err := tlsconf.GenerateCert(ca, "slave", []string{"127.0.0.1"}, dir, time.Time{}, time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srvTLS, err := master.Server()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cliTLS, err := slave.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := testtls.CA(t, dir)
+	srvTLS := testtls.ServerConfig(t, testtls.Cert(t, ca, "master", dir))
+	cliTLS := testtls.ClientConfig(t, testtls.Cert(t, ca, "slave", dir))
 	ha := transport.NewServer(transport.ServerConfig{TLS: srvTLS})
 	ha.Handle(protocol.CodeHAFetch, func(r *transport.Request) {
 		_ = r.Reply(protocol.AppendHAFetchResponseHeader(nil, 0, 7))
@@ -65,14 +47,7 @@ func TestMasterLinkOverTLS(t *testing.T) {
 }
 
 func TestConfigTLSGoTogether(t *testing.T) {
-	ca, err := tlsconf.GenerateCA(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := tlsconf.GenerateCert(ca, "b", []string{"127.0.0.1"}, t.TempDir(), time.Time{}, time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := testtls.Cert(t, testtls.CA(t, t.TempDir()), "b", t.TempDir())
 	srv, _ := f.Server()
 	cfg := Config{ID: "b1", Group: "g", Role: "master", Dir: t.TempDir(), Addr: "127.0.0.1:0", MetaAddrs: []string{"127.0.0.1:1"}, TLSServer: srv}
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "TLSServer and TLSClient go together") {

@@ -40,6 +40,8 @@ var rules = map[string][]string{
 	"internal/testwait": {},
 	// Reads Prometheus gatherers in tests (testOnly below).
 	"internal/testmetrics": {},
+	// TLS material for tests (testOnly below).
+	"internal/testtls": {"internal/tlsconf"},
 	// The test harness starts whole clusters; only tests may import it
 	// (testOnly below).
 	"internal/testcluster": {"broker", "metaserver", "metaserver/api", "metaserver/client", "internal/transport",
@@ -52,7 +54,7 @@ var rules = map[string][]string{
 
 // testOnly are packages that only test files may import: a program or a
 // library that imported them would start test clusters.
-var testOnly = []string{"internal/testcluster", "internal/testlog", "internal/testwait", "internal/testmetrics"}
+var testOnly = []string{"internal/testcluster", "internal/testlog", "internal/testwait", "internal/testmetrics", "internal/testtls"}
 
 // ruleFor returns the rule key that governs pkg (a path inside the module):
 // the longest key equal to pkg or a parent of it.

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/ferrymq/ferrymq/internal/testlog"
+	"github.com/ferrymq/ferrymq/internal/testtls"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/tlsconf"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -31,14 +32,7 @@ type pki struct {
 func newPKI(t *testing.T) *pki {
 	t.Helper()
 	dir, other := t.TempDir(), t.TempDir()
-	ca, err := tlsconf.GenerateCA(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca2, err := tlsconf.GenerateCA(other)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, ca2 := testtls.CA(t, dir), testtls.CA(t, other)
 	local := []string{"127.0.0.1", "localhost"}
 	gen := func(ca *tlsconf.CA, name, dir string, expired bool) tlsconf.Files {
 		var nb, na time.Time
@@ -59,15 +53,6 @@ func newPKI(t *testing.T) *pki {
 	}
 }
 
-func serverTLSConfig(t *testing.T, f tlsconf.Files) *tls.Config {
-	t.Helper()
-	cfg, err := f.Server()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg
-}
-
 func clientTLSConfig(t *testing.T, ca string, f tlsconf.Files) *tls.Config {
 	t.Helper()
 	cfg, err := tlsconf.ClientConfig(ca, f.Cert, f.Key)
@@ -83,7 +68,7 @@ func clientTLSConfig(t *testing.T, ca string, f tlsconf.Files) *tls.Config {
 func TestTLSRoundTrip(t *testing.T) {
 	p := newPKI(t)
 	var peer, authed sync.Map
-	ts := startServer(t, ServerConfig{TLS: serverTLSConfig(t, p.server)}, func(ts *testServer) {
+	ts := startServer(t, ServerConfig{TLS: testtls.ServerConfig(t, p.server)}, func(ts *testServer) {
 		ts.Handle(codeWho, func(r *Request) {
 			if st := r.TLS(); st != nil && len(st.VerifiedChains) > 0 {
 				peer.Store(st.VerifiedChains[0][0].Subject.CommonName, true)
@@ -150,32 +135,32 @@ func TestTLSHandshakeFailuresAreExplained(t *testing.T) {
 	}{
 		{
 			name:   "client trusts another CA",
-			server: serverTLSConfig(t, p.server), client: clientTLSConfig(t, p.otherCA, p.stranger),
+			server: testtls.ServerConfig(t, p.server), client: clientTLSConfig(t, p.otherCA, p.stranger),
 			clientWant: "not signed by a CA this client trusts", serverWant: "does not trust this server's certificate",
 		},
 		{
 			name:   "client certificate from another CA",
-			server: serverTLSConfig(t, p.server), client: clientTLSConfig(t, p.server.CA, p.stranger),
+			server: testtls.ServerConfig(t, p.server), client: clientTLSConfig(t, p.server.CA, p.stranger),
 			clientWant: "does not trust this client's certificate", serverWant: "not signed by this server's CA",
 		},
 		{
 			name:   "expired server certificate",
-			server: serverTLSConfig(t, p.expiredServer), client: clientTLSConfig(t, p.server.CA, p.client),
+			server: testtls.ServerConfig(t, p.expiredServer), client: clientTLSConfig(t, p.server.CA, p.client),
 			clientWant: "server's certificate has expired", serverWant: "tls handshake with client",
 		},
 		{
 			name:   "expired client certificate",
-			server: serverTLSConfig(t, p.server), client: clientTLSConfig(t, p.server.CA, p.expiredClient),
+			server: testtls.ServerConfig(t, p.server), client: clientTLSConfig(t, p.server.CA, p.expiredClient),
 			clientWant: "refused this client's certificate as expired", serverWant: "its certificate has expired",
 		},
 		{
 			name:   "no client certificate",
-			server: serverTLSConfig(t, p.server), client: clientTLSConfig(t, p.server.CA, tlsconf.Files{}),
+			server: testtls.ServerConfig(t, p.server), client: clientTLSConfig(t, p.server.CA, tlsconf.Files{}),
 			clientWant: "requires a client certificate", serverWant: "presented no certificate",
 		},
 		{
 			name:       "plaintext to a TLS port",
-			server:     serverTLSConfig(t, p.server),
+			server:     testtls.ServerConfig(t, p.server),
 			clientWant: "requires TLS", serverWant: "spoke plaintext to a TLS port",
 		},
 		{
@@ -226,7 +211,7 @@ func TestTLSHandshakeFailuresAreExplained(t *testing.T) {
 func TestRefusalsAreRateLimitedInTheLog(t *testing.T) {
 	p := newPKI(t)
 	logs := testlog.NewCapture("server", hclog.Warn)
-	ts := startServer(t, ServerConfig{TLS: serverTLSConfig(t, p.server), Logger: logs})
+	ts := startServer(t, ServerConfig{TLS: testtls.ServerConfig(t, p.server), Logger: logs})
 	for range 5 {
 		c := NewClient(ts.addr, ClientConfig{})
 		if _, err := c.Call(context.Background(), codeEcho, nil); !errors.Is(err, protocol.ErrNotAuthorized) {

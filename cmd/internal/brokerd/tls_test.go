@@ -6,24 +6,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
+	"github.com/ferrymq/ferrymq/internal/testtls"
 )
 
 // The TLS flags: a broker with a certificate, its key and a CA starts; a
 // missing file or a certificate without its key exits 2 naming the flag.
 func TestTLSFlags(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := tlsconf.GenerateCA(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := tlsconf.GenerateCert(ca, "b", []string{"127.0.0.1"}, dir, time.Time{}, time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := testtls.Cert(t, testtls.CA(t, dir), "b", dir)
 	base := func() []string {
 		return []string{"-id", "b", "-group", "g", "-dir", t.TempDir(), "-addr", "127.0.0.1:0", "-ha-addr", "127.0.0.1:0", "-meta", "127.0.0.1:1"}
 	}

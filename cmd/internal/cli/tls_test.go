@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/ferrymq/ferrymq/internal/testtls"
 	"github.com/ferrymq/ferrymq/internal/tlsconf"
 )
 
@@ -19,17 +19,8 @@ import (
 func tlsMaterial(t *testing.T) (dir string, a, b tlsconf.Files) {
 	t.Helper()
 	dir = t.TempDir()
-	ca, err := tlsconf.GenerateCA(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a, err = tlsconf.GenerateCert(ca, "a", []string{"127.0.0.1"}, dir, zero, zero); err != nil {
-		t.Fatal(err)
-	}
-	if b, err = tlsconf.GenerateCert(ca, "b", []string{"127.0.0.1"}, dir, zero, zero); err != nil {
-		t.Fatal(err)
-	}
-	return dir, a, b
+	ca := testtls.CA(t, dir)
+	return dir, testtls.Cert(t, ca, "a", dir), testtls.Cert(t, ca, "b", dir)
 }
 
 // parseTLS parses args (and a config file, if given) into a TLSFlags.
@@ -120,5 +111,3 @@ func TestTLSFlags(t *testing.T) {
 		})
 	}
 }
-
-var zero time.Time // the default validity window

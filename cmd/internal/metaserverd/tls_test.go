@@ -6,10 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
+	"github.com/ferrymq/ferrymq/internal/testtls"
 )
 
 // The TLS flags: a metaserver with a certificate, its key and a CA starts; a
@@ -17,14 +16,7 @@ import (
 // its peers by their certificates) exits 2 naming the flag.
 func TestTLSFlags(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := tlsconf.GenerateCA(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := tlsconf.GenerateCert(ca, "m1", []string{"127.0.0.1"}, dir, time.Time{}, time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := testtls.Cert(t, testtls.CA(t, dir), "m1", dir)
 	base := func() []string {
 		return []string{"-id", "m1", "-dir", t.TempDir(), "-rpc-addr", "127.0.0.1:0", "-raft-addr", "127.0.0.1:0"}
 	}
