@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/ferrymq/ferrymq/internal/testlog"
+	"github.com/ferrymq/ferrymq/internal/testtls"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/tlsconf"
 	"github.com/ferrymq/ferrymq/internal/transport"
@@ -23,19 +24,8 @@ type tlsPair struct{ server, client *tls.Config }
 
 func nodeTLS(t *testing.T, ca *tlsconf.CA, name, dir string) tlsPair {
 	t.Helper()
-	f, err := tlsconf.GenerateCert(ca, name, []string{"127.0.0.1"}, dir, time.Time{}, time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := f.Server()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := f.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tlsPair{srv, cli}
+	f := testtls.Cert(t, ca, name, dir)
+	return tlsPair{testtls.ServerConfig(t, f), testtls.ClientConfig(t, f)}
 }
 
 func tlsNodeConfig(t *testing.T, id string, p tlsPair) Config {
@@ -52,34 +42,13 @@ func tlsNodeConfig(t *testing.T, id string, p tlsPair) Config {
 // RPC port serves clients over TLS.
 func TestRaftOverTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := tlsconf.GenerateCA(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nodes []*Server
-	var peers []Peer
+	ca := testtls.CA(t, dir)
+	var cfgs []Config
 	for _, id := range []string{"m1", "m2", "m3"} {
-		s, err := New(tlsNodeConfig(t, id, nodeTLS(t, ca, id, dir)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		nodes = append(nodes, s)
-		peers = append(peers, Peer{ID: id, RaftAddr: s.RaftAddr(), RPCAddr: s.RPCAddr()})
+		cfgs = append(cfgs, tlsNodeConfig(t, id, nodeTLS(t, ca, id, dir)))
 	}
-	for _, s := range nodes {
-		if err := s.Start(peers); err != nil {
-			t.Fatal(err)
-		}
-	}
-	testwait.For(t, 20*time.Second, "a leader", func() bool {
-		for _, s := range nodes {
-			if s.IsLeader() {
-				return true
-			}
-		}
-		return false
-	})
+	nodes := startNodes(t, cfgs...)
+	testwait.For(t, 20*time.Second, "a leader", func() bool { return leaderOf(nodes...) != nil })
 	testwait.For(t, 20*time.Second, "every node to apply the members' addresses", func() bool {
 		for _, s := range nodes {
 			if len(s.FSM().Members()) != 3 {
@@ -90,7 +59,7 @@ func TestRaftOverTLS(t *testing.T) {
 	})
 
 	cli := nodeTLS(t, ca, "admin", dir).client
-	cl, err := client.New(client.Config{Addrs: []string{peers[0].RPCAddr}, Transport: transport.ClientConfig{TLS: cli}})
+	cl, err := client.New(client.Config{Addrs: []string{nodes[0].RPCAddr()}, Transport: transport.ClientConfig{TLS: cli}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,14 +92,8 @@ func dialer(t *testing.T, cfg *tls.Config) *raft.NetworkTransport {
 // peer with a certificate of the cluster's CA is answered.
 func TestRaftOverTLSRefusesStrangers(t *testing.T) {
 	dir, other := t.TempDir(), t.TempDir()
-	ca, err := tlsconf.GenerateCA(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca2, err := tlsconf.GenerateCA(other)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := testtls.CA(t, dir)
+	ca2 := testtls.CA(t, other)
 	s, err := New(tlsNodeConfig(t, "m1", nodeTLS(t, ca, "m1", dir)))
 	if err != nil {
 		t.Fatal(err)
@@ -189,10 +152,7 @@ func TestRaftOverTLSRefusesStrangers(t *testing.T) {
 
 // TLS settings that cannot work are refused by Validate, each by name.
 func TestTLSConfigValidate(t *testing.T) {
-	ca, err := tlsconf.GenerateCA(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := testtls.CA(t, t.TempDir())
 	p := nodeTLS(t, ca, "m1", t.TempDir())
 	noCA := p.server.Clone()
 	noCA.ClientCAs = nil

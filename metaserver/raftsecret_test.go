@@ -16,8 +16,8 @@ import (
 
 	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/testlog"
+	"github.com/ferrymq/ferrymq/internal/testtls"
 	"github.com/ferrymq/ferrymq/internal/testwait"
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
 )
 
 func keyNodeConfig(t *testing.T, id, token string) Config {
@@ -252,10 +252,7 @@ func TestRaftClusterKeyRefusesStrangers(t *testing.T) {
 // is answered.
 func TestRaftOverTLSWithClusterKey(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := tlsconf.GenerateCA(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := testtls.CA(t, dir)
 	tok := auth.NewToken()
 	cfg := tlsNodeConfig(t, "m1", nodeTLS(t, ca, "m1", dir))
 	cfg.ClusterToken = tok

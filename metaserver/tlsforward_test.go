@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/internal/testtls"
 	"github.com/ferrymq/ferrymq/internal/testwait"
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -22,28 +22,14 @@ import (
 // failure instead).
 func TestFollowerForwardsOverTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := tlsconf.GenerateCA(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nodes []*Server
-	var peers []Peer
+	ca := testtls.CA(t, dir)
+	var cfgs []Config
 	for _, id := range []string{"m1", "m2", "m3"} {
 		cfg := tlsNodeConfig(t, id, nodeTLS(t, ca, id, dir))
 		cfg.AutoCreateTopics, cfg.DefaultQueues = true, 2
-		s, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		nodes = append(nodes, s)
-		peers = append(peers, Peer{ID: id, RaftAddr: s.RaftAddr(), RPCAddr: s.RPCAddr()})
+		cfgs = append(cfgs, cfg)
 	}
-	for _, s := range nodes {
-		if err := s.Start(peers); err != nil {
-			t.Fatal(err)
-		}
-	}
+	nodes := startNodes(t, cfgs...)
 	var follower *Server
 	testwait.For(t, 20*time.Second, "a leader, and a follower that knows it", func() bool {
 		for _, s := range nodes {
@@ -56,9 +42,9 @@ func TestFollowerForwardsOverTLS(t *testing.T) {
 	})
 
 	clientTLS := nodeTLS(t, ca, "admin", dir).client
-	all := make([]string, len(peers))
-	for i, p := range peers {
-		all[i] = p.RPCAddr
+	all := make([]string, len(nodes))
+	for i, s := range nodes {
+		all[i] = s.RPCAddr()
 	}
 	newClient := func(addrs ...string) *client.Client {
 		cl, err := client.New(client.Config{Addrs: addrs, Transport: transport.ClientConfig{TLS: clientTLS}})
@@ -85,7 +71,7 @@ func TestFollowerForwardsOverTLS(t *testing.T) {
 	defer raw.Close()
 	// A lookup that never creates: the follower does not know the topic and
 	// asks the leader, whose answer is UNKNOWN_TOPIC.
-	_, err = raw.Call(ctx, protocol.CodeRouteGet, []byte("nowhere"))
+	_, err := raw.Call(ctx, protocol.CodeRouteGet, []byte("nowhere"))
 	if !errors.Is(err, protocol.ErrUnknownTopic) {
 		t.Fatalf("a follower's lookup of an unknown topic, forwarded to the leader: got %v, want UNKNOWN_TOPIC", err)
 	}
