@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net"
 	"strings"
 	"testing"
 
@@ -31,7 +30,7 @@ func TestPausedFirstMeta(t *testing.T) {
 // answers at its RPC address (here: the address it advertises is wrong):
 // meta status prints them unreachable and exits 1.
 func TestMetaStatusNoMemberAnswers(t *testing.T) {
-	rpc, wrong := freeAddr(t), freeAddr(t)
+	rpc, wrong := testcluster.FreeAddr(t), testcluster.FreeAddr(t)
 	testcluster.StartMeta(t, 1, func(c *metaserver.Config) { c.RPCAddr, c.AdvertiseRPC = rpc, wrong })
 	code, out, errOut := ctl("--meta="+rpc, "meta", "status", "--member-timeout", "200ms")
 	if code != exitError || !strings.Contains(out, "0 of 1 members reachable") || !strings.Contains(errOut, "none of the 1 members answered") {
@@ -57,16 +56,4 @@ func TestExitCodeOfAServersError(t *testing.T) {
 			t.Errorf("ferryctl %q: exit %d (%q), want %d", args, code, errOut, exitUsage)
 		}
 	}
-}
-
-// freeAddr is an address on 127.0.0.1 where nothing listens (a port the
-// kernel picked, let go).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

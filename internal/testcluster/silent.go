@@ -42,3 +42,15 @@ func SilentAddr(tb testing.TB) string {
 	})
 	return ln.Addr().String()
 }
+
+// FreeAddr is an address on 127.0.0.1 where nothing listens (a port the
+// kernel picked, let go).
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -26,6 +25,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/brokerd"
+	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/testmetrics"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/metaserver/api"
@@ -141,16 +141,6 @@ func value(f *dto.MetricFamily, labels map[string]string) (float64, bool) {
 	return 0, false
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // liveCluster is one metaserver and a broker group (master and slave) run
 // by the programs' Run, with a topic, messages sent by the producer SDK and
 // a consumer group's commit: every metric the servers export has series.
@@ -168,7 +158,7 @@ const (
 
 func startLive(t *testing.T) *liveCluster {
 	t.Helper()
-	rpc, raft := freeAddr(t), freeAddr(t)
+	rpc, raft := testcluster.FreeAddr(t), testcluster.FreeAddr(t)
 	ms := run(t, "metaserver", Run, "-id", "m1", "-dir", t.TempDir(), "-rpc-addr", rpc, "-raft-addr", raft,
 		"-peers", fmt.Sprintf("m1=%s/%s", raft, rpc), "-metrics-addr", "127.0.0.1:0")
 	lc := &liveCluster{meta: ms.logged(t, `serving metrics: addr=(\S+)`)}

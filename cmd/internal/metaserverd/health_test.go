@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/brokerd"
+	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 )
 
@@ -34,7 +35,7 @@ func get(t *testing.T, url string) (int, string) {
 // metaserver; both are live throughout.
 func TestHealthEndpoints(t *testing.T) {
 	// A metaserver of three whose two peers do not exist never has a leader.
-	rpc, raft := freeAddr(t), freeAddr(t)
+	rpc, raft := testcluster.FreeAddr(t), testcluster.FreeAddr(t)
 	lonely := run(t, "lonely metaserver", Run, "-id", "m1", "-dir", t.TempDir(), "-rpc-addr", rpc, "-raft-addr", raft,
 		"-peers", fmt.Sprintf("m1=%s/%s,m2=127.0.0.1:1/127.0.0.1:1,m3=127.0.0.1:2/127.0.0.1:2", raft, rpc), "-metrics-addr", "127.0.0.1:0")
 	addr := lonely.logged(t, `serving metrics: addr=(\S+)`)
