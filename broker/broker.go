@@ -111,6 +111,7 @@ func New(cfg Config) (*Broker, error) {
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
 	hb := &heartbeater{id: cfg.ID, meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
 		log: lg.Named("heartbeat"), describe: b.describe, kicks: make(chan struct{}, 1)}
+	b.lease.kick = hb.kick // a client's newer epoch asks the registry (writeLease.claim)
 	if cfg.ClusterToken != "" {
 		b.acl = newACLCopy(cfg.ClusterToken, b.meta, lg.Named("acl"))
 		hb.aclVersion = b.acl.sawVersion
@@ -161,7 +162,7 @@ func New(cfg Config) (*Broker, error) {
 				return
 			}
 		}
-		handlePull(b.pulls.store, b.lease.fence, b.pulls, r, r.Body)
+		handlePull(b.pulls.store, b.lease.claim, b.pulls, r, r.Body)
 	}, pullReplySize)
 	b.rpc.Handle(protocol.CodeIdentify, b.handleIdentify)
 	b.rpc.Handle(protocol.CodeAuth, b.handleAuth)

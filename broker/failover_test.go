@@ -157,12 +157,58 @@ func TestFailoverPromotesTheSlaveAndTheOldMasterRejoins(t *testing.T) {
 		t.Fatal("the rejoined slave's log differs from the new master's")
 	}
 
-	// A send naming a newer epoch than the broker's fences it at once,
-	// until the registry's next word.
+	// A send naming a newer epoch than the broker's is refused; the broker
+	// stays writable (a client's epoch fences nothing by itself).
 	if r := tc.SendEpoch(t, sc, 3, []protocol.Message{tc.Msg("fo", 0, protocol.Normal, "from the future")}); r[0].Status != protocol.StatusNotMaster {
 		t.Fatalf("a send naming epoch 3 to the master of epoch 2: %v, want NOT_MASTER", r[0].Status)
 	}
-	testwait.For(t, 10*time.Second, "the registry's word to lift a claimed epoch", slave.Writable)
+	testwait.For(t, 10*time.Second, "the new master to stay writable", slave.Writable)
+}
+
+// A client that names a made-up huge epoch, in a SEND or a PULL, cannot
+// stop the master's writes: its own SEND is refused with nothing stored,
+// and another client's SEND right after it is stored.
+func TestClientEpochDoesNotFenceTheMaster(t *testing.T) {
+	meta := tc.StartMeta(t, 1, nil)
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{})
+	meta.CreateTopic(t, "t", "g1")
+	attacker := tc.Dial(t, g.Master.Addr())
+	app := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, app, "t", 0)
+	const huge = 0xFFFFFFF0
+	stored := len(tc.PullAll(t, app, "t", 0)) // the probes
+	for i := range 5 {
+		r := tc.SendEpoch(t, attacker, huge, []protocol.Message{tc.Msg("t", 0, protocol.Normal, "from the future")})
+		if r[0].Status != protocol.StatusNotMaster {
+			t.Fatalf("round %d: a SEND naming epoch %#x: %v, want NOT_MASTER", i, huge, r[0].Status)
+		}
+		if r := tc.Send(t, app, []protocol.Message{tc.Msg("t", 0, protocol.Normal, "after a SEND")}); r[0].Status != protocol.StatusOK {
+			t.Fatalf("round %d: a SEND right after another client's huge-epoch SEND: %v, want OK", i, r[0].Status)
+		}
+		stored++
+
+		resp, err := attacker.Call(context.Background(), protocol.CodePull, protocol.AppendPullRequest(nil,
+			&protocol.PullRequest{Topic: "t", Queue: 0, Epoch: huge, MaxBytes: 1 << 10}))
+		if err != nil {
+			t.Fatalf("round %d: PULL naming epoch %#x: %v", i, huge, err)
+		}
+		if _, err := protocol.DecodePullResponse(resp.Body); err != nil {
+			t.Fatalf("round %d: PULL naming epoch %#x: %v", i, huge, err)
+		}
+		if r := tc.Send(t, app, []protocol.Message{tc.Msg("t", 0, protocol.Normal, "after a PULL")}); r[0].Status != protocol.StatusOK {
+			t.Fatalf("round %d: a SEND right after another client's huge-epoch PULL: %v, want OK", i, r[0].Status)
+		}
+		stored++
+	}
+	got := tc.PullAll(t, app, "t", 0)
+	if len(got) != stored {
+		t.Fatalf("the queue holds %d messages, want the %d OK ones (nothing of the refused SENDs)", len(got), stored)
+	}
+	for _, m := range got {
+		if strings.Contains(string(m.Message.Body), "from the future") {
+			t.Fatalf("a refused SEND was stored: %q", m.Message.Body)
+		}
+	}
 }
 
 // A broker restarted with a local epoch file it cannot read refuses to

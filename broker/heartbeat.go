@@ -24,7 +24,10 @@ import (
 //     and the metaserver's (the reply says it);
 //   - the broker has taken over epoch E (ready: its follower stopped, the
 //     epoch is on disk, replication runs);
-//   - no request or reply has shown the broker an epoch newer than E.
+//   - no reply, and no HA peer's fetch or ack, has shown the broker an
+//     epoch newer than E. A client's request is no such proof: a newer
+//     epoch on a SEND or PULL refuses that SEND and asks the registry now
+//     (claim), and only its answer ends the lease.
 //
 // A broker cut off from the metaserver loses the lease by itself, without
 // hearing anything; the leader promotes its slave only after the session
@@ -35,9 +38,13 @@ type writeLease struct {
 	clock   clockwork.Clock
 	session time.Duration
 
+	// kick asks for a heartbeat now, coalesced and rate-limited
+	// (heartbeater.kick); nil: none. Set before the broker serves.
+	kick func()
+
 	word  atomic.Pointer[leaseWord]
 	ready atomic.Uint32 // the epoch the broker has taken over as master; 0: none
-	seen  atomic.Uint32 // the newest epoch any request or reply showed
+	seen  atomic.Uint32 // the newest epoch a reply or an HA peer showed
 }
 
 // leaseWord is the registry's last accepted word.
@@ -54,11 +61,10 @@ type leaseWord struct {
 // when the heartbeat was sent. It reports whether the lease's validity
 // changed.
 //
-// The registry's word replaces any newer epoch a request claimed: requests
-// are not trusted beyond the next heartbeat (a stranger claiming a huge
-// epoch stops writes for at most one interval), and a genuine newer epoch
-// cannot be undone by a reply, since any reply that names this broker the
-// master was sent before the promotion, by more than a session.
+// The registry's word replaces any newer epoch an HA peer showed, and a
+// genuine newer epoch cannot be undone by a reply, since any reply that
+// names this broker the master was sent before the promotion, by more than
+// a session.
 //
 // metaSession is the metaserver's session from the reply (0: unknown); the
 // word lasts the shorter of it and the broker's own.
@@ -73,8 +79,10 @@ func (l *writeLease) renew(sentAt time.Time, master bool, writable bool, epoch u
 	return l.valid() != was
 }
 
-// fence records an epoch seen on a request or a reply. A newer epoch than
-// the lease's ends it at once.
+// fence records an epoch an HA peer's fetch or ack showed (the HA link
+// takes only the cluster principal when authorization is on). A newer
+// epoch than the lease's ends it at once, until the registry's next word.
+// A client's epoch goes to claim instead.
 func (l *writeLease) fence(epoch uint32) {
 	for {
 		s := l.seen.Load()
@@ -82,6 +90,25 @@ func (l *writeLease) fence(epoch uint32) {
 			return
 		}
 	}
+}
+
+// claim takes the epoch a client's SEND or PULL names. A client is not
+// trusted to fence the broker (anyone allowed one topic could then stop
+// every write): a newer epoch than the lease's only asks for a heartbeat
+// now, and reports true, so that the caller refuses a SEND (NOT_MASTER,
+// nothing stored). If the epoch is genuine the registry's answer ends the
+// lease; the timing rules (DESIGN.md, "Failover") keep a replaced master
+// from acknowledging meanwhile. Kicks are coalesced and at least a quarter
+// heartbeat interval apart, so a stream of claims costs at most four
+// heartbeats an interval.
+func (l *writeLease) claim(epoch uint32) (newer bool) {
+	if epoch <= l.epoch() {
+		return false
+	}
+	if l.kick != nil {
+		l.kick()
+	}
+	return true
 }
 
 // epoch returns the epoch the lease is for (0 before any word).
@@ -103,8 +130,8 @@ func (l *writeLease) validFor(epoch uint32) bool {
 		l.ready.Load() == epoch && l.seen.Load() <= epoch && l.clock.Since(w.sentAt) < w.session
 }
 
-// fenced reports whether a newer epoch than the lease's was seen: the
-// broker has been replaced as master.
+// fenced reports whether a reply or an HA peer showed a newer epoch than
+// the lease's: the broker has been replaced as master.
 func (l *writeLease) fenced() bool { return l.seen.Load() > l.epoch() }
 
 // registry is the part of the metaserver client that heartbeats use.

@@ -126,7 +126,7 @@ func TestConfigValidate(t *testing.T) {
 
 // The lease runs from when the accepted heartbeat was sent, not from when
 // its reply came back: a reply that took most of a session to arrive buys
-// only what is left of it. A newer epoch seen on a request ends the lease
+// only what is left of it. A newer epoch an HA peer showed ends the lease
 // at once, until the registry's next word.
 func TestWriteLeaseRunsFromTheSend(t *testing.T) {
 	clock := clockwork.NewFakeClock()
@@ -171,5 +171,29 @@ func TestWriteLeaseRunsFromTheSend(t *testing.T) {
 	clock.Advance(300 * time.Millisecond)
 	if lease.valid() {
 		t.Fatal("the lease outlived the metaserver's session")
+	}
+}
+
+// A client's newer epoch fences nothing: it asks for a heartbeat, once per
+// claim (the heartbeater coalesces them), and the lease holds until the
+// registry's answer says otherwise.
+func TestClientEpochClaimOnlyKicksAHeartbeat(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	kicks := 0
+	lease := &writeLease{clock: clock, session: time.Second, kick: func() { kicks++ }}
+	lease.ready.Store(1)
+	lease.renew(clock.Now(), true, true, 1, 0)
+	if lease.claim(1) || lease.claim(0) || kicks != 0 {
+		t.Fatalf("the lease's own epoch (or none) claimed newer, or kicked (%d kicks)", kicks)
+	}
+	if !lease.claim(0xFFFFFFF0) || kicks != 1 {
+		t.Fatalf("a newer epoch not reported, or no heartbeat asked for (%d kicks)", kicks)
+	}
+	if !lease.valid() || lease.fenced() || !lease.validFor(1) {
+		t.Fatal("a client's claimed epoch fenced the lease")
+	}
+	lease.renew(clock.Now(), false, true, 2, 0) // the claim was genuine: the registry's answer fences
+	if lease.valid() || lease.validFor(1) {
+		t.Fatal("writable after the registry named another master")
 	}
 }

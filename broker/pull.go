@@ -63,8 +63,9 @@ func pullReplySize(body []byte) int {
 }
 
 // handlePull answers PULL from the commit log, on a master or a slave (a
-// slave serves what it holds). fence takes the epoch the reader's route
-// names: a master that sees a newer one stops taking writes. A PULL with a
+// slave serves what it holds). claim takes the epoch the reader's route
+// names (writeLease.claim): a newer one than the broker's asks the
+// registry now, and fences nothing by itself; the read is served. A PULL with a
 // wait that finds nothing at its offset is handed to pulls (nil: answered
 // at once), which answers it later; the worker never waits.
 //
@@ -75,13 +76,13 @@ func pullReplySize(body []byte) int {
 // past that end now hold other messages: the answer sends it back there
 // (NextOffset below the requested offset, no messages); the store's
 // EpochStart says where the epoch after a given one began.
-func handlePull(store queueReader, fence func(uint32), pulls *longPoll, rep replier, body []byte) {
+func handlePull(store queueReader, claim func(uint32) bool, pulls *longPoll, rep replier, body []byte) {
 	req, err := protocol.DecodePullRequest(body)
 	if err != nil {
 		rep.ReplyError(err)
 		return
 	}
-	fence(req.Epoch)
+	claim(req.Epoch)
 	if diverged(store, rep, req) {
 		return
 	}

@@ -44,7 +44,7 @@ type sender struct {
 	clock clockwork.Clock
 	lg    hclog.Logger
 	// authorize, when authorization is on, checks a batch whole before
-	// anything of it is stored or fences anything (nil: off).
+	// anything of it is stored or its epoch kicks a heartbeat (nil: off).
 	authorize func(rep replier, msgs []protocol.Message) error
 
 	// Broker-wide bounds on SEND requests in flight and their bytes; past
@@ -133,7 +133,7 @@ func (s *sender) handle(rep replier, body []byte) {
 			return
 		}
 	}
-	s.lease.fence(epoch)
+	s.lease.claim(epoch) // a newer epoch refuses this batch below (NOT_MASTER), and fences nothing
 	sb := &sendBatch{s: s, rep: rep, size: size, start: s.clock.Now(), results: make([]protocol.SendResult, len(msgs))}
 	sb.pending.Store(int64(len(msgs)) + 1) // +1: the handler's own hold, dropped at the end
 
