@@ -42,7 +42,9 @@ func newCertsCommand(g *globalOptions) *cobra.Command {
 and, signed by it, a certificate and key per node (DIR/NAME.pem, DIR/NAME-key.pem)
 valid for the hosts given (IP addresses or DNS names: every address the node's
 peers and clients dial), and per client. A node's certificate serves both as its
-server certificate and as its client certificate. Give the servers
+server certificate and as its client certificate; a client's is for client
+authentication only and names no host (its common name is NAME), so no server
+can present it. Give the servers
 -tls-cert DIR/NAME.pem -tls-key DIR/NAME-key.pem -tls-ca DIR/ca.pem, and ferryctl
 --tls-ca DIR/ca.pem (with --tls-cert and --tls-key of a client's certificate
 when the servers have -tls-ca). Keep ca-key.pem off the nodes.
@@ -148,8 +150,9 @@ func (o *certsOptions) run(g *globalOptions, dir string) error {
 		specs = append(specs, spec{name, "node", hosts})
 	}
 	for _, c := range o.clients {
-		// A client's certificate names the client; no server dials it.
-		specs = append(specs, spec{c, "client", []string{c}})
+		// A client's certificate names the client (its CN) and no host:
+		// it is for client authentication only.
+		specs = append(specs, spec{c, "client", nil})
 	}
 	for _, s := range specs {
 		if seen[s.name] {
@@ -175,7 +178,12 @@ func (o *certsOptions) run(g *globalOptions, dir string) error {
 		notAfter = ca.Cert.NotAfter
 	}
 	for _, s := range specs {
-		f, err := tlsconf.GenerateCert(ca, s.name, s.hosts, dir, notBefore, notAfter)
+		var f tlsconf.Files
+		if s.kind == "client" {
+			f, err = tlsconf.GenerateClientCert(ca, s.name, dir, notBefore, notAfter)
+		} else {
+			f, err = tlsconf.GenerateCert(ca, s.name, s.hosts, dir, notBefore, notAfter)
+		}
 		if err != nil {
 			return err
 		}

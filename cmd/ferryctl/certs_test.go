@@ -71,6 +71,15 @@ func TestCerts(t *testing.T) {
 			t.Errorf("%s valid for %v more, want about 2 days (--days 2)", tc.name, left)
 		}
 	}
+	// A client's certificate is for client authentication only and names
+	// no host, so a client named like a host cannot serve as it.
+	admin := readCert(t, filepath.Join(dir, "admin.pem"))
+	if admin.Subject.CommonName != "admin" || len(admin.DNSNames) != 0 || len(admin.IPAddresses) != 0 {
+		t.Errorf("admin's certificate: CN %q, DNS %v, IP %v; want CN admin and no SAN", admin.Subject.CommonName, admin.DNSNames, admin.IPAddresses)
+	}
+	if _, err := admin.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {
+		t.Error("admin's client certificate is valid for server authentication")
+	}
 	if err := readCert(t, filepath.Join(dir, "b1.pem")).VerifyHostname("127.0.0.1"); err == nil {
 		t.Error("b1's certificate is valid for a host it was not given")
 	}

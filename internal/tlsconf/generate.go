@@ -140,11 +140,25 @@ func LoadCA(dir string) (*CA, error) {
 // as a client's certificate (nodes are both). It writes CertFile(name) and
 // KeyFile(name) to dir and returns the node's Files, its CA included.
 func GenerateCert(ca *CA, name string, hosts []string, dir string, notBefore, notAfter time.Time) (Files, error) {
-	if name == "" || strings.ContainsAny(name, `/\`) || name != filepath.Base(name) {
-		return Files{}, fmt.Errorf("tls: certificate name %q must be a plain file name", name)
-	}
 	if len(hosts) == 0 {
 		return Files{}, errors.New("tls: a node certificate needs at least one host (IP or DNS name)")
+	}
+	return generate(ca, name, hosts, dir, notBefore, notAfter)
+}
+
+// GenerateClientCert issues a client's certificate, as GenerateCert does a
+// node's, but for client authentication only (ExtKeyUsageClientAuth) and
+// with no host names or addresses: its common name is name. No server can
+// present it, whatever the name looks like.
+func GenerateClientCert(ca *CA, name string, dir string, notBefore, notAfter time.Time) (Files, error) {
+	return generate(ca, name, nil, dir, notBefore, notAfter)
+}
+
+// generate issues a node's certificate (hosts given: server and client
+// usage) or a client's (no hosts: client usage only).
+func generate(ca *CA, name string, hosts []string, dir string, notBefore, notAfter time.Time) (Files, error) {
+	if name == "" || strings.ContainsAny(name, `/\`) || name != filepath.Base(name) {
+		return Files{}, fmt.Errorf("tls: certificate name %q must be a plain file name", name)
 	}
 	notBefore, notAfter = window(notBefore, notAfter, DefaultCertValidity)
 	if !notAfter.After(notBefore) {
@@ -164,7 +178,10 @@ func GenerateCert(ca *CA, name string, hosts []string, dir string, notBefore, no
 		NotBefore:    notBefore,
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if len(hosts) > 0 {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {

@@ -226,3 +226,75 @@ func TestBadFilesNameTheFlag(t *testing.T) {
 		}
 	}
 }
+
+// A client's certificate authenticates the client to a server and is
+// refused when a server presents it, even when its name looks like the
+// host the client dials; a node's certificate serves and authenticates.
+func TestClientCertCannotServe(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := GenerateCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := GenerateCert(ca, "m1", []string{"127.0.0.1", "m1.example"}, dir, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := GenerateClientCert(ca, "m1.example", dir, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	certOf := func(f Files) *x509.Certificate {
+		t.Helper()
+		c, err := loadPair(f.Cert, f.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	c := certOf(client)
+	if c.Subject.CommonName != "m1.example" || len(c.DNSNames) != 0 || len(c.IPAddresses) != 0 ||
+		len(c.ExtKeyUsage) != 1 || c.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
+		t.Fatalf("client certificate: CN %q, DNS %v, IP %v, usage %v; want CN m1.example, no SAN, client auth only",
+			c.Subject.CommonName, c.DNSNames, c.IPAddresses, c.ExtKeyUsage)
+	}
+
+	nodeSrv, err := node.Server()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCli, err := client.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The client's certificate authenticates it to a node.
+	if serr, cerr := handshake(t, nodeSrv, clientCli, "m1.example"); serr != nil || cerr != nil {
+		t.Fatalf("client certificate to a node: server %v, client %v", serr, cerr)
+	}
+	// Presented by a server, a verifying client refuses it.
+	clientSrv, err := ServerConfig(client.Cert, client.Key, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anon, err := ClientConfig(ca.CertFile, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"m1.example", "127.0.0.1"} {
+		if _, cerr := handshake(t, clientSrv, anon, name); cerr == nil {
+			t.Fatalf("a server presenting a client certificate passed a verifying client as %s", name)
+		}
+	}
+	// A node's certificate still serves.
+	openSrv, err := ServerConfig(node.Cert, node.Key, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if serr, cerr := handshake(t, openSrv, anon, "m1.example"); serr != nil || cerr != nil {
+		t.Fatalf("a node certificate does not serve: server %v, client %v", serr, cerr)
+	}
+}
