@@ -18,7 +18,12 @@ const goodToken = "the-one-token-this-server-knows"
 // token: it stores the peer's name in the connection's slot and
 // authenticates it; codeWhoAmI answers the slot.
 func authServer(t *testing.T, logins *atomic.Int64) *testServer {
-	return startServer(t, ServerConfig{RequireAuth: true}, func(ts *testServer) {
+	return authServerWith(t, ServerConfig{RequireAuth: true}, logins)
+}
+
+// authServerWith is authServer with cfg (RequireAuth is the caller's).
+func authServerWith(t *testing.T, cfg ServerConfig, logins *atomic.Int64) *testServer {
+	return startServer(t, cfg, func(ts *testServer) {
 		ts.Handle(protocol.CodeAuth, func(r *Request) {
 			logins.Add(1)
 			if string(r.Body) != goodToken {

@@ -26,9 +26,9 @@ var errUnauthFrame = errors.New("frame over the cap of a connection that has not
 // readFrame reads one whole frame of at most limit bytes (its declared
 // length is checked before anything is allocated). Its buffer is freshly
 // allocated (the frame is handed to another goroutine): at once for the
-// declared length, or with grow, as the bytes arrive (from growStart,
-// doubling), so that a peer that declares a large frame and sends nothing
-// makes the server hold little.
+// declared length, or as the bytes arrive (from growStart, doubling) with
+// grow or when the frame declares more than growAbove, so that a peer that
+// declares a large frame and sends nothing makes the server hold little.
 func readFrame(r io.Reader, limit int, grow bool) (protocol.Frame, error) {
 	var lenBuf [4]byte
 	if _, err := io.ReadFull(r, lenBuf[:]); err != nil {
@@ -37,8 +37,14 @@ func readFrame(r io.Reader, limit int, grow bool) (protocol.Frame, error) {
 	return readFrameAfter(r, lenBuf, limit, grow)
 }
 
-// growStart is the first buffer of a frame read with grow.
+// growStart is the first buffer of a frame read as its bytes arrive.
 const growStart = 16 << 10
+
+// growAbove is the largest frame read into a buffer of its declared length
+// at once, whoever sent it: a larger one is read as its bytes arrive. It is
+// at least the SDK's default batch (MaxBatchBytes, 1 MiB), so that ordinary
+// SEND batches are read as before, in one allocation.
+const growAbove = 1<<20 + 64<<10
 
 // readFrameAfter is readFrame once the frame's length prefix was read.
 func readFrameAfter(r io.Reader, lenBuf [4]byte, limit int, grow bool) (protocol.Frame, error) {
@@ -50,7 +56,7 @@ func readFrameAfter(r io.Reader, lenBuf [4]byte, limit int, grow bool) (protocol
 		return protocol.Frame{}, fmt.Errorf("%w: %w: %d bytes declared, the cap is %d", ErrBadFrame, errUnauthFrame, n, limit)
 	}
 	var buf []byte
-	if !grow || n <= growStart {
+	if n <= growStart || (!grow && n <= growAbove) {
 		buf = make([]byte, n)
 		copy(buf, lenBuf[:])
 		_, err = io.ReadFull(r, buf[4:])

@@ -75,25 +75,42 @@ type ServerConfig struct {
 	// tls.RequireAndVerifyClientCert). Versions before TLS 1.2 are refused.
 	TLS *tls.Config
 
-	// Limits before trust. A connection is authenticated once its TLS
-	// handshake verified a client certificate, or once it sent a request of
-	// a registered code (without RequireAuth), or once a handler called
-	// Request.Authenticate (with RequireAuth). Until then it holds little:
-	// see MaxUnauthFrame.
+	// Limits before trust. Without RequireAuth a connection is
+	// authenticated once its TLS handshake verified a client certificate,
+	// or once it sent a request of a registered code; with RequireAuth,
+	// only once a handler called Request.Authenticate (the authorization
+	// layer, when the peer proved who it is, by token or by a certificate
+	// that names a principal). Until then it holds little: see
+	// MaxUnauthFrame and MaxUnauthConns. Whoever sent it, a frame that
+	// declares more than about 1 MiB is read as its bytes arrive.
 
 	// HandshakeTimeout bounds how long a new connection may take to
 	// complete its TLS handshake and send its first whole request; past it
-	// the connection is closed. Default 5 s.
+	// the connection is closed. With RequireAuth it also bounds the time an
+	// unauthenticated connection may go without a request, and such a
+	// connection (unless its TLS client certificate was verified) may send
+	// at most maxPreAuthRequests requests: past either it is closed.
+	// Default 5 s.
 	HandshakeTimeout time.Duration
 	// MaxConns caps the connections open at once, those in their handshake
 	// included; one over it is closed as soon as it is accepted (counted in
 	// ServerStats.Refused). Default 10000.
 	MaxConns int
+	// MaxUnauthConns caps, with RequireAuth, the connections open at once
+	// that have not authenticated (those in their handshake included), so
+	// that strangers cannot take the room of MaxConns that authenticated
+	// clients need; one over it is refused like one over MaxConns. A
+	// connection leaves this count when it authenticates. Default
+	// min(256, MaxConns/2), at least 1.
+	MaxUnauthConns int
 	// MaxUnauthFrame bounds what a connection that has not authenticated
-	// makes the server hold for one frame. A frame declared larger is read
-	// in growing pieces as its bytes arrive (the server holds about what
-	// the peer sent, and the handshake deadline bounds the first frame), or
-	// with RequireAuth refused: the connection is closed. Default 64 KiB.
+	// makes the server hold for one frame. Without RequireAuth a frame
+	// declared larger is read in growing pieces as its bytes arrive (the
+	// server holds about what the peer sent, and the handshake deadline
+	// bounds the first frame). With RequireAuth a frame declared larger is
+	// refused: the connection is closed (unless its TLS client certificate
+	// was verified: then it is read as its bytes arrive); one declared
+	// smaller is read as its bytes arrive too. Default 64 KiB.
 	MaxUnauthFrame int
 	// RequireAuth keeps a connection unauthenticated until its TLS client
 	// certificate was verified or a handler called Request.Authenticate;
@@ -136,6 +153,9 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	if c.MaxUnauthFrame <= 0 {
 		c.MaxUnauthFrame = 64 << 10
 	}
+	if c.MaxUnauthConns <= 0 {
+		c.MaxUnauthConns = max(1, min(256, c.MaxConns/2))
+	}
 	return c
 }
 
@@ -144,8 +164,16 @@ type ServerStats struct {
 	// Conns is the connections open now, those in their handshake
 	// included; PeakConns the most there were at once.
 	Conns, PeakConns int64
-	// Refused counts connections closed at once over MaxConns.
+	// Refused counts connections closed at once over MaxConns or
+	// MaxUnauthConns.
 	Refused int64
+	// UnauthConns is the connections open now that have not authenticated
+	// (RequireAuth; 0 without it), those in their handshake included.
+	UnauthConns int64
+	// UnauthClosed counts connections closed, after their first request,
+	// for not authenticating in time or within maxPreAuthRequests requests
+	// (RequireAuth).
+	UnauthClosed int64
 	// HandshakeTimeouts counts connections closed for not completing their
 	// handshake and first request within HandshakeTimeout.
 	HandshakeTimeouts int64
@@ -159,6 +187,7 @@ type ServerStats struct {
 
 type serverStats struct {
 	conns, peak, refused, handshakeTimeouts, handshakeFailures, oversize atomic.Int64
+	unauth, unauthClosed                                                 atomic.Int64
 }
 
 // notePeak raises peak to n if n is higher.
@@ -176,7 +205,7 @@ func (s *Server) Stats() ServerStats {
 	return ServerStats{
 		Conns: s.stats.conns.Load(), PeakConns: s.stats.peak.Load(), Refused: s.stats.refused.Load(),
 		HandshakeTimeouts: s.stats.handshakeTimeouts.Load(), HandshakeFailures: s.stats.handshakeFailures.Load(),
-		Oversize: s.stats.oversize.Load(),
+		Oversize: s.stats.oversize.Load(), UnauthConns: s.stats.unauth.Load(), UnauthClosed: s.stats.unauthClosed.Load(),
 	}
 }
 
@@ -392,6 +421,18 @@ func (s *Server) accept(ln net.Listener) {
 		} else {
 			s.stats.notePeak(n)
 		}
+		if s.cfg.RequireAuth {
+			if n := s.stats.unauth.Add(1); n > int64(s.cfg.MaxUnauthConns) {
+				s.stats.unauth.Add(-1)
+				s.stats.conns.Add(-1)
+				s.stats.refused.Add(1)
+				remote := nc.RemoteAddr().String()
+				s.limited.warn("refused_unauth", fmt.Sprintf("refusing connection from %s: %d connections that have not authenticated are open, the cap (MaxUnauthConns)", remote, s.cfg.MaxUnauthConns),
+					"remote", remote, "max_unauth_conns", s.cfg.MaxUnauthConns)
+				s.refuseBusy(nc)
+				continue
+			}
+		}
 		if tc, ok := nc.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
@@ -401,6 +442,7 @@ func (s *Server) accept(ln net.Listener) {
 			w:   newWriter(s.cfg.MaxWriteBuffer, s.cfg.WriteTimeout),
 			sem: make(chan struct{}, s.cfg.MaxInflightPerConn),
 		}
+		c.unauthHeld.Store(s.cfg.RequireAuth)
 		if s.tls == nil {
 			c.w.raw = socketOf(nc)
 		} else {
@@ -411,6 +453,7 @@ func (s *Server) accept(ln net.Listener) {
 			s.mu.Unlock()
 			_ = nc.Close()
 			s.stats.conns.Add(-1)
+			c.releaseUnauth()
 			return
 		}
 		s.conns[c] = struct{}{}
@@ -499,6 +542,7 @@ func (s *Server) forget(c *serverConn) {
 	s.mu.Unlock()
 	if ok {
 		s.stats.conns.Add(-1)
+		c.releaseUnauth()
 	}
 }
 
@@ -650,6 +694,11 @@ type serverConn struct {
 	// authenticated (see ServerConfig).
 	tlsState *tls.ConnectionState
 	trusted  atomic.Bool
+	// unauthHeld: the connection counts in stats.unauth (RequireAuth, until
+	// it authenticates or closes); preAuthReqs, the requests it sent
+	// unauthenticated (read by the reader only).
+	unauthHeld  atomic.Bool
+	preAuthReqs int
 	// peer is the connection's identity slot (Request.SetPeer): nil until
 	// a handler sets it.
 	peer atomic.Pointer[any]
@@ -725,6 +774,10 @@ func (c *serverConn) readLoop() {
 		if pending {
 			pending, first = false, protocol.Frame{}
 		} else {
+			if c.s.cfg.RequireAuth && !c.trusted.Load() && !c.preAuthDeadline() {
+				<-c.sem
+				return
+			}
 			var err error
 			if f, err = c.readFrame(br); err != nil {
 				<-c.sem
@@ -736,6 +789,13 @@ func (c *serverConn) readLoop() {
 			<-c.sem
 			c.readFailed(fmt.Errorf("%w: a response (opaque %d) sent to a server", ErrBadFrame, f.Opaque))
 			return
+		}
+		if c.s.cfg.RequireAuth && !c.trusted.Load() && !c.certVerified() {
+			if c.preAuthReqs++; c.preAuthReqs > maxPreAuthRequests {
+				<-c.sem
+				c.unauthFailed(fmt.Sprintf("it sent %d requests without authenticating", maxPreAuthRequests))
+				return
+			}
 		}
 		rt, known := c.s.handlers[f.Code]
 		if known && !c.s.cfg.RequireAuth && !c.trusted.Load() {
@@ -754,7 +814,7 @@ func (c *serverConn) readLoop() {
 		}
 		req := &Request{Frame: f, conn: c, h: rt.h, reserved: n, ordered: rt.ordered}
 		c.s.inflight.Add(1)
-		if c.s.cfg.RequireAuth && !preAuth(f.Code) && !c.trusted.Load() {
+		if c.s.cfg.RequireAuth && !preAuth(f.Code) && !c.trusted.Load() && !c.certVerified() {
 			req.ReplyError(errAuthFirst)
 			if f.IsOneway() {
 				req.finish()
@@ -832,15 +892,84 @@ func (c *serverConn) readFrame(br *bufio.Reader) (protocol.Frame, error) {
 }
 
 // frameCap is the most a connection may declare for its next frame, and
-// whether that frame's buffer grows as its bytes arrive.
+// whether that frame's buffer grows as its bytes arrive (a frame over
+// growAbove does anyway).
 func (c *serverConn) frameCap() (limit int, grow bool) {
 	switch {
 	case c.trusted.Load():
 		return protocol.MaxFrameSize, false
-	case c.s.cfg.RequireAuth:
-		return c.s.cfg.MaxUnauthFrame, false
+	case c.s.cfg.RequireAuth && !c.certVerified():
+		return c.s.cfg.MaxUnauthFrame, true
 	}
 	return protocol.MaxFrameSize, true
+}
+
+// maxPreAuthRequests is the most requests a connection may send before it
+// authenticates (RequireAuth), unless its TLS client certificate was
+// verified: a client sends IDENTIFY and AUTH; this leaves room for retries
+// and for requests answered "authenticate first", and with HandshakeTimeout
+// bounds how long a stranger holds a connection (16 x 5 s by default).
+const maxPreAuthRequests = 16
+
+// certVerified reports whether the connection's TLS handshake verified a
+// client certificate. With RequireAuth that does not authenticate it (the
+// certificate's name may be no principal), but its requests reach their
+// handlers, whose authorization check authenticates it.
+func (c *serverConn) certVerified() bool {
+	return c.tlsState != nil && len(c.tlsState.VerifiedChains) > 0
+}
+
+// preAuthDeadline gives an unauthenticated connection (RequireAuth)
+// HandshakeTimeout to send its next request. It returns false if the
+// server is closing and the reader must stop.
+func (c *serverConn) preAuthDeadline() bool {
+	_ = c.raw.SetReadDeadline(time.Now().Add(c.s.cfg.HandshakeTimeout))
+	if c.trusted.Load() {
+		// authenticate may have cleared the deadline before this set it.
+		_ = c.raw.SetReadDeadline(time.Time{})
+	}
+	select {
+	case <-c.s.stop:
+		return false // Close's deadline may have been replaced
+	default:
+		return true
+	}
+}
+
+// authenticate marks the connection authenticated: it leaves the count of
+// unauthenticated connections and loses its pre-auth read deadline.
+func (c *serverConn) authenticate() {
+	if c.trusted.Load() || !c.trusted.CompareAndSwap(false, true) {
+		return
+	}
+	if !c.s.cfg.RequireAuth {
+		return
+	}
+	c.releaseUnauth()
+	_ = c.raw.SetReadDeadline(time.Time{})
+	select {
+	case <-c.s.stop:
+		_ = c.raw.SetReadDeadline(time.Unix(1, 0)) // Close's, which this may have cleared
+	default:
+	}
+}
+
+// releaseUnauth takes the connection out of the count of unauthenticated
+// connections, once.
+func (c *serverConn) releaseUnauth() {
+	if c.unauthHeld.CompareAndSwap(true, false) {
+		c.s.stats.unauth.Add(-1)
+	}
+}
+
+// unauthFailed closes a connection that did not authenticate in time or
+// within maxPreAuthRequests (RequireAuth).
+func (c *serverConn) unauthFailed(why string) {
+	c.s.stats.unauthClosed.Add(1)
+	remote := c.raw.RemoteAddr().String()
+	c.s.limited.warn("unauth", fmt.Sprintf("closing connection from %s: %s", remote, why), "remote", remote)
+	c.w.close(ErrConnLost)
+	_ = c.raw.Close() // not the TLS connection's Close, which may wait to say goodbye
 }
 
 // readFailed ends a connection whose reading failed. A peer that went away
@@ -851,6 +980,11 @@ func (c *serverConn) readFailed(err error) {
 	case <-c.s.stop:
 		return // Close owns the shutdown of this connection
 	default:
+	}
+	var ne net.Error
+	if c.s.cfg.RequireAuth && !c.trusted.Load() && errors.As(err, &ne) && ne.Timeout() {
+		c.unauthFailed(fmt.Sprintf("no request within %v before it authenticated", c.s.cfg.HandshakeTimeout))
+		return
 	}
 	if errors.Is(err, ErrBadFrame) {
 		if errors.Is(err, errUnauthFrame) {
@@ -945,7 +1079,26 @@ func (r *Request) SetPeer(v any) { r.conn.peer.Store(&v) }
 // Authenticate marks the request's connection authenticated: its next
 // frames may be as large as any (the authorization layer calls it once a
 // peer proved who it is).
-func (r *Request) Authenticate() { r.conn.trusted.Store(true) }
+func (r *Request) Authenticate() { r.conn.authenticate() }
+
+// CompareAndSwapPeer stores v for the request's connection, like SetPeer,
+// if what is stored is old (nil: nothing yet), and reports whether it did.
+// old must be comparable (a pointer, say).
+func (r *Request) CompareAndSwapPeer(old, v any) bool {
+	for {
+		p := r.conn.peer.Load()
+		var cur any
+		if p != nil {
+			cur = *p
+		}
+		if cur != old {
+			return false
+		}
+		if r.conn.peer.CompareAndSwap(p, &v) {
+			return true
+		}
+	}
+}
 
 // Reply answers the request with OK and body. Only the first answer counts;
 // later ones return an error. A oneway request is never answered.

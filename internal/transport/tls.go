@@ -240,7 +240,9 @@ func (c *serverConn) open() (protocol.Frame, bool) {
 		}
 		st := tc.ConnectionState()
 		c.tlsState = &st
-		if len(st.VerifiedChains) > 0 {
+		if len(st.VerifiedChains) > 0 && !s.cfg.RequireAuth {
+			// With RequireAuth the authorization layer decides, once it
+			// knows whether the certificate names a principal.
 			c.trusted.Store(true)
 		}
 		conn, r = tc, tc
@@ -264,7 +266,8 @@ func (c *serverConn) open() (protocol.Frame, bool) {
 		c.openFailed(fmt.Errorf("%w: a response (opaque %d) sent to a server", ErrBadFrame, f.Opaque), false)
 		return protocol.Frame{}, false
 	}
-	// Past the handshake: no deadline any more. Close may have set its
+	// Past the handshake: no deadline any more (an unauthenticated
+	// connection gets one before each frame, see preAuthDeadline). Close may have set its
 	// own (to stop this reader) before this cleared it; it closed stop
 	// before, so the check below sees it.
 	_ = raw.SetDeadline(time.Time{})

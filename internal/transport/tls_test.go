@@ -344,3 +344,51 @@ func TestUnauthenticatedFrameCap(t *testing.T) {
 		t.Fatalf("a 1 MiB request once authenticated: %d bytes, %v", len(resp.Body), err)
 	}
 }
+
+// With RequireAuth, a verified client certificate does not authenticate a
+// connection by itself (its name may be no principal): its requests reach
+// their handlers, a first one of 1 MiB included (read as its bytes
+// arrive), and the connection is authenticated only when a handler says
+// so; one that never is, is closed once it idles past HandshakeTimeout.
+func TestRequireAuthCertificateAuthenticatesViaHandler(t *testing.T) {
+	p := newPKI(t)
+	var authed sync.Map
+	ts := startServer(t, ServerConfig{TLS: testtls.ServerConfig(t, p.server), RequireAuth: true, HandshakeTimeout: 300 * time.Millisecond},
+		func(ts *testServer) {
+			ts.Handle(codeWho, func(r *Request) {
+				authed.Store(r.Authenticated(), true)
+				_ = r.Reply(nil)
+			})
+			ts.Handle(codeAuth, func(r *Request) {
+				r.Authenticate()
+				_ = r.Reply(nil)
+			})
+		})
+	big := bytes.Repeat([]byte("cert"), 1<<18)
+	stranger := newClient(t, ts.addr, ClientConfig{TLS: clientTLSConfig(t, p.server.CA, p.client)})
+	if resp, err := stranger.Call(context.Background(), codeEcho, big); err != nil || !bytes.Equal(resp.Body, big) {
+		t.Fatalf("a 1 MiB first request with a verified certificate: %d bytes, %v", len(resp.Body), err)
+	}
+	if _, err := stranger.Call(context.Background(), codeWho, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := authed.Load(true); ok {
+		t.Fatal("a verified certificate authenticated the connection at the handshake")
+	}
+	testwait.For(t, 10*time.Second, "the certificate's connection that never authenticated to be closed", func() bool {
+		return ts.Stats().UnauthClosed == 1
+	})
+
+	c := newClient(t, ts.addr, ClientConfig{TLS: clientTLSConfig(t, p.server.CA, p.client)})
+	for _, code := range []protocol.Code{codeAuth, codeWho} {
+		if _, err := c.Call(context.Background(), code, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := authed.Load(true); !ok {
+		t.Fatal("the connection was not authenticated after its handler called Authenticate")
+	}
+	if st := ts.Stats(); st.UnauthConns != 0 {
+		t.Fatalf("%d unauthenticated connections, want 0 once the only one authenticated", st.UnauthConns)
+	}
+}
