@@ -14,6 +14,9 @@ import (
 type Conn interface {
 	Peer() any
 	SetPeer(any)
+	// CompareAndSwapPeer stores v if the slot holds old (nil: nothing),
+	// and reports whether it did.
+	CompareAndSwapPeer(old, v any) bool
 	TLS() *tls.ConnectionState
 	Authenticate()
 }
@@ -84,8 +87,12 @@ func Login(c Conn, t *Table, token []byte) (protocol.AuthReply, error) {
 // one its AUTH token names, or else the one its verified TLS client
 // certificate names. A connection that is neither is NOT_AUTHORIZED
 // "authenticate first"; one whose token or certificate name t does not
-// know (any more), NOT_AUTHORIZED saying so. While t is the table of the
-// connection's last request, Resolve reads no lock and allocates nothing.
+// know (any more), NOT_AUTHORIZED saying so. A certificate that names a
+// principal authenticates the connection (c.Authenticate): the transport
+// does not take a verified certificate alone for that. A session stored
+// by a concurrent Login is never replaced by the certificate's. While t is
+// the table of the connection's last request, Resolve reads no lock and
+// allocates nothing.
 func Resolve(c Conn, t *Table) (Principal, error) {
 	s, _ := c.Peer().(*Session)
 	if s == nil {
@@ -94,9 +101,18 @@ func Resolve(c Conn, t *Table) (Principal, error) {
 			return Principal{}, errAuthFirst
 		}
 		s = &Session{cert: st.VerifiedChains[0][0].Subject.CommonName}
-		c.SetPeer(s)
+		if !c.CompareAndSwapPeer(nil, s) {
+			// A Login stored its session meanwhile: it wins.
+			if s, _ = c.Peer().(*Session); s == nil {
+				return Principal{}, errAuthFirst
+			}
+		}
 	}
-	return s.principal(t)
+	p, err := s.principal(t)
+	if err == nil && s.hash.IsZero() {
+		c.Authenticate() // cheap once done
+	}
+	return p, err
 }
 
 // Check is Resolve, then Authorize of the request code with target.

@@ -15,10 +15,27 @@ type fakeConn struct {
 	peer  any
 	tls   *tls.ConnectionState
 	authd bool
+	// onPeer, when set, runs once after the next Peer: what another
+	// goroutine (a concurrent AUTH) did meanwhile.
+	onPeer func(c *fakeConn)
 }
 
-func (c *fakeConn) Peer() any                 { return c.peer }
-func (c *fakeConn) SetPeer(v any)             { c.peer = v }
+func (c *fakeConn) Peer() any {
+	p := c.peer
+	if f := c.onPeer; f != nil {
+		c.onPeer = nil
+		f(c)
+	}
+	return p
+}
+func (c *fakeConn) SetPeer(v any) { c.peer = v }
+func (c *fakeConn) CompareAndSwapPeer(old, v any) bool {
+	if c.peer != old {
+		return false
+	}
+	c.peer = v
+	return true
+}
 func (c *fakeConn) TLS() *tls.ConnectionState { return c.tls }
 func (c *fakeConn) Authenticate()             { c.authd = true }
 func certConn(cn string) *fakeConn {
@@ -90,5 +107,50 @@ func TestSession(t *testing.T) {
 	}
 	if p, _ := Resolve(cc, t1); p.Name != AdminName {
 		t.Fatalf("after AUTH the certificate's connection is %q, want the token's principal", p.Name)
+	}
+}
+
+// A certificate authenticates its connection only if it names a principal:
+// the transport leaves that to Resolve (a stranger's certificate must not
+// lift the limits of a connection that has not authenticated).
+func TestCertificateAuthenticatesOnlyAPrincipal(t *testing.T) {
+	tab, err := NewTable(1, []Principal{{Name: "svc", Permissions: []Permission{Describe}}}, Builtins{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger := certConn("stranger")
+	if _, err := Resolve(stranger, tab); err == nil || stranger.authd {
+		t.Fatalf("a certificate that names no principal: %v, authenticated %v", err, stranger.authd)
+	}
+	svc := certConn("svc")
+	if _, err := Resolve(svc, tab); err != nil || !svc.authd {
+		t.Fatalf("a certificate that names a principal: %v, authenticated %v", err, svc.authd)
+	}
+	// One added to the table later authenticates the connection then.
+	tab2, _ := NewTable(2, []Principal{{Name: "stranger", Permissions: []Permission{Describe}}}, Builtins{})
+	if _, err := Resolve(stranger, tab2); err != nil || !stranger.authd {
+		t.Fatalf("the certificate's principal added: %v, authenticated %v", err, stranger.authd)
+	}
+}
+
+// An AUTH that lands while Resolve builds a certificate's session is kept:
+// the connection is the token's principal, not the certificate's.
+func TestResolveKeepsAConcurrentLogin(t *testing.T) {
+	tok := "the-bootstrap-admin-token-0123456789"
+	tab, err := NewTable(1, []Principal{{Name: "svc", Permissions: []Permission{Describe}}}, Builtins{Admin: HashToken(tok)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := certConn("svc")
+	c.onPeer = func(c *fakeConn) {
+		if _, err := Login(c, tab, []byte(tok)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, err := Resolve(c, tab); err != nil || p.Name != AdminName {
+		t.Fatalf("Resolve during AUTH: %+v, %v; want the token's principal", p, err)
+	}
+	if p, err := Resolve(c, tab); err != nil || p.Name != AdminName {
+		t.Fatalf("after: %+v, %v; the certificate's session replaced the token's", p, err)
 	}
 }
