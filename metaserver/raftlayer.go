@@ -27,16 +27,23 @@ import (
 // A stranger (no certificate, one from another CA, an expired one,
 // plaintext, a wrong or no cluster key) never reaches raft's decoder: its
 // connection is closed after a failed handshake, within
-// raftHandshakeTimeout, and at most raftMaxHandshakes handshakes run at
-// once (those over it are closed at once), so strangers on the raft port
-// hold little memory and time. handshakeListener does this for both kinds
-// of handshake.
+// raftFirstBytesTimeout if it sends nothing and raftHandshakeTimeout in
+// all, and at most raftMaxHandshakes handshakes run at once (a connection
+// over it evicts the oldest), so strangers on the raft port hold little
+// memory and time, and cannot keep a member's new connection out by
+// holding sockets open. handshakeListener does this for both kinds of
+// handshake.
 
 const (
 	// raftHandshakeTimeout bounds a raft connection's handshakes (TLS and
 	// the cluster key's together).
 	raftHandshakeTimeout = 5 * time.Second
-	// raftMaxHandshakes caps the raft handshakes in progress at once.
+	// raftFirstBytesTimeout bounds the wait for the peer's first bytes (its
+	// TLS ClientHello, or its answer to the cluster key's challenge): a
+	// member sends them within a round trip.
+	raftFirstBytesTimeout = 500 * time.Millisecond
+	// raftMaxHandshakes caps the raft handshakes in progress at once; one
+	// accepted over it evicts the oldest.
 	raftMaxHandshakes = 64
 )
 
@@ -81,7 +88,7 @@ func newRaftStream(cfg Config, log hclog.Logger) (*streamLayer, error) {
 	if err != nil {
 		return nil, err
 	}
-	hl := newHandshakeListener(ln, what, serve, timeout, max, log)
+	hl := newHandshakeListener(ln, what, serve, timeout, raftFirstBytesTimeout, max, log)
 	return &streamLayer{ln: hl, conns: map[*trackedConn]struct{}{}, dial: dial}, nil
 }
 
@@ -150,32 +157,39 @@ func (c *tlsConn) Close() error { return c.raw.Close() }
 
 // handshakeListener accepts TCP connections and hands out only those whose
 // handshake (TLS, the cluster key's, or both: a handshakeFunc) completed
-// within timeout. Handshakes run on their own goroutines, at most max at
-// once; a connection over that is closed as soon as it is accepted.
+// within timeout, the peer's first bytes within firstBytes of the accept.
+// Handshakes run on their own goroutines, at most max at once: a
+// connection accepted with max in their handshake evicts (closes) the
+// oldest of them. Members finish theirs in milliseconds, so the oldest is
+// a stranger's idle socket, and a stranger cannot hold the slots against a
+// member's new dial (an election, a restarted node) by holding sockets
+// open: it would have to dial max connections within a member's handshake.
 type handshakeListener struct {
-	ln        net.Listener
-	what      string // the handshake, for the log
-	handshake handshakeFunc
-	timeout   time.Duration
-	max       int
-	log       hclog.Logger
+	ln         net.Listener
+	what       string // the handshake, for the log
+	handshake  handshakeFunc
+	timeout    time.Duration
+	firstBytes time.Duration
+	max        int
+	log        hclog.Logger
 
 	ready chan net.Conn
 	done  chan struct{}
 	wg    sync.WaitGroup
 
 	mu      sync.Mutex
-	pending map[net.Conn]struct{} // sockets in their handshake
+	pending map[net.Conn]uint64 // sockets in their handshake, by order of accept
+	seq     uint64
 	closed  bool
 
-	refused, failed atomic.Int64 // over max; failed handshakes (timeouts included)
+	evicted, failed atomic.Int64 // evicted for a newer one; failed handshakes (timeouts included)
 	peak            atomic.Int64 // the most handshakes in progress at once
 	lastWarn        atomic.Int64 // unix nanos of the last failure logged
 }
 
-func newHandshakeListener(ln net.Listener, what string, handshake handshakeFunc, timeout time.Duration, max int, log hclog.Logger) *handshakeListener {
-	l := &handshakeListener{ln: ln, what: what, handshake: handshake, timeout: timeout, max: max, log: log,
-		ready: make(chan net.Conn), done: make(chan struct{}), pending: map[net.Conn]struct{}{}}
+func newHandshakeListener(ln net.Listener, what string, handshake handshakeFunc, timeout, firstBytes time.Duration, max int, log hclog.Logger) *handshakeListener {
+	l := &handshakeListener{ln: ln, what: what, handshake: handshake, timeout: timeout, firstBytes: min(firstBytes, timeout), max: max, log: log,
+		ready: make(chan net.Conn), done: make(chan struct{}), pending: map[net.Conn]uint64{}}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l
@@ -199,37 +213,59 @@ func (l *handshakeListener) acceptLoop() {
 			return
 		}
 		l.mu.Lock()
-		if l.closed || len(l.pending) >= l.max {
-			closed := l.closed
+		if l.closed {
 			l.mu.Unlock()
 			_ = raw.Close()
-			if !closed {
-				l.refused.Add(1)
-				l.warn("raft port: refusing a connection: too many handshakes in progress", "remote", raw.RemoteAddr().String(), "max", l.max)
-			}
 			continue
 		}
-		l.pending[raw] = struct{}{}
+		var victim net.Conn
+		if len(l.pending) >= l.max {
+			victim = l.oldestLocked()
+			delete(l.pending, victim)
+		}
+		l.seq++
+		l.pending[raw] = l.seq
 		if n := int64(len(l.pending)); n > l.peak.Load() {
 			l.peak.Store(n)
 		}
 		l.wg.Add(1)
 		l.mu.Unlock()
+		if victim != nil {
+			// Its goroutine finds it gone from pending and counts nothing.
+			_ = victim.Close()
+			l.evicted.Add(1)
+			l.warn("raft port: too many handshakes in progress: closing the oldest", "remote", victim.RemoteAddr().String(), "max", l.max)
+		}
 		go l.serve(raw)
 	}
 }
 
+// oldestLocked is the socket longest in its handshake (l.mu held, pending
+// not empty). A scan: pending holds at most max.
+func (l *handshakeListener) oldestLocked() net.Conn {
+	var oldest net.Conn
+	var at uint64
+	for c, seq := range l.pending {
+		if oldest == nil || seq < at {
+			oldest, at = c, seq
+		}
+	}
+	return oldest
+}
+
 func (l *handshakeListener) serve(raw net.Conn) {
 	defer l.wg.Done()
-	_ = raw.SetDeadline(time.Now().Add(l.timeout))
-	c, err := l.handshake(raw)
+	start := time.Now()
+	_ = raw.SetDeadline(start.Add(l.timeout))
+	_ = raw.SetReadDeadline(start.Add(l.firstBytes))
+	c, err := l.handshake(&firstBytesConn{Conn: raw, deadline: start.Add(l.timeout)})
 	l.mu.Lock()
+	_, mine := l.pending[raw] // not: evicted, or the listener closed
 	delete(l.pending, raw)
-	closed := l.closed
 	l.mu.Unlock()
-	if err != nil || closed {
+	if err != nil || !mine {
 		_ = raw.Close()
-		if err != nil && !closed {
+		if err != nil && mine {
 			l.failed.Add(1)
 			l.warn("raft port: "+l.what+" handshake failed; the peer gets nothing", "remote", raw.RemoteAddr().String(), "error", err)
 		}
@@ -241,6 +277,26 @@ func (l *handshakeListener) serve(raw net.Conn) {
 	case <-l.done:
 		_ = raw.Close()
 	}
+}
+
+// firstBytesConn is a socket in its handshake whose read deadline, short
+// until the peer's first bytes (a TLS ClientHello, the cluster key's
+// answer), becomes the handshake's once they arrive. Reads of one
+// connection do not run at once (TLS serializes them; raft reads from one
+// goroutine).
+type firstBytesConn struct {
+	net.Conn
+	deadline time.Time // the whole handshake's
+	got      bool
+}
+
+func (c *firstBytesConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.got {
+		c.got = true
+		_ = c.Conn.SetReadDeadline(c.deadline)
+	}
+	return n, err
 }
 
 // warn logs at most one failure per logEvery (a flood of strangers does
@@ -278,6 +334,7 @@ func (l *handshakeListener) Close() error {
 	for raw := range l.pending {
 		_ = raw.Close()
 	}
+	clear(l.pending) // their goroutines count no failure
 	l.mu.Unlock()
 	err := l.ln.Close()
 	l.wg.Wait()
