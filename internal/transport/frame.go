@@ -26,7 +26,7 @@ var errUnauthFrame = errors.New("frame over the cap of a connection that has not
 // readFrame reads one whole frame of at most limit bytes (its declared
 // length is checked before anything is allocated). Its buffer is freshly
 // allocated (the frame is handed to another goroutine): at once for the
-// declared length, or as the bytes arrive (from growStart, doubling) with
+// declared length, or as the bytes arrive (from growStart, growing) with
 // grow or when the frame declares more than growAbove, so that a peer that
 // declares a large frame and sends nothing makes the server hold little.
 func readFrame(r io.Reader, limit int, grow bool) (protocol.Frame, error) {
@@ -37,8 +37,14 @@ func readFrame(r io.Reader, limit int, grow bool) (protocol.Frame, error) {
 	return readFrameAfter(r, lenBuf, limit, grow)
 }
 
-// growStart is the first buffer of a frame read as its bytes arrive.
-const growStart = 16 << 10
+// growStart is the first buffer of a frame read as its bytes arrive;
+// each next one is growFactor times larger (at most the frame), once the
+// one before is full: the server holds at most growFactor times what the
+// peer sent, and a large frame costs a few copies (a 4 MiB one, 4).
+const (
+	growStart  = 16 << 10
+	growFactor = 4
+)
 
 // growAbove is the largest frame read into a buffer of its declared length
 // at once, whoever sent it: a larger one is read as its bytes arrive. It is
@@ -66,7 +72,11 @@ func readFrameAfter(r io.Reader, lenBuf [4]byte, limit int, grow bool) (protocol
 		got := 4
 		for got < n && err == nil {
 			if got == len(buf) {
-				buf = append(buf, make([]byte, min(n, 2*len(buf))-len(buf))...)
+				// make, not append: a large make clears its memory in
+				// preemptible pieces, growslice in one (stalling the GC).
+				nb := make([]byte, min(n, growFactor*len(buf)))
+				copy(nb, buf[:got])
+				buf = nb
 			}
 			var m int
 			m, err = io.ReadFull(r, buf[got:])
