@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/cmd/internal/cli"
 )
 
 // The credential ferryctl presents to every server it dials (AUTH), on a
@@ -27,7 +28,9 @@ func (g *globalOptions) addTokenFlags(pf *pflag.FlagSet) {
 }
 
 // loadToken reads the token before any network call: a file that cannot be
-// read or does not hold a token is a usage error naming it.
+// read or does not hold a token is a usage error naming it; a file others
+// than its owner may read or write is taken, with one warning line on
+// stderr (as ssh does with keys).
 func (g *globalOptions) loadToken(cmd *cobra.Command) error {
 	g.token = ""
 	if cmd.Annotations[offline] != "" {
@@ -37,9 +40,12 @@ func (g *globalOptions) loadToken(cmd *cobra.Command) error {
 	var raw []byte
 	switch {
 	case g.tokenFile != "":
-		b, err := os.ReadFile(g.tokenFile)
+		b, mode, err := cli.ReadSecretFile(g.tokenFile)
 		if err != nil {
 			return usageError{fmt.Errorf("--token-file: %w", err)}
+		}
+		if mode&0o077 != 0 {
+			fmt.Fprintf(cmd.ErrOrStderr(), "ferryctl: warning: --token-file %s has mode %#o: others than its owner can read or write it (chmod 600 it)\n", g.tokenFile, mode)
 		}
 		from, raw = "--token-file "+g.tokenFile, b
 	case os.Getenv("FERRY_TOKEN") != "":

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/ferrymq/ferrymq/auth"
 )
@@ -26,9 +29,33 @@ import (
 //
 // A token file holds one token of 32 to 512 printable characters (ferryctl
 // acl add makes them; so does 32 random bytes in base64); the spaces and
-// line ends around it are cut.
+// line ends around it are cut. A token file that others than its owner may
+// read or write (mode & 077) is taken, with a warning (LogWarnings), as
+// ssh does with keys.
 type AuthFlags struct {
 	ClusterFile, AdminFile string
+
+	loose []LooseFile // token files read so far that others may read or write
+}
+
+// LooseFile is a token file whose mode lets others than its owner read or
+// write it.
+type LooseFile struct {
+	Flag, Path string
+	Mode       os.FileMode // the permission bits
+}
+
+// LooseFiles are the token files read so far whose mode has bits for the
+// group or others.
+func (f *AuthFlags) LooseFiles() []LooseFile { return f.loose }
+
+// LogWarnings logs a WARN line for each token file read so far that others
+// than its owner may read or write. Servers call it once their logger
+// exists (the files are read before it).
+func (f *AuthFlags) LogWarnings(lg hclog.Logger) {
+	for _, l := range f.loose {
+		lg.Warn("token file is accessible to others than its owner: chmod 600 it", "flag", "-"+l.Flag, "file", l.Path, "mode", fmt.Sprintf("%#o", l.Mode))
+	}
 }
 
 // Register adds -auth-cluster-token-file to fs, and with admin
@@ -46,7 +73,7 @@ func (f *AuthFlags) ClusterToken() (string, error) {
 	if f.AdminFile != "" && f.ClusterFile == "" {
 		return "", &ConfigError{errors.New("-auth-admin-token-file needs -auth-cluster-token-file: authorization is on only with the cluster token")}
 	}
-	return readToken("auth-cluster-token-file", f.ClusterFile)
+	return f.readToken("auth-cluster-token-file", f.ClusterFile)
 }
 
 // Builtins reads both files: the cluster token and the built-in
@@ -55,7 +82,7 @@ func (f *AuthFlags) Builtins() (clusterToken string, b auth.Builtins, err error)
 	if clusterToken, err = f.ClusterToken(); err != nil {
 		return "", auth.Builtins{}, err
 	}
-	admin, err := readToken("auth-admin-token-file", f.AdminFile)
+	admin, err := f.readToken("auth-admin-token-file", f.AdminFile)
 	if err != nil {
 		return "", auth.Builtins{}, err
 	}
@@ -71,17 +98,46 @@ func (f *AuthFlags) Builtins() (clusterToken string, b auth.Builtins, err error)
 	return clusterToken, b, nil
 }
 
-func readToken(flagName, path string) (string, error) {
+func (f *AuthFlags) readToken(flagName, path string) (string, error) {
 	if path == "" {
 		return "", nil
 	}
-	raw, err := os.ReadFile(path)
+	raw, mode, err := ReadSecretFile(path)
 	if err != nil {
 		return "", &ConfigError{fmt.Errorf("-%s: %w", flagName, err)}
+	}
+	if mode&0o077 != 0 {
+		seen := false
+		for _, l := range f.loose {
+			seen = seen || l.Path == path
+		}
+		if !seen {
+			f.loose = append(f.loose, LooseFile{Flag: flagName, Path: path, Mode: mode})
+		}
 	}
 	tok, err := auth.ParseToken(raw)
 	if err != nil {
 		return "", &ConfigError{fmt.Errorf("-%s %s: %w", flagName, path, err)}
 	}
 	return tok, nil
+}
+
+// ReadSecretFile reads a file holding a secret and returns its permission
+// bits as well (of the file read: a symbolic link is followed); a caller
+// warns when mode&077 != 0.
+func ReadSecretFile(path string) (data []byte, mode os.FileMode, err error) {
+	file, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer file.Close()
+	st, err := file.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	data, err = io.ReadAll(file)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	return data, st.Mode().Perm(), nil
 }

@@ -1,11 +1,14 @@
 package cli
 
 import (
+	"bytes"
 	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/ferrymq/ferrymq/auth"
 )
@@ -58,4 +61,49 @@ func asConfigError(err error, ce **ConfigError) bool {
 	e, ok := err.(*ConfigError)
 	*ce = e
 	return ok
+}
+
+// A token file others than its owner may read or write is taken, with one
+// WARN line naming the file and its mode; a 0600 file gets none.
+func TestLooseTokenFileWarns(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(auth.NewToken()+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tight, loose, group := file("tight", 0o600), file("loose", 0o644), file("group", 0o640)
+	run := func(args ...string) string {
+		t.Helper()
+		var f AuthFlags
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		f.Register(fs, true)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := f.Builtins(); err != nil {
+			t.Fatalf("%v: %v (a loose file must not be refused)", args, err)
+		}
+		var out bytes.Buffer
+		f.LogWarnings(hclog.New(&hclog.LoggerOptions{Output: &out}))
+		return out.String()
+	}
+	if out := run("-auth-cluster-token-file", tight); out != "" {
+		t.Fatalf("a 0600 token file logged: %q", out)
+	}
+	out := run("-auth-cluster-token-file", loose, "-auth-admin-token-file", group)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want one line per loose file, got %q", out)
+	}
+	for i, want := range []struct{ file, mode string }{{loose, "0644"}, {group, "0640"}} {
+		if l := lines[i]; !strings.Contains(l, "[WARN]") || !strings.Contains(l, "file="+want.file) || !strings.Contains(l, "mode="+want.mode) {
+			t.Errorf("line %q: want a WARN naming file=%s mode=%s", l, want.file, want.mode)
+		}
+	}
 }

@@ -99,6 +99,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.Logger, err = logf.Logger("metaserver", stderr); err != nil {
 		return err
 	}
+	authf.LogWarnings(cfg.Logger)
 	if err := cfg.Validate(); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
