@@ -175,7 +175,7 @@ func newACLPermCommand(g *globalOptions, verb string) *cobra.Command {
 func newACLRemoveCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "rm NAME",
-		Short: "Remove a principal: its token and certificate name are refused from the next request on",
+		Short: "Remove a principal: its token and certificate name are refused by the metaservers from the next request on, by the brokers within about a heartbeat",
 		Args:  usageArgs(cobra.MatchAll(cobra.ExactArgs(1), principalArg)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			res, err := cl.RemovePrincipal(ctx, api.ACLRemoveRequest{Name: args[0]})
@@ -224,7 +224,7 @@ func newACLListCommand(g *globalOptions) *cobra.Command {
 func newACLRotateCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "rotate NAME",
-		Short: "Give a principal a new token (printed once); the old one is refused from the next request on",
+		Short: "Give a principal a new token (printed once); the old one is refused by the metaservers from the next request on, by the brokers within about a heartbeat",
 		Args:  usageArgs(cobra.MatchAll(cobra.ExactArgs(1), principalArg)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			name := args[0]

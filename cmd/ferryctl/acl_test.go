@@ -102,3 +102,20 @@ func TestACLCommands(t *testing.T) {
 		t.Fatalf("a malformed FERRY_TOKEN: exit %d: %s", code, errOut)
 	}
 }
+
+// rm and rotate say when the old credential stops working: at the
+// metaservers from the next request, at the brokers about a heartbeat later.
+func TestACLRemoveAndRotateHelpSayWhen(t *testing.T) {
+	out := mustCtl(t, "acl", "--help")
+	for _, cmd := range []string{"rm", "rotate"} {
+		var line string
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) > 0 && f[0] == cmd {
+				line = l
+			}
+		}
+		if !strings.Contains(line, "by the metaservers from the next request on, by the brokers within about a heartbeat") {
+			t.Errorf("acl %s's help %q does not say the brokers take about a heartbeat", cmd, line)
+		}
+	}
+}
