@@ -344,6 +344,33 @@ func TestRaftClusterKeyFlood(t *testing.T) {
 		flood, hl.evicted.Load(), hl.failed.Load(), hl.peak.Load(), (after.TotalAlloc-before.TotalAlloc)>>10)
 }
 
+// A socket that sends nothing is closed once raftFirstBytesTimeout has
+// passed, though the handshake's own deadline is far off: an idle stranger
+// holds a slot for half a second, not for the whole handshake.
+func TestRaftHandshakeFirstBytesDeadline(t *testing.T) {
+	cfg := keyNodeConfig(t, "m1", auth.NewToken())
+	cfg.raftHandshakeTimeout = 10 * time.Minute
+	s := startNodes(t, cfg)[0]
+	testwait.For(t, 20*time.Second, "m1 to lead", s.IsLeader)
+	hl := raftListener(t, s)
+	before := hl.failed.Load()
+	c, err := net.Dial("tcp", s.RaftAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(time.Minute)) // the test's bound, not the node's
+	got, err := io.ReadAll(c)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the node held a socket that sent nothing for a minute (read %d bytes)", len(got))
+	}
+	if want := raftHelloFixed + len("m1"); len(got) != want {
+		t.Fatalf("an idle socket read %d bytes, want the %d-byte challenge", len(got), want)
+	}
+	testwait.For(t, 10*time.Second, "m1 to count the failed handshake", func() bool { return hl.failed.Load() > before })
+}
+
 // floodRaft keeps the raft handshake slots of every address full of idle
 // sockets (connect, send nothing) until the test ends: idlers per address,
 // each redialing at once when the node closed its socket after holding it
