@@ -88,9 +88,8 @@ type ServerConfig struct {
 	// complete its TLS handshake and send its first whole request; past it
 	// the connection is closed. With RequireAuth it also bounds the time an
 	// unauthenticated connection may go without a request, and such a
-	// connection (unless its TLS client certificate was verified) may send
-	// at most maxPreAuthRequests requests: past either it is closed.
-	// Default 5 s.
+	// connection must authenticate within preAuthTimeouts times it of its
+	// acceptance: past either it is closed. Default 5 s.
 	HandshakeTimeout time.Duration
 	// MaxConns caps the connections open at once, those in their handshake
 	// included; one over it is closed as soon as it is accepted (counted in
@@ -171,8 +170,7 @@ type ServerStats struct {
 	// (RequireAuth; 0 without it), those in their handshake included.
 	UnauthConns int64
 	// UnauthClosed counts connections closed, after their first request,
-	// for not authenticating in time or within maxPreAuthRequests requests
-	// (RequireAuth).
+	// for not authenticating in time (RequireAuth).
 	UnauthClosed int64
 	// HandshakeTimeouts counts connections closed for not completing their
 	// handshake and first request within HandshakeTimeout.
@@ -437,10 +435,11 @@ func (s *Server) accept(ln net.Listener) {
 			_ = tc.SetNoDelay(true)
 		}
 		c := &serverConn{
-			s:   s,
-			raw: nc,
-			w:   newWriter(s.cfg.MaxWriteBuffer, s.cfg.WriteTimeout),
-			sem: make(chan struct{}, s.cfg.MaxInflightPerConn),
+			s:        s,
+			raw:      nc,
+			accepted: time.Now(),
+			w:        newWriter(s.cfg.MaxWriteBuffer, s.cfg.WriteTimeout),
+			sem:      make(chan struct{}, s.cfg.MaxInflightPerConn),
 		}
 		c.unauthHeld.Store(s.cfg.RequireAuth)
 		if s.tls == nil {
@@ -695,10 +694,9 @@ type serverConn struct {
 	tlsState *tls.ConnectionState
 	trusted  atomic.Bool
 	// unauthHeld: the connection counts in stats.unauth (RequireAuth, until
-	// it authenticates or closes); preAuthReqs, the requests it sent
-	// unauthenticated (read by the reader only).
-	unauthHeld  atomic.Bool
-	preAuthReqs int
+	// it authenticates or closes); accepted, when it was accepted.
+	unauthHeld atomic.Bool
+	accepted   time.Time
 	// peer is the connection's identity slot (Request.SetPeer): nil until
 	// a handler sets it.
 	peer atomic.Pointer[any]
@@ -789,13 +787,6 @@ func (c *serverConn) readLoop() {
 			<-c.sem
 			c.readFailed(fmt.Errorf("%w: a response (opaque %d) sent to a server", ErrBadFrame, f.Opaque))
 			return
-		}
-		if c.s.cfg.RequireAuth && !c.trusted.Load() && !c.certVerified() {
-			if c.preAuthReqs++; c.preAuthReqs > maxPreAuthRequests {
-				<-c.sem
-				c.unauthFailed(fmt.Sprintf("it sent %d requests without authenticating", maxPreAuthRequests))
-				return
-			}
 		}
 		rt, known := c.s.handlers[f.Code]
 		if known && !c.s.cfg.RequireAuth && !c.trusted.Load() {
@@ -904,12 +895,12 @@ func (c *serverConn) frameCap() (limit int, grow bool) {
 	return protocol.MaxFrameSize, true
 }
 
-// maxPreAuthRequests is the most requests a connection may send before it
-// authenticates (RequireAuth), unless its TLS client certificate was
-// verified: a client sends IDENTIFY and AUTH; this leaves room for retries
-// and for requests answered "authenticate first", and with HandshakeTimeout
-// bounds how long a stranger holds a connection (16 x 5 s by default).
-const maxPreAuthRequests = 16
+// preAuthTimeouts bounds, in HandshakeTimeouts from its acceptance, how
+// long a connection may stay unauthenticated (RequireAuth), requests or
+// not: a client sends IDENTIFY and AUTH at once; this leaves room for
+// retries, and bounds how long a stranger holds a connection (20 s by
+// default).
+const preAuthTimeouts = 4
 
 // certVerified reports whether the connection's TLS handshake verified a
 // client certificate. With RequireAuth that does not authenticate it (the
@@ -920,10 +911,16 @@ func (c *serverConn) certVerified() bool {
 }
 
 // preAuthDeadline gives an unauthenticated connection (RequireAuth)
-// HandshakeTimeout to send its next request. It returns false if the
+// HandshakeTimeout to send its next request, and no more than
+// preAuthTimeouts of them since it was accepted. It returns false if the
 // server is closing and the reader must stop.
 func (c *serverConn) preAuthDeadline() bool {
-	_ = c.raw.SetReadDeadline(time.Now().Add(c.s.cfg.HandshakeTimeout))
+	ht := c.s.cfg.HandshakeTimeout
+	d := time.Now().Add(ht)
+	if last := c.accepted.Add(preAuthTimeouts * ht); last.Before(d) {
+		d = last
+	}
+	_ = c.raw.SetReadDeadline(d)
 	if c.trusted.Load() {
 		// authenticate may have cleared the deadline before this set it.
 		_ = c.raw.SetReadDeadline(time.Time{})
@@ -983,7 +980,8 @@ func (c *serverConn) readFailed(err error) {
 	}
 	var ne net.Error
 	if c.s.cfg.RequireAuth && !c.trusted.Load() && errors.As(err, &ne) && ne.Timeout() {
-		c.unauthFailed(fmt.Sprintf("no request within %v before it authenticated", c.s.cfg.HandshakeTimeout))
+		c.unauthFailed(fmt.Sprintf("it did not authenticate in time (a request every %v, authenticated within %v)",
+			c.s.cfg.HandshakeTimeout, preAuthTimeouts*c.s.cfg.HandshakeTimeout))
 		return
 	}
 	if errors.Is(err, ErrBadFrame) {
