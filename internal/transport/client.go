@@ -287,7 +287,7 @@ func (c *Client) login(ctx context.Context, cc *clientConn) error {
 func (cc *clientConn) readLoop(addr string) error {
 	br := bufio.NewReaderSize(cc.nc, 64<<10)
 	for first := true; ; first = false {
-		f, err := readFrame(br, protocol.MaxFrameSize, false)
+		f, err := readFrame(br, protocol.MaxFrameSize, readAtOnce)
 		if err != nil {
 			if cause := remoteAlertCause(err); first && cc.tls && cause != "" {
 				// TLS 1.3: the server refused this client's certificate

@@ -70,7 +70,7 @@ func TestStrangersCannotHoldConnections(t *testing.T) {
 	refused := 0
 	for range strangers {
 		nc := stranger(t, ts.addr, protocol.CodeIdentify)
-		f, err := readFrame(nc, protocol.MaxFrameSize, false)
+		f, err := readFrame(nc, protocol.MaxFrameSize, readAtOnce)
 		switch {
 		case err == nil && f.Status == protocol.StatusBusy:
 			refused++
@@ -110,7 +110,7 @@ func TestStrangerClosedWithoutAuthenticating(t *testing.T) {
 	giveUp := time.Now().Add(time.Minute) // a broken server must not hang the test
 	_ = nc.SetReadDeadline(giveUp)
 	for i := 0; ; i++ {
-		_, err := readFrame(nc, protocol.MaxFrameSize, false)
+		_, err := readFrame(nc, protocol.MaxFrameSize, readAtOnce)
 		var ne net.Error
 		if (err == nil && time.Now().After(giveUp)) || errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("a stranger that sent %d requests without authenticating for a minute is still connected", i)
@@ -140,7 +140,7 @@ func declareHuge(t *testing.T, ts *testServer, n int, prelude []protocol.Code, s
 		}
 		for _, code := range prelude {
 			strangerRequest(t, nc, code)
-			if _, err := readFrame(nc, protocol.MaxFrameSize, false); err != nil {
+			if _, err := readFrame(nc, protocol.MaxFrameSize, readAtOnce); err != nil {
 				t.Fatal(err)
 			}
 		}

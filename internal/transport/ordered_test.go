@@ -72,7 +72,7 @@ func (rc *rawConn) recv(n int) []protocol.Frame {
 	_ = rc.nc.SetReadDeadline(time.Now().Add(20 * time.Second))
 	out := make([]protocol.Frame, 0, n)
 	for range n {
-		f, err := readFrame(rc.br, protocol.MaxFrameSize, false)
+		f, err := readFrame(rc.br, protocol.MaxFrameSize, readAtOnce)
 		if err != nil {
 			rc.t.Fatalf("after %d of %d responses: %v", len(out), n, err)
 		}

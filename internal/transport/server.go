@@ -511,7 +511,7 @@ func (s *Server) refuseBusy(nc net.Conn) {
 			<-s.busy
 		}()
 		_ = nc.SetDeadline(time.Now().Add(min(s.cfg.HandshakeTimeout, busyWait)))
-		f, err := readFrame(nc, s.cfg.MaxUnauthFrame, false)
+		f, err := readFrame(nc, s.cfg.MaxUnauthFrame, growBig)
 		if err != nil || f.IsResponse() || f.IsOneway() {
 			return
 		}
@@ -878,21 +878,25 @@ func (c *serverConn) readFrame(br *bufio.Reader) (protocol.Frame, error) {
 	if _, err := io.ReadFull(br, lenBuf[:]); err != nil {
 		return protocol.Frame{}, err
 	}
-	limit, grow := c.frameCap()
-	return readFrameAfter(br, lenBuf, limit, grow)
+	limit, g := c.frameCap()
+	return readFrameAfter(br, lenBuf, limit, g)
 }
 
 // frameCap is the most a connection may declare for its next frame, and
-// whether that frame's buffer grows as its bytes arrive (a frame over
-// growAbove does anyway).
-func (c *serverConn) frameCap() (limit int, grow bool) {
+// how that frame's buffer grows as its bytes arrive: at once once the
+// connection authenticated with RequireAuth; with growBig (a frame over
+// growAbove grows) when it is trusted without RequireAuth (one request of
+// a registered code makes it so: it may be anyone); else with growAll.
+func (c *serverConn) frameCap() (limit int, g growth) {
 	switch {
+	case c.trusted.Load() && c.s.cfg.RequireAuth:
+		return protocol.MaxFrameSize, readAtOnce
 	case c.trusted.Load():
-		return protocol.MaxFrameSize, false
+		return protocol.MaxFrameSize, growBig
 	case c.s.cfg.RequireAuth && !c.certVerified():
-		return c.s.cfg.MaxUnauthFrame, true
+		return c.s.cfg.MaxUnauthFrame, growAll
 	}
-	return protocol.MaxFrameSize, true
+	return protocol.MaxFrameSize, growAll
 }
 
 // preAuthTimeouts bounds, in HandshakeTimeouts from its acceptance, how

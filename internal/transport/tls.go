@@ -256,8 +256,8 @@ func (c *serverConn) open() (protocol.Frame, bool) {
 		c.tlsOnPlaintext(br, lenBuf)
 		return protocol.Frame{}, false
 	}
-	limit, grow := c.frameCap()
-	f, err := readFrameAfter(r, lenBuf, limit, grow)
+	limit, g := c.frameCap()
+	f, err := readFrameAfter(r, lenBuf, limit, g)
 	if err != nil {
 		c.openFailed(err, false)
 		return protocol.Frame{}, false
@@ -354,7 +354,7 @@ func (c *serverConn) plaintextOnTLS(first byte) {
 	if _, err := io.ReadFull(br, lenBuf[1:]); err != nil {
 		return
 	}
-	f, err := readFrameAfter(br, lenBuf, s.cfg.MaxUnauthFrame, false)
+	f, err := readFrameAfter(br, lenBuf, s.cfg.MaxUnauthFrame, growBig)
 	if err != nil || f.IsResponse() || f.IsOneway() {
 		return
 	}

@@ -162,7 +162,7 @@ func TestConnLostFailsPendingAndReconnects(t *testing.T) {
 			}
 			br := bufio.NewReader(nc)
 			for range 3 {
-				if _, err := readFrame(br, protocol.MaxFrameSize, false); err != nil {
+				if _, err := readFrame(br, protocol.MaxFrameSize, readAtOnce); err != nil {
 					return err
 				}
 			}
@@ -173,7 +173,7 @@ func TestConnLostFailsPendingAndReconnects(t *testing.T) {
 				return err
 			}
 			defer nc.Close()
-			f, err := readFrame(bufio.NewReader(nc), protocol.MaxFrameSize, false)
+			f, err := readFrame(bufio.NewReader(nc), protocol.MaxFrameSize, readAtOnce)
 			if err != nil {
 				return err
 			}
