@@ -410,11 +410,7 @@ func (s *Server) accept(ln net.Listener) {
 		}
 		if n := s.stats.conns.Add(1); n > int64(s.cfg.MaxConns) {
 			s.stats.conns.Add(-1)
-			s.stats.refused.Add(1)
-			remote := nc.RemoteAddr().String()
-			s.limited.warn("refused", fmt.Sprintf("refusing connection from %s: %d connections are open, the cap (MaxConns)", remote, s.cfg.MaxConns),
-				"remote", remote, "max_conns", s.cfg.MaxConns)
-			s.refuseBusy(nc)
+			s.refuseOverCap(nc, "refused", "connections are open", "MaxConns", "max_conns", s.cfg.MaxConns)
 			continue
 		} else {
 			s.stats.notePeak(n)
@@ -423,11 +419,7 @@ func (s *Server) accept(ln net.Listener) {
 			if n := s.stats.unauth.Add(1); n > int64(s.cfg.MaxUnauthConns) {
 				s.stats.unauth.Add(-1)
 				s.stats.conns.Add(-1)
-				s.stats.refused.Add(1)
-				remote := nc.RemoteAddr().String()
-				s.limited.warn("refused_unauth", fmt.Sprintf("refusing connection from %s: %d connections that have not authenticated are open, the cap (MaxUnauthConns)", remote, s.cfg.MaxUnauthConns),
-					"remote", remote, "max_unauth_conns", s.cfg.MaxUnauthConns)
-				s.refuseBusy(nc)
+				s.refuseOverCap(nc, "refused_unauth", "connections that have not authenticated are open", "MaxUnauthConns", "max_unauth_conns", s.cfg.MaxUnauthConns)
 				continue
 			}
 		}
@@ -472,6 +464,16 @@ const (
 	// (and the server's answer to be read), at most HandshakeTimeout.
 	busyWait = time.Second
 )
+
+// refuseOverCap counts and warns (rate-limited, per kind) about a
+// connection over one of the caps, and refuses it with refuseBusy.
+func (s *Server) refuseOverCap(nc net.Conn, kind, what, field, logKey string, limit int) {
+	s.stats.refused.Add(1)
+	remote := nc.RemoteAddr().String()
+	s.limited.warn(kind, fmt.Sprintf("refusing connection from %s: %d %s, the cap (%s)", remote, limit, what, field),
+		"remote", remote, logKey, limit)
+	s.refuseBusy(nc)
+}
 
 // refuseBusy ends a connection over MaxConns. On a plaintext port it reads
 // the connection's first request (within busyWait) and answers it BUSY,
