@@ -400,7 +400,7 @@ func TestPutNeverWaits(t *testing.T) {
 	w := newWriter(1024, time.Second) // no writer goroutine: nothing is ever written
 	body := make([]byte, 16<<10)
 	for i := range 32 {
-		if err := w.put(&protocol.Frame{Flags: protocol.FlagResponse, Opaque: uint32(i), Body: body}, 0); err != nil {
+		if err := w.put(&protocol.Frame{Flags: protocol.FlagResponse, Opaque: uint32(i), Body: body}, 0, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

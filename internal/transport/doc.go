@@ -69,11 +69,15 @@
 //
 // # Who may block, and on what
 //
-// Replying never blocks: Request.Reply, ReplyError and ReplyStatus append the
-// response to the connection's buffer and return; the writer goroutine
-// writes it (or the handler's goroutine, with a write that never waits). So the goroutines that answer (the broker's commit log writer
-// and flusher, its HA loop) never wait on a peer's socket, whatever the peer
-// does.
+// Replying never blocks: Request.Reply, ReplyError, ReplyStatus and
+// ReplyGuarded append the response to the connection's buffer and return;
+// the writer goroutine writes it (or the handler's goroutine, with a write
+// that never waits). So the goroutines that answer (the broker's commit log
+// writer and flusher, its HA loop) never wait on a peer's socket, whatever
+// the peer does. A guarded reply (Guard) is vetted once more by whichever
+// goroutine writes it, just before its first byte goes to the socket: the
+// broker turns acknowledgements into LEASE_LOST there if its write lease
+// ended while the answer waited.
 //
 // What one connection may queue is bounded where requests come in instead:
 // its read goroutine, which is the one goroutine allowed to wait on that

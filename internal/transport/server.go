@@ -1136,7 +1136,19 @@ func (r *Request) ReplyStatus(status protocol.Status, body []byte) error {
 	return r.reply(status, body)
 }
 
+// ReplyGuarded is Reply with a guard on the answer's body: the connection's
+// writer calls g.Check just before the answer's first byte goes to the
+// socket, and g.Sent after its last (see Guard). Like Reply, it never
+// blocks.
+func (r *Request) ReplyGuarded(body []byte, g Guard) error {
+	return r.replyGuarded(protocol.StatusOK, body, g)
+}
+
 func (r *Request) reply(status protocol.Status, body []byte) error {
+	return r.replyGuarded(status, body, nil)
+}
+
+func (r *Request) replyGuarded(status protocol.Status, body []byte, g Guard) error {
 	if r.IsOneway() {
 		return nil
 	}
@@ -1145,11 +1157,11 @@ func (r *Request) reply(status protocol.Status, body []byte) error {
 	}
 	defer r.release()
 	resp := protocol.Frame{Flags: protocol.FlagResponse, Code: r.Code, Status: status, Opaque: r.Opaque, Body: body}
-	err := r.conn.w.put(&resp, r.reserved)
+	err := r.conn.w.put(&resp, r.reserved, g)
 	if errors.Is(err, protocol.ErrFrameTooLarge) {
 		msg := []byte(err.Error())
 		resp = protocol.Frame{Flags: protocol.FlagResponse, Code: r.Code, Status: protocol.StatusMessageTooLarge, Opaque: r.Opaque, Body: msg}
-		if err = r.conn.w.put(&resp, r.reserved); errors.Is(err, protocol.ErrFrameTooLarge) {
+		if err = r.conn.w.put(&resp, r.reserved, nil); errors.Is(err, protocol.ErrFrameTooLarge) {
 			r.conn.w.unreserve(r.reserved)
 		}
 	}

@@ -65,8 +65,15 @@ type writer struct {
 	// does not reset a timer each.
 	deadline time.Time
 
+	// restGuards are the guards of the frames in rest (guarded by wmu),
+	// their spans rebased to rest: checked already, not yet sent.
+	restGuards []guarded
+
 	mu  sync.Mutex
 	buf []byte
+	// guards are the guarded frames in buf, in order (server only);
+	// gspare is an empty slice for the next buf's (like spare).
+	guards, gspare []guarded
 	// spare is the buffer that buf is swapped with when a batch is taken.
 	spare []byte
 	// writing is the size of the batch run is writing (swapped out of buf,
@@ -84,6 +91,48 @@ type writer struct {
 	closed bool
 	err    error // why it closed; returned to later callers
 	failed bool  // closed because a write failed (err is that failure)
+}
+
+// A Guard vets a reply at the last moment before it leaves. The writer
+// calls Check with the reply's body just before the first of its bytes is
+// handed to the socket; Check may rewrite the body in place, keeping its
+// length (say, to turn an acknowledgement into a refusal that no longer
+// holds). It calls Sent once the last byte was handed over. Both run on
+// the goroutine that writes (a worker or the connection's writer), so
+// they must be quick and never block; neither is called for a reply
+// dropped with its connection.
+type Guard interface {
+	Check(body []byte)
+	Sent()
+}
+
+// guarded is a guarded frame's body in a write buffer: buf[off:end].
+type guarded struct {
+	off, end int
+	g        Guard
+}
+
+// check calls Check on every guard of the batch out, in order.
+func check(out []byte, gs []guarded) {
+	for _, x := range gs {
+		x.g.Check(out[x.off:x.end])
+	}
+}
+
+// sentUpTo calls Sent on the guards whose frames lie within the first n
+// bytes of their batch, and returns the others rebased to the batch's
+// unsent rest (reusing gs).
+func sentUpTo(gs []guarded, n int) []guarded {
+	rest := gs[:0]
+	for _, x := range gs {
+		if x.end <= n {
+			x.g.Sent()
+			continue
+		}
+		rest = append(rest, guarded{off: x.off - n, end: x.end - n, g: x.g})
+	}
+	clear(gs[len(rest):])
+	return rest
 }
 
 func newWriter(max int, timeout time.Duration) *writer {
@@ -194,7 +243,9 @@ func (w *writer) admit(n int, stop <-chan struct{}) error {
 // cannot be encoded (protocol.ErrFrameTooLarge) it changes nothing, so the
 // caller can put another frame with the same release. It does not wake the
 // writer goroutine: the caller kicks it, or flushes.
-func (w *writer) put(f *protocol.Frame, release int) error {
+//
+// g, if not nil, guards the frame's body (see Guard).
+func (w *writer) put(f *protocol.Frame, release int, g Guard) error {
 	w.mu.Lock()
 	if w.closed {
 		w.reserved -= release
@@ -208,6 +259,12 @@ func (w *writer) put(f *protocol.Frame, release int) error {
 		return err
 	}
 	w.buf = buf
+	if g != nil {
+		if w.guards == nil {
+			w.guards, w.gspare = w.gspare, nil
+		}
+		w.guards = append(w.guards, guarded{off: len(buf) - len(f.Body), end: len(buf), g: g})
+	}
 	w.reserved -= release
 	w.signal()
 	w.mu.Unlock()
@@ -236,10 +293,11 @@ func (w *writer) flush() {
 		w.kick()
 		return
 	}
-	out := w.buf
-	w.buf, w.spare = w.spare[:0], nil
+	out, gs := w.buf, w.guards
+	w.buf, w.spare, w.guards = w.spare[:0], nil, nil
 	w.unsent = len(out)
 	w.mu.Unlock()
+	check(out, gs)
 	n, err := w.raw.tryWrite(out)
 	w.written.Add(int64(n))
 	if err != nil {
@@ -247,13 +305,16 @@ func (w *writer) flush() {
 		w.fail(err) // run returns err, so the connection's owner learns of it
 		return
 	}
-	if n < len(out) {
-		w.rest = out[n:]
+	if gs = sentUpTo(gs, n); n < len(out) {
+		w.rest, w.restGuards = out[n:], gs
 	}
 	w.mu.Lock()
 	w.unsent = len(out) - n
 	if n == len(out) && w.spare == nil {
 		w.spare = out[:0]
+	}
+	if n == len(out) && w.gspare == nil {
+		w.gspare = gs
 	}
 	w.signal()
 	w.mu.Unlock()
@@ -447,14 +508,14 @@ func (w *writer) run(conn net.Conn) error {
 		for {
 			w.mu.Lock()
 			if w.closed && w.failed {
-				w.buf = nil // nothing more can be written after a failed write
+				w.buf, w.guards = nil, nil // nothing more can be written after a failed write
 				w.unsent = 0
 			}
-			out := w.buf
+			out, gs := w.buf, w.guards
 			closed, failed, cerr := w.closed, w.failed, w.err
 			w.writing = len(out)
 			if len(out) > 0 {
-				w.buf, w.spare = w.spare[:0], nil
+				w.buf, w.spare, w.guards = w.spare[:0], nil, nil
 			}
 			unsent := w.unsent
 			w.signal() // the previous batch is written, buf is empty
@@ -472,15 +533,22 @@ func (w *writer) run(conn net.Conn) error {
 			var err error
 			if rest := w.rest; len(rest) > 0 {
 				// The tail of a flush goes first: the socket holds its start.
-				w.rest = nil
+				rg := w.restGuards
+				w.rest, w.restGuards = nil, nil
 				w.rests.Add(1)
 				err = w.write(conn, rest)
 				w.mu.Lock()
 				w.unsent -= len(rest)
 				w.mu.Unlock()
+				if err == nil {
+					sentUpTo(rg, len(rest))
+				}
 			}
 			if err == nil && len(out) > 0 {
-				err = w.write(conn, out)
+				check(out, gs)
+				if err = w.write(conn, out); err == nil {
+					gs = sentUpTo(gs, len(out))
+				}
 			}
 			w.wmu.Unlock()
 			if err != nil {
@@ -491,6 +559,9 @@ func (w *writer) run(conn net.Conn) error {
 				w.mu.Lock()
 				if w.spare == nil {
 					w.spare = out[:0]
+				}
+				if w.gspare == nil && gs != nil {
+					w.gspare = gs
 				}
 				w.mu.Unlock()
 			}
