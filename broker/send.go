@@ -63,13 +63,26 @@ type sender struct {
 // results[i] is written only by message i's completion, before it
 // decrements pending; the goroutine that brings pending to zero reads them
 // all, so the atomic counter orders every write before the read.
+//
+// The write lease is checked last at the answer's write (Check, a
+// transport.Guard): an OK or DUPLICATE answer is made only while the lease
+// holds for the epoch the batch was taken in, however long the answer
+// waited for its HIGH messages, the commit log or the connection's writer.
 type sendBatch struct {
 	s       *sender
-	rep     replier
+	rep     sendReplier
 	size    int
 	start   time.Time
+	epoch   uint32 // the epoch the batch's messages were taken in
 	results []protocol.SendResult
 	pending atomic.Int64
+	acked   int // OK and DUPLICATE answers Check let go (the writing goroutine's)
+}
+
+// sendReplier answers a SEND: a transport.Request.
+type sendReplier interface {
+	replier
+	ReplyGuarded(body []byte, g transport.Guard) error
 }
 
 func (sb *sendBatch) complete(i int, res protocol.SendResult) {
@@ -83,15 +96,64 @@ func (sb *sendBatch) done1() {
 	}
 	refused := 0
 	for _, r := range sb.results {
-		if r.Status != protocol.StatusOK && r.Status != protocol.StatusDuplicate {
+		if !acknowledges(r.Status) {
 			refused++
 		}
 	}
 	st := sb.s.stats
 	st.Refused.Add(int64(refused))
 	st.SendDuration.Observe(sb.s.clock.Since(sb.start).Seconds())
-	_ = sb.rep.Reply(protocol.AppendSendResponse(make([]byte, 0, sendReplySize(len(sb.results))), sb.results))
+	body := protocol.AppendSendResponse(make([]byte, 0, sendReplySize(len(sb.results))), sb.results)
+	if refused < len(sb.results) {
+		_ = sb.rep.ReplyGuarded(body, sb)
+	} else {
+		_ = sb.rep.Reply(body)
+	}
 	sb.s.release(sb.size)
+}
+
+// acknowledges reports whether a message's status tells its producer the
+// message is stored.
+func acknowledges(st protocol.Status) bool {
+	return st == protocol.StatusOK || st == protocol.StatusDuplicate
+}
+
+// Check runs just before the answer's first byte goes to the socket (see
+// transport.Guard): if the write lease no longer holds for the batch's
+// epoch (it ran out in a pause, or a newer epoch was seen), every OK and
+// DUPLICATE answer becomes LEASE_LOST (stored maybe, retriable) in body.
+// So a master acknowledges nothing once its lease is gone, not even what
+// it stored and answered in its mind before a pause.
+func (sb *sendBatch) Check(body []byte) {
+	if sb.s.lease.validFor(sb.epoch) {
+		for _, r := range sb.results {
+			if acknowledges(r.Status) {
+				sb.acked++
+			}
+		}
+		return
+	}
+	lost := 0
+	for i, r := range sb.results {
+		if acknowledges(r.Status) {
+			sb.results[i] = protocol.SendResult{Status: protocol.StatusLeaseLost}
+			lost++
+		}
+	}
+	sb.s.stats.LeaseLost.Add(int64(lost))
+	sb.s.stats.Refused.Add(int64(lost))
+	protocol.AppendSendResponse(body[:0], sb.results) // the same length
+}
+
+// Sent runs once the answer's last byte was handed to the socket. If the
+// lease ended between Check and now (a pause of the whole process right
+// between them, or a peer slow to read), the acknowledgements it carried
+// may reach the producer after a promotion; they are counted, since their
+// NORMAL messages may then be lost with the old master's tail.
+func (sb *sendBatch) Sent() {
+	if sb.acked > 0 && !sb.s.lease.validFor(sb.epoch) {
+		sb.s.stats.AcksAfterLease.Add(int64(sb.acked))
+	}
 }
 
 // sendReplySize is the size of a SEND answer for n messages.
@@ -110,7 +172,7 @@ func sendReplyEstimate(body []byte) int {
 
 // handle serves one SEND request body; it runs on a request worker or the
 // connection's reader, one at a time per connection, in arrival order.
-func (s *sender) handle(rep replier, body []byte) {
+func (s *sender) handle(rep sendReplier, body []byte) {
 	if s.closing.Load() {
 		rep.ReplyError(&protocol.Error{Status: protocol.StatusShuttingDown, Message: "broker " + s.id + " is shutting down"})
 		return
@@ -142,6 +204,7 @@ func (s *sender) handle(rep replier, body []byte) {
 	// commit log copies before the append completes).
 	good := make([]int, 0, len(msgs))
 	checks := s.newBatchCheck(epoch)
+	sb.epoch = checks.epoch
 	for i := range msgs {
 		if st := checks.check(&msgs[i]); st != protocol.StatusOK {
 			sb.complete(i, protocol.SendResult{Status: st})
@@ -156,22 +219,20 @@ func (s *sender) handle(rep replier, body []byte) {
 			entries[j] = storage.Entry{Topic: msgs[i].Topic, Queue: msgs[i].Queue, Payload: raws[i],
 				Producer: storage.ProducerStamp(msgs[i].Producer)}
 		}
-		repl, epoch := checks.repl, checks.epoch
+		repl := checks.repl
 		s.store.AppendAsync(entries, false, func(pos []storage.Position, err error) {
-			s.appended(sb, repl, epoch, msgs, good, pos, err)
+			s.appended(sb, repl, msgs, good, pos, err)
 		})
 	}
 	sb.done1()
 }
 
-// appended completes the stored messages of a batch, taken in epoch. It
-// runs on the goroutine that wrote the group (the handler's own, or the
-// commit log's writer) or on the flusher, so it only records results and
-// hands HIGH messages to replication. A message is answered OK
-// only if the write lease still holds for epoch when the answer is made:
-// a master that lost it (a newer epoch, or a pause past its session)
-// answers LEASE_LOST, never OK.
-func (s *sender) appended(sb *sendBatch, repl *replication, epoch uint32, msgs []protocol.Message, good []int, pos []storage.Position, err error) {
+// appended completes the stored messages of a batch. It runs on the
+// goroutine that wrote the group (the handler's own, or the commit log's
+// writer) or on the flusher, so it only records results and hands HIGH
+// messages to replication. Whether the write lease still holds is decided
+// when the answer is written (sendBatch.Check).
+func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Message, good []int, pos []storage.Position, err error) {
 	if err != nil {
 		st := statusOfStoreError(err)
 		s.lg.Warn("append failed", "messages", len(good), "status", st.String(), "error", err)
@@ -202,26 +263,16 @@ func (s *sender) appended(sb *sendBatch, repl *replication, epoch uint32, msgs [
 				if st != protocol.StatusOK {
 					res.Status = st
 				}
-				sb.complete(i, s.leaseCheck(res, epoch))
+				sb.complete(i, res)
 			})
 			continue
 		}
-		sb.complete(i, s.leaseCheck(res, epoch))
+		sb.complete(i, res)
 	}
 	s.stats.MessagesIn.Add(stored)
 	s.stats.BytesIn.Add(bytes)
 	repl.notify()
 	s.pulls.appended(msgs, good, pos)
-}
-
-// leaseCheck turns an acknowledgement into LEASE_LOST when the write lease
-// no longer holds for the epoch the message was taken in.
-func (s *sender) leaseCheck(res protocol.SendResult, epoch uint32) protocol.SendResult {
-	if (res.Status == protocol.StatusOK || res.Status == protocol.StatusDuplicate) && !s.lease.validFor(epoch) {
-		s.stats.LeaseLost.Add(1)
-		return protocol.SendResult{Status: protocol.StatusLeaseLost}
-	}
-	return res
 }
 
 // admit counts a request in, or refuses it when the broker is over its bounds.
