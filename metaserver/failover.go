@@ -100,6 +100,10 @@ func (j *judge) maybePromote(ctx context.Context, g routing.Group, now time.Time
 	j.mu.Lock()
 	s := j.sessionLocked(g.Name)
 	silent := now.Sub(s.lastMaster)
+	if s.promoting != nil {
+		j.mu.Unlock()
+		return false // another goroutine is promoting it (a round, a slave's heartbeat)
+	}
 	if silent <= j.cfg.SessionTimeout || g.Master.ID == "" {
 		if !strings.HasPrefix(s.failover, notePromoted) {
 			s.failover = "" // the last promotion stays on show until the next loss
@@ -116,6 +120,13 @@ func (j *judge) maybePromote(ctx context.Context, g routing.Group, now time.Time
 	}
 	changed := note != s.failover
 	s.failover = note
+	var done chan struct{}
+	if reason == "" {
+		// Heartbeats that come in from now on are answered after the
+		// promotion is applied (judge.heartbeat).
+		done = make(chan struct{})
+		s.promoting = done
+	}
 	j.mu.Unlock()
 	if reason != "" {
 		if changed && reason != refuseWaiting {
@@ -126,7 +137,12 @@ func (j *judge) maybePromote(ctx context.Context, g routing.Group, now time.Time
 		return false
 	}
 	cmd := &fsm.Promote{Group: g.Name, Epoch: g.Epoch, Master: g.Master.ID, Slave: g.Slave.ID, Start: start, At: now.UnixMilli()}
-	if _, err := j.apply(ctx, cmd); err != nil {
+	_, err := j.apply(ctx, cmd)
+	j.mu.Lock()
+	s.promoting = nil
+	j.mu.Unlock()
+	defer close(done)
+	if err != nil {
 		j.failovers.refuse(refuseFailed)
 		j.log.Warn("promoting a slave failed", "group", g.Name, "slave", g.Slave.ID, "error", err)
 		return false

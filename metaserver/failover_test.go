@@ -2,6 +2,7 @@ package metaserver
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -205,5 +206,66 @@ func TestJudgeGivesAJoiningSlaveLagTime(t *testing.T) {
 	r.clk.Advance(time.Millisecond)
 	if g := r.heartbeat(behind); g.Reasons != routing.SlaveLag {
 		t.Fatalf("a slave still behind LagTime after joining: %q", g.Reasons)
+	}
+}
+
+// A master heartbeating between the judge's decision to promote its slave
+// and the promotion's commit (back from a pause just then) is answered
+// only after the commit, so it never hears that it still leads the old
+// epoch; a second promotion of the same group is not attempted meanwhile.
+// RecoverHeartbeats 1 and a margin shorter than a round are the settings
+// under which such a heartbeat would otherwise be told "master, writable".
+func TestHeartbeatDuringPromotionWaitsForIt(t *testing.T) {
+	r := newFailoverRig(t, func(c *Config) { c.RecoverHeartbeats = 1; c.FailoverMargin = tInterval / 2 })
+	hold, entered := make(chan struct{}), make(chan struct{})
+	var promotes atomic.Int32
+	r.j.apply = func(ctx context.Context, c fsm.Command) (*fsm.Result, error) {
+		if _, ok := c.(*fsm.Promote); ok {
+			promotes.Add(1)
+			close(entered)
+			<-hold
+		}
+		return r.apply(ctx, c)
+	}
+	r.heartbeat(masterHB("g1", 100, 100))
+	r.heartbeat(slaveHB("g1", 100, 100))
+	r.clk.Advance(tSession)
+	r.j.heartbeat(slaveHB("g1", 100, 100), r.clk.Now())
+	r.clk.Advance(tInterval)
+	r.j.heartbeat(slaveHB("g1", 100, 100), r.clk.Now())
+	round := make(chan struct{})
+	go func() {
+		defer close(round)
+		r.j.round(context.Background())
+	}()
+	<-entered
+	if r.j.maybePromote(context.Background(), r.group("g1"), r.clk.Now()) {
+		t.Fatal("a second promotion started while the first was applied")
+	}
+
+	// The old master is back now.
+	wait := r.j.heartbeat(masterHB("g1", 100, 100), r.clk.Now())
+	if wait == nil {
+		t.Fatal("a heartbeat during a promotion may be answered before it commits")
+	}
+	select {
+	case <-wait:
+		t.Fatal("the wait ended before the promotion was applied")
+	default:
+	}
+	close(hold)
+	<-wait
+	<-round
+	if g := r.group("g1"); g.Master.ID != "g1-slave" || g.Epoch != 2 {
+		t.Fatalf("after the promotion: %+v", g)
+	}
+	if role, _ := r.group("g1").RoleOf("g1-master"); role == routing.RoleMaster {
+		t.Fatal("the old master would be answered as the master")
+	}
+	if n := promotes.Load(); n != 1 {
+		t.Fatalf("%d promotions applied, want 1", n)
+	}
+	if r.j.heartbeat(masterHB("g1", 100, 100), r.clk.Now()) != nil {
+		t.Fatal("heartbeats still wait after the promotion")
 	}
 }

@@ -71,7 +71,14 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 		s.log.Info("broker registered", "group", hb.Group, "role", role, "preferred", hb.Role, "broker", hb.BrokerID,
 			"addr", hb.Addr, "epoch", g.Epoch)
 	}
-	s.judge.heartbeat(hb, now)
+	if promoting := s.judge.heartbeat(hb, now); promoting != nil {
+		// Answer from the registry as the promotion left it (judge.heartbeat).
+		select {
+		case <-promoting:
+		case <-ctx.Done():
+			return api.HeartbeatReply{}, ctx.Err()
+		}
+	}
 	if n := len(g.History); role == routing.RoleMaster && n > 0 && hb.Epoch == g.Epoch && hb.TakeoverEnd > g.History[n-1].Start {
 		// The new master's real start: a rejoining old master cuts no
 		// record that the new master holds too.

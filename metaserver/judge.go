@@ -80,6 +80,9 @@ type session struct {
 	// failover is why the group's slave is not being promoted, or what the
 	// last promotion did; "" when there is nothing to say.
 	failover string
+	// promoting, while the judge applies a promotion of the group's slave,
+	// is closed when that apply has finished (nil otherwise).
+	promoting chan struct{}
 }
 
 func (j *judge) init(cfg Config, f *fsm.FSM, apply func(context.Context, fsm.Command) (*fsm.Result, error), log hclog.Logger) {
@@ -166,20 +169,32 @@ func (j *judge) sessionLocked(group string) *session {
 // heartbeat records a heartbeat taken at now (read from cfg.Clock), for the
 // role the registry gives its broker; a broker the group does not name is
 // ignored.
-func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
+//
+// If the judge is promoting the group's slave, heartbeat returns a channel
+// closed when that promotion has been applied or has failed: the caller
+// must answer the heartbeat only after it, from the registry as it is then.
+// Otherwise a master back from a pause, heartbeating in the moment between
+// the decision and its commit, could be told it is still the master of a
+// writable group in the old epoch, and renew its write lease just as its
+// slave takes over. A heartbeat recorded before the decision, on the
+// other hand, keeps the decision from being made (the master was heard).
+func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) (promoting <-chan struct{}) {
 	j.heartbeats.Add(1)
 	g, ok := j.fsm.Group(hb.Group)
 	if !ok {
-		return
+		return nil
 	}
 	role, ok := g.RoleOf(hb.BrokerID)
 	if !ok {
-		return
+		return nil
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.noteHeardLocked(g, hb, now)
 	s := j.sessionLocked(hb.Group)
+	if s.promoting != nil {
+		promoting = s.promoting
+	}
 	if role != routing.RoleMaster {
 		if s.slaveID != hb.BrokerID {
 			s.slaveID, s.slaveSince = hb.BrokerID, now
@@ -191,7 +206,7 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 			s.failover += fmt.Sprintf("; %s rejoined as the slave and cut %d bytes (%d records) into %s", hb.BrokerID, c.Bytes, c.Records, c.SideFile)
 		}
 		s.lastSlave, s.seenSlave, s.lastSl = now, true, hb
-		return
+		return promoting
 	}
 	if now.Sub(s.lastMaster) > j.cfg.SessionTimeout {
 		s.streak = 0 // heartbeats resumed after a loss: count again from here
@@ -204,6 +219,7 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) {
 		s.streak++ // a master without a slave lags nobody
 	}
 	s.lastMaster, s.seenMaster, s.last = now, true, hb
+	return promoting
 }
 
 // judgeGroup decides a group's reasons from its session as of now (read
