@@ -118,38 +118,40 @@ func acknowledges(st protocol.Status) bool {
 	return st == protocol.StatusOK || st == protocol.StatusDuplicate
 }
 
-// Check runs just before the answer's first byte goes to the socket (see
-// transport.Guard): if the write lease no longer holds for the batch's
-// epoch (it ran out in a pause, or a newer epoch was seen), every OK and
-// DUPLICATE answer becomes LEASE_LOST (stored maybe, retriable) in body.
-// So a master acknowledges nothing once its lease is gone, not even what
-// it stored and answered in its mind before a pause.
+// Check runs just before the answer's first byte is written (see
+// transport.Guard; again if the socket kept it waiting): if the write lease
+// no longer holds for the batch's epoch (it ran out in a pause, or a newer
+// epoch was seen), every OK and DUPLICATE answer becomes LEASE_LOST (stored
+// maybe, retriable) in body. So a master acknowledges nothing once its
+// lease is gone, not even what it stored and answered in its mind before a
+// pause.
 func (sb *sendBatch) Check(body []byte) {
-	if sb.s.lease.validFor(sb.epoch) {
-		for _, r := range sb.results {
-			if acknowledges(r.Status) {
-				sb.acked++
-			}
+	acked := 0
+	for _, r := range sb.results {
+		if acknowledges(r.Status) {
+			acked++
 		}
+	}
+	if acked == 0 || sb.s.lease.validFor(sb.epoch) {
+		sb.acked = acked
 		return
 	}
-	lost := 0
 	for i, r := range sb.results {
 		if acknowledges(r.Status) {
 			sb.results[i] = protocol.SendResult{Status: protocol.StatusLeaseLost}
-			lost++
 		}
 	}
-	sb.s.stats.LeaseLost.Add(int64(lost))
-	sb.s.stats.Refused.Add(int64(lost))
+	sb.acked = 0
+	sb.s.stats.LeaseLost.Add(int64(acked))
+	sb.s.stats.Refused.Add(int64(acked))
 	protocol.AppendSendResponse(body[:0], sb.results) // the same length
 }
 
 // Sent runs once the answer's last byte was handed to the socket. If the
-// lease ended between Check and now (a pause of the whole process right
-// between them, or a peer slow to read), the acknowledgements it carried
-// may reach the producer after a promotion; they are counted, since their
-// NORMAL messages may then be lost with the old master's tail.
+// lease ended between the last Check and now (a pause of the whole process
+// right between them, or a peer slow to read), the acknowledgements it
+// carried may reach the producer after a promotion; they are counted,
+// since their NORMAL messages may then be lost with the old master's tail.
 func (sb *sendBatch) Sent() {
 	if sb.acked > 0 && !sb.s.lease.validFor(sb.epoch) {
 		sb.s.stats.AcksAfterLease.Add(int64(sb.acked))

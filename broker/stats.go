@@ -30,7 +30,7 @@ type Stats struct {
 
 	// Failover.
 	LeaseLost      atomic.Int64 // stored messages answered LEASE_LOST: the lease ran out before the answer
-	AcksAfterLease atomic.Int64 // OK or DUPLICATE answers whose last byte left after the lease ended (sendBatch.Sent)
+	AcksAfterLease atomic.Int64 // OK or DUPLICATE answers handed to the socket whole only after the lease ended (sendBatch.Sent)
 	Fenced         atomic.Int64 // SEND batches refused because a newer epoch was seen
 	Takeovers      atomic.Int64 // times this broker took over as master
 	Truncations    atomic.Int64 // times this broker cut its log on rejoining as slave

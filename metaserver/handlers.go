@@ -78,6 +78,8 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 		case <-ctx.Done():
 			return api.HeartbeatReply{}, ctx.Err()
 		}
+		g, _ = s.fsm.Group(hb.Group)
+		role, _ = g.RoleOf(hb.BrokerID)
 	}
 	if n := len(g.History); role == routing.RoleMaster && n > 0 && hb.Epoch == g.Epoch && hb.TakeoverEnd > g.History[n-1].Start {
 		// The new master's real start: a rejoining old master cuts no

@@ -515,7 +515,10 @@ func TestFailoverStopMaster(t *testing.T) {
 	// After SIGCONT the old master made no acknowledgement: it checks its
 	// lease as each answer is written. An answer it checked before SIGSTOP
 	// and had not yet handed to the socket leaves after SIGCONT; it counts
-	// those (acks after the lease), and only those may arrive late.
+	// those (acks after the lease), and only those may arrive late. (That
+	// the check sits at the write, not earlier, is held by
+	// TestGuardChecksWhenWritten and TestSendAnswerCheckedAtTheWrite: this
+	// count would also cover an earlier check.)
 	m, _ = c.metrics("g1-master")
 	afterLease := int(m["ferrymq_broker_acks_after_lease_total"])
 	var late []outcome

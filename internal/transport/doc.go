@@ -75,7 +75,8 @@
 // that never waits). So the goroutines that answer (the broker's commit log
 // writer and flusher, its HA loop) never wait on a peer's socket, whatever
 // the peer does. A guarded reply (Guard) is vetted once more by whichever
-// goroutine writes it, just before its first byte goes to the socket: the
+// goroutine writes it, just before the piece of output holding its first
+// byte goes to the socket: the
 // broker turns acknowledgements into LEASE_LOST there if its write lease
 // ended while the answer waited.
 //

@@ -1136,10 +1136,10 @@ func (r *Request) ReplyStatus(status protocol.Status, body []byte) error {
 	return r.reply(status, body)
 }
 
-// ReplyGuarded is Reply with a guard on the answer's body: the connection's
-// writer calls g.Check just before the answer's first byte goes to the
-// socket, and g.Sent after its last (see Guard). Like Reply, it never
-// blocks.
+// ReplyGuarded is Reply with a guard on the answer's body: the goroutine
+// that writes the answer calls g.Check just before it writes the piece of
+// output holding the answer's first byte, and g.Sent after its last (see
+// Guard). Like Reply, it never blocks.
 func (r *Request) ReplyGuarded(body []byte, g Guard) error {
 	return r.replyGuarded(protocol.StatusOK, body, g)
 }

@@ -94,28 +94,43 @@ type writer struct {
 }
 
 // A Guard vets a reply at the last moment before it leaves. The writer
-// calls Check with the reply's body just before the first of its bytes is
-// handed to the socket; Check may rewrite the body in place, keeping its
-// length (say, to turn an acknowledgement into a refusal that no longer
-// holds). It calls Sent once the last byte was handed over. Both run on
-// the goroutine that writes (a worker or the connection's writer), so
-// they must be quick and never block; neither is called for a reply
-// dropped with its connection.
+// calls Check with the reply's body just before it writes the piece of the
+// connection's output that holds the reply's first byte (a piece is at
+// most checkPiece bytes, so the check precedes that byte by one write of at
+// most that size, unless the peer's socket is full); Check may rewrite the
+// body in place, keeping its length (say, to turn an acknowledgement into a
+// refusal that no longer holds). Check may be called again for a reply of
+// which no byte has left yet (a flush's unsent rest is checked again before
+// the writer goroutine writes it), so it must decide afresh each time. The
+// writer calls Sent once the reply's last byte was handed to the socket.
+// Both run on the goroutine that writes (a worker or the connection's
+// writer), so they must be quick and never block; neither is called for a
+// reply dropped with its connection, and Sent not for one whose write failed.
 type Guard interface {
 	Check(body []byte)
 	Sent()
 }
 
-// guarded is a guarded frame's body in a write buffer: buf[off:end].
+// guarded is a guarded frame in a write buffer: it starts at buf[start],
+// its body is buf[off:end]. In a flush's rest, start is negative for a
+// frame whose first bytes were written already.
 type guarded struct {
-	off, end int
-	g        Guard
+	start, off, end int
+	g               Guard
 }
 
-// check calls Check on every guard of the batch out, in order.
+// checkPiece is the most the writer goroutine writes in one piece of a
+// batch with guarded replies: the replies whose first byte lies in a piece
+// are checked just before it is written.
+const checkPiece = 64 << 10
+
+// check calls Check on every guard of the batch out whose frame has not
+// begun to leave, in order.
 func check(out []byte, gs []guarded) {
 	for _, x := range gs {
-		x.g.Check(out[x.off:x.end])
+		if x.start >= 0 {
+			x.g.Check(out[x.off:x.end])
+		}
 	}
 }
 
@@ -129,10 +144,35 @@ func sentUpTo(gs []guarded, n int) []guarded {
 			x.g.Sent()
 			continue
 		}
-		rest = append(rest, guarded{off: x.off - n, end: x.end - n, g: x.g})
+		rest = append(rest, guarded{start: x.start - n, off: x.off - n, end: x.end - n, g: x.g})
 	}
 	clear(gs[len(rest):])
 	return rest
+}
+
+// writeChecked writes out whole, as write does, with its guarded frames
+// gs: in pieces of at most checkPiece bytes when it has any, each frame
+// checked just before the piece holding its first byte, and marked sent
+// after the piece holding its last. It returns gs emptied, for reuse.
+func (w *writer) writeChecked(conn net.Conn, out []byte, gs []guarded) ([]guarded, error) {
+	if len(gs) == 0 {
+		return gs, w.write(conn, out)
+	}
+	done := 0
+	for len(out) > done {
+		end := min(len(out), done+checkPiece)
+		k := 0
+		for k < len(gs) && gs[k].start < end-done {
+			k++
+		}
+		check(out[done:], gs[:k])
+		if err := w.write(conn, out[done:end]); err != nil {
+			return gs, err
+		}
+		gs = sentUpTo(gs, end-done)
+		done = end
+	}
+	return gs, nil
 }
 
 func newWriter(max int, timeout time.Duration) *writer {
@@ -253,6 +293,7 @@ func (w *writer) put(f *protocol.Frame, release int, g Guard) error {
 		w.mu.Unlock()
 		return err
 	}
+	start := len(w.buf)
 	buf, err := protocol.AppendFrame(w.buf, f)
 	if err != nil {
 		w.mu.Unlock()
@@ -263,7 +304,7 @@ func (w *writer) put(f *protocol.Frame, release int, g Guard) error {
 		if w.guards == nil {
 			w.guards, w.gspare = w.gspare, nil
 		}
-		w.guards = append(w.guards, guarded{off: len(buf) - len(f.Body), end: len(buf), g: g})
+		w.guards = append(w.guards, guarded{start: start, off: len(buf) - len(f.Body), end: len(buf), g: g})
 	}
 	w.reserved -= release
 	w.signal()
@@ -297,15 +338,16 @@ func (w *writer) flush() {
 	w.buf, w.spare, w.guards = w.spare[:0], nil, nil
 	w.unsent = len(out)
 	w.mu.Unlock()
-	check(out, gs)
+	check(out, gs) // one write that never waits: the checks precede it by microseconds
 	n, err := w.raw.tryWrite(out)
 	w.written.Add(int64(n))
+	gs = sentUpTo(gs, n)
 	if err != nil {
 		w.wmu.Unlock()
 		w.fail(err) // run returns err, so the connection's owner learns of it
 		return
 	}
-	if gs = sentUpTo(gs, n); n < len(out) {
+	if n < len(out) {
 		w.rest, w.restGuards = out[n:], gs
 	}
 	w.mu.Lock()
@@ -533,22 +575,18 @@ func (w *writer) run(conn net.Conn) error {
 			var err error
 			if rest := w.rest; len(rest) > 0 {
 				// The tail of a flush goes first: the socket holds its start.
+				// Its frames not begun are checked again: the socket may
+				// have kept them waiting since the flush checked them.
 				rg := w.restGuards
 				w.rest, w.restGuards = nil, nil
 				w.rests.Add(1)
-				err = w.write(conn, rest)
+				_, err = w.writeChecked(conn, rest, rg)
 				w.mu.Lock()
 				w.unsent -= len(rest)
 				w.mu.Unlock()
-				if err == nil {
-					sentUpTo(rg, len(rest))
-				}
 			}
 			if err == nil && len(out) > 0 {
-				check(out, gs)
-				if err = w.write(conn, out); err == nil {
-					gs = sentUpTo(gs, len(out))
-				}
+				gs, err = w.writeChecked(conn, out, gs)
 			}
 			w.wmu.Unlock()
 			if err != nil {

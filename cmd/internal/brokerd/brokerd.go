@@ -138,7 +138,7 @@ func register(m *cli.Metrics, b *broker.Broker, dir string) {
 	})
 	m.GaugeFunc("ferrymq_broker_epoch", "The last group epoch whose records this broker's log holds.", func() float64 { return float64(b.Epoch()) })
 	m.CounterFunc("ferrymq_broker_lease_lost_total", "Stored messages answered LEASE_LOST: the write lease ran out (or a newer epoch was seen) before the answer.", f(&st.LeaseLost))
-	m.CounterFunc("ferrymq_broker_acks_after_lease_total", "OK or DUPLICATE answers that the write lease allowed when their write began but that left after it ended (a pause, or a peer slow to read): their NORMAL messages may be lost to a failover.", f(&st.AcksAfterLease))
+	m.CounterFunc("ferrymq_broker_acks_after_lease_total", "OK or DUPLICATE answers that the write lease allowed when their write began but that were handed to the socket whole only after it ended (a pause, or a peer slow to read): their NORMAL messages may be lost to a failover.", f(&st.AcksAfterLease))
 	m.CounterFunc("ferrymq_broker_fenced_total", "SEND requests refused because a newer group epoch was seen.", f(&st.Fenced))
 	m.CounterFunc("ferrymq_broker_takeovers_total", "Times this broker took over as its group's master.", f(&st.Takeovers))
 	m.CounterFunc("ferrymq_broker_truncations_total", "Times this broker cut its log back on rejoining as the slave.", f(&st.Truncations))
