@@ -62,21 +62,7 @@ func TestGuardDecidesAtTheWrite(t *testing.T) {
 		mu.Unlock()
 		_ = r.ReplyGuarded(bytes.Repeat(r.Body[:4], size/4), g)
 	}, func([]byte) int { return size })
-	addr := serve(t, s)
-	rc := dialRaw(t, addr.String())
-	var frames []protocol.Frame
-	for i := range n {
-		frames = append(frames, protocol.Frame{Code: codeSized, Opaque: uint32(i + 1), Body: binary.BigEndian.AppendUint32(nil, uint32(i+1))})
-	}
-	rc.send(frames...)
-	testwait.For(t, 10*time.Second, "a flush to leave a rest to the writer", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for c := range s.conns {
-			return c.w.rests.Load() > 0
-		}
-		return false
-	})
+	rc, _ := sendUnread(t, s, n)
 	on.Store(false)
 	if c := checked.Load(); c >= n {
 		t.Fatalf("all %d replies were checked before the peer read any: nothing waited in the buffer", c)

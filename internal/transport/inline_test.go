@@ -119,6 +119,24 @@ func TestFlushRestKeepsFramesWhole(t *testing.T) {
 		body := bytes.Repeat(r.Body[:4], size/4)
 		_ = r.Reply(body)
 	}, func([]byte) int { return size })
+	rc, sc := sendUnread(t, s, n)
+	seen := map[uint32]bool{}
+	for _, f := range rc.recv(n) {
+		want := bytes.Repeat(binary.BigEndian.AppendUint32(nil, f.Opaque), size/4)
+		if f.Status != protocol.StatusOK || seen[f.Opaque] || !bytes.Equal(f.Body, want) {
+			t.Fatalf("opaque %d: status %v, %d bytes, seen %v", f.Opaque, f.Status, len(f.Body), seen[f.Opaque])
+		}
+		seen[f.Opaque] = true
+	}
+	t.Logf("%d flush rests written by the writer goroutine", sc.w.rests.Load())
+}
+
+// sendUnread serves s, sends it n codeSized requests numbered 1 to n from
+// a peer that reads nothing yet, and returns once a worker's flush left a
+// rest to the writer goroutine (the socket filled in the middle of a
+// reply).
+func sendUnread(t *testing.T, s *Server, n int) (*rawConn, *serverConn) {
+	t.Helper()
 	addr := serve(t, s)
 	rc := dialRaw(t, addr.String())
 	var frames []protocol.Frame
@@ -135,15 +153,7 @@ func TestFlushRestKeepsFramesWhole(t *testing.T) {
 		}
 		return sc != nil && sc.w.rests.Load() > 0
 	})
-	seen := map[uint32]bool{}
-	for _, f := range rc.recv(n) {
-		want := bytes.Repeat(binary.BigEndian.AppendUint32(nil, f.Opaque), size/4)
-		if f.Status != protocol.StatusOK || seen[f.Opaque] || !bytes.Equal(f.Body, want) {
-			t.Fatalf("opaque %d: status %v, %d bytes, seen %v", f.Opaque, f.Status, len(f.Body), seen[f.Opaque])
-		}
-		seen[f.Opaque] = true
-	}
-	t.Logf("%d flush rests written by the writer goroutine", sc.w.rests.Load())
+	return rc, sc
 }
 
 // A client calling a HandleOrderedInline code one call at a time gets its
