@@ -11,9 +11,8 @@ import (
 // (deploy/prometheus/alerts_test.yml) with promtool: a disk filling
 // towards its retention with most of it free does not fire
 // FerrymqDiskFillingUp, the same trend under 40% free does, and a master
-// without a slave is a warning. It needs promtool (on PATH or in
-// $(go env GOPATH)/bin: go install
-// github.com/prometheus/prometheus/cmd/promtool@v0.316.0, as .ci/run does)
+// without a slave is a warning. It needs promtool (on PATH, from Debian's
+// prometheus package as .ci/run installs it, or in $(go env GOPATH)/bin)
 // and is skipped without it, unless CI is set.
 func TestAlertRules(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
