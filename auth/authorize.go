@@ -92,6 +92,8 @@ var rules = map[protocol.Code]need{
 	protocol.CodeAdminAddVoter:     0,
 	protocol.CodeAdminRemoveVoter:  0,
 	protocol.CodeAdminApply:        needCluster,
+	// Setting a broker's log aside is an operator's act.
+	protocol.CodeAdminResync: 0,
 
 	protocol.CodeConsumerHeartbeat: needConsumeGroup,
 	protocol.CodeCommitOffsets:     needConsumeGroup,

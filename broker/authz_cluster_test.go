@@ -111,6 +111,7 @@ func requests() map[protocol.Code]request {
 		protocol.CodeAdminCreateTopic:  {onMeta, js(api.CreateTopicRequest{Name: "orders", Queues: 1, IfMissing: true})},
 		protocol.CodeAdminAddQueues:    {onMeta, js(api.AddQueuesRequest{Topic: "orders"})}, // INVALID (0 queues)
 		protocol.CodeAdminSetGroupMode: {onMeta, js(api.SetGroupModeRequest{Group: "no-such-group"})},
+		protocol.CodeAdminResync:       {onMeta, js(api.ResyncBrokerRequest{Broker: "no-such-broker"})},
 		protocol.CodeAdminRaftStatus:   {onMeta, js(struct{}{})},
 		protocol.CodeAdminAddVoter:     {onMeta, js(api.VoterRequest{})}, // INVALID
 		protocol.CodeAdminRemoveVoter:  {onMeta, js(api.VoterRequest{})}, // INVALID
@@ -198,6 +199,7 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeAdminCreateTopic:  {"admin", "cluster"},
 		protocol.CodeAdminAddQueues:    {"admin"},
 		protocol.CodeAdminSetGroupMode: {"admin"},
+		protocol.CodeAdminResync:       {"admin"},
 		protocol.CodeAdminAddVoter:     {"admin"},
 		protocol.CodeAdminRemoveVoter:  {"admin"},
 		protocol.CodeAdminApply:        all, // no handler: UNKNOWN_CODE, checked below

@@ -232,10 +232,19 @@ func (b *Broker) describe(hb *api.Heartbeat) {
 	if rep := b.roles.replication(); rep != nil {
 		s := rep.state()
 		hb.SlaveConnected, hb.SlaveAckOffset, hb.LagBytes, hb.LagMillis = s.Connected, s.AckOffset, s.LagBytes, s.LagTime.Milliseconds()
-		hb.TakeoverEnd = max(b.roles.takeoverEnd.Load(), 0)
+		if start := b.roles.start.Load(); start >= 0 {
+			hb.EpochStart = &start
+		}
 	} else {
 		hb.MasterEnd = b.roles.masterEnd.Load()
 	}
+	switch st := b.roles.State(); st.Kind {
+	case RoleBroken:
+		hb.Broken = st.Why
+	case RoleWaiting:
+		hb.Waiting = st.Why
+	}
+	hb.ResyncDone = b.roles.resyncDone.Load()
 	hb.LastCut = b.roles.lastCut.Load()
 }
 
@@ -251,10 +260,11 @@ func (b *Broker) Store() *storage.Log { return b.store }
 // IsMaster reports whether the broker is its group's master now.
 func (b *Broker) IsMaster() bool { return b.roles.replication() != nil }
 
-// Role is what the broker is now: "starting" (no word from the registry
-// yet), "master", "slave", or "blocked: why" (it cannot follow its master
-// without an operator).
-func (b *Broker) Role() string { return b.roles.State() }
+// Role is what the broker is now: starting (no word from the registry
+// yet), master, slave, waiting (a slave that will follow once its master
+// confirms where its epoch began) or broken (a slave that cannot follow
+// without an operator's resync), with the reason for the last two.
+func (b *Broker) Role() RoleState { return b.roles.State() }
 
 // Epoch is the last epoch whose records the broker's log holds.
 func (b *Broker) Epoch() uint32 { return b.roles.epoch.Load() }

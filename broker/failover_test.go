@@ -69,7 +69,7 @@ func TestFailoverPromotesTheSlaveAndTheOldMasterRejoins(t *testing.T) {
 	testwait.For(t, 15*time.Second, "the slave to be promoted and take writes", func() bool { return slave.IsMaster() && slave.Writable() })
 	grp, _ := meta.Nodes[0].FSM().Group("g1")
 	if grp.Epoch != 2 || grp.Master.ID != "g1-slave" || grp.Slave.ID != "" || len(grp.History) != 2 ||
-		grp.History[1] != (routing.EpochRecord{Epoch: 2, Master: "g1-slave", Start: slaveEnd, At: grp.History[1].At}) {
+		grp.History[1] != (routing.EpochRecord{Epoch: 2, Master: "g1-slave", Start: slaveEnd, At: grp.History[1].At, Fixed: grp.History[1].Fixed}) {
 		t.Fatalf("after the promotion: %+v", grp)
 	}
 	testwait.For(t, 10*time.Second, "the new master's heartbeats to reach the registry", func() bool {
@@ -115,7 +115,7 @@ func TestFailoverPromotesTheSlaveAndTheOldMasterRejoins(t *testing.T) {
 	// The old master comes back, preferring to be master: the registry makes
 	// it the slave, and it cuts the NORMAL tail the new master never had.
 	old := tc.StartBroker(t, g.Config(routing.RoleMaster))
-	testwait.For(t, 15*time.Second, "the old master to rejoin as the slave", func() bool { return old.Role() == "slave" })
+	testwait.For(t, 15*time.Second, "the old master to rejoin as the slave", func() bool { return old.Role().Kind == broker.RoleSlave })
 	if old.Epoch() != 2 || old.IsMaster() || old.Stats().Truncations.Load() != 1 || old.Stats().TruncatedBytes.Load() != masterEnd-slaveEnd {
 		t.Fatalf("rejoined at epoch %d, master %v, %d truncations of %d bytes", old.Epoch(), old.IsMaster(),
 			old.Stats().Truncations.Load(), old.Stats().TruncatedBytes.Load())

@@ -19,6 +19,7 @@ import (
 type slaveLog interface {
 	EndOffset() int64
 	AppendRaw(offset int64, data []byte, flush bool) (int64, error)
+	LastRecord() (at int64, crc uint32, ok bool, err error)
 }
 
 // masterLink fetches from one master's HA address and acknowledges to it.
@@ -94,6 +95,10 @@ type follower struct {
 	lg         hclog.Logger
 	masterEnd  *atomic.Int64 // the master's log end in the last answer
 	appended   func()        // called after each append (wakes parked PULLs); may be nil
+	// onDiverged is told, once, that the master refused this log as not a
+	// prefix of its own (LOG_DIVERGED); the follower then stops. nil: it
+	// goes on retrying.
+	onDiverged func(error)
 	// serial fetches only once the previous answer is appended, with the
 	// next fetch as the acknowledgement and no HA_ACK: the protocol before
 	// the pipeline, kept for BenchmarkReplicationHigh's comparison.
@@ -126,6 +131,11 @@ func (f *follower) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		progressed, err := f.stream(ctx, link)
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, protocol.ErrLogDiverged) && f.onDiverged != nil {
+			f.lg.Error("the master refuses this slave's log: it is not a prefix of the master's", "master", f.addr, "error", err)
+			f.onDiverged(err)
 			return
 		}
 		if progressed {
@@ -165,13 +175,21 @@ func (f *follower) stream(ctx context.Context, link masterLink) (progressed bool
 // fetchLoop fetches from the received end and hands the answers over.
 func (f *follower) fetchLoop(ctx context.Context, link masterLink, chunks chan<- chunk) (progressed bool, err error) {
 	next := f.log.EndOffset() // the received end
+	// The first fetch names the log's last record: the master checks that it
+	// is its own record there, so the copy continues a prefix of its log.
+	at, crc, check, err := f.log.LastRecord()
+	if err != nil {
+		return false, fmt.Errorf("read the log's last record: %w", err)
+	}
 	for {
 		fctx, cancel := context.WithTimeout(ctx, f.fetchWait+5*time.Second)
 		resp, err := link.Fetch(fctx, protocol.HAFetchRequest{
 			Offset: next, Acked: f.log.EndOffset(), MaxBytes: uint32(f.fetchBytes),
 			WaitMillis: uint32(f.fetchWait.Milliseconds()), Epoch: f.epoch, BrokerID: f.id,
+			Check: check, CheckAt: at, CheckCRC: crc,
 		})
 		cancel()
+		check = false
 		if err != nil {
 			return progressed, err
 		}

@@ -10,6 +10,6 @@ import (
 // it, to tell its user which address is wrong.
 func (b *Broker) handleIdentify(r *transport.Request) {
 	_ = r.Reply(protocol.AppendIdentity(nil, &protocol.Identity{
-		Kind: protocol.KindBroker, ID: b.cfg.ID, Group: b.cfg.Group, Role: b.Role(),
+		Kind: protocol.KindBroker, ID: b.cfg.ID, Group: b.cfg.Group, Role: b.Role().Kind.String(),
 	}))
 }

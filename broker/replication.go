@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -10,12 +11,14 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/storage"
 )
 
 // masterLog is the part of the commit log that replication reads.
 type masterLog interface {
 	EndOffset() int64
 	ReadRawTo(dst []byte, offset int64, maxBytes int) ([]byte, error)
+	RecordAt(at int64) (end int64, crc uint32, err error)
 }
 
 // replier answers one request; *transport.Request is one. Its methods never
@@ -193,6 +196,12 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 		return
 	}
 	r.fence(f.Epoch)
+	if f.Check {
+		if err := r.checkPrefix(f); err != nil {
+			rep.ReplyError(err)
+			return
+		}
+	}
 	now := r.clock.Now() // before end: the log ended at most at end then
 	end := r.log.EndOffset()
 	r.mu.Lock()
@@ -203,8 +212,8 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 	}
 	if f.Offset > end {
 		r.mu.Unlock()
-		rep.ReplyError(&protocol.Error{Status: protocol.StatusInvalid,
-			Message: "slave log ends past the master's: the slave holds records the master lost"})
+		rep.ReplyError(&protocol.Error{Status: protocol.StatusLogDiverged,
+			Message: fmt.Sprintf("the slave's log ends at %d, past the master's end %d: it holds records the master does not", f.Offset, end)})
 		return
 	}
 	released := r.ackLocked(f.Acked, end, now)
@@ -218,6 +227,31 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 	r.mu.Unlock()
 	r.complete(released, protocol.StatusOK)
 	r.answer(rep, f)
+}
+
+// checkPrefix checks that the slave's last record, as its fetch names it,
+// is the master's record there: same start, same end (where the fetch
+// asks from), same CRC. Otherwise the slave's log is not a prefix of the
+// master's, and appending the master's bytes after it would make the two
+// differ at offsets consumers read from both: LOG_DIVERGED.
+func (r *replication) checkPrefix(f protocol.HAFetchRequest) error {
+	end, crc, err := r.log.RecordAt(f.CheckAt)
+	if err == nil && end == f.Offset && crc == f.CheckCRC {
+		return nil
+	}
+	r.stats.HADiverged.Add(1)
+	why := fmt.Sprintf("the slave's last record (at %d, ending at %d, CRC %08x) is not the master's", f.CheckAt, f.Offset, f.CheckCRC)
+	switch {
+	case errors.Is(err, storage.ErrOutOfRange):
+		why += fmt.Sprintf(": the master's log holds no record there (it ends at %d)", r.log.EndOffset())
+	case err != nil:
+		r.lg.Warn("reading the log to check a slave's last record failed", "offset", f.CheckAt, "error", err)
+		return &protocol.Error{Status: protocol.StatusStoreError, Message: err.Error()}
+	default:
+		why += fmt.Sprintf(" (the master's record there ends at %d, CRC %08x)", end, crc)
+	}
+	r.lg.Warn("refusing a slave whose log left the master's", "slave", f.BrokerID, "epoch", f.Epoch, "why", why)
+	return &protocol.Error{Status: protocol.StatusLogDiverged, Message: why}
 }
 
 // handleAck takes a slave's HA_ACK: how far it has appended. It is checked

@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
@@ -23,25 +20,71 @@ import (
 type roleLog interface {
 	masterLog
 	slaveLog
+	StartOffset() int64
 	Truncate(offset int64, sideFile string) (storage.TruncateResult, error)
+}
+
+// RoleKind is what a broker is in its group now.
+type RoleKind uint8
+
+const (
+	// RoleStarting: the registry has not placed the broker yet.
+	RoleStarting RoleKind = iota
+	// RoleMaster: the registry names it the master and it took the epoch
+	// over.
+	RoleMaster
+	// RoleSlave: it follows its master.
+	RoleSlave
+	// RoleWaiting: a slave that does not follow yet, for a reason that
+	// passes by itself (its new master has not confirmed where its epoch
+	// began).
+	RoleWaiting
+	// RoleBroken: a slave that cannot follow because of its own log (it is
+	// not a prefix of the master's, or cannot be cut where the group's
+	// history says): it stays so until an operator resyncs it (`ferryctl
+	// broker resync ID`) or it restarts. It holds no group read-only.
+	RoleBroken
+)
+
+var roleKindNames = [...]string{RoleStarting: "starting", RoleMaster: "master", RoleSlave: "slave",
+	RoleWaiting: "waiting", RoleBroken: "broken"}
+
+func (k RoleKind) String() string {
+	if int(k) < len(roleKindNames) {
+		return roleKindNames[k]
+	}
+	return fmt.Sprintf("RoleKind(%d)", k)
+}
+
+// RoleState is what the broker is, and why when it waits or is broken.
+type RoleState struct {
+	Kind RoleKind
+	Why  string
+}
+
+func (s RoleState) String() string {
+	if s.Why == "" {
+		return s.Kind.String()
+	}
+	return s.Kind.String() + ": " + s.Why
 }
 
 // roles makes the broker what the registry says it is. It runs on one
 // goroutine and takes the group from every accepted heartbeat reply (the
 // latest one wins); it is the only place that starts or stops replication
-// and the follower, and the only writer of the broker's local epoch.
+// and the follower, cuts the log on a role change, and writes the local
+// epochs (epochs.go).
 //
 // Becoming the master of epoch E: stop the follower (so the log stops
-// growing from the old master), write E to disk, start replication, then
-// mark E ready in the write lease. Becoming the slave in epoch E: stop
-// replication (HIGH messages still waiting are answered LEASE_LOST), cut
-// the log back to where the first epoch after the broker's own began (the
-// cut records go to a side file), write E to disk, and follow the master.
-//
-// The local epoch ("epoch" in the data directory) is the last epoch whose
-// records this broker's log holds, as master or as slave. Comparing it
-// with the registry's epoch history tells a broker that comes back where
-// its log may have left the group's.
+// growing from the old master), record E as starting at the log end on
+// disk, start replication, then mark E ready in the write lease. Every
+// heartbeat then reports that start (the registry fixes it once). Becoming
+// the slave in epoch E: stop replication (HIGH messages still waiting are
+// answered LEASE_LOST), cut the log back to the lowest start of the epochs
+// after the last one it holds (waiting while the current epoch's start is
+// not fixed), record the registry's epochs up to E, and follow the master;
+// the first fetch of every stream checks that the log is a prefix of the
+// master's.
 type roles struct {
 	id        string
 	dir       string
@@ -55,22 +98,32 @@ type roles struct {
 	fixedHA   string // a configured master HA address, "" to take the registry's
 	// releasePulls answers every parked PULL (step-down, truncation); may be nil.
 	releasePulls func()
+	// cutTail takes the side file of a cut that a failover made (the old
+	// master's acknowledged tail) for replay through the new master; nil:
+	// cut tails are kept for the operator only (-failover-tail=discard).
+	cutTail func(sideFile string)
 
-	want chan routing.Group // capacity 1: the latest group
+	want     chan routing.Group // capacity 1: the latest group
+	diverged chan error         // capacity 1: the follower found the log is not the master's prefix
 
 	repl      atomic.Pointer[replication] // while master
 	replStop  func()
 	follow    *follower // while slave
 	followEnd func()
-	epoch     atomic.Uint32 // the local epoch
+	hist      localEpochs   // owned by run's goroutine
+	epoch     atomic.Uint32 // the local epoch (hist.epoch())
 	masterEnd atomic.Int64  // the master's log end in the follower's last answer
-	// takeoverEnd is the log end when the broker took over its epoch as
-	// master (-1 while it is not master); lastCut is its last truncation.
-	takeoverEnd atomic.Int64
-	lastCut     atomic.Pointer[api.Cut]
-	group       atomic.Pointer[routing.Group] // the registry's last word on the group
-	state       atomic.Value                  // string: what the broker is now, for logs and tests
-	blocked     string                        // why the broker does not follow, logged once
+	// start is where the epoch this broker leads began, as its disk
+	// records it (-1 while it is not master, or the start is unknown).
+	start      atomic.Int64
+	lastCut    atomic.Pointer[api.Cut]
+	resyncDone atomic.Uint64                 // the Seq of the last resync order carried out
+	group      atomic.Pointer[routing.Group] // the registry's last word on the group
+	state      atomic.Pointer[RoleState]
+	// broken is why the broker cannot follow (run's goroutine); it ends
+	// only by a resync or a restart.
+	broken string
+	warned string // the last reason logged, so each is logged once
 }
 
 const epochFile = "epoch"
@@ -80,60 +133,16 @@ const sideDir = "truncated"
 
 func newRoles(r *roles) (*roles, error) {
 	r.want = make(chan routing.Group, 1)
-	r.state.Store("starting")
-	r.takeoverEnd.Store(-1)
-	e, err := readEpoch(r.dir)
+	r.diverged = make(chan error, 1)
+	r.setState(RoleState{Kind: RoleStarting})
+	r.start.Store(-1)
+	h, err := loadEpochs(r.dir)
 	if err != nil {
 		return nil, err
 	}
-	r.epoch.Store(e)
+	r.hist = h
+	r.epoch.Store(h.epoch())
 	return r, nil
-}
-
-// readEpoch reads the local epoch; a missing file is epoch 0.
-func readEpoch(dir string) (uint32, error) {
-	b, err := os.ReadFile(filepath.Join(dir, epochFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("broker: read the local epoch: %w", err)
-	}
-	e, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32)
-	if err != nil {
-		return 0, fmt.Errorf("broker: local epoch file %s: %w", filepath.Join(dir, epochFile), err)
-	}
-	return uint32(e), nil
-}
-
-// writeEpoch writes the local epoch durably: a temporary file, synced, renamed.
-func writeEpoch(dir string, e uint32) error {
-	path := filepath.Join(dir, epochFile)
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(strconv.FormatUint(uint64(e), 10) + "\n")
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err == nil {
-		if d, derr := os.Open(dir); derr == nil {
-			err = d.Sync()
-			_ = d.Close()
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("broker: write the local epoch: %w", err)
-	}
-	return nil
 }
 
 // observe hands the latest group to run; it never blocks.
@@ -154,9 +163,10 @@ func (r *roles) observe(g routing.Group) {
 // replication returns the running replication, nil unless master.
 func (r *roles) replication() *replication { return r.repl.Load() }
 
-// State is what the broker is now: "starting", "master", "slave", or
-// "blocked: why".
-func (r *roles) State() string { s, _ := r.state.Load().(string); return s }
+// State is what the broker is now.
+func (r *roles) State() RoleState { return *r.state.Load() }
+
+func (r *roles) setState(s RoleState) { r.state.Store(&s) }
 
 func (r *roles) run(ctx context.Context) {
 	defer r.stopAll()
@@ -166,6 +176,11 @@ func (r *roles) run(ctx context.Context) {
 			return
 		case g := <-r.want:
 			r.reconcile(ctx, g)
+		case err := <-r.diverged:
+			if r.follow != nil {
+				r.stopFollower()
+				r.setBroken(err.Error())
+			}
 		}
 	}
 }
@@ -176,8 +191,9 @@ func (r *roles) stopAll() {
 	r.stopFollower()
 }
 
-// epochStart returns the log offset where the epoch after epoch began, by
-// the registry's last word, and whether one did; known is false while the
+// epochStart returns the log offset from which a reader of epoch must not
+// trust what it read: the lowest start of the epochs after it, by the
+// registry's last word, and whether there is one; known is false while the
 // broker has no word from the registry yet and its own log is of a later
 // epoch (it cannot tell where that epoch began).
 func (r *roles) epochStart(epoch uint32) (start int64, ok, known bool) {
@@ -189,19 +205,41 @@ func (r *roles) epochStart(epoch uint32) (start int64, ok, known bool) {
 		return 0, false, true
 	}
 	for _, e := range g.History {
-		if e.Epoch == epoch+1 {
-			return e.Start, true, true
+		if e.Epoch > epoch && (!ok || e.Start < start) {
+			start, ok = e.Start, true
 		}
 	}
-	return 0, false, true // older than the history: not checked (DESIGN.md, known gaps)
+	return start, ok, true // older than the history: not checked (DESIGN.md, known gaps)
 }
 
 // reconcile makes the broker what g says.
 func (r *roles) reconcile(ctx context.Context, g routing.Group) {
 	r.group.Store(&g)
+	if o := g.Resync; o != nil && o.Broker == r.id && o.Seq > r.resyncDone.Load() {
+		r.resync(g, o.Seq)
+	}
 	role, ok := g.RoleOf(r.id)
 	if !ok || g.Epoch == 0 {
 		return // the registry has not placed this broker (the heartbeat said why)
+	}
+	if h, changed := r.hist.learn(g); changed {
+		if err := h.save(r.dir); err != nil {
+			r.lg.Warn("recording the epoch starts the registry fixed failed", "error", err)
+		} else {
+			r.hist = h
+		}
+	}
+	if why := r.hist.conflict(g); why != "" {
+		if role == routing.RoleMaster {
+			// A master cannot set its log aside; its slave's prefix check
+			// (LOG_DIVERGED) stops a slave from copying onto a log that
+			// left this one.
+			r.warn("the group's epoch history disagrees with this master's log", why)
+		} else {
+			r.stopFollower()
+			r.setBroken(why + "; to copy this broker's log afresh from its master: ferryctl broker resync " + r.id)
+			return
+		}
 	}
 	switch role {
 	case routing.RoleMaster:
@@ -216,13 +254,28 @@ func (r *roles) becomeMaster(g routing.Group) {
 		rep.setSlave(g.Slave.ID, g.Epoch)
 		return
 	}
-	r.stopFollower()
-	if r.epoch.Load() != g.Epoch {
-		if err := writeEpoch(r.dir, g.Epoch); err != nil {
+	r.stopFollower() // from now on the log grows only by this broker's writes
+	r.broken = ""
+	start := int64(-1)
+	if r.hist.epoch() != g.Epoch {
+		start = r.log.EndOffset()
+		own := routing.EpochRecord{Epoch: g.Epoch, Master: r.id, Start: start, Fixed: true}
+		if reg, ok := g.Record(g.Epoch); ok {
+			own.At = reg.At
+		}
+		h := r.hist.joined(g, g.Epoch, &own)
+		if err := h.save(r.dir); err != nil {
 			r.lg.Error("cannot take over as master: the epoch is not on disk", "epoch", g.Epoch, "error", err)
 			return
 		}
+		r.hist = h
 		r.epoch.Store(g.Epoch)
+	} else if rec, _ := r.hist.record(g.Epoch); rec.Start >= 0 {
+		start = rec.Start // a restart in the epoch it leads: where the epoch began, not the log's end now
+	} else if reg, ok := g.Record(g.Epoch); ok {
+		// An epochs file of an earlier version holds no start: confirm the
+		// registry's (its slave's prefix check catches a wrong one).
+		start = reg.Start
 	}
 	rep := r.repl.Load()
 	if rep == nil {
@@ -237,37 +290,45 @@ func (r *roles) becomeMaster(g routing.Group) {
 		r.repl.Store(rep)
 	}
 	rep.setSlave(g.Slave.ID, g.Epoch)
-	r.takeoverEnd.Store(r.log.EndOffset()) // the follower stopped: the log no longer grows but by this broker's writes
+	r.start.Store(start)
 	r.lease.ready.Store(g.Epoch)
-	r.state.Store(string(routing.RoleMaster))
+	r.setState(RoleState{Kind: RoleMaster})
 	r.stats.Takeovers.Add(1)
-	r.lg.Info("took over as master", "epoch", g.Epoch, "log-end", r.log.EndOffset(), "slave", g.Slave.ID)
+	r.lg.Info("took over as master", "epoch", g.Epoch, "epoch-start", start, "log-end", r.log.EndOffset(), "slave", g.Slave.ID)
 }
 
 func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 	if r.repl.Load() != nil {
 		r.lease.ready.Store(0)
-		r.takeoverEnd.Store(-1)
+		r.start.Store(-1)
 		r.stopReplication("the registry made this broker the slave")
 		r.releaseParkedPulls()
 		r.lg.Warn("stepped down: the registry names another master", "epoch", g.Epoch, "master", g.Master.ID)
 	}
-	if local := r.epoch.Load(); local < g.Epoch {
+	if r.broken != "" {
+		return // until a resync or a restart
+	}
+	if local := r.hist.epoch(); local < g.Epoch {
 		r.stopFollower()
 		led := local
 		if led == 0 {
 			led = g.LastLed(r.id) // a log from before local epochs were kept
 		}
 		off, cut, err := g.TruncationPoint(led)
-		if err != nil {
-			r.block(fmt.Sprintf("cannot tell where this log left the group's: %v; move the data directory away to copy afresh", err))
+		switch {
+		case errors.Is(err, routing.ErrStartPending):
+			r.setState(RoleState{Kind: RoleWaiting, Why: fmt.Sprintf("epoch %d's master %s has not confirmed where the epoch began", g.Epoch, g.Master.ID)})
+			return
+		case err != nil:
+			r.setBroken(fmt.Sprintf("cannot tell where this log left the group's: %v; to copy it afresh from the master: ferryctl broker resync %s", err, r.id))
 			return
 		}
 		if cut && off < r.log.EndOffset() {
 			side := filepath.Join(r.dir, sideDir, storage.SideFileName(off, led))
 			res, err := r.log.Truncate(off, side)
 			if err != nil {
-				r.block(fmt.Sprintf("cutting the log back to offset %d failed: %v", off, err))
+				r.setBroken(fmt.Sprintf("cutting the log back to offset %d, where the group's history says epoch %d's successor began, failed: %v; to copy it afresh from the master: ferryctl broker resync %s",
+					off, led, err, r.id))
 				return
 			}
 			r.releaseParkedPulls() // a queue's next offset may have gone back under them
@@ -277,14 +338,18 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 			r.lg.Warn("cut the log back to where the new master's epoch began; the cut records are kept for the operator",
 				"from", res.From, "to", res.To, "records", res.Records, "side-file", res.SideFile,
 				"led-epoch", led, "epoch", g.Epoch, "read-with", "ferryctl truncated "+res.SideFile)
+			if r.cutTail != nil && res.Records > 0 {
+				r.cutTail(res.SideFile)
+			}
 		}
-		if err := writeEpoch(r.dir, g.Epoch); err != nil {
-			r.block(err.Error())
+		h := r.hist.joined(g, g.Epoch, nil)
+		if err := h.save(r.dir); err != nil {
+			r.setBroken(err.Error())
 			return
 		}
+		r.hist = h
 		r.epoch.Store(g.Epoch)
 	}
-	r.blocked = ""
 	addr := r.fixedHA
 	if addr == "" {
 		addr = g.Master.HAAddr
@@ -297,6 +362,7 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 		return
 	}
 	f := r.newFollow(g.Epoch, addr, &r.masterEnd)
+	f.onDiverged = r.followerDiverged
 	fctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -304,16 +370,63 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 		f.run(fctx)
 	}()
 	r.follow, r.followEnd = f, func() { cancel(); <-done }
-	r.state.Store(string(routing.RoleSlave))
+	r.setState(RoleState{Kind: RoleSlave})
 	r.lg.Info("following the master", "epoch", g.Epoch, "master", g.Master.ID, "ha-addr", addr, "log-end", r.log.EndOffset())
 }
 
-func (r *roles) block(why string) {
-	if why != r.blocked {
-		r.lg.Error("the broker does not follow its master", "why", why)
+// followerDiverged is the follower's report that the master refused its log
+// (LOG_DIVERGED); it never blocks, and run makes the broker broken.
+func (r *roles) followerDiverged(err error) {
+	select {
+	case r.diverged <- err:
+	default:
 	}
-	r.blocked = why
-	r.state.Store("blocked: " + why)
+}
+
+// resync carries out an operator's order: the log is set aside (cut from
+// its first offset into a side file) and copied again from the master; the
+// broker is no longer broken. A master takes no such order (the registry
+// refuses it); one found here is stale and only reported done.
+func (r *roles) resync(g routing.Group, seq uint64) {
+	if role, _ := g.RoleOf(r.id); role != routing.RoleMaster {
+		r.stopFollower()
+		from := r.log.StartOffset()
+		side := filepath.Join(r.dir, sideDir, fmt.Sprintf("%020d-resync-%d.log", from, seq))
+		res, err := r.log.Truncate(from, side)
+		if err != nil {
+			r.setBroken(fmt.Sprintf("the resync could not set the log aside: %v", err))
+			return
+		}
+		r.releaseParkedPulls()
+		h := r.hist.joined(g, g.Epoch, nil)
+		if err := h.save(r.dir); err != nil {
+			r.setBroken(fmt.Sprintf("the resync could not record the epochs: %v", err))
+			return
+		}
+		r.hist = h
+		r.epoch.Store(g.Epoch)
+		r.broken, r.warned = "", ""
+		r.setState(RoleState{Kind: RoleStarting})
+		r.stats.Resyncs.Add(1)
+		r.lg.Warn("set the log aside on an operator's order; copying it again from the master", "seq", seq,
+			"from", res.From, "to", res.To, "records", res.Records, "side-file", res.SideFile)
+	}
+	r.resyncDone.Store(seq)
+}
+
+// setBroken makes the broker broken: it follows nobody until a resync.
+func (r *roles) setBroken(why string) {
+	r.broken = why
+	r.setState(RoleState{Kind: RoleBroken, Why: why})
+	r.warn("the broker cannot follow its master", why)
+}
+
+// warn logs why at Error, once per distinct reason.
+func (r *roles) warn(msg, why string) {
+	if why != r.warned {
+		r.lg.Error(msg, "why", why)
+		r.warned = why
+	}
 }
 
 func (r *roles) stopReplication(why string) {

@@ -36,6 +36,8 @@ type Stats struct {
 	Truncations    atomic.Int64 // times this broker cut its log on rejoining as slave
 	TruncatedBytes atomic.Int64 // bytes cut
 	HAFetchRefused atomic.Int64 // HA fetches refused: not this group's slave in this epoch
+	HADiverged     atomic.Int64 // HA fetches refused LOG_DIVERGED: the slave's log is not a prefix of this master's
+	Resyncs        atomic.Int64 // times this broker set its log aside and copied it again (an operator's order)
 
 	// Long-polling PULL (longpoll.go).
 	PullsParked   atomic.Int64 // PULLs parked now (a gauge)

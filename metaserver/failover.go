@@ -87,6 +87,8 @@ const (
 	refuseNoSlave  = "no-slave"
 	refuseSlaveOut = "slave-not-alive"
 	refuseAdmin    = "admin"
+	refuseBroken   = "slave-broken"
+	refuseEpoch    = "slave-not-in-epoch"
 	refuseHigh     = "slave-missing-acknowledged"
 	refuseLoss     = "slave-too-far-behind"
 	refuseWaiting  = "waiting-for-margin"
@@ -176,8 +178,20 @@ func (j *judge) refusalLocked(g routing.Group, s *session, now time.Time, silent
 		return refuseNoSlave, "the group has no slave"
 	case g.Reasons&routing.Admin != 0:
 		return refuseAdmin, "an operator marked the group read-only"
-	case !s.seenSlave || now.Sub(s.lastSlave) > j.cfg.SessionTimeout:
+	case !s.seenSlave || now.Sub(s.lastSlave) > j.cfg.SessionTimeout || s.lastSl.BrokerID != g.Slave.ID:
 		return refuseSlaveOut, fmt.Sprintf("the slave %s has not heartbeated within a session", g.Slave.ID)
+	case s.lastSl.Broken != "":
+		return refuseBroken, fmt.Sprintf("the slave %s cannot follow its master (%s): it needs an operator's resync", g.Slave.ID, s.lastSl.Broken)
+	case s.lastSl.Epoch != g.Epoch:
+		// Its log may hold records of an earlier epoch that this one's
+		// master never had (it has not cut back to where this epoch
+		// began), or lack the registry's word on where to cut: promoted,
+		// it would keep them at offsets the others hold differently.
+		why := fmt.Sprintf("the slave %s has not joined epoch %d yet (its log is of epoch %d)", g.Slave.ID, g.Epoch, s.lastSl.Epoch)
+		if s.lastSl.Waiting != "" {
+			why += ": " + s.lastSl.Waiting
+		}
+		return refuseEpoch, why
 	case s.seenMaster && s.lastSl.LogEnd < s.last.SlaveAckOffset:
 		return refuseHigh, fmt.Sprintf("the slave holds %d bytes but the master last reported it had acknowledged %d: HIGH messages would be lost",
 			s.lastSl.LogEnd, s.last.SlaveAckOffset)

@@ -2,6 +2,7 @@ package metaserver
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,7 +33,7 @@ func newFailoverRig(t *testing.T, edit func(*Config)) *judgeRig {
 
 func slaveHB(group string, logEnd, masterEnd int64) api.Heartbeat {
 	return api.Heartbeat{Group: group, Role: routing.RoleSlave, BrokerID: group + "-slave", Addr: group + "-slave:1",
-		LogEnd: logEnd, MasterEnd: masterEnd}
+		LogEnd: logEnd, MasterEnd: masterEnd, Epoch: 1}
 }
 
 func masterHB(group string, logEnd, ack int64) api.Heartbeat {
@@ -85,6 +86,11 @@ func TestFailoverPromotesOnlyAfterSessionAndMargin(t *testing.T) {
 	// The new master has its own session: its heartbeats keep the group
 	// writable, and the old master, back, is told it is the slave.
 	r.heartbeat(api.Heartbeat{Group: "g1", Role: routing.RoleMaster, BrokerID: "g1-slave", Addr: "g1-slave:1", LogEnd: 4500})
+	if _, _, err := r.group("g1").TruncationPoint(1); !errors.Is(err, routing.ErrStartPending) {
+		t.Fatalf("before the new master confirmed where epoch 2 began, the old master may cut: %v", err)
+	}
+	// The new master's heartbeat carries its start (Server.epochWord).
+	r.mustApply(&fsm.FixEpochStart{Group: "g1", Epoch: 2, Master: "g1-slave", Start: 4500})
 	r.after(tSession)
 	r.wantReasons("g1", 0, "the new master heartbeating")
 	r.mustApply(registerCmd("g1", routing.RoleMaster, "g1-master", r.clk.Now()))
@@ -115,6 +121,10 @@ func TestFailoverRefusals(t *testing.T) {
 			master: masterHB("g1", 1001, 1000), slave: slaveHB("g1", 1000, 1001), reason: refuseLoss},
 		{name: "slave behind by its own report", master: masterHB("g1", 1000, 1000), slave: slaveHB("g1", 1000, 3<<20), reason: refuseLoss},
 		{name: "admin", master: masterHB("g1", 100, 100), slave: slaveHB("g1", 100, 100), admin: true, reason: refuseAdmin},
+		{name: "slave broken", master: masterHB("g1", 100, 100), reason: refuseBroken,
+			slave: func() api.Heartbeat { hb := slaveHB("g1", 100, 100); hb.Broken = "its log is not a prefix"; return hb }()},
+		{name: "slave not in the epoch", master: masterHB("g1", 100, 100), reason: refuseEpoch,
+			slave: func() api.Heartbeat { hb := slaveHB("g1", 100, 100); hb.Epoch = 0; return hb }()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newFailoverRig(t, tc.edit)
@@ -153,7 +163,7 @@ func TestFailoverEpochHistory(t *testing.T) {
 		mhb := masterHB("g1", end, end)
 		mhb.BrokerID, mhb.Addr = g.Master.ID, g.Master.ID+":1"
 		shb := slaveHB("g1", end, end)
-		shb.BrokerID, shb.Addr = g.Slave.ID, g.Slave.ID+":1"
+		shb.BrokerID, shb.Addr, shb.Epoch = g.Slave.ID, g.Slave.ID+":1", g.Epoch
 		r.heartbeat(mhb)
 		r.heartbeat(shb)
 		r.lose(tSession+tMargin+tInterval, shb)
@@ -161,6 +171,7 @@ func TestFailoverEpochHistory(t *testing.T) {
 		if g.Epoch != uint32(i+2) || g.Master.ID != shb.BrokerID {
 			t.Fatalf("promotion %d: %+v", i+1, g)
 		}
+		r.mustApply(&fsm.FixEpochStart{Group: "g1", Epoch: g.Epoch, Master: g.Master.ID, Start: end})
 		// The old master comes back and registers as the slave.
 		r.mustApply(registerCmd("g1", routing.RoleMaster, mhb.BrokerID, r.clk.Now()))
 	}

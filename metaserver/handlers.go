@@ -35,6 +35,7 @@ func (s *Server) routes() {
 	handle(s, protocol.CodeAdminCreateTopic, true, s.createTopic)
 	handle(s, protocol.CodeAdminAddQueues, true, s.addQueues)
 	handle(s, protocol.CodeAdminSetGroupMode, true, s.setGroupMode)
+	handle(s, protocol.CodeAdminResync, true, s.resyncBroker)
 	handle(s, protocol.CodeAdminRaftStatus, false, func(context.Context, empty) (api.RaftStatus, error) {
 		return s.raftStatus(), nil
 	})
@@ -81,13 +82,7 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 		g, _ = s.fsm.Group(hb.Group)
 		role, _ = g.RoleOf(hb.BrokerID)
 	}
-	if n := len(g.History); role == routing.RoleMaster && n > 0 && hb.Epoch == g.Epoch && hb.TakeoverEnd > g.History[n-1].Start {
-		// The new master's real start: a rejoining old master cuts no
-		// record that the new master holds too.
-		if _, err := s.apply(ctx, &fsm.SetEpochStart{Group: g.Name, Epoch: g.Epoch, Start: hb.TakeoverEnd}); err != nil {
-			s.log.Warn("moving an epoch's start up to the new master's takeover end failed", "group", g.Name, "error", err)
-		}
-	}
+	s.epochWord(ctx, g, role, hb)
 	s.judge.judgeGroup(ctx, hb.Group, now)
 	g, _ = s.fsm.Group(hb.Group)
 	return api.HeartbeatReply{Group: g, SessionMillis: s.cfg.SessionTimeout.Milliseconds(), ACLVersion: s.fsm.ACLVersion()}, nil

@@ -212,7 +212,12 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) (promoting <-chan str
 		s.streak = 0 // heartbeats resumed after a loss: count again from here
 	}
 	joining := s.slaveID == g.Slave.ID && now.Sub(s.slaveSince) < j.cfg.LagTime
-	s.lagBad = !joining && (hb.LagBytes > j.cfg.LagBytes || hb.LagMillis > j.cfg.LagTime.Milliseconds())
+	// A slave that cannot follow because of its own log (it said so within
+	// a session) waits for an operator; its lag does not hold a group with
+	// a live master read-only. HIGH messages are refused meanwhile (the
+	// master has no slave to wait for).
+	broken := s.seenSlave && s.lastSl.BrokerID == g.Slave.ID && s.lastSl.Broken != "" && now.Sub(s.lastSlave) <= j.cfg.SessionTimeout
+	s.lagBad = !joining && !broken && (hb.LagBytes > j.cfg.LagBytes || hb.LagMillis > j.cfg.LagTime.Milliseconds())
 	if s.lagBad && g.Slave.ID != "" {
 		s.streak = 0
 	} else {

@@ -45,6 +45,9 @@ type Server struct {
 	raft   *raft.Raft
 	// started is set once raft runs; handlers refuse work before.
 	started atomic.Bool
+	// startWarned holds, per group, the epoch whose master reported a start
+	// other than the fixed one (logged once per group and epoch).
+	startWarned syncMap[string, uint32]
 
 	peers    *client.Client // to reach the leader for forwarded work
 	leaderCh chan bool

@@ -42,6 +42,7 @@ const (
 	CodeAdminAddVoter     Code = 46
 	CodeAdminRemoveVoter  Code = 47
 	CodeAdminApply        Code = 48 // a follower forwards a command to the leader
+	CodeAdminResync       Code = 49 // an operator orders a slave to copy its log again from its master
 
 	CodeConsumerHeartbeat Code = 50 // a consumer group member joins, stays, or leaves (metaserver leader)
 	CodeCommitOffsets     Code = 51 // a member commits its queues' offsets (metaserver leader)
@@ -83,6 +84,7 @@ var codeNames = map[Code]string{
 	CodeAdminAddVoter:     "ADMIN_ADD_VOTER",
 	CodeAdminRemoveVoter:  "ADMIN_REMOVE_VOTER",
 	CodeAdminApply:        "ADMIN_APPLY",
+	CodeAdminResync:       "ADMIN_RESYNC",
 }
 
 func (c Code) String() string {

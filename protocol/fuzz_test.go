@@ -138,6 +138,7 @@ func FuzzDecodeMessage(f *testing.F) {
 
 func FuzzDecodeHAFetchRequest(f *testing.F) {
 	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, Acked: 1 << 39, MaxBytes: 1 << 20, WaitMillis: 100, Epoch: 4, BrokerID: "g1-b"}))
+	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, Acked: 1 << 40, Epoch: 4, BrokerID: "g1-b", Check: true, CheckAt: 1<<40 - 99, CheckCRC: 7}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		req, err := DecodeHAFetchRequest(b)
 		if err != nil {

@@ -30,6 +30,12 @@ import "fmt"
 //	broker id    u16 length + bytes: the slave's broker id; the master
 //	             serves, and counts acknowledgements from, only the broker
 //	             the registry names as its slave in the current epoch
+//	[check       i64 log offset where the slave's last record starts, then
+//	             u32 its CRC: present only when Check is set; the master
+//	             answers LOG_DIVERGED unless its own record at CheckAt has
+//	             that CRC and ends at Offset. A slave sends it with the
+//	             first fetch of every stream, so it copies only onto a log
+//	             that is a prefix of the master's.]
 type HAFetchRequest struct {
 	Offset     int64
 	Acked      int64
@@ -37,6 +43,11 @@ type HAFetchRequest struct {
 	WaitMillis uint32
 	Epoch      uint32
 	BrokerID   string
+	// Check asks the master to check that the slave's last record, which
+	// starts at CheckAt and has CheckCRC, is its own record there.
+	Check    bool
+	CheckAt  int64
+	CheckCRC uint32
 }
 
 // AppendHAFetchRequest appends f's encoding.
@@ -46,7 +57,12 @@ func AppendHAFetchRequest(dst []byte, f *HAFetchRequest) []byte {
 	dst = appendU32(dst, f.MaxBytes)
 	dst = appendU32(dst, f.WaitMillis)
 	dst = appendU32(dst, f.Epoch)
-	return appendStr16(dst, clip16(f.BrokerID))
+	dst = appendStr16(dst, clip16(f.BrokerID))
+	if f.Check {
+		dst = appendI64(dst, f.CheckAt)
+		dst = appendU32(dst, f.CheckCRC)
+	}
+	return dst
 }
 
 // DecodeHAFetchRequest decodes an HA_FETCH request body.
@@ -59,8 +75,16 @@ func DecodeHAFetchRequest(b []byte) (HAFetchRequest, error) {
 	f.WaitMillis = r.u32("wait millis")
 	f.Epoch = r.u32("epoch")
 	f.BrokerID = r.str16("broker id")
+	if r.err == nil && len(r.b) > 0 {
+		f.Check = true
+		f.CheckAt = r.i64("check offset")
+		f.CheckCRC = r.u32("check crc")
+	}
 	if err := r.done("ha fetch request"); err != nil {
 		return HAFetchRequest{}, err
+	}
+	if f.CheckAt < 0 {
+		return HAFetchRequest{}, fmt.Errorf("%w: negative check offset %d", ErrMalformed, f.CheckAt)
 	}
 	if f.Offset < 0 || f.Acked < 0 {
 		return HAFetchRequest{}, fmt.Errorf("%w: negative offset %d or acked %d", ErrMalformed, f.Offset, f.Acked)

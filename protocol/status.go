@@ -59,6 +59,10 @@ const (
 	// StatusGroupActive: an operation that needs a consumer group with no
 	// live members (resetting its offsets) found members.
 	StatusGroupActive Status = 25
+	// StatusLogDiverged: a slave's log is not a prefix of its master's (the
+	// record it names as its last is not the master's record there): it
+	// cannot follow without an operator setting its log aside (resync).
+	StatusLogDiverged Status = 26
 )
 
 // statusFlags are the columns of the status table.
@@ -121,6 +125,7 @@ var statusTable = [...]statusInfo{
 	StatusNotAuthorized:      {"NOT_AUTHORIZED", 0},
 	StatusStaleGeneration:    {"STALE_GENERATION", 0},
 	StatusGroupActive:        {"GROUP_ACTIVE", 0},
+	StatusLogDiverged:        {"LOG_DIVERGED", 0},
 }
 
 // String returns the status's name, e.g. "READ_ONLY".
@@ -233,6 +238,7 @@ var (
 	ErrNotAuthorized    = &Error{Status: StatusNotAuthorized}
 	ErrStaleGeneration  = &Error{Status: StatusStaleGeneration}
 	ErrGroupActive      = &Error{Status: StatusGroupActive}
+	ErrLogDiverged      = &Error{Status: StatusLogDiverged}
 
 	// ErrFrameTooLarge marks a frame or header over its cap. It is also a
 	// MESSAGE_TOO_LARGE status when it crosses the wire.

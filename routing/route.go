@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -67,13 +68,21 @@ type Broker struct {
 }
 
 // EpochRecord is one epoch of a group: who was master, and the commit-log
-// offset at which the epoch began (the new master's log end when it was
-// promoted; 0 for the first epoch).
+// offset at which the epoch began: the master's log end when it took the
+// epoch over (0 for a group's first epoch on an empty log).
+//
+// A promotion records the promoted slave's last reported log end, which
+// may be off (the slave kept copying after that report); the new master
+// then reports its real start and the registry fixes it (Fixed). A fixed
+// start never changes again: every member's log agrees with the master's
+// below it (DESIGN.md, "Epochs").
 type EpochRecord struct {
 	Epoch  uint32 `json:"epoch"`
 	Master string `json:"master"` // broker id
 	Start  int64  `json:"start"`
 	At     int64  `json:"at"` // unix ms, stamped by the leader
+	// Fixed is set once the epoch's master has confirmed Start.
+	Fixed bool `json:"fixed,omitempty"`
 }
 
 // MaxEpochHistory is how many epochs a group remembers.
@@ -97,8 +106,28 @@ type Group struct {
 	History []EpochRecord `json:"history,omitempty"`
 	// Version increases with every change of the group.
 	Version uint64 `json:"version"`
+	// Resync is an operator's order to one of its slaves to set its log
+	// aside and copy it again from the master (nil: none pending);
+	// LastResync is the Seq of the last order carried out.
+	Resync     *ResyncOrder `json:"resync,omitempty"`
+	LastResync uint64       `json:"last_resync,omitempty"`
 	// ChangedAt is when the state last changed (unix ms, stamped by the leader).
 	ChangedAt int64 `json:"changed_at"`
+}
+
+// ResyncOrder is an order to a group's slave to copy its log afresh.
+type ResyncOrder struct {
+	Broker string `json:"broker"`
+	Seq    uint64 `json:"seq"`
+	At     int64  `json:"at"` // unix ms, stamped by the leader
+}
+
+// ResyncSeq is the Seq of the group's latest resync order.
+func (g Group) ResyncSeq() uint64 {
+	if g.Resync != nil {
+		return g.Resync.Seq
+	}
+	return g.LastResync
 }
 
 // Writable reports whether the group takes writes.
@@ -118,23 +147,53 @@ func (g Group) RoleOf(id string) (Role, bool) {
 	return "", false
 }
 
-// TruncationPoint returns where a broker that last led epoch led (0: it
-// never led) must cut its log before it follows the current master: the
-// start of the epoch after the one it led. cut is false when it has nothing
-// to cut (it never led, or it leads the current epoch). An error means the
-// history no longer holds the epoch after led: the broker cannot tell where
-// its log left the group's and must not follow without an operator.
+// ErrStartPending is TruncationPoint's answer while the current epoch's
+// start is not fixed yet: the broker must wait for its master to confirm
+// where the epoch began before it can tell what to cut.
+var ErrStartPending = errors.New("routing: the current epoch's start is not confirmed by its master yet")
+
+// TruncationPoint returns where a broker whose log holds records of epochs
+// up to led (0: none, an empty or fresh log) must cut its log before it
+// follows the current master: the lowest start of the epochs after led.
+// Past that offset its log may hold records that the epochs after led
+// never had. cut is false when it has nothing to cut (led is the current
+// epoch, or 0).
+//
+// ErrStartPending means an epoch after led is the current one and its
+// start is not fixed yet: the broker must wait (its master will confirm
+// it). Any other error means the history no longer holds the epoch after
+// led: the broker cannot tell where its log left the group's and must not
+// follow without an operator.
 func (g Group) TruncationPoint(led uint32) (offset int64, cut bool, err error) {
 	if led == 0 || led >= g.Epoch {
 		return 0, false, nil
 	}
+	if len(g.History) == 0 || g.History[0].Epoch > led+1 {
+		return 0, false, fmt.Errorf("group %s: epoch %d, the one after the last this broker's log holds, is older than the history (oldest %d)",
+			g.Name, led+1, g.oldestEpoch())
+	}
 	for _, e := range g.History {
-		if e.Epoch == led+1 {
-			return e.Start, true, nil
+		if e.Epoch <= led {
+			continue
+		}
+		if e.Epoch == g.Epoch && !e.Fixed {
+			return 0, false, ErrStartPending
+		}
+		if !cut || e.Start < offset {
+			offset, cut = e.Start, true
 		}
 	}
-	return 0, false, fmt.Errorf("group %s: epoch %d, the one after the last this broker led, is older than the history (oldest %d)",
-		g.Name, led+1, g.oldestEpoch())
+	return offset, cut, nil
+}
+
+// Record returns the history's record of epoch e.
+func (g Group) Record(e uint32) (EpochRecord, bool) {
+	for _, r := range g.History {
+		if r.Epoch == e {
+			return r, true
+		}
+	}
+	return EpochRecord{}, false
 }
 
 // LastLed returns the last epoch the history shows broker id leading, 0 if none.

@@ -119,7 +119,7 @@ type Log struct {
 	cutMu      sync.Mutex
 	cuts       []indexCut // cut, not yet written
 	cutFrom    int64      // writer-owned: where the next cut starts
-	lastAt     int64      // writer-owned: log offset of the last record indexed
+	lastAt     int64      // writer-owned, changed under mu: log offset of the last record indexed
 	idxFailing bool       // indexer-owned: the last chunk write failed
 	idxWake    chan struct{}
 	stopIdx    chan struct{}

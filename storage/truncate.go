@@ -200,12 +200,12 @@ func (l *Log) truncate(offset int64, sideFile string) (TruncateResult, error) {
 	l.chunks = cut.chunks
 	l.end.Store(offset)
 	l.flushed.Store(offset)
+	l.lastAt = cut.lastAt // under mu: LastRecord reads it there
 	l.mu.Unlock()
 	for _, c := range doomedChunks {
 		c.drop()
 	}
 	l.prod.replace(cut.prod)
-	l.lastAt = cut.lastAt
 	l.cutMu.Lock()
 	l.cutFrom = cut.end
 	for len(l.cuts) > 0 && l.cuts[len(l.cuts)-1].to > offset {

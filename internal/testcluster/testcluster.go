@@ -227,7 +227,7 @@ func StartGroup(tb testing.TB, metaAddrs []string, name string, o GroupOpts) *Gr
 	g.Master = StartBroker(tb, g.Config(routing.RoleMaster))
 	// Roles are the registry's: the first broker of a group to register
 	// gets the master slot, so the slave starts only once the master holds it.
-	testwait.For(tb, 10*time.Second, name+"'s master to take over", func() bool { return g.Master.Role() == "master" })
+	testwait.For(tb, 10*time.Second, name+"'s master to take over", func() bool { return g.Master.Role().Kind == broker.RoleMaster })
 	if o.Slave {
 		g.StartSlave(tb)
 		testwait.For(tb, 10*time.Second, name+"'s slave to connect", func() bool { return g.Master.Slave().Connected })

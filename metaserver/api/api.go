@@ -16,10 +16,22 @@ type Heartbeat struct {
 	// Slave only: the master's log end in the last fetch answer, so the
 	// leader knows how far behind the slave is even without the master.
 	MasterEnd int64 `json:"master_end,omitempty"`
-	// TakeoverEnd (master only) is the broker's log end when it took over
-	// Epoch: the leader moves the epoch's start up to it (the promotion
-	// recorded the slave's last reported end, which may be lower).
-	TakeoverEnd int64 `json:"takeover_end,omitempty"`
+	// EpochStart (master only) is where the broker's log began the epoch it
+	// leads: its log end when it took the epoch over, kept on its disk. The
+	// leader fixes the epoch's start to it once (fsm.FixEpochStart). nil
+	// while the broker leads no epoch.
+	EpochStart *int64 `json:"epoch_start,omitempty"`
+	// Broken says why the broker cannot follow its master because of its
+	// own log ("" if it can): the judge neither promotes it nor counts its
+	// lag against the group, and an operator resyncs it.
+	Broken string `json:"broken,omitempty"`
+	// Waiting says why a slave does not follow yet for a reason that will
+	// pass by itself (say the new master has not confirmed where its epoch
+	// began); "" if it does not wait.
+	Waiting string `json:"waiting,omitempty"`
+	// ResyncDone is the Seq of the last resync order the broker carried
+	// out (routing.Group.Resync).
+	ResyncDone uint64 `json:"resync_done,omitempty"`
 	// LastCut is the broker's last truncation on rejoining as slave.
 	LastCut *Cut `json:"last_cut,omitempty"`
 	// Master only: the slave's state as the master sees it.
@@ -231,4 +243,10 @@ type MetaStatus struct {
 	CommitIndex  uint64         `json:"commit_index"`
 	AppliedIndex uint64         `json:"applied_index"`
 	Members      []MemberStatus `json:"members"`
+}
+
+// ResyncBrokerRequest orders a broker that is not its group's master to set
+// its log aside and copy it again from the master.
+type ResyncBrokerRequest struct {
+	Broker string `json:"broker"`
 }

@@ -385,6 +385,13 @@ func (c *Client) SetGroupReadOnly(ctx context.Context, group string, readOnly bo
 	return decode[routing.Group](c.call(ctx, protocol.CodeAdminSetGroupMode, api.SetGroupModeRequest{Group: group, ReadOnly: readOnly}, true))
 }
 
+// ResyncBroker orders a broker that is not its group's master to set its
+// log aside and copy it again from its master; it returns the group with
+// the order.
+func (c *Client) ResyncBroker(ctx context.Context, broker string) (routing.Group, error) {
+	return decode[routing.Group](c.call(ctx, protocol.CodeAdminResync, api.ResyncBrokerRequest{Broker: broker}, true))
+}
+
 // RaftStatus returns the Raft cluster as the leader (or, without one, any
 // node) sees it.
 func (c *Client) RaftStatus(ctx context.Context) (api.RaftStatus, error) {

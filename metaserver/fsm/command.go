@@ -154,12 +154,13 @@ func (RemoveBroker) Type() CommandType    { return TypeRemoveBroker }
 func (SetMember) Type() CommandType       { return TypeSetMember }
 func (RemoveMember) Type() CommandType    { return TypeRemoveMember }
 
-// SetEpochStart moves the start of a group's current epoch up to Start, the
-// new master's log end when it took over (a promotion records the slave's
-// last reported end, which may be lower: the slave may have copied more
-// after it reported). It applies only to the current epoch, and only
-// upwards: everything below Start in the new master's log came from the
-// old master, so a rejoining old master keeps it.
+// SetEpochStart is the command of earlier metaservers that moved the start
+// of a group's current epoch up to a master's reported log end at every
+// takeover, restarts included (which could move it past records written in
+// the epoch). No metaserver proposes it any more; entries already in a Raft
+// log apply as they did, so that nodes of both versions agree, and only
+// to a start that is not fixed (FixEpochStart). Read as a decision record:
+// docs/decisions/epoch-start-fixed.md.
 type SetEpochStart struct {
 	Group string `json:"group"`
 	Epoch uint32 `json:"epoch"`
@@ -209,6 +210,12 @@ func Decode(b []byte) (Command, error) {
 		c = &Promote{}
 	case TypeSetEpochStart:
 		c = &SetEpochStart{}
+	case TypeFixEpochStart:
+		c = &FixEpochStart{}
+	case TypeResyncBroker:
+		c = &ResyncBroker{}
+	case TypeResyncDone:
+		c = &ResyncDone{}
 	case TypeJoinGroup:
 		c = &JoinGroup{}
 	case TypeLeaveGroup:

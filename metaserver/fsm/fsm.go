@@ -281,12 +281,18 @@ func (f *FSM) apply(c Command) any {
 		if n == 0 || g.Epoch != c.Epoch || g.History[n-1].Epoch != c.Epoch {
 			return conflict("group %q is at epoch %d, not %d", c.Group, g.Epoch, c.Epoch)
 		}
-		if c.Start <= g.History[n-1].Start {
+		if c.Start <= g.History[n-1].Start || g.History[n-1].Fixed {
 			return &Result{Version: g.Version}
 		}
 		g.History = slices.Clone(g.History)
 		g.History[n-1].Start = c.Start
 		return f.bumpGroup(g)
+	case *FixEpochStart:
+		return f.fixEpochStart(c)
+	case *ResyncBroker:
+		return f.resyncBroker(c)
+	case *ResyncDone:
+		return f.resyncDone(c)
 	case *JoinGroup:
 		return f.joinGroup(c)
 	case *LeaveGroup:
@@ -341,8 +347,9 @@ func (f *FSM) registerBroker(c *RegisterBroker) any {
 	}
 	*slot = c.Broker
 	if role == routing.RoleMaster && !known {
-		// A new master: a new epoch, starting where its log ends.
-		f.newEpoch(g, c.Broker.ID, c.LogEnd, c.At)
+		// A new master: a new epoch, starting where its log ends (the
+		// broker takes no write before the reply, so its start is fixed).
+		f.newEpoch(g, c.Broker.ID, c.LogEnd, c.At, true)
 	}
 	return f.bumpGroup(g)
 }
@@ -355,10 +362,11 @@ func slotOf(g *routing.Group, role routing.Role) *routing.Broker {
 	return &g.Slave
 }
 
-// newEpoch starts the group's next epoch under master at log offset start.
-func (f *FSM) newEpoch(g *routing.Group, master string, start, at int64) {
+// newEpoch starts the group's next epoch under master at log offset start;
+// fixed says whether that start is final already.
+func (f *FSM) newEpoch(g *routing.Group, master string, start, at int64, fixed bool) {
 	g.Epoch++
-	g.History = append(g.History, routing.EpochRecord{Epoch: g.Epoch, Master: master, Start: start, At: at})
+	g.History = append(g.History, routing.EpochRecord{Epoch: g.Epoch, Master: master, Start: start, At: at, Fixed: fixed})
 	if n := len(g.History) - routing.MaxEpochHistory; n > 0 {
 		g.History = slices.Clone(g.History[n:])
 	}
@@ -374,7 +382,7 @@ func (f *FSM) promote(c *Promote) any {
 			c.Group, g.Epoch, g.Master.ID, g.Slave.ID, c.Epoch, c.Master, c.Slave)
 	}
 	g.Master, g.Slave = g.Slave, routing.Broker{}
-	f.newEpoch(g, g.Master.ID, c.Start, c.At)
+	f.newEpoch(g, g.Master.ID, c.Start, c.At, false)
 	g.Reasons &^= routing.HeartbeatLost | routing.SlaveLag
 	g.ChangedAt = c.At
 	return f.bumpGroup(g)

@@ -162,7 +162,7 @@ type roleCollector struct{ b *broker.Broker }
 
 var (
 	roleDesc = prometheus.NewDesc("ferrymq_broker_role",
-		"1, labelled with the broker's role now: master, or slave (also while it cannot follow its master); absent before the registry names one.",
+		"1, labelled with the broker's role now: master, slave (also while it waits for its master to confirm its epoch), or broken (a slave that cannot follow its master without an operator's resync); absent before the registry names one.",
 		[]string{"role"}, nil)
 	slaveLagBytesDesc = prometheus.NewDesc("ferrymq_broker_slave_lag_bytes",
 		"Master only: bytes the slave is behind.", nil, nil)
@@ -181,9 +181,11 @@ func (c roleCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c roleCollector) Collect(ch chan<- prometheus.Metric) {
 	if !c.b.IsMaster() {
-		switch role := c.b.Role(); {
-		case role == string(routing.RoleSlave), strings.HasPrefix(role, "blocked"):
+		switch c.b.Role().Kind {
+		case broker.RoleSlave, broker.RoleWaiting:
 			ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, 1, string(routing.RoleSlave))
+		case broker.RoleBroken:
+			ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, 1, "broken")
 		}
 		return
 	}
@@ -251,11 +253,11 @@ func ready(b *broker.Broker) error {
 	if err := b.Store().Broken(); err != nil {
 		return err
 	}
-	if b.IsMaster() || b.Role() == string(routing.RoleSlave) {
+	switch st := b.Role(); st.Kind {
+	case broker.RoleMaster, broker.RoleSlave:
 		return nil
-	}
-	if role := b.Role(); strings.HasPrefix(role, "blocked") {
-		return fmt.Errorf("not ready: %s", role)
+	case broker.RoleWaiting, broker.RoleBroken:
+		return fmt.Errorf("not ready: %s", st)
 	}
 	return errors.New("not ready: the metaserver has not named this broker master or slave yet")
 }

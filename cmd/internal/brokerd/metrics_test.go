@@ -34,7 +34,7 @@ func TestMetricsFollowTheRole(t *testing.T) {
 	master, slave := cli.NewMetrics(), cli.NewMetrics()
 	register(master, g.Master, g.MasterDir)
 	register(slave, g.Slave, g.SlaveDir)
-	testwait.For(t, 10*time.Second, "the slave to follow its master", func() bool { return g.Slave.Role() == "slave" })
+	testwait.For(t, 10*time.Second, "the slave to follow its master", func() bool { return g.Slave.Role().Kind == broker.RoleSlave })
 
 	roleOf := func(name string, fams map[string]*dto.MetricFamily) string {
 		t.Helper()

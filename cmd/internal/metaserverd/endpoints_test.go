@@ -235,7 +235,7 @@ var allowedLabels = map[string][]string{
 func labelValues(metric, label string) []string {
 	switch label {
 	case "role":
-		return []string{"master", "slave"}
+		return []string{"master", "slave", "broken"}
 	case "state":
 		return []string{"Follower", "Candidate", "Leader", "Shutdown"}
 	case "topic":
