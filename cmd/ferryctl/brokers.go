@@ -42,10 +42,25 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 			for _, gi := range groups {
 				var epochs []string
 				for _, e := range gi.History {
-					epochs = append(epochs, fmt.Sprintf("%d:%s@%d", e.Epoch, e.Master, e.Start))
+					unconfirmed := ""
+					if !e.Fixed {
+						unconfirmed = "?" // its master has not confirmed the start yet
+					}
+					epochs = append(epochs, fmt.Sprintf("%d:%s@%d%s", e.Epoch, e.Master, e.Start, unconfirmed))
 				}
 				if len(epochs) > 0 {
 					notes = append(notes, []string{gi.Name + " epochs:", strings.Join(epochs, " ")})
+				}
+				if sl := gi.LastSlave; sl.BrokerID == gi.Slave.ID && sl.BrokerID != "" {
+					switch {
+					case sl.Broken != "":
+						notes = append(notes, []string{gi.Name + " slave broken:", sl.Broken})
+					case sl.Waiting != "":
+						notes = append(notes, []string{gi.Name + " slave waiting:", sl.Waiting})
+					}
+				}
+				if o := gi.Resync; o != nil {
+					notes = append(notes, []string{gi.Name + " resync:", fmt.Sprintf("#%d ordered for %s, not carried out yet", o.Seq, o.Broker)})
 				}
 				for _, m := range gi.Members {
 					if m.Role == api.RoleFormerMaster {
@@ -63,6 +78,13 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 			return g.printer().print(groups, []string{"GROUP", "EPOCH", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES", "PRODUCERS", "DUPLICATES"}, rows)
 		}),
 	}
+}
+
+// resyncOut is what 'broker resync' prints with --json.
+type resyncOut struct {
+	Group  string `json:"group"`
+	Broker string `json:"broker"`
+	Seq    uint64 `json:"seq"`
 }
 
 // member is a broker as "id (addr)", or "-".
@@ -136,7 +158,31 @@ func formerMaster(gi api.GroupInfo, m api.BrokerStatus) string {
 }
 
 func newBrokerCommand(g *globalOptions) *cobra.Command {
-	cmd := &cobra.Command{Use: "broker", Short: "Change a broker group's state"}
+	cmd := &cobra.Command{Use: "broker", Short: "Change a broker group's state, or have a broker copy its log again"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "resync BROKER-ID",
+		Short: "Have a slave set its log aside (into its data directory's truncated/) and copy it again from its master",
+		Long: `Have a slave set its log aside and copy it again from its master.
+
+For a slave that cannot follow because of its own log: 'ferryctl brokers'
+shows it broken, with the reason (its log is not a prefix of the master's,
+or cannot be cut where the group's epoch history says). The broker, when its
+next heartbeat carries the order, moves every record of its log into a side
+file under its data directory's truncated/ (read it with 'ferryctl
+truncated FILE'; delete it once you no longer need it: it takes as much
+disk as the log did), and copies the master's log from its first offset.
+The group's master cannot be resynced. Needs admin.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
+			grp, err := cl.ResyncBroker(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			seq := grp.ResyncSeq()
+			return g.printer().print(resyncOut{Group: grp.Name, Broker: args[0], Seq: seq},
+				[]string{"GROUP", "BROKER", "ORDER"}, [][]string{{grp.Name, args[0], fmt.Sprintf("resync #%d: carried out at the broker's next heartbeat", seq)}})
+		}),
+	})
 	for _, mode := range []struct {
 		use      string
 		readOnly bool

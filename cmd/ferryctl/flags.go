@@ -201,6 +201,17 @@ func checkBrokerGroup(s string) error {
 	return nil
 }
 
+// checkBrokerID checks a broker's id as brokers take it (-id).
+func checkBrokerID(s string) error {
+	if s == "" || len(s) > 255 {
+		return fmt.Errorf("broker id must be 1 to 255 bytes, got %d", len(s))
+	}
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
+		return fmt.Errorf("broker id %q: spaces and unprintable characters are not allowed", s)
+	}
+	return nil
+}
+
 // parseMetaAddrs reads --meta: a comma-separated list of host:port with a
 // numeric port from 1 to 65535.
 func parseMetaAddrs(s string) ([]string, error) {
@@ -301,6 +312,8 @@ func checkArgs(cmd *cobra.Command, args []string) error {
 			err = checkConsumerGroup(a)
 		case "broker group":
 			err = checkBrokerGroup(a)
+		case "broker id":
+			err = checkBrokerID(a)
 		}
 		if err != nil {
 			return usageError{fmt.Errorf("%s: %w", path, err)}
@@ -334,6 +347,7 @@ var argKinds = map[string]string{
 	"consume":             "topic",
 	"broker readonly":     "broker group",
 	"broker writable":     "broker group",
+	"broker resync":       "broker id",
 	"group describe":      "consumer group",
 	"group reset-offsets": "consumer group",
 }

@@ -247,6 +247,7 @@ var argCases = map[string]flagCase{
 	"brokers":             {nil, nil},
 	"broker readonly":     {[]string{"broker", "readonly", "ARG"}, brokerGroupName},
 	"broker writable":     {[]string{"broker", "writable", "ARG"}, brokerGroupName},
+	"broker resync":       {[]string{"broker", "resync", "ARG"}, brokerGroupName},
 	"meta status":         {nil, nil},
 	"meta add-voter":      {[]string{"meta", "add-voter", "ARG", "--raft-addr", "127.0.0.1:2", "--rpc-addr", "127.0.0.1:3"}, nonEmpty},
 	"meta remove-voter":   {[]string{"meta", "remove-voter", "ARG"}, nonEmpty},
