@@ -12,6 +12,7 @@ type appendReq struct {
 	flush     bool
 	done      func([]Position, error)
 	trunc     *truncateReq // non-nil: a Truncate, run by the writer between groups
+	run       func()       // non-nil: run by the writer between groups (Watch)
 
 	positions []Position
 	err       error

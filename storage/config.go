@@ -91,6 +91,10 @@ type Config struct {
 	// Entry exactly that Entry's Producer. nil: records carry none, and the
 	// state of stamped appends lasts until Close.
 	ProducerStamp func(payload []byte) (ProducerStamp, bool)
+	// MessageID reads the message id of a stored record from its payload,
+	// for Watch (nil: a Watch sees no ids, and recovered entries are
+	// checked by their stamps alone). It must not keep the slice.
+	MessageID func(payload []byte) (string, bool)
 	// ProducerIdle is how long a (producer, queue) pair is remembered after
 	// its last record, by record times (Config.Now stamps). Default 7 days.
 	ProducerIdle time.Duration

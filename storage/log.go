@@ -21,6 +21,14 @@ type Entry struct {
 	// zero: stored without checks. It must be the stamp that
 	// Config.ProducerStamp reads from Payload.
 	Producer ProducerStamp
+	// Recovered appends a record that a failover cut from the old master's
+	// log (see Recovered records in the package doc): it is flagged, it is
+	// skipped as a duplicate if its stamp is stored already or its message
+	// id was appended to its queue while a Watch of the queue is open, and
+	// its stamp otherwise joins the deduplication state only where it is
+	// the next one its producer's state expects: it never refuses, fences
+	// or renumbers a live producer.
+	Recovered bool
 }
 
 // Position is where an appended entry landed.
@@ -43,6 +51,7 @@ type StoredEntry struct {
 	LogOffset   int64
 	StoreTime   int64 // unix milliseconds
 	Payload     []byte
+	Recovered   bool // appended again after a failover (Entry.Recovered)
 }
 
 // Log is a segmented commit log. Appends from any goroutine are queued and
@@ -117,10 +126,11 @@ type Log struct {
 	chunks     []*indexChunk
 	openChunks openChunks // the chunk files open, for reads
 	cutMu      sync.Mutex
-	cuts       []indexCut // cut, not yet written
-	cutFrom    int64      // writer-owned: where the next cut starts
-	lastAt     int64      // writer-owned, changed under mu: log offset of the last record indexed
-	idxFailing bool       // indexer-owned: the last chunk write failed
+	cuts       []indexCut            // cut, not yet written
+	cutFrom    int64                 // writer-owned: where the next cut starts
+	lastAt     int64                 // writer-owned, changed under mu: log offset of the last record indexed
+	watches    map[queueKey][]*Watch // writer-owned: open watches by queue (recovered.go)
+	idxFailing bool                  // indexer-owned: the last chunk write failed
 	idxWake    chan struct{}
 	stopIdx    chan struct{}
 	idxDone    chan struct{}

@@ -150,7 +150,8 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 				return nil, corrupt(fmt.Sprintf("the index says %s/%d offset %d is here, the record is %s/%d offset %d",
 					topic, queue, want, rec.Topic, rec.Queue, rec.QueueOffset))
 			}
-			out = append(out, StoredEntry{QueueOffset: rec.QueueOffset, LogOffset: at, StoreTime: rec.StoreTime, Payload: rec.Payload})
+			out = append(out, StoredEntry{QueueOffset: rec.QueueOffset, LogOffset: at, StoreTime: rec.StoreTime, Payload: rec.Payload,
+				Recovered: rec.Flags&flagRecovered != 0})
 			at += int64(n)
 			b = b[n:]
 		}

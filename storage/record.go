@@ -54,8 +54,13 @@ func (e *CorruptError) Error() string {
 
 func (e *CorruptError) Unwrap() error { return ErrCorrupt }
 
+// flagRecovered, in a record's flags byte, marks a record appended again
+// after a failover cut it from the old master's log (Entry.Recovered).
+const flagRecovered = 0x01
+
 // record is a decoded record; Payload aliases the buffer it came from.
 type record struct {
+	Flags       byte
 	Topic       string
 	Queue       uint32
 	QueueOffset int64
@@ -68,12 +73,12 @@ func recordSize(topicLen, payloadLen int) int {
 }
 
 // appendRecord appends one encoded record to dst.
-func appendRecord(dst []byte, topic string, queue uint32, queueOffset, storeTime int64, payload []byte) []byte {
+func appendRecord(dst []byte, flags byte, topic string, queue uint32, queueOffset, storeTime int64, payload []byte) []byte {
 	start := len(dst)
 	contentLen := recordFixedSize + len(topic) + len(payload)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(contentLen))
 	dst = binary.BigEndian.AppendUint32(dst, 0) // CRC, filled below
-	dst = append(dst, recordVersion, 0)
+	dst = append(dst, recordVersion, flags)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(topic)))
 	dst = append(dst, topic...)
 	dst = binary.BigEndian.AppendUint32(dst, queue)
@@ -122,6 +127,7 @@ func decodeRecord(b []byte) (record, error) {
 	if tl == 0 || tl > maxTopicLen || 4+tl+4+8+8 > len(content) {
 		return r, fmt.Errorf("bad topic length %d", tl)
 	}
+	r.Flags = content[1]
 	p := content[4:]
 	r.Topic = string(p[:tl])
 	p = p[tl:]

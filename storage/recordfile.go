@@ -20,6 +20,7 @@ type RecordInfo struct {
 	QueueOffset int64
 	StoreTime   int64  // unix milliseconds
 	Payload     []byte // the stored message; fresh for each record
+	Recovered   bool   // appended again after a failover (Entry.Recovered)
 }
 
 // RecordFileBase returns the log offset of the first record of a record
@@ -92,6 +93,7 @@ func ReadRecords(r io.Reader, name string, base int64, fn func(RecordInfo) error
 			return corrupt(derr.Error())
 		}
 		if err := fn(RecordInfo{Offset: at, Size: size, Topic: rec.Topic, Queue: rec.Queue, QueueOffset: rec.QueueOffset,
+			Recovered: rec.Flags&flagRecovered != 0,
 			StoreTime: rec.StoreTime, Payload: rec.Payload}); err != nil {
 			return err
 		}

@@ -335,7 +335,11 @@ func (l *Log) scanSegment(s *segment, from int64) (good int64, reason string, er
 			return at, fmt.Sprintf("queue offset %d of %s/%d does not follow %d", rec.QueueOffset, rec.Topic, rec.Queue, qi.next()-1), nil
 		}
 		l.indexAdd(k, rec.QueueOffset, s.base+at, int32(n))
-		l.prod.replay(k, rec.Payload, rec.QueueOffset, rec.StoreTime)
+		if rec.Flags&flagRecovered != 0 {
+			l.prod.replayRecovered(k, rec.Payload, rec.QueueOffset, rec.StoreTime)
+		} else {
+			l.prod.replay(k, rec.Payload, rec.QueueOffset, rec.StoreTime)
+		}
 		l.scanned++
 		if end := s.base + at + int64(n); end-l.cutFrom >= l.cfg.IndexChunkBytes {
 			crc := binary.BigEndian.Uint32(buf[at-bufAt+4:])

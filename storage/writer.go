@@ -51,7 +51,7 @@ func (l *Log) writer() {
 func (l *Log) writeBatch(batch []*appendReq) {
 	for len(batch) > 0 {
 		i := 0
-		for i < len(batch) && batch[i].trunc == nil {
+		for i < len(batch) && batch[i].trunc == nil && batch[i].run == nil {
 			i++
 		}
 		if i > 0 {
@@ -59,7 +59,11 @@ func (l *Log) writeBatch(batch []*appendReq) {
 		}
 		if i < len(batch) {
 			r := batch[i]
-			r.trunc.res, r.err = l.truncate(r.trunc.offset, r.trunc.sideFile)
+			if r.run != nil {
+				r.run()
+			} else {
+				r.trunc.res, r.err = l.truncate(r.trunc.offset, r.trunc.sideFile)
+			}
 			r.done(nil, r.err)
 			i++
 		}
@@ -129,7 +133,18 @@ func (l *Log) writeGroup(batch []*appendReq) {
 			k := queueKey{e.Topic, e.Queue}
 			var ids map[uint64]*producerState
 			var st *producerState
-			if e.Producer.ID != 0 {
+			applyStamp := e.Producer.ID != 0
+			if e.Recovered {
+				var skip bool
+				if skip, applyStamp = l.checkRecovered(k, e, now); skip {
+					r.positions[i] = Position{QueueOffset: -1, LogOffset: -1, End: -1, Duplicate: true}
+					dups++
+					continue
+				}
+				if applyStamp {
+					ids, st = l.prod.find(k, e.Producer.ID)
+				}
+			} else if e.Producer.ID != 0 {
 				// Checked in append order: the state holds every entry
 				// placed before this one, in this group too.
 				ids, st = l.prod.find(k, e.Producer.ID)
@@ -147,12 +162,19 @@ func (l *Log) writeGroup(batch []*appendReq) {
 			qo := nextOffset(k)
 			size := recordSize(len(e.Topic), len(e.Payload))
 			c := place(size)
-			c.buf = appendRecord(c.buf, e.Topic, e.Queue, qo, now, e.Payload)
+			var flags byte
+			if e.Recovered {
+				flags = flagRecovered
+			}
+			c.buf = appendRecord(c.buf, flags, e.Topic, e.Queue, qo, now, e.Payload)
 			r.positions[i] = Position{QueueOffset: qo, LogOffset: pos, End: pos + int64(size)}
 			next[k] = qo + 1
 			pos += int64(size)
-			if e.Producer.ID != 0 {
+			if applyStamp {
 				l.prod.applyTo(ids, st, k, e.Producer, qo, now)
+			}
+			if l.watches != nil {
+				l.noteWatched(k, e.Payload)
 			}
 		}
 		l.prod.note(now)
@@ -195,9 +217,10 @@ func (l *Log) placeRaw(r *appendReq, pos *int64, nextOffset func(queueKey) int64
 	local := make(map[queueKey]int64)
 	var sizes []int
 	type stamped struct {
-		k        queueKey
-		ps       ProducerStamp
-		qo, time int64
+		k         queueKey
+		ps        ProducerStamp
+		qo, time  int64
+		recovered bool
 	}
 	var stamps []stamped
 	for b := r.raw; len(b) > 0; {
@@ -225,12 +248,19 @@ func (l *Log) placeRaw(r *appendReq, pos *int64, nextOffset func(queueKey) int64
 		sizes = append(sizes, n)
 		if l.prod.stamp != nil {
 			if ps, ok := l.prod.stamp(rec.Payload); ok && ps.ID != 0 {
-				stamps = append(stamps, stamped{k, ps, rec.QueueOffset, rec.StoreTime})
+				stamps = append(stamps, stamped{k, ps, rec.QueueOffset, rec.StoreTime, rec.Flags&flagRecovered != 0})
 			}
 		}
 		b = b[n:]
 	}
 	for _, s := range stamps {
+		if s.recovered {
+			// As the master did: only where the state takes it as next.
+			_, st := l.prod.find(s.k, s.ps.ID)
+			if v, _, _ := l.prod.check(st, s.ps, s.time); v != accept {
+				continue
+			}
+		}
 		l.prod.apply(s.k, s.ps, s.qo, s.time)
 	}
 	from := 0
