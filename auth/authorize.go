@@ -70,6 +70,8 @@ var rules = map[protocol.Code]need{
 
 	protocol.CodeHAFetch: needCluster,
 	protocol.CodeHAAck:   needCluster,
+	// A former master hands its cut tail to the new master.
+	protocol.CodeRecover: needCluster,
 
 	protocol.CodeHeartbeat: needCluster,
 	// ROUTE_LOOKUP creates the topic when the metaserver auto-creates:

@@ -102,6 +102,7 @@ func requests() map[protocol.Code]request {
 		protocol.CodePull:              {onData, protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "orders", MaxBytes: 1024})},
 		protocol.CodeHAFetch:           {onHA, protocol.AppendHAFetchRequest(nil, &protocol.HAFetchRequest{BrokerID: "nobody", MaxBytes: 1024})},
 		protocol.CodeHAAck:             {onHA, protocol.AppendHAAck(nil, &protocol.HAAck{BrokerID: "nobody"})},
+		protocol.CodeRecover:           {onHA, protocol.AppendRecoverRequest(nil, &protocol.RecoverRequest{Epoch: 99, BrokerID: "nobody"})},
 		protocol.CodeHeartbeat:         {onMeta, js(api.Heartbeat{})}, // INVALID once allowed
 		protocol.CodeRouteLookup:       {onMeta, []byte("orders")},
 		protocol.CodeRouteGet:          {onMeta, []byte("orders")},
@@ -189,6 +190,7 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodePull:              {"admin", "cons"},
 		protocol.CodeHAFetch:           {"admin", "cluster"},
 		protocol.CodeHAAck:             {"admin", "cluster"},
+		protocol.CodeRecover:           {"admin", "cluster"},
 		protocol.CodeHeartbeat:         {"admin", "cluster"},
 		protocol.CodeRouteLookup:       {"admin", "prod", "cons"},
 		protocol.CodeRouteGet:          {"admin", "cluster", "desc", "prod", "cons"},

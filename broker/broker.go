@@ -57,6 +57,11 @@ type Broker struct {
 	roles  *roles
 	acl    *aclCopy // nil: authorization off
 	stats  Stats
+	// handover hands this broker's cut tails to its master (nil:
+	// -failover-tail=discard); recovering is set while this broker, as
+	// master, appends one (recover.go).
+	handover   *tailHandover
+	recovering atomic.Bool
 
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
@@ -86,6 +91,7 @@ func New(cfg Config) (*Broker, error) {
 			ps, ok := protocol.PeekProducerStamp(payload)
 			return storage.ProducerStamp(ps), ok
 		},
+		MessageID:    protocol.PeekMessageID,
 		ProducerIdle: cfg.ProducerIdle,
 		Pretouch:     cfg.Pretouch,
 		OnSync:       b.stats.observeFlush,
@@ -117,6 +123,13 @@ func New(cfg Config) (*Broker, error) {
 		hb.aclVersion = b.acl.sawVersion
 		b.goFunc(b.acl.run)
 	}
+	if !cfg.DiscardFailoverTail {
+		b.handover = &tailHandover{id: cfg.ID, dir: cfg.Dir, log: b.store, clock: cfg.Clock, lg: lg.Named("recover"), stats: &b.stats,
+			tails: make(chan string, 64),
+			dial: func(addr string) *transport.Client {
+				return transport.NewClient(addr, transport.ClientConfig{TLS: cfg.TLSClient, Token: cfg.ClusterToken})
+			}}
+	}
 	b.roles, err = newRoles(&roles{id: cfg.ID, dir: cfg.Dir, log: b.store, lease: b.lease, clock: cfg.Clock,
 		lg: lg.Named("roles"), stats: &b.stats, fixedHA: cfg.MasterHAAddr, releasePulls: b.pulls.releaseAll,
 		newRepl: func() *replication {
@@ -127,6 +140,7 @@ func New(cfg Config) (*Broker, error) {
 			rep.unknownSlave = hb.kick
 			return rep
 		},
+		tails: b.handover,
 		newFollow: func(epoch uint32, addr string, masterEnd *atomic.Int64) *follower {
 			return &follower{id: cfg.ID, epoch: epoch, addr: addr, log: b.store, dial: masterDialer(cfg.TLSClient, cfg.ClusterToken),
 				fetchBytes: cfg.HAFetchBytes, fetchWait: cfg.HAFetchWait, clock: cfg.Clock, lg: lg.Named("follower"),
@@ -180,6 +194,7 @@ func New(cfg Config) (*Broker, error) {
 	b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("ha"), TLS: cfg.TLSServer,
 		RequireAuth: b.acl != nil})
 	b.ha.Handle(protocol.CodeAuth, b.handleAuth)
+	b.ha.Handle(protocol.CodeRecover, b.handleRecover)
 	b.ha.HandleWithReply(protocol.CodeHAFetch, func(r *transport.Request) {
 		if !b.authorized(r) {
 			return
@@ -206,6 +221,10 @@ func New(cfg Config) (*Broker, error) {
 	}
 	b.haAddr = haBound.String()
 	b.goFunc(b.roles.run)
+	if b.handover != nil {
+		b.handover.group = b.roles.group.Load
+		b.goFunc(b.handover.run)
+	}
 	b.goFunc(hb.run)
 	b.goFunc(b.routes.run)
 	if cfg.RetentionBytes > 0 {

@@ -83,6 +83,18 @@ type Config struct {
 	// HAFetchBytes caps one fetch. Default 4 MiB.
 	HAFetchBytes int
 
+	// DiscardFailoverTail keeps a former master's cut tail (the NORMAL
+	// messages it acknowledged that its slave never copied) in its side
+	// file only. By default (false) the broker, rejoining as the slave,
+	// hands those records to the new master, which appends each again
+	// once, flagged as recovered (recover.go). -failover-tail=discard.
+	DiscardFailoverTail bool
+	// RecoverWindow bounds how far a master looks for copies of recovered
+	// messages in its log: records stored later than this after the newest
+	// recovered one are not read (a producer's retries end within its
+	// delivery timeout). Default 1 h.
+	RecoverWindow time.Duration
+
 	// MaxInflightRequests and MaxInflightBytes bound the SEND requests (and
 	// their bytes) being processed across the broker; past them a request
 	// gets BUSY. Defaults 8192 and 256 MiB.
@@ -155,6 +167,9 @@ func (c Config) withDefaults() Config {
 	if c.HAFetchBytes <= 0 {
 		c.HAFetchBytes = 4 << 20
 	}
+	if c.RecoverWindow <= 0 {
+		c.RecoverWindow = time.Hour
+	}
 	if c.MaxInflightRequests <= 0 {
 		c.MaxInflightRequests = 8192
 	}
@@ -193,7 +208,7 @@ func (c Config) Validate() error {
 	}{
 		{"FlushInterval", c.FlushInterval}, {"RetentionCheck", c.RetentionCheck}, {"HeartbeatInterval", c.HeartbeatInterval},
 		{"SessionTimeout", c.SessionTimeout}, {"HighWait", c.HighWait}, {"SlaveLagTime", c.SlaveLagTime}, {"HAFetchWait", c.HAFetchWait},
-		{"WriteTimeout", c.WriteTimeout}, {"ProducerIdle", c.ProducerIdle},
+		{"WriteTimeout", c.WriteTimeout}, {"ProducerIdle", c.ProducerIdle}, {"RecoverWindow", c.RecoverWindow},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("broker: %s must not be negative, got %v", d.name, d.v))

@@ -98,10 +98,10 @@ type roles struct {
 	fixedHA   string // a configured master HA address, "" to take the registry's
 	// releasePulls answers every parked PULL (step-down, truncation); may be nil.
 	releasePulls func()
-	// cutTail takes the side file of a cut that a failover made (the old
-	// master's acknowledged tail) for replay through the new master; nil:
-	// cut tails are kept for the operator only (-failover-tail=discard).
-	cutTail func(sideFile string)
+	// tails hands the side file of a cut that a failover made (the old
+	// master's acknowledged tail) to the new master (recover.go); nil: cut
+	// tails are kept for the operator only (-failover-tail=discard).
+	tails *tailHandover
 
 	want     chan routing.Group // capacity 1: the latest group
 	diverged chan error         // capacity 1: the follower found the log is not the master's prefix
@@ -325,7 +325,17 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 		}
 		if cut && off < r.log.EndOffset() {
 			side := filepath.Join(r.dir, sideDir, storage.SideFileName(off, led))
+			handOver := r.tails != nil
+			if handOver {
+				if err := r.tails.mark(side); err != nil {
+					r.lg.Warn("cannot mark the tail to cut for handing over; it stays in its side file for the operator", "side-file", side, "error", err)
+					handOver = false
+				}
+			}
 			res, err := r.log.Truncate(off, side)
+			if handOver && (err != nil || res.Records == 0) {
+				r.tails.unmark(side)
+			}
 			if err != nil {
 				r.setBroken(fmt.Sprintf("cutting the log back to offset %d, where the group's history says epoch %d's successor began, failed: %v; to copy it afresh from the master: ferryctl broker resync %s",
 					off, led, err, r.id))
@@ -338,8 +348,8 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 			r.lg.Warn("cut the log back to where the new master's epoch began; the cut records are kept for the operator",
 				"from", res.From, "to", res.To, "records", res.Records, "side-file", res.SideFile,
 				"led-epoch", led, "epoch", g.Epoch, "read-with", "ferryctl truncated "+res.SideFile)
-			if r.cutTail != nil && res.Records > 0 {
-				r.cutTail(res.SideFile)
+			if handOver && res.Records > 0 {
+				r.tails.cut(res.SideFile)
 			}
 		}
 		h := r.hist.joined(g, g.Epoch, nil)

@@ -38,6 +38,12 @@ type Stats struct {
 	HAFetchRefused atomic.Int64 // HA fetches refused: not this group's slave in this epoch
 	HADiverged     atomic.Int64 // HA fetches refused LOG_DIVERGED: the slave's log is not a prefix of this master's
 	Resyncs        atomic.Int64 // times this broker set its log aside and copied it again (an operator's order)
+	// A failover's cut tail, appended again through the new master
+	// (recover.go).
+	Recovered             atomic.Int64 // as master: recovered records appended
+	RecoverDuplicates     atomic.Int64 // as master: recovered records it held already (by stamp or message id)
+	TailsHandedOver       atomic.Int64 // as former master: cut tails handed to the new master whole
+	TailRecordsHandedOver atomic.Int64 // as former master: records of those tails
 
 	// Long-polling PULL (longpoll.go).
 	PullsParked   atomic.Int64 // PULLs parked now (a gauge)

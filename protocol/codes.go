@@ -27,6 +27,7 @@ const (
 
 	CodeHAFetch Code = 20 // a slave fetches raw log bytes from its master
 	CodeHAAck   Code = 21 // oneway: a slave tells its master how far it has appended
+	CodeRecover Code = 22 // a broker hands its master the records a failover cut from its log (RecoverRequest)
 
 	CodeHeartbeat    Code = 30 // a broker's heartbeat to the metaserver leader
 	CodeRouteLookup  Code = 31 // a route lookup, served by any metaserver node
@@ -67,6 +68,7 @@ var codeNames = map[Code]string{
 	CodePull:              "PULL",
 	CodeHAFetch:           "HA_FETCH",
 	CodeHAAck:             "HA_ACK",
+	CodeRecover:           "RECOVER",
 	CodeHeartbeat:         "HEARTBEAT",
 	CodeRouteLookup:       "ROUTE_LOOKUP",
 	CodeRouteGet:          "ROUTE_GET",

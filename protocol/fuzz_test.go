@@ -151,6 +151,34 @@ func FuzzDecodeHAFetchRequest(f *testing.F) {
 	})
 }
 
+func FuzzDecodeRecoverRequest(f *testing.F) {
+	addWithPrefixes(f, AppendRecoverRequest(nil, &RecoverRequest{Epoch: 3, BrokerID: "g1-m", From: 1 << 30, Cut: 1 << 29, Records: []byte("records")}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		q, err := DecodeRecoverRequest(b)
+		if err != nil {
+			checkMalformed(t, err)
+			return
+		}
+		if out := AppendRecoverRequest(nil, &q); !bytes.Equal(out, b) {
+			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
+		}
+	})
+}
+
+func FuzzDecodeRecoverResponse(f *testing.F) {
+	addWithPrefixes(f, AppendRecoverResponse(nil, &RecoverResponse{Stored: 7, Duplicates: 2, End: 1 << 33}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := DecodeRecoverResponse(b)
+		if err != nil {
+			checkMalformed(t, err)
+			return
+		}
+		if out := AppendRecoverResponse(nil, &p); !bytes.Equal(out, b) {
+			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
+		}
+	})
+}
+
 func FuzzDecodeHAAck(f *testing.F) {
 	addWithPrefixes(f, AppendHAAck(nil, &HAAck{Acked: 1 << 40, Epoch: 4, BrokerID: "g1-b"}))
 	f.Fuzz(func(t *testing.T, b []byte) {

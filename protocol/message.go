@@ -261,3 +261,14 @@ func PeekProducerStamp(raw []byte) (s ProducerStamp, ok bool) {
 	s.Seq = r.i64("producer sequence")
 	return s, r.err == nil && s.ID != 0
 }
+
+// PeekMessageID reads the message id of one encoded message without
+// decoding the rest; ok is false for a malformed one.
+func PeekMessageID(raw []byte) (id string, ok bool) {
+	r := reader{b: raw}
+	b := r.span(int(r.u16("message id")), "message id")
+	if r.err != nil || len(b) == 0 {
+		return "", false
+	}
+	return string(b), true
+}

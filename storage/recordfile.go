@@ -100,3 +100,13 @@ func ReadRecords(r io.Reader, name string, base int64, fn func(RecordInfo) error
 		at += int64(size)
 	}
 }
+
+// EncodeRecord encodes a record as the log holds it: what ReadRecords gave
+// as ri, byte for byte (its Offset and Size aside).
+func EncodeRecord(ri RecordInfo) []byte {
+	var flags byte
+	if ri.Recovered {
+		flags = flagRecovered
+	}
+	return appendRecord(nil, flags, ri.Topic, ri.Queue, ri.QueueOffset, ri.StoreTime, ri.Payload)
+}

@@ -26,7 +26,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ferry-broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg broker.Config
-	var meta, flush, role, metricsAddr, pprofAddr string
+	var meta, flush, role, metricsAddr, pprofAddr, failoverTail string
 	var logf cli.LogFlags
 	var tlsf cli.TLSFlags
 	var authf cli.AuthFlags
@@ -50,6 +50,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.ProducerIdle, "producer-idle", 7*24*time.Hour, "forget an idempotent producer's sequences in a queue after this long without its messages")
 	fs.Int64Var(&cfg.Pretouch, "pretouch", 0, "write zeros this many bytes ahead of the commit log's writer, so appends land on pages the file has (0: 8 MiB with -flush async, off with sync; -1: off)")
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 10*time.Second, "close a connection that read none of its answers for this long")
+	fs.StringVar(&failoverTail, "failover-tail", "recover", "what a former master does with the records a failover cut from its log (NORMAL messages it acknowledged that its slave never copied): recover (hand them to the new master, which stores each again once, flagged) or discard (keep them in truncated/ for the operator only)")
 	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
 	fs.StringVar(&pprofAddr, "pprof", "", cli.PprofHelp)
 	logf.Register(fs)
@@ -68,6 +69,13 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if cfg.Flush, err = storage.ParseFlushMode(flush); err != nil {
 		return &cli.ConfigError{Err: err}
+	}
+	switch failoverTail {
+	case "recover":
+	case "discard":
+		cfg.DiscardFailoverTail = true
+	default:
+		return &cli.ConfigError{Err: fmt.Errorf("-failover-tail %q: want recover or discard", failoverTail)}
 	}
 	for _, a := range strings.Split(meta, ",") {
 		if a = strings.TrimSpace(a); a != "" {
@@ -144,6 +152,11 @@ func register(m *cli.Metrics, b *broker.Broker, dir string) {
 	m.CounterFunc("ferrymq_broker_truncations_total", "Times this broker cut its log back on rejoining as the slave.", f(&st.Truncations))
 	m.CounterFunc("ferrymq_broker_truncated_bytes_total", "Bytes cut from the log on rejoining as the slave (kept in side files).", f(&st.TruncatedBytes))
 	m.CounterFunc("ferrymq_broker_ha_fetch_refused_total", "HA fetches refused: not from the group's slave in the current epoch.", f(&st.HAFetchRefused))
+	m.CounterFunc("ferrymq_broker_ha_diverged_total", "HA fetches refused LOG_DIVERGED: the slave's log is not a prefix of this master's.", f(&st.HADiverged))
+	m.CounterFunc("ferrymq_broker_resyncs_total", "Times this broker set its log aside and copied it again from its master, on an operator's order.", f(&st.Resyncs))
+	m.CounterFunc("ferrymq_broker_recovered_messages_total", "As master: messages a failover had cut from a former master's log, appended again (flagged recovered).", f(&st.Recovered))
+	m.CounterFunc("ferrymq_broker_recover_duplicates_total", "As master: messages of a former master's cut tail that this log held already (by stamp or message id), not appended again.", f(&st.RecoverDuplicates))
+	m.CounterFunc("ferrymq_broker_tails_handed_over_total", "As former master: cut tails handed to the group's master whole.", f(&st.TailsHandedOver))
 	m.GaugeFunc("ferrymq_broker_pulls_parked", "PULLs held by the broker now, waiting for a message (long polls).", f(&st.PullsParked))
 	m.CounterFunc("ferrymq_broker_pull_wakeups_total", "Parked PULLs answered because a message arrived in their queue.", f(&st.PullWakeups))
 	m.CounterFunc("ferrymq_broker_pulls_expired_total", "Parked PULLs answered when their wait passed.", f(&st.PullsExpired))
