@@ -180,8 +180,9 @@ func TestRefusedKeyedWaits(t *testing.T) {
 }
 
 // A message whose first attempt had an unknown outcome (stored, answered
-// TIMEOUT) and which then moves (refused, and allowed to move) is flagged a
-// possible duplicate, and counted. It is indeed stored twice.
+// TIMEOUT) and which then moves (refused, and allowed to move, keyed as it
+// is: MoveKeyedOnFailure and MoveOnUnknownOutcome) is flagged a possible
+// duplicate, and counted. It is indeed stored twice.
 func TestMovedAfterUnknownIsFlagged(t *testing.T) {
 	c, fakes := fakeCluster(t, "fl", "g1", "g2")
 	fakes["g1"].setInject(byBody("flag", func(attempt int) (protocol.Status, injectMode) {
@@ -190,7 +191,7 @@ func TestMovedAfterUnknownIsFlagged(t *testing.T) {
 		}
 		return protocol.StatusNotMaster, refuse
 	}))
-	p := newProducer(t, c, RetryBackoff(5*time.Millisecond), MoveKeyedOnFailure(true))
+	p := newProducer(t, c, RetryBackoff(5*time.Millisecond), MoveKeyedOnFailure(true), MoveOnUnknownOutcome(true))
 	r, err := p.Send(context.Background(), &Message{Topic: "fl", Key: keyFor(0, 2), Body: []byte("flag")})
 	if err != nil {
 		t.Fatal(err)
