@@ -30,28 +30,46 @@
 //     later messages of its key to be stored without it.
 //
 // Retries. A send whose outcome is unknown (no answer: a lost connection, a
-// deadline, a malformed answer; or a status of protocol.Status.MaybeStored:
-// SLAVE_SYNC_TIMEOUT, FLUSH_TIMEOUT, TIMEOUT, STORE_ERROR, INTERNAL,
-// LEASE_LOST) is
-// retried on the same queue with the same stamp, ahead of that queue's
-// newer messages, until its delivery deadline: the broker answers it
-// DUPLICATE if it had stored it. A HIGH message retried after
-// SLAVE_SYNC_TIMEOUT is so answered once the slave has it, with one copy. A
-// status that says the message was not stored (READ_ONLY, NOT_MASTER,
+// deadline, a malformed answer, a call given up; or a status of
+// protocol.Status.MaybeStored: SLAVE_SYNC_TIMEOUT, FLUSH_TIMEOUT, TIMEOUT,
+// STORE_ERROR, INTERNAL, LEASE_LOST) is retried on the same queue with the
+// same stamp, ahead of that queue's newer messages, until its delivery
+// deadline: the broker answers it DUPLICATE if it had stored it. A HIGH
+// message retried after SLAVE_SYNC_TIMEOUT is so answered once the slave
+// has it, with one copy. Such a message, keyed or not, stays on its queue
+// with its stamp also while its group refuses it or has no writable
+// master: the group's next master (the same broker, or the slave promoted
+// in its place, which holds the dedupe state: a slave replays the stamps
+// it copies) answers it DUPLICATE or stores it once. It moves, losing its
+// stamp, only when the newest route shows its group with no writable
+// master and no slave (nobody can be promoted), once FailoverWait (20 s)
+// has passed since its first unknown outcome (failover off, a dead slave,
+// a group held read-only), or with MoveOnUnknownOutcome(true). A status
+// that says the message was not stored (READ_ONLY, NOT_MASTER,
 // SLAVE_LAGGING, NO_ROUTE, BUSY, SHUTTING_DOWN, OUT_OF_ORDER_SEQUENCE...)
-// rewinds the queue's sequence to the first refused message's; the refused
-// messages lose their stamps and are sent again: an unkeyed one may go to
-// another queue, a keyed one waits for its own. OUT_OF_ORDER_SEQUENCE also
-// means the broker lost state the producer relied on (a log tail lost in a
-// crash): the producer takes a new identity and restarts every queue at
-// sequence 0. PRODUCER_FENCED fails with ErrFenced.
+// rewinds the queue's sequence to the first refused message's, never below
+// a message that may be stored; the refused messages lose their stamps and
+// are sent again (an unkeyed one may go to another queue, which keeps
+// unkeyed traffic flowing while a group fails over; a keyed one waits for
+// its own), except those up to the last refused one that may be stored and
+// waits as above: they keep their stamps and wait with it, so the queue's
+// sequence has no gap. OUT_OF_ORDER_SEQUENCE also means the broker lost
+// state the producer relied on (a log tail lost in a crash or a failover):
+// the producer takes a new identity and restarts every queue at sequence
+// 0, and the refused messages are re-stamped. PRODUCER_FENCED fails with
+// ErrFenced.
 //
 // When a message can still be stored twice:
 //   - it had an attempt of unknown outcome and was then sent without that
-//     attempt's stamp: moved to another queue after a refusal, or (unkeyed)
-//     after its group was marked read-only while it waited, or re-stamped
-//     after OUT_OF_ORDER_SEQUENCE. Its Result has PossibleDuplicate set and
-//     Stats().PossibleDuplicates counts it;
+//     attempt's stamp: moved to another queue when its group could not
+//     answer it (as above: no member to promote, FailoverWait passed, or
+//     MoveOnUnknownOutcome), or re-stamped after OUT_OF_ORDER_SEQUENCE.
+//     Its Result has PossibleDuplicate set and Stats().PossibleDuplicates
+//     counts it. A message re-stamped after OUT_OF_ORDER_SEQUENCE is not
+//     in its queue's log already (the broker lacks an earlier sequence of
+//     the producer there, and stores a producer's sequences without gaps):
+//     its other copy, if any, is in the records a failed-over master cut
+//     from its log when it rejoined (its truncated/ side file);
 //   - an anonymous producer (no Identity) restarted while a send's outcome
 //     was unknown: the new instance has a new id, and the application's
 //     resend is a new message to the broker. A named producer (Identity)
@@ -88,6 +106,10 @@
 // their queue with their stamps, at the new master, which answers
 // DUPLICATE for what it already has; a queue still has one batch in flight
 // at a time, so order holds. Stats().GivenUp counts the sends given up.
+// Messages of unknown outcome wait through the failover for the new
+// master, refused or unanswered meanwhile (see Retries: FailoverWait
+// bounds the wait); messages known not stored, unkeyed, go to other
+// groups.
 //
 // # Errors
 //

@@ -352,3 +352,202 @@ func TestBackoffEndsWhenTheRouteChanges(t *testing.T) {
 		}
 	}
 }
+
+// unknownOnG1 starts the scene of the unknown-outcome tests: topic "uo"
+// with queue 0 on g1 and queue 1 on g2, g2 not writable in the producer's
+// cached route at first so that an unkeyed message goes to g1. g1's master
+// hangs (mode) on the message m, then the metaserver marks g1 read-only
+// (naming slave as its slave, "" for none) and g2 writable; the producer's
+// next poll gives the hung call up: m's outcome is unknown, and g2 is
+// where it could move.
+type unknownScene struct {
+	p         *Client
+	clk       *clockwork.FakeClock
+	rt        *fakeRoutes
+	g1, g2    *fakeBroker
+	old, next *fakeAddr // g1's master and its slave (promoted with everything the master had)
+	q1        routing.QueueRoute
+	pr        *promises
+}
+
+func unknownOnG1(t *testing.T, mode hangMode, slave bool, opts ...Opt) *unknownScene {
+	t.Helper()
+	sc := &unknownScene{g1: startFakeBroker(t, "", "g1"), g2: startFakeBroker(t, "", "g2"), rt: newFakeRoutes(), clk: clockwork.NewFakeClock()}
+	sc.old, sc.next = sc.g1.first, sc.g1.listen(t)
+	sc.q1 = routing.QueueRoute{Queue: 1, Group: "g2", Master: sc.g2.first.addr, Epoch: 1, Writable: true}
+	q0 := routing.QueueRoute{Queue: 0, Group: "g1", Master: sc.old.addr, Slave: sc.next.addr, Epoch: 1, Writable: true}
+	g2ro := sc.q1
+	g2ro.Writable = false
+	sc.rt.set("uo", q0, g2ro)
+	base := []Opt{withClock(sc.clk), Linger(0), RetryBackoff(5 * time.Millisecond), withMaxBackoff(20 * time.Millisecond), RequestTimeout(time.Minute)}
+	sc.p = newFakeProducer(t, sc.rt, append(base, opts...)...)
+	ctx := context.Background()
+	if r, err := sc.p.Send(ctx, &Message{Topic: "uo", Body: []byte("warm")}); err != nil || r.Group != "g1" {
+		t.Fatalf("warm-up: %+v %v", r, err)
+	}
+	sc.old.hang.Store(int32(mode))
+	sc.pr = newPromises(t)
+	sc.p.SendAsync(ctx, &Message{Topic: "uo", Body: []byte("m")}, sc.pr.next(0))
+	testwait.For(t, 5*time.Second, "g1's master to take m", func() bool { return sc.old.reqs.Load() == 2 })
+
+	q0.Writable = false
+	if !slave {
+		q0.Slave = ""
+	}
+	sc.rt.set("uo", q0, sc.q1)
+	sc.clk.Advance(time.Second)
+	testwait.For(t, 5*time.Second, "the hung call to be given up", func() bool { return sc.p.Stats().GivenUp == 1 })
+	return sc
+}
+
+// waitsOnG1 waits until m, after its unknown outcome, was sent to g1's
+// master again (it keeps its queue) or went to g2, and fails in the latter
+// case.
+func (sc *unknownScene) waitsOnG1(t *testing.T) {
+	t.Helper()
+	testwait.For(t, 5*time.Second, "m sent again, to g1 or g2", func() bool {
+		return sc.old.reqs.Load() == 3 || sc.g2.batches.Load() > 0
+	})
+	if n := sc.g2.batches.Load(); n != 0 {
+		t.Fatalf("m went to g2 (%d batches) while g1 could still be failed over", n)
+	}
+	if called, _ := sc.pr.count(); called != 0 {
+		t.Fatalf("m answered before g1 had a master")
+	}
+}
+
+// result is m's one result.
+func (sc *unknownScene) result(t *testing.T) Result {
+	t.Helper()
+	waitPromises(t, sc.pr, 1)
+	if len(sc.pr.errs) != 0 {
+		t.Fatal(sc.pr.errs[0])
+	}
+	for _, r := range sc.pr.results {
+		return r
+	}
+	panic("unreachable")
+}
+
+// An unkeyed message whose outcome is unknown (its master stopped
+// answering and the call was given up) keeps its stamp and its queue while
+// its group is read-only with a slave that can be promoted, instead of
+// moving to the writable group; the promoted slave, which holds the dedupe
+// state, answers it DUPLICATE if the old master had stored it and stores
+// it otherwise: one copy, not flagged.
+func TestUnknownOutcomeWaitsForTheNewMaster(t *testing.T) {
+	for _, mode := range []hangMode{hangBefore, hangAfter} {
+		name := map[hangMode]string{hangBefore: "not-stored", hangAfter: "stored"}[mode]
+		t.Run(name, func(t *testing.T) {
+			sc := unknownOnG1(t, mode, true)
+			sc.waitsOnG1(t)
+			// The metaserver promotes the slave; the next poll brings it.
+			sc.rt.set("uo", routing.QueueRoute{Queue: 0, Group: "g1", Master: sc.next.addr, Epoch: 2, Writable: true}, sc.q1)
+			sc.clk.Advance(time.Second)
+			r := sc.result(t)
+			if r.Group != "g1" || r.Queue != 0 || r.Broker != sc.next.addr || r.PossibleDuplicate || r.Duplicate != (mode == hangAfter) {
+				t.Fatalf("result %+v: want queue 0 at the promoted master %s, duplicate %v, not flagged", r, sc.next.addr, mode == hangAfter)
+			}
+			if n := len(sc.g1.storedIn("uo", 0)); n != 2 {
+				t.Fatalf("%d stored on g1, want warm and m", n)
+			}
+			if n := len(sc.g2.receivedCopy()); n != 0 {
+				t.Fatalf("g2 got %d messages", n)
+			}
+			if st := sc.p.Stats(); st.PossibleDuplicates != 0 {
+				t.Fatalf("stats %+v", st)
+			}
+		})
+	}
+}
+
+// An unknown-outcome message moves (without its stamp, flagged as a
+// possible duplicate) when its group cannot answer it: the route shows it
+// read-only with no slave to promote; or it had a slave, but FailoverWait
+// passed since the unknown outcome (failover off, a dead slave...); or at
+// the user's option, MoveOnUnknownOutcome. The old master had stored it:
+// it is stored twice, as the flag says.
+func TestUnknownOutcomeMoves(t *testing.T) {
+	cases := []struct {
+		name  string
+		slave bool
+		opts  []Opt
+		wait  time.Duration // > 0: m waits on g1 until the clock has moved this far
+	}{
+		{"no slave to promote", false, nil, 0},
+		{"failover wait passed", true, []Opt{FailoverWait(10 * time.Second)}, 10 * time.Second},
+		{"MoveOnUnknownOutcome", true, []Opt{MoveOnUnknownOutcome(true)}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sc := unknownOnG1(t, hangAfter, tc.slave, tc.opts...)
+			if tc.wait > 0 {
+				sc.waitsOnG1(t)
+				// The call to g1's master hangs again; past the wait, the
+				// next poll gives it up, and m may move.
+				sc.clk.Advance(tc.wait)
+			}
+			r := sc.result(t)
+			if r.Group != "g2" || !r.PossibleDuplicate || r.Duplicate {
+				t.Fatalf("result %+v: want moved to g2, flagged", r)
+			}
+			if a, b := len(sc.g1.storedIn("uo", 0)), len(sc.g2.storedIn("uo", 1)); a != 2 || b != 1 {
+				t.Fatalf("stored %d on g1 (with warm), %d on g2: want m on both", a, b)
+			}
+			if st := sc.p.Stats(); st.PossibleDuplicates != 1 {
+				t.Fatalf("stats %+v", st)
+			}
+		})
+	}
+}
+
+// A message whose first attempt had an unknown outcome (stored, answered
+// TIMEOUT) and whose retries are then refused (READ_ONLY: a master whose
+// lease ran out before the route says so) keeps its stamp and its queue
+// while the route shows its group writable, although another group could
+// take it; once the master takes it again it answers DUPLICATE: one copy.
+func TestRefusedAfterUnknownWaits(t *testing.T) {
+	g1, g2 := startFakeBroker(t, "", "g1"), startFakeBroker(t, "", "g2")
+	g1.setInject(byBody("m", func(attempt int) (protocol.Status, injectMode) {
+		switch {
+		case attempt == 1:
+			return protocol.StatusTimeout, storeThen
+		case attempt <= 4:
+			return protocol.StatusReadOnly, refuse
+		}
+		return 0, noInject
+	}))
+	rt := newFakeRoutes()
+	q0 := routing.QueueRoute{Queue: 0, Group: "g1", Master: g1.first.addr, Epoch: 1, Writable: true}
+	q1 := routing.QueueRoute{Queue: 1, Group: "g2", Master: g2.first.addr, Epoch: 1, Writable: false}
+	rt.set("rw", q0, q1)
+	clk := clockwork.NewFakeClock()
+	p := newFakeProducer(t, rt, withClock(clk), Linger(0), RetryBackoff(5*time.Millisecond), withMaxBackoff(20*time.Millisecond))
+	ctx := context.Background()
+	if _, err := p.Send(ctx, &Message{Topic: "rw", Body: []byte("warm")}); err != nil {
+		t.Fatal(err)
+	}
+	// g2 takes writes again: the READ_ONLY refusals refresh the route, so
+	// the producer sees it while m is retried.
+	q1.Writable = true
+	rt.set("rw", q0, q1)
+	r, err := p.Send(ctx, &Message{Topic: "rw", Body: []byte("m")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !routeWritable(p, "rw", "g2") {
+		t.Fatal("the producer never saw g2 writable: the test shows nothing")
+	}
+	if r.Group != "g1" || !r.Duplicate || r.PossibleDuplicate || r.Seq != 1 {
+		t.Fatalf("result %+v: want g1's duplicate of the first attempt (seq 1), not flagged", r)
+	}
+	if n := len(g2.receivedCopy()); n != 0 {
+		t.Fatalf("g2 got %d messages", n)
+	}
+	if n := len(g1.storedIn("rw", 0)); n != 2 {
+		t.Fatalf("%d stored on g1, want warm and m", n)
+	}
+	if st := p.Stats(); st.PossibleDuplicates != 0 || st.OutOfOrder != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}

@@ -180,8 +180,9 @@ func TestRefusedKeyedWaits(t *testing.T) {
 }
 
 // A message whose first attempt had an unknown outcome (stored, answered
-// TIMEOUT) and which then moves (refused, and allowed to move) is flagged a
-// possible duplicate, and counted. It is indeed stored twice.
+// TIMEOUT) and which then moves (refused, and allowed to move, keyed as it
+// is: MoveKeyedOnFailure and MoveOnUnknownOutcome) is flagged a possible
+// duplicate, and counted. It is indeed stored twice.
 func TestMovedAfterUnknownIsFlagged(t *testing.T) {
 	c, fakes := fakeCluster(t, "fl", "g1", "g2")
 	fakes["g1"].setInject(byBody("flag", func(attempt int) (protocol.Status, injectMode) {
@@ -190,7 +191,7 @@ func TestMovedAfterUnknownIsFlagged(t *testing.T) {
 		}
 		return protocol.StatusNotMaster, refuse
 	}))
-	p := newProducer(t, c, RetryBackoff(5*time.Millisecond), MoveKeyedOnFailure(true))
+	p := newProducer(t, c, RetryBackoff(5*time.Millisecond), MoveKeyedOnFailure(true), MoveOnUnknownOutcome(true))
 	r, err := p.Send(context.Background(), &Message{Topic: "fl", Key: keyFor(0, 2), Body: []byte("flag")})
 	if err != nil {
 		t.Fatal(err)
@@ -243,6 +244,41 @@ func TestOutOfOrderRenewsIdentity(t *testing.T) {
 	}
 	if st := p.Stats(); ids.calls.Load() != 2 || st.OutOfOrder != 1 || st.Renewals != 1 || st.ProducerID != 102 {
 		t.Fatalf("%d identities; stats %+v", ids.calls.Load(), st)
+	}
+}
+
+// A message whose outcome is unknown (a TIMEOUT; its master had not
+// stored it) and that then meets OUT_OF_ORDER_SEQUENCE (a new master after
+// a failover lacks a message the old one acknowledged before it) does not
+// keep waiting with its stamp, which that broker will never take: it is
+// re-stamped under the new identity and stored, flagged as a possible
+// duplicate (a copy may be in the old master's cut tail; the queue's log
+// has none, since the broker lacks an earlier sequence of ours there).
+func TestUnknownThenOutOfOrderRestamps(t *testing.T) {
+	c, fakes := fakeCluster(t, "uoo", "g1")
+	fakes["g1"].setInject(byBody("m", func(attempt int) (protocol.Status, injectMode) {
+		switch attempt {
+		case 1:
+			return protocol.StatusTimeout, refuse
+		case 2:
+			return protocol.StatusOutOfOrderSequence, refuse
+		}
+		return 0, noInject
+	}))
+	ids := &countingIDs{}
+	p := newProducer(t, c, RetryBackoff(5*time.Millisecond), withIdentitySource(ids))
+	r, err := p.Send(context.Background(), &Message{Topic: "uoo", Body: []byte("m")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ProducerID != 102 || r.Seq != 0 || !r.PossibleDuplicate || r.Duplicate {
+		t.Fatalf("result %+v: want re-stamped under the new identity 102 at seq 0, flagged", r)
+	}
+	if n := len(fakes["g1"].storedIn("uoo", 0)); n != 1 {
+		t.Fatalf("%d stored", n)
+	}
+	if st := p.Stats(); st.OutOfOrder != 1 || st.Renewals != 1 || st.PossibleDuplicates != 1 {
+		t.Fatalf("stats %+v", st)
 	}
 }
 

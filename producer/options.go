@@ -40,6 +40,8 @@ type config struct {
 	idempotent      bool
 	name            string
 	moveKeyed       bool
+	moveOnUnknown   bool
+	failoverWait    time.Duration
 	idSource        identitySource      // nil: the metaserver
 	routeSrc        routeSource         // nil: the metaserver
 	dialAddr        func(string) string // nil: brokers' addresses as routed (tests put a proxy between)
@@ -60,6 +62,7 @@ func defaults() config {
 		maxBackoff:      time.Second,
 		routeRefresh:    30 * time.Second,
 		routePoll:       300 * time.Millisecond,
+		failoverWait:    20 * time.Second,
 		logger:          hclog.NewNullLogger(),
 		clock:           clockwork.NewRealClock(),
 		idempotent:      true,
@@ -109,6 +112,7 @@ func (c *config) validate() error {
 		{"RetryBackoff", c.retryBackoff},
 		{"RouteRefresh", c.routeRefresh},
 		{"RoutePoll", c.routePoll},
+		{"FailoverWait", c.failoverWait},
 	} {
 		if d.v <= 0 {
 			bad("%s %v must be positive", d.name, d.v)
@@ -162,6 +166,44 @@ func Identity(name string) Opt { return optFunc(func(c *config) { c.name = name 
 // until its delivery deadline, so one key's messages keep their order even
 // across failures. Setting it trades that order for availability.
 func MoveKeyedOnFailure(allow bool) Opt { return optFunc(func(c *config) { c.moveKeyed = allow }) }
+
+// MoveOnUnknownOutcome lets a message whose outcome is unknown (no answer,
+// a call given up, or a status of protocol.Status.MaybeStored: TIMEOUT,
+// LEASE_LOST, SLAVE_SYNC_TIMEOUT...) leave its queue without its stamp as
+// soon as its group refuses it or the route shows the group without a
+// writable master, as a message known not stored does. Such a message may
+// be stored twice, and its Result.PossibleDuplicate says so. Default
+// false: it keeps its stamp and waits for its queue's master (the same
+// one, or the slave promoted in its place, which holds the dedupe state),
+// which answers it DUPLICATE if it was stored and stores it once
+// otherwise; it moves only as FailoverWait says. Either way a keyed
+// message moves only if MoveKeyedOnFailure allows it, and a message that
+// a keyed one keeping its stamp follows in its queue waits with it (the
+// queue's sequence must have no gap). Ignored with idempotence off.
+func MoveOnUnknownOutcome(allow bool) Opt {
+	return optFunc(func(c *config) { c.moveOnUnknown = allow })
+}
+
+// FailoverWait bounds how long a message whose outcome is unknown keeps
+// its stamp and its queue while its group cannot answer it (see
+// MoveOnUnknownOutcome). Counted from the message's first unknown outcome
+// (by the producer's clock); once it has passed, the message's next
+// refusal, or a retry that finds the route showing its group without a
+// writable master, lets it move to another queue without its stamp
+// (flagged Result.PossibleDuplicate), as a message known not stored does.
+// It may move without waiting when the newest route shows its group with
+// no writable master and no slave: nobody can be promoted to answer it.
+// Default 20 s: longer than a master's loss takes to repair at the
+// metaserver's defaults (its last heartbeat up to 2 s before it died, the
+// promotion 10 s session + 1 s margin after that heartbeat, then the
+// producer's poll and the new master's takeover, within a second), with
+// room for a metaserver leader change at the same time (a new leader
+// starts every session at its takeover). It bounds what failover cannot
+// repair: failover off on the metaservers, a dead or lagging slave, a
+// group an operator marked read-only, a HIGH message refused SLAVE_LAGGING
+// by a master with no slave. A FailoverWait at least DeliveryTimeout never
+// moves such a message: it waits until its delivery deadline.
+func FailoverWait(d time.Duration) Opt { return optFunc(func(c *config) { c.failoverWait = d }) }
 
 // withIdentitySource replaces the metaserver as the source of producer
 // identities (tests).
@@ -294,16 +336,16 @@ func Logger(l hclog.Logger) Opt {
 	})
 }
 
-// withClock sets the clock of route refreshes (the RouteRefresh period, the
-// RoutePoll polls, the at-most-once-a-second refresh after routing errors),
-// of how long a call has waited for the poll's give-up rule, and of the
-// avoider's "now", so tests can move it. Linger, retry backoff, request
-// timeouts and delivery deadlines stay on the real clock: they bound real
-// waits on sockets. Default: the real clock.
 // withMaxBackoff sets the cap of a retry's backoff (1 s), for tests that
 // must tell a woken retry from a timed-out backoff.
 func withMaxBackoff(d time.Duration) Opt { return optFunc(func(c *config) { c.maxBackoff = d }) }
 
+// withClock sets the clock of route refreshes (the RouteRefresh period, the
+// RoutePoll polls, the at-most-once-a-second refresh after routing errors),
+// of how long a call has waited for the poll's give-up rule, of
+// FailoverWait, and of the avoider's "now", so tests can move it. Linger,
+// retry backoff, request timeouts and delivery deadlines stay on the real
+// clock: they bound real waits on sockets. Default: the real clock.
 func withClock(clk clockwork.Clock) Opt {
 	return optFunc(func(c *config) {
 		if clk != nil {

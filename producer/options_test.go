@@ -34,6 +34,8 @@ func TestOptionsValidation(t *testing.T) {
 		{"negative retry backoff", []Opt{addr, RetryBackoff(-time.Second)}, []string{"RetryBackoff -1s"}},
 		{"negative route refresh", []Opt{addr, RouteRefresh(-time.Second)}, []string{"RouteRefresh -1s"}},
 		{"zero route poll", []Opt{addr, RoutePoll(0)}, []string{"RoutePoll 0s"}},
+		{"zero failover wait", []Opt{addr, FailoverWait(0)}, []string{"FailoverWait 0s must be positive"}},
+		{"failover wait past the delivery timeout", []Opt{addr, FailoverWait(time.Hour)}, nil},
 		{"linger as long as the delivery timeout", []Opt{addr, Linger(time.Second), DeliveryTimeout(time.Second)},
 			[]string{"Linger 1s must be shorter than DeliveryTimeout 1s"}},
 		{"batch larger than the buffer", []Opt{addr, MaxBatchBytes(2 << 20), MaxBuffered(100, 1<<20)},

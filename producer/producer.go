@@ -49,9 +49,10 @@ type Result struct {
 	Duplicate bool
 	// PossibleDuplicate: an earlier attempt's outcome was unknown, and the
 	// message was then sent without that attempt's stamp (moved to another
-	// queue, or re-stamped after the broker's state was lost), so it may be
-	// stored twice: here and where the earlier attempt went. Stats counts
-	// these.
+	// queue when its group could not answer it, see FailoverWait and
+	// MoveOnUnknownOutcome; or re-stamped after the broker's state was
+	// lost), so it may be stored twice: here and where the earlier attempt
+	// went. Stats counts these.
 	PossibleDuplicate bool
 	// The message's stamp: producer id, epoch and sequence in its queue.
 	// ProducerID is 0 with idempotence off.
@@ -182,10 +183,13 @@ type record struct {
 
 	// Idempotence, under the sink's mu while the record is in a sink:
 	// gen is the identity generation of rec.msg.Producer (0: unstamped);
-	// maybe says an attempt with this stamp had an unknown outcome;
-	// possibleDup says an earlier stamp's did and the record left it.
+	// maybe says an attempt with this stamp had an unknown outcome, and
+	// maybeSince when the first did (by the producer's clock; FailoverWait
+	// counts from it); possibleDup says an earlier stamp's did and the
+	// record left it.
 	gen         uint64
 	maybe       bool
+	maybeSince  time.Time
 	possibleDup bool
 }
 
@@ -207,7 +211,7 @@ func (c *Client) unstamp(rec *record) {
 		rec.possibleDup = true
 		c.stats.possibleDuplicates.Add(1)
 	}
-	rec.maybe = false
+	rec.maybe, rec.maybeSince = false, time.Time{}
 	rec.gen = 0
 	rec.msg.Producer = protocol.ProducerStamp{}
 }

@@ -39,8 +39,10 @@ type sink struct {
 	inflight   int
 	timer      *time.Timer
 	// The group as the newest route seen names it (see observe): its
-	// master ("" none), epoch and state, and that route's version.
+	// master ("" none), slave ("" none), epoch and state, and that route's
+	// version.
 	addr     string
+	slave    string
 	epoch    uint32
 	writable bool
 	version  uint64
@@ -61,12 +63,13 @@ type sink struct {
 type view struct {
 	version  uint64 // the route's registry version
 	master   string
+	slave    string
 	epoch    uint32
 	writable bool
 }
 
 func viewOf(version uint64, q routing.QueueRoute) view {
-	return view{version: version, master: q.Master, epoch: q.Epoch, writable: q.Writable}
+	return view{version: version, master: q.Master, slave: q.Slave, epoch: q.Epoch, writable: q.Writable}
 }
 
 // call is a SEND in flight: where it went, since when (by the producer's
@@ -214,7 +217,7 @@ func (s *sink) see(v view) {
 		s.changed = make(chan struct{})
 	}
 	s.viewed = true
-	s.addr, s.epoch, s.writable, s.version = v.master, v.epoch, v.writable, v.version
+	s.addr, s.slave, s.epoch, s.writable, s.version = v.master, v.slave, v.epoch, v.writable, v.version
 	if len(s.calls) == 0 {
 		return
 	}
@@ -678,13 +681,16 @@ func (s *sink) verdictOfErr(err error) verdict {
 //     retried there after a backoff;
 //   - from the first record refused on: nothing later can have been stored
 //     (the broker refuses gaps), so the queue's next sequence rewinds to the
-//     first refused record's (never to a sequence that may be stored), and
-//     the refused records lose their stamps: unkeyed ones are dispatched
-//     again (they may move), keyed ones wait at the front of the line. A
-//     keyed record whose stamp may be stored keeps it, and so do the keyed
-//     records refused with it (no rewind then).
+//     first refused record's, but never to a sequence that may be stored.
+//     The refused records up to the last one whose stamp may be stored (an
+//     earlier attempt's outcome was unknown) and that waits for its queue
+//     (keyed, or keepsUnknown) keep their stamps and wait at the front of
+//     the line, and the sequence rewinds to just past them; the others lose
+//     their stamps: unkeyed ones are dispatched again (they may move),
+//     keyed ones wait at the front of the line.
 //
-// OUT_OF_ORDER_SEQUENCE also takes a new identity. Under mu.
+// OUT_OF_ORDER_SEQUENCE also takes a new identity, and every refused
+// record loses its stamp. Under mu.
 func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr string) {
 	c := s.c
 	ln := rn.ln
@@ -748,13 +754,13 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 			if st.RefreshesRoute() {
 				s.refresh = append(s.refresh, rec.msg.Topic) // LEASE_LOST
 			}
-			rec.maybe = true
+			s.markMaybe(rec)
 			rec.failed(errAt(i))
 			runErr = rec.lastErr
 			back = append(back, rec)
 		default: // refused, or unknown after a refusal
 			if v == unknown {
-				rec.maybe = true
+				s.markMaybe(rec)
 			}
 			if st == protocol.StatusOutOfOrderSequence && i == r0 {
 				// Only a run's first refusal can mean the broker lost our
@@ -769,16 +775,29 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 			runErr = errAt(i)
 		}
 	}
+	// The tail's first records, up to the last one whose stamp may be
+	// stored and that waits for its queue with it (keyed, or its group may
+	// still answer it: keepsUnknown), keep their stamps (kept of them): the
+	// broker dedupes them when they are sent again. Unless the broker lost
+	// our sequence (OUT_OF_ORDER_SEQUENCE): then nothing keeps its stamp.
+	kept := 0
 	if r0 < n && rn.gen != 0 {
-		cur := c.ident.Load()
-		stale := ooo || cur == nil || rn.gen != cur.gen
-		keepKeyed := false
-		if !stale {
-			for _, rec := range tail {
-				keepKeyed = keepKeyed || c.stays(rec) && rec.maybe
+		if !ooo {
+			var now time.Time
+			for i, rec := range tail {
+				if !rec.maybe {
+					continue
+				}
+				if now.IsZero() {
+					now = c.cfg.clock.Now()
+				}
+				if c.stays(rec) || s.keepsUnknown(rec, now) {
+					kept = i + 1
+				}
 			}
 		}
-		if !keepKeyed && rn.gen == ln.gen {
+		if rn.gen == ln.gen {
+			// Never below a sequence that may be stored.
 			to := max(rn.recs[r0].msg.Producer.Seq, storedPast)
 			for _, rec := range tail {
 				if rec.maybe {
@@ -787,23 +806,20 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 			}
 			ln.next = min(ln.next, to)
 		}
-		for i, rec := range tail {
-			rec.failed(tailErr[i])
-			if !c.stays(rec) || !keepKeyed {
-				c.unstamp(rec)
-			}
+		for _, rec := range tail[kept:] {
+			c.unstamp(rec)
 		}
 		if ooo {
 			c.stats.outOfOrder.Add(1)
-			if cur != nil && rn.gen == cur.gen && c.renewing.CompareAndSwap(false, true) {
+			if cur := c.ident.Load(); cur != nil && rn.gen == cur.gen && c.renewing.CompareAndSwap(false, true) {
 				c.wg.Add(1)
 				go c.renewIdentity(rn.gen)
 			}
 		}
 	}
 	for i, rec := range tail {
-		rec.failed(tailErr[i]) // again, if above: harmless
-		if c.stays(rec) {
+		rec.failed(tailErr[i])
+		if i < kept || c.stays(rec) {
 			back = append(back, rec)
 		} else {
 			s.retry = append(s.retry, ended{rec: rec, err: tailErr[i]})
@@ -837,6 +853,32 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 	go s.hold(ln, backoff, s.changed)
 }
 
+// markMaybe records that an attempt with rec's stamp had an unknown
+// outcome. Under mu.
+func (s *sink) markMaybe(rec *record) {
+	if !rec.maybe {
+		rec.maybe, rec.maybeSince = true, s.c.cfg.clock.Now()
+	}
+}
+
+// keepsUnknown reports whether a record whose stamp may be stored keeps it
+// and waits for its queue, where the group's master (the same, or the
+// slave promoted in its place, which holds the dedupe state) answers it
+// DUPLICATE if it was stored: unless MoveOnUnknownOutcome, while the
+// newest route shows the group with a writable master or with a slave that
+// can be promoted, until FailoverWait has passed since the record's first
+// unknown outcome (now and that time by the producer's clock). Under mu.
+func (s *sink) keepsUnknown(rec *record, now time.Time) bool {
+	cfg := &s.c.cfg
+	switch {
+	case cfg.moveOnUnknown:
+		return false
+	case !s.writable && s.slave == "":
+		return false // no master takes writes, and nobody can be promoted
+	}
+	return now.Sub(rec.maybeSince) < cfg.failoverWait
+}
+
 // succeed finishes a stored record.
 func (s *sink) succeed(rec *record, res protocol.SendResult, addr string) {
 	dup := res.Status == protocol.StatusDuplicate
@@ -854,7 +896,10 @@ func (s *sink) succeed(rec *record, res protocol.SendResult, addr string) {
 // its backoff reset), then lets it go: records whose delivery deadline
 // passed meanwhile fail, and if the cached route says the queue's group no
 // longer takes writes, the records that may move are dispatched again
-// (flagged if an attempt's outcome was unknown). Runs under c.wg.
+// (flagged if an attempt's outcome was unknown). The line's records up to
+// the last one whose stamp may be stored and that waits for the group
+// (keyed, or keepsUnknown) stay, with their stamps; after them, keyed
+// records stay and the others may move. Runs under c.wg.
 func (s *sink) hold(ln *line, d time.Duration, changed <-chan struct{}) {
 	defer s.c.wg.Done()
 	t := time.NewTimer(d)
@@ -878,9 +923,16 @@ func (s *sink) hold(ln *line, d time.Duration, changed <-chan struct{}) {
 	}
 	s.expireLine(ln, time.Now(), ln.lastErr)
 	if known && !q.Writable {
+		now := s.c.cfg.clock.Now()
+		kept := 0
+		for i, rec := range ln.recs {
+			if rec.maybe && rec.gen != 0 && (s.c.stays(rec) || s.keepsUnknown(rec, now)) {
+				kept = i + 1
+			}
+		}
 		keep := ln.recs[:0]
-		for _, rec := range ln.recs {
-			if s.c.stays(rec) {
+		for i, rec := range ln.recs {
+			if i < kept || s.c.stays(rec) {
 				keep = append(keep, rec)
 				continue
 			}

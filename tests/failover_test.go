@@ -36,6 +36,10 @@ import (
 //   - every acknowledged HIGH message is readable, and every acknowledged
 //     NORMAL one too, except those the old master acknowledged in the tail
 //     its slave did not have (at or past the new epoch's start);
+//   - no message is stored twice in its topic's queues (each message id
+//     once), flagged PossibleDuplicate or not: a message whose outcome was
+//     unknown when its master failed keeps its stamp and its queue, and
+//     the promoted slave answers it DUPLICATE if it holds it (storedOnce);
 //   - the old master rejoins as the slave, keeps what it cut in a side
 //     file (where every lost message is), and converges byte for byte;
 //   - a stopped master that comes back acknowledges nothing;
@@ -98,6 +102,23 @@ func (ls failoverLoads) more(why string) {
 	}
 	for _, l := range ls.all() {
 		l.finish()
+	}
+}
+
+// storedOnce fails the test if a message of either load is stored more
+// than once in its topic's queues (as load.check counted message ids),
+// even flagged PossibleDuplicate: across a failover, a message whose
+// outcome was unknown waits for its queue's new master, which answers it
+// from the dedupe state the slave replicated, instead of moving to another
+// queue. (A copy in the old master's cut tail, the side file, is not in
+// the queues.)
+func (ls failoverLoads) storedOnce(t *testing.T) {
+	t.Helper()
+	for _, l := range ls.all() {
+		t.Logf("STORED TWICE %s: %d message ids", l.cfg.topic, l.storedTwice)
+		if l.storedTwice > 0 {
+			t.Errorf("%s: %d messages stored twice across the failover", l.cfg.topic, l.storedTwice)
+		}
 	}
 }
 
@@ -263,6 +284,7 @@ func TestFailoverKillMaster(t *testing.T) {
 	ls.normal.lostOK = tailLoss("g1", oldAddr, start, promoted)
 	lost := ls.normal.check(c, t.Name()+"/normal")
 	ls.high.check(c, t.Name()+"/high")
+	ls.storedOnce(t)
 
 	// Every acknowledged message lost is a NORMAL one of the cut tail, and
 	// the operator finds it in the side file.
@@ -546,6 +568,7 @@ func TestFailoverStopMaster(t *testing.T) {
 	}
 	lost := ls.normal.check(c, t.Name()+"/normal")
 	ls.high.check(c, t.Name()+"/high")
+	ls.storedOnce(t)
 	lostBytes := lostInSideFile(t, lost, cut, side)
 	t.Logf("LOST: %d acknowledged NORMAL messages (%d bytes of log records) of the old master's tail past offset %d, no HIGH one; the metaserver reported %v lost bytes; the old master cut %d records",
 		len(lost), lostBytes, start, c.metaCounter("ferrymq_metaserver_failover_lost_bytes_total"), len(cut))

@@ -71,6 +71,9 @@ type load struct {
 	// lost (NORMAL messages of a failed-over group's tail); check returns
 	// them.
 	lostOK func(o *outcome) bool
+	// storedTwice, set by check, is how many message ids are stored more
+	// than once across the topic's queues, flagged PossibleDuplicate or not.
+	storedTwice int
 }
 
 func startLoad(t *testing.T, c *localCluster, cfg loadConfig) *load {
@@ -255,7 +258,7 @@ func (v *violations) addN(kind string, n int, format string, args ...any) {
 // check reads the topic back and checks issue 11's promises against the
 // recorded outcomes; it logs one summary line and fails the test on every
 // broken promise. It returns the acknowledged messages that are not stored
-// and that l.lostOK accepts as lost.
+// and that l.lostOK accepts as lost, and sets l.storedTwice.
 func (l *load) check(c *localCluster, name string) (lost []outcome) {
 	t := l.t
 	t.Helper()
@@ -265,13 +268,18 @@ func (l *load) check(c *localCluster, name string) (lost []outcome) {
 	l.mu.Unlock()
 	var v violations
 
-	// Where each test id is stored.
+	// Where each test id is stored, and how often each message id.
 	where := map[string][]storedMsg{}
+	ids := map[string]int{}
 	stored := 0
+	l.storedTwice = 0
 	for _, q := range queues {
 		for _, m := range q {
 			where[m.tid] = append(where[m.tid], m)
 			stored++
+			if ids[m.id]++; ids[m.id] == 2 {
+				l.storedTwice++
+			}
 		}
 	}
 	byTid := make(map[string]*outcome, len(outcomes))
