@@ -37,7 +37,7 @@ import (
 //   - a recovered record's stamp joins the dedupe state only where it is its
 //     producer's next sequence (storage.Entry.Recovered): a producer's late
 //     retry of it is then a duplicate, and no live producer is refused;
-//   - the message carries the property RecoveredProperty, and it lands
+//   - the message carries the property protocol.RecoveredProperty, and it lands
 //     after what its queue took since the failover: the one exception to
 //     per-key order.
 //
@@ -46,11 +46,6 @@ import (
 // a crash or a second failover at any point hands the tail over again
 // (the master's checks make that idempotent), and a tail is never dropped
 // before a copy of it is on two brokers.
-
-// RecoveredProperty is the property a recovered message carries: the
-// epoch whose failover cut it from the old master's log and its log offset
-// there, "EPOCH@OFFSET".
-const RecoveredProperty = "%recovered"
 
 // replayMarker is the suffix of the file beside a side file that says its
 // records are to be handed to the master.
@@ -132,7 +127,7 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 		}
 		payload := ri.Payload
 		if len(m.Properties) < protocol.MaxProperties {
-			m.Properties = append(m.Properties, protocol.Property{Key: RecoveredProperty, Value: fmt.Sprintf("%d@%d", q.Epoch-1, ri.Offset)})
+			m.Properties = append(m.Properties, protocol.Property{Key: protocol.RecoveredProperty, Value: fmt.Sprintf("%d@%d", q.Epoch-1, ri.Offset)})
 			if p := protocol.AppendMessage(nil, &m); len(p) <= protocol.MaxFrameSize-1024 {
 				payload = p
 			}

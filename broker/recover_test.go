@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferrymq/ferrymq/broker"
 	tc "github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
@@ -81,7 +80,7 @@ func TestFailoverTailIsRecoveredOnce(t *testing.T) {
 	for _, m := range tc.PullAll(t, nc, "rt", 0) {
 		ids[m.Message.ID]++
 		for _, p := range m.Message.Properties {
-			if p.Key == broker.RecoveredProperty {
+			if p.Key == protocol.RecoveredProperty {
 				recovered[m.Message.ID] = p.Value
 			}
 		}

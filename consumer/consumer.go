@@ -39,6 +39,12 @@ type Message struct {
 	// message delivered again after a rebalance or a restart (its offset was
 	// not committed) starts at 1 again.
 	Deliveries int
+	// Recovered marks a message a new master appended again from the tail
+	// a failover cut from its old master's log (a NORMAL message the old
+	// master acknowledged that its slave never copied): it comes after what
+	// its queue took since the failover, the one exception to per-key order.
+	// Properties holds its origin under protocol.RecoveredProperty.
+	Recovered bool
 
 	part *part // the queue it came from
 	size int64 // what it counts against the prefetch budget

@@ -421,6 +421,9 @@ func toMessage(sm *protocol.StoredMessage, p *part) *Message {
 			m.Key = pr.Value
 			continue
 		}
+		if pr.Key == protocol.RecoveredProperty {
+			m.Recovered = true
+		}
 		if m.Properties == nil {
 			m.Properties = make(map[string]string, len(pm.Properties))
 		}

@@ -262,6 +262,14 @@ func PeekProducerStamp(raw []byte) (s ProducerStamp, ok bool) {
 	return s, r.err == nil && s.ID != 0
 }
 
+// RecoveredProperty is the property a message carries when a new master
+// appended it again from the tail a failover cut from its old master's log
+// (a NORMAL message the old master acknowledged that its slave never
+// copied): "EPOCH@OFFSET", the epoch the old master led and the message's
+// log offset there. Such a message lands after what its queue took since
+// the failover: the one exception to per-key order.
+const RecoveredProperty = "%recovered"
+
 // PeekMessageID reads the message id of one encoded message without
 // decoding the rest; ok is false for a malformed one.
 func PeekMessageID(raw []byte) (id string, ok bool) {
