@@ -548,3 +548,21 @@ func TestPowerLossDropsUnsyncedAppends(t *testing.T) {
 		t.Fatalf("after the power loss the queue holds [%d, %d), want the synced record alone", first, next)
 	}
 }
+
+// Directories are synced where they are created, never per append: a
+// thousand synced appends that create no file sync no directory.
+func TestNoDirectorySyncPerAppend(t *testing.T) {
+	efs := vfs.NewErrorFS(vfs.NewMemFS())
+	l := openLog(t, Config{Dir: "/srv/ferrymq/data", FS: efs, Flush: FlushSync})
+	defer l.Close()
+	opened := efs.Calls(vfs.OpSyncDir)
+	for i := range 1000 {
+		mustAppend(t, l, []Entry{{Topic: "t", Queue: uint32(i % 4), Payload: make([]byte, 100)}}, false)
+	}
+	if n := efs.Calls(vfs.OpSyncDir) - opened; n != 0 {
+		t.Fatalf("%d directory syncs in 1000 appends", n)
+	}
+	if opened < 4 { // the root, /srv, /srv/ferrymq and the log directory
+		t.Fatalf("Open synced %d directories making /srv/ferrymq/data", opened)
+	}
+}
