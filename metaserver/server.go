@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -22,6 +21,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
 // Server is one metaserver node: a raft member over the registry FSM, an
@@ -92,7 +92,11 @@ func New(cfg Config) (*Server, error) {
 			s.closeResources()
 		}
 	}()
-	if err = os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	// The directory, the raft store and the snapshot directory must
+	// survive a power loss: a node that forgets its raft log or its vote
+	// breaks raft's guarantees. bbolt and the snapshot store sync their
+	// files and the snapshots' directory, not the names they create here.
+	if err = vfs.MkdirAllDurable(vfs.Default, cfg.Dir); err != nil {
 		return nil, fmt.Errorf("metaserver: data directory: %w", err)
 	}
 	if s.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")}); err != nil {
@@ -100,6 +104,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if s.snaps, err = raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, s.log.Named("snapshots")); err != nil {
 		return nil, fmt.Errorf("metaserver: open snapshot store: %w", err)
+	}
+	if err = vfs.Default.SyncDir(cfg.Dir); err != nil {
+		return nil, fmt.Errorf("metaserver: data directory: %w", err)
 	}
 	var stream *streamLayer
 	if stream, err = newRaftStream(cfg, s.log.Named("raft-net")); err != nil {

@@ -25,6 +25,18 @@
 // active segment larger than Config.SegmentSize, a new segment starts at the
 // current end offset (so segments may be a little shorter than the size).
 //
+// Nothing is relied on before a power loss would keep it (see package vfs,
+// Power loss). The log creates its directory (with the directories above
+// it) and the index directory with vfs.MkdirAllDurable, which syncs the
+// parent of every component. A new segment's name is synced in the
+// directory before a record is written to it; an index chunk, the queues
+// file and a side file are written to a temporary name, synced, renamed and
+// their directory synced before they count; removals are synced before the
+// operation reports success. Open syncs the log directory once more after
+// recovery: a segment or checkpoint that a killed process created, and
+// whose name it never synced, is durable before new appends go to it.
+// Directory syncs happen on these paths only, never per append.
+//
 // # Record format
 //
 // All integers are big-endian.
@@ -253,6 +265,10 @@
 // that starts at a segment, on disk as in memory: the queue offsets are
 // written before any segment goes, and segments are removed oldest first,
 // stopping at the first that cannot be. Calling it again finishes the job.
+// A power loss may also undo removals whose directory was not synced yet;
+// either way the queues file may hold offsets for a later start than the
+// log has, which recovery ignores for every queue that has records, and
+// which a truncation rewrites first.
 //
 // Open refuses a Config with negative sizes or intervals or an unknown flush
 // mode (Config.Validate names every bad field).
@@ -266,7 +282,10 @@
 // order, each step durable before the next:
 //
 //  1. sync everything written (the records before the offset must survive
-//     a crash, and the checkpoint will claim them);
+//     a crash, and the checkpoint will claim them), and rewrite the queues
+//     file, if there is one, for the log's start (a deletion that did not
+//     finish, see Errors, leaves it for a later start, which would give a
+//     queue whose every record is cut an offset past them);
 //  2. rebuild, from the index chunks that end at or before the offset and
 //     the records after the last of them, the per-queue indexes and the
 //     producer deduplication state, as recovery would; an offset inside a

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+
+	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
 // indexCut is a range of the log whose index entries go to one chunk file,
@@ -159,9 +161,13 @@ func (l *Log) writeChunk(c indexCut) error {
 	l.mu.RUnlock()
 	b := encodeIndexChunk(c.from, c.to, c.last, qs, c.snap) // sorts qs as the file lists them
 
-	dir := filepath.Join(l.cfg.Dir, indexDirName)
-	if err := l.fs.MkdirAll(dir); err != nil {
-		return err
+	if !l.idxDirMade {
+		// Once per Log: the directory and its place in the log directory
+		// survive a power loss before a chunk counts.
+		if err := vfs.MkdirAllDurable(l.fs, filepath.Join(l.cfg.Dir, indexDirName)); err != nil {
+			return err
+		}
+		l.idxDirMade = true
 	}
 	name := indexChunkName(l.cfg.Dir, c.from)
 	if err := l.writeFileAtomic(name, b); err != nil {

@@ -123,6 +123,7 @@ type Log struct {
 	// chunk writes with Truncate and DeleteBefore; chunks (the files the
 	// queues' parts read, in log order) changes under mu with idxMu held.
 	idxMu      sync.Mutex
+	idxDirMade bool // idxMu: the index directory was made durable
 	chunks     []*indexChunk
 	openChunks openChunks // the chunk files open, for reads
 	cutMu      sync.Mutex
@@ -160,7 +161,7 @@ func Open(cfg Config) (*Log, error) {
 		idxDone:    make(chan struct{}),
 	}
 	l.prod.init(cfg)
-	if err := l.fs.MkdirAll(cfg.Dir); err != nil {
+	if err := vfs.MkdirAllDurable(l.fs, cfg.Dir); err != nil {
 		return nil, fmt.Errorf("storage: create %s: %w", cfg.Dir, err)
 	}
 	began := time.Now()

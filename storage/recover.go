@@ -73,7 +73,7 @@ func (l *Log) openCheckpointFile() error {
 	name := filepath.Join(l.cfg.Dir, checkpointName)
 	f, err := l.fs.OpenRW(name)
 	if errors.Is(err, os.ErrNotExist) {
-		f, err = l.fs.Create(name)
+		f, err = l.fs.Create(name) // made durable by finishRecovery's SyncDir
 	}
 	if err != nil {
 		return fmt.Errorf("storage: open checkpoint: %w", err)
@@ -263,6 +263,14 @@ func (l *Log) finishRecovery(end, checkpoint int64) error {
 	}
 	if err := l.openCheckpointFile(); err != nil {
 		return err
+	}
+	// And so are the directory's entries: a segment that a killed process
+	// created but never synced the name of would be the one new appends
+	// go to, and a power loss would take it, acknowledged records and
+	// all. So would a checkpoint just created (a lost one counts as 0, and
+	// recovery would take corruption in synced records for a torn tail).
+	if err := l.fs.SyncDir(l.cfg.Dir); err != nil {
+		return fmt.Errorf("storage: sync dir %s: %w", l.cfg.Dir, err)
 	}
 	l.prod.trackedPub.Store(int64(l.prod.tracked))
 	l.end.Store(end)

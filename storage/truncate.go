@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+
+	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
 // Errors of Truncate and of reads that race with it.
@@ -134,6 +136,10 @@ func (l *Log) truncate(offset int64, sideFile string) (TruncateResult, error) {
 		return TruncateResult{}, errors.New("storage: truncate: the sync before it failed")
 	}
 
+	if err := l.rewriteQueues(start); err != nil {
+		return TruncateResult{}, fmt.Errorf("storage: truncate: %w", err)
+	}
+
 	// The state the cut log will have, as recovery would build it.
 	cut, err := l.rescan(segs[:si+1], offset)
 	if err != nil {
@@ -252,6 +258,27 @@ func (l *Log) truncate(offset int64, sideFile string) (TruncateResult, error) {
 	}
 	l.log.Info("truncated the log", "from", offset, "to", end, "records", res.Records, "side_file", sideFile)
 	return res, nil
+}
+
+// rewriteQueues rewrites the queue offsets file, if there is one, for the
+// log's start. A deletion that did not finish (a removal that failed, or
+// that a power loss undid) leaves a file with the queues' offsets for a
+// later start than the log has: harmless while the records between are
+// there (a queue's offsets come from its records), but a queue whose every
+// record a truncation then cuts would come back with an offset past them,
+// and no longer follow its master's log.
+func (l *Log) rewriteQueues(start int64) error {
+	old, err := l.readQueues()
+	if err != nil || old == nil {
+		return err
+	}
+	l.mu.RLock()
+	floors, err := queueFloors(l.index, start)
+	l.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	return l.writeQueues(floors)
 }
 
 // breakBy marks the log broken by a failed truncation and returns the error.
@@ -390,7 +417,7 @@ func (l *Log) writeSideFile(path string, segs []*segment, from, end int64) (int,
 		return 0, fmt.Errorf("storage: truncate: write the side file %s: %w", path, err)
 	}
 	dir := filepath.Dir(path)
-	if err := l.fs.MkdirAll(dir); err != nil {
+	if err := vfs.MkdirAllDurable(l.fs, dir); err != nil {
 		return fail(err)
 	}
 	tmp := path + ".tmp"

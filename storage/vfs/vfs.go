@@ -2,7 +2,9 @@ package vfs
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -36,8 +38,12 @@ type FS interface {
 	Rename(oldname, newname string) error
 	// List returns the names (not paths) of the entries of dir, sorted.
 	List(dir string) ([]string, error)
+	// MkdirAll creates dir and any missing parents. Like mkdir(2), it
+	// need not make them durable: a directory survives a power loss once
+	// its parent is synced (see MkdirAllDurable).
 	MkdirAll(dir string) error
-	// SyncDir makes dir's entries (created and removed files) durable.
+	// SyncDir makes dir's entries (created, removed and renamed files and
+	// directories) durable.
 	SyncDir(dir string) error
 }
 
@@ -93,6 +99,53 @@ func (osFS) List(dir string) ([]string, error) {
 }
 
 func (osFS) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o755) }
+
+// MkdirAllDurable creates dir and any missing parents in fsys and makes the
+// whole path durable before it returns: a power loss afterwards leaves dir
+// in place. It syncs the parent of every component of dir (of dir itself
+// and of each directory above it, up to the root or, for a relative path,
+// to "."), whether MkdirAll created it now or it existed: a process that
+// died between creating a directory and syncing its parent leaves one that
+// exists but would not survive a power loss. The parent of a component
+// that existed is skipped if it cannot be synced for want of permission (a
+// directory the caller may only pass through).
+//
+// It costs a List of dir and a SyncDir per component: call it where a
+// directory is created or first used, not per write.
+func MkdirAllDurable(fsys FS, dir string) error {
+	dir = filepath.Clean(dir)
+	created := map[string]bool{}
+	for d := dir; ; {
+		_, err := fsys.List(d)
+		if !errors.Is(err, fs.ErrNotExist) {
+			break // it exists (or is not a directory, which MkdirAll reports)
+		}
+		created[d] = true
+		p := filepath.Dir(d)
+		if p == d {
+			break
+		}
+		d = p
+	}
+	if err := fsys.MkdirAll(dir); err != nil {
+		return err
+	}
+	var path []string // dir and the directories above it
+	for d := dir; filepath.Dir(d) != d; d = filepath.Dir(d) {
+		path = append(path, d)
+	}
+	for i := len(path) - 1; i >= 0; i-- { // from the root down
+		d := path[i]
+		err := fsys.SyncDir(filepath.Dir(d))
+		if err != nil && !created[d] && errors.Is(err, fs.ErrPermission) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("make %s durable: %w", dir, err)
+		}
+	}
+	return nil
+}
 
 func (osFS) SyncDir(dir string) error {
 	d, err := os.Open(filepath.Clean(dir))

@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
 	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
+	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
 // Run runs a broker until ctx ends.
@@ -89,7 +89,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	// Durably: a power loss must not take the directory the log then
+	// acknowledges records in.
+	if err := vfs.MkdirAllDurable(vfs.Default, cfg.Dir); err != nil {
 		return &cli.ConfigError{Err: fmt.Errorf("data directory: %w", err)}
 	}
 	b, err := broker.New(cfg)
