@@ -81,6 +81,8 @@ var rules = map[protocol.Code]need{
 	// the leader use it.
 	protocol.CodeRouteGet:     needCluster | needDescribe | needProduce | needConsumeTopics,
 	protocol.CodeInitProducer: needProduce,
+	// ROUTE_WATCH: a broker learns its group's new topics (route push).
+	protocol.CodeRouteWatch: needCluster,
 
 	protocol.CodeAdminGroups:     needDescribe,
 	protocol.CodeAdminTopics:     needDescribe,

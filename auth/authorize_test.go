@@ -116,6 +116,7 @@ var expect = map[string][]allow{
 	"ADMIN_ACL_REMOVE": adminOnly,
 	"ADMIN_ACL_LIST":   adminOnly,
 	"ACL_GET":          clusterOnly,
+	"ROUTE_WATCH":      clusterOnly,
 }
 
 // namedCodes returns every request code protocol gives a name.

@@ -107,6 +107,7 @@ func requests() map[protocol.Code]request {
 		protocol.CodeRouteLookup:       {onMeta, []byte("orders")},
 		protocol.CodeRouteGet:          {onMeta, []byte("orders")},
 		protocol.CodeInitProducer:      {onMeta, js(api.InitProducerRequest{})},
+		protocol.CodeRouteWatch:        {onMeta, js(api.RouteWatch{Group: "g9", BrokerID: "nobody"})}, // answered at once (no wait)
 		protocol.CodeAdminGroups:       {onMeta, js(struct{}{})},
 		protocol.CodeAdminTopics:       {onMeta, js(struct{}{})},
 		protocol.CodeAdminCreateTopic:  {onMeta, js(api.CreateTopicRequest{Name: "orders", Queues: 1, IfMissing: true})},
@@ -195,6 +196,7 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeRouteLookup:       {"admin", "prod", "cons"},
 		protocol.CodeRouteGet:          {"admin", "cluster", "desc", "prod", "cons"},
 		protocol.CodeInitProducer:      {"admin", "prod", "other"},
+		protocol.CodeRouteWatch:        {"admin", "cluster"},
 		protocol.CodeAdminGroups:       {"admin", "desc"},
 		protocol.CodeAdminTopics:       {"admin", "desc"},
 		protocol.CodeAdminRaftStatus:   {"admin", "desc"},

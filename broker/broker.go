@@ -30,11 +30,13 @@ import (
 //   - follower (follower.go), while slave: copies the master's log.
 //   - heartbeater and writeLease (heartbeat.go): heartbeats and the
 //     permission to take writes.
-//   - routeCache (routecache.go): which queues are routed to this group.
+//   - routeCache (routecache.go): which queues are routed to this group;
+//     the metaserver leader pushes new topics into it (routepush.go).
 //   - retainer (below): deletes old segments.
 //
 // Goroutines: the data server's and the HA server's, from package
-// transport; the heartbeat loop; the route refresher; the long-poll loop;
+// transport; the heartbeat loop; the route refresher and the route watch;
+// the long-poll loop;
 // the role loop and, under it, the replication loop (master) or the
 // follower (slave); the retention loop if enabled. The
 // commit log has its writer and flusher. Close stops all of them, in an
@@ -227,6 +229,7 @@ func New(cfg Config) (*Broker, error) {
 	}
 	b.goFunc(hb.run)
 	b.goFunc(b.routes.run)
+	b.goFunc(func(ctx context.Context) { b.routes.watch(ctx, b.meta, cfg.ID) })
 	if cfg.RetentionBytes > 0 {
 		r := &retainer{log: b.store, keep: cfg.RetentionBytes, every: cfg.RetentionCheck, clock: cfg.Clock, lg: lg.Named("retention")}
 		b.goFunc(r.run)

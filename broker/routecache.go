@@ -57,8 +57,9 @@ type routeCache struct {
 
 type topicRoute struct {
 	mine    []bool    // mine[q]: queue q is routed to this group (nil: unknown topic)
-	fetched time.Time // the last successful lookup (zero: none)
-	tried   time.Time // the last lookup, successful or not
+	fetched time.Time // the last successful lookup or push (zero: none)
+	tried   time.Time // the last lookup, successful or not, or push
+	version uint64    // the registry version mine was read at
 }
 
 func newRouteCache(group string, lookup routeLookup, clock clockwork.Clock, log hclog.Logger) *routeCache {
@@ -158,12 +159,18 @@ func (c *routeCache) fetch(ctx context.Context, topic string) {
 		c.log.Debug("route lookup failed", "topic", topic, "error", err)
 		next := &topicRoute{tried: now}
 		if old != nil {
-			next.mine, next.fetched = old.mine, old.fetched
+			next.mine, next.fetched, next.version = old.mine, old.fetched, old.version
 		}
 		c.topics[topic] = next
 		return
 	}
-	tr := &topicRoute{mine: make([]bool, len(route.Queues)), fetched: now, tried: now}
+	if old != nil && old.version > route.Version {
+		// A push (routepush.go) brought a newer route while this lookup
+		// ran.
+		c.topics[topic] = &topicRoute{mine: old.mine, fetched: old.fetched, tried: now, version: old.version}
+		return
+	}
+	tr := &topicRoute{mine: make([]bool, len(route.Queues)), fetched: now, tried: now, version: route.Version}
 	for i, qr := range route.Queues {
 		tr.mine[i] = qr.Group == c.group
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
@@ -184,5 +185,26 @@ func TestRouteCachePrunesUnknownTopics(t *testing.T) {
 	c.mu.RUnlock()
 	if !kept {
 		t.Fatal("a topic with queues here was pruned")
+	}
+}
+
+// A pushed route serves at once, and a lookup that was already running
+// when the push came, and answers the older route, does not replace it.
+func TestPushedRouteOutlivesAnOlderLookup(t *testing.T) {
+	gate := make(chan struct{})
+	l := &fakeLookup{gate: gate, route: map[string][]string{"t": {"g1", "g2"}}} // the route before two queues were added (version 0)
+	c := startRouteCache(t, l, clockwork.NewFakeClock())
+	if c.routed("t", 2) {
+		t.Fatal("routed before any lookup or push")
+	}
+	testwait.For(t, 5*time.Second, "the lookup to start", func() bool { return l.calls.Load() == 1 })
+	c.take(api.RouteWatchReply{Version: 7, Topics: []api.PushedTopic{{Name: "t", Queues: 4, Mine: []uint32{0, 2}}}})
+	if !c.routed("t", 2) || c.routed("t", 3) {
+		t.Fatal("the pushed route is not served")
+	}
+	close(gate)
+	settle(t, c)
+	if !c.routed("t", 2) {
+		t.Fatal("the older lookup replaced the pushed route")
 	}
 }

@@ -399,6 +399,7 @@ func (c *batchCheck) checkOne(m *protocol.Message) protocol.Status {
 		return protocol.StatusOf(err)
 	}
 	if !c.s.routes.routed(m.Topic, m.Queue) {
+		c.s.stats.NoRoute.Add(1)
 		return protocol.StatusNoRoute
 	}
 	if m.Reliability == protocol.High {

@@ -18,6 +18,7 @@ type Stats struct {
 	MessagesIn   atomic.Int64 // messages stored
 	BytesIn      atomic.Int64 // message bytes stored
 	Refused      atomic.Int64 // messages answered with a non-OK status
+	NoRoute      atomic.Int64 // of them, NO_ROUTE: the route cache did not route the queue here
 	HighAcked    atomic.Int64 // HIGH messages confirmed by the slave
 	HighTimeouts atomic.Int64 // HIGH messages answered SLAVE_SYNC_TIMEOUT (or LEASE_LOST when stepping down)
 

@@ -61,6 +61,10 @@ type Config struct {
 	// for none: unheard of for this long, it leaves its group. A member may
 	// ask for 1 s to 5 min. Default 10 s.
 	ConsumerSession time.Duration
+	// RoutePushWait is the longest a topic creation or queue addition waits
+	// for the masters of the topic's groups to learn it (ROUTE_WATCH) before
+	// it is answered anyway. Default 2 s.
+	RoutePushWait time.Duration
 
 	// DisableFailover keeps a group whose master is lost read-only until a
 	// person acts (the seeds' behaviour). By default the leader promotes
@@ -187,6 +191,9 @@ func (c Config) withDefaults() Config {
 	if c.ConsumerSession == 0 {
 		c.ConsumerSession = 10 * time.Second
 	}
+	if c.RoutePushWait == 0 {
+		c.RoutePushWait = 2 * time.Second
+	}
 	if c.FailoverMaxLoss == 0 {
 		c.FailoverMaxLoss = c.LagBytes
 	}
@@ -311,6 +318,7 @@ func (c Config) Validate() error {
 		{"JudgeInterval", c.JudgeInterval},
 		{"FailoverMargin", c.FailoverMargin},
 		{"ConsumerSession", c.ConsumerSession},
+		{"RoutePushWait", c.RoutePushWait},
 		{"RaftHeartbeatTimeout", c.RaftHeartbeatTimeout},
 		{"RaftElectionTimeout", c.RaftElectionTimeout},
 		{"RaftLeaderLeaseTimeout", c.RaftLeaderLeaseTimeout},

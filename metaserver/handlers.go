@@ -27,6 +27,7 @@ func (s *Server) routes() {
 	handle(s, protocol.CodeHeartbeat, true, s.heartbeat)
 	s.rpc.Handle(protocol.CodeRouteLookup, func(r *transport.Request) { s.handleRouteLookup(r, s.cfg.AutoCreateTopics) })
 	s.rpc.Handle(protocol.CodeRouteGet, func(r *transport.Request) { s.handleRouteLookup(r, false) })
+	s.rpc.Handle(protocol.CodeRouteWatch, s.handleRouteWatch)
 	handle(s, protocol.CodeInitProducer, true, s.initProducer)
 	handle(s, protocol.CodeAdminGroups, true, s.groups)
 	handle(s, protocol.CodeAdminTopics, false, func(context.Context, empty) ([]routing.Topic, error) {
@@ -205,6 +206,7 @@ func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (r
 	}
 	if r, ok := s.fsm.Route(req.Name); ok {
 		if req.IfMissing {
+			s.pushTopic(ctx, req.Name, false, false) // a creation under way may still be pushing it
 			return r, nil
 		}
 		return routing.Route{}, &protocol.Error{Status: protocol.StatusConflict, Message: fmt.Sprintf("topic %q already exists", req.Name)}
@@ -227,6 +229,7 @@ func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (r
 	if _, err := s.apply(ctx, &fsm.CreateTopic{Name: req.Name, Queues: queues}); err != nil {
 		return routing.Route{}, err
 	}
+	s.pushTopic(ctx, req.Name, true, false)
 	s.log.Info("topic created", "topic", req.Name, "queues", n)
 	r, _ := s.fsm.Route(req.Name)
 	return r, nil
@@ -271,6 +274,7 @@ func (s *Server) addQueues(ctx context.Context, req api.AddQueuesRequest) (routi
 		s.consumers.rebalances.Add(int64(res.Rebalanced))
 		s.log.Info("queues added; consumer groups subscribed to the topic rebalanced", "topic", req.Topic, "groups", res.Rebalanced)
 	}
+	s.pushTopic(ctx, req.Topic, res.Changed, res.Changed)
 	r, _ := s.fsm.Route(req.Topic)
 	return r, nil
 }

@@ -57,6 +57,7 @@ type Server struct {
 	judge      judge
 	consumers  consumers // consumer group sessions, judged with the brokers'
 	routeCache routeCache
+	push       routePush // topic changes to the brokers (topicpush.go)
 	// routeLookups observes the route lookups this node answers (metrics.go).
 	routeLookups prometheus.Histogram
 
@@ -86,6 +87,7 @@ func New(cfg Config) (*Server, error) {
 	s.judge.init(cfg, s.fsm, s.apply, s.log.Named("judge"))
 	s.consumers.init(cfg, s.fsm, s.apply, s.log.Named("consumers"))
 	s.judge.consumers = &s.consumers
+	s.push.init(cfg, s.fsm, s.log.Named("route-push"))
 	var err error
 	defer func() {
 		if err != nil {
@@ -250,6 +252,7 @@ func (w *leaderWork) stop() {
 // lead is the leader's work: a barrier so the FSM holds every committed
 // entry, recording the members' RPC addresses, then the judge until ctx ends.
 func (s *Server) lead(ctx context.Context) {
+	defer s.push.release()
 	s.log.Info("gained leadership; waiting for the barrier")
 	if err := s.raft.Barrier(10 * time.Second).Error(); err != nil {
 		s.log.Warn("barrier failed after gaining leadership", "error", err)
@@ -355,6 +358,7 @@ func (s *Server) apply(ctx context.Context, cmd fsm.Command) (*fsm.Result, error
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
+		s.push.close() // parked route watches hold the RPC server's Close
 		if s.rpc != nil {
 			_ = s.rpc.Close()
 		}

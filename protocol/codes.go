@@ -33,6 +33,7 @@ const (
 	CodeRouteLookup  Code = 31 // a route lookup, served by any metaserver node
 	CodeRouteGet     Code = 32 // a route lookup that never auto-creates (brokers use it)
 	CodeInitProducer Code = 33 // a producer asks the metaserver leader for its id and epoch
+	CodeRouteWatch   Code = 34 // a broker's long poll for the topics routed to its group (leader)
 
 	CodeAdminGroups       Code = 40
 	CodeAdminTopics       Code = 41
@@ -73,6 +74,7 @@ var codeNames = map[Code]string{
 	CodeRouteLookup:       "ROUTE_LOOKUP",
 	CodeRouteGet:          "ROUTE_GET",
 	CodeInitProducer:      "INIT_PRODUCER",
+	CodeRouteWatch:        "ROUTE_WATCH",
 	CodeAdminGroups:       "ADMIN_GROUPS",
 	CodeConsumerHeartbeat: "CONSUMER_HEARTBEAT",
 	CodeCommitOffsets:     "COMMIT_OFFSETS",

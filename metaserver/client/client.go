@@ -181,9 +181,16 @@ func (c *Client) noteSilent(addr string) {
 // (as with a connection lost after the request went): a write retried
 // elsewhere can meet its own effect (a topic that exists).
 func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader bool) ([]byte, error) {
+	return c.callHeld(ctx, code, req, toLeader, 0)
+}
+
+// callHeld is call for a request the server may hold for up to hold
+// before it answers (a long poll): each attempt, and the call's budget when
+// ctx has no deadline, are longer by hold.
+func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLeader bool, hold time.Duration) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout+hold)
 		defer cancel()
 	}
 	body, ok := req.([]byte) // already encoded
@@ -194,7 +201,7 @@ func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader
 		}
 	}
 	deadline, _ := ctx.Deadline()
-	base := attemptBase(time.Until(deadline), len(c.cfg.Addrs))
+	base := attemptBase(max(time.Until(deadline)-hold, 0), len(c.cfg.Addrs))
 	var lastErr error
 	var lastAnswer error // the last error a server answered with (BUSY, say): kept past later timeouts
 	var wrong wrongServers
@@ -203,7 +210,7 @@ func (c *Client) call(ctx context.Context, code protocol.Code, req any, toLeader
 	}
 	backoff := 20 * time.Millisecond
 	for round := 0; ; round++ {
-		attempt := base << min(round, 20)
+		attempt := base<<min(round, 20) + hold
 		silent := map[string]bool{} // addresses whose attempt timed out in this pass
 		queue := c.order(toLeader)
 		for len(queue) > 0 {
@@ -315,6 +322,14 @@ func decode[T any](b []byte, err error) (T, error) {
 // Heartbeat sends a broker's heartbeat to the leader.
 func (c *Client) Heartbeat(ctx context.Context, hb api.Heartbeat) (api.HeartbeatReply, error) {
 	return decode[api.HeartbeatReply](c.call(ctx, protocol.CodeHeartbeat, hb, true))
+}
+
+// WatchRoutes is a broker's long poll for the topics routed to its group
+// (ROUTE_WATCH, to the leader): the leader answers when one changed after
+// w.Version, or after w.WaitMillis.
+func (c *Client) WatchRoutes(ctx context.Context, w api.RouteWatch) (api.RouteWatchReply, error) {
+	hold := time.Duration(w.WaitMillis) * time.Millisecond
+	return decode[api.RouteWatchReply](c.callHeld(ctx, protocol.CodeRouteWatch, w, true, hold))
 }
 
 // Route looks a topic's route up on any node. An unknown topic with

@@ -123,6 +123,7 @@ func register(m *cli.Metrics, b *broker.Broker, dir string) {
 	m.CounterFunc("ferrymq_broker_messages_in_total", "Messages stored.", f(&st.MessagesIn))
 	m.CounterFunc("ferrymq_broker_bytes_in_total", "Message body bytes stored.", f(&st.BytesIn))
 	m.CounterFunc("ferrymq_broker_messages_refused_total", "Messages answered with a non-OK status.", f(&st.Refused))
+	m.CounterFunc("ferrymq_broker_no_route_total", "Messages answered NO_ROUTE: the broker's route cache did not route their queue here (yet).", f(&st.NoRoute))
 	m.Registry.MustRegister(st.SendDuration, st.FlushDuration)
 	m.CounterFunc("ferrymq_broker_high_acked_total", "HIGH messages confirmed by the slave.", f(&st.HighAcked))
 	m.CounterFunc("ferrymq_broker_high_timeouts_total", "HIGH messages answered SLAVE_SYNC_TIMEOUT.", f(&st.HighTimeouts))
