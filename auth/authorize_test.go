@@ -117,6 +117,8 @@ var expect = map[string][]allow{
 	"ADMIN_ACL_LIST":   adminOnly,
 	"ACL_GET":          clusterOnly,
 	"ROUTE_WATCH":      clusterOnly,
+	"RECOVER":          clusterOnly,
+	"ADMIN_RESYNC":     adminOnly,
 }
 
 // namedCodes returns every request code protocol gives a name.
