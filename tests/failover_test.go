@@ -202,9 +202,16 @@ func logFailoverFigures(t *testing.T, c *localCluster, group string) float64 {
 // with its own command line: it rejoins as the slave, cuts the records its
 // new master does not have into a side file, copies, and ends
 // byte-identical.
-func TestFailoverKillMaster(t *testing.T) {
+func TestFailoverKillMaster(t *testing.T) { failoverKillMaster(t) }
+
+// TestFailoverKillMasterSyncFlush is TestFailoverKillMaster with every
+// broker flushing before it answers (-flush sync): what an acknowledgement
+// promises on the old master's disk, a failover keeps too.
+func TestFailoverKillMasterSyncFlush(t *testing.T) { failoverKillMaster(t, "FERRY_FLUSH=sync") }
+
+func failoverKillMaster(t *testing.T, env ...string) {
 	skipShort(t)
-	c := startLocalCluster(t)
+	c := startLocalCluster(t, env...)
 	args := c.cmdline("g1-master")
 	c.waitMembers("g1", "g1-master", "g1-slave", 1, 10*time.Second, "at the start")
 	oldAddr, newAddr := c.addr("g1-master"), c.addr("g1-slave")

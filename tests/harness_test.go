@@ -456,6 +456,25 @@ func (c *localCluster) waitMaster(group string, timeout time.Duration, why strin
 	})
 }
 
+// waitWritable waits until a group's master process (the registry's)
+// answers its metrics as writable and the metaserver has the group
+// writable, slave or not.
+func (c *localCluster) waitWritable(group string, timeout time.Duration, why string) {
+	c.t.Helper()
+	testwait.ForEvery(c.t, timeout, 50*time.Millisecond, fmt.Sprintf("%s: %s's master writable", why, group), func() bool {
+		master := c.masterOf(group)
+		if master == "" {
+			return false
+		}
+		m, ok := c.metrics(master)
+		if !ok || m["ferrymq_broker_writable"] != 1 {
+			return false
+		}
+		g, ok := c.group(group)
+		return ok && g.State == "RW"
+	})
+}
+
 func httpGet(t *testing.T, url string) string {
 	t.Helper()
 	resp, err := http.Get(url)
