@@ -366,8 +366,10 @@ func TestConsumerGroupAtLeastOnceThroughFaults(t *testing.T) {
 	// master's log, whose offsets are behind what it delivered.
 	c.signal("g1-slave", syscall.SIGSTOP)
 	slaveStopped := time.Now()
-	// (HIGH messages wait for the stopped slave, and keyed messages behind
-	// them: g1 acknowledges a few dozen.)
+	// (HIGH messages wait for the stopped slave, and the messages behind them
+	// in their queues, keyed or not: they keep their queue through a failover.
+	// Once the slave lags past -lag-time the group turns read-only. So g1
+	// acknowledges a dozen or so.)
 	var tail []string // ids g1-master acknowledged since the slave stopped
 	tailDelivered := func() bool {
 		tail = tail[:0]
@@ -378,10 +380,10 @@ func TestConsumerGroupAtLeastOnceThroughFaults(t *testing.T) {
 		}
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
-		return len(tail) >= 20 && !slices.ContainsFunc(tail, func(id string) bool { return !rec.ids[id] })
+		return len(tail) >= 8 && !slices.ContainsFunc(tail, func(id string) bool { return !rec.ids[id] })
 	}
 	if !testwait.Until(failoverBound, tailDelivered) {
-		t.Fatalf("with g1-slave stopped for %v, g1-master acknowledged %d messages; want 20, every one delivered", time.Since(slaveStopped), len(tail))
+		t.Fatalf("with g1-slave stopped for %v, g1-master acknowledged %d messages; want 8, every one delivered", time.Since(slaveStopped), len(tail))
 	}
 	killed := time.Now()
 	c.kill9("g1-master")
