@@ -116,6 +116,9 @@ var expect = map[string][]allow{
 	"ADMIN_ACL_REMOVE": adminOnly,
 	"ADMIN_ACL_LIST":   adminOnly,
 	"ACL_GET":          clusterOnly,
+
+	"ADMIN_ADMIT_GROUP":  adminOnly,
+	"ADMIN_RETIRE_GROUP": adminOnly,
 }
 
 // namedCodes returns every request code protocol gives a name.

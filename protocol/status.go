@@ -57,7 +57,8 @@ const (
 	// assignment.
 	StatusStaleGeneration Status = 24
 	// StatusGroupActive: an operation that needs a consumer group with no
-	// live members (resetting its offsets) found members.
+	// live members (resetting its offsets) found members, or one that needs
+	// a broker group with no live broker (retiring it) heard one.
 	StatusGroupActive Status = 25
 )
 

@@ -12,6 +12,7 @@ type appendReq struct {
 	flush     bool
 	done      func([]Position, error)
 	trunc     *truncateReq // non-nil: a Truncate, run by the writer between groups
+	base      *baseReq     // non-nil: a SetQueueBase, run by the writer between groups
 
 	positions []Position
 	err       error
@@ -69,7 +70,9 @@ func (l *Log) checkEntry(e Entry) error {
 
 // AppendRaw appends whole records copied from another log (a slave copying
 // its master): data must start at this log's end offset, hold only whole,
-// valid records, and continue every queue's offsets. The log then holds the
+// valid records, and continue every queue's offsets (a queue the log holds
+// no record of may start past its next offset: its master set a base,
+// queuebase.go). The log then holds the
 // same bytes at the same offsets, and the stamps of its records
 // (Config.ProducerStamp) join the deduplication state without checks. It
 // returns the new end offset.

@@ -63,6 +63,10 @@ type QueueOffset struct {
 	Queue  uint32 `json:"queue"`
 	Offset int64  `json:"offset"`
 	Epoch  uint32 `json:"epoch,omitempty"` // the epoch it was read in (commits); 0 unknown
+	// EpochGroup is the broker group whose epoch Epoch is (commits; "":
+	// the queue's group). An epoch of another group than the queue's now
+	// (the queue moved since it was read) is recorded as unknown.
+	EpochGroup string `json:"epoch_group,omitempty"`
 }
 
 // JoinGroup adds a member to a group (creating the group) or updates its
@@ -317,6 +321,9 @@ func (f *FSM) commitOffsets(c *CommitOffsets) any {
 		if old, ok := qs[o.Queue]; !ok || old != o.Offset {
 			qs[o.Queue] = o.Offset
 			changed = true
+		}
+		if o.EpochGroup != "" && f.s.queueGroup(o.Topic, o.Queue) != o.EpochGroup {
+			o.Epoch = 0 // read in the group the queue left
 		}
 		if g.Epochs[o.Topic][o.Queue] != o.Epoch {
 			if g.Epochs == nil {
