@@ -57,6 +57,7 @@ type Broker struct {
 	roles  *roles
 	acl    *aclCopy // nil: authorization off
 	stats  Stats
+	ends   queueEndsReport // the heartbeater's
 
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
@@ -105,10 +106,12 @@ func New(cfg Config) (*Broker, error) {
 	}
 
 	b.lease = &writeLease{clock: cfg.Clock, session: cfg.SessionTimeout}
-	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: func() uint32 { return b.roles.epoch.Load() },
-		epochStart: func(e uint32) (int64, bool, bool) { return b.roles.epochStart(e) }}, cfg.Clock, &b.stats, lg.Named("longpoll"))
-	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
+	b.ends = queueEndsReport{every: queueEndsEvery * cfg.HeartbeatInterval, clock: cfg.Clock}
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
+	b.routes.store = b.store
+	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: func() uint32 { return b.roles.epoch.Load() },
+		epochStart: func(e uint32) (int64, bool, bool) { return b.roles.epochStart(e) }, routed: b.routes.routed}, cfg.Clock, &b.stats, lg.Named("longpoll"))
+	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
 	hb := &heartbeater{id: cfg.ID, meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
 		log: lg.Named("heartbeat"), describe: b.describe, kicks: make(chan struct{}, 1)}
 	b.lease.kick = hb.kick // a client's newer epoch asks the registry (writeLease.claim)
@@ -233,6 +236,7 @@ func (b *Broker) describe(hb *api.Heartbeat) {
 		s := rep.state()
 		hb.SlaveConnected, hb.SlaveAckOffset, hb.LagBytes, hb.LagMillis = s.Connected, s.AckOffset, s.LagBytes, s.LagTime.Milliseconds()
 		hb.TakeoverEnd = max(b.roles.takeoverEnd.Load(), 0)
+		hb.QueueEnds = b.ends.take(b.store)
 	} else {
 		hb.MasterEnd = b.roles.masterEnd.Load()
 	}

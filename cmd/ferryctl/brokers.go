@@ -10,12 +10,13 @@ import (
 
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 func newBrokersCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "brokers",
-		Short: "List the broker groups: members, epoch, state and reasons, heartbeats, lag, idempotent producers and duplicates absorbed, then each group's epoch history and failover word",
+		Short: "List the broker groups: members, epoch, state and reasons, heartbeats, lag, idempotent producers and duplicates absorbed, admission (admitted, PENDING, retired), then each group's epoch history and failover word",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			groups, err := cl.Groups(ctx)
@@ -31,7 +32,7 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				rows = append(rows, []string{gi.Name, fmt.Sprint(gi.Epoch), gi.State, reason, member(gi.Master.ID, gi.Master.Addr), member(gi.Slave.ID, gi.Slave.Addr),
 					heartbeat(gi, gi.Master.ID, gi.MasterHeartbeatAgeMillis), heartbeat(gi, gi.Slave.ID, gi.SlaveHeartbeatAgeMillis), fmt.Sprint(gi.Last.LagBytes),
 					(time.Duration(gi.Last.LagMillis) * time.Millisecond).String(), fmt.Sprint(gi.Holders),
-					fmt.Sprint(gi.Last.Producers), fmt.Sprint(gi.Last.Duplicates)})
+					fmt.Sprint(gi.Last.Producers), fmt.Sprint(gi.Last.Duplicates), admissionWord(gi.Admission)})
 			}
 			if groups == nil {
 				groups = []api.GroupInfo{}
@@ -55,14 +56,29 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				if gi.Failover != "" {
 					notes = append(notes, []string{gi.Name + " failover:", gi.Failover})
 				}
+				switch gi.Admission {
+				case routing.Pending:
+					notes = append(notes, []string{gi.Name + " pending:", fmt.Sprintf("registered but not admitted: it gets no queue until 'ferryctl broker add-group %s' (or retire it: 'ferryctl broker retire-group %s')", gi.Name, gi.Name)})
+				case routing.Retired:
+					notes = append(notes, []string{gi.Name + " retired:", fmt.Sprintf("its queues moved to other groups; its brokers are refused until 'ferryctl broker add-group %s'", gi.Name)})
+				}
 			}
 			if len(notes) > 0 && len(rows) > 0 {
 				rows = append(rows, []string{""})
 				rows = append(rows, notes...)
 			}
-			return g.printer().print(groups, []string{"GROUP", "EPOCH", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES", "PRODUCERS", "DUPLICATES"}, rows)
+			return g.printer().print(groups, []string{"GROUP", "EPOCH", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES", "PRODUCERS", "DUPLICATES", "ADMISSION"}, rows)
 		}),
 	}
+}
+
+// admissionWord is a group's admission in the brokers table: PENDING in
+// capitals, as it is the one an operator must act on.
+func admissionWord(a routing.Admission) string {
+	if a == routing.Pending {
+		return "PENDING"
+	}
+	return a.Word()
 }
 
 // member is a broker as "id (addr)", or "-".
@@ -136,7 +152,8 @@ func formerMaster(gi api.GroupInfo, m api.BrokerStatus) string {
 }
 
 func newBrokerCommand(g *globalOptions) *cobra.Command {
-	cmd := &cobra.Command{Use: "broker", Short: "Change a broker group's state"}
+	cmd := &cobra.Command{Use: "broker", Short: "Change a broker group's state, admit a group, or retire a dead one"}
+	cmd.AddCommand(newBrokerAddGroupCommand(g), newBrokerRetireGroupCommand(g))
 	for _, mode := range []struct {
 		use      string
 		readOnly bool

@@ -334,6 +334,8 @@ var argKinds = map[string]string{
 	"consume":             "topic",
 	"broker readonly":     "broker group",
 	"broker writable":     "broker group",
+	"broker add-group":    "broker group",
+	"broker retire-group": "broker group",
 	"group describe":      "consumer group",
 	"group reset-offsets": "consumer group",
 }

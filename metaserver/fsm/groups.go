@@ -46,7 +46,15 @@ type QueueState struct {
 	// End is the highest next offset of the queue known to the registry:
 	// reported by its group's master (RecordQueueEnds), or its Base.
 	End int64 `json:"end,omitempty"`
+	// Left names the groups the queue moved off (the last maxLeft): a
+	// group's commit log that holds records of a queue cannot take it up
+	// again at a higher offset, so a retirement moves it elsewhere when it
+	// can.
+	Left []string `json:"left,omitempty"`
 }
+
+// maxLeft bounds QueueState.Left.
+const maxLeft = 8
 
 // AdmitGroup admits a pending or retired group: it may hold queues from
 // now on (a retired one gets its brokers back as they register). A group
@@ -193,7 +201,9 @@ func (f *FSM) retireGroup(c *RetireGroup) any {
 		t.Queues = slices.Clone(t.Queues)
 		t.Queues[m.Queue] = m.To
 		t.Version = s.Version
-		s.setQueueState(m.Topic, m.Queue, QueueState{Base: base, End: base})
+		left := append(slices.Clone(s.Queues[m.Topic][m.Queue].Left), c.Group)
+		left = left[max(0, len(left)-maxLeft):]
+		s.setQueueState(m.Topic, m.Queue, QueueState{Base: base, End: base, Left: left})
 		for _, cg := range s.ConsumerGroups {
 			delete(cg.Epochs[m.Topic], m.Queue) // the old group's epoch means nothing to the new one
 		}
@@ -339,11 +349,15 @@ func (f *FSM) PlanRetire(group string, targets []string) ([]PlannedMove, error) 
 	names := slices.Sorted(maps.Keys(load))
 	out := make([]PlannedMove, 0, len(held))
 	for _, m := range held {
-		to := slices.MinFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(load[a], load[b]), cmp.Compare(a, b)) })
+		qs := s.Queues[m.Topic][m.Queue]
+		fresh := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return slices.Contains(qs.Left, n) })
+		if len(fresh) == 0 {
+			fresh = names // every target held it before: its broker says why it cannot take it up
+		}
+		to := slices.MinFunc(fresh, func(a, b string) int { return cmp.Or(cmp.Compare(load[a], load[b]), cmp.Compare(a, b)) })
 		load[to]++
 		m.To = to
 		m.Base = s.baseFor(m.Topic, m.Queue)
-		qs := s.Queues[m.Topic][m.Queue]
 		pm := PlannedMove{QueueMove: m, KnownEnd: max(qs.End, qs.Base), Committed: -1}
 		for _, cg := range s.ConsumerGroups {
 			if off, ok := cg.Offsets[m.Topic][m.Queue]; ok {
@@ -362,7 +376,12 @@ func cloneQueueStates(in map[string]map[uint32]QueueState) map[string]map[uint32
 	}
 	out := make(map[string]map[uint32]QueueState, len(in))
 	for t, qs := range in {
-		out[t] = maps.Clone(qs)
+		m := make(map[uint32]QueueState, len(qs))
+		for q, st := range qs {
+			st.Left = slices.Clone(st.Left)
+			m[q] = st
+		}
+		out[t] = m
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -134,7 +135,7 @@ func TestRetireGroup(t *testing.T) {
 	if ev, _ := f.Route("events"); ev.Queues[0].Base != 80 || ev.Queues[0].Group != "g3" || ev.Queues[1].Group != "g1" {
 		t.Fatalf("events route after the move: %+v", ev)
 	}
-	if qs := f.QueueState("orders", 1); qs != (QueueState{Base: 50, End: 50}) {
+	if qs := f.QueueState("orders", 1); !reflect.DeepEqual(qs, QueueState{Base: 50, End: 50, Left: []string{"g2"}}) {
 		t.Fatalf("queue state: %+v", qs)
 	}
 	g := group(t, f, "g2")
@@ -171,11 +172,23 @@ func TestRetireGroup(t *testing.T) {
 		t.Fatalf("g2 admitted again: %+v", g)
 	}
 
-	// A queue moves again from past the base it got.
+	// A queue moves again from past the base it got, and not back to a
+	// group it left while another can take it (that group's log holds its
+	// older records): g2 holds nothing, but only events/2 never left it.
 	mustApply(t, f, &RecordQueueEnds{Group: "g3", Ends: []QueueEnd{{Topic: "orders", Queue: 1, End: 65}}})
-	plan, err = f.PlanRetire("g3", []string{"g1"})
-	if err != nil || len(plan) != 3 || plan[2].Topic != "orders" || plan[2].Base != 65 {
-		t.Fatalf("second plan: %+v, %v", plan, err)
+	plan, err = f.PlanRetire("g3", []string{"g1", "g2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range plan {
+		got = append(got, fmt.Sprintf("%s/%d->%s@%d", m.Topic, m.Queue, m.To, m.Base))
+	}
+	if want := []string{"events/0->g1@80", "events/2->g2@0", "orders/1->g1@65"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("second plan %v, want %v", got, want)
+	}
+	if plan, _ := f.PlanRetire("g3", []string{"g2"}); plan[0].To != "g2" {
+		t.Fatalf("with only a group it left, a queue still moves there: %+v", plan)
 	}
 }
 
