@@ -25,11 +25,14 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 			}
 			var rows [][]string
 			for _, gi := range groups {
-				reason := gi.Reason
+				reason, state := gi.Reason, gi.State
 				if reason == "" {
 					reason = "-"
 				}
-				rows = append(rows, []string{gi.Name, fmt.Sprint(gi.Epoch), gi.State, reason, member(gi.Master.ID, gi.Master.Addr), member(gi.Slave.ID, gi.Slave.Addr),
+				if gi.Admission == routing.Retired {
+					state = "-" // no brokers: neither takes writes nor refuses them
+				}
+				rows = append(rows, []string{gi.Name, fmt.Sprint(gi.Epoch), state, reason, member(gi.Master.ID, gi.Master.Addr), member(gi.Slave.ID, gi.Slave.Addr),
 					heartbeat(gi, gi.Master.ID, gi.MasterHeartbeatAgeMillis), heartbeat(gi, gi.Slave.ID, gi.SlaveHeartbeatAgeMillis), fmt.Sprint(gi.Last.LagBytes),
 					(time.Duration(gi.Last.LagMillis) * time.Millisecond).String(), fmt.Sprint(gi.Holders),
 					fmt.Sprint(gi.Last.Producers), fmt.Sprint(gi.Last.Duplicates), admissionWord(gi.Admission)})

@@ -65,9 +65,13 @@ a session), and those messages are lost to the queues' new groups.
 				}
 				rows = append(rows, []string{m.Topic, fmt.Sprint(m.Queue), m.To, fmt.Sprint(m.Base), fmt.Sprint(m.KnownEnd), committed})
 			}
-			what := fmt.Sprintf("retired %s: %d queues moved", r.Group.Name, len(r.Moved))
+			queues := fmt.Sprintf("%d queues", len(r.Moved))
+			if len(r.Moved) == 1 {
+				queues = "1 queue"
+			}
+			what := fmt.Sprintf("retired %s: %s moved", r.Group.Name, queues)
 			if r.DryRun {
-				what = fmt.Sprintf("dry run: retiring %s would move %d queues", r.Group.Name, len(r.Moved))
+				what = fmt.Sprintf("dry run: retiring %s would move %s", r.Group.Name, queues)
 			}
 			if len(rows) > 0 {
 				rows = append(rows, []string{""})
