@@ -106,7 +106,6 @@ func New(cfg Config) (*Broker, error) {
 	}
 
 	b.lease = &writeLease{clock: cfg.Clock, session: cfg.SessionTimeout}
-	b.ends = queueEndsReport{every: queueEndsEvery * cfg.HeartbeatInterval, clock: cfg.Clock}
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
 	b.routes.store = b.store
 	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: func() uint32 { return b.roles.epoch.Load() },
@@ -239,6 +238,7 @@ func (b *Broker) describe(hb *api.Heartbeat) {
 		hb.QueueEnds = b.ends.take(b.store)
 	} else {
 		hb.MasterEnd = b.roles.masterEnd.Load()
+		b.ends.notMaster()
 	}
 	hb.LastCut = b.roles.lastCut.Load()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -97,10 +99,31 @@ func TestAdmitAndRetireGroups(t *testing.T) {
 		t.Fatalf("retiring a live group: %v", err)
 	}
 
-	// g2 dies; once its session has passed it is retired.
+	// g2 dies; a producer's keyed send to the queue waits; once g2's
+	// session has passed it is retired.
+	p, err := producer.New(producer.MetaAddrs(m.Addr()), producer.DeliveryTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	key := keyOf(q, uint32(len(route.Queues)))
+	if r, err := p.Send(ctx, &producer.Message{Topic: "orders", Key: key, Body: []byte("m5")}); err != nil || r.Group != "g2" || r.QueueOffset != 5 {
+		t.Fatalf("a keyed send to g2: %+v, %v", r, err)
+	}
+	testwait.For(t, 10*time.Second, "the registry to know the queue's end 6", func() bool {
+		r, err := mc.RetireGroup(ctx, api.RetireGroupRequest{Group: "g2", DryRun: true})
+		return err == nil && movedOf(r, q).KnownEnd == 6
+	})
 	if err := g2.Master.Close(); err != nil {
 		t.Fatal(err)
 	}
+	type outcome struct {
+		r   producer.Result
+		err error
+	}
+	waiting := make(chan outcome, 1)
+	p.SendAsync(ctx, &producer.Message{Topic: "orders", Key: key, Body: []byte("during the outage")},
+		func(r producer.Result, err error) { waiting <- outcome{r, err} })
 	var r api.RetireGroupReply
 	testwait.For(t, 10*time.Second, "g2 to be retired once its master is silent for a session", func() bool {
 		r, err = mc.RetireGroup(ctx, api.RetireGroupRequest{Group: "g2"})
@@ -112,7 +135,7 @@ func TestAdmitAndRetireGroups(t *testing.T) {
 		}
 		return true
 	})
-	if mq := movedOf(r, q); mq.To != "g1" || mq.Base != 5 || mq.KnownEnd != 5 || mq.Committed != 3 {
+	if mq := movedOf(r, q); mq.To != "g1" || mq.Base != 6 || mq.KnownEnd != 6 || mq.Committed != 3 {
 		t.Fatalf("queue %d moved: %+v", q, mq)
 	}
 	if r.Group.Admission != routing.Retired || r.Group.Master.ID != "" {
@@ -122,7 +145,7 @@ func TestAdmitAndRetireGroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(after.Groups()) != "[g1]" || after.Queues[q].Base != 5 || after.Queues[q].Queue != q {
+	if fmt.Sprint(after.Groups()) != "[g1]" || after.Queues[q].Base != 6 || after.Queues[q].Queue != q {
 		t.Fatalf("orders after the retirement: %+v", after)
 	}
 	gs, err := mc.ConsumerGroups(ctx, "cg")
@@ -130,12 +153,20 @@ func TestAdmitAndRetireGroups(t *testing.T) {
 		t.Fatalf("the consumer group after the move: %+v, %v", gs, err)
 	}
 
-	// g1 takes the queue up at 5: sends continue there, and a reader at
-	// the committed 3 goes on from 5.
+	// g1 takes the queue up at 6: the waiting send is stored there, sends
+	// continue after it, and a reader at the committed 3 goes on from 6.
+	select {
+	case o := <-waiting:
+		if o.err != nil || o.r.Group != "g1" || o.r.Queue != q || o.r.QueueOffset != 6 {
+			t.Fatalf("the keyed send made while g2 was dead: %+v, %v; want g1, queue %d, offset 6", o.r, o.err, q)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the keyed send made while g2 was dead did not complete within 20 s of the retirement")
+	}
 	c1 := testcluster.Dial(t, g1.Master.Addr())
-	sendTo(t, c1, q, 3, 5)
+	sendTo(t, c1, q, 2, 7)
 	pr := testcluster.Pull(t, c1, "orders", q, 3, 1<<20)
-	if pr.MinOffset != 5 || len(pr.Messages) != 3 || pr.Messages[0].QueueOffset != 5 || pr.NextOffset != 8 {
+	if pr.MinOffset != 6 || len(pr.Messages) != 3 || pr.Messages[0].QueueOffset != 6 || pr.NextOffset != 9 {
 		t.Fatalf("a PULL from the committed offset: min %d next %d, %d messages", pr.MinOffset, pr.NextOffset, len(pr.Messages))
 	}
 
@@ -163,6 +194,19 @@ func groupOf(t *testing.T, mc interface {
 		}
 	}
 	return api.GroupInfo{}, false
+}
+
+// keyOf is a key the producer sends to queue q of a topic of n queues
+// (FNV-1a, as the producer hashes keys).
+func keyOf(q, n uint32) string {
+	for i := 0; ; i++ {
+		k := fmt.Sprint("key-", i)
+		h := fnv.New32a()
+		h.Write([]byte(k))
+		if h.Sum32()%n == q {
+			return k
+		}
+	}
 }
 
 func movedOf(r api.RetireGroupReply, q uint32) api.MovedQueue {

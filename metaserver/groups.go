@@ -101,6 +101,9 @@ func (j *judge) liveMember(g routing.Group, now time.Time) string {
 	return ""
 }
 
+// queueEndsWait bounds the raft write of a heartbeat's queue ends.
+const queueEndsWait = 250 * time.Millisecond
+
 // heartbeatAndEnds is the heartbeat handler, and then records the queue
 // ends a master of the group's current epoch reported.
 func (s *Server) heartbeatAndEnds(ctx context.Context, hb api.Heartbeat) (api.HeartbeatReply, error) {
@@ -112,8 +115,9 @@ func (s *Server) heartbeatAndEnds(ctx context.Context, hb api.Heartbeat) (api.He
 }
 
 // recordQueueEnds applies the ends the registry does not know yet. It
-// waits at most a second for raft, so a slow commit delays the heartbeat's
-// answer little (the broker's lease runs from the heartbeat's send).
+// waits at most queueEndsWait for raft, so a slow commit delays the
+// heartbeat's answer little; ends not recorded then come again in the
+// master's next full report (every 5 heartbeats).
 func (s *Server) recordQueueEnds(ctx context.Context, group string, ends []api.QueueEnd) {
 	in := make([]fsm.QueueEnd, len(ends))
 	for i, e := range ends {
@@ -123,9 +127,10 @@ func (s *Server) recordQueueEnds(ctx context.Context, group string, ends []api.Q
 	if len(fresh) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	ctx, cancel := context.WithTimeout(ctx, queueEndsWait)
 	defer cancel()
 	if _, err := s.apply(ctx, &fsm.RecordQueueEnds{Group: group, Ends: fresh}); err != nil {
-		s.log.Warn("recording the queue ends a master reported failed", "group", group, "queues", len(fresh), "error", err)
+		s.log.Debug("recording the queue ends a master reported failed; its next full report brings them again",
+			"group", group, "queues", len(fresh), "error", err)
 	}
 }

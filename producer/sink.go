@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -850,11 +851,15 @@ func (s *sink) succeed(rec *record, res protocol.SendResult, addr string) {
 }
 
 // hold keeps a line busy for a retry's backoff, or until changed closes (a
-// new master or epoch, or the group writable again: the line goes at once,
-// its backoff reset), then lets it go: records whose delivery deadline
-// passed meanwhile fail, and if the cached route says the queue's group no
-// longer takes writes, the records that may move are dispatched again
-// (flagged if an attempt's outcome was unknown). Runs under c.wg.
+// new master or epoch, the group writable again, or the queue routed to
+// another group: the line goes at once, its backoff reset), then lets it
+// go: records whose delivery deadline passed meanwhile fail; if the cached
+// route says the queue's group no longer takes writes, the records that may
+// move are dispatched again (flagged if an attempt's outcome was unknown);
+// and if it routes the queue to another group (it moved off a retired
+// group), every record is, keyed ones too, in order, unstamped (the new
+// group knows nothing of this producer's sequences), flagged if an
+// attempt's outcome was unknown. Runs under c.wg.
 func (s *sink) hold(ln *line, d time.Duration, changed <-chan struct{}) {
 	defer s.c.wg.Done()
 	t := time.NewTimer(d)
@@ -877,6 +882,16 @@ func (s *sink) hold(ln *line, d time.Duration, changed <-chan struct{}) {
 		s.see(viewOf(version, q))
 	}
 	s.expireLine(ln, time.Now(), ln.lastErr)
+	var moved []*record
+	if known && q.Group != s.group {
+		moved = slices.Clone(ln.recs)
+		for _, rec := range moved {
+			ln.bytes -= rec.size
+			s.c.unstamp(rec)
+		}
+		clear(ln.recs)
+		ln.recs = ln.recs[:0]
+	}
 	if known && !q.Writable {
 		keep := ln.recs[:0]
 		for _, rec := range ln.recs {
@@ -898,6 +913,18 @@ func (s *sink) hold(ln *line, d time.Duration, changed <-chan struct{}) {
 	s.release(ln)
 	s.sendLocked()
 	s.unlock()
+	for _, rec := range moved {
+		s.c.dispatch(rec, true) // in order: a key's records pass its gate one after the other
+	}
+}
+
+// wake lets the lines waiting out a retry's backoff go at once (a route
+// moved one of the group's queues elsewhere).
+func (s *sink) wake() {
+	s.mu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
 }
 
 // expireLine fails a line's waiting records whose delivery deadline has

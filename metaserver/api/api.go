@@ -34,9 +34,10 @@ type Heartbeat struct {
 	// Duplicates is how many duplicate sends the broker absorbed since it
 	// started.
 	Duplicates int64 `json:"duplicates,omitempty"`
-	// QueueEnds (master only, every few heartbeats) is the next offset of
-	// every queue its commit log holds: the registry records them, so that
-	// a queue moved off the group when it is dead continues past them.
+	// QueueEnds (master only) is the next offset of every queue of its
+	// commit log whose end moved since its last heartbeat (of every queue,
+	// every 5th heartbeat): the registry records them, so that a queue
+	// moved off the group when it is dead continues past them.
 	QueueEnds []QueueEnd `json:"queue_ends,omitempty"`
 }
 

@@ -32,8 +32,8 @@ type MovedQueue struct {
 	// gets: the highest of KnownEnd and Committed.
 	Base int64 `json:"base"`
 	// KnownEnd is the highest end of the queue its group's master reported
-	// (the registry records the reports every few heartbeats); messages the
-	// old group stored past it are on its disk only.
+	// in its heartbeats; messages the old group stored past it are on its
+	// disk only.
 	KnownEnd int64 `json:"known_end"`
 	// Committed is the highest offset a consumer group committed for the
 	// queue (-1: none).

@@ -23,8 +23,8 @@ import (
 // new group, which takes it up at a base offset, so that the queue's offsets
 // go on growing past the old group's. The registry knows a queue's old end
 // only from what it heard: the ends its group's master reports in its
-// heartbeats (recorded by RecordQueueEnds, at most every few heartbeats)
-// and the consumer groups' committed offsets. The base is the highest of
+// heartbeats (recorded by RecordQueueEnds when they moved) and the consumer
+// groups' committed offsets. The base is the highest of
 // those (and of the queue's previous base). Messages the old group stored
 // after its last recorded report are on its disk only; their offsets are
 // taken again by the new group.
