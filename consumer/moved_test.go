@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -19,13 +20,14 @@ type movingRouter struct {
 	group string
 	addr  string
 	epoch uint32
+	base  int64
 	ver   uint64
 }
 
-func (r *movingRouter) move(group, addr string, epoch uint32) {
+func (r *movingRouter) moveAt(group, addr string, epoch uint32, base int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.group, r.addr, r.epoch = group, addr, epoch
+	r.group, r.addr, r.epoch, r.base = group, addr, epoch, base
 	r.ver++
 }
 
@@ -33,7 +35,7 @@ func (r *movingRouter) RouteExisting(ctx context.Context, topic string) (routing
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return routing.Route{Topic: topic, Version: r.ver, Queues: []routing.QueueRoute{
-		{Queue: 0, Group: r.group, Master: r.addr, Epoch: r.epoch, Writable: true}}}, nil
+		{Queue: 0, Group: r.group, Master: r.addr, Epoch: r.epoch, Writable: true, Base: r.base}}}, nil
 }
 
 // epochBrokers are fake brokers whose answers carry the epoch of the
@@ -92,9 +94,9 @@ func TestEpochStaysWithItsGroup(t *testing.T) {
 		return count() == 2 && co.offset("t", 0) == 2 && e == 7 && g == "gA"
 	})
 
-	// gA is gone; the queue moves to gB, whose epoch is 2.
+	// gA is gone; the queue moves to gB, whose epoch is 2, at offset 2.
 	fb.setDown("a", true)
-	router.move("gB", "b", 2)
+	router.moveAt("gB", "b", 2, 2)
 	fb.add("t", 0, "m2")
 	waitFor(t, 10*time.Second, "m2 from gB, and its commit in gB's epoch 2", func() bool {
 		e, g := co.epoch("t", 0)
@@ -109,8 +111,9 @@ func TestEpochStaysWithItsGroup(t *testing.T) {
 	}
 
 	// A member that starts from an offset committed in gA (a commit that
-	// reached the registry before it learned of the move) names gA's epoch
-	// neither: it reads on from the offset.
+	// reached the registry before the move, which then took the queue up
+	// there) names gA's epoch neither: it reads on from the offset.
+	router.moveAt("gB", "b", 2, 3)
 	co.mu.Lock()
 	co.epochs[qkey{"t", 0}] = api.QueueOffset{Topic: "t", Queue: 0, Offset: 3, Epoch: 7, EpochGroup: "gA"}
 	co.mu.Unlock()
@@ -137,5 +140,49 @@ func TestEpochStaysWithItsGroup(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(got, []string{"m0", "m1", "m2", "m3"}) {
 		t.Fatalf("handled %v", got)
+	}
+}
+
+// A member that read a queue at a group past the offset another group
+// took it up at, when the queue moved (the old group stored messages after
+// the last end the registry heard from it), goes back to that offset: the
+// new group's messages there are others, and skipping them would lose them.
+func TestReaderPastTheBaseGoesBack(t *testing.T) {
+	fb := &epochBrokers{fakeBrokers: newFakeBrokers(), epochOf: map[string]uint32{"a": 1, "b": 1}, named: map[string][]uint32{}}
+	router := &movingRouter{group: "gA", addr: "a", epoch: 1, ver: 1}
+	co := newFakeCoord(map[string]int{"t": 1})
+	c, err := New("grp", []string{"t"}, withCoordinator(co), withRouter(router), withPuller(fb), withDeadLetterer(&fakeDLQ{}),
+		Heartbeat(50*time.Millisecond), Session(time.Second), AutoCommit(50*time.Millisecond),
+		PollWait(100*time.Millisecond), RetryBackoff(time.Millisecond, 5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var mu sync.Mutex
+	var got []string
+	runIn(t, c, func(ctx context.Context, m *Message) error {
+		mu.Lock()
+		got = append(got, fmt.Sprintf("%d:%s", m.Offset, m.Body))
+		mu.Unlock()
+		return nil
+	})
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(got) }
+	fb.add("t", 0, "a0", "a1", "a2", "a3", "a4")
+	waitFor(t, 5*time.Second, "gA's five messages", func() bool { return count() == 5 })
+
+	// gA dies having told the registry of 3 messages only; gB takes the
+	// queue up at 3 and stores two messages there.
+	fb.setDown("a", true)
+	fb.mu.Lock()
+	fb.base[qkey{"t", 0}] = 3
+	fb.logs[qkey{"t", 0}] = nil
+	fb.mu.Unlock()
+	fb.add("t", 0, "b3", "b4", "b5")
+	router.moveAt("gB", "b", 1, 3)
+	waitFor(t, 10*time.Second, "gB's three messages", func() bool { return count() == 8 })
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"0:a0", "1:a1", "2:a2", "3:a3", "4:a4", "3:b3", "4:b4", "5:b5"}; !slices.Equal(got, want) {
+		t.Fatalf("handled %v, want %v", got, want)
 	}
 }

@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -276,6 +278,19 @@ func (p *part) fetch(pos int64) {
 		}
 		began := c.cfg.clock.Now()
 		resp, fromSlave, group, err := p.pull(&req, &slaveUntil, log)
+		var mv *movedQueue
+		if errors.As(err, &mv) && resolved {
+			// The queue moved off a retired group past what the registry
+			// knew of it: what this member read there past the base now
+			// has other messages' offsets. Go back to the base.
+			log.Warn("the queue moved to another broker group, which took it up before where this member read to: reading again from there",
+				"offset", req.Offset, "from", mv.base, "group", mv.group)
+			p.rewind(mv.base)
+			pos = mv.base
+			p.setEpoch(0, mv.group)
+			c.stats.rewinds.Add(1)
+			continue
+		}
 		if err != nil {
 			if p.ctx.Err() != nil {
 				return
@@ -402,6 +417,9 @@ func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interf
 		c.routes.refresh(p.key.topic)
 		return protocol.PullResponse{}, false, qr.Group, &protocol.Error{Status: protocol.StatusNoRoute, Message: "queue " + p.key.String() + " has no broker"}
 	}
+	if e := p.readIn.Load(); e != nil && e.group != "" && e.group != qr.Group && req.Offset > qr.Base {
+		return protocol.PullResponse{}, false, qr.Group, &movedQueue{group: qr.Group, base: qr.Base}
+	}
 	req.Epoch = qr.Epoch
 	if e := p.epochFor(qr.Group); e != 0 {
 		req.Epoch = e // what was read was read in this epoch: let the broker check it
@@ -434,6 +452,18 @@ func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interf
 		*slaveUntil = time.Time{}
 	}
 	return resp, true, qr.Group, err
+}
+
+// movedQueue is pull's answer when the queue's route names another group
+// than the one the member read it in, which took the queue up at base,
+// below the member's offset.
+type movedQueue struct {
+	group string
+	base  int64
+}
+
+func (m *movedQueue) Error() string {
+	return fmt.Sprintf("the queue moved to group %s, which took it up at offset %d", m.group, m.base)
 }
 
 // toMessage converts a stored message.

@@ -313,6 +313,9 @@ func (f *FSM) commitOffsets(c *CommitOffsets) any {
 	}
 	changed := false
 	for _, o := range c.Offsets {
+		if o.EpochGroup != "" && f.s.queueGroup(o.Topic, o.Queue) != o.EpochGroup {
+			o = f.s.readElsewhere(o)
+		}
 		qs := g.Offsets[o.Topic]
 		if qs == nil {
 			qs = map[uint32]int64{}
@@ -321,9 +324,6 @@ func (f *FSM) commitOffsets(c *CommitOffsets) any {
 		if old, ok := qs[o.Queue]; !ok || old != o.Offset {
 			qs[o.Queue] = o.Offset
 			changed = true
-		}
-		if o.EpochGroup != "" && f.s.queueGroup(o.Topic, o.Queue) != o.EpochGroup {
-			o.Epoch = 0 // read in the group the queue left
 		}
 		if g.Epochs[o.Topic][o.Queue] != o.Epoch {
 			if g.Epochs == nil {

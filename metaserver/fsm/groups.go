@@ -285,6 +285,20 @@ func (s *State) queueGroup(topic string, queue uint32) string {
 	return ""
 }
 
+// readElsewhere is a commit's offset of a queue read in a group the queue
+// has left since: its epoch means nothing to the queue's group now, and an
+// offset past the base the queue moved at names messages of the old group
+// the registry never heard of (they are on its disk), whose numbers the new
+// group gives to other messages: the commit goes no further than the base,
+// so the consumer group skips none of those.
+func (s *State) readElsewhere(o QueueOffset) QueueOffset {
+	o.Epoch = 0
+	if qs := s.Queues[o.Topic][o.Queue]; len(qs.Left) > 0 {
+		o.Offset = min(o.Offset, qs.Base)
+	}
+	return o
+}
+
 // MemberQueues returns a consumer group's generation and member's queues
 // in it, each committed epoch with the group it is of (the queue's group:
 // a retirement drops the epochs of the queues it moves), read at one

@@ -248,19 +248,32 @@ func TestRecordQueueEnds(t *testing.T) {
 	}
 }
 
-// A commit whose epoch was read in the group the queue left records no
-// epoch: the new group would take it for one of its own.
-func TestCommitEpochOfAnotherGroup(t *testing.T) {
+// A commit of what was read in the group a queue left records no epoch
+// (the new group would take it for one of its own), and no offset past the
+// base the queue moved at: offsets the registry never heard of from the old
+// group name other messages in the new one, which the consumer group must
+// not skip.
+func TestCommitReadInTheGroupAQueueLeft(t *testing.T) {
 	f := retireSeeded(t)
+	mustApply(t, f, &RecordQueueEnds{Group: "g2", Ends: []QueueEnd{{Topic: "orders", Queue: 1, End: 8}}})
 	mustApply(t, f, &RetireGroup{Group: "g2", Moves: []QueueMove{{Topic: "orders", Queue: 1, To: "g3"}}, At: 4})
 	commit(t, f, QueueOffset{Topic: "orders", Queue: 1, Offset: 5, Epoch: 7, EpochGroup: "g2"}, QueueOffset{Topic: "orders", Queue: 0, Offset: 5, Epoch: 2, EpochGroup: "g1"})
 	cg := cgroup(t, f, "cg")
-	if _, ok := cg.Epochs["orders"][1]; ok || cg.Epochs["orders"][0] != 2 || cg.Offsets["orders"][1] != 5 {
+	if _, ok := cg.Epochs["orders"][1]; ok || cg.Epochs["orders"][0] != 2 || cg.Offsets["orders"][1] != 5 || cg.Offsets["orders"][0] != 5 {
 		t.Fatalf("epochs %v offsets %v", cg.Epochs, cg.Offsets)
 	}
-	commit(t, f, QueueOffset{Topic: "orders", Queue: 1, Offset: 6, Epoch: 1, EpochGroup: "g3"})
-	if cg := cgroup(t, f, "cg"); cg.Epochs["orders"][1] != 1 {
-		t.Fatalf("the new group's epoch was not kept: %v", cg.Epochs)
+	commit(t, f, QueueOffset{Topic: "orders", Queue: 1, Offset: 12, Epoch: 7, EpochGroup: "g2"})
+	if cg := cgroup(t, f, "cg"); cg.Offsets["orders"][1] != 8 {
+		t.Fatalf("a commit past the base, read in g2: recorded %d, want the base 8", cg.Offsets["orders"][1])
+	}
+	commit(t, f, QueueOffset{Topic: "orders", Queue: 1, Offset: 12, Epoch: 1, EpochGroup: "g3"})
+	if cg := cgroup(t, f, "cg"); cg.Epochs["orders"][1] != 1 || cg.Offsets["orders"][1] != 12 {
+		t.Fatalf("a commit read in the queue's group: epochs %v offsets %v", cg.Epochs, cg.Offsets)
+	}
+	// A queue that never moved is not clamped, whatever group a commit names.
+	commit(t, f, QueueOffset{Topic: "orders", Queue: 0, Offset: 30, Epoch: 2, EpochGroup: "g9"})
+	if cg := cgroup(t, f, "cg"); cg.Offsets["orders"][0] != 30 {
+		t.Fatalf("queue 0 recorded %d, want 30", cg.Offsets["orders"][0])
 	}
 }
 
