@@ -38,6 +38,8 @@ func TestRouteCodecRoundTrip(t *testing.T) {
 func FuzzDecodeRoute(f *testing.F) {
 	r := sampleRoute()
 	f.Add(AppendRoute(nil, &r))
+	r.Queues[1].Base = 77
+	f.Add(AppendRoute(nil, &r))
 	f.Add([]byte{0, 1, 'x', 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := DecodeRoute(b)

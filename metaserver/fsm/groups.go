@@ -79,7 +79,9 @@ type QueueMove struct {
 // CONFLICT: the registry changed since the leader planned); each queue is
 // taken up at its base (see above), the consumer groups' committed epochs
 // for it are dropped (an epoch is the old group's), and the group loses its
-// brokers. Retiring a retired group with no moves changes nothing.
+// brokers and its heartbeat-lost and slave-lag reasons (the judge leaves a
+// retired group alone). Retiring a retired group with no moves changes
+// nothing.
 type RetireGroup struct {
 	Group string      `json:"group"`
 	Moves []QueueMove `json:"moves,omitempty"`
@@ -210,6 +212,7 @@ func (f *FSM) retireGroup(c *RetireGroup) any {
 	}
 	g.Admission = routing.Retired
 	g.Master, g.Slave = routing.Broker{}, routing.Broker{}
+	g.Reasons &^= routing.HeartbeatLost | routing.SlaveLag // nothing to judge: no alert stays on
 	g.ChangedAt = c.At
 	g.Version = s.Version
 	return &Result{Changed: true, Version: s.Version}

@@ -115,6 +115,7 @@ func TestRetireGroup(t *testing.T) {
 	if !reflect.DeepEqual(plan, want) {
 		t.Fatalf("plan:\n got %+v\nwant %+v", plan, want)
 	}
+	mustApply(t, f, &SetGroupReasons{Group: "g2", Set: routing.HeartbeatLost, At: 8})
 	g2 := group(t, f, "g2")
 	var moves []QueueMove
 	for _, m := range plan {
@@ -139,7 +140,7 @@ func TestRetireGroup(t *testing.T) {
 		t.Fatalf("queue state: %+v", qs)
 	}
 	g := group(t, f, "g2")
-	if g.Admission != routing.Retired || g.Master.ID != "" || g.Slave.ID != "" || g.Epoch != g2.Epoch || g.ChangedAt != 9 {
+	if g.Admission != routing.Retired || g.Master.ID != "" || g.Slave.ID != "" || g.Epoch != g2.Epoch || g.ChangedAt != 9 || g.Reasons != 0 {
 		t.Fatalf("retired group: %+v", g)
 	}
 	cg := cgroup(t, f, "cg")

@@ -270,6 +270,9 @@ func (c groupCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, g := range c.s.FSM().Groups() {
+		if g.Admission == routing.Retired {
+			continue // no brokers, no queues: nothing to watch
+		}
 		ch <- prometheus.MustNewConstMetric(groupDesc, prometheus.GaugeValue, b2f(g.Writable()), g.Name)
 		for _, r := range readOnlyReasons {
 			ch <- prometheus.MustNewConstMetric(reasonDesc, prometheus.GaugeValue, b2f(g.Reasons&r != 0), g.Name, r.String())
