@@ -72,10 +72,9 @@ func (l *Log) checkEntry(e Entry) error {
 // its master): data must start at this log's end offset, hold only whole,
 // valid records, and continue every queue's offsets (a queue the log holds
 // no record of may start past its next offset: its master set a base,
-// queuebase.go). The log then holds the
-// same bytes at the same offsets, and the stamps of its records
-// (Config.ProducerStamp) join the deduplication state without checks. It
-// returns the new end offset.
+// queuebase.go). The log then holds the same bytes at the same offsets, and
+// the stamps of its records (Config.ProducerStamp) join the deduplication
+// state without checks. It returns the new end offset.
 func (l *Log) AppendRaw(offset int64, data []byte, flush bool) (int64, error) {
 	if len(data) == 0 {
 		return l.end.Load(), nil
