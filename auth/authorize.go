@@ -111,6 +111,11 @@ var rules = map[protocol.Code]need{
 	protocol.CodeAdminACLRemove: 0,
 	protocol.CodeAdminACLList:   0,
 	protocol.CodeACLGet:         needCluster,
+
+	// Which broker groups may hold queues, and moving a dead group's
+	// queues: an operator's acts.
+	protocol.CodeAdminAdmitGroup:  0,
+	protocol.CodeAdminRetireGroup: 0,
 }
 
 // HasRule reports whether code has a rule (a code without one is allowed

@@ -119,6 +119,9 @@ var expect = map[string][]allow{
 	"ROUTE_WATCH":      clusterOnly,
 	"RECOVER":          clusterOnly,
 	"ADMIN_RESYNC":     adminOnly,
+
+	"ADMIN_ADMIT_GROUP":  adminOnly,
+	"ADMIN_RETIRE_GROUP": adminOnly,
 }
 
 // namedCodes returns every request code protocol gives a name.

@@ -126,6 +126,8 @@ func requests() map[protocol.Code]request {
 		protocol.CodeAdminACLRemove:    {onMeta, js(api.ACLRemoveRequest{Name: "absent"})},
 		protocol.CodeAdminACLList:      {onMeta, js(struct{}{})},
 		protocol.CodeACLGet:            {onMeta, js(struct{}{})},
+		protocol.CodeAdminAdmitGroup:   {onMeta, js(api.AdmitGroupRequest{Group: "g1"})},
+		protocol.CodeAdminRetireGroup:  {onMeta, js(api.RetireGroupRequest{Group: "g1", DryRun: true})},
 	}
 }
 
@@ -215,6 +217,8 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeAdminACLRemove:    {"admin"},
 		protocol.CodeAdminACLList:      {"admin"},
 		protocol.CodeACLGet:            {"admin", "cluster"},
+		protocol.CodeAdminAdmitGroup:   {"admin"},
+		protocol.CodeAdminRetireGroup:  {"admin"},
 	}
 	reqs := requests()
 	peers := map[string]ports{}

@@ -59,6 +59,7 @@ type Broker struct {
 	roles  *roles
 	acl    *aclCopy // nil: authorization off
 	stats  Stats
+	ends   queueEndsReport // the heartbeater's
 	// handover hands this broker's cut tails to its master (nil:
 	// -failover-tail=discard); recovering is set while this broker, as
 	// master, appends one (recover.go).
@@ -113,10 +114,11 @@ func New(cfg Config) (*Broker, error) {
 	}
 
 	b.lease = &writeLease{clock: cfg.Clock, session: cfg.SessionTimeout}
-	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: func() uint32 { return b.roles.epoch.Load() },
-		epochStart: func(e uint32) (int64, bool, bool) { return b.roles.epochStart(e) }}, cfg.Clock, &b.stats, lg.Named("longpoll"))
-	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
+	b.routes.store = b.store
+	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: func() uint32 { return b.roles.epoch.Load() },
+		epochStart: func(e uint32) (int64, bool, bool) { return b.roles.epochStart(e) }, routed: b.routes.routed}, cfg.Clock, &b.stats, lg.Named("longpoll"))
+	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
 	hb := &heartbeater{id: cfg.ID, meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
 		log: lg.Named("heartbeat"), describe: b.describe, kicks: make(chan struct{}, 1)}
 	b.lease.kick = hb.kick // a client's newer epoch asks the registry (writeLease.claim)
@@ -257,8 +259,10 @@ func (b *Broker) describe(hb *api.Heartbeat) {
 		if start := b.roles.start.Load(); start >= 0 {
 			hb.EpochStart = &start
 		}
+		hb.QueueEnds = b.ends.take(b.store)
 	} else {
 		hb.MasterEnd = b.roles.masterEnd.Load()
+		b.ends.notMaster()
 	}
 	switch st := b.roles.State(); st.Kind {
 	case RoleBroken:

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -22,6 +23,9 @@ type queueReader interface {
 	LogEpoch() uint32
 	// EpochStart is where the epoch after epoch began (see roles.epochStart).
 	EpochStart(epoch uint32) (start int64, ok, known bool)
+	// Placed reports whether the broker may answer for a queue its log
+	// holds nothing of (see handlePull).
+	Placed(topic string, queue uint32) bool
 }
 
 // pullStore is the commit log with the broker's epochs, as PULL reads it.
@@ -29,6 +33,14 @@ type pullStore struct {
 	*storage.Log
 	epoch      func() uint32
 	epochStart func(uint32) (int64, bool, bool) // nil: no failover has been seen
+	// routed is the route cache's answer: the queue is this group's (and
+	// the log continues it at its base, if it moved here). It never waits;
+	// a miss queues a lookup. nil: every queue is.
+	routed func(topic string, queue uint32) bool
+}
+
+func (s pullStore) Placed(topic string, queue uint32) bool {
+	return s.routed == nil || s.routed(topic, queue)
 }
 
 func (s pullStore) LogEpoch() uint32 { return s.epoch() }
@@ -83,7 +95,7 @@ func handlePull(store queueReader, claim func(uint32) bool, pulls *longPoll, rep
 		return
 	}
 	claim(req.Epoch)
-	if diverged(store, rep, req) {
+	if unplaced(store, rep, req) || diverged(store, rep, req) {
 		return
 	}
 	if req.WaitMillis > 0 && pulls != nil {
@@ -92,6 +104,26 @@ func handlePull(store queueReader, claim func(uint32) bool, pulls *longPoll, rep
 		}
 	}
 	serveRead(store, rep, req)
+}
+
+// unplaced answers req NO_ROUTE and reports true when it asks for an offset
+// past 0 of a queue the log holds nothing of, and the queue is not this
+// group's by the route cache (which looks the topic up meanwhile). Such a
+// reader read the queue elsewhere: at a group the queue moved off (this
+// group's log takes it up at its base once the route cache learns of the
+// move), or at the wrong broker. Answered as an empty queue, it would go on
+// from offset 0 and commit offsets that went back; NO_ROUTE makes it look
+// its route up and ask again.
+func unplaced(store queueReader, rep replier, req protocol.PullRequest) bool {
+	if req.Offset == 0 {
+		return false
+	}
+	if _, next := store.QueueRange(req.Topic, req.Queue); next > 0 || store.Placed(req.Topic, req.Queue) {
+		return false
+	}
+	rep.ReplyError(&protocol.Error{Status: protocol.StatusNoRoute,
+		Message: fmt.Sprintf("this broker's group holds nothing of %s queue %d yet: it is looking the queue's route up", req.Topic, req.Queue)})
+	return true
 }
 
 // diverged answers req and reports true when its reader read, in an

@@ -64,7 +64,7 @@ func TestFailoverTailIsRecoveredOnce(t *testing.T) {
 	testwait.For(t, 15*time.Second, "the slave to be promoted", func() bool { return nm.IsMaster() && nm.Writable() })
 	nc := tc.Dial(t, nm.Addr())
 	warmRoute(t, nc, "rt", 0)
-	sendAll(t, nc, protocol.StatusOK, msgs[10])                    // the producer's retry, same stamp
+	sendAll(t, nc, protocol.StatusOK, msgs[10])                       // the producer's retry, same stamp
 	again := stampedMsg(8, 0, "m11")                                  // sent again under a new identity
 	sendAll(t, nc, protocol.StatusOK, again, stampedMsg(8, 1, "m20")) // and the producer goes on
 

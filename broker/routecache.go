@@ -2,6 +2,8 @@ package broker
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -9,12 +11,15 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/storage"
 )
 
 const (
 	// routeTTL is how long a looked-up route counts as fresh. An older one
-	// is still served (queues do not move between groups) while a refresh
-	// runs in the background.
+	// is still served while a refresh runs in the background: a queue moves
+	// between groups only off a retired group, whose brokers the registry
+	// refuses (their write lease runs out), and a group that takes a queue
+	// up learns it at its first lookup of the topic after a miss.
 	routeTTL = 30 * time.Second
 	// routeMinRefresh spaces the lookups of one topic. It is short because
 	// a producer that holds a newer route than ours is waiting.
@@ -44,6 +49,14 @@ type routeCache struct {
 	clock  clockwork.Clock
 	log    hclog.Logger
 	wake   chan struct{} // capacity 1: the queue has topics
+	// store is the commit log's part that takes moved queues up (nil: no
+	// queue moves, in tests): a queue routed here with a base is
+	// counted as this group's only once the log continues it at or past
+	// the base.
+	store queueBases
+	// refused names the moved queues the log could not take up, each
+	// logged once (the lookup goroutine's own).
+	refused map[string]bool
 
 	mu     sync.RWMutex
 	topics map[string]*topicRoute // replaced, never modified, per topic
@@ -55,8 +68,15 @@ type routeCache struct {
 	full    bool // the queue was found full; logged once until it has room
 }
 
+// queueBases is the part of the commit log the route cache uses.
+type queueBases interface {
+	SetQueueBase(topic string, queue uint32, base int64) error
+	QueueRange(topic string, queue uint32) (first, next int64)
+}
+
 type topicRoute struct {
 	mine    []bool    // mine[q]: queue q is routed to this group (nil: unknown topic)
+	base    []int64   // base[q]: where this group took queue q up (nil: no queue moved)
 	fetched time.Time // the last successful lookup or push (zero: none)
 	tried   time.Time // the last lookup, successful or not, or push
 	version uint64    // the registry version mine was read at
@@ -76,6 +96,13 @@ func (c *routeCache) routed(topic string, q uint32) bool {
 	c.mu.RUnlock()
 	now := c.clock.Now()
 	mine := tr != nil && int(q) < len(tr.mine) && tr.mine[q]
+	if mine && tr.base != nil && tr.base[q] > 0 && c.store != nil {
+		if _, next := c.store.QueueRange(topic, q); next < tr.base[q] {
+			// The log lost the base (a truncation cut the queue's
+			// records): not ours until a lookup sets it again.
+			mine = false
+		}
+	}
 	if tr == nil || ((!mine || now.Sub(tr.fetched) >= routeTTL) && now.Sub(tr.tried) >= routeMinRefresh) {
 		c.refresh(topic, tr)
 	}
@@ -151,6 +178,7 @@ func (c *routeCache) fetch(ctx context.Context, topic string) {
 	lctx, cancel := context.WithTimeout(ctx, routeLookupTimeout)
 	route, err := c.lookup.RouteExisting(lctx, topic)
 	cancel()
+	taken := c.takeUp(route, err)
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -159,7 +187,7 @@ func (c *routeCache) fetch(ctx context.Context, topic string) {
 		c.log.Debug("route lookup failed", "topic", topic, "error", err)
 		next := &topicRoute{tried: now}
 		if old != nil {
-			next.mine, next.fetched, next.version = old.mine, old.fetched, old.version
+			next.mine, next.base, next.fetched, next.version = old.mine, old.base, old.fetched, old.version
 		}
 		c.topics[topic] = next
 		return
@@ -167,14 +195,48 @@ func (c *routeCache) fetch(ctx context.Context, topic string) {
 	if old != nil && old.version > route.Version {
 		// A push (routepush.go) brought a newer route while this lookup
 		// ran.
-		c.topics[topic] = &topicRoute{mine: old.mine, fetched: old.fetched, tried: now, version: old.version}
+		c.topics[topic] = &topicRoute{mine: old.mine, base: old.base, fetched: old.fetched, tried: now, version: old.version}
 		return
 	}
 	tr := &topicRoute{mine: make([]bool, len(route.Queues)), fetched: now, tried: now, version: route.Version}
 	for i, qr := range route.Queues {
-		tr.mine[i] = qr.Group == c.group
+		tr.mine[i] = qr.Group == c.group && taken[i]
+		if qr.Base > 0 && tr.mine[i] {
+			if tr.base == nil {
+				tr.base = make([]int64, len(route.Queues))
+			}
+			tr.base[i] = qr.Base
+		}
 	}
 	c.topics[topic] = tr
+}
+
+// takeUp makes the commit log continue every queue the route moved to this
+// group at its base, before the queue counts as this group's (so no append
+// gives it a lower offset), and reports which queues may count: a queue
+// whose log cannot take it up (it holds older records of it, from an
+// earlier stay here) is refused, loudly, until an operator acts. Runs
+// outside mu: a base waits for the appends queued before it.
+func (c *routeCache) takeUp(route routing.Route, err error) []bool {
+	ok := make([]bool, len(route.Queues))
+	for i, qr := range route.Queues {
+		ok[i] = true
+		if err != nil || qr.Group != c.group || qr.Base <= 0 || c.store == nil {
+			continue
+		}
+		if serr := c.store.SetQueueBase(route.Topic, qr.Queue, qr.Base); serr != nil && !errors.Is(serr, storage.ErrBaseBelowNext) {
+			ok[i] = false
+			if k := fmt.Sprintf("%s/%d", route.Topic, qr.Queue); !c.refused[k] {
+				if c.refused == nil {
+					c.refused = map[string]bool{}
+				}
+				c.refused[k] = true
+				c.log.Error("cannot take up a queue moved to this group: the queue gets NO_ROUTE here (move the group's data directory away, or retire the group so the queue moves on)",
+					"topic", route.Topic, "queue", qr.Queue, "base", qr.Base, "error", serr)
+			}
+		}
+	}
+	return ok
 }
 
 // prune forgets topics with no queue here that were not looked up for a

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/storage"
 )
 
 // fakeLookup answers route lookups from a table, counting them; while gate
@@ -23,6 +25,7 @@ type fakeLookup struct {
 	mu    sync.Mutex
 	gate  chan struct{}
 	route map[string][]string // topic -> group of each queue
+	bases map[string][]int64  // topic -> base of each queue (nil: none moved)
 	err   error
 }
 
@@ -50,13 +53,22 @@ func (f *fakeLookup) RouteExisting(ctx context.Context, topic string) (routing.R
 	r := routing.Route{Topic: topic}
 	for i, g := range groups {
 		r.Queues = append(r.Queues, routing.QueueRoute{Queue: uint32(i), Group: g})
+		if b := f.bases[topic]; b != nil {
+			r.Queues[i].Base = b[i]
+		}
 	}
 	return r, nil
 }
 
 func startRouteCache(t *testing.T, l *fakeLookup, clock clockwork.Clock) *routeCache {
+	return startRouteCacheOn(t, l, clock, nil)
+}
+
+// startRouteCacheOn starts a route cache whose moved queues go to store.
+func startRouteCacheOn(t *testing.T, l *fakeLookup, clock clockwork.Clock, store queueBases) *routeCache {
 	t.Helper()
 	c := newRouteCache("g1", l, clock, hclog.NewNullLogger())
+	c.store = store
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -206,5 +218,60 @@ func TestPushedRouteOutlivesAnOlderLookup(t *testing.T) {
 	settle(t, c)
 	if !c.routed("t", 2) {
 		t.Fatal("the older lookup replaced the pushed route")
+	}
+}
+
+// A queue moved to this group counts as routed here only once the commit
+// log continues it at its base, so no append gives it a lower offset: the
+// lookup sets the base before the queue counts; a log that lost it (a
+// truncation cut the queue's records) makes the queue not routed until a
+// lookup sets it again; and a log holding older records of the queue
+// refuses the base, and the queue stays not routed here.
+func TestRouteCacheTakesMovedQueuesUp(t *testing.T) {
+	log := openLog(t)
+	if _, err := log.Append([]storage.Entry{{Topic: "old", Payload: []byte("a")}, {Topic: "old", Payload: []byte("b")}}, false); err != nil {
+		t.Fatal(err)
+	}
+	clock := clockwork.NewFakeClock()
+	l := &fakeLookup{route: map[string][]string{"t": {"g1", "g2", "g1"}, "old": {"g1"}},
+		bases: map[string][]int64{"t": {100, 7, 0}, "old": {50}}}
+	c := startRouteCacheOn(t, l, clock, log)
+	c.routed("t", 0)
+	testwait.For(t, 5*time.Second, "the moved queue to be routed here", func() bool { return c.routed("t", 0) })
+	if first, next := log.QueueRange("t", 0); first != 100 || next != 100 {
+		t.Fatalf("the moved queue's range [%d,%d), want [100,100)", first, next)
+	}
+	if first, next := log.QueueRange("t", 1); next != 0 || first != 0 {
+		t.Fatalf("another group's moved queue was taken up: [%d,%d)", first, next)
+	}
+	if !c.routed("t", 2) {
+		t.Fatal("a queue that never moved")
+	}
+	pos, err := log.Append([]storage.Entry{{Topic: "t", Queue: 0, Payload: []byte("x")}}, false)
+	if err != nil || pos[0].QueueOffset != 100 {
+		t.Fatalf("the moved queue's first message at %d, %v; want 100", pos[0].QueueOffset, err)
+	}
+
+	// A truncation cuts its records: not routed until the base is back.
+	if _, err := log.Truncate(pos[0].LogOffset, filepath.Join(t.TempDir(), "cut.log")); err != nil {
+		t.Fatal(err)
+	}
+	if c.routed("t", 0) {
+		t.Fatal("routed here while the log would give the queue offset 0")
+	}
+	clock.Advance(routeMinRefresh)
+	testwait.For(t, 5*time.Second, "the base to be set again", func() bool { clock.Advance(routeMinRefresh); return c.routed("t", 0) })
+	if _, next := log.QueueRange("t", 0); next != 100 {
+		t.Fatalf("after the lookup the queue goes on at %d, want 100", next)
+	}
+
+	// A log with older records of the queue cannot take it up at 50.
+	c.routed("old", 0)
+	settle(t, c)
+	if c.routed("old", 0) {
+		t.Fatal("a queue the log cannot continue at its base is routed here")
+	}
+	if first, next := log.QueueRange("old", 0); first != 0 || next != 2 {
+		t.Fatalf("the refused base changed the queue: [%d,%d)", first, next)
 	}
 }

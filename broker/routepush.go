@@ -97,6 +97,17 @@ func (c *routeCache) take(reply api.RouteWatchReply) {
 				mine[q] = true
 			}
 		}
-		c.topics[t.Name] = &topicRoute{mine: mine, fetched: now, tried: now, version: reply.Version}
+		tr := &topicRoute{mine: mine, fetched: now, tried: now, version: reply.Version}
+		// A push leaves out queues moved here by a retirement (they are
+		// taken up at their base by a lookup): keep what a lookup learned.
+		if old := c.topics[t.Name]; old != nil && old.base != nil {
+			tr.base = make([]int64, t.Queues)
+			for q := range min(len(old.base), len(mine)) {
+				if old.base[q] > 0 {
+					tr.mine[q], tr.base[q] = old.mine[q], old.base[q]
+				}
+			}
+		}
+		c.topics[t.Name] = tr
 	}
 }

@@ -21,15 +21,17 @@ type fakeCoord struct {
 	gen       uint64
 	assign    map[qkey]string
 	committed map[qkey]int64
-	commits   int
-	down      bool // answer nothing (an unreachable metaserver)
+	// epochs holds each queue's last commit's epoch and its group.
+	epochs  map[qkey]api.QueueOffset
+	commits int
+	down    bool // answer nothing (an unreachable metaserver)
 	// history records, per generation, each queue's owner.
 	history map[uint64]map[qkey]string
 }
 
 func newFakeCoord(queues map[string]int) *fakeCoord {
 	return &fakeCoord{queues: queues, session: 2 * time.Second, members: map[string]time.Time{},
-		assign: map[qkey]string{}, committed: map[qkey]int64{}, history: map[uint64]map[qkey]string{}}
+		assign: map[qkey]string{}, committed: map[qkey]int64{}, epochs: map[qkey]api.QueueOffset{}, history: map[uint64]map[qkey]string{}}
 }
 
 var errFakeDown = &protocol.Error{Status: protocol.StatusTimeout, Message: "fake coordinator down"}
@@ -82,7 +84,9 @@ func (f *fakeCoord) ConsumerHeartbeat(ctx context.Context, hb api.ConsumerHeartb
 			if !ok {
 				c = -1
 			}
-			reply.Assignment = append(reply.Assignment, api.QueueAssignment{Topic: k.topic, Queue: k.queue, Committed: c})
+			e := f.epochs[k]
+			reply.Assignment = append(reply.Assignment, api.QueueAssignment{Topic: k.topic, Queue: k.queue, Committed: c,
+				CommittedEpoch: e.Epoch, EpochGroup: e.EpochGroup})
 		}
 	}
 	return reply, nil
@@ -154,9 +158,18 @@ func (f *fakeCoord) CommitOffsets(ctx context.Context, req api.CommitRequest) (a
 	}
 	for _, o := range req.Offsets {
 		f.committed[qkey{o.Topic, o.Queue}] = o.Offset
+		f.epochs[qkey{o.Topic, o.Queue}] = o
 	}
 	f.commits++
 	return api.CommitReply{Generation: f.gen}, nil
+}
+
+// epoch is the epoch and group the last commit of a queue named.
+func (f *fakeCoord) epoch(topic string, queue uint32) (uint32, string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.epochs[qkey{topic, queue}]
+	return e.Epoch, e.EpochGroup
 }
 
 func (f *fakeCoord) offset(topic string, queue uint32) int64 {

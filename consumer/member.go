@@ -172,7 +172,9 @@ func (c *Consumer) apply(reply api.ConsumerHeartbeatReply) {
 			continue
 		}
 		p := newPart(c, k, a.Committed)
-		p.epoch.Store(a.CommittedEpoch)
+		if a.CommittedEpoch != 0 {
+			p.setEpoch(a.CommittedEpoch, a.EpochGroup)
+		}
 		p.share = share
 		c.parts[k] = p
 		added = append(added, k.String())
@@ -219,7 +221,8 @@ func (c *Consumer) commitParts(ctx context.Context, gen uint64, parts []*part) e
 		p.mu.Lock()
 		pos := p.processedLocked()
 		if pos >= 0 && pos != p.committed {
-			offs = append(offs, api.QueueOffset{Topic: p.key.topic, Queue: p.key.queue, Offset: pos, Epoch: p.epoch.Load()})
+			epoch, group := p.epochNow()
+			offs = append(offs, api.QueueOffset{Topic: p.key.topic, Queue: p.key.queue, Offset: pos, Epoch: epoch, EpochGroup: group})
 			moved = append(moved, p)
 		}
 		p.mu.Unlock()

@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,13 +38,45 @@ type part struct {
 	committed int64         // the group's committed offset as this member knows it; -1 none
 	maxOffset int64         // the queue's end at the last answer; -1 none yet
 	revoked   bool
-	// epoch is the group epoch in which this member read what it read of
-	// the queue (0: nothing yet). PULLs name it, so that after a failover
-	// the new master can send the member back to where its epoch's log
-	// ended, if the member read past that (messages the new master never
-	// had, whose offsets now hold others). Written by the fetcher, read by
-	// commits (a commit names it); starts at the committed offset's epoch.
-	epoch atomic.Uint32
+	// readIn is the group epoch in which this member read what it read of
+	// the queue, and the broker group it is of (nil: nothing yet). PULLs
+	// name the epoch, so that after a failover the new master can send the
+	// member back to where its epoch's log ended, if the member read past
+	// that (messages the new master never had, whose offsets now hold
+	// others). An epoch is one group's: once the queue's route names
+	// another group (the queue moved off a retired group), the member
+	// names none. Written by the fetcher, read by commits (a commit names
+	// it); starts at the committed offset's epoch.
+	readIn atomic.Pointer[epochIn]
+}
+
+// epochIn is a group epoch and the broker group it is of ("": the queue's
+// group, as an older metaserver's assignment leaves it).
+type epochIn struct {
+	epoch uint32
+	group string
+}
+
+// epochFor returns the epoch what the member read was read in, if it is of
+// group (0 otherwise).
+func (p *part) epochFor(group string) uint32 {
+	e := p.readIn.Load()
+	if e == nil || e.group != "" && e.group != group {
+		return 0
+	}
+	return e.epoch
+}
+
+// epochNow returns the epoch and group a commit names.
+func (p *part) epochNow() (uint32, string) {
+	if e := p.readIn.Load(); e != nil {
+		return e.epoch, e.group
+	}
+	return 0, ""
+}
+
+func (p *part) setEpoch(epoch uint32, group string) {
+	p.readIn.Store(&epochIn{epoch: epoch, group: group})
 }
 
 func newPart(c *Consumer, k qkey, committed int64) *part {
@@ -243,7 +277,20 @@ func (p *part) fetch(pos int64) {
 			}
 		}
 		began := c.cfg.clock.Now()
-		resp, fromSlave, err := p.pull(&req, &slaveUntil, log)
+		resp, fromSlave, group, err := p.pull(&req, &slaveUntil, log)
+		var mv *movedQueue
+		if errors.As(err, &mv) && resolved {
+			// The queue moved off a retired group past what the registry
+			// knew of it: what this member read there past the base now
+			// has other messages' offsets. Go back to the base.
+			log.Warn("the queue moved to another broker group, which took it up before where this member read to: reading again from there",
+				"offset", req.Offset, "from", mv.base, "group", mv.group)
+			p.rewind(mv.base)
+			pos = mv.base
+			p.setEpoch(0, mv.group)
+			c.stats.rewinds.Add(1)
+			continue
+		}
 		if err != nil {
 			if p.ctx.Err() != nil {
 				return
@@ -279,13 +326,13 @@ func (p *part) fetch(pos int64) {
 				"offset", req.Offset, "from", resp.NextOffset, "read-in-epoch", req.Epoch)
 			p.rewind(resp.NextOffset)
 			pos = resp.NextOffset
-			p.epoch.Store(resp.Epoch)
+			p.setEpoch(resp.Epoch, group)
 			c.stats.rewinds.Add(1)
 			continue
 		}
 		// The broker checked the position against its epochs (or had no
 		// newer one): what is read from here on is of its epoch.
-		p.epoch.Store(max(p.epoch.Load(), resp.Epoch))
+		p.setEpoch(max(p.epochFor(group), resp.Epoch), group)
 		p.mu.Lock()
 		p.maxOffset = resp.MaxOffset
 		switch {
@@ -302,7 +349,7 @@ func (p *part) fetch(pos int64) {
 			log.Debug("no committed offset: starting", "from", c.cfg.start, "offset", pos)
 		case pos < resp.MinOffset:
 			if !clampedLogged {
-				log.Warn("offset before the queue's oldest message (deleted by retention): starting from the oldest",
+				log.Warn("offset before the queue's oldest message (deleted by retention, or the queue moved to another broker group): starting from the oldest",
 					"offset", pos, "oldest", resp.MinOffset)
 				clampedLogged = true
 			}
@@ -357,21 +404,24 @@ func (p *part) fetch(pos int64) {
 }
 
 // pull reads from the queue's master, or its slave when the master does not
-// answer.
+// answer; it returns the broker group it asked.
 func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interface {
 	Info(string, ...any)
-}) (protocol.PullResponse, bool, error) {
+}) (resp protocol.PullResponse, fromSlave bool, group string, err error) {
 	c := p.c
 	qr, err := c.routes.queue(p.ctx, p.key, false)
 	if err != nil {
-		return protocol.PullResponse{}, false, err
+		return protocol.PullResponse{}, false, "", err
 	}
 	if qr.Master == "" && qr.Slave == "" {
 		c.routes.refresh(p.key.topic)
-		return protocol.PullResponse{}, false, &protocol.Error{Status: protocol.StatusNoRoute, Message: "queue " + p.key.String() + " has no broker"}
+		return protocol.PullResponse{}, false, qr.Group, &protocol.Error{Status: protocol.StatusNoRoute, Message: "queue " + p.key.String() + " has no broker"}
+	}
+	if e := p.readIn.Load(); e != nil && e.group != "" && e.group != qr.Group && req.Offset > qr.Base {
+		return protocol.PullResponse{}, false, qr.Group, &movedQueue{group: qr.Group, base: qr.Base}
 	}
 	req.Epoch = qr.Epoch
-	if e := p.epoch.Load(); e != 0 {
+	if e := p.epochFor(qr.Group); e != 0 {
 		req.Epoch = e // what was read was read in this epoch: let the broker check it
 	}
 	timeout := c.cfg.requestTimeout + time.Duration(req.WaitMillis)*time.Millisecond
@@ -384,24 +434,36 @@ func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interf
 	if !useSlave {
 		resp, err := call(qr.Master)
 		if err == nil {
-			return resp, false, nil
+			return resp, false, qr.Group, nil
 		}
 		if p.ctx.Err() != nil || !masterDown(err) {
-			return resp, false, err
+			return resp, false, qr.Group, err
 		}
 		c.routes.refresh(p.key.topic)
 		if qr.Slave == "" {
-			return resp, false, err
+			return resp, false, qr.Group, err
 		}
 		log.Info("the master does not answer: reading from the slave", "master", qr.Master, "slave", qr.Slave, "err", err)
 		*slaveUntil = c.cfg.clock.Now().Add(slaveStay)
 	}
-	resp, err := call(qr.Slave)
+	resp, err = call(qr.Slave)
 	if err != nil {
 		c.routes.refresh(p.key.topic)
 		*slaveUntil = time.Time{}
 	}
-	return resp, true, err
+	return resp, true, qr.Group, err
+}
+
+// movedQueue is pull's answer when the queue's route names another group
+// than the one the member read it in, which took the queue up at base,
+// below the member's offset.
+type movedQueue struct {
+	group string
+	base  int64
+}
+
+func (m *movedQueue) Error() string {
+	return fmt.Sprintf("the queue moved to group %s, which took it up at offset %d", m.group, m.base)
 }
 
 // toMessage converts a stored message.

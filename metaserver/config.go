@@ -42,6 +42,12 @@ type Config struct {
 	AutoCreateTopics bool
 	// DefaultQueues is the queue count of an auto-created topic. Default 8.
 	DefaultQueues int
+	// AdmitGroups is how a broker group that registers for the first time
+	// is admitted: AdmitAuto (the default) lets it take queues at once;
+	// AdmitManual keeps it pending, working but never given a queue, until
+	// an admin admits it (ADMIN_ADMIT_GROUP, ferryctl broker add-group), so
+	// a broker started with a mistyped -group takes no queue.
+	AdmitGroups AdmitMode
 
 	// SessionTimeout: a master unheard of for this long makes its group
 	// read-only (heartbeat-lost). Default 10 s.
@@ -143,6 +149,15 @@ type Config struct {
 // (ClusterToken is set).
 func (c Config) AuthEnabled() bool { return c.ClusterToken != "" }
 
+// AdmitMode is Config.AdmitGroups.
+type AdmitMode string
+
+// The admission modes.
+const (
+	AdmitAuto   AdmitMode = "auto"
+	AdmitManual AdmitMode = "manual"
+)
+
 // NoLoss as Config.FailoverMaxLoss promotes only a slave that had every
 // byte the master reported.
 const NoLoss = -1
@@ -169,6 +184,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DefaultQueues == 0 {
 		c.DefaultQueues = 8
+	}
+	if c.AdmitGroups == "" {
+		c.AdmitGroups = AdmitAuto
 	}
 	if c.SessionTimeout == 0 {
 		c.SessionTimeout = 10 * time.Second
@@ -261,6 +279,9 @@ func (c Config) Validate() error {
 	}
 	if c.Dir == "" {
 		bad("Dir is required")
+	}
+	if c.AdmitGroups != "" && c.AdmitGroups != AdmitAuto && c.AdmitGroups != AdmitManual {
+		bad("AdmitGroups is %q; want %q or %q", c.AdmitGroups, AdmitAuto, AdmitManual)
 	}
 	if c.RaftAddr == "" {
 		bad("RaftAddr is required")

@@ -32,6 +32,8 @@ func TestConfigValidate(t *testing.T) {
 			c.RaftHeartbeatTimeout, c.RaftElectionTimeout, c.RaftLeaderLeaseTimeout = -4, -5, -6
 		}, []string{"LagTime is -1ns", "JudgeInterval is -2ns",
 			"RaftHeartbeatTimeout is -4ns", "RaftElectionTimeout is -5ns", "RaftLeaderLeaseTimeout is -6ns", "SnapshotInterval is -3ns"}},
+		{"admission modes", func(c *Config) { c.AdmitGroups = AdmitManual }, nil},
+		{"unknown admission mode", func(c *Config) { c.AdmitGroups = "Manual" }, []string{`AdmitGroups is "Manual"; want "auto" or "manual"`}},
 		{"too many default queues", func(c *Config) { c.DefaultQueues = maxQueues + 1 }, []string{"DefaultQueues is 4097, over the limit"}},
 		{"lag time under a millisecond", func(c *Config) { c.LagTime = 999 * time.Microsecond }, []string{"LagTime is 999µs"}},
 		{"judge as slow as a session", func(c *Config) { c.SessionTimeout, c.JudgeInterval = time.Second, time.Second },

@@ -255,11 +255,12 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 			s.log.Info("consumer group member joined", "group", hb.Group, "member", hb.Member, "topics", topics,
 				"session", session, "generation", res.Generation)
 		}
-		g, _ = s.fsm.ConsumerGroup(hb.Group)
 	}
-	reply.Generation = g.Generation
-	for _, q := range g.Queues(hb.Member) {
-		reply.Assignment = append(reply.Assignment, api.QueueAssignment{Topic: q.Topic, Queue: q.Queue, Committed: q.Offset, CommittedEpoch: q.Epoch})
+	var queues []fsm.QueueOffset
+	reply.Generation, queues = s.fsm.MemberQueues(hb.Group, hb.Member)
+	for _, q := range queues {
+		reply.Assignment = append(reply.Assignment, api.QueueAssignment{Topic: q.Topic, Queue: q.Queue, Committed: q.Offset,
+			CommittedEpoch: q.Epoch, EpochGroup: q.EpochGroup})
 	}
 	return reply, nil
 }
@@ -267,7 +268,7 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 func toFSMOffsets(in []api.QueueOffset) []fsm.QueueOffset {
 	out := make([]fsm.QueueOffset, len(in))
 	for i, o := range in {
-		out[i] = fsm.QueueOffset{Topic: o.Topic, Queue: o.Queue, Offset: o.Offset, Epoch: o.Epoch}
+		out[i] = fsm.QueueOffset{Topic: o.Topic, Queue: o.Queue, Offset: o.Offset, Epoch: o.Epoch, EpochGroup: o.EpochGroup}
 	}
 	return out
 }

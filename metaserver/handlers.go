@@ -24,7 +24,7 @@ func (s *Server) routes() {
 	s.rpc.Handle(protocol.CodeIdentify, func(r *transport.Request) {
 		_ = r.Reply(protocol.AppendIdentity(nil, &protocol.Identity{Kind: protocol.KindMetaserver, ID: s.cfg.ID}))
 	})
-	handle(s, protocol.CodeHeartbeat, true, s.heartbeat)
+	handle(s, protocol.CodeHeartbeat, true, s.heartbeatAndEnds)
 	s.rpc.Handle(protocol.CodeRouteLookup, func(r *transport.Request) { s.handleRouteLookup(r, s.cfg.AutoCreateTopics) })
 	s.rpc.Handle(protocol.CodeRouteGet, func(r *transport.Request) { s.handleRouteLookup(r, false) })
 	s.rpc.Handle(protocol.CodeRouteWatch, s.handleRouteWatch)
@@ -47,6 +47,7 @@ func (s *Server) routes() {
 	handle(s, protocol.CodeConsumerGroups, true, s.consumerGroups)
 	handle(s, protocol.CodeResetOffsets, true, s.resetOffsets)
 	s.authRoutes()
+	s.groupRoutes()
 }
 
 func invalid(format string, args ...any) error {
@@ -65,7 +66,7 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 		// Roles are the registry's: hb.Role is only the broker's preference
 		// when it first joins its group.
 		if _, err := s.apply(ctx, &fsm.RegisterBroker{Group: hb.Group, Role: hb.Role, Broker: want, LogEnd: hb.LogEnd,
-			At: now.UnixMilli()}); err != nil {
+			At: now.UnixMilli(), Pending: s.cfg.AdmitGroups == AdmitManual}); err != nil {
 			return api.HeartbeatReply{}, err
 		}
 		g, _ = s.fsm.Group(hb.Group)
@@ -189,11 +190,12 @@ func (s *Server) groups(context.Context, empty) ([]api.GroupInfo, error) {
 	return out, nil
 }
 
-// writableGroups returns the writable groups that have a master.
+// writableGroups returns the admitted writable groups that have a master:
+// those new queues go to.
 func (s *Server) writableGroups() []string {
 	var out []string
 	for _, g := range s.fsm.Groups() {
-		if g.Writable() && g.Master.Addr != "" {
+		if g.Placeable() {
 			out = append(out, g.Name)
 		}
 	}
@@ -223,7 +225,7 @@ func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (r
 		groups = s.writableGroups()
 	}
 	if len(groups) == 0 {
-		return routing.Route{}, &protocol.Error{Status: protocol.StatusNoRoute, Message: "no writable broker group to place queues on"}
+		return routing.Route{}, &protocol.Error{Status: protocol.StatusNoRoute, Message: "no admitted, writable broker group to place queues on"}
 	}
 	queues := routing.SpreadQueues(n, groups, len(s.fsm.Topics()))
 	if _, err := s.apply(ctx, &fsm.CreateTopic{Name: req.Name, Queues: queues}); err != nil {
@@ -263,7 +265,7 @@ func (s *Server) addQueues(ctx context.Context, req api.AddQueuesRequest) (routi
 	}
 	groups := s.writableGroups()
 	if len(groups) == 0 {
-		return routing.Route{}, &protocol.Error{Status: protocol.StatusNoRoute, Message: "no writable broker group to place queues on"}
+		return routing.Route{}, &protocol.Error{Status: protocol.StatusNoRoute, Message: "no admitted, writable broker group to place queues on"}
 	}
 	add := routing.SpreadQueues(req.Count, groups, len(topics[i].Queues))
 	res, err := s.apply(ctx, &fsm.AddQueues{Topic: req.Topic, Groups: add, ExpectVersion: topics[i].Version, At: s.cfg.Clock.Now().UnixMilli()})

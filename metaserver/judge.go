@@ -231,7 +231,7 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) (promoting <-chan str
 // from cfg.Clock) and applies a change if there is one.
 func (j *judge) judgeGroup(ctx context.Context, name string, now time.Time) {
 	g, ok := j.fsm.Group(name)
-	if !ok {
+	if !ok || g.Admission == routing.Retired { // a retired group has no brokers to judge
 		return
 	}
 	if j.maybePromote(ctx, g, now) {

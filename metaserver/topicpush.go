@@ -238,7 +238,10 @@ func (p *routePush) changes(group string, since uint64) api.RouteWatchReply {
 	for _, t := range topics[first:] {
 		pt := api.PushedTopic{Name: t.Name, Queues: uint32(len(t.Queues))}
 		for q, g := range t.Queues {
-			if g == group {
+			// A queue moved here by a retirement must be taken up at its
+			// base first: the broker's lookup does that (its first SEND is
+			// answered NO_ROUTE meanwhile).
+			if g == group && p.fsm.QueueState(t.Name, uint32(q)).Base == 0 {
 				pt.Mine = append(pt.Mine, uint32(q))
 			}
 		}

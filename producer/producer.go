@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -701,7 +702,15 @@ func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *plan {
 		tr = &topicRoute{used: true}
 		c.routes[topic] = tr
 	}
+	var left []*sink // sinks of groups a queue moved off
 	if tr.plan == nil || r.Version >= tr.route.Version {
+		for _, old := range tr.route.Queues {
+			if int(old.Queue) < len(r.Queues) && r.Queues[old.Queue].Group != old.Group {
+				if s := c.sinks[old.Group]; s != nil && !slices.Contains(left, s) {
+					left = append(left, s)
+				}
+			}
+		}
 		tr.route, tr.plan = r, newPlan(r)
 		tr.unwritable = false
 	queues:
@@ -727,6 +736,9 @@ func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *plan {
 	c.mu.Unlock()
 	for _, x := range sinks {
 		x.s.observe(x.v)
+	}
+	for _, s := range left {
+		s.wake()
 	}
 	return p
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -892,11 +893,15 @@ func (s *sink) succeed(rec *record, res protocol.SendResult, addr string) {
 }
 
 // hold keeps a line busy for a retry's backoff, or until changed closes (a
-// new master or epoch, or the group writable again: the line goes at once,
-// its backoff reset), then lets it go: records whose delivery deadline
-// passed meanwhile fail, and if the cached route says the queue's group no
+// new master or epoch, the group writable again, or the queue routed to
+// another group: the line goes at once, its backoff reset), then lets it
+// go: records whose delivery deadline passed meanwhile fail; if it routes
+// the queue to another group (it moved off a retired group), every record
+// is dispatched again, keyed ones too, in order, unstamped (the new group
+// knows nothing of this producer's sequences), flagged if an attempt's
+// outcome was unknown; if the cached route says the queue's group no
 // longer takes writes, the records that may move are dispatched again
-// (flagged if an attempt's outcome was unknown). The line's records up to
+// (flagged if an attempt's outcome was unknown): the line's records up to
 // the last one whose stamp may be stored and that waits for the group
 // (keyed, or keepsUnknown) stay, with their stamps; after them, keyed
 // records stay and the others may move. Runs under c.wg.
@@ -922,6 +927,16 @@ func (s *sink) hold(ln *line, d time.Duration, changed <-chan struct{}) {
 		s.see(viewOf(version, q))
 	}
 	s.expireLine(ln, time.Now(), ln.lastErr)
+	var moved []*record
+	if known && q.Group != s.group {
+		moved = slices.Clone(ln.recs)
+		for _, rec := range moved {
+			ln.bytes -= rec.size
+			s.c.unstamp(rec)
+		}
+		clear(ln.recs)
+		ln.recs = ln.recs[:0]
+	}
 	if known && !q.Writable {
 		now := s.c.cfg.clock.Now()
 		kept := 0
@@ -950,6 +965,18 @@ func (s *sink) hold(ln *line, d time.Duration, changed <-chan struct{}) {
 	s.release(ln)
 	s.sendLocked()
 	s.unlock()
+	for _, rec := range moved {
+		s.c.dispatch(rec, true) // in order: a key's records pass its gate one after the other
+	}
+}
+
+// wake lets the lines waiting out a retry's backoff go at once (a route
+// moved one of the group's queues elsewhere).
+func (s *sink) wake() {
+	s.mu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
 }
 
 // expireLine fails a line's waiting records whose delivery deadline has

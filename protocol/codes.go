@@ -7,7 +7,7 @@ type Code uint16
 
 // Request codes. Ranges: 0x any server, 1x broker data path, 2x replication, 3x metaserver
 // broker-facing, 4x metaserver admin, 5x consumer groups (metaserver), 6x the access control list
-// (metaserver).
+// (metaserver), 7x broker group admission (metaserver admin).
 const (
 	// CodeIdentify asks a server what it is (an empty body -> Identity).
 	// A broker answers it; a metaserver today answers UNKNOWN_CODE. The
@@ -56,6 +56,10 @@ const (
 	CodeAdminACLRemove Code = 61 // remove a principal (leader)
 	CodeAdminACLList   Code = 62 // the principals, for an admin (leader)
 	CodeACLGet         Code = 63 // the principals, for a broker's copy of the table (leader)
+
+	// Broker group admission (7x, metaserver leader; JSON bodies, metaserver/api).
+	CodeAdminAdmitGroup  Code = 70 // admit a pending or retired broker group: it may hold queues
+	CodeAdminRetireGroup Code = 71 // move a dead broker group's queues to other groups and retire it
 )
 
 var codeNames = map[Code]string{
@@ -89,6 +93,8 @@ var codeNames = map[Code]string{
 	CodeAdminRemoveVoter:  "ADMIN_REMOVE_VOTER",
 	CodeAdminApply:        "ADMIN_APPLY",
 	CodeAdminResync:       "ADMIN_RESYNC",
+	CodeAdminAdmitGroup:   "ADMIN_ADMIT_GROUP",
+	CodeAdminRetireGroup:  "ADMIN_RETIRE_GROUP",
 }
 
 func (c Code) String() string {

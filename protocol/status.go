@@ -57,7 +57,8 @@ const (
 	// assignment.
 	StatusStaleGeneration Status = 24
 	// StatusGroupActive: an operation that needs a consumer group with no
-	// live members (resetting its offsets) found members.
+	// live members (resetting its offsets) found members, or one that needs
+	// a broker group with no live broker (retiring it) heard one.
 	StatusGroupActive Status = 25
 	// StatusLogDiverged: a slave's log is not a prefix of its master's (the
 	// record it names as its last is not the master's record there): it

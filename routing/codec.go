@@ -21,6 +21,10 @@ var ErrMalformedRoute = errors.New("routing: malformed route")
 //	  master    u16 length + bytes
 //	  epoch     u32
 //	  slave     u16 length + bytes
+//	bases     only when a queue moved (QueueRoute.Base > 0): u32 count (at
+//	          least 1), then per moved queue, in list order: its index in
+//	          the list u32, its base i64 (> 0). A route with no moved queue
+//	          ends after the queues, as before bases existed.
 
 // AppendRoute appends r's encoding to dst.
 func AppendRoute(dst []byte, r *Route) []byte {
@@ -38,6 +42,21 @@ func AppendRoute(dst []byte, r *Route) []byte {
 		dst = appendStr(dst, q.Master)
 		dst = binary.BigEndian.AppendUint32(dst, q.Epoch)
 		dst = appendStr(dst, q.Slave)
+	}
+	moved := 0
+	for _, q := range r.Queues {
+		if q.Base > 0 {
+			moved++
+		}
+	}
+	if moved > 0 {
+		dst = binary.BigEndian.AppendUint32(dst, uint32(moved))
+		for i, q := range r.Queues {
+			if q.Base > 0 {
+				dst = binary.BigEndian.AppendUint32(dst, uint32(i))
+				dst = binary.BigEndian.AppendUint64(dst, uint64(q.Base))
+			}
+		}
 	}
 	return dst
 }
@@ -75,12 +94,41 @@ func DecodeRoute(b []byte) (Route, error) {
 		q.Slave = d.str()
 	}
 	if d.err == nil && len(d.b) != 0 {
+		d.bases(r.Queues)
+	}
+	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrMalformedRoute, len(d.b))
 	}
 	if d.err != nil {
 		return Route{}, d.err
 	}
 	return r, nil
+}
+
+// bases decodes the bases section into qs; the encoding is canonical: at
+// least one entry, indexes ascending, bases above 0.
+func (d *decoder) bases(qs []QueueRoute) {
+	n := d.u32()
+	if d.err != nil {
+		return
+	}
+	if n == 0 || uint64(n)*12 > uint64(len(d.b)) {
+		d.err = fmt.Errorf("%w: %d bases in %d bytes", ErrMalformedRoute, n, len(d.b))
+		return
+	}
+	next := 0
+	for range n {
+		i, base := int(d.u32()), int64(d.u64())
+		if d.err != nil {
+			return
+		}
+		if i < next || i >= len(qs) || base <= 0 {
+			d.err = fmt.Errorf("%w: base %d for queue index %d", ErrMalformedRoute, base, i)
+			return
+		}
+		qs[i].Base = base
+		next = i + 1
+	}
 }
 
 type decoder struct {

@@ -88,6 +88,33 @@ type EpochRecord struct {
 // MaxEpochHistory is how many epochs a group remembers.
 const MaxEpochHistory = 16
 
+// Admission is whether a broker group may hold queues: "" (admitted),
+// Pending or Retired.
+type Admission string
+
+const (
+	// Admitted groups take queues: topic creation, add-queues and a
+	// retirement place queues on them. It is the zero value, so a group
+	// from a registry older than admission is admitted.
+	Admitted Admission = ""
+	// Pending: the group registered while the metaserver admits groups by
+	// hand (-admit-groups=manual) and waits for `ferryctl broker add-group`;
+	// it is a working group but never gets a queue.
+	Pending Admission = "pending"
+	// Retired: `ferryctl broker retire-group` moved its queues to other
+	// groups. It has no brokers and holds no queue, and a broker naming it
+	// is refused until an operator admits it again.
+	Retired Admission = "retired"
+)
+
+// Word is the admission as ferryctl shows it.
+func (a Admission) Word() string {
+	if a == Admitted {
+		return "admitted"
+	}
+	return string(a)
+}
+
 // Group is a broker group: a master and, usually, a slave.
 //
 // Roles are the registry's: a broker's own preference counts only when it
@@ -99,6 +126,8 @@ type Group struct {
 	Master  Broker  `json:"master"`
 	Slave   Broker  `json:"slave"`
 	Reasons Reasons `json:"reasons"`
+	// Admission says whether the group may hold queues ("": admitted).
+	Admission Admission `json:"admission,omitempty"`
 	// Epoch is the current master's epoch, 0 until the group has a master.
 	Epoch uint32 `json:"epoch"`
 	// History is the last MaxEpochHistory epochs, oldest first; the last one
@@ -132,6 +161,12 @@ func (g Group) ResyncSeq() uint64 {
 
 // Writable reports whether the group takes writes.
 func (g Group) Writable() bool { return g.Reasons.Writable() }
+
+// Placeable reports whether queues may be placed on the group: it is
+// admitted, writable and has a master.
+func (g Group) Placeable() bool {
+	return g.Admission == Admitted && g.Writable() && g.Master.Addr != ""
+}
 
 // RoleOf returns the role the registry gives broker id in the group, and
 // false if the group does not name it.
@@ -232,6 +267,11 @@ type QueueRoute struct {
 	Slave    string `json:"slave,omitempty"`
 	Epoch    uint32 `json:"epoch"` // the group's epoch; sends carry it
 	Writable bool   `json:"writable"`
+	// Base is the queue offset at which Group took the queue up when it
+	// moved there from a retired group (0: it never moved): the group's
+	// broker starts the queue there, so its offsets continue past the old
+	// group's.
+	Base int64 `json:"base,omitempty"`
 }
 
 // Route is a topic's queues with their groups' masters and states. Version

@@ -2,8 +2,10 @@ package routing
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -35,6 +37,8 @@ func TestRouteCodecRoundTrip(t *testing.T) {
 
 func FuzzDecodeRoute(f *testing.F) {
 	r := sampleRoute()
+	f.Add(AppendRoute(nil, &r))
+	r.Queues[1].Base = 77
 	f.Add(AppendRoute(nil, &r))
 	f.Add([]byte{0, 1, 'x', 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -76,4 +80,49 @@ func TestSpreadQueues(t *testing.T) {
 	if g := r.Groups(); !bytes.Equal([]byte(g[0]+g[1]), []byte("g1g2")) {
 		t.Fatalf("groups: %v", g)
 	}
+}
+
+// A route with moved queues carries their bases after the queues; one
+// without ends where it did before bases existed, so its bytes are the
+// same as an older metaserver's.
+func TestRouteCodecBases(t *testing.T) {
+	plain := sampleRoute()
+	moved := sampleRoute()
+	moved.Queues[1].Base = 1234
+	moved.Queues[2].Base = 1
+	pb, mb := AppendRoute(nil, &plain), AppendRoute(nil, &moved)
+	if want := len(pb) + 4 + 2*12; len(mb) != want {
+		t.Fatalf("a route with 2 bases takes %d bytes, want %d", len(mb), want)
+	}
+	if !bytes.Equal(mb[:len(pb)], pb) {
+		t.Fatal("the bases changed the encoding of the queues")
+	}
+	got, err := DecodeRoute(mb)
+	if err != nil || !reflect.DeepEqual(got, moved) {
+		t.Fatalf("got %+v, %v; want %+v", got, err, moved)
+	}
+	for n := len(pb) + 1; n < len(mb); n++ {
+		if _, err := DecodeRoute(mb[:n]); !errors.Is(err, ErrMalformedRoute) {
+			t.Fatalf("prefix of %d bytes: %v", n, err)
+		}
+	}
+	bad := func(name string, section ...[]byte) {
+		t.Helper()
+		b := slices.Clone(pb)
+		for _, s := range section {
+			b = append(b, s...)
+		}
+		if _, err := DecodeRoute(b); !errors.Is(err, ErrMalformedRoute) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	u32 := func(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+	i64 := func(v int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(v)) }
+	bad("no entries", u32(0))
+	bad("index past the queues", u32(1), u32(3), i64(5))
+	bad("base 0", u32(1), u32(0), i64(0))
+	bad("negative base", u32(1), u32(0), i64(-5))
+	bad("indexes out of order", u32(2), u32(1), i64(5), u32(0), i64(5))
+	bad("index twice", u32(2), u32(1), i64(5), u32(1), i64(6))
+	bad("trailing bytes", u32(1), u32(0), i64(5), []byte{0})
 }

@@ -18,6 +18,9 @@
 #                    stays read-only until its master is back
 #   FERRY_AUTO_CREATE  1: a route lookup of an unknown topic creates it (8 queues); default 0: an
 #                    unknown topic is refused UNKNOWN_TOPIC, so a typo does not make a topic
+#   FERRY_ADMIT_GROUPS auto (default): a broker group that registers takes queues at once; manual:
+#                    it waits for `ferryctl broker add-group` (the metaservers' -admit-groups), and
+#                    `start` admits g1 and g2 once they registered
 #   FERRY_TLS        1: TLS on every link (clients, brokers to metaservers, slaves to masters, raft),
 #                    client certificates required. `ferryctl certs` makes a throwaway CA and a
 #                    certificate per process (for 127.0.0.1 and localhost) and one for ferryctl
@@ -40,6 +43,7 @@ BASE="${FERRY_BASE_PORT:-7100}"
 FLUSH="${FERRY_FLUSH:-async}"
 FAILOVER="${FERRY_FAILOVER:-on}"
 AUTO_CREATE="${FERRY_AUTO_CREATE:-0}"
+ADMIT="${FERRY_ADMIT_GROUPS:-auto}"
 TLS="${FERRY_TLS:-0}"
 AUTH="${FERRY_AUTH:-0}"
 BIN="$FERRY_HOME/bin"
@@ -160,6 +164,13 @@ start() {
     exit 2
     ;;
   esac
+  case "$ADMIT" in
+  auto | manual) ;;
+  *)
+    echo "cluster.sh: FERRY_ADMIT_GROUPS=$ADMIT: want auto or manual" >&2
+    exit 2
+    ;;
+  esac
   for i in 1 2 3; do
     peers="${peers:+$peers,}m$i=127.0.0.1:$((BASE + 10 + i))/127.0.0.1:$((BASE + i))"
   done
@@ -168,7 +179,7 @@ start() {
     mapfile -t authf < <(auth_flags metaserver)
     launch "meta-m$i" "$BIN/ferry-metaserver" -id "m$i" -dir "$FERRY_HOME/data/meta-m$i" \
       -rpc-addr "127.0.0.1:$((BASE + i))" -raft-addr "127.0.0.1:$((BASE + 10 + i))" -peers "$peers" \
-      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" "${auto[@]}" -session 4s -lag-time 5s -failover "$FAILOVER" -failover-margin 500ms \
+      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" "${auto[@]}" -session 4s -lag-time 5s -failover "$FAILOVER" -failover-margin 500ms -admit-groups "$ADMIT" \
       "${tlsf[@]}" "${authf[@]}"
   done
   local j=0 spec group role
@@ -183,6 +194,11 @@ start() {
       -metrics-addr "127.0.0.1:$((BASE + 50 + j))" -meta "$META" -flush "$FLUSH" -heartbeat 1s -session 4s "${tlsf[@]}" "${authf[@]}"
   done
   wait_ready
+  if [ "$ADMIT" = manual ]; then
+    ctl broker add-group g1 >/dev/null
+    ctl broker add-group g2 >/dev/null
+    echo "admitted broker groups g1 and g2 (FERRY_ADMIT_GROUPS=manual)"
+  fi
 }
 
 # wait_ready waits until both groups are writable and each master reports its

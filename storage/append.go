@@ -13,6 +13,7 @@ type appendReq struct {
 	done      func([]Position, error)
 	trunc     *truncateReq // non-nil: a Truncate, run by the writer between groups
 	run       func()       // non-nil: run by the writer between groups (Watch)
+	base      *baseReq     // non-nil: a SetQueueBase, run by the writer between groups
 
 	positions []Position
 	err       error
@@ -70,10 +71,11 @@ func (l *Log) checkEntry(e Entry) error {
 
 // AppendRaw appends whole records copied from another log (a slave copying
 // its master): data must start at this log's end offset, hold only whole,
-// valid records, and continue every queue's offsets. The log then holds the
-// same bytes at the same offsets, and the stamps of its records
-// (Config.ProducerStamp) join the deduplication state without checks. It
-// returns the new end offset.
+// valid records, and continue every queue's offsets (a queue the log holds
+// no record of may start past its next offset: its master set a base,
+// queuebase.go). The log then holds the same bytes at the same offsets, and
+// the stamps of its records (Config.ProducerStamp) join the deduplication
+// state without checks. It returns the new end offset.
 func (l *Log) AppendRaw(offset int64, data []byte, flush bool) (int64, error) {
 	if len(data) == 0 {
 		return l.end.Load(), nil

@@ -10,7 +10,9 @@
 // 0 and each record starts where the previous one ended. A master and its
 // slave hold byte-identical logs, so a log offset means the same record on
 // both. Every (topic, queue) has its own dense queue offsets 0, 1, 2, ...,
-// assigned at append, in log order.
+// assigned at append, in log order; a queue that moved here from another
+// log starts at its base instead (SetQueueBase, queuebase.go), and its
+// records carry the base from its first on.
 //
 // # Files
 //

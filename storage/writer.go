@@ -47,11 +47,12 @@ func (l *Log) writer() {
 }
 
 // writeBatch writes the appends taken from the queue, in order: each run of
-// appends between two truncations as one group, each truncation on its own.
+// appends between two truncations (or queue bases) as one group, each
+// truncation and base on its own.
 func (l *Log) writeBatch(batch []*appendReq) {
 	for len(batch) > 0 {
 		i := 0
-		for i < len(batch) && batch[i].trunc == nil && batch[i].run == nil {
+		for i < len(batch) && batch[i].trunc == nil && batch[i].run == nil && batch[i].base == nil {
 			i++
 		}
 		if i > 0 {
@@ -61,6 +62,8 @@ func (l *Log) writeBatch(batch []*appendReq) {
 			r := batch[i]
 			if r.run != nil {
 				r.run()
+			} else if r.base != nil {
+				r.err = l.setQueueBase(r.base)
 			} else {
 				r.trunc.res, r.err = l.truncate(r.trunc.offset, r.trunc.sideFile)
 			}
@@ -239,6 +242,9 @@ func (l *Log) placeRaw(r *appendReq, pos *int64, nextOffset func(queueKey) int64
 		want, seen := local[k]
 		if !seen {
 			want = nextOffset(k)
+			if _, placed := next[k]; l.rawStartsQueue(k, rec.QueueOffset, want, placed) {
+				want = rec.QueueOffset // the master set a base (queuebase.go)
+			}
 		}
 		if rec.QueueOffset != want {
 			return fmt.Errorf("%w: record at %d has queue offset %d for %s/%d, want %d",

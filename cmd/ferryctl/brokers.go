@@ -10,12 +10,13 @@ import (
 
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 func newBrokersCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "brokers",
-		Short: "List the broker groups: members, epoch, state and reasons, heartbeats, lag, idempotent producers and duplicates absorbed, then each group's epoch history and failover word",
+		Short: "List the broker groups: members, epoch, state and reasons, heartbeats, lag, idempotent producers and duplicates absorbed, admission (admitted, PENDING, retired), then each group's epoch history and failover word",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			groups, err := cl.Groups(ctx)
@@ -24,14 +25,17 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 			}
 			var rows [][]string
 			for _, gi := range groups {
-				reason := gi.Reason
+				reason, state := gi.Reason, gi.State
 				if reason == "" {
 					reason = "-"
 				}
-				rows = append(rows, []string{gi.Name, fmt.Sprint(gi.Epoch), gi.State, reason, member(gi.Master.ID, gi.Master.Addr), member(gi.Slave.ID, gi.Slave.Addr),
+				if gi.Admission == routing.Retired {
+					state = "-" // no brokers: neither takes writes nor refuses them
+				}
+				rows = append(rows, []string{gi.Name, fmt.Sprint(gi.Epoch), state, reason, member(gi.Master.ID, gi.Master.Addr), member(gi.Slave.ID, gi.Slave.Addr),
 					heartbeat(gi, gi.Master.ID, gi.MasterHeartbeatAgeMillis), heartbeat(gi, gi.Slave.ID, gi.SlaveHeartbeatAgeMillis), fmt.Sprint(gi.Last.LagBytes),
 					(time.Duration(gi.Last.LagMillis) * time.Millisecond).String(), fmt.Sprint(gi.Holders),
-					fmt.Sprint(gi.Last.Producers), fmt.Sprint(gi.Last.Duplicates)})
+					fmt.Sprint(gi.Last.Producers), fmt.Sprint(gi.Last.Duplicates), admissionWord(gi.Admission)})
 			}
 			if groups == nil {
 				groups = []api.GroupInfo{}
@@ -70,12 +74,18 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				if gi.Failover != "" {
 					notes = append(notes, []string{gi.Name + " failover:", gi.Failover})
 				}
+				switch gi.Admission {
+				case routing.Pending:
+					notes = append(notes, []string{gi.Name + " pending:", fmt.Sprintf("registered but not admitted: it gets no queue until 'ferryctl broker add-group %s' (or retire it: 'ferryctl broker retire-group %s')", gi.Name, gi.Name)})
+				case routing.Retired:
+					notes = append(notes, []string{gi.Name + " retired:", fmt.Sprintf("its queues moved to other groups; its brokers are refused until 'ferryctl broker add-group %s'", gi.Name)})
+				}
 			}
 			if len(notes) > 0 && len(rows) > 0 {
 				rows = append(rows, []string{""})
 				rows = append(rows, notes...)
 			}
-			return g.printer().print(groups, []string{"GROUP", "EPOCH", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES", "PRODUCERS", "DUPLICATES"}, rows)
+			return g.printer().print(groups, []string{"GROUP", "EPOCH", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES", "PRODUCERS", "DUPLICATES", "ADMISSION"}, rows)
 		}),
 	}
 }
@@ -85,6 +95,15 @@ type resyncOut struct {
 	Group  string `json:"group"`
 	Broker string `json:"broker"`
 	Seq    uint64 `json:"seq"`
+}
+
+// admissionWord is a group's admission in the brokers table: PENDING in
+// capitals, as it is the one an operator must act on.
+func admissionWord(a routing.Admission) string {
+	if a == routing.Pending {
+		return "PENDING"
+	}
+	return a.Word()
 }
 
 // member is a broker as "id (addr)", or "-".
@@ -158,7 +177,8 @@ func formerMaster(gi api.GroupInfo, m api.BrokerStatus) string {
 }
 
 func newBrokerCommand(g *globalOptions) *cobra.Command {
-	cmd := &cobra.Command{Use: "broker", Short: "Change a broker group's state, or have a broker copy its log again"}
+	cmd := &cobra.Command{Use: "broker", Short: "Change a broker group's state, admit a group, retire a dead one, or have a slave copy its log again"}
+	cmd.AddCommand(newBrokerAddGroupCommand(g), newBrokerRetireGroupCommand(g))
 	cmd.AddCommand(&cobra.Command{
 		Use:   "resync BROKER-ID",
 		Short: "Have a slave set its log aside (into its data directory's truncated/) and copy it again from its master",

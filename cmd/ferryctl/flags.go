@@ -348,6 +348,8 @@ var argKinds = map[string]string{
 	"broker readonly":     "broker group",
 	"broker writable":     "broker group",
 	"broker resync":       "broker id",
+	"broker add-group":    "broker group",
+	"broker retire-group": "broker group",
 	"group describe":      "consumer group",
 	"group reset-offsets": "consumer group",
 }

@@ -210,6 +210,9 @@ var flagCases = map[string]flagCase{
 	"certs/days":   {[]string{"certs", "/dev/null/tls", "--node", "n=127.0.0.1"}, writeFails(intIn(1, 3650))},
 	"certs/force":  {[]string{"certs", "/dev/null/tls", "--node", "n=127.0.0.1"}, writeFails(anyBool)},
 
+	"broker retire-group/force":   {[]string{"broker", "retire-group", "g"}, anyBool},
+	"broker retire-group/dry-run": {[]string{"broker", "retire-group", "g"}, anyBool},
+
 	"meta status/member-timeout": {[]string{"meta", "status"}, durationIn(10*time.Millisecond, time.Minute)},
 	"meta add-voter/raft-addr":   {[]string{"meta", "add-voter", "m9", "--rpc-addr", "127.0.0.1:2"}, hostPort},
 	"meta add-voter/rpc-addr":    {[]string{"meta", "add-voter", "m9", "--raft-addr", "127.0.0.1:2"}, hostPort},
@@ -248,6 +251,8 @@ var argCases = map[string]flagCase{
 	"broker readonly":     {[]string{"broker", "readonly", "ARG"}, brokerGroupName},
 	"broker writable":     {[]string{"broker", "writable", "ARG"}, brokerGroupName},
 	"broker resync":       {[]string{"broker", "resync", "ARG"}, brokerGroupName},
+	"broker add-group":    {[]string{"broker", "add-group", "ARG"}, brokerGroupName},
+	"broker retire-group": {[]string{"broker", "retire-group", "ARG"}, brokerGroupName},
 	"meta status":         {nil, nil},
 	"meta add-voter":      {[]string{"meta", "add-voter", "ARG", "--raft-addr", "127.0.0.1:2", "--rpc-addr", "127.0.0.1:3"}, nonEmpty},
 	"meta remove-voter":   {[]string{"meta", "remove-voter", "ARG"}, nonEmpty},

@@ -399,6 +399,8 @@ func TestJSONKeys(t *testing.T) {
 		{what: "brokers", args: []string{"brokers"}},
 		{what: "broker readonly", args: []string{"broker", "readonly", "g2"}},
 		{what: "broker writable", args: []string{"broker", "writable", "g2"}},
+		{what: "broker add-group", args: []string{"broker", "add-group", "g2"}},
+		{what: "broker retire-group", args: []string{"broker", "retire-group", "g2", "--dry-run"}},
 		{what: "meta status", args: []string{"meta", "status"}},
 		{what: "truncated", args: []string{"truncated", side}},
 		{what: "consume", args: []string{"consume", "orders", "--group", "c1", "--count", "1"}},

@@ -159,13 +159,25 @@ func masterDown(err error) bool {
 		errors.Is(err, protocol.ErrShuttingDown)
 }
 
-// pullOnce sends one PULL.
+// pullOnce sends one PULL. NO_ROUTE, which a broker answers while it
+// looks up the route of a queue its log holds nothing of (a queue moved to
+// its group), is asked again every 50 ms until ctx ends.
 func pullOnce(ctx context.Context, tc *transport.Client, req *protocol.PullRequest) (protocol.PullResponse, error) {
-	resp, err := tc.Call(ctx, protocol.CodePull, protocol.AppendPullRequest(nil, req))
-	if err != nil {
-		return protocol.PullResponse{}, err
+	for {
+		resp, err := tc.Call(ctx, protocol.CodePull, protocol.AppendPullRequest(nil, req))
+		if errors.Is(err, protocol.ErrNoRoute) {
+			select {
+			case <-ctx.Done():
+				return protocol.PullResponse{}, err
+			case <-time.After(50 * time.Millisecond):
+				continue
+			}
+		}
+		if err != nil {
+			return protocol.PullResponse{}, err
+		}
+		return protocol.DecodePullResponse(resp.Body) // bodies alias the response buffer, which is not reused
 	}
-	return protocol.DecodePullResponse(resp.Body) // bodies alias the response buffer, which is not reused
 }
 
 // pull reads up to limit messages from a broker.

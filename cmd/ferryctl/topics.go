@@ -53,7 +53,7 @@ func newTopicCreateCommand(g *globalOptions) *cobra.Command {
 	o := &topicCreateOptions{}
 	cmd := &cobra.Command{
 		Use:   "create NAME",
-		Short: "Create a topic with queues spread over the writable broker groups",
+		Short: "Create a topic with queues spread over the admitted, writable broker groups",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, ctx, done, err := g.metaClient(cmd.Context())

@@ -46,6 +46,11 @@ type Heartbeat struct {
 	// Duplicates is how many duplicate sends the broker absorbed since it
 	// started.
 	Duplicates int64 `json:"duplicates,omitempty"`
+	// QueueEnds (master only) is the next offset of every queue of its
+	// commit log whose end moved since its last heartbeat (of every queue,
+	// every 5th heartbeat): the registry records them, so that a queue
+	// moved off the group when it is dead continues past them.
+	QueueEnds []QueueEnd `json:"queue_ends,omitempty"`
 }
 
 // Cut is what a former master cut from its log when it rejoined its group

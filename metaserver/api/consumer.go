@@ -55,6 +55,11 @@ type QueueAssignment struct {
 	// broker of a later epoch can send it back if a failover cut the queue
 	// below the offset.
 	CommittedEpoch uint32 `json:"committed_epoch,omitempty"`
+	// EpochGroup is the broker group CommittedEpoch is of (the queue's
+	// group when the assignment was made): an epoch means nothing to
+	// another group, so a member whose route shows the queue on another
+	// group does not name it.
+	EpochGroup string `json:"epoch_group,omitempty"`
 }
 
 // QueueOffset is a queue's offset: the next offset to consume.
@@ -65,6 +70,9 @@ type QueueOffset struct {
 	// Epoch (commits) is the broker group epoch in which the member read up
 	// to Offset; 0 when unknown.
 	Epoch uint32 `json:"epoch,omitempty"`
+	// EpochGroup (commits) is the broker group Epoch is of: a commit read
+	// in a group the queue has since left records no epoch.
+	EpochGroup string `json:"epoch_group,omitempty"`
 }
 
 // CommitRequest commits offsets for queues the member holds in Generation.

@@ -69,6 +69,10 @@ type RegisterBroker struct {
 	Broker routing.Broker `json:"broker"`
 	LogEnd int64          `json:"log_end"`
 	At     int64          `json:"at"` // unix ms, stamped by the leader
+	// Pending, stamped by a leader that admits groups by hand, makes a
+	// group this registration creates wait for AdmitGroup before it takes
+	// queues (groups.go). It never changes an existing group.
+	Pending bool `json:"pending,omitempty"`
 }
 
 // Promote makes a group's slave its master in a new epoch: Epoch must be
@@ -228,6 +232,12 @@ func Decode(b []byte) (Command, error) {
 		c = &SetPrincipal{}
 	case TypeRemovePrincipal:
 		c = &RemovePrincipal{}
+	case TypeAdmitGroup:
+		c = &AdmitGroup{}
+	case TypeRetireGroup:
+		c = &RetireGroup{}
+	case TypeRecordQueueEnds:
+		c = &RecordQueueEnds{}
 	default:
 		if CommandType(b[0])&IgnoreUnknown != 0 {
 			return nil, nil

@@ -63,6 +63,10 @@ type QueueOffset struct {
 	Queue  uint32 `json:"queue"`
 	Offset int64  `json:"offset"`
 	Epoch  uint32 `json:"epoch,omitempty"` // the epoch it was read in (commits); 0 unknown
+	// EpochGroup is the broker group whose epoch Epoch is (commits; "":
+	// the queue's group). An epoch of another group than the queue's now
+	// (the queue moved since it was read) is recorded as unknown.
+	EpochGroup string `json:"epoch_group,omitempty"`
 }
 
 // JoinGroup adds a member to a group (creating the group) or updates its
@@ -309,6 +313,9 @@ func (f *FSM) commitOffsets(c *CommitOffsets) any {
 	}
 	changed := false
 	for _, o := range c.Offsets {
+		if o.EpochGroup != "" && f.s.queueGroup(o.Topic, o.Queue) != o.EpochGroup {
+			o = f.s.readElsewhere(o)
+		}
 		qs := g.Offsets[o.Topic]
 		if qs == nil {
 			qs = map[uint32]int64{}

@@ -48,6 +48,15 @@
 // allocation could hand the same id out again once it led, so every node
 // must know the command before any leader proposes it.
 //
+// The broker group commands (groups.go) admit a pending or retired group
+// (AdmitGroup), move every queue of a group to other admitted groups and
+// retire it (RetireGroup: its moves must name exactly the group's queues,
+// CONFLICT otherwise; each queue continues at a base past every offset the
+// registry knows of it), and record the queue ends masters report
+// (RecordQueueEnds: only upwards, only for the reporting group's queues,
+// without moving the registry Version). CreateTopic and AddQueues refuse a
+// group that is not admitted.
+//
 // The ACL commands (acl.go) keep the principals: SetPrincipal (create or
 // replace a principal's token hash and permissions) and RemovePrincipal.
 // Every permission is parsed in Apply (auth.ParsePermissions): a command

@@ -43,6 +43,10 @@ type State struct {
 	Principals map[string]*PrincipalRecord `json:"principals,omitempty"`
 	// ACLVersion grows by one at every change of Principals.
 	ACLVersion uint64 `json:"acl_version,omitempty"`
+	// Queues holds, by topic and queue, what the registry knows of queues
+	// besides their group (groups.go): the base a moved queue continues
+	// at, the ends brokers reported. A snapshot from before lacks it.
+	Queues map[string]map[uint32]QueueState `json:"queues,omitempty"`
 }
 
 // ProducerIdentity is a producer's id and epoch.
@@ -100,6 +104,7 @@ func (s *State) clone() *State {
 		c.Principals = map[string]*PrincipalRecord{}
 	}
 	c.ACLVersion = s.ACLVersion
+	c.Queues = cloneQueueStates(s.Queues)
 	return c
 }
 
@@ -191,8 +196,8 @@ func (f *FSM) apply(c Command) any {
 			return &protocol.Error{Status: protocol.StatusInvalid, Message: "a topic needs at least one queue"}
 		}
 		for _, g := range c.Queues {
-			if s.Groups[g] == nil {
-				return notFound("broker group %q does not exist", g)
+			if err := f.placeable(g); err != nil {
+				return err
 			}
 		}
 		s.Version++
@@ -207,8 +212,8 @@ func (f *FSM) apply(c Command) any {
 			return conflict("topic %q is at version %d, not %d", c.Topic, t.Version, c.ExpectVersion)
 		}
 		for _, g := range c.Groups {
-			if s.Groups[g] == nil {
-				return notFound("broker group %q does not exist", g)
+			if err := f.placeable(g); err != nil {
+				return err
 			}
 		}
 		if len(c.Groups) == 0 {
@@ -305,6 +310,12 @@ func (f *FSM) apply(c Command) any {
 		return f.setPrincipal(c)
 	case *RemovePrincipal:
 		return f.removePrincipal(c)
+	case *AdmitGroup:
+		return f.admitGroup(c)
+	case *RetireGroup:
+		return f.retireGroup(c)
+	case *RecordQueueEnds:
+		return f.recordQueueEnds(c)
 	}
 	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown command %T", c)}
 }
@@ -317,8 +328,14 @@ func (f *FSM) registerBroker(c *RegisterBroker) any {
 		return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown role %q", c.Role)}
 	}
 	g := f.s.Groups[c.Group]
+	if err := refuseRetired(g, c.Broker.ID); err != nil {
+		return err
+	}
 	if g == nil {
 		g = &routing.Group{Name: c.Group, ChangedAt: c.At}
+		if c.Pending {
+			g.Admission = routing.Pending
+		}
 		f.s.Groups[c.Group] = g
 	}
 	role, known := g.RoleOf(c.Broker.ID)
@@ -466,6 +483,7 @@ func (f *FSM) Route(topic string) (routing.Route, bool) {
 			q.Epoch = g.Epoch
 			q.Writable = g.Writable() && g.Master.Addr != ""
 		}
+		q.Base = f.s.Queues[topic][uint32(i)].Base
 		r.Queues[i] = q
 	}
 	return r, true

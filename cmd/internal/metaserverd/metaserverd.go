@@ -42,7 +42,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	def := metaserver.DefaultConfig()
 	var cfg metaserver.Config
-	var peers, metricsAddr, pprofAddr, failover string
+	var peers, metricsAddr, pprofAddr, failover, admit string
 	var maxLoss int64
 	var logf cli.LogFlags
 	var tlsf cli.TLSFlags
@@ -55,6 +55,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&peers, "peers", "", "bootstrap peers, identical on every node: id=raftAddr/rpcAddr,...")
 	fs.BoolVar(&cfg.AutoCreateTopics, "auto-create", false, "create a topic on its first route lookup")
 	fs.IntVar(&cfg.DefaultQueues, "default-queues", def.DefaultQueues, "queues of an auto-created topic")
+	fs.StringVar(&admit, "admit-groups", string(metaserver.AdmitAuto), "auto: a broker group that registers takes queues at once; manual: it waits for 'ferryctl broker add-group'")
 	fs.DurationVar(&cfg.SessionTimeout, "session", def.SessionTimeout, "a master unheard of this long makes its group read-only")
 	fs.Int64Var(&cfg.LagBytes, "lag-bytes", def.LagBytes, "a slave this many bytes behind makes its group read-only")
 	fs.DurationVar(&cfg.LagTime, "lag-time", def.LagTime, "a slave not caught up this long makes its group read-only")
@@ -84,6 +85,12 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 		cfg.DisableFailover = true
 	default:
 		return &cli.ConfigError{Err: fmt.Errorf("-failover must be on or off, got %q", failover)}
+	}
+	switch metaserver.AdmitMode(admit) {
+	case metaserver.AdmitAuto, metaserver.AdmitManual:
+		cfg.AdmitGroups = metaserver.AdmitMode(admit)
+	default:
+		return &cli.ConfigError{Err: fmt.Errorf("-admit-groups must be auto or manual, got %q", admit)}
 	}
 	switch {
 	case maxLoss == 0:
@@ -263,6 +270,9 @@ func (c groupCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, g := range c.s.FSM().Groups() {
+		if g.Admission == routing.Retired {
+			continue // no brokers, no queues: nothing to watch
+		}
 		ch <- prometheus.MustNewConstMetric(groupDesc, prometheus.GaugeValue, b2f(g.Writable()), g.Name)
 		for _, r := range readOnlyReasons {
 			ch <- prometheus.MustNewConstMetric(reasonDesc, prometheus.GaugeValue, b2f(g.Reasons&r != 0), g.Name, r.String())

@@ -78,6 +78,7 @@ func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
 		{"-session", "-5s", "SessionTimeout"},
 		{"-lag-time", "-1s", "LagTime"},
 		{"-failover", "maybe", "-failover must be on or off"},
+		{"-admit-groups", "Manual", "-admit-groups must be auto or manual"},
 		{"-failover-max-loss", "-5", "-failover-max-loss must be 0 or more"},
 		{"-failover-margin", "-1s", "FailoverMargin"},
 		{"-consumer-session", "-1s", "ConsumerSession"},
