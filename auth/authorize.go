@@ -102,8 +102,9 @@ var rules = map[protocol.Code]need{
 	protocol.CodeConsumerHeartbeat: needConsumeGroup,
 	protocol.CodeCommitOffsets:     needConsumeGroup,
 	protocol.CodeConsumerGroups:    needDescribe | needConsumeGroupNamed,
-	// Moving a group's offsets is an operator's act.
+	// Moving a group's offsets, or deleting it, is an operator's act.
 	protocol.CodeResetOffsets: 0,
+	protocol.CodeDeleteGroup:  0,
 
 	// The ACL: only admin changes or lists it; the brokers read it (token
 	// hashes and permissions) for their copy of the table.

@@ -118,6 +118,7 @@ var expect = map[string][]allow{
 	"ACL_GET":          clusterOnly,
 	"ROUTE_WATCH":      clusterOnly,
 	"RECOVER":          clusterOnly,
+	"DELETE_GROUP":     adminOnly,
 	"ADMIN_RESYNC":     adminOnly,
 
 	"ADMIN_ADMIT_GROUP":  adminOnly,

@@ -122,6 +122,7 @@ func requests() map[protocol.Code]request {
 		protocol.CodeCommitOffsets:     {onMeta, js(api.CommitRequest{Group: "billing", Member: "m", Offsets: []api.QueueOffset{{Topic: "orders"}}})},
 		protocol.CodeConsumerGroups:    {onMeta, js(api.ConsumerGroupsRequest{Group: "billing"})},
 		protocol.CodeResetOffsets:      {onMeta, js(api.ResetOffsetsRequest{Group: "no-such-group"})},
+		protocol.CodeDeleteGroup:       {onMeta, js(api.DeleteGroupRequest{Group: "no-such-group"})},
 		protocol.CodeAdminACLSet:       {onMeta, js(api.ACLSetRequest{})}, // INVALID (no name)
 		protocol.CodeAdminACLRemove:    {onMeta, js(api.ACLRemoveRequest{Name: "absent"})},
 		protocol.CodeAdminACLList:      {onMeta, js(struct{}{})},
@@ -213,6 +214,7 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeCommitOffsets:     {"admin", "cons"},
 		protocol.CodeConsumerGroups:    {"admin", "desc", "cons", "other"}, // other: consume:payments:* names every group
 		protocol.CodeResetOffsets:      {"admin"},
+		protocol.CodeDeleteGroup:       {"admin"},
 		protocol.CodeAdminACLSet:       {"admin"},
 		protocol.CodeAdminACLRemove:    {"admin"},
 		protocol.CodeAdminACLList:      {"admin"},

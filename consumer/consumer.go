@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
+
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -119,8 +121,26 @@ type Consumer struct {
 	closeOnce  sync.Once
 	closeErr   error
 
-	fetchWG sync.WaitGroup // fetchers
-	workWG  sync.WaitGroup // Run's workers
+	fetchWG   sync.WaitGroup // fetchers
+	workWG    sync.WaitGroup // Run's workers
+	releaseWG sync.WaitGroup // revocations waiting for their last handler call (lease.go)
+
+	// incarnation is this instance's (its start time in unix ns): the
+	// registry hands a queue to one member incarnation at a time and fences
+	// older incarnations of the same member id.
+	incarnation uint64
+	// lease is when this member must stop delivering: its last answered
+	// heartbeat's send plus its session, less a margin (nil: none yet).
+	lease atomic.Pointer[time.Time]
+	// leaseWake, when not nil, is closed at the next renewal (waitLease).
+	leaseMu   sync.Mutex
+	leaseWake chan struct{}
+	// relMu guards released: queues this member let go (their last handler
+	// call returned, their offset committed) that its next heartbeat reports.
+	relMu    sync.Mutex
+	released []api.QueueRef
+	// lettingGo are the queues being stopped (letGo) and not yet reported.
+	lettingGo map[qkey]bool
 
 	stats counters
 }
@@ -175,7 +195,7 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 		parts: map[qkey]*part{}, lastWork: map[qkey]chan struct{}{},
 		avail: make(chan struct{}, 1), kick: make(chan struct{}, 1), commitReq: make(chan commitReq),
 		stopMember: make(chan struct{}), memberDone: make(chan struct{}), closing: make(chan struct{}),
-		failed: make(chan struct{}),
+		failed: make(chan struct{}), incarnation: uint64(time.Now().UnixNano()),
 	}
 	if cfg.coord == nil || cfg.router == nil {
 		meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, CallTimeout: cfg.requestTimeout, Transport: transport.ClientConfig{TLS: cfg.tls, Token: cfg.token}})
@@ -293,8 +313,13 @@ func (c *Consumer) Poll(ctx context.Context) ([]*Message, error) {
 	}
 }
 
-// takeAny takes up to max buffered messages from the queues, round-robin.
+// takeAny takes up to max buffered messages from the queues, round-robin;
+// none while the member's lease has lapsed (lease.go).
 func (c *Consumer) takeAny(max int) []*Message {
+	if !c.leaseValid() {
+		signal(c.kick)
+		return nil
+	}
 	c.mu.Lock()
 	parts := make([]*part, 0, len(c.parts))
 	for _, p := range c.parts {
@@ -420,17 +445,16 @@ func (c *Consumer) close() error {
 			p.stopFetch()
 		}
 		c.workWG.Wait() // handler calls under way finish
+		c.releaseWG.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.requestTimeout)
 		if err := c.closeCommit(ctx, parts); err != nil {
 			errs = append(errs, err)
 		}
 		cancel()
-		ctx, cancel = context.WithTimeout(context.Background(), c.cfg.requestTimeout)
-		if _, err := c.cfg.coord.ConsumerHeartbeat(ctx, c.heartbeatReq(true)); err != nil {
+		if err := c.leave(); err != nil {
 			c.cfg.logger.Warn("could not leave the group; its queues move when the session ends", "group", c.group, "err", err)
 			errs = append(errs, metaErr("leave", err))
 		}
-		cancel()
 		for _, p := range parts {
 			p.stop()
 		}
@@ -449,31 +473,33 @@ func (c *Consumer) close() error {
 	return errors.Join(errs...)
 }
 
-// closeCommit commits what was processed before leaving. When the group
-// moved on meanwhile (another member left or joined while this one was
-// closing: the commit is refused as stale), it takes the new generation
-// and commits the queues it still holds in it, so members closing one
-// after another do not leave each other's last messages to be redelivered.
+// closeCommit commits what was processed before leaving: the member holds
+// its queues until it leaves (or lets them go), so its commits count
+// whatever generation the group moved to meanwhile.
 func (c *Consumer) closeCommit(ctx context.Context, parts []*part) error {
-	err := c.commit(ctx)
-	if !errors.Is(err, protocol.ErrStaleGeneration) {
-		return err
-	}
-	reply, herr := c.cfg.coord.ConsumerHeartbeat(ctx, c.heartbeatReq(false))
-	if herr != nil {
-		return err
-	}
-	held := make(map[qkey]bool, len(reply.Assignment))
-	for _, a := range reply.Assignment {
-		held[qkey{a.Topic, a.Queue}] = true
-	}
-	still := parts[:0:0]
-	for _, p := range parts {
-		if held[p.key] {
-			still = append(still, p)
+	return c.commitParts(ctx, parts)
+}
+
+// leave leaves the group, retrying what can be retried (a metaserver
+// leader change under way, a lost connection) within RequestTimeout.
+func (c *Consumer) leave() error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.requestTimeout)
+	defer cancel()
+	backoff := 20 * time.Millisecond
+	for {
+		_, err := c.cfg.coord.ConsumerHeartbeat(ctx, c.heartbeatReq(true, c.toRelease()))
+		if err == nil || permanent(err) || ctx.Err() != nil {
+			return err
 		}
+		t := c.cfg.clock.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.Chan():
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
 	}
-	return c.commitParts(ctx, reply.Generation, still)
 }
 
 // Stats is a snapshot of the consumer's counters and queues.

@@ -348,14 +348,18 @@ func TestUnknownTopicFake(t *testing.T) {
 }
 
 // TestRetryBackoffDoubles: redeliveries wait RetryBackoff, doubling up to
-// its cap, on the consumer's clock.
+// its cap, on the consumer's clock. The clock moves a minute at a time,
+// each step once the member's heartbeat was answered, so its lease (a
+// 5-minute session) never lapses meanwhile.
 func TestRetryBackoffDoubles(t *testing.T) {
 	fb := newFakeBrokers()
 	fb.add("t", 0, "bad", "good")
 	co := newFakeCoord(map[string]int{"t": 1})
+	co.session = 5 * time.Minute
 	clk := clockwork.NewFakeClock()
 	dlq := &fakeDLQ{}
-	c := fakeConsumer(t, fb, co, 1, withClock(clk), RetryBackoff(time.Hour, 4*time.Hour), MaxRetries(4), withDeadLetterer(dlq))
+	c := fakeConsumer(t, fb, co, 1, withClock(clk), RetryBackoff(time.Hour, 4*time.Hour), MaxRetries(4), withDeadLetterer(dlq),
+		Session(5*time.Minute))
 	var mu sync.Mutex
 	var at []time.Time
 	runIn(t, c, func(ctx context.Context, m *Message) error {
@@ -379,8 +383,17 @@ func TestRetryBackoffDoubles(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("delivery %d did not come", want)
 			}
+			beats := c.Stats().Heartbeats
 			clk.Advance(time.Minute)
-			time.Sleep(time.Millisecond)
+			// The member's next heartbeat timer may be set only after this
+			// step: nudge the clock until one is answered.
+			for c.Stats().Heartbeats == beats && deliveries() < want {
+				if time.Now().After(deadline) {
+					t.Fatal("no heartbeat answered")
+				}
+				clk.Advance(100 * time.Millisecond)
+				time.Sleep(time.Millisecond)
+			}
 		}
 	}
 	mu.Lock()

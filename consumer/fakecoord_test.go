@@ -12,7 +12,10 @@ import (
 
 // fakeCoord is an in-memory consumer group coordinator, as the metaserver's
 // is specified (metaserver/api/consumer.go): sessions, generations, a
-// sticky assignment, committed offsets, STALE_GENERATION. One group.
+// sticky assignment handed over one owner at a time (a queue whose owner
+// changed stays with its earlier holder until it is released or the holder
+// leaves), commits by the holder only and never backwards, STALE_GENERATION.
+// One group; incarnations are not fenced.
 type fakeCoord struct {
 	mu        sync.Mutex
 	queues    map[string]int // topic -> queue count
@@ -20,6 +23,7 @@ type fakeCoord struct {
 	members   map[string]time.Time // member -> when its session ends
 	gen       uint64
 	assign    map[qkey]string
+	releasing map[qkey]string // queue -> the earlier holder its owner waits for
 	committed map[qkey]int64
 	// epochs holds each queue's last commit's epoch and its group.
 	epochs  map[qkey]api.QueueOffset
@@ -31,7 +35,7 @@ type fakeCoord struct {
 
 func newFakeCoord(queues map[string]int) *fakeCoord {
 	return &fakeCoord{queues: queues, session: 2 * time.Second, members: map[string]time.Time{},
-		assign: map[qkey]string{}, committed: map[qkey]int64{}, epochs: map[qkey]api.QueueOffset{}, history: map[uint64]map[qkey]string{}}
+		assign: map[qkey]string{}, releasing: map[qkey]string{}, committed: map[qkey]int64{}, epochs: map[qkey]api.QueueOffset{}, history: map[uint64]map[qkey]string{}}
 }
 
 var errFakeDown = &protocol.Error{Status: protocol.StatusTimeout, Message: "fake coordinator down"}
@@ -52,13 +56,18 @@ func (f *fakeCoord) ConsumerHeartbeat(ctx context.Context, hb api.ConsumerHeartb
 	changed := false
 	for m, end := range f.members {
 		if now.After(end) {
-			delete(f.members, m)
+			f.drop(m)
 			changed = true
+		}
+	}
+	for _, r := range hb.Released {
+		if k := (qkey{r.Topic, r.Queue}); f.releasing[k] == hb.Member {
+			delete(f.releasing, k)
 		}
 	}
 	if hb.Leave {
 		if _, ok := f.members[hb.Member]; ok {
-			delete(f.members, hb.Member)
+			f.drop(hb.Member)
 			changed = true
 		}
 	} else {
@@ -78,8 +87,16 @@ func (f *fakeCoord) ConsumerHeartbeat(ctx context.Context, hb api.ConsumerHeartb
 	if hb.SessionMillis > 0 {
 		reply.SessionMillis = hb.SessionMillis
 	}
+	for k, h := range f.releasing {
+		if h == hb.Member && !hb.Leave {
+			reply.Release = append(reply.Release, api.QueueRef{Topic: k.topic, Queue: k.queue})
+		}
+	}
 	for k, m := range f.assign {
-		if m == hb.Member && !hb.Leave {
+		if m == hb.Member && !hb.Leave && f.releasing[k] != "" {
+			reply.Waiting++
+		}
+		if m == hb.Member && !hb.Leave && f.releasing[k] == "" {
 			c, ok := f.committed[k]
 			if !ok {
 				c = -1
@@ -92,9 +109,42 @@ func (f *fakeCoord) ConsumerHeartbeat(ctx context.Context, hb api.ConsumerHeartb
 	return reply, nil
 }
 
+// drop removes a member (it left, or its session ended): it holds nothing
+// any more.
+func (f *fakeCoord) drop(m string) {
+	delete(f.members, m)
+	for k, h := range f.releasing {
+		if h == m {
+			delete(f.releasing, k)
+		}
+	}
+}
+
+// holder is who holds queue k now: the member releasing it, else its owner.
+func (f *fakeCoord) holder(k qkey) string {
+	if h := f.releasing[k]; h != "" {
+		return h
+	}
+	return f.assign[k]
+}
+
 // rebalance starts a generation: members keep their queues up to a fair
-// share, the rest go to the members with the fewest.
+// share, the rest go to the members with the fewest; a queue whose owner
+// changed waits for its holder to release it.
 func (f *fakeCoord) rebalance() {
+	prev := f.assign
+	defer func() {
+		for k, o := range f.assign {
+			switch h := f.releasing[k]; {
+			case h == o:
+				delete(f.releasing, k)
+			case h == "" && prev[k] != "" && prev[k] != o:
+				if _, live := f.members[prev[k]]; live {
+					f.releasing[k] = prev[k]
+				}
+			}
+		}
+	}()
 	f.gen++
 	var all []qkey
 	for t, n := range f.queues {
@@ -148,12 +198,13 @@ func (f *fakeCoord) CommitOffsets(ctx context.Context, req api.CommitRequest) (a
 	if f.down {
 		return api.CommitReply{}, errFakeDown
 	}
-	if req.Generation != f.gen {
-		return api.CommitReply{}, &protocol.Error{Status: protocol.StatusStaleGeneration, Message: "old generation"}
-	}
 	for _, o := range req.Offsets {
-		if f.assign[qkey{o.Topic, o.Queue}] != req.Member {
-			return api.CommitReply{}, &protocol.Error{Status: protocol.StatusStaleGeneration, Message: "not the member's queue"}
+		k := qkey{o.Topic, o.Queue}
+		if f.holder(k) != req.Member {
+			return api.CommitReply{}, &protocol.Error{Status: protocol.StatusStaleGeneration, Message: "not held by the member"}
+		}
+		if old, ok := f.committed[k]; ok && o.Offset < old && !o.Rewound && o.Epoch <= f.epochs[k].Epoch {
+			return api.CommitReply{}, &protocol.Error{Status: protocol.StatusStaleGeneration, Message: "below the committed offset"}
 		}
 	}
 	for _, o := range req.Offsets {

@@ -42,6 +42,11 @@ func (c *Consumer) work(p *part, prev <-chan struct{}, done chan struct{}) {
 		max = c.cfg.maxPollRecords
 	}
 	for {
+		// A queue let go (or a consumer closing) hands nothing more out;
+		// nor does a member whose lease lapsed (lease.go).
+		if p.ctx.Err() != nil || !c.waitLease(p.ctx) {
+			return
+		}
 		msgs := p.take(max)
 		if len(msgs) == 0 {
 			select {

@@ -9,12 +9,19 @@ import (
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
-func (c *Consumer) heartbeatReq(leave bool) api.ConsumerHeartbeat {
+func (c *Consumer) heartbeatReq(leave bool, released []api.QueueRef) api.ConsumerHeartbeat {
 	c.mu.Lock()
 	gen := c.gen
 	c.mu.Unlock()
 	return api.ConsumerHeartbeat{Group: c.group, Member: c.cfg.member, Topics: c.topics, Generation: gen,
-		SessionMillis: c.cfg.session.Milliseconds(), Leave: leave}
+		SessionMillis: c.cfg.session.Milliseconds(), Leave: leave, Incarnation: c.incarnation, Released: released}
+}
+
+// permanent reports whether the metaserver refused the member for good:
+// retrying will not help (Run and Poll end with the error).
+func permanent(err error) bool {
+	return errors.Is(err, protocol.ErrUnknownTopic) || errors.Is(err, protocol.ErrInvalid) ||
+		errors.Is(err, protocol.ErrNotAuthorized) || errors.Is(err, protocol.ErrMemberFenced)
 }
 
 // memberLoop heartbeats, applies new assignments and commits. It alone
@@ -31,7 +38,6 @@ func (c *Consumer) memberLoop() {
 		defer t.Stop()
 		commitC = t.Chan()
 	}
-	var lastOK time.Time // the send time of the last answered heartbeat
 	session := c.cfg.session
 	for {
 		select {
@@ -51,18 +57,21 @@ func (c *Consumer) memberLoop() {
 			req.done <- c.commit(req.ctx)
 			continue
 		}
-		// Commit what moved first: a rebalance the heartbeat brings would
-		// refuse it (the leader takes commits of the current generation
-		// only), and the queue's next owner would handle it again.
+		// A member whose lease ran out (paused, cut off) delivers nothing
+		// more and drops its queues: they may be another's by now, and it
+		// takes them again from the registry's committed offsets.
+		if c.lease.Load() != nil && !c.leaseValid() {
+			c.dropAll("no heartbeat answered for the session")
+		}
 		if !c.cfg.manualCommit {
 			ctx, cancel := context.WithTimeout(c.bg, c.cfg.requestTimeout)
 			_ = c.commit(ctx)
 			cancel()
 		}
-		// Heartbeat.
 		ctx, cancel := context.WithTimeout(c.bg, min(c.cfg.requestTimeout, session/2))
 		sent := clk.Now()
-		reply, err := c.cfg.coord.ConsumerHeartbeat(ctx, c.heartbeatReq(false))
+		released := c.toRelease()
+		reply, err := c.cfg.coord.ConsumerHeartbeat(ctx, c.heartbeatReq(false, released))
 		cancel()
 		next := c.cfg.heartbeat
 		if err != nil {
@@ -71,33 +80,47 @@ func (c *Consumer) memberLoop() {
 				return
 			default:
 			}
-			c.cfg.logger.Warn("heartbeat failed", "group", c.group, "member", c.cfg.member, "err", err)
-			if errors.Is(err, protocol.ErrUnknownTopic) || errors.Is(err, protocol.ErrInvalid) {
+			if permanent(err) {
+				c.cfg.logger.Error("the metaserver refuses this member for good", "group", c.group, "member", c.cfg.member, "err", err)
 				c.fail(metaErr("heartbeat", err))
+			} else {
+				c.cfg.logger.Warn("heartbeat failed; retrying", "group", c.group, "member", c.cfg.member, "err", err)
 			}
-			// The leader ends the session at least a session after it got
-			// the last heartbeat, which it got after it was sent. Stop
-			// consuming a heartbeat before that, so another member that
-			// takes the queues does not find this one still at them.
-			if !lastOK.IsZero() && clk.Since(lastOK) >= session-c.cfg.heartbeat {
-				c.dropAll("no heartbeat answered for the session")
-				lastOK = time.Time{}
-			}
-			hb.Reset(next)
+			hb.Reset(min(next, c.leaseLeft()))
 			continue
 		}
-		lastOK = sent
 		c.stats.heartbeats.Add(1)
 		if reply.SessionMillis > 0 {
 			session = time.Duration(reply.SessionMillis) * time.Millisecond
 		}
+		c.renewLease(sent, session)
+		c.reported(released)
 		c.apply(reply)
+		c.releaseUnheld(reply.Release)
+		if reply.Waiting > 0 || reply.JoinWindowMillis > 0 {
+			// Queues come as others let go, or when the join window closes:
+			// ask again soon.
+			next = min(next, 100*time.Millisecond)
+			if w := time.Duration(reply.JoinWindowMillis) * time.Millisecond; w > 0 {
+				next = min(next, w)
+			}
+		}
 		hb.Reset(next)
 	}
 }
 
+// leaseLeft is how long the lease has left (at least a millisecond), so a
+// failing member wakes to drop its queues when it runs out.
+func (c *Consumer) leaseLeft() time.Duration {
+	until := c.lease.Load()
+	if until == nil {
+		return c.cfg.heartbeat
+	}
+	return max(until.Sub(c.cfg.clock.Now()), time.Millisecond)
+}
+
 // dropAll stops consuming every queue without committing: the member lost
-// its session, its queues are (or soon will be) another member's.
+// its lease, its queues are (or soon will be) another member's.
 func (c *Consumer) dropAll(why string) {
 	c.mu.Lock()
 	parts := c.parts
@@ -110,56 +133,42 @@ func (c *Consumer) dropAll(why string) {
 	for _, p := range parts {
 		p.stop()
 	}
+	c.relMu.Lock()
+	c.released, c.lettingGo = nil, nil // nothing of those to report: the registry takes them from this member anyway
+	c.relMu.Unlock()
 }
 
-// apply moves to the reply's generation: it commits and stops the queues no
-// longer assigned, and starts the new ones from their committed offsets.
+// apply moves to the reply's assignment: the queues the member holds. Those
+// it no longer holds are let go (letGo: their last handler call finishes and
+// they are committed before they are reported released); new ones start
+// from their committed offsets.
 func (c *Consumer) apply(reply api.ConsumerHeartbeatReply) {
 	want := make(map[qkey]api.QueueAssignment, len(reply.Assignment))
 	for _, a := range reply.Assignment {
 		want[qkey{a.Topic, a.Queue}] = a
 	}
 	c.mu.Lock()
-	oldGen := c.gen
-	var revoked []*part
-	for k, p := range c.parts {
-		if _, ok := want[k]; !ok {
-			revoked = append(revoked, p)
-		}
-	}
-	same := reply.Generation == oldGen && len(revoked) == 0 && len(want) == len(c.parts)
-	c.mu.Unlock()
-	if same {
-		return
-	}
-	if reply.Generation != oldGen {
-		c.stats.rebalances.Add(1)
-	}
-	if len(revoked) > 0 {
-		// Stop fetching, then commit what was processed in the old
-		// generation (the leader may refuse it: the new owner then gets the
-		// uncommitted messages again), then drop.
-		for _, p := range revoked {
-			p.stopFetch()
-		}
-		ctx, cancel := context.WithTimeout(c.bg, c.cfg.requestTimeout)
-		if err := c.commitParts(ctx, oldGen, revoked); err != nil {
-			c.cfg.logger.Debug("commit of revoked queues refused", "group", c.group, "err", err)
-		}
-		cancel()
-		for _, p := range revoked {
-			p.stop()
-		}
-	}
-	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return
 	}
-	for _, p := range revoked {
-		delete(c.parts, p.key)
+	var revoked []*part
+	work := map[qkey]chan struct{}{}
+	for k, p := range c.parts {
+		if _, ok := want[k]; !ok {
+			revoked = append(revoked, p)
+			work[k] = c.lastWork[k]
+			delete(c.parts, k)
+		}
+	}
+	if reply.Generation == c.gen && len(revoked) == 0 && len(want) == len(c.parts) {
+		return
+	}
+	if reply.Generation != c.gen {
+		c.stats.rebalances.Add(1)
 	}
 	c.gen = reply.Generation
+	c.letGo(revoked, work)
 	share := c.cfg.maxPrefetchBytes / int64(max(1, len(want)))
 	share = max(share, minQueueShare)
 	var added []string
@@ -189,32 +198,28 @@ func (c *Consumer) apply(reply api.ConsumerHeartbeatReply) {
 		}
 	}
 	c.cfg.logger.Info("assignment", "group", c.group, "member", c.cfg.member, "generation", reply.Generation,
-		"queues", len(want), "added", added, "revoked", len(revoked))
+		"queues", len(want), "added", added, "letting-go", len(revoked), "waiting", reply.Waiting)
 }
 
-// commit commits every part's processed offset that moved, in the current
-// generation. STALE_GENERATION wakes the heartbeat.
+// commit commits every part's processed offset that moved. STALE_GENERATION
+// (the member does not hold a queue it thought it did) wakes the heartbeat.
 func (c *Consumer) commit(ctx context.Context) error {
 	c.mu.Lock()
-	gen := c.gen
 	parts := make([]*part, 0, len(c.parts))
 	for _, p := range c.parts {
 		parts = append(parts, p)
 	}
 	c.mu.Unlock()
-	err := c.commitParts(ctx, gen, parts)
+	err := c.commitParts(ctx, parts)
 	if errors.Is(err, protocol.ErrStaleGeneration) {
 		signal(c.kick)
 	}
 	return err
 }
 
-// commitParts commits the processed offsets of parts that moved, in gen,
-// with one call.
-func (c *Consumer) commitParts(ctx context.Context, gen uint64, parts []*part) error {
-	if gen == 0 {
-		return nil
-	}
+// commitParts commits the processed offsets of parts that moved, with one
+// call, as the queues this member incarnation holds.
+func (c *Consumer) commitParts(ctx context.Context, parts []*part) error {
 	var offs []api.QueueOffset
 	var moved []*part
 	for _, p := range parts {
@@ -222,7 +227,7 @@ func (c *Consumer) commitParts(ctx context.Context, gen uint64, parts []*part) e
 		pos := p.processedLocked()
 		if pos >= 0 && pos != p.committed {
 			epoch, group := p.epochNow()
-			offs = append(offs, api.QueueOffset{Topic: p.key.topic, Queue: p.key.queue, Offset: pos, Epoch: epoch, EpochGroup: group})
+			offs = append(offs, api.QueueOffset{Topic: p.key.topic, Queue: p.key.queue, Offset: pos, Epoch: epoch, EpochGroup: group, Rewound: p.rewound})
 			moved = append(moved, p)
 		}
 		p.mu.Unlock()
@@ -230,15 +235,26 @@ func (c *Consumer) commitParts(ctx context.Context, gen uint64, parts []*part) e
 	if len(offs) == 0 {
 		return nil
 	}
-	_, err := c.cfg.coord.CommitOffsets(ctx, api.CommitRequest{Group: c.group, Member: c.cfg.member, Generation: gen, Offsets: offs})
+	c.mu.Lock()
+	gen := c.gen
+	c.mu.Unlock()
+	_, err := c.cfg.coord.CommitOffsets(ctx, api.CommitRequest{Group: c.group, Member: c.cfg.member, Generation: gen,
+		Incarnation: c.incarnation, Offsets: offs})
 	if err != nil {
 		c.stats.commitErrors.Add(1)
+		if errors.Is(err, protocol.ErrNotAuthorized) || errors.Is(err, protocol.ErrMemberFenced) {
+			c.fail(metaErr("commit", err))
+		}
 		return metaErr("commit", err)
 	}
 	c.stats.commits.Add(1)
 	for i, p := range moved {
 		p.mu.Lock()
-		p.committed = max(p.committed, offs[i].Offset)
+		if offs[i].Rewound {
+			p.committed, p.rewound = offs[i].Offset, false
+		} else {
+			p.committed = max(p.committed, offs[i].Offset)
+		}
 		p.mu.Unlock()
 	}
 	return nil

@@ -36,7 +36,11 @@ type part struct {
 	delivered int64         // the offset after the last message handed out; -1 until the start is known
 	pending   []int64       // offsets handed out and not processed, ascending
 	committed int64         // the group's committed offset as this member knows it; -1 none
-	maxOffset int64         // the queue's end at the last answer; -1 none yet
+	// rewound: the broker sent this member below the committed offset (the
+	// queue's log ends before it, or a failover cut it): its next commit
+	// says so, and the registry takes the lower offset.
+	rewound   bool
+	maxOffset int64 // the queue's end at the last answer; -1 none yet
 	revoked   bool
 	// readIn is the group epoch in which this member read what it read of
 	// the queue, and the broker group it is of (nil: nothing yet). PULLs
@@ -147,6 +151,7 @@ func (p *part) rewind(offset int64) {
 	p.delivered = min(p.delivered, offset)
 	if p.committed > offset {
 		p.committed = -1 // so the lower offset is committed again
+		p.rewound = true
 	}
 	signal(p.room)
 }
@@ -296,6 +301,11 @@ func (p *part) fetch(pos int64) {
 				return
 			}
 			c.stats.fetchErrors.Add(1)
+			if errors.Is(err, protocol.ErrNotAuthorized) || errors.Is(err, protocol.ErrUnknownTopic) {
+				log.Error("the broker refuses this member's reads for good", "offset", req.Offset, "err", err)
+				c.fail(fmt.Errorf("consumer: fetch %s: %w", p.key, err))
+				return
+			}
 			if !failing {
 				log.Warn("fetch failed; retrying", "offset", req.Offset, "err", err)
 				failing = true
@@ -368,6 +378,9 @@ func (p *part) fetch(pos int64) {
 			pos = resp.MaxOffset
 			if len(p.buf) == 0 && len(p.pending) == 0 {
 				p.delivered = pos
+			}
+			if p.committed > pos {
+				p.rewound = true
 			}
 		}
 		var size int64

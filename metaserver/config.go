@@ -67,6 +67,11 @@ type Config struct {
 	// for none: unheard of for this long, it leaves its group. A member may
 	// ask for 1 s to 5 min. Default 10 s.
 	ConsumerSession time.Duration
+	// ConsumerJoinWindow is how long a consumer group that has no member
+	// waits, from its first member's join, for more members before its
+	// first assignment (Kafka's initial rebalance delay): members that
+	// start together share it. Negative: none. Default 3 s.
+	ConsumerJoinWindow time.Duration
 	// RoutePushWait is the longest a topic creation or queue addition waits
 	// for the masters of the topic's groups to learn it (ROUTE_WATCH) before
 	// it is answered anyway. Default 2 s.
@@ -208,6 +213,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConsumerSession == 0 {
 		c.ConsumerSession = 10 * time.Second
+	}
+	if c.ConsumerJoinWindow == 0 {
+		c.ConsumerJoinWindow = 3 * time.Second
 	}
 	if c.RoutePushWait == 0 {
 		c.RoutePushWait = 2 * time.Second

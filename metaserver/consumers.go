@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
@@ -49,14 +50,23 @@ type consumers struct {
 	rebalances atomic.Int64 // new generations this node applied as leader
 	expired    atomic.Int64 // members removed because their session ran out
 
+	// handover observes how long queues waited for their holder to let go
+	// (handover.go).
+	handover prometheus.Histogram
+
 	mu       sync.Mutex
 	since    time.Time               // when this leadership's judge started
 	sessions map[memberKey]time.Time // last heartbeat by member
+	// incs is the last heartbeat of each incarnation of a member that
+	// names one (handover.go).
+	incs map[memberKey]map[uint64]time.Time
 }
 
 func (c *consumers) init(cfg Config, f *fsm.FSM, apply func(context.Context, fsm.Command) (*fsm.Result, error), log hclog.Logger) {
 	c.cfg, c.fsm, c.apply, c.log = cfg, f, apply, log
 	c.sessions = map[memberKey]time.Time{}
+	c.incs = map[memberKey]map[uint64]time.Time{}
+	c.handover = newHandoverHistogram()
 }
 
 // begin starts a term of leadership at now: every session starts now.
@@ -65,6 +75,7 @@ func (c *consumers) begin(now time.Time) {
 	defer c.mu.Unlock()
 	c.since = now
 	c.sessions = map[memberKey]time.Time{}
+	c.incs = map[memberKey]map[uint64]time.Time{}
 }
 
 func (c *consumers) heartbeat(k memberKey, now time.Time) {
@@ -77,6 +88,7 @@ func (c *consumers) forget(k memberKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.sessions, k)
+	delete(c.incs, k)
 }
 
 // sessionOf is the session the leader applies to a member of the registry.
@@ -119,7 +131,14 @@ func (c *consumers) round(ctx context.Context, now time.Time) {
 			if id == "" {
 				break
 			}
-			_, err := c.apply(ctx, &fsm.LeaveGroup{Group: g.Name, Member: id, ExpectGeneration: g.Generation, At: now.UnixMilli()})
+			var leave fsm.Command = &fsm.LeaveGroup{Group: g.Name, Member: id, ExpectGeneration: g.Generation, At: now.UnixMilli()}
+			if g.Cooperative {
+				leave = &fsm.LeaveMember{Group: g.Name, Member: id, ExpectGeneration: g.Generation, At: now.UnixMilli()}
+			}
+			_, err := c.apply(ctx, leave)
+			if err == nil {
+				c.observeReleased(g, id, 0, nil, true, now)
+			}
 			if err != nil {
 				c.log.Warn("expiring a consumer group member failed", "group", g.Name, "member", id, "error", err)
 				break
@@ -132,6 +151,7 @@ func (c *consumers) round(ctx context.Context, now time.Time) {
 				"silent", silent, "generation", g.Generation)
 		}
 	}
+	c.cooperativeRound(ctx, now)
 	// Forget sessions of members the registry no longer has (a join that
 	// failed), once no session could still be running.
 	c.mu.Lock()
@@ -217,6 +237,9 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 	if err != nil {
 		return api.ConsumerHeartbeatReply{}, err
 	}
+	if hb.Incarnation != 0 {
+		return s.cooperativeHeartbeat(ctx, hb, session)
+	}
 	now := s.cfg.Clock.Now()
 	k := memberKey{hb.Group, hb.Member}
 	reply := api.ConsumerHeartbeatReply{Assignment: []api.QueueAssignment{}, SessionMillis: session.Milliseconds()}
@@ -268,7 +291,7 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 func toFSMOffsets(in []api.QueueOffset) []fsm.QueueOffset {
 	out := make([]fsm.QueueOffset, len(in))
 	for i, o := range in {
-		out[i] = fsm.QueueOffset{Topic: o.Topic, Queue: o.Queue, Offset: o.Offset, Epoch: o.Epoch, EpochGroup: o.EpochGroup}
+		out[i] = fsm.QueueOffset{Topic: o.Topic, Queue: o.Queue, Offset: o.Offset, Epoch: o.Epoch, EpochGroup: o.EpochGroup, Rewound: o.Rewound}
 	}
 	return out
 }
@@ -308,6 +331,29 @@ func (s *Server) commitOffsets(ctx context.Context, req api.CommitRequest) (api.
 	g, ok := s.fsm.ConsumerGroup(req.Group)
 	if !ok {
 		return api.CommitReply{}, &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("consumer group %q does not exist", req.Group)}
+	}
+	if req.Incarnation != 0 {
+		// The queues this instance holds, whatever the generation: the
+		// registry checks at apply (a local refusal saves a write).
+		for _, o := range req.Offsets {
+			if h, ok := g.Holder(o.Topic, o.Queue); !ok || h.Member != req.Member || h.Incarnation != req.Incarnation {
+				if m := g.Members[req.Member]; m != nil && req.Incarnation < m.Incarnation {
+					return api.CommitReply{}, &protocol.Error{Status: protocol.StatusMemberFenced,
+						Message: fmt.Sprintf("member %q of consumer group %q was replaced by a newer instance", req.Member, req.Group)}
+				}
+				return api.CommitReply{}, &protocol.Error{Status: protocol.StatusStaleGeneration,
+					Message: fmt.Sprintf("%s queue %d is not held by member %q of consumer group %q: rejoin", o.Topic, o.Queue, req.Member, req.Group)}
+			}
+		}
+		if len(req.Offsets) == 0 {
+			return api.CommitReply{Generation: g.Generation}, nil
+		}
+		res, err := s.apply(ctx, &fsm.CommitHeld{Group: req.Group, Member: req.Member, Incarnation: req.Incarnation, Offsets: toFSMOffsets(req.Offsets)})
+		if err != nil {
+			return api.CommitReply{}, err
+		}
+		s.consumers.commits.Add(1)
+		return api.CommitReply{Generation: res.Generation}, nil
 	}
 	if req.Generation != g.Generation {
 		return api.CommitReply{}, &protocol.Error{Status: protocol.StatusStaleGeneration,
@@ -367,6 +413,11 @@ func (s *Server) consumerGroupInfo(g fsm.ConsumerGroup, now time.Time) api.Consu
 	for _, id := range slices.Sorted(maps.Keys(g.Members)) {
 		mi := api.ConsumerMemberInfo{ID: id, Topics: slices.Clone(g.Members[id].Topics), Queues: toAPIOffsets(g.Queues(id)),
 			HeartbeatAgeMillis: -1}
+		for _, q := range mi.Queues {
+			if h, ok := g.Holder(q.Topic, q.Queue); ok && (h.Member != id || h.Incarnation != g.Members[id].Incarnation) {
+				mi.Waiting = append(mi.Waiting, api.QueueRef{Topic: q.Topic, Queue: q.Queue})
+			}
+		}
 		if last, ok := c.sessions[memberKey{g.Name, id}]; ok {
 			mi.HeartbeatAgeMillis = now.Sub(last).Milliseconds()
 		}
@@ -388,6 +439,11 @@ func (s *Server) resetOffsets(ctx context.Context, req api.ResetOffsetsRequest) 
 		return api.ConsumerGroupInfo{}, err
 	}
 	now := s.cfg.Clock.Now()
+	if _, ok := s.fsm.ConsumerGroup(req.Group); !ok && !req.Create {
+		// Offsets are a group's; a reset never creates one (its first member does).
+		return api.ConsumerGroupInfo{}, &protocol.Error{Status: protocol.StatusNotFound,
+			Message: fmt.Sprintf("consumer group %q does not exist (its first member makes it, or a reset that says to create it)", req.Group)}
+	}
 	if g, _ := s.fsm.ConsumerGroup(req.Group); len(g.Members) > 0 || s.consumers.live(req.Group, now) {
 		return api.ConsumerGroupInfo{}, &protocol.Error{Status: protocol.StatusGroupActive,
 			Message: fmt.Sprintf("consumer group %q has %d live members; stop them (or wait for their sessions to run out) before resetting its offsets",

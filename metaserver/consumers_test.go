@@ -34,6 +34,13 @@ func consumerMeta(t *testing.T, queues int) (*testcluster.Meta, *client.Client, 
 	return m, cl, s, func(d time.Duration) { judged(t, m, clk, s, d) }
 }
 
+// joinAndLeave makes group exist with no member: member joins and leaves.
+func joinAndLeave(t *testing.T, cl *client.Client, group, member string) {
+	t.Helper()
+	join(t, cl, group, member, nil)
+	join(t, cl, group, member, func(hb *api.ConsumerHeartbeat) { hb.Leave = true })
+}
+
 func join(t *testing.T, cl *client.Client, group, member string, edit func(*api.ConsumerHeartbeat)) api.ConsumerHeartbeatReply {
 	t.Helper()
 	hb := api.ConsumerHeartbeat{Group: group, Member: member, Topics: []string{"orders"}}
@@ -222,6 +229,14 @@ func TestConsumerBadInput(t *testing.T) {
 	if _, err := cl.ConsumerGroups(ctx, "nope"); !errors.Is(err, protocol.ErrNotFound) {
 		t.Fatalf("describe of an unknown group: %v", err)
 	}
+	// A reset never makes a group: its first member does.
+	if _, err := cl.ResetOffsets(ctx, api.ResetOffsetsRequest{Group: "cg", Offsets: []api.QueueOffset{{Topic: "orders"}}}); !errors.Is(err, protocol.ErrNotFound) {
+		t.Fatalf("reset of a group that does not exist: %v", err)
+	}
+	if gs, err := cl.ConsumerGroups(ctx, ""); err != nil || len(gs) != 0 {
+		t.Fatalf("a refused reset left groups: %+v, %v", gs, err)
+	}
+	joinAndLeave(t, cl, "cg", "a")
 	for _, c := range []struct {
 		name string
 		req  api.ResetOffsetsRequest
@@ -338,6 +353,7 @@ func TestOffsetsSurviveRestartFromSnapshot(t *testing.T) {
 		}
 		return true
 	})
+	joinAndLeave(t, cl, "other", "x")
 	if _, err := cl.ResetOffsets(ctx, api.ResetOffsetsRequest{Group: "other", Offsets: []api.QueueOffset{{Topic: "orders", Queue: 1, Offset: 8}}}); err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,7 @@ func (s *Server) routes() {
 	handle(s, protocol.CodeCommitOffsets, true, s.commitOffsets)
 	handle(s, protocol.CodeConsumerGroups, true, s.consumerGroups)
 	handle(s, protocol.CodeResetOffsets, true, s.resetOffsets)
+	handle(s, protocol.CodeDeleteGroup, true, s.deleteConsumerGroup)
 	s.authRoutes()
 	s.groupRoutes()
 }

@@ -50,6 +50,7 @@ const (
 	CodeCommitOffsets     Code = 51 // a member commits its queues' offsets (metaserver leader)
 	CodeConsumerGroups    Code = 52 // the consumer groups: members, assignments, committed offsets
 	CodeResetOffsets      Code = 53 // an admin sets a group's offsets; only with no live members
+	CodeDeleteGroup       Code = 54 // an admin removes a consumer group with no live members
 
 	// The access control list (6x, metaserver; JSON bodies, metaserver/api).
 	CodeAdminACLSet    Code = 60 // create or replace a principal (leader)
@@ -84,6 +85,7 @@ var codeNames = map[Code]string{
 	CodeCommitOffsets:     "COMMIT_OFFSETS",
 	CodeConsumerGroups:    "CONSUMER_GROUPS",
 	CodeResetOffsets:      "RESET_OFFSETS",
+	CodeDeleteGroup:       "DELETE_GROUP",
 	CodeAdminTopics:       "ADMIN_TOPICS",
 	CodeAdminCreateTopic:  "ADMIN_CREATE_TOPIC",
 	CodeAdminAddQueues:    "ADMIN_ADD_QUEUES",

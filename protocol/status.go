@@ -64,6 +64,10 @@ const (
 	// record it names as its last is not the master's record there): it
 	// cannot follow without an operator setting its log aside (resync).
 	StatusLogDiverged Status = 26
+	// StatusMemberFenced: a newer instance of this consumer group member
+	// (the same member id, a later incarnation) has joined: this one must
+	// stop.
+	StatusMemberFenced Status = 27
 )
 
 // statusFlags are the columns of the status table.
@@ -127,6 +131,7 @@ var statusTable = [...]statusInfo{
 	StatusStaleGeneration:    {"STALE_GENERATION", 0},
 	StatusGroupActive:        {"GROUP_ACTIVE", 0},
 	StatusLogDiverged:        {"LOG_DIVERGED", 0},
+	StatusMemberFenced:       {"MEMBER_FENCED", 0},
 }
 
 // String returns the status's name, e.g. "READ_ONLY".
@@ -240,6 +245,7 @@ var (
 	ErrStaleGeneration  = &Error{Status: StatusStaleGeneration}
 	ErrGroupActive      = &Error{Status: StatusGroupActive}
 	ErrLogDiverged      = &Error{Status: StatusLogDiverged}
+	ErrMemberFenced     = &Error{Status: StatusMemberFenced}
 
 	// ErrFrameTooLarge marks a frame or header over its cap. It is also a
 	// MESSAGE_TOO_LARGE status when it crosses the wire.

@@ -42,6 +42,7 @@ func TestStatusColumns(t *testing.T) {
 		StatusStaleGeneration:    {"STALE_GENERATION", false, false, false, false},
 		StatusGroupActive:        {"GROUP_ACTIVE", false, false, false, false},
 		StatusLogDiverged:        {"LOG_DIVERGED", false, false, false, false},
+		StatusMemberFenced:       {"MEMBER_FENCED", false, false, false, false},
 	}
 	for s := Status(0); s < 1<<10; s++ {
 		w, known := want[s]

@@ -595,7 +595,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 			if err != nil {
 				return res, err
 			}
-			_, err = cl.ResetOffsets(mctx, api.ResetOffsetsRequest{Group: bc.group, Offsets: backlogFrom})
+			_, err = cl.ResetOffsets(mctx, api.ResetOffsetsRequest{Group: bc.group, Offsets: backlogFrom, Create: true})
 			done()
 			if err != nil {
 				return res, fmt.Errorf("start the group %s at the queues' ends before the run: %w", bc.group, err)

@@ -12,7 +12,9 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/ferrymq/ferrymq/consumer"
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
@@ -181,6 +183,15 @@ func (b *benchConsumers) stop() {
 	}
 	b.wg.Wait()
 	b.cancel = nil
+	if b.o.group == "" {
+		// The run's own group: its members left as they closed.
+		if mc, err := client.New(client.Config{Addrs: b.metas, Transport: transport.ClientConfig{TLS: b.tls, Token: b.token}}); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = mc.DeleteConsumerGroup(ctx, b.group)
+			cancel()
+			_ = mc.Close()
+		}
+	}
 }
 
 func (b *benchConsumers) result(from time.Time, sent int64, backlog bool) *consumeResult {

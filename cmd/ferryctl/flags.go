@@ -352,4 +352,5 @@ var argKinds = map[string]string{
 	"broker retire-group": "broker group",
 	"group describe":      "consumer group",
 	"group reset-offsets": "consumer group",
+	"group delete":        "consumer group",
 }

@@ -109,9 +109,29 @@ func newGroupsCommand(g *globalOptions) *cobra.Command {
 }
 
 func newGroupCommand(g *globalOptions) *cobra.Command {
-	cmd := &cobra.Command{Use: "group", Short: "Inspect a consumer group and reset its offsets"}
-	cmd.AddCommand(newGroupDescribeCommand(g), newGroupResetOffsetsCommand(g))
+	cmd := &cobra.Command{Use: "group", Short: "Inspect a consumer group, reset its offsets, or delete it"}
+	cmd.AddCommand(newGroupDescribeCommand(g), newGroupResetOffsetsCommand(g), newGroupDeleteCommand(g))
 	return cmd
+}
+
+func newGroupDeleteCommand(g *globalOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:   "delete GROUP",
+		Short: "Delete a consumer group and its committed offsets (refused while it has live members)",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
+			if err := cl.DeleteConsumerGroup(ctx, args[0]); err != nil {
+				return err
+			}
+			return g.printer().print(groupDeleted{Group: args[0], Deleted: true}, []string{"GROUP", "DELETED"}, [][]string{{args[0], "yes"}})
+		}),
+	}
+}
+
+// groupDeleted is what 'group delete' prints with --json.
+type groupDeleted struct {
+	Group   string `json:"group"`
+	Deleted bool   `json:"deleted"`
 }
 
 func newGroupDescribeCommand(g *globalOptions) *cobra.Command {

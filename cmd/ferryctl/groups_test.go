@@ -323,7 +323,7 @@ func TestResetToTime(t *testing.T) {
 
 	for _, arg := range []string{fmt.Sprint(at.UnixMilli()), at.UTC().Format(time.RFC3339Nano)} {
 		var r resetJSON
-		out := mustCtl(t, meta, "group", "reset-offsets", "late", "--topic", "clock", "--to-time", arg, "--json")
+		out := mustCtl(t, meta, "group", "reset-offsets", "late", "--topic", "clock", "--to-time", arg, "--create", "--json")
 		if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Offsets) != 1 || r.Offsets[0].Offset != 5 || r.Offsets[0].LogEnd != 8 {
 			t.Fatalf("--to-time %s: %+v %v\n%s", arg, r, err, out)
 		}

@@ -202,6 +202,7 @@ var flagCases = map[string]flagCase{
 	"group reset-offsets/to-earliest": {[]string{"group", "reset-offsets", "g", "--topic", "t"}, trueOnly},
 	"group reset-offsets/to-latest":   {[]string{"group", "reset-offsets", "g", "--topic", "t"}, trueOnly},
 	"group reset-offsets/dry-run":     {[]string{"group", "reset-offsets", "g", "--topic", "t", "--to-earliest"}, anyBool},
+	"group reset-offsets/create":      {[]string{"group", "reset-offsets", "g", "--topic", "t", "--to-earliest"}, anyBool},
 
 	// certs dials nothing: into a directory that cannot be made, what its
 	// flags take fails writing (1).
@@ -263,6 +264,7 @@ var argCases = map[string]flagCase{
 	"groups":              {nil, nil},
 	"group describe":      {[]string{"group", "describe", "ARG"}, consumerName},
 	"group reset-offsets": {[]string{"group", "reset-offsets", "ARG", "--topic", "t", "--to-earliest"}, consumerName},
+	"group delete":        {[]string{"group", "delete", "ARG"}, consumerName},
 	"consume":             {[]string{"consume", "ARG", "--group", "g"}, topicName},
 	"acl add":             {[]string{"acl", "add", "ARG", "--perm", "describe"}, principalName},
 	"acl grant":           {[]string{"acl", "grant", "ARG", "--perm", "describe"}, principalName},

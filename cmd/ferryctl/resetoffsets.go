@@ -26,6 +26,7 @@ type resetOptions struct {
 	offset   int64
 	at       string
 	dryRun   bool
+	create   bool
 }
 
 // resetTarget says where reset-offsets moves each queue.
@@ -63,7 +64,8 @@ them, or those given with --queues), computed from the brokers:
   --to-latest     the queue's log end (the next offset to be written)
   --to-offset N   N, clamped to the queue's range
   --to-time T     the first message stored at or after T (RFC 3339, or unix ms)
-The group must have no live members: stop its consumers first.`,
+The group must have no live members: stop its consumers first. A group that
+does not exist is refused (a mistyped name makes no group) unless --create.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			target, err := o.target(cmd)
@@ -86,6 +88,7 @@ The group must have no live members: stop its consumers first.`,
 	f.Int64Var(&o.offset, "to-offset", 0, "this offset, clamped to each queue's range")
 	f.StringVar(&o.at, "to-time", "", "the first message stored at or after this time: RFC 3339 (2006-01-02T15:04:05Z) or unix milliseconds")
 	f.BoolVar(&o.dryRun, "dry-run", false, "print the offsets without setting them")
+	f.BoolVar(&o.create, "create", false, "make the group if it does not exist (so that its first members start at these offsets)")
 	_ = cmd.MarkFlagRequired("topic")
 	c := g.checker(f)
 	c.name("topic", topicWant, checkTopic)
@@ -105,6 +108,7 @@ The group must have no live members: stop its consumers first.`,
 	c.bool("to-earliest")
 	c.bool("to-latest")
 	c.bool("dry-run")
+	c.bool("create")
 	return cmd
 }
 
@@ -204,7 +208,7 @@ func resetOffsets(ctx context.Context, g *globalOptions, cl *client.Client, grou
 	}
 
 	if !o.dryRun {
-		req := api.ResetOffsetsRequest{Group: group}
+		req := api.ResetOffsetsRequest{Group: group, Create: o.create}
 		for _, r := range res.Offsets {
 			req.Offsets = append(req.Offsets, api.QueueOffset{Topic: o.topic, Queue: r.Queue, Offset: r.Offset})
 		}

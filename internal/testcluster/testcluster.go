@@ -35,6 +35,7 @@ func MetaConfig(id, dir string) metaserver.Config {
 		ID: id, Dir: dir, RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
 		AutoCreateTopics: true, DefaultQueues: 4,
 		SessionTimeout: time.Second, LagBytes: 64 << 20, LagTime: time.Second, RecoverHeartbeats: 2,
+		ConsumerJoinWindow:   200 * time.Millisecond,
 		JudgeInterval:        50 * time.Millisecond,
 		RaftHeartbeatTimeout: 300 * time.Millisecond, RaftElectionTimeout: 300 * time.Millisecond,
 		RaftLeaderLeaseTimeout: 150 * time.Millisecond,

@@ -13,6 +13,14 @@ package api
 // commit in an older generation, or for a queue not assigned to the member
 // in it, is refused with STALE_GENERATION: the member heartbeats and takes
 // its new assignment.
+//
+// A member that names its Incarnation (the SDK does) gets one owner at a
+// time (fsm/handover.go): a reply lists only the queues it holds; a queue
+// that moved to it from another member comes once that member released it
+// (Released in its heartbeat, after its last handler call of the queue
+// returned and it committed) or left; its commits are accepted for the
+// queues it holds, whatever the generation; a newer incarnation of the same
+// member id fences the older (MEMBER_FENCED).
 
 // ConsumerHeartbeat is a member's heartbeat.
 type ConsumerHeartbeat struct {
@@ -32,6 +40,19 @@ type ConsumerHeartbeat struct {
 	// Leave leaves the group now (Close): the member's queues go to the
 	// other members without waiting for its session to run out.
 	Leave bool `json:"leave,omitempty"`
+	// Incarnation identifies this instance of the member (the SDK's start
+	// time in unix nanoseconds; 0: a member that does not hand queues over,
+	// from before one owner at a time).
+	Incarnation uint64 `json:"incarnation,omitempty"`
+	// Released are queues the member was asked to let go and stopped: its
+	// last handler call of each returned and its offset was committed.
+	Released []QueueRef `json:"released,omitempty"`
+}
+
+// QueueRef names one queue of a topic.
+type QueueRef struct {
+	Topic string `json:"topic"`
+	Queue uint32 `json:"queue"`
 }
 
 // ConsumerHeartbeatReply is the member's assignment in the group's current
@@ -41,6 +62,17 @@ type ConsumerHeartbeatReply struct {
 	Assignment []QueueAssignment `json:"assignment"`
 	// SessionMillis is the session the leader applies to this member.
 	SessionMillis int64 `json:"session_ms"`
+	// Waiting counts queues the member owns that another member still
+	// holds (it takes them once they are released): the member heartbeats
+	// again soon.
+	Waiting int `json:"waiting,omitempty"`
+	// JoinWindowMillis is how long the group's join window stays open (0:
+	// closed): members joining meanwhile share the first assignment.
+	JoinWindowMillis int64 `json:"join_window_ms,omitempty"`
+	// Release are the queues this member instance still holds for others:
+	// it stops them (or, if it never took them, has nothing to stop) and
+	// reports them Released.
+	Release []QueueRef `json:"release,omitempty"`
 }
 
 // QueueAssignment is one queue a member consumes in a generation, with the
@@ -73,6 +105,10 @@ type QueueOffset struct {
 	// EpochGroup (commits) is the broker group Epoch is of: a commit read
 	// in a group the queue has since left records no epoch.
 	EpochGroup string `json:"epoch_group,omitempty"`
+	// Rewound (commits) says the broker sent the member below the
+	// committed offset (the queue's log ends before it): the registry
+	// takes the lower offset from the queue's holder.
+	Rewound bool `json:"rewound,omitempty"`
 }
 
 // CommitRequest commits offsets for queues the member holds in Generation.
@@ -82,6 +118,16 @@ type CommitRequest struct {
 	Member     string        `json:"member"`
 	Generation uint64        `json:"generation"`
 	Offsets    []QueueOffset `json:"offsets"`
+	// Incarnation, when not 0, commits the queues this member instance
+	// holds, whatever the generation; an offset below the committed one is
+	// refused (STALE_GENERATION) unless read in a later broker epoch.
+	Incarnation uint64 `json:"incarnation,omitempty"`
+}
+
+// DeleteGroupRequest removes a consumer group with no member, and its
+// committed offsets.
+type DeleteGroupRequest struct {
+	Group string `json:"group"`
 }
 
 // CommitReply acknowledges a commit once it is in the registry.
@@ -114,6 +160,8 @@ type ConsumerMemberInfo struct {
 	// HeartbeatAgeMillis is the age of its last heartbeat as the leader saw
 	// it, -1 if none since this leader took over.
 	HeartbeatAgeMillis int64 `json:"heartbeat_age_ms"`
+	// Waiting are the queues it owns that another member still holds.
+	Waiting []QueueRef `json:"waiting,omitempty"`
 }
 
 // ResetOffsetsRequest sets a group's committed offsets. It is refused with
@@ -122,4 +170,7 @@ type ConsumerMemberInfo struct {
 type ResetOffsetsRequest struct {
 	Group   string        `json:"group"`
 	Offsets []QueueOffset `json:"offsets"`
+	// Create makes the group if it does not exist; without it such a group
+	// is refused NOT_FOUND, so a mistyped name makes no group.
+	Create bool `json:"create,omitempty"`
 }

@@ -454,6 +454,13 @@ func (c *Client) ConsumerGroups(ctx context.Context, group string) ([]api.Consum
 	return decode[[]api.ConsumerGroupInfo](c.call(ctx, protocol.CodeConsumerGroups, api.ConsumerGroupsRequest{Group: group}, true))
 }
 
+// DeleteConsumerGroup removes a consumer group and its committed offsets; a
+// group with live members is refused GROUP_ACTIVE.
+func (c *Client) DeleteConsumerGroup(ctx context.Context, group string) error {
+	_, err := c.call(ctx, protocol.CodeDeleteGroup, api.DeleteGroupRequest{Group: group}, true)
+	return err
+}
+
 // ResetOffsets sets a group's committed offsets; a group with live members
 // gets protocol.ErrGroupActive (leader).
 func (c *Client) ResetOffsets(ctx context.Context, req api.ResetOffsetsRequest) (api.ConsumerGroupInfo, error) {

@@ -220,6 +220,18 @@ func Decode(b []byte) (Command, error) {
 		c = &ResyncBroker{}
 	case TypeResyncDone:
 		c = &ResyncDone{}
+	case TypeJoinMember:
+		c = &JoinMember{}
+	case TypeLeaveMember:
+		c = &LeaveMember{}
+	case TypeCommitHeld:
+		c = &CommitHeld{}
+	case TypeReleaseQueues:
+		c = &ReleaseQueues{}
+	case TypeSettleGroup:
+		c = &SettleGroup{}
+	case TypeDeleteGroup:
+		c = &DeleteGroup{}
 	case TypeJoinGroup:
 		c = &JoinGroup{}
 	case TypeLeaveGroup:

@@ -46,6 +46,15 @@ type ConsumerGroup struct {
 	// epoch can send it back if a failover cut the log below the offset.
 	Epochs    map[string]map[uint32]uint32 `json:"epochs,omitempty"`
 	ChangedAt int64                        `json:"changed_at"` // unix ms of the last generation, stamped by the leader
+	// Cooperative: the group keeps one owner at a time (handover.go): a
+	// queue changes holder only once its earlier holder released it.
+	Cooperative bool `json:"cooperative,omitempty"`
+	// Releasing holds, by topic and queue, the earlier holder that must
+	// release a queue before its owner in the current generation takes it.
+	Releasing map[string]map[uint32]Holder `json:"releasing,omitempty"`
+	// JoinUntil (unix ms, 0: closed) is the end of the join window of a
+	// group that had no member: joins wait for it (SettleGroup).
+	JoinUntil int64 `json:"join_until,omitempty"`
 }
 
 // ConsumerMember is one member of a consumer group.
@@ -55,6 +64,9 @@ type ConsumerMember struct {
 	// new leader knows it before the member's next heartbeat).
 	SessionMillis int64 `json:"session_ms"`
 	JoinedAt      int64 `json:"joined_at"`
+	// Incarnation is the member's current incarnation (handover.go); 0 for
+	// a member that joined by JoinGroup.
+	Incarnation uint64 `json:"incarnation,omitempty"`
 }
 
 // QueueOffset is a queue's offset in a commit or a reset.
@@ -67,6 +79,9 @@ type QueueOffset struct {
 	// the queue's group). An epoch of another group than the queue's now
 	// (the queue moved since it was read) is recorded as unknown.
 	EpochGroup string `json:"epoch_group,omitempty"`
+	// Rewound (CommitHeld): the broker sent the holder below the committed
+	// offset (the queue's log ends before it), so a lower offset is taken.
+	Rewound bool `json:"rewound,omitempty"`
 }
 
 // JoinGroup adds a member to a group (creating the group) or updates its
@@ -161,6 +176,12 @@ func (g *ConsumerGroup) clone() *ConsumerGroup {
 		c.Epochs = make(map[string]map[uint32]uint32, len(g.Epochs))
 		for t, qs := range g.Epochs {
 			c.Epochs[t] = maps.Clone(qs)
+		}
+	}
+	if g.Releasing != nil {
+		c.Releasing = make(map[string]map[uint32]Holder, len(g.Releasing))
+		for t, qs := range g.Releasing {
+			c.Releasing[t] = maps.Clone(qs)
 		}
 	}
 	return &c
@@ -395,8 +416,16 @@ func (f *FSM) topicGrew(topic string, at int64) int {
 	return n
 }
 
-// rebalance moves g to its next generation with a new assignment.
+// rebalance moves g to its next generation with a new assignment; in a
+// cooperative group, queues whose owner changed wait for their holder to
+// release them (handOver).
 func (f *FSM) rebalance(g *ConsumerGroup, at int64) {
+	prev := g.Assignment
+	defer func() {
+		if g.Cooperative {
+			g.handOver(prev, at)
+		}
+	}()
 	g.Generation++
 	g.ChangedAt = at
 	next := make(map[string][]string)

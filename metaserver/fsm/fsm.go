@@ -298,6 +298,18 @@ func (f *FSM) apply(c Command) any {
 		return f.resyncBroker(c)
 	case *ResyncDone:
 		return f.resyncDone(c)
+	case *JoinMember:
+		return f.joinMember(c)
+	case *LeaveMember:
+		return f.leaveMember(c)
+	case *CommitHeld:
+		return f.commitHeld(c)
+	case *ReleaseQueues:
+		return f.releaseQueues(c)
+	case *SettleGroup:
+		return f.settleGroup(c)
+	case *DeleteGroup:
+		return f.deleteGroup(c)
 	case *JoinGroup:
 		return f.joinGroup(c)
 	case *LeaveGroup:

@@ -227,6 +227,7 @@ var allowedLabels = map[string][]string{
 	"ferrymq_metaserver_failover_refusals_total":   {"reason"},
 	"ferrymq_metaserver_consumer_group_members":    {"group"},
 	"ferrymq_metaserver_consumer_group_generation": {"group"},
+	"ferrymq_metaserver_consumer_queues_waiting":   {"group"},
 	"ferrymq_metaserver_consumer_committed_offset": {"group", "queue", "topic"},
 }
 

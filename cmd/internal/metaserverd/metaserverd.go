@@ -64,6 +64,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.Int64Var(&maxLoss, "failover-max-loss", -1, "most bytes of NORMAL messages a promotion may lose, by the last reports; 0: only a slave that had everything (default: -lag-bytes)")
 	fs.DurationVar(&cfg.FailoverMargin, "failover-margin", def.FailoverMargin, "how long past -session the leader waits before it promotes")
 	fs.DurationVar(&cfg.ConsumerSession, "consumer-session", def.ConsumerSession, "a consumer group member unheard of this long leaves its group (when it asks for no session of its own; 1s to 5m)")
+	fs.DurationVar(&cfg.ConsumerJoinWindow, "consumer-join-window", def.ConsumerJoinWindow, "a consumer group with no member waits this long from its first member's join for others before its first assignment (negative: not at all)")
 	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
 	fs.StringVar(&pprofAddr, "pprof", "", cli.PprofHelp)
 	logf.Register(fs)
@@ -138,7 +139,7 @@ var raftStates = []string{"Follower", "Candidate", "Leader", "Shutdown"}
 func register(m *cli.Metrics, s *metaserver.Server) {
 	registerRaft(m.Registry, s.RaftStatus)
 	m.CounterFunc("ferrymq_metaserver_heartbeats_total", "Broker heartbeats taken as leader.", func() float64 { return float64(s.Heartbeats()) })
-	m.Registry.MustRegister(groupCollector{s}, s.RouteLookupDuration())
+	m.Registry.MustRegister(groupCollector{s}, s.RouteLookupDuration(), s.ConsumerHandover())
 	m.CounterFunc("ferrymq_metaserver_failover_promotions_total", "Slaves promoted to master by this node as leader.",
 		func() float64 { return float64(s.Failovers().Promotions) })
 	m.CounterFunc("ferrymq_metaserver_failover_lost_bytes_total",
@@ -204,18 +205,27 @@ var (
 		"The consumer group's generation: it grows by one at every rebalance.", []string{"group"}, nil)
 	consumerOffsetDesc = prometheus.NewDesc("ferrymq_metaserver_consumer_committed_offset",
 		"The consumer group's committed offset of a queue: the next offset it will consume.", []string{"group", "topic", "queue"}, nil)
+	consumerWaitingDesc = prometheus.NewDesc("ferrymq_metaserver_consumer_queues_waiting",
+		"Queues of the consumer group whose owner waits for their earlier holder to release them (one owner at a time): nobody delivers them meanwhile.",
+		[]string{"group"}, nil)
 )
 
 func (c consumerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- consumerMembersDesc
 	ch <- consumerGenerationDesc
 	ch <- consumerOffsetDesc
+	ch <- consumerWaitingDesc
 }
 
 func (c consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, g := range c.s.FSM().ConsumerGroups() {
 		ch <- prometheus.MustNewConstMetric(consumerMembersDesc, prometheus.GaugeValue, float64(len(g.Members)), g.Name)
 		ch <- prometheus.MustNewConstMetric(consumerGenerationDesc, prometheus.GaugeValue, float64(g.Generation), g.Name)
+		waiting := 0
+		for _, qs := range g.Releasing {
+			waiting += len(qs)
+		}
+		ch <- prometheus.MustNewConstMetric(consumerWaitingDesc, prometheus.GaugeValue, float64(waiting), g.Name)
 		for _, o := range g.Committed() {
 			ch <- prometheus.MustNewConstMetric(consumerOffsetDesc, prometheus.GaugeValue, float64(o.Offset), g.Name, o.Topic, strconv.FormatUint(uint64(o.Queue), 10))
 		}
