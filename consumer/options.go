@@ -204,8 +204,18 @@ func MetaAddrs(addrs ...string) Opt {
 
 // MemberID names this member in its group (at most 255 bytes). Default:
 // hostname-pid-random, new for every New. Two live consumers of one group
-// must not share an id.
+// must not share an id; a stable id across restarts is InstanceID.
 func MemberID(id string) Opt { return optFunc(func(c *config) { c.member = id }) }
+
+// InstanceID gives this member a stable id (at most 255 bytes): a consumer
+// restarted with the same InstanceID within its Session keeps its queues,
+// with no rebalance of the others (Kafka's static membership). The new
+// instance fences the old one (MEMBER_FENCED ends the old one's Run), and
+// takes the queues once the old instance released them (a clean Close does)
+// or its session ran out (a crashed or paused one), so the two never
+// deliver a queue at once. Two live consumers of one group must not share
+// an InstanceID. It sets the member id (MemberID).
+func InstanceID(id string) Opt { return optFunc(func(c *config) { c.member = id }) }
 
 // StartFrom says where a queue the group has no committed offset for
 // starts: Earliest (its oldest stored message) or Latest (its end, so only
