@@ -146,9 +146,14 @@ func (l *Log) checkRecovered(k queueKey, e Entry, now int64) (skip, applyStamp b
 		return false, false
 	}
 	_, st := l.prod.find(k, e.Producer.ID)
-	switch v, _, _ := l.prod.check(st, e.Producer, now); v {
+	switch v, qo, _ := l.prod.check(st, e.Producer, now); v {
 	case duplicate:
-		return true, false
+		// Stored only if a remembered run holds it: a sequence below the
+		// runs may be one the state never had (the producer's first
+		// messages to this queue were all in the cut tail, and its next one
+		// started the state here). The message id checks (the caller's
+		// read of the log, and the watch) decide those.
+		return qo >= 0, false
 	case accept:
 		return false, true
 	}

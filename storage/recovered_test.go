@@ -90,6 +90,18 @@ func TestRecoveredEntries(t *testing.T) {
 		t.Fatalf("watches left: %v", l.watches)
 	}
 
+	// A producer whose first message to a queue was only in the cut tail:
+	// its next one started the state here, and the recovered first one,
+	// below the state's run, is stored, not taken for a duplicate.
+	p3 := func(seq int64) ProducerStamp { return ProducerStamp{ID: 3, Epoch: 0, Seq: seq} }
+	mustAppend(t, l, []Entry{msg(2, p3(1), "q1")}, false)
+	if p := mustAppend(t, l, []Entry{recovered(msg(2, p3(0), "q0"))}, false); p[0].Duplicate {
+		t.Fatal("a recovered message below its producer's first run here was dropped as a duplicate")
+	}
+	if p := mustAppend(t, l, []Entry{recovered(msg(2, p3(1), "q1"))}, false); !p[0].Duplicate {
+		t.Fatal("a recovered message of a remembered run was stored again")
+	}
+
 	// Reads say which records were recovered.
 	es, err := l.Read("r", 0, 0, 1<<20)
 	if err != nil {
