@@ -74,6 +74,18 @@ type load struct {
 	// storedTwice, set by check, is how many message ids are stored more
 	// than once across the topic's queues, flagged PossibleDuplicate or not.
 	storedTwice int
+	// recoveredN, set by check, is how many stored messages a new master
+	// appended again from a former master's cut tail.
+	recoveredN int
+}
+
+// tb is what the checks need of a test: *testing.T and *rapid.T have it.
+type tb interface {
+	Helper()
+	Logf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Fatal(args ...any)
 }
 
 func startLoad(t *testing.T, c *localCluster, cfg loadConfig) *load {
@@ -194,7 +206,7 @@ type storedMsg struct {
 
 // readAll reads every queue of the topic from its master through PULL, from
 // its first offset to its end.
-func readAll(t *testing.T, c *localCluster, topic string) [][]storedMsg {
+func readAll(t tb, c *localCluster, topic string) [][]storedMsg {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -265,7 +277,12 @@ func (v *violations) addN(kind string, n int, format string, args ...any) {
 // broken promise. It returns the acknowledged messages that are not stored
 // and that l.lostOK accepts as lost, and sets l.storedTwice.
 func (l *load) check(c *localCluster, name string) (lost []outcome) {
-	t := l.t
+	l.t.Helper()
+	return l.checkOn(l.t, c, name)
+}
+
+// checkOn is check reporting to t.
+func (l *load) checkOn(t tb, c *localCluster, name string) (lost []outcome) {
 	t.Helper()
 	queues := readAll(t, c, l.cfg.topic)
 	l.mu.Lock()
@@ -442,6 +459,7 @@ func (l *load) check(c *localCluster, name string) (lost []outcome) {
 			lastSeq[k], seqOf[k] = pos{m.queue, m.offset}, m.stamp.Seq
 		}
 	}
+	l.recoveredN = recovered
 	if unstamped > 0 {
 		v.addN("unstamped messages", unstamped, "%d of %d stored messages carry no producer stamp", unstamped, stored)
 	}
