@@ -77,6 +77,16 @@ type load struct {
 	// recoveredN, set by check, is how many stored messages a new master
 	// appended again from a former master's cut tail.
 	recoveredN int
+	// flaggedTwice, set by check, is every acknowledged message stored more
+	// than once whose result said PossibleDuplicate, with its copies.
+	flaggedTwice []flaggedCopies
+}
+
+// flaggedCopies is a message stored more than once whose result said it
+// might be.
+type flaggedCopies struct {
+	o      outcome
+	copies []storedMsg
 }
 
 // tb is what the checks need of a test: *testing.T and *rapid.T have it.
@@ -295,6 +305,7 @@ func (l *load) checkOn(t tb, c *localCluster, name string) (lost []outcome) {
 	ids := map[string]int{}
 	stored := 0
 	l.storedTwice = 0
+	l.flaggedTwice = nil
 	for _, q := range queues {
 		for _, m := range q {
 			where[m.tid] = append(where[m.tid], m)
@@ -378,6 +389,7 @@ func (l *load) checkOn(t tb, c *localCluster, name string) (lost []outcome) {
 			v.add("stored but never sent", "%s at %v", tid, at)
 		case o.err == nil && o.res.PossibleDuplicate:
 			possDupStoredTwice++
+			l.flaggedTwice = append(l.flaggedTwice, flaggedCopies{*o, copies})
 		case o.err != nil:
 			v.add("stored twice", "%s at %v (failed: %v)", tid, at, o.err)
 		default:
