@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # cluster.sh: a whole ferrymq cluster on this machine, as real processes on
-# 127.0.0.1: 3 metaservers and 2 broker groups (a master and a slave each).
+# 127.0.0.1: 3 metaservers and 2 broker groups (a master and a slave each;
+# FERRY_GROUPS sets how many).
 #
 #   scripts/cluster.sh start    build the binaries, start every process, wait until ready
 #   scripts/cluster.sh stop     stop every process this script started, by its PID
@@ -12,7 +13,12 @@
 #
 # Environment:
 #   FERRY_HOME       data, logs, PIDs and binaries (default: .cluster in the repository)
-#   FERRY_BASE_PORT  first port of the 60 the cluster uses (default 7100)
+#   FERRY_BASE_PORT  first port of the 60 the cluster uses (default 7100; more past 4 groups, see below)
+#   FERRY_GROUPS     broker groups g1..gN, each a master and a slave (default 2)
+#   FERRY_HEARTBEAT, FERRY_SESSION, FERRY_FAILOVER_MARGIN, FERRY_LAG_TIME
+#                    the brokers' -heartbeat (default 1s), the session of the brokers and the
+#                    metaservers (-session, default 4s), the metaservers' -failover-margin (default
+#                    500ms) and -lag-time (default 5s): Go durations
 #   FERRY_FLUSH      brokers' flush mode, async or sync (default async)
 #   FERRY_FAILOVER   on (default): the metaservers promote a lost master's slave; off: the group
 #                    stays read-only until its master is back
@@ -33,8 +39,10 @@
 #                    script's ferryctl --token-file auth/admin.token. Give status and stop the same
 #                    FERRY_AUTH. Default 0: off
 #
-# Ports, from BASE: metaserver RPC +1..+3, raft +11..+13, metrics +21..+23;
-# brokers (g1 master, g1 slave, g2 master, g2 slave) data +31..+34, HA +41..+44, metrics +51..+54.
+# Ports, from BASE: metaserver RPC +1..+3, raft +11..+13, metrics +21..+23; broker j (g1 master 1,
+# g1 slave 2, g2 master 3, g2 slave 4, ..., gN slave 2N): data +30+j, HA +40+j, metrics +50+j for
+# j <= 9 (the default 2 groups: data +31..+34, HA +41..+44, metrics +51..+54); from the tenth
+# broker on (FERRY_GROUPS > 4), data +60+3(j-10), HA the port after, metrics the one after that.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,11 +54,37 @@ AUTO_CREATE="${FERRY_AUTO_CREATE:-0}"
 ADMIT="${FERRY_ADMIT_GROUPS:-auto}"
 TLS="${FERRY_TLS:-0}"
 AUTH="${FERRY_AUTH:-0}"
+GROUPS_N="${FERRY_GROUPS:-2}"
+HEARTBEAT="${FERRY_HEARTBEAT:-1s}"
+SESSION="${FERRY_SESSION:-4s}"
+MARGIN="${FERRY_FAILOVER_MARGIN:-500ms}"
+LAG_TIME="${FERRY_LAG_TIME:-5s}"
 BIN="$FERRY_HOME/bin"
 PIDS="$FERRY_HOME/pids"
 LOGS="$FERRY_HOME/logs"
 META="127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))"
-BROKERS=(g1:master g1:slave g2:master g2:slave)
+if ! [[ "$GROUPS_N" =~ ^[1-9][0-9]?$ ]]; then
+  echo "cluster.sh: FERRY_GROUPS=$GROUPS_N: want 1 to 99" >&2
+  exit 2
+fi
+BROKERS=()
+for ((i = 1; i <= GROUPS_N; i++)); do
+  BROKERS+=("g$i:master" "g$i:slave")
+done
+
+# broker_port KIND J: the data, ha or metrics port of broker J (1-based, in BROKERS' order).
+broker_port() {
+  local off=0
+  case "$1" in
+  ha) off=1 ;;
+  metrics) off=2 ;;
+  esac
+  if [ "$2" -le 9 ]; then
+    echo $((BASE + 30 + 10 * off + $2))
+  else
+    echo $((BASE + 60 + 3 * ($2 - 10) + off))
+  fi
+}
 TLS_DIR="$FERRY_HOME/tls"
 CTL_TLS=()
 case "$TLS" in
@@ -115,7 +149,9 @@ make_certs() {
     return 0
   fi
   local nodes=() name
-  for name in meta-m1 meta-m2 meta-m3 g1-master g1-slave g2-master g2-slave; do
+  local spec
+  for spec in meta:m1 meta:m2 meta:m3 "${BROKERS[@]}"; do
+    name="${spec%%:*}-${spec##*:}"
     nodes+=(--node "$name=127.0.0.1,localhost")
   done
   echo "TLS: making a CA and certificates in $TLS_DIR"
@@ -179,7 +215,7 @@ start() {
     mapfile -t authf < <(auth_flags metaserver)
     launch "meta-m$i" "$BIN/ferry-metaserver" -id "m$i" -dir "$FERRY_HOME/data/meta-m$i" \
       -rpc-addr "127.0.0.1:$((BASE + i))" -raft-addr "127.0.0.1:$((BASE + 10 + i))" -peers "$peers" \
-      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" "${auto[@]}" -session 4s -lag-time 5s -failover "$FAILOVER" -failover-margin 500ms -admit-groups "$ADMIT" \
+      -metrics-addr "127.0.0.1:$((BASE + 20 + i))" "${auto[@]}" -session "$SESSION" -lag-time "$LAG_TIME" -failover "$FAILOVER" -failover-margin "$MARGIN" -admit-groups "$ADMIT" \
       "${tlsf[@]}" "${authf[@]}"
   done
   local j=0 spec group role
@@ -190,18 +226,20 @@ start() {
     mapfile -t tlsf < <(tls_flags "$group-$role")
     mapfile -t authf < <(auth_flags broker)
     launch "$group-$role" "$BIN/ferry-broker" -id "$group-$role" -group "$group" -role "$role" \
-      -dir "$FERRY_HOME/data/$group-$role" -addr "127.0.0.1:$((BASE + 30 + j))" -ha-addr "127.0.0.1:$((BASE + 40 + j))" \
-      -metrics-addr "127.0.0.1:$((BASE + 50 + j))" -meta "$META" -flush "$FLUSH" -heartbeat 1s -session 4s "${tlsf[@]}" "${authf[@]}"
+      -dir "$FERRY_HOME/data/$group-$role" -addr "127.0.0.1:$(broker_port data $j)" -ha-addr "127.0.0.1:$(broker_port ha $j)" \
+      -metrics-addr "127.0.0.1:$(broker_port metrics $j)" -meta "$META" -flush "$FLUSH" -heartbeat "$HEARTBEAT" -session "$SESSION" "${tlsf[@]}" "${authf[@]}"
   done
   wait_ready
   if [ "$ADMIT" = manual ]; then
-    ctl broker add-group g1 >/dev/null
-    ctl broker add-group g2 >/dev/null
-    echo "admitted broker groups g1 and g2 (FERRY_ADMIT_GROUPS=manual)"
+    local n
+    for n in $(seq 1 "$GROUPS_N"); do
+      ctl broker add-group "g$n" >/dev/null
+    done
+    echo "admitted broker groups g1 to g$GROUPS_N (FERRY_ADMIT_GROUPS=manual)"
   fi
 }
 
-# wait_ready waits until both groups are writable and each master reports its
+# wait_ready waits until every group is writable and each master reports its
 # slave connected (so HIGH messages are taken at once).
 wait_ready() {
   local deadline=$((SECONDS + 60)) out
@@ -215,9 +253,9 @@ wait_ready() {
       fi
     done
     if out="$(ctl --timeout 2s brokers --json 2>/dev/null)" &&
-      [ "$(grep -c '"state": "RW"' <<<"$out")" = 2 ] &&
+      [ "$(grep -c '"state": "RW"' <<<"$out")" = "$GROUPS_N" ] &&
       [ "$(grep -c '"slave_heartbeat_age_ms": -1' <<<"$out")" = 0 ] &&
-      [ "$(grep -c '"slave_connected": true' <<<"$out")" = 2 ]; then
+      [ "$(grep -c '"slave_connected": true' <<<"$out")" = "$GROUPS_N" ]; then
       echo "cluster ready: metaservers $META${CTL_TLS[*]:+ (TLS: ferryctl ${CTL_TLS[*]})}"
       return 0
     fi

@@ -403,7 +403,7 @@ var segmentName = regexp.MustCompile(`^(\d{20})\.log$`)
 
 // commitLog reads a broker's commit log from its data directory: the
 // segment files in order, which must follow each other.
-func commitLog(t *testing.T, dir string) (base int64, data []byte) {
+func commitLog(t tb, dir string) (base int64, data []byte) {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -438,7 +438,7 @@ func commitLog(t *testing.T, dir string) (base int64, data []byte) {
 
 // cutZeros returns a log's bytes up to end, checking that what follows
 // end in its files is only zeros.
-func cutZeros(t *testing.T, who string, base int64, data []byte, end int64) []byte {
+func cutZeros(t tb, who string, base int64, data []byte, end int64) []byte {
 	t.Helper()
 	n := end - base
 	if n < 0 || n > int64(len(data)) {

@@ -27,13 +27,24 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/client"
 )
 
-// freeBase finds a base port whose 60 ports are all free on 127.0.0.1.
-func freeBase(t *testing.T) int {
+// freeBase finds a base port whose span ports are all free on 127.0.0.1,
+// below the kernel's ephemeral ports: a process restarted by a test must
+// find its ports free, and an outgoing connection's local port, which the
+// kernel picks from that range, could hold one meanwhile.
+func freeBase(t *testing.T, span int) int {
 	t.Helper()
+	top := 32768 // Linux's default first ephemeral port
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if lo, err := strconv.Atoi(f[0]); err == nil && lo > 20000+span {
+				top = lo
+			}
+		}
+	}
 	for try := range 50 {
-		base := 20000 + ((os.Getpid()+try*7919)%600)*60
+		base := 20000 + ((os.Getpid()+try*7919)%((top-20000)/span-1))*span
 		ok := true
-		for p := base + 1; p < base+60 && ok; p++ {
+		for p := base + 1; p < base+span && ok; p++ {
 			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 			if err != nil {
 				ok = false
@@ -45,29 +56,63 @@ func freeBase(t *testing.T) int {
 			return base
 		}
 	}
-	t.Fatal("no free range of 60 ports")
+	t.Fatalf("no free range of %d ports", span)
 	return 0
 }
 
 // localCluster is a cluster started by scripts/cluster.sh under its own
 // FERRY_HOME (a t.TempDir) and port range.
 type localCluster struct {
-	t    *testing.T
-	root string
-	home string
-	env  []string
-	base int
-	meta string
-	mc   *client.Client
+	t      *testing.T
+	root   string
+	home   string
+	env    []string
+	base   int
+	groupN int // FERRY_GROUPS: g1..gN
+	meta   string
+	mc     *client.Client
 	// With FERRY_TLS=1: the client config of cluster.sh's ferryctl
 	// certificate (mc uses it) and ctl's flags for it.
 	tls      *tls.Config
 	tlsFlags []string
 }
 
-// brokerPorts maps cluster.sh's broker names to their index j (1..4): data
-// port BASE+30+j, HA BASE+40+j, metrics BASE+50+j.
-var brokerPorts = map[string]int{"g1-master": 1, "g1-slave": 2, "g2-master": 3, "g2-slave": 4}
+// brokerIndex is a cluster.sh broker's index j: gN-master is 2N-1, gN-slave
+// 2N (its ports: brokerPortOf).
+func brokerIndex(name string, groups int) (int, bool) {
+	g, role, ok := strings.Cut(strings.TrimPrefix(name, "g"), "-")
+	n, err := strconv.Atoi(g)
+	if !ok || err != nil || n < 1 || n > groups || !strings.HasPrefix(name, "g") {
+		return 0, false
+	}
+	switch role {
+	case "master":
+		return 2*n - 1, true
+	case "slave":
+		return 2 * n, true
+	}
+	return 0, false
+}
+
+// Broker port kinds, in cluster.sh's order.
+const (
+	portData = iota
+	portHA
+	portMetrics
+)
+
+// brokerPortOf is broker j's port of a kind, as cluster.sh lays them out:
+// BASE+30+j, +40+j, +50+j up to the ninth broker, then three a broker from
+// BASE+60.
+func brokerPortOf(base, j, kind int) int {
+	if j <= 9 {
+		return base + 30 + 10*kind + j
+	}
+	return base + 60 + 3*(j-10) + kind
+}
+
+// clusterSpan is how many ports from the base a cluster of groups uses.
+func clusterSpan(groups int) int { return 60 + 3*max(0, 2*groups-9) }
 
 // startLocalCluster runs `cluster.sh start` with extra environment
 // (e.g. FERRY_FLUSH=sync) and stops the cluster when the test ends.
@@ -77,8 +122,16 @@ func startLocalCluster(t *testing.T, extraEnv ...string) *localCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := freeBase(t)
-	c := &localCluster{t: t, root: root, home: t.TempDir(), base: base}
+	groupN := 2
+	for _, e := range extraEnv {
+		if v, ok := strings.CutPrefix(e, "FERRY_GROUPS="); ok {
+			if groupN, err = strconv.Atoi(v); err != nil {
+				t.Fatalf("%s: %v", e, err)
+			}
+		}
+	}
+	base := freeBase(t, clusterSpan(groupN))
+	c := &localCluster{t: t, root: root, home: t.TempDir(), base: base, groupN: groupN}
 	c.env = append(os.Environ(), "FERRY_HOME="+c.home, fmt.Sprintf("FERRY_BASE_PORT=%d", base))
 	c.env = append(c.env, extraEnv...)
 	c.meta = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", base+1, base+2, base+3)
@@ -175,15 +228,20 @@ func (c *localCluster) ctlExit(args ...string) (int, string, string) {
 
 func (c *localCluster) pid(name string) int {
 	c.t.Helper()
-	b, err := os.ReadFile(filepath.Join(c.home, "pids", name+".pid"))
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	pid, err := c.pidOf(name)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	return pid
+}
+
+// pidOf is the PID cluster.sh (or restart) recorded for name.
+func (c *localCluster) pidOf(name string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(c.home, "pids", name+".pid"))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
 }
 
 // signal sends sig to the process cluster.sh recorded for name.
@@ -270,9 +328,17 @@ func alive(pid int) bool {
 // cluster.sh keeps it, so `cluster.sh stop` stops it.
 func (c *localCluster) restart(name string, args []string) {
 	c.t.Helper()
+	if err := c.start(name, args); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// start is restart without the test: it returns what went wrong (a
+// goroutine other than the test's may call it).
+func (c *localCluster) start(name string, args []string) error {
 	logf, err := os.OpenFile(filepath.Join(c.home, "logs", name+".log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
-		c.t.Fatal(err)
+		return err
 	}
 	fmt.Fprintf(logf, "\n==== restarted by the test at %s ====\n", time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(args[0], args[1:]...)
@@ -280,15 +346,17 @@ func (c *localCluster) restart(name string, args []string) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		c.t.Fatalf("restart %s: %v", name, err)
-	}
-	if err := os.WriteFile(filepath.Join(c.home, "pids", name+".pid"), []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o644); err != nil {
-		c.t.Fatal(err)
+		return fmt.Errorf("restart %s: %w", name, err)
 	}
 	go func() { // reap it, whoever stops it
 		_ = cmd.Wait()
 		logf.Close()
 	}()
+	if err := os.WriteFile(filepath.Join(c.home, "pids", name+".pid"), []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o644); err != nil {
+		_ = cmd.Process.Kill() // nobody could stop it by its PID
+		return fmt.Errorf("restart %s: %w", name, err)
+	}
+	return nil
 }
 
 // groups asks the metaserver for the broker groups.
@@ -311,30 +379,31 @@ func (c *localCluster) group(name string) (api.GroupInfo, bool) {
 	return api.GroupInfo{}, false
 }
 
-// brokerPort returns a broker's index j in cluster.sh (see brokerPorts).
-func (c *localCluster) brokerPort(broker string) int {
+// brokerPort returns a broker's port of a kind (portData, portHA,
+// portMetrics).
+func (c *localCluster) brokerPort(broker string, kind int) int {
 	c.t.Helper()
-	j, ok := brokerPorts[broker]
+	j, ok := brokerIndex(broker, c.groupN)
 	if !ok {
 		c.t.Fatalf("no broker %s", broker)
 	}
-	return j
+	return brokerPortOf(c.base, j, kind)
 }
 
 // addr is a broker's data address (where producers send), as the registry
 // and producer results name it.
 func (c *localCluster) addr(broker string) string {
-	return fmt.Sprintf("127.0.0.1:%d", c.base+30+c.brokerPort(broker))
+	return fmt.Sprintf("127.0.0.1:%d", c.brokerPort(broker, portData))
 }
 
 // haAddr is a broker's HA address.
 func (c *localCluster) haAddr(broker string) string {
-	return fmt.Sprintf("127.0.0.1:%d", c.base+40+c.brokerPort(broker))
+	return fmt.Sprintf("127.0.0.1:%d", c.brokerPort(broker, portHA))
 }
 
 // dataDir is a broker's data directory (its commit log).
 func (c *localCluster) dataDir(broker string) string {
-	c.brokerPort(broker)
+	c.brokerPort(broker, portData)
 	return filepath.Join(c.home, "data", broker)
 }
 
@@ -347,7 +416,7 @@ func (c *localCluster) masterOf(group string) string {
 	if !ok || g.Master.ID == "" {
 		return ""
 	}
-	c.brokerPort(g.Master.ID)
+	c.brokerPort(g.Master.ID, portData)
 	return g.Master.ID
 }
 
@@ -381,7 +450,7 @@ func (c *localCluster) brokersJSON() map[string]api.GroupInfo {
 // metrics reads a broker's Prometheus metrics as name -> value (labels are
 // part of the name); false if the broker does not answer.
 func (c *localCluster) metrics(broker string) (map[string]float64, bool) {
-	return readMetrics(fmt.Sprintf("http://127.0.0.1:%d/metrics", c.base+50+c.brokerPort(broker)))
+	return readMetrics(fmt.Sprintf("http://127.0.0.1:%d/metrics", c.brokerPort(broker, portMetrics)))
 }
 
 // metaMetrics reads the metrics of every metaserver that answers.

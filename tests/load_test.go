@@ -74,6 +74,28 @@ type load struct {
 	// storedTwice, set by check, is how many message ids are stored more
 	// than once across the topic's queues, flagged PossibleDuplicate or not.
 	storedTwice int
+	// recoveredN, set by check, is how many stored messages a new master
+	// appended again from a former master's cut tail.
+	recoveredN int
+	// flaggedTwice, set by check, is every acknowledged message stored more
+	// than once whose result said PossibleDuplicate, with its copies.
+	flaggedTwice []flaggedCopies
+}
+
+// flaggedCopies is a message stored more than once whose result said it
+// might be.
+type flaggedCopies struct {
+	o      outcome
+	copies []storedMsg
+}
+
+// tb is what the checks need of a test: *testing.T and *rapid.T have it.
+type tb interface {
+	Helper()
+	Logf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Fatal(args ...any)
 }
 
 func startLoad(t *testing.T, c *localCluster, cfg loadConfig) *load {
@@ -194,7 +216,7 @@ type storedMsg struct {
 
 // readAll reads every queue of the topic from its master through PULL, from
 // its first offset to its end.
-func readAll(t *testing.T, c *localCluster, topic string) [][]storedMsg {
+func readAll(t tb, c *localCluster, topic string) [][]storedMsg {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -265,7 +287,12 @@ func (v *violations) addN(kind string, n int, format string, args ...any) {
 // broken promise. It returns the acknowledged messages that are not stored
 // and that l.lostOK accepts as lost, and sets l.storedTwice.
 func (l *load) check(c *localCluster, name string) (lost []outcome) {
-	t := l.t
+	l.t.Helper()
+	return l.checkOn(l.t, c, name)
+}
+
+// checkOn is check reporting to t.
+func (l *load) checkOn(t tb, c *localCluster, name string) (lost []outcome) {
 	t.Helper()
 	queues := readAll(t, c, l.cfg.topic)
 	l.mu.Lock()
@@ -278,6 +305,7 @@ func (l *load) check(c *localCluster, name string) (lost []outcome) {
 	ids := map[string]int{}
 	stored := 0
 	l.storedTwice = 0
+	l.flaggedTwice = nil
 	for _, q := range queues {
 		for _, m := range q {
 			where[m.tid] = append(where[m.tid], m)
@@ -361,6 +389,7 @@ func (l *load) check(c *localCluster, name string) (lost []outcome) {
 			v.add("stored but never sent", "%s at %v", tid, at)
 		case o.err == nil && o.res.PossibleDuplicate:
 			possDupStoredTwice++
+			l.flaggedTwice = append(l.flaggedTwice, flaggedCopies{*o, copies})
 		case o.err != nil:
 			v.add("stored twice", "%s at %v (failed: %v)", tid, at, o.err)
 		default:
@@ -442,6 +471,7 @@ func (l *load) check(c *localCluster, name string) (lost []outcome) {
 			lastSeq[k], seqOf[k] = pos{m.queue, m.offset}, m.stamp.Seq
 		}
 	}
+	l.recoveredN = recovered
 	if unstamped > 0 {
 		v.addN("unstamped messages", unstamped, "%d of %d stored messages carry no producer stamp", unstamped, stored)
 	}
