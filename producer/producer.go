@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sort"
 	"strconv"
@@ -603,13 +604,12 @@ func lastGroup(rec *record) string {
 	return rec.group
 }
 
+// fnv32 is the FNV-1a hash of s: a key's queue is fnv32(key) mod the
+// writable queues (the same function as before, so keys keep their queues).
 func fnv32(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
-		h *= 16777619
-	}
-	return h
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum32()
 }
 
 // retryOrFail schedules another attempt with backoff and jitter, or ends the
