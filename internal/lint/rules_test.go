@@ -78,4 +78,4 @@ var rules = map[string]rule{
 
 // testOnly are packages that only test files may import: a program or a
 // library that imported them would start test clusters.
-var testOnly = []string{"internal/testcluster", "internal/testlog", "internal/testwait", "internal/testmetrics", "internal/testtls"}
+var testOnly = []string{"internal/testcluster", "internal/testlog", "internal/testwait", "internal/testmetrics", "internal/testtls", "cmd/internal/clitest"}

@@ -1,13 +1,11 @@
 package brokerd
 
 import (
-	"context"
-	"io"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
+	"github.com/ferrymq/ferrymq/cmd/internal/clitest"
 	"github.com/ferrymq/ferrymq/internal/testtls"
 )
 
@@ -19,12 +17,7 @@ func TestTLSFlags(t *testing.T) {
 	base := func() []string {
 		return []string{"-id", "b", "-group", "g", "-dir", t.TempDir(), "-addr", "127.0.0.1:0", "-ha-addr", "127.0.0.1:0", "-meta", "127.0.0.1:1"}
 	}
-	// A done context: an accepted setting starts the broker and stops it.
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := Run(done, append(base(), "-tls-cert", f.Cert, "-tls-key", f.Key, "-tls-ca", f.CA), io.Discard); err != nil {
-		t.Fatalf("a broker with -tls-cert, -tls-key and -tls-ca: %v", err)
-	}
+	clitest.Accepts(t, Run, append(base(), "-tls-cert", f.Cert, "-tls-key", f.Key, "-tls-ca", f.CA))
 	missing := filepath.Join(dir, "missing.pem")
 	for _, tc := range []struct {
 		name string
@@ -35,11 +28,6 @@ func TestTLSFlags(t *testing.T) {
 		{"a CA file that is not there", []string{"-tls-cert", f.Cert, "-tls-key", f.Key, "-tls-ca", missing}, "-tls-ca " + missing},
 		{"a key file that is not there", []string{"-tls-cert", f.Cert, "-tls-key", missing}, "-tls-key " + missing},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := Run(done, append(base(), tc.args...), io.Discard)
-			if err == nil || cli.ExitCode(err) != cli.ExitConfig || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("got %v (exit %d), want a config error naming %q (exit 2)", err, cli.ExitCode(err), tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { clitest.Refuses(t, Run, append(base(), tc.args...), tc.want, cli.ExitConfig) })
 	}
 }
