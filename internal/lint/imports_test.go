@@ -49,11 +49,26 @@ func allowed(from, to string) bool {
 	return false
 }
 
+// edgeCase is an import from one package to another and what a check
+// says of it.
+type edgeCase struct {
+	from, to string
+	want     bool
+}
+
+// checkEdges fails t on every case that check, named name, answers
+// otherwise.
+func checkEdges(t *testing.T, name string, check func(from, to string) bool, cases []edgeCase) {
+	t.Helper()
+	for _, c := range cases {
+		if got := check(c.from, c.to); got != c.want {
+			t.Errorf("%s(%q, %q) = %v, want %v", name, c.from, c.to, got, c.want)
+		}
+	}
+}
+
 func TestAllowedMatchesDesign(t *testing.T) {
-	cases := []struct {
-		from, to string
-		want     bool
-	}{
+	checkEdges(t, "allowed", allowed, []edgeCase{
 		{"producer", "protocol", true},
 		{"producer", "broker", false},
 		{"producer", "storage", false},
@@ -81,12 +96,7 @@ func TestAllowedMatchesDesign(t *testing.T) {
 		{"cmd/ferryctl", "cmd/internal/cli", true},
 		{"producer", "cmd/internal/cli", false},
 		{"unlisted", "protocol", false},
-	}
-	for _, c := range cases {
-		if got := allowed(c.from, c.to); got != c.want {
-			t.Errorf("allowed(%q, %q) = %v, want %v", c.from, c.to, got, c.want)
-		}
-	}
+	})
 }
 
 type listedPackage struct {
@@ -220,10 +230,7 @@ func TestNoUpwardImports(t *testing.T) {
 }
 
 func TestUpward(t *testing.T) {
-	cases := []struct {
-		from, to string
-		want     bool
-	}{
+	checkEdges(t, "upward", upward, []edgeCase{
 		{"broker", "protocol", false},
 		{"protocol", "routing", true},
 		{"storage/vfs", "storage", false},
@@ -238,12 +245,7 @@ func TestUpward(t *testing.T) {
 		{"cmd/ferryctl", "internal/loadgen", false},
 		{"cmd/internal/cli", "tests", true},
 		{"unlisted", "tests", false},
-	}
-	for _, c := range cases {
-		if got := upward(c.from, c.to); got != c.want {
-			t.Errorf("upward(%q, %q) = %v, want %v", c.from, c.to, got, c.want)
-		}
-	}
+	})
 }
 
 // TestRulesPointDown: no rule allows an import of a higher layer, so the

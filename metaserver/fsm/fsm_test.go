@@ -165,6 +165,12 @@ func restored(tb fataler, f *FSM) *FSM {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return persisted(tb, snap)
+}
+
+// persisted returns a new FSM restored from what snap persists.
+func persisted(tb fataler, snap raft.FSMSnapshot) *FSM {
+	tb.Helper()
 	var sink memSink
 	if err := snap.Persist(&sink); err != nil {
 		tb.Fatal(err)
@@ -186,16 +192,7 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	}
 	// Changes after Snapshot do not leak into it.
 	mustApply(t, f, &CreateTopic{Name: "later", Queues: []string{"g1"}})
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
-
-	g := New()
-	if err := g.Restore(io.NopCloser(&sink)); err != nil {
-		t.Fatal(err)
-	}
+	g := persisted(t, snap)
 	want := seeded(t)
 	mustApply(t, want, &SetGroupReasons{Group: "g2", Set: routing.Admin | routing.SlaveLag, At: 7})
 	if !reflect.DeepEqual(g.State(), want.State()) {
