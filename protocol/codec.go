@@ -58,43 +58,28 @@ func (r *reader) need(n int, what string) bool {
 	return true
 }
 
-func (r *reader) u8(what string) uint8 {
-	if !r.need(1, what) {
-		return 0
+// zeros is what fixed returns after a failure: a read of any fixed-size
+// value is then zero.
+var zeros [8]byte
+
+// fixed returns the next n bytes (n from 1 to 8), or n zero bytes once the
+// reader has failed. A read that succeeds calls nothing else: the reads of
+// fixed-size values are the decoders' hot path.
+func (r *reader) fixed(n int, what string) []byte {
+	if r.err != nil || len(r.b) < n {
+		r.need(n, what) // fails the reader, if it has not failed yet
+		return zeros[:n]
 	}
-	v := r.b[0]
-	r.b = r.b[1:]
+	v := r.b[:n:n]
+	r.b = r.b[n:]
 	return v
 }
 
-func (r *reader) u16(what string) uint16 {
-	if !r.need(2, what) {
-		return 0
-	}
-	v := binary.BigEndian.Uint16(r.b)
-	r.b = r.b[2:]
-	return v
-}
-
-func (r *reader) u32(what string) uint32 {
-	if !r.need(4, what) {
-		return 0
-	}
-	v := binary.BigEndian.Uint32(r.b)
-	r.b = r.b[4:]
-	return v
-}
-
-func (r *reader) u64(what string) uint64 {
-	if !r.need(8, what) {
-		return 0
-	}
-	v := binary.BigEndian.Uint64(r.b)
-	r.b = r.b[8:]
-	return v
-}
-
-func (r *reader) i64(what string) int64 { return int64(r.u64(what)) }
+func (r *reader) u8(what string) uint8   { return r.fixed(1, what)[0] }
+func (r *reader) u16(what string) uint16 { return binary.BigEndian.Uint16(r.fixed(2, what)) }
+func (r *reader) u32(what string) uint32 { return binary.BigEndian.Uint32(r.fixed(4, what)) }
+func (r *reader) u64(what string) uint64 { return binary.BigEndian.Uint64(r.fixed(8, what)) }
+func (r *reader) i64(what string) int64  { return int64(r.u64(what)) }
 
 // span returns the next n bytes without copying.
 func (r *reader) span(n int, what string) []byte {

@@ -28,6 +28,22 @@ func addWithPrefixes(f *testing.F, b []byte) {
 	}
 }
 
+// fuzzRoundTrip fuzzes a body's decoder: any input fails with
+// ErrMalformed, or decodes to a value that encodes back to exactly the
+// input.
+func fuzzRoundTrip[T any](f *testing.F, decode func([]byte) (T, error), encode func(*T) []byte) {
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := decode(b)
+		if err != nil {
+			checkMalformed(t, err)
+			return
+		}
+		if out := encode(&v); !bytes.Equal(out, b) {
+			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
+		}
+	})
+}
+
 func FuzzDecodeFrame(f *testing.F) {
 	for _, fr := range []Frame{
 		{Code: CodeSend, Opaque: 1, Body: AppendSendRequest(nil, 2, sampleMessages())},
@@ -75,30 +91,13 @@ func FuzzDecodeSendRequest(f *testing.F) {
 
 func FuzzDecodeSendResponse(f *testing.F) {
 	addWithPrefixes(f, AppendSendResponse(nil, []SendResult{{StatusOK, 1, 2}, {StatusReadOnly, 0, 0}}))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		res, err := DecodeSendResponse(b, nil)
-		if err != nil {
-			checkMalformed(t, err)
-			return
-		}
-		if out := AppendSendResponse(nil, res); !bytes.Equal(out, b) {
-			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
-		}
-	})
+	fuzzRoundTrip(f, func(b []byte) ([]SendResult, error) { return DecodeSendResponse(b, nil) },
+		func(res *[]SendResult) []byte { return AppendSendResponse(nil, *res) })
 }
 
 func FuzzDecodePullRequest(f *testing.F) {
 	addWithPrefixes(f, AppendPullRequest(nil, &PullRequest{Topic: "orders", Queue: 1, Offset: 5, MaxBytes: 4096, Epoch: 2}))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		p, err := DecodePullRequest(b)
-		if err != nil {
-			checkMalformed(t, err)
-			return
-		}
-		if out := AppendPullRequest(nil, &p); !bytes.Equal(out, b) {
-			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
-		}
-	})
+	fuzzRoundTrip(f, DecodePullRequest, func(p *PullRequest) []byte { return AppendPullRequest(nil, p) })
 }
 
 func FuzzDecodePullResponse(f *testing.F) {
@@ -108,115 +107,45 @@ func FuzzDecodePullResponse(f *testing.F) {
 	}
 	addWithPrefixes(f, AppendPullResponse(nil, &resp))
 	addWithPrefixes(f, AppendPullResponse(nil, &PullResponse{NextOffset: 7}))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		p, err := DecodePullResponse(b)
-		if err != nil {
-			checkMalformed(t, err)
-			return
-		}
-		if out := AppendPullResponse(nil, &p); !bytes.Equal(out, b) {
-			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
-		}
-	})
+	fuzzRoundTrip(f, DecodePullResponse, func(p *PullResponse) []byte { return AppendPullResponse(nil, p) })
 }
 
 func FuzzDecodeMessage(f *testing.F) {
 	for _, m := range sampleMessages() {
 		addWithPrefixes(f, AppendMessage(nil, &m))
 	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := DecodeMessage(b)
-		if err != nil {
-			checkMalformed(t, err)
-			return
-		}
-		if out := AppendMessage(nil, &m); !bytes.Equal(out, b) {
-			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
-		}
-	})
+	fuzzRoundTrip(f, DecodeMessage, func(m *Message) []byte { return AppendMessage(nil, m) })
 }
 
 func FuzzDecodeHAFetchRequest(f *testing.F) {
 	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, Acked: 1 << 39, MaxBytes: 1 << 20, WaitMillis: 100, Epoch: 4, BrokerID: "g1-b"}))
 	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, Acked: 1 << 40, Epoch: 4, BrokerID: "g1-b", Check: true, CheckAt: 1<<40 - 99, CheckCRC: 7}))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		req, err := DecodeHAFetchRequest(b)
-		if err != nil {
-			checkMalformed(t, err)
-			return
-		}
-		if out := AppendHAFetchRequest(nil, &req); !bytes.Equal(out, b) {
-			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
-		}
-	})
+	fuzzRoundTrip(f, DecodeHAFetchRequest, func(req *HAFetchRequest) []byte { return AppendHAFetchRequest(nil, req) })
 }
 
 func FuzzDecodeRecoverRequest(f *testing.F) {
 	addWithPrefixes(f, AppendRecoverRequest(nil, &RecoverRequest{Epoch: 3, BrokerID: "g1-m", From: 1 << 30, Cut: 1 << 29, Records: []byte("records")}))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		q, err := DecodeRecoverRequest(b)
-		if err != nil {
-			checkMalformed(t, err)
-			return
-		}
-		if out := AppendRecoverRequest(nil, &q); !bytes.Equal(out, b) {
-			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
-		}
-	})
+	fuzzRoundTrip(f, DecodeRecoverRequest, func(q *RecoverRequest) []byte { return AppendRecoverRequest(nil, q) })
 }
 
 func FuzzDecodeRecoverResponse(f *testing.F) {
 	addWithPrefixes(f, AppendRecoverResponse(nil, &RecoverResponse{Stored: 7, Duplicates: 2, End: 1 << 33}))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		p, err := DecodeRecoverResponse(b)
-		if err != nil {
-			checkMalformed(t, err)
-			return
-		}
-		if out := AppendRecoverResponse(nil, &p); !bytes.Equal(out, b) {
-			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
-		}
-	})
+	fuzzRoundTrip(f, DecodeRecoverResponse, func(p *RecoverResponse) []byte { return AppendRecoverResponse(nil, p) })
 }
 
 func FuzzDecodeHAAck(f *testing.F) {
 	addWithPrefixes(f, AppendHAAck(nil, &HAAck{Acked: 1 << 40, Epoch: 4, BrokerID: "g1-b"}))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		a, err := DecodeHAAck(b)
-		if err != nil {
-			checkMalformed(t, err)
-			return
-		}
-		if out := AppendHAAck(nil, &a); !bytes.Equal(out, b) {
-			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
-		}
-	})
+	fuzzRoundTrip(f, DecodeHAAck, func(a *HAAck) []byte { return AppendHAAck(nil, a) })
 }
 
 func FuzzDecodeHAFetchResponse(f *testing.F) {
 	addWithPrefixes(f, append(AppendHAFetchResponseHeader(nil, 77, 3), "records"...))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		resp, err := DecodeHAFetchResponse(b)
-		if err != nil {
-			checkMalformed(t, err)
-			return
-		}
-		if out := append(AppendHAFetchResponseHeader(nil, resp.MasterEnd, resp.Epoch), resp.Records...); !bytes.Equal(out, b) {
-			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
-		}
+	fuzzRoundTrip(f, DecodeHAFetchResponse, func(resp *HAFetchResponse) []byte {
+		return append(AppendHAFetchResponseHeader(nil, resp.MasterEnd, resp.Epoch), resp.Records...)
 	})
 }
 
 func FuzzDecodeIdentity(f *testing.F) {
 	addWithPrefixes(f, AppendIdentity(nil, &Identity{Kind: KindBroker, ID: "g1-master", Group: "g1", Role: "master"}))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		id, err := DecodeIdentity(b)
-		if err != nil {
-			checkMalformed(t, err)
-			return
-		}
-		if out := AppendIdentity(nil, &id); !bytes.Equal(out, b) {
-			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
-		}
-	})
+	fuzzRoundTrip(f, DecodeIdentity, func(id *Identity) []byte { return AppendIdentity(nil, id) })
 }

@@ -82,11 +82,7 @@ type PullResponse struct {
 
 // AppendPullResponse appends p's encoding.
 func AppendPullResponse(dst []byte, p *PullResponse) []byte {
-	dst = appendI64(dst, p.NextOffset)
-	dst = appendI64(dst, p.MinOffset)
-	dst = appendI64(dst, p.MaxOffset)
-	dst = appendU32(dst, p.Epoch)
-	dst = appendU32(dst, uint32(len(p.Messages)))
+	dst = AppendPullResponseHeader(dst, p.NextOffset, p.MinOffset, p.MaxOffset, p.Epoch, len(p.Messages))
 	for i := range p.Messages {
 		dst = AppendStoredMessage(dst, p.Messages[i].QueueOffset, p.Messages[i].LogOffset, p.Messages[i].StoreTime, &p.Messages[i].Message)
 	}
@@ -106,19 +102,21 @@ func AppendPullResponseHeader(dst []byte, next, minOff, maxOff int64, epoch uint
 
 // AppendStoredMessage appends one entry of a PULL response.
 func AppendStoredMessage(dst []byte, queueOffset, logOffset, storeTime int64, m *Message) []byte {
-	dst = appendI64(dst, queueOffset)
-	dst = appendI64(dst, logOffset)
-	dst = appendI64(dst, storeTime)
-	return AppendMessage(dst, m)
+	return AppendMessage(appendStoredHeader(dst, queueOffset, logOffset, storeTime), m)
 }
 
 // AppendStoredRaw appends one entry of a PULL response whose message is
 // already encoded (as AppendMessage wrote it).
 func AppendStoredRaw(dst []byte, queueOffset, logOffset, storeTime int64, encoded []byte) []byte {
+	return append(appendStoredHeader(dst, queueOffset, logOffset, storeTime), encoded...)
+}
+
+// appendStoredHeader appends the part of a PULL response's entry before
+// its message.
+func appendStoredHeader(dst []byte, queueOffset, logOffset, storeTime int64) []byte {
 	dst = appendI64(dst, queueOffset)
 	dst = appendI64(dst, logOffset)
-	dst = appendI64(dst, storeTime)
-	return append(dst, encoded...)
+	return appendI64(dst, storeTime)
 }
 
 // DecodePullResponse decodes a PULL response body. Message bodies alias b.

@@ -8,6 +8,8 @@
 # stops the processes it started, by PID.
 #
 #   RUNS=3 COUNT=200000 SYNC_COUNT=20000 FLUSH=async bash scripts/bench-idempotence.sh
+#
+# KEEP=1 keeps the work directory (binaries, data, logs) after the run.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 RUNS="${RUNS:-3}"
@@ -15,30 +17,23 @@ COUNT="${COUNT:-200000}"
 SYNC_COUNT="${SYNC_COUNT:-20000}"
 FLUSH="${FLUSH:-async}"
 PORT="${FERRY_BENCH_PORT:-7600}"
-WORK="$(mktemp -d)"
-BIN="$WORK/bin"
+KEEP="${KEEP:-0}"
 META="127.0.0.1:$PORT"
-pids=()
+RAFT="127.0.0.1:$((PORT + 1))"
+NAME=bench-idempotence.sh
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
 
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-(cd "$ROOT" && go build -o "$BIN/" ./cmd/ferry-metaserver ./cmd/ferry-broker ./cmd/ferryctl)
-"$BIN/ferry-metaserver" -id m1 -dir "$WORK/meta" -rpc-addr "$META" -raft-addr "127.0.0.1:$((PORT + 1))" \
-  -peers "m1=127.0.0.1:$((PORT + 1))/$META" >"$WORK/meta.log" 2>&1 &
-pids+=($!)
-"$BIN/ferry-broker" -id g1-master -group g1 -role master -dir "$WORK/g1" -addr "127.0.0.1:$((PORT + 2))" \
-  -ha-addr "127.0.0.1:$((PORT + 3))" -meta "$META" -flush "$FLUSH" -heartbeat 1s -session 4s >"$WORK/broker.log" 2>&1 &
-pids+=($!)
+work_init ferry-idempotence
+require_free_ports "$PORT" $((PORT + 3)) "set FERRY_BENCH_PORT to a free block of 4 ports"
 ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "$@"; }
-for _ in $(seq 100); do
-  if ctl brokers --json 2>/dev/null | grep -q '"state": "RW"'; then break; fi
-  sleep 0.1
-done
+writable() { ctl brokers --json 2>/dev/null | grep -q '"state": "RW"'; }
+
+build_bins
+start_meta
+launch broker "$BIN/ferry-broker" -id g1-master -group g1 -role master -dir "$WORK/data/g1" -addr "127.0.0.1:$((PORT + 2))" \
+  -ha-addr "127.0.0.1:$((PORT + 3))" -meta "$META" -flush "$FLUSH" -heartbeat 1s -session 4s
+wait_until 30 "group g1 taking writes" writable
 ctl topic create bench --queues 8 >/dev/null
 
 for run in $(seq "$RUNS"); do

@@ -28,62 +28,29 @@ KEEP="${KEEP:-0}"
 META="127.0.0.1:$((BASE + 1))"
 ADDR="127.0.0.1:$((BASE + 3))"
 HA="127.0.0.1:$((BASE + 4))"
+RAFT="127.0.0.1:$((BASE + 2))"
+NAME=bench-restart.sh
+STOP_WAIT=30 # a broker closing a large log
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
 
-log() { echo "# $*" >&2; }
-die() { echo "bench-restart.sh: $*" >&2; exit 1; }
 case "$COUNT" in '' | *[!0-9]*) die "COUNT must be a number of messages, got '$COUNT'" ;; esac
 
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/ferry-restart.XXXXXX")"
-BIN="$WORK/bin"
-PIDS=()
-stop_pid() {
-	local p="$1" sig="${2:-TERM}" q keep=()
-	if kill -0 "$p" 2>/dev/null; then
-		kill "-$sig" "$p" 2>/dev/null
-		for _ in $(seq 300); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-		kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
-	fi
-	wait "$p" 2>/dev/null
-	for q in "${PIDS[@]}"; do [ "$q" != "$p" ] && keep+=("$q"); done
-	PIDS=("${keep[@]}")
-}
-cleanup() {
-	local p
-	for p in "${PIDS[@]}"; do stop_pid "$p"; done
-	if [ "$KEEP" = 1 ]; then echo "bench-restart.sh: kept $WORK" >&2; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for p in $(seq $((BASE + 1)) $((BASE + 4))); do
-	port_open "$p" && die "127.0.0.1:$p is in use; set FERRY_BENCH_BASE_PORT to a free block of 5 ports"
-done
+work_init ferry-restart
+require_free_ports $((BASE + 1)) $((BASE + 4)) "set FERRY_BENCH_BASE_PORT to a free block of 5 ports"
 ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "$@"; }
-wait_until() {
-	local secs="$1" desc="$2"
-	shift 2
-	for _ in $(seq $((secs * 10))); do "$@" && return 0; sleep 0.1; done
-	die "$desc did not happen within $secs s (logs in $WORK/logs; KEEP=1 keeps them)"
-}
+writable() { ctl brokers --json 2>/dev/null | grep -q '"state": "RW"'; }
 
-mkdir -p "$BIN" "$WORK/logs" "$WORK/data"
-log "building into $BIN"
-(cd "$ROOT" && go build -o "$BIN/" ./cmd/ferry-metaserver ./cmd/ferry-broker ./cmd/ferryctl) || die "build failed"
-
-"$BIN/ferry-metaserver" -id m1 -dir "$WORK/data/meta" -rpc-addr "$META" -raft-addr "127.0.0.1:$((BASE + 2))" \
-	-peers "m1=127.0.0.1:$((BASE + 2))/$META" >"$WORK/logs/meta.log" 2>&1 &
-PIDS+=($!)
-wait_until 30 "the metaserver's election" bash -c "'$BIN/ferryctl' --meta '$META' --timeout 2s meta status --json 2>/dev/null | grep -q '\"leader_id\": \"m1\"'"
+build_bins
+start_meta
 
 BROKER=""
 RUN=0
 start_broker() {
 	RUN=$((RUN + 1))
-	"$BIN/ferry-broker" -id g1-master -group g1 -role master -dir "$WORK/data/g1" -addr "$ADDR" -ha-addr "$HA" \
-		-meta "$META" -heartbeat 1s -session 4s >"$WORK/logs/broker-$RUN.log" 2>&1 &
-	BROKER=$!
-	PIDS+=("$BROKER")
+	launch "broker-$RUN" "$BIN/ferry-broker" -id g1-master -group g1 -role master -dir "$WORK/data/g1" -addr "$ADDR" -ha-addr "$HA" \
+		-meta "$META" -heartbeat 1s -session 4s
+	BROKER=$LAST_PID
 	wait_until 600 "the broker opening its log" grep -q "opened the commit log" "$WORK/logs/broker-$RUN.log"
 }
 report() {
@@ -100,7 +67,7 @@ drop_caches() {
 }
 
 start_broker
-wait_until 30 "group g1 taking writes" bash -c "'$BIN/ferryctl' --meta '$META' --timeout 2s brokers --json 2>/dev/null | grep -q '\"state\": \"RW\"'"
+wait_until 30 "group g1 taking writes" writable
 ctl topic create big --queues 8 --groups g1 >/dev/null || die "topic create failed"
 log "filling the log with $COUNT messages of 1 KiB"
 timeout --foreground -k 5 3600 "$BIN/ferryctl" --meta "$META" --timeout 10s bench --topic big --size 1024 \
@@ -114,7 +81,7 @@ start_broker
 report "after a clean stop ($temp)"
 
 # kill -9 right after more writes: the index on disk is behind the log.
-wait_until 30 "group g1 taking writes" bash -c "'$BIN/ferryctl' --meta '$META' --timeout 2s brokers --json 2>/dev/null | grep -q '\"state\": \"RW\"'"
+wait_until 30 "group g1 taking writes" writable
 timeout --foreground -k 5 600 "$BIN/ferryctl" --meta "$META" --timeout 10s bench --topic big --size 1024 \
 	--count 200000 --mode async --producers 4 --window 1000 --progress=false >"$WORK/logs/fill2.out" 2>&1 ||
 	die "writing before the kill failed: $(tail -3 "$WORK/logs/fill2.out")"

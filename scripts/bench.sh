@@ -65,11 +65,13 @@ MASTER_ADDR="127.0.0.1:$((BASE + 3))"
 MASTER_HA="127.0.0.1:$((BASE + 4))"
 SLAVE_ADDR="127.0.0.1:$((BASE + 5))"
 SLAVE_HA="127.0.0.1:$((BASE + 6))"
+RAFT="127.0.0.1:$((BASE + 2))"
 NATS_PORT="${NATS_PORT:-$((BASE + 20))}"
 
 ALL_SHAPES=(async async1 sync flushsync high queues)
-log() { echo "# $*" >&2; }
-die() { echo "bench.sh: $*" >&2; exit 1; }
+NAME=bench.sh
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
 
 # ------------------------------------------------------------------ arguments
 SHAPES=()
@@ -94,49 +96,12 @@ fi
 has() { local s; for s in "${SHAPES[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 # ------------------------------------------------------------------ processes
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/ferry-bench.XXXXXX")"
-BIN="$WORK/bin"
-PIDS=()
-stop_pid() {
-	local p="$1" q keep=()
-	if kill -0 "$p" 2>/dev/null; then
-		kill -TERM "$p" 2>/dev/null
-		for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-		if kill -0 "$p" 2>/dev/null; then
-			log "pid $p did not stop in 10 s; killing it"
-			kill -KILL "$p" 2>/dev/null
-		fi
-	fi
-	wait "$p" 2>/dev/null
-	for q in "${PIDS[@]}"; do [ "$q" != "$p" ] && keep+=("$q"); done
-	PIDS=("${keep[@]}")
-}
-cleanup() {
-	local p
-	for p in "${PIDS[@]}"; do stop_pid "$p"; done
-	if [ "$KEEP" = 1 ]; then
-		echo "bench.sh: work directory kept: $WORK" >&2
-	else
-		rm -rf "$WORK"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+work_init ferry-bench
 # A client that died of SIGINT or SIGTERM means the user interrupted us.
 sig() { case "$1" in 130 | 143) echo "interrupted (rc=$1)" >&2; exit "$1" ;; esac; }
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-require_free_port() { port_open "$1" && die "127.0.0.1:$1 is in use; set FERRY_BENCH_BASE_PORT to a free block of 30 ports"; return 0; }
-for p in $(seq $((BASE + 1)) $((BASE + 8))); do require_free_port "$p"; done
+require_free_ports $((BASE + 1)) $((BASE + 8)) "set FERRY_BENCH_BASE_PORT to a free block of 30 ports"
 
-# launch NAME CMD...: start a server in the background, its PID in $LAST_PID.
-launch() {
-	local name="$1"
-	shift
-	"$@" >"$WORK/logs/$name.log" 2>&1 &
-	LAST_PID=$!
-	PIDS+=("$LAST_PID")
-}
 META_TLS=() BROKER_TLS=() CTL_TLS=()
 case "$TLS" in
 0) ;;
@@ -148,24 +113,6 @@ case "$TLS" in
 *) die "TLS=$TLS: want 0 or 1" ;;
 esac
 ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "${CTL_TLS[@]}" "$@"; }
-
-# wait_until SECONDS DESC CMD...: poll CMD every 0.1 s.
-wait_until() {
-	local secs="$1" desc="$2" _
-	shift 2
-	for _ in $(seq $((secs * 10))); do
-		"$@" && return 0
-		sleep 0.1
-	done
-	die "$desc did not happen within $secs s (logs in $WORK/logs; KEEP=1 keeps them)"
-}
-
-meta_leader() { ctl meta status --json 2>/dev/null | grep -q '"leader_id": "m1"'; }
-start_meta() {
-	launch meta "$BIN/ferry-metaserver" -id m1 -dir "$WORK/data/meta" -rpc-addr "$META" \
-		-raft-addr "127.0.0.1:$((BASE + 2))" -peers "m1=127.0.0.1:$((BASE + 2))/$META" "${META_TLS[@]}"
-	wait_until 30 "the metaserver's election" meta_leader
-}
 
 # group_ready GROUP SLAVE: GROUP is writable (and with SLAVE=1, its master
 # reports its slave connected).
@@ -398,16 +345,14 @@ report() {
 }
 
 # ------------------------------------------------------------------ main
-mkdir -p "$WORK/logs" "$WORK/data"
 log "work directory $WORK, ports $BASE..$((BASE + 29)), shapes: ${SHAPES[*]:-none}$([ $WANT_NATS = 1 ] && echo ' + nats')"
 if [ ${#SHAPES[@]} -gt 0 ]; then
-	log "building binaries into $BIN"
-	(cd "$ROOT" && go build -o "$BIN/" ./cmd/ferry-metaserver ./cmd/ferry-broker ./cmd/ferryctl) || die "build failed"
+	build_bins
 	if [ "$TLS" = 1 ]; then
 		log "TLS on every link: certificates in $WORK/tls"
 		"$BIN/ferryctl" certs "$WORK/tls" --node meta=127.0.0.1 --node broker=127.0.0.1 --client ctl >/dev/null || die "ferryctl certs failed"
 	fi
-	start_meta
+	start_meta "${META_TLS[@]}"
 	run_shapes
 fi
 [ $WANT_NATS = 1 ] && run_nats

@@ -68,6 +68,17 @@ func (m model) check(t testing.TB, l *Log) {
 	})
 }
 
+// checkReopened checks l, closes it, and checks the log opened again from
+// dir.
+func (m model) checkReopened(t testing.TB, l *Log, dir string) {
+	t.Helper()
+	m.check(t, l)
+	must(t, l.Close())
+	l = openLog(t, Config{Dir: dir})
+	defer l.Close()
+	m.check(t, l)
+}
+
 // entry makes an entry whose record is exactly size bytes (topic "f").
 func entry(queue uint32, tag string, size int) Entry {
 	p := make([]byte, size-recordSize(1, 0))
@@ -122,11 +133,7 @@ func TestFullDiskFailsOnlyItsAppend(t *testing.T) {
 	if third.Fired() != 1 {
 		t.Fatalf("the rule failed %d writes", third.Fired())
 	}
-	m.check(t, l)
-	must(t, l.Close())
-	l = openLog(t, Config{Dir: dir})
-	defer l.Close()
-	m.check(t, l)
+	m.checkReopened(t, l, dir)
 }
 
 func TestDiskFullOnWrite(t *testing.T) {
@@ -150,11 +157,7 @@ func TestDiskFullOnWrite(t *testing.T) {
 	}
 	efs.Drop(full)
 	must(t, m.append(t, l, false, Entry{Topic: "d", Payload: []byte("after")}))
-	m.check(t, l)
-	must(t, l.Close())
-	l = openLog(t, Config{Dir: dir})
-	defer l.Close()
-	m.check(t, l)
+	m.checkReopened(t, l, dir)
 }
 
 // A group that rolls into a new segment fails whole when the disk fails in
@@ -340,11 +343,7 @@ func TestSyncFails(t *testing.T) {
 		t.Fatal("Close after a failed final sync returned nil")
 	}
 
-	m.check(t, l)
-	must(t, l.Close())
-	l = openLog(t, Config{Dir: dir})
-	defer l.Close()
-	m.check(t, l)
+	m.checkReopened(t, l, dir)
 }
 
 // Open never takes a read error for a torn tail: it fails and truncates

@@ -15,14 +15,24 @@ import (
 	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
-// logReads counts the bytes Open and reads take from segment files.
-func logReads(efs *vfs.ErrorFS) *atomic.Int64 {
+// openCountingReads opens the log of cfg on a file system that counts the
+// bytes Open and reads take from segment files.
+func openCountingReads(t *testing.T, cfg Config) (*Log, *atomic.Int64) {
+	t.Helper()
 	var n atomic.Int64
+	efs := vfs.NewErrorFS(vfs.Default)
 	efs.Inject(vfs.Fail(vfs.OpRead).Path("*.log").Where(func(c vfs.Call) bool {
 		n.Add(int64(c.Len))
 		return false // count, never fail
 	}))
-	return &n
+	cfg.FS = efs
+	return openLog(t, cfg), &n
+}
+
+// waitIndexed waits until l's indexer has written every chunk cut.
+func waitIndexed(t *testing.T, l *Log) {
+	t.Helper()
+	testwait.For(t, 10*time.Second, "the indexer to write every chunk cut", func() bool { return l.IndexStats().PendingCuts == 0 })
 }
 
 // fillQueues appends n records of size bytes round-robin over queues
@@ -74,10 +84,7 @@ func TestOpenAfterCloseReadsNoRecord(t *testing.T) {
 	held := fillQueues(t, l, 5, 2000, 100)
 	must(t, l.Close())
 
-	efs := vfs.NewErrorFS(vfs.Default)
-	read := logReads(efs)
-	cfg.FS = efs
-	l = openLog(t, cfg)
+	l, read := openCountingReads(t, cfg)
 	defer l.Close()
 	if n := read.Load(); n > recordHeaderSize {
 		t.Fatalf("Open read %d bytes of segments, want at most the %d of one record header", n, recordHeaderSize)
@@ -98,7 +105,7 @@ func TestCrashOpenReadsOnlyTheUnindexedTail(t *testing.T) {
 	held := fillQueues(t, l, 3, 3000, 120)
 	must(t, l.Flush())
 	end := l.EndOffset()
-	testwait.For(t, 10*time.Second, "the indexer to write every chunk cut", func() bool { return l.IndexStats().PendingCuts == 0 })
+	waitIndexed(t, l)
 	st := l.IndexStats()
 	if end-st.IndexedOffset >= cfg.IndexChunkBytes {
 		t.Fatalf("index on disk ends at %d, log at %d: more than a chunk (%d) behind", st.IndexedOffset, end, cfg.IndexChunkBytes)
@@ -108,10 +115,7 @@ func TestCrashOpenReadsOnlyTheUnindexedTail(t *testing.T) {
 	}
 	crash(l)
 
-	efs := vfs.NewErrorFS(vfs.Default)
-	read := logReads(efs)
-	cfg.FS = efs
-	l = openLog(t, cfg)
+	l, read := openCountingReads(t, cfg)
 	defer l.Close()
 	if n, tail := read.Load(), end-st.IndexedOffset; n > tail+recordHeaderSize {
 		t.Fatalf("Open read %d bytes of segments; the unindexed tail is %d", n, tail)
@@ -210,7 +214,7 @@ func TestIndexAndRetention(t *testing.T) {
 	l := openLog(t, cfg)
 	pos := appendEach(t, l, 600, 40)
 	must(t, l.Flush())
-	testwait.For(t, 10*time.Second, "the indexer to write every chunk cut", func() bool { return l.IndexStats().PendingCuts == 0 })
+	waitIndexed(t, l)
 	chunks := l.IndexStats().Chunks
 	start, err := l.DeleteBefore(pos[333].LogOffset)
 	if err != nil {

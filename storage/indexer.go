@@ -198,9 +198,18 @@ func (l *Log) writeChunk(c indexCut) error {
 	return nil
 }
 
-// writeFileAtomic writes a file under a temporary name, syncs it, renames
-// it into place and syncs its directory: it appears whole or not at all.
+// writeFileAtomic writes b to a file under a temporary name, syncs it,
+// renames it into place and syncs its directory: it appears whole or not at
+// all.
 func (l *Log) writeFileAtomic(name string, b []byte) error {
+	return l.writeFileAtomicFunc(name, func(f vfs.File) error {
+		_, err := f.WriteAt(b, 0)
+		return err
+	})
+}
+
+// writeFileAtomicFunc is writeFileAtomic with write filling the file.
+func (l *Log) writeFileAtomicFunc(name string, write func(f vfs.File) error) error {
 	tmp := name + ".tmp"
 	if err := l.fs.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -209,7 +218,7 @@ func (l *Log) writeFileAtomic(name string, b []byte) error {
 	if err != nil {
 		return err
 	}
-	_, err = f.WriteAt(b, 0)
+	err = write(f)
 	if err == nil {
 		err = f.Sync()
 	}

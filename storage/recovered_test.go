@@ -120,7 +120,7 @@ func TestRecoveredEntries(t *testing.T) {
 
 	// A slave fed the bytes, and the log reopened, hold the same state.
 	want := dumpProducers(l)
-	raw := readAllRaw(t, l)
+	raw := rawFrom(t, l, l.StartOffset())
 	slave := openLog(t, Config{Dir: t.TempDir(), ProducerStamp: testStamp, MessageID: testMessageID})
 	if _, err := slave.AppendRaw(0, raw, false); err != nil {
 		t.Fatal(err)
@@ -140,20 +140,6 @@ func TestRecoveredEntries(t *testing.T) {
 	if got := dumpProducers(again); got != want {
 		t.Fatalf("reopened state:\n%s\nbefore:\n%s", got, want)
 	}
-}
-
-func readAllRaw(t *testing.T, l *Log) []byte {
-	t.Helper()
-	var out []byte
-	for off := l.StartOffset(); off < l.EndOffset(); {
-		raw, err := l.ReadRaw(off, 1<<20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, raw...)
-		off += int64(len(raw))
-	}
-	return out
 }
 
 func equalStrings(a, b []string) bool {

@@ -413,37 +413,16 @@ func (t *producerTable) replace(o *producerTable) {
 // from) to path, checking each, and returns how many there were. The file
 // appears under its name only whole and synced.
 func (l *Log) writeSideFile(path string, segs []*segment, from, end int64) (int, error) {
-	fail := func(err error) (int, error) {
+	if err := vfs.MkdirAllDurable(l.fs, filepath.Dir(path)); err != nil {
 		return 0, fmt.Errorf("storage: truncate: write the side file %s: %w", path, err)
 	}
-	dir := filepath.Dir(path)
-	if err := vfs.MkdirAllDurable(l.fs, dir); err != nil {
-		return fail(err)
-	}
-	tmp := path + ".tmp"
-	if err := l.fs.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fail(err)
-	}
-	f, err := l.fs.Create(tmp)
+	var records int
+	err := l.writeFileAtomicFunc(path, func(f vfs.File) (err error) {
+		records, err = copyRecords(f, segs, from, end)
+		return err
+	})
 	if err != nil {
-		return fail(err)
-	}
-	records, err := copyRecords(f, segs, from, end)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = l.fs.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = l.fs.Remove(tmp)
-		return fail(err)
-	}
-	if err := l.fs.SyncDir(dir); err != nil {
-		return fail(err)
+		return 0, fmt.Errorf("storage: truncate: write the side file %s: %w", path, err)
 	}
 	return records, nil
 }

@@ -215,12 +215,7 @@ The group's master cannot be resynced. Needs admin.`,
 			Use:   mode.use + " GROUP",
 			Short: mode.short,
 			Args:  usageArgs(cobra.ExactArgs(1)),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				cl, ctx, done, err := g.metaClient(cmd.Context())
-				if err != nil {
-					return err
-				}
-				defer done()
+			RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 				grp, err := cl.SetGroupReadOnly(ctx, args[0], mode.readOnly)
 				if err != nil {
 					return err
@@ -230,7 +225,7 @@ The group's master cannot be resynced. Needs admin.`,
 					reason = "-"
 				}
 				return g.printer().print(grp, []string{"GROUP", "STATE", "REASONS"}, [][]string{{grp.Name, grp.Reasons.State(), reason}})
-			},
+			}),
 		})
 	}
 	return cmd

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/ferrymq/ferrymq/internal/loadgen"
 )
 
 func TestConsume(t *testing.T) {
@@ -47,7 +49,7 @@ func TestConsume(t *testing.T) {
 		t.Fatalf("unknown topic: exit %d %q", code, errOut)
 	}
 
-	var res benchResult
+	var res loadgen.Result
 	if err := json.Unmarshal([]byte(mustCtl(t, meta, "bench", "--count", "2000", "--consumers", "2", "--size", "100", "--rate", "4000", "--json")), &res); err != nil ||
 		res.Consume == nil || res.Consume.Consumed != 2000 || res.Consume.Missing != 0 || res.Consume.P50Micros <= 0 {
 		t.Fatalf("bench --consumers: %+v %+v %v", res, res.Consume, err)

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/ferrymq/ferrymq/internal/loadgen"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 )
 
@@ -123,7 +124,7 @@ func TestCommands(t *testing.T) {
 	if !strings.Contains(out, "MSGS/S") || !strings.Contains(out, "2000") {
 		t.Fatalf("bench:\n%s", out)
 	}
-	var res benchResult
+	var res loadgen.Result
 	if err := json.Unmarshal([]byte(mustCtl(t, meta, "bench", "--count", "500", "--mode", "sync", "--json")), &res); err != nil || res.Sent != 500 || res.Errors != 0 || res.P50Micros <= 0 {
 		t.Fatalf("bench --json: %+v %v", res, err)
 	}
@@ -132,7 +133,7 @@ func TestCommands(t *testing.T) {
 	// time and both profiles are written.
 	dir := t.TempDir()
 	cpuProf, memProf := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "mem.pprof")
-	res = benchResult{}
+	res = loadgen.Result{}
 	if err := json.Unmarshal([]byte(mustCtl(t, meta, "bench", "--count", "2000", "--producers", "2", "--window", "300",
 		"--batch-bytes", "65536", "--max-inflight", "2", "--cpuprofile", cpuProf, "--memprofile", memProf, "--json")), &res); err != nil ||
 		res.Sent != 2000 || res.Errors != 0 || res.CPUSeconds <= 0 {

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/ferrymq/ferrymq/internal/loadgen"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -34,7 +35,7 @@ const (
 	maxConsumers  = 1024
 	maxWindow     = 1_000_000
 	maxRate       = 1e9
-	maxBenchTime  = 7 * 24 * time.Hour // bench --duration
+	maxBenchTime  = loadgen.MaxDuration // bench --duration
 	maxLinger     = time.Second
 	maxConsumeIdl = time.Hour // bench --consume-wait
 	maxInflight   = 1024

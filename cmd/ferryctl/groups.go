@@ -75,12 +75,7 @@ func newGroupsCommand(g *globalOptions) *cobra.Command {
 		Use:   "groups",
 		Short: "List the consumer groups: generation, members, topics and total lag",
 		Args:  usageArgs(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRunCmd(func(ctx context.Context, cmd *cobra.Command, cl *client.Client, _ []string) error {
 			infos, err := cl.ConsumerGroups(ctx, "")
 			if err != nil {
 				return err
@@ -104,7 +99,7 @@ func newGroupsCommand(g *globalOptions) *cobra.Command {
 				rows = append(rows, []string{s.Name, fmt.Sprint(s.Generation), fmt.Sprint(s.Members), orDash(strings.Join(s.Topics, ",")), optInt(s.TotalLag)})
 			}
 			return g.printer().print(out, []string{"GROUP", "GENERATION", "MEMBERS", "TOPICS", "LAG"}, rows)
-		},
+		}),
 	}
 }
 
@@ -139,12 +134,7 @@ func newGroupDescribeCommand(g *globalOptions) *cobra.Command {
 		Use:   "describe GROUP",
 		Short: "A consumer group's members and, per queue, its owner, committed offset, log end and lag",
 		Args:  usageArgs(cobra.ExactArgs(1)),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRunCmd(func(ctx context.Context, cmd *cobra.Command, cl *client.Client, args []string) error {
 			info, err := consumerGroup(ctx, cl, args[0])
 			if err != nil {
 				return err
@@ -165,7 +155,7 @@ func newGroupDescribeCommand(g *globalOptions) *cobra.Command {
 				return g.printer().print(d, nil, nil)
 			}
 			return printGroupDescribe(g.out, d)
-		},
+		}),
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -40,12 +41,7 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 		Use:   "read TOPIC",
 		Short: "Print stored messages of one queue, from an offset",
 		Args:  usageArgs(cobra.ExactArgs(1)),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRunCmd(func(ctx context.Context, cmd *cobra.Command, cl *client.Client, args []string) error {
 			route, err := cl.RouteExisting(ctx, args[0])
 			if err != nil {
 				return err
@@ -79,7 +75,7 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 				rows = append(rows, []string{fmt.Sprint(s.QueueOffset), fmt.Sprint(s.LogOffset), s.ID, s.Reliability, orDash(strings.Join(props, ",")), fmt.Sprintf("%q", body)})
 			}
 			return g.printer().print(out, []string{"OFFSET", "LOG-OFFSET", "ID", "RELIABILITY", "PROPERTIES", "BODY"}, rows)
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.Uint32Var(&o.queue, "queue", 0, "queue id")

@@ -80,13 +80,20 @@ func (g *globalOptions) metaClient(ctx context.Context) (*client.Client, context
 // metaRun makes a command's RunE that opens a metaserver client bounded by
 // --timeout for run and closes it after.
 func (g *globalOptions) metaRun(run func(ctx context.Context, cl *client.Client, args []string) error) func(*cobra.Command, []string) error {
+	return g.metaRunCmd(func(ctx context.Context, _ *cobra.Command, cl *client.Client, args []string) error {
+		return run(ctx, cl, args)
+	})
+}
+
+// metaRunCmd is metaRun for a run that needs its command (its stderr).
+func (g *globalOptions) metaRunCmd(run func(ctx context.Context, cmd *cobra.Command, cl *client.Client, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		cl, ctx, done, err := g.metaClient(cmd.Context())
 		if err != nil {
 			return err
 		}
 		defer done()
-		return run(ctx, cl, args)
+		return run(ctx, cmd, cl, args)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ferrymq/ferrymq/broker"
+	"github.com/ferrymq/ferrymq/internal/loadgen"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/tlsconf"
 	"github.com/ferrymq/ferrymq/metaserver"
@@ -61,7 +62,7 @@ func TestTLS(t *testing.T) {
 	if out := mustCtl(t, with("group", "describe", "readers")...); !strings.Contains(out, "orders") {
 		t.Fatalf("group describe over TLS:\n%s", out)
 	}
-	var res benchResult
+	var res loadgen.Result
 	if err := json.Unmarshal([]byte(mustCtl(t, with("bench", "--topic", "orders", "--count", "300", "--producers", "1", "--consumers", "1", "--json")...)), &res); err != nil ||
 		res.Sent != 300 || res.Errors != 0 {
 		t.Fatalf("bench --consumers over TLS: %+v, %v", res, err)

@@ -55,18 +55,13 @@ func newTopicCreateCommand(g *globalOptions) *cobra.Command {
 		Use:   "create NAME",
 		Short: "Create a topic with queues spread over the admitted, writable broker groups",
 		Args:  usageArgs(cobra.ExactArgs(1)),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, ctx, done, err := g.metaClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			r, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: args[0], Queues: o.queues, Groups: o.groups})
 			if err != nil {
 				return err
 			}
 			return printRoute(g, r)
-		},
+		}),
 	}
 	cmd.Flags().IntVar(&o.queues, "queues", 8, "number of queues")
 	cmd.Flags().StringSliceVar(&o.groups, "groups", nil, "place the queues on these groups, comma-separated (default: every writable group)")

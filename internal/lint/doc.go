@@ -1,3 +1,6 @@
-// Package lint holds tests that enforce the architecture: which of the
-// module's packages may import which (DESIGN.md section 2).
+// Package lint holds tests that enforce the architecture: each package's
+// layer and which of the module's packages it may import (rules_test.go),
+// and that DESIGN.md's import table is the one the rules make.
 package lint
+
+//go:generate go test -run TestDesignImportTable -update

@@ -14,49 +14,6 @@ import (
 
 const module = "github.com/ferrymq/ferrymq"
 
-// rules lists, per package (and its sub-packages, unless a longer entry names
-// them), the module packages it may import. "*" allows anything.
-var rules = map[string][]string{
-	"protocol":           {},
-	"storage":            {},
-	"metaserver/api":     {"protocol", "routing"},
-	"routing":            {"protocol"},
-	"internal/transport": {"protocol"},
-	"internal/tlsconf":   {},
-	// The permission model: pure, so every side that checks or presents
-	// credentials may import it.
-	"auth":              {"protocol"},
-	"metaserver/fsm":    {"protocol", "routing", "auth"},
-	"metaserver/client": {"protocol", "routing", "internal/transport", "metaserver/api", "auth"},
-	// storage/vfs: MkdirAllDurable, for its data directory.
-	"metaserver": {"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport", "auth", "storage/vfs"},
-	"broker":     {"storage", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
-	"producer":   {"protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
-	"consumer":   {"producer", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
-	"cmd":        {"*"},
-	// Measurement programs under scripts/ are users of the public packages.
-	"scripts":           {"producer", "protocol", "routing", "metaserver/api", "metaserver/client", "auth"},
-	"internal/lint":     {},
-	"internal/testlog":  {},
-	"internal/testwait": {},
-	// Reads Prometheus gatherers in tests (testOnly below).
-	"internal/testmetrics": {},
-	// TLS material for tests (testOnly below).
-	"internal/testtls": {"internal/tlsconf"},
-	// The test harness starts whole clusters; only tests may import it
-	// (testOnly below).
-	"internal/testcluster": {"broker", "metaserver", "metaserver/api", "metaserver/client", "internal/transport",
-		"internal/testlog", "internal/testwait", "protocol", "routing", "storage", "auth"},
-	"tests": {"*"},
-	// The checks of the deployment files (tests only): they hold the
-	// manifests against the programs' real flags and metrics.
-	"deploy": {"*"},
-}
-
-// testOnly are packages that only test files may import: a program or a
-// library that imported them would start test clusters.
-var testOnly = []string{"internal/testcluster", "internal/testlog", "internal/testwait", "internal/testmetrics", "internal/testtls"}
-
 // ruleFor returns the rule key that governs pkg (a path inside the module):
 // the longest key equal to pkg or a parent of it.
 func ruleFor(pkg string) (string, bool) {
@@ -84,7 +41,7 @@ func allowed(from, to string) bool {
 	if toKey, ok := ruleFor(to); ok && toKey == key {
 		return true // within one component
 	}
-	for _, a := range rules[key] {
+	for _, a := range rules[key].imports {
 		if a == "*" || to == a || strings.HasPrefix(to, a+"/") {
 			return true
 		}
@@ -92,11 +49,26 @@ func allowed(from, to string) bool {
 	return false
 }
 
+// edgeCase is an import from one package to another and what a check
+// says of it.
+type edgeCase struct {
+	from, to string
+	want     bool
+}
+
+// checkEdges fails t on every case that check, named name, answers
+// otherwise.
+func checkEdges(t *testing.T, name string, check func(from, to string) bool, cases []edgeCase) {
+	t.Helper()
+	for _, c := range cases {
+		if got := check(c.from, c.to); got != c.want {
+			t.Errorf("%s(%q, %q) = %v, want %v", name, c.from, c.to, got, c.want)
+		}
+	}
+}
+
 func TestAllowedMatchesDesign(t *testing.T) {
-	cases := []struct {
-		from, to string
-		want     bool
-	}{
+	checkEdges(t, "allowed", allowed, []edgeCase{
 		{"producer", "protocol", true},
 		{"producer", "broker", false},
 		{"producer", "storage", false},
@@ -124,24 +96,20 @@ func TestAllowedMatchesDesign(t *testing.T) {
 		{"cmd/ferryctl", "cmd/internal/cli", true},
 		{"producer", "cmd/internal/cli", false},
 		{"unlisted", "protocol", false},
-	}
-	for _, c := range cases {
-		if got := allowed(c.from, c.to); got != c.want {
-			t.Errorf("allowed(%q, %q) = %v, want %v", c.from, c.to, got, c.want)
-		}
-	}
+	})
 }
 
 type listedPackage struct {
 	ImportPath   string
+	Name         string
 	Imports      []string
 	TestImports  []string
 	XTestImports []string
 }
 
-// TestForbiddenImports lists every package of the module with `go list` and
-// fails on an import the rules do not allow, or on a package no rule covers.
-func TestForbiddenImports(t *testing.T) {
+// listPackages lists every package of the module with `go list`.
+func listPackages(t *testing.T) []listedPackage {
+	t.Helper()
 	cmd := exec.Command("go", "list", "-json", module+"/...")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -150,8 +118,7 @@ func TestForbiddenImports(t *testing.T) {
 		t.Fatalf("go list: %v\n%s", err, stderr.String())
 	}
 	dec := json.NewDecoder(bytes.NewReader(out))
-	var problems []string
-	seen := 0
+	var pkgs []listedPackage
 	for {
 		var p listedPackage
 		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
@@ -159,17 +126,38 @@ func TestForbiddenImports(t *testing.T) {
 		} else if err != nil {
 			t.Fatal(err)
 		}
-		seen++
-		from := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 5 {
+		t.Fatalf("go list found only %d packages", len(pkgs))
+	}
+	return pkgs
+}
+
+// inModule returns imp as a path inside the module, and whether it is one.
+func inModule(imp string) (string, bool) {
+	if imp != module && !strings.HasPrefix(imp, module+"/") {
+		return "", false
+	}
+	return strings.TrimPrefix(strings.TrimPrefix(imp, module), "/"), true
+}
+
+// TestForbiddenImports lists every package of the module with `go list`
+// and fails on an import the rules do not allow, or on a package no rule
+// covers.
+func TestForbiddenImports(t *testing.T) {
+	var problems []string
+	for _, p := range listPackages(t) {
+		from, _ := inModule(p.ImportPath)
 		if _, ok := ruleFor(from); !ok {
 			problems = append(problems, "package "+from+" has no import rule: add it to rules")
 			continue
 		}
 		for _, imp := range p.Imports {
-			if imp != module && !strings.HasPrefix(imp, module+"/") {
+			to, ok := inModule(imp)
+			if !ok {
 				continue
 			}
-			to := strings.TrimPrefix(strings.TrimPrefix(imp, module), "/")
 			if !allowed(from, to) {
 				problems = append(problems, from+" imports "+to)
 			}
@@ -185,11 +173,97 @@ func TestForbiddenImports(t *testing.T) {
 			}
 		}
 	}
-	if seen < 5 {
-		t.Fatalf("go list found only %d packages", seen)
-	}
 	sort.Strings(problems)
 	for _, p := range problems {
 		t.Error("forbidden import: " + p)
+	}
+}
+
+// layerOf is the layer of pkg (a path inside the module); ok is false for
+// a package no rule covers (TestForbiddenImports names those).
+func layerOf(pkg string) (layer int, ok bool) {
+	key, ok := ruleFor(pkg)
+	return rules[key].layer, ok
+}
+
+// upward reports whether from importing to runs from a lower layer up to a
+// higher one.
+func upward(from, to string) bool {
+	lf, okf := layerOf(from)
+	lt, okt := layerOf(to)
+	return okf && okt && lf < lt
+}
+
+// upwardImports lists every import of pkgs that runs up: the imports of
+// each package's code and of its in-package tests. External test packages
+// (package x_test) are packages of their own above everything, and may
+// import anything the rules allow their tests.
+func upwardImports(pkgs []listedPackage) []string {
+	var up []string
+	for _, p := range pkgs {
+		from, _ := inModule(p.ImportPath)
+		for _, imp := range p.Imports {
+			if to, ok := inModule(imp); ok && upward(from, to) {
+				up = append(up, from+" imports "+to)
+			}
+		}
+		for _, imp := range p.TestImports {
+			if to, ok := inModule(imp); ok && upward(from, to) {
+				up = append(up, "the tests of "+from+" (package "+p.Name+") import "+to)
+			}
+		}
+	}
+	sort.Strings(up)
+	return up
+}
+
+// TestNoUpwardImports fails on every import, by a package or by its
+// in-package tests, from a lower layer up to a higher one.
+func TestNoUpwardImports(t *testing.T) {
+	up := upwardImports(listPackages(t))
+	for _, u := range up {
+		t.Errorf("upward import: %s", u)
+	}
+	if len(up) > 0 {
+		t.Errorf("%d imports run from a lower layer up to a higher one: move the code, or the importer's tests to an external test package", len(up))
+	}
+}
+
+func TestUpward(t *testing.T) {
+	checkEdges(t, "upward", upward, []edgeCase{
+		{"broker", "protocol", false},
+		{"protocol", "routing", true},
+		{"storage/vfs", "storage", false},
+		{"internal/testcluster", "broker", false},
+		{"broker", "internal/testcluster", true},
+		{"metaserver/client", "internal/testcluster", true},
+		{"producer", "internal/testcluster", false},
+		{"producer", "broker", false},
+		{"broker", "producer", true},
+		{"internal/loadgen", "consumer", false},
+		{"consumer", "internal/loadgen", true},
+		{"cmd/ferryctl", "internal/loadgen", false},
+		{"cmd/internal/cli", "tests", true},
+		{"unlisted", "tests", false},
+	})
+}
+
+// TestRulesPointDown: no rule allows an import of a higher layer, so the
+// two checks never contradict each other.
+func TestRulesPointDown(t *testing.T) {
+	for key, r := range rules {
+		for _, a := range r.imports {
+			if a == "*" {
+				continue
+			}
+			if l, ok := layerOf(a); !ok {
+				t.Errorf("%s may import %s, which no rule covers", key, a)
+			} else if l > r.layer {
+				t.Errorf("%s (layer %d) may import %s (layer %d): a rule that points up", key, r.layer, a, l)
+			}
+		}
+		if r.job == "" {
+			t.Errorf("%s has no job: DESIGN.md's table shows it", key)
+		}
 	}
 }

@@ -5,8 +5,10 @@
 // reverse order.
 //
 // It is imported only from tests (an import rule in internal/lint says so).
-// Packages whose own internals are tested import it from external test
-// packages (package broker_test, package metaserver_test).
+// Its layer is above the servers it starts and below the SDKs, whose
+// in-package tests run it; packages at or below its layer (broker,
+// metaserver, metaserver/client) import it from external test packages
+// (package broker_test, package metaserver_test), never from their own.
 package testcluster
 
 import (

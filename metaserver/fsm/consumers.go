@@ -253,21 +253,31 @@ func (f *FSM) consumerGroup(name string, create bool) *ConsumerGroup {
 	return g
 }
 
-func (f *FSM) joinGroup(c *JoinGroup) any {
-	if err := ValidateConsumerName("group", c.Group); err != nil {
-		return invalidErr("%v", err)
+// checkJoin checks the names of a join and the topics it subscribes to,
+// and returns the topics normalized.
+func (f *FSM) checkJoin(group, member string, subscribed []string) ([]string, error) {
+	if err := ValidateConsumerName("group", group); err != nil {
+		return nil, invalidErr("%v", err)
 	}
-	if err := ValidateConsumerName("member", c.Member); err != nil {
-		return invalidErr("%v", err)
+	if err := ValidateConsumerName("member", member); err != nil {
+		return nil, invalidErr("%v", err)
 	}
-	topics := NormalizeTopics(c.Topics)
+	topics := NormalizeTopics(subscribed)
 	if len(topics) == 0 || len(topics) > MaxConsumerTopics {
-		return invalidErr("a member subscribes to 1 to %d topics, got %d", MaxConsumerTopics, len(topics))
+		return nil, invalidErr("a member subscribes to 1 to %d topics, got %d", MaxConsumerTopics, len(topics))
 	}
 	for _, t := range topics {
 		if f.s.Topics[t] == nil {
-			return &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", t)}
+			return nil, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", t)}
 		}
+	}
+	return topics, nil
+}
+
+func (f *FSM) joinGroup(c *JoinGroup) any {
+	topics, err := f.checkJoin(c.Group, c.Member, c.Topics)
+	if err != nil {
+		return err
 	}
 	if c.SessionMillis < 0 {
 		return invalidErr("session must not be negative, got %d ms", c.SessionMillis)
@@ -309,18 +319,28 @@ func staleGeneration(format string, args ...any) error {
 	return &protocol.Error{Status: protocol.StatusStaleGeneration, Message: fmt.Sprintf(format, args...)}
 }
 
-func (f *FSM) commitOffsets(c *CommitOffsets) any {
-	if len(c.Offsets) > MaxCommitOffsets {
-		return invalidErr("a commit carries at most %d offsets, got %d", MaxCommitOffsets, len(c.Offsets))
+// commitGroup checks a commit's offsets and returns the group it commits
+// to.
+func (f *FSM) commitGroup(group string, offsets []QueueOffset) (*ConsumerGroup, error) {
+	if len(offsets) > MaxCommitOffsets {
+		return nil, invalidErr("a commit carries at most %d offsets, got %d", MaxCommitOffsets, len(offsets))
 	}
-	for _, o := range c.Offsets {
+	for _, o := range offsets {
 		if o.Offset < 0 {
-			return invalidErr("offset of %s queue %d is %d; offsets are 0 or more", o.Topic, o.Queue, o.Offset)
+			return nil, invalidErr("offset of %s queue %d is %d; offsets are 0 or more", o.Topic, o.Queue, o.Offset)
 		}
 	}
-	g := f.s.ConsumerGroups[c.Group]
+	g := f.s.ConsumerGroups[group]
 	if g == nil {
-		return notFound("consumer group %q", c.Group)
+		return nil, notFound("consumer group %q", group)
+	}
+	return g, nil
+}
+
+func (f *FSM) commitOffsets(c *CommitOffsets) any {
+	g, err := f.commitGroup(c.Group, c.Offsets)
+	if err != nil {
+		return err
 	}
 	if c.Generation != g.Generation {
 		return staleGeneration("consumer group %q is at generation %d, not %d: rejoin", c.Group, g.Generation, c.Generation)
@@ -332,38 +352,14 @@ func (f *FSM) commitOffsets(c *CommitOffsets) any {
 				o.Topic, o.Queue, c.Member, g.Generation, c.Group)
 		}
 	}
-	changed := false
-	for _, o := range c.Offsets {
+	offsets := make([]QueueOffset, len(c.Offsets))
+	for i, o := range c.Offsets {
 		if o.EpochGroup != "" && f.s.queueGroup(o.Topic, o.Queue) != o.EpochGroup {
 			o = f.s.readElsewhere(o)
 		}
-		qs := g.Offsets[o.Topic]
-		if qs == nil {
-			qs = map[uint32]int64{}
-			g.Offsets[o.Topic] = qs
-		}
-		if old, ok := qs[o.Queue]; !ok || old != o.Offset {
-			qs[o.Queue] = o.Offset
-			changed = true
-		}
-		if g.Epochs[o.Topic][o.Queue] != o.Epoch {
-			if g.Epochs == nil {
-				g.Epochs = map[string]map[uint32]uint32{}
-			}
-			es := g.Epochs[o.Topic]
-			if es == nil {
-				es = map[uint32]uint32{}
-				g.Epochs[o.Topic] = es
-			}
-			if o.Epoch == 0 {
-				delete(es, o.Queue)
-			} else {
-				es[o.Queue] = o.Epoch
-			}
-			changed = true
-		}
+		offsets[i] = o
 	}
-	return &Result{Changed: changed, Generation: g.Generation}
+	return &Result{Changed: g.setOffsets(offsets), Generation: g.Generation}
 }
 
 func (f *FSM) resetOffsets(c *ResetOffsets) any {

@@ -242,18 +242,7 @@ func TestConsumerSnapshotRestore(t *testing.T) {
 	q.Offset = 12
 	mustApply(t, f, &CommitOffsets{Group: "cg", Member: "b", Generation: g.Generation, Offsets: []QueueOffset{q}})
 	mustApply(t, f, &ResetOffsets{Group: "idle", Offsets: []QueueOffset{{Topic: "events", Queue: 4, Offset: 99}}})
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	r := New()
-	if err := r.Restore(io.NopCloser(&sink)); err != nil {
-		t.Fatal(err)
-	}
+	r := restored(t, f)
 	if !reflect.DeepEqual(r.State(), f.State()) {
 		t.Fatalf("restored state differs:\n got %+v\nwant %+v", r.State().ConsumerGroups, f.State().ConsumerGroups)
 	}

@@ -2,7 +2,6 @@ package fsm
 
 import (
 	"errors"
-	"io"
 	"reflect"
 	"testing"
 
@@ -105,18 +104,7 @@ func TestResyncOrders(t *testing.T) {
 	if g.Resync == nil || *g.Resync != (routing.ResyncOrder{Broker: "a", Seq: 1, At: 5}) {
 		t.Fatalf("order %+v", g.Resync)
 	}
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	r := New()
-	if err := r.Restore(io.NopCloser(&sink)); err != nil {
-		t.Fatal(err)
-	}
+	r := restored(t, f)
 	if !reflect.DeepEqual(r.State(), f.State()) {
 		t.Fatalf("restored %+v, want %+v", r.State(), f.State())
 	}

@@ -151,6 +151,38 @@ func (s *memSink) ID() string    { return "mem" }
 func (s *memSink) Cancel() error { s.canceled = true; return nil }
 func (s *memSink) Close() error  { return nil }
 
+// fataler is what restored needs of a test: *testing.T and *rapid.T both
+// are one.
+type fataler interface {
+	Helper()
+	Fatal(args ...any)
+}
+
+// restored returns a new FSM restored from a snapshot of f.
+func restored(tb fataler, f *FSM) *FSM {
+	tb.Helper()
+	snap, err := f.Snapshot()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return persisted(tb, snap)
+}
+
+// persisted returns a new FSM restored from what snap persists.
+func persisted(tb fataler, snap raft.FSMSnapshot) *FSM {
+	tb.Helper()
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		tb.Fatal(err)
+	}
+	snap.Release()
+	r := New()
+	if err := r.Restore(io.NopCloser(&sink)); err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
 func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	f := seeded(t)
 	mustApply(t, f, &SetGroupReasons{Group: "g2", Set: routing.Admin | routing.SlaveLag, At: 7})
@@ -160,16 +192,7 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	}
 	// Changes after Snapshot do not leak into it.
 	mustApply(t, f, &CreateTopic{Name: "later", Queues: []string{"g1"}})
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
-
-	g := New()
-	if err := g.Restore(io.NopCloser(&sink)); err != nil {
-		t.Fatal(err)
-	}
+	g := persisted(t, snap)
 	want := seeded(t)
 	mustApply(t, want, &SetGroupReasons{Group: "g2", Set: routing.Admin | routing.SlaveLag, At: 7})
 	if !reflect.DeepEqual(g.State(), want.State()) {

@@ -283,18 +283,7 @@ func TestGroupsSnapshotRoundTrip(t *testing.T) {
 	mustApply(t, f, &RecordQueueEnds{Group: "g2", Ends: []QueueEnd{{Topic: "orders", Queue: 1, End: 50}}})
 	mustApply(t, f, &RecordQueueEnds{Group: "g1", Ends: []QueueEnd{{Topic: "orders", Queue: 0, End: 9}}})
 	mustApply(t, f, &RetireGroup{Group: "g2", Moves: []QueueMove{{Topic: "orders", Queue: 1, To: "g3"}}, At: 4})
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	r := New()
-	if err := r.Restore(io.NopCloser(&sink)); err != nil {
-		t.Fatal(err)
-	}
+	r := restored(t, f)
 	if !reflect.DeepEqual(r.State(), f.State()) {
 		t.Fatalf("restored state differs:\n got %+v\nwant %+v", r.State(), f.State())
 	}

@@ -135,20 +135,9 @@ func memberFenced(format string, args ...any) error {
 }
 
 func (f *FSM) joinMember(c *JoinMember) any {
-	if err := ValidateConsumerName("group", c.Group); err != nil {
-		return invalidErr("%v", err)
-	}
-	if err := ValidateConsumerName("member", c.Member); err != nil {
-		return invalidErr("%v", err)
-	}
-	topics := NormalizeTopics(c.Topics)
-	if len(topics) == 0 || len(topics) > MaxConsumerTopics {
-		return invalidErr("a member subscribes to 1 to %d topics, got %d", MaxConsumerTopics, len(topics))
-	}
-	for _, t := range topics {
-		if f.s.Topics[t] == nil {
-			return &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", t)}
-		}
+	topics, err := f.checkJoin(c.Group, c.Member, c.Topics)
+	if err != nil {
+		return err
 	}
 	if c.SessionMillis < 0 || c.JoinWindowMillis < 0 {
 		return invalidErr("session and join window must not be negative, got %d and %d ms", c.SessionMillis, c.JoinWindowMillis)
@@ -370,17 +359,9 @@ func (g *ConsumerGroup) handOver(prev map[string][]string, at int64) {
 }
 
 func (f *FSM) commitHeld(c *CommitHeld) any {
-	if len(c.Offsets) > MaxCommitOffsets {
-		return invalidErr("a commit carries at most %d offsets, got %d", MaxCommitOffsets, len(c.Offsets))
-	}
-	for _, o := range c.Offsets {
-		if o.Offset < 0 {
-			return invalidErr("offset of %s queue %d is %d; offsets are 0 or more", o.Topic, o.Queue, o.Offset)
-		}
-	}
-	g := f.s.ConsumerGroups[c.Group]
-	if g == nil {
-		return notFound("consumer group %q", c.Group)
+	g, err := f.commitGroup(c.Group, c.Offsets)
+	if err != nil {
+		return err
 	}
 	offsets := make([]QueueOffset, len(c.Offsets))
 	for i, o := range c.Offsets {

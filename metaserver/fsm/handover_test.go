@@ -1,7 +1,6 @@
 package fsm
 
 import (
-	"io"
 	"reflect"
 	"testing"
 
@@ -221,18 +220,7 @@ func TestHandoverProperty(t *testing.T) {
 				}
 			}
 		}
-		snap, err := f.Snapshot()
-		if err != nil {
-			rt.Fatal(err)
-		}
-		var sink memSink
-		if err := snap.Persist(&sink); err != nil {
-			rt.Fatal(err)
-		}
-		r := New()
-		if err := r.Restore(io.NopCloser(&sink)); err != nil {
-			rt.Fatal(err)
-		}
+		r := restored(rt, f)
 		if !reflect.DeepEqual(r.State().ConsumerGroups, f.State().ConsumerGroups) {
 			rt.Fatalf("restored %+v, want %+v", r.State().ConsumerGroups, f.State().ConsumerGroups)
 		}

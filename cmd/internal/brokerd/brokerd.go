@@ -26,10 +26,8 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ferry-broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg broker.Config
-	var meta, flush, role, metricsAddr, pprofAddr, failoverTail string
-	var logf cli.LogFlags
-	var tlsf cli.TLSFlags
-	var authf cli.AuthFlags
+	var meta, flush, role, failoverTail string
+	var sf cli.ServerFlags
 	fs.StringVar(&cfg.ID, "id", "", "broker ID (required)")
 	fs.StringVar(&cfg.Group, "group", "", "broker group (required)")
 	fs.StringVar(&role, "role", string(routing.RoleMaster), "preferred role when first joining the group: master or slave (afterwards the metaserver decides, e.g. at a failover)")
@@ -51,20 +49,16 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.Int64Var(&cfg.Pretouch, "pretouch", 0, "write zeros this many bytes ahead of the commit log's writer, so appends land on pages the file has (0: 8 MiB with -flush async, off with sync; -1: off)")
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 10*time.Second, "close a connection that read none of its answers for this long")
 	fs.StringVar(&failoverTail, "failover-tail", "recover", "what a former master does with the records a failover cut from its log (NORMAL messages it acknowledged that its slave never copied): recover (hand them to the new master, which stores each again once, flagged) or discard (keep them in truncated/ for the operator only)")
-	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
-	fs.StringVar(&pprofAddr, "pprof", "", cli.PprofHelp)
-	logf.Register(fs)
-	tlsf.Register(fs)
-	authf.Register(fs, false)
+	sf.Register(fs, false)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	cfg.Role = routing.Role(role)
 	var err error
-	if cfg.TLSServer, cfg.TLSClient, err = tlsf.Configs(); err != nil {
+	if cfg.TLSServer, cfg.TLSClient, err = sf.TLS.Configs(); err != nil {
 		return err
 	}
-	if cfg.ClusterToken, err = authf.ClusterToken(); err != nil {
+	if cfg.ClusterToken, err = sf.Auth.ClusterToken(); err != nil {
 		return err
 	}
 	if cfg.Flush, err = storage.ParseFlushMode(flush); err != nil {
@@ -82,10 +76,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 			cfg.MetaAddrs = append(cfg.MetaAddrs, a)
 		}
 	}
-	if cfg.Logger, err = logf.Logger("broker", stderr); err != nil {
+	if cfg.Logger, err = sf.Logger("broker", stderr); err != nil {
 		return err
 	}
-	authf.LogWarnings(cfg.Logger)
 	if err := cfg.Validate(); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
@@ -103,15 +96,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	register(m, b, cfg.Dir)
 	m.Health = b.Store().Broken
 	m.Ready = func() error { return ready(b) }
-	if err := m.Serve(metricsAddr, cfg.Logger); err != nil {
-		return &cli.ConfigError{Err: err}
-	}
-	defer m.Close()
-	stopPprof, err := cli.ServePprof(pprofAddr, cfg.Logger)
+	stop, err := sf.Serve(m, cfg.Logger)
 	if err != nil {
-		return &cli.ConfigError{Err: err}
+		return err
 	}
-	defer stopPprof()
+	defer stop()
 	<-ctx.Done()
 	cfg.Logger.Info("shutting down")
 	return nil

@@ -1,15 +1,13 @@
 package brokerd
 
 import (
-	"context"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
+	"github.com/ferrymq/ferrymq/cmd/internal/clitest"
 )
 
 func TestBadSettingsFailClearly(t *testing.T) {
@@ -37,17 +35,8 @@ func TestBadSettingsFailClearly(t *testing.T) {
 		{"taken port", []string{"-id", "b", "-group", "g", "-dir", filepath.Join(dir, "d"), "-addr", taken.Addr().String(), "-ha-addr", "127.0.0.1:0"}, "address already in use", cli.ExitConfig},
 		{"taken pprof port", []string{"-id", "b", "-group", "g", "-dir", filepath.Join(dir, "p"), "-addr", "127.0.0.1:0", "-ha-addr", "127.0.0.1:0", "-meta", "127.0.0.1:1", "-pprof", taken.Addr().String()}, "pprof listener", cli.ExitConfig},
 	}
-	// An already-done context: a setting wrongly accepted makes Run start
-	// and return nil at once, failing the case instead of hanging the test.
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			err := Run(done, tc.args, io.Discard)
-			if err == nil || !strings.Contains(err.Error(), tc.want) || cli.ExitCode(err) != tc.code {
-				t.Fatalf("got %v (exit %d), want an error naming %q with exit %d", err, cli.ExitCode(err), tc.want, tc.code)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { clitest.Refuses(t, Run, tc.args, tc.want, tc.code) })
 	}
 }
 
@@ -60,16 +49,7 @@ func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
 	base := func() []string {
 		return []string{"-id", "b", "-group", "g", "-dir", t.TempDir(), "-addr", "127.0.0.1:0", "-ha-addr", "127.0.0.1:0", "-meta", "127.0.0.1:1"}
 	}
-	// Run gets a context that is already done: a config it accepts starts a
-	// broker, stops it at once and returns nil, so a wrongly accepted
-	// setting fails the test instead of hanging it.
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	t.Run("base settings are accepted", func(t *testing.T) {
-		if err := Run(done, base(), io.Discard); err != nil {
-			t.Fatalf("the settings the cases below start from fail: %v", err)
-		}
-	})
+	t.Run("base settings are accepted", func(t *testing.T) { clitest.Accepts(t, Run, base()) })
 	for _, tc := range []struct{ flag, value, field string }{
 		{"-session", "-5s", "SessionTimeout"},
 		{"-heartbeat", "-1s", "HeartbeatInterval"},
@@ -78,11 +58,7 @@ func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
 		{"-retention-check", "-1m", "RetentionCheck"},
 	} {
 		t.Run(tc.flag+" "+tc.value, func(t *testing.T) {
-			err := Run(done, append(base(), tc.flag, tc.value), io.Discard)
-			if err == nil || cli.ExitCode(err) != cli.ExitConfig || !strings.Contains(err.Error(), tc.field) {
-				t.Fatalf("%s %s: got %v (exit %d), want a config error naming %s (exit %d)",
-					tc.flag, tc.value, err, cli.ExitCode(err), tc.field, cli.ExitConfig)
-			}
+			clitest.Refuses(t, Run, append(base(), tc.flag, tc.value), tc.field, cli.ExitConfig)
 		})
 	}
 }

@@ -1,45 +1,15 @@
 package brokerd
 
 import (
-	"context"
-	"io"
-	"path/filepath"
-	"strings"
 	"testing"
 
-	"github.com/ferrymq/ferrymq/cmd/internal/cli"
-	"github.com/ferrymq/ferrymq/internal/testtls"
+	"github.com/ferrymq/ferrymq/cmd/internal/clitest"
 )
 
 // The TLS flags: a broker with a certificate, its key and a CA starts; a
 // missing file or a certificate without its key exits 2 naming the flag.
 func TestTLSFlags(t *testing.T) {
-	dir := t.TempDir()
-	f := testtls.Cert(t, testtls.CA(t, dir), "b", dir)
-	base := func() []string {
+	clitest.TLSFlags(t, Run, "b", func() []string {
 		return []string{"-id", "b", "-group", "g", "-dir", t.TempDir(), "-addr", "127.0.0.1:0", "-ha-addr", "127.0.0.1:0", "-meta", "127.0.0.1:1"}
-	}
-	// A done context: an accepted setting starts the broker and stops it.
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := Run(done, append(base(), "-tls-cert", f.Cert, "-tls-key", f.Key, "-tls-ca", f.CA), io.Discard); err != nil {
-		t.Fatalf("a broker with -tls-cert, -tls-key and -tls-ca: %v", err)
-	}
-	missing := filepath.Join(dir, "missing.pem")
-	for _, tc := range []struct {
-		name string
-		args []string
-		want string
-	}{
-		{"a certificate without its key", []string{"-tls-cert", f.Cert, "-tls-ca", f.CA}, "-tls-cert and -tls-key"},
-		{"a CA file that is not there", []string{"-tls-cert", f.Cert, "-tls-key", f.Key, "-tls-ca", missing}, "-tls-ca " + missing},
-		{"a key file that is not there", []string{"-tls-cert", f.Cert, "-tls-key", missing}, "-tls-key " + missing},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := Run(done, append(base(), tc.args...), io.Discard)
-			if err == nil || cli.ExitCode(err) != cli.ExitConfig || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("got %v (exit %d), want a config error naming %q (exit 2)", err, cli.ExitCode(err), tc.want)
-			}
-		})
-	}
+	})
 }

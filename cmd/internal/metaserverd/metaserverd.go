@@ -42,11 +42,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	def := metaserver.DefaultConfig()
 	var cfg metaserver.Config
-	var peers, metricsAddr, pprofAddr, failover, admit string
+	var peers, failover, admit string
 	var maxLoss int64
-	var logf cli.LogFlags
-	var tlsf cli.TLSFlags
-	var authf cli.AuthFlags
+	var sf cli.ServerFlags
 	fs.StringVar(&cfg.ID, "id", "", "this node's raft ID (required)")
 	fs.StringVar(&cfg.Dir, "dir", "", "data directory for the raft log and snapshots (required)")
 	fs.StringVar(&cfg.RaftAddr, "raft-addr", "127.0.0.1:7201", "raft transport address")
@@ -65,19 +63,15 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.FailoverMargin, "failover-margin", def.FailoverMargin, "how long past -session the leader waits before it promotes")
 	fs.DurationVar(&cfg.ConsumerSession, "consumer-session", def.ConsumerSession, "a consumer group member unheard of this long leaves its group (when it asks for no session of its own; 1s to 5m)")
 	fs.DurationVar(&cfg.ConsumerJoinWindow, "consumer-join-window", def.ConsumerJoinWindow, "a consumer group with no member waits this long from its first member's join for others before its first assignment (negative: not at all)")
-	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
-	fs.StringVar(&pprofAddr, "pprof", "", cli.PprofHelp)
-	logf.Register(fs)
-	tlsf.Register(fs)
-	authf.Register(fs, true)
+	sf.Register(fs, true)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	var err error
-	if cfg.TLSServer, cfg.TLSClient, err = tlsf.Configs(); err != nil {
+	if cfg.TLSServer, cfg.TLSClient, err = sf.TLS.Configs(); err != nil {
 		return err
 	}
-	if cfg.ClusterToken, cfg.Auth, err = authf.Builtins(); err != nil {
+	if cfg.ClusterToken, cfg.Auth, err = sf.Auth.Builtins(); err != nil {
 		return err
 	}
 	switch failover {
@@ -104,10 +98,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.Peers, err = ParsePeers(peers); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
-	if cfg.Logger, err = logf.Logger("metaserver", stderr); err != nil {
+	if cfg.Logger, err = sf.Logger("metaserver", stderr); err != nil {
 		return err
 	}
-	authf.LogWarnings(cfg.Logger)
 	if err := cfg.Validate(); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
@@ -119,15 +112,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	m := cli.NewMetrics()
 	register(m, s)
 	m.Ready = func() error { return ready(s.RaftStatus()) }
-	if err := m.Serve(metricsAddr, cfg.Logger); err != nil {
-		return &cli.ConfigError{Err: err}
-	}
-	defer m.Close()
-	stopPprof, err := cli.ServePprof(pprofAddr, cfg.Logger)
+	stop, err := sf.Serve(m, cfg.Logger)
 	if err != nil {
-		return &cli.ConfigError{Err: err}
+		return err
 	}
-	defer stopPprof()
+	defer stop()
 	cfg.Logger.Info("metaserver running", "id", cfg.ID, "rpc-addr", s.RPCAddr(), "raft-addr", s.RaftAddr())
 	<-ctx.Done()
 	cfg.Logger.Info("shutting down")

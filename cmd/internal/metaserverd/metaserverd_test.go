@@ -1,13 +1,11 @@
 package metaserverd
 
 import (
-	"context"
-	"io"
 	"net"
-	"strings"
 	"testing"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
+	"github.com/ferrymq/ferrymq/cmd/internal/clitest"
 )
 
 func TestParsePeers(t *testing.T) {
@@ -41,17 +39,8 @@ func TestBadSettingsFailClearly(t *testing.T) {
 		{"unusable dir", []string{"-id", "m1", "-dir", "/proc/version/x", "-rpc-addr", "127.0.0.1:0", "-raft-addr", "127.0.0.1:0"}, "data directory", cli.ExitConfig},
 		{"taken raft port", []string{"-id", "m1", "-dir", dir, "-raft-addr", taken.Addr().String(), "-rpc-addr", "127.0.0.1:0"}, "address already in use", cli.ExitConfig},
 	}
-	// An already-done context: a setting wrongly accepted makes Run start
-	// and return nil at once, failing the case instead of hanging the test.
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			err := Run(done, tc.args, io.Discard)
-			if err == nil || !strings.Contains(err.Error(), tc.want) || cli.ExitCode(err) != tc.code {
-				t.Fatalf("got %v (exit %d), want an error naming %q with exit %d", err, cli.ExitCode(err), tc.want, tc.code)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { clitest.Refuses(t, Run, tc.args, tc.want, tc.code) })
 	}
 }
 
@@ -64,16 +53,7 @@ func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
 	base := func() []string {
 		return []string{"-id", "m1", "-dir", t.TempDir(), "-rpc-addr", "127.0.0.1:0", "-raft-addr", "127.0.0.1:0"}
 	}
-	// Run gets a context that is already done: a config it accepts starts a
-	// node, stops it at once and returns nil, so a wrongly accepted setting
-	// fails the test instead of hanging it.
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	t.Run("base settings are accepted", func(t *testing.T) {
-		if err := Run(done, base(), io.Discard); err != nil {
-			t.Fatalf("the settings the cases below start from fail: %v", err)
-		}
-	})
+	t.Run("base settings are accepted", func(t *testing.T) { clitest.Accepts(t, Run, base()) })
 	for _, tc := range []struct{ flag, value, field string }{
 		{"-session", "-5s", "SessionTimeout"},
 		{"-lag-time", "-1s", "LagTime"},
@@ -85,11 +65,7 @@ func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
 		{"-consumer-session", "10m", "ConsumerSession"},
 	} {
 		t.Run(tc.flag+" "+tc.value, func(t *testing.T) {
-			err := Run(done, append(base(), tc.flag, tc.value), io.Discard)
-			if err == nil || cli.ExitCode(err) != cli.ExitConfig || !strings.Contains(err.Error(), tc.field) {
-				t.Fatalf("%s %s: got %v (exit %d), want a config error naming %s (exit %d)",
-					tc.flag, tc.value, err, cli.ExitCode(err), tc.field, cli.ExitConfig)
-			}
+			clitest.Refuses(t, Run, append(base(), tc.flag, tc.value), tc.field, cli.ExitConfig)
 		})
 	}
 }

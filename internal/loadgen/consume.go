@@ -1,8 +1,7 @@
-package main
+package loadgen
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"sync"
@@ -13,28 +12,27 @@ import (
 
 	"github.com/ferrymq/ferrymq/consumer"
 	"github.com/ferrymq/ferrymq/internal/transport"
-	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
-// consumeResult is the consume side of bench.
-type consumeResult struct {
+// ConsumeResult is the consume side of a run.
+type ConsumeResult struct {
 	Group     string `json:"group"`
 	Consumers int    `json:"consumers"`
 	Backlog   bool   `json:"backlog"`
 	Consumed  int64  `json:"consumed"`
-	// Missing counts messages sent and not consumed when bench stopped
-	// waiting (--consume-wait without progress).
+	// Missing counts messages sent and not consumed when the run stopped
+	// waiting (ConsumeWait without progress).
 	Missing int64 `json:"missing"`
 	// Seconds runs from the first message sent (live) or from when every
-	// member had its queues (--backlog) to the last message handled.
+	// member had its queues (Backlog) to the last message handled.
 	Seconds    float64 `json:"seconds"`
 	MsgsPerSec float64 `json:"msgs_per_sec"`
 	MBPerSec   float64 `json:"mb_per_sec"`
 	// End-to-end latency: from just before the producer's send (a time in
 	// the body's first 8 bytes; the producer's millisecond timestamp for
-	// bodies under 8 bytes) to the handler. With --backlog it includes the
+	// bodies under 8 bytes) to the handler. With Backlog it includes the
 	// time spent in the backlog.
 	P50Micros  int64 `json:"e2e_p50_us"`
 	P90Micros  int64 `json:"e2e_p90_us"`
@@ -43,12 +41,9 @@ type consumeResult struct {
 	MaxMicros  int64 `json:"e2e_max_us"`
 }
 
-// benchConsumers is the consumer group of bench.
-type benchConsumers struct {
-	o        *benchOptions
-	metas    []string
-	tls      *tls.Config
-	token    string // "": none
+// consumers is the consumer group of a run.
+type consumers struct {
+	o        *Config
 	group    string
 	cs       []*consumer.Consumer
 	hists    []*hdrhistogram.Histogram
@@ -61,28 +56,28 @@ type benchConsumers struct {
 	errs     chan error
 }
 
-func newBenchConsumers(o *benchOptions, metas []string, tlsCfg *tls.Config, token string) *benchConsumers {
-	group := o.group
+func newConsumers(o *Config) *consumers {
+	group := o.Group
 	if group == "" {
 		group = fmt.Sprintf("ferryctl-bench-%d", time.Now().UnixNano())
 	}
-	return &benchConsumers{o: o, metas: metas, tls: tlsCfg, token: token, group: group, errs: make(chan error, o.consumers)}
+	return &consumers{o: o, group: group, errs: make(chan error, o.Consumers)}
 }
 
 // start starts the members and waits until every queue of route has a
 // member that knows where it starts.
-func (b *benchConsumers) start(ctx context.Context, route routing.Route, start consumer.Start) error {
+func (b *consumers) start(ctx context.Context, route routing.Route, start consumer.Start) error {
 	rctx, cancel := context.WithCancel(context.Background())
 	b.cancel = cancel
-	b.cs = make([]*consumer.Consumer, b.o.consumers)
-	b.hists = make([]*hdrhistogram.Histogram, b.o.consumers)
-	b.hmu = make([]sync.Mutex, b.o.consumers)
+	b.cs = make([]*consumer.Consumer, b.o.Consumers)
+	b.hists = make([]*hdrhistogram.Histogram, b.o.Consumers)
+	b.hmu = make([]sync.Mutex, b.o.Consumers)
 	b.gate = make(chan struct{})
 	for i := range b.cs {
-		c, err := consumer.New(b.group, []string{b.o.topic}, consumer.MetaAddrs(b.metas...), consumer.StartFrom(start),
-			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), consumer.TLS(b.tls), consumer.Token(b.token))
+		c, err := consumer.New(b.group, []string{b.o.Topic}, consumer.MetaAddrs(b.o.MetaAddrs...), consumer.StartFrom(start),
+			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), consumer.TLS(b.o.TLS), consumer.Token(b.o.Token))
 		if err != nil {
-			return usageError{err}
+			return &ConfigError{err}
 		}
 		b.cs[i] = c
 		b.hists[i] = hdrhistogram.New(1, 60_000_000, 3)
@@ -132,7 +127,7 @@ func (b *benchConsumers) start(ctx context.Context, route routing.Route, start c
 			}
 			held := 0
 			for _, q := range st.Queues {
-				if q.Topic == b.o.topic && q.Processed >= 0 {
+				if q.Topic == b.o.Topic && q.Processed >= 0 {
 					held++
 				}
 			}
@@ -151,19 +146,19 @@ func (b *benchConsumers) start(ctx context.Context, route routing.Route, start c
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the consumer group %s holds %d of the %d queues of %s after 30s", b.group, ready, len(route.Queues), b.o.topic)
+			return fmt.Errorf("the consumer group %s holds %d of the %d queues of %s after 30s", b.group, ready, len(route.Queues), b.o.Topic)
 		}
 	}
 }
 
 // wait waits until want messages were consumed, or no message came for
-// --consume-wait, and stops the members.
-func (b *benchConsumers) wait(ctx context.Context, want int64) {
+// ConsumeWait, and stops the members.
+func (b *consumers) wait(ctx context.Context, want int64) {
 	lastN, lastAt := int64(-1), time.Now()
 	for b.consumed.Load() < want && ctx.Err() == nil {
 		if n := b.consumed.Load(); n != lastN {
 			lastN, lastAt = n, time.Now()
-		} else if time.Since(lastAt) > b.o.consumeWait {
+		} else if time.Since(lastAt) > b.o.ConsumeWait {
 			break
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -171,7 +166,7 @@ func (b *benchConsumers) wait(ctx context.Context, want int64) {
 	b.stop()
 }
 
-func (b *benchConsumers) stop() {
+func (b *consumers) stop() {
 	if b.cancel == nil {
 		return
 	}
@@ -183,9 +178,9 @@ func (b *benchConsumers) stop() {
 	}
 	b.wg.Wait()
 	b.cancel = nil
-	if b.o.group == "" {
+	if b.o.Group == "" {
 		// The run's own group: its members left as they closed.
-		if mc, err := client.New(client.Config{Addrs: b.metas, Transport: transport.ClientConfig{TLS: b.tls, Token: b.token}}); err == nil {
+		if mc, err := client.New(client.Config{Addrs: b.o.MetaAddrs, Transport: transport.ClientConfig{TLS: b.o.TLS, Token: b.o.Token}}); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = mc.DeleteConsumerGroup(ctx, b.group)
 			cancel()
@@ -194,14 +189,14 @@ func (b *benchConsumers) stop() {
 	}
 }
 
-func (b *benchConsumers) result(from time.Time, sent int64, backlog bool) *consumeResult {
+func (b *consumers) result(from time.Time, sent int64, backlog bool) *ConsumeResult {
 	h := hdrhistogram.New(1, 60_000_000, 3)
 	for i, x := range b.hists {
 		b.hmu[i].Lock()
 		h.Merge(x)
 		b.hmu[i].Unlock()
 	}
-	r := &consumeResult{Group: b.group, Consumers: b.o.consumers, Backlog: backlog, Consumed: b.consumed.Load(),
+	r := &ConsumeResult{Group: b.group, Consumers: b.o.Consumers, Backlog: backlog, Consumed: b.consumed.Load(),
 		P50Micros: h.ValueAtQuantile(50), P90Micros: h.ValueAtQuantile(90), P99Micros: h.ValueAtQuantile(99),
 		P999Micros: h.ValueAtQuantile(99.9), MaxMicros: h.Max()}
 	r.Missing = max(sent-r.Consumed, 0)
@@ -210,28 +205,7 @@ func (b *benchConsumers) result(from time.Time, sent int64, backlog bool) *consu
 	}
 	if r.Seconds > 0 {
 		r.MsgsPerSec = float64(r.Consumed) / r.Seconds
-		r.MBPerSec = r.MsgsPerSec * float64(b.o.size) / 1e6
+		r.MBPerSec = r.MsgsPerSec * float64(b.o.Size) / 1e6
 	}
 	return r
 }
-
-// queueEnds returns each queue's log end, where a --backlog group starts.
-func queueEnds(ctx context.Context, route routing.Route) ([]api.QueueOffset, error) {
-	out := make([]api.QueueOffset, len(route.Queues))
-	errs := make([]error, len(route.Queues))
-	parallel(len(route.Queues), func(i int) {
-		qr := route.Queues[i]
-		_, end, err := queueRange(ctx, qr, route.Topic, 0, discard{})
-		out[i], errs[i] = api.QueueOffset{Topic: route.Topic, Queue: qr.Queue, Offset: end}, err
-	})
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }

@@ -1,0 +1,81 @@
+package lint
+
+// rule is a component's place in the architecture: its layer, its one job
+// (for DESIGN.md's table) and the module packages it may import.
+type rule struct {
+	// layer orders the components: a package never imports one of a
+	// higher layer, in its code or in its in-package tests (only external
+	// test packages, package x_test, import upward: they sit above
+	// everything). Lowest first: the wire and the disk, then what is built
+	// on them, the servers, the harness that starts them for tests, the
+	// SDKs (whose tests run real servers), their users, the programs, and
+	// the tests and deployment checks on top.
+	layer int
+	job   string
+	// imports lists what the package may import, besides its own
+	// sub-packages; "*" allows anything.
+	imports []string
+}
+
+// rules lists, per package (and its sub-packages, unless a longer entry names
+// them), its layer and the module packages it may import.
+var rules = map[string]rule{
+	"protocol": {0, "frame format, request and status codes, message and batch encoding, route and heartbeat bodies", nil},
+	"storage": {0, "segmented commit log, per-queue index, flush, recovery; knows bytes and offsets, not the network " +
+		"(`storage/vfs`: its file-system seam, with fault injection)", nil},
+	"internal/tlsconf":     {0, "TLS configs from cert/key/CA files; a throwaway CA and node certificates", nil},
+	"internal/lint":        {0, "these rules, as tests", nil},
+	"internal/testlog":     {0, "quiet loggers for tests, and a `Capture` whose lines tests read", nil},
+	"internal/testwait":    {0, "waits in tests for an observable event (`For`, `ForEvery`, `Until`)", nil},
+	"internal/testmetrics": {0, "reads Prometheus gatherers in tests", nil},
+
+	"routing": {1, "the route model (topics, queues, broker groups, states) and queue selection with latency-fault avoidance", []string{"protocol"}},
+	// The permission model: pure, so every side that checks or presents
+	// credentials may import it.
+	"auth": {1, "the permission model: permissions, principals, immutable tables, `Authorize` (one rule per request code)", []string{"protocol"}},
+	"internal/transport": {1, "framed TCP: multiplexed client, server (handler per request code, worker pool), TLS, limits before trust",
+		[]string{"protocol"}},
+	"internal/testtls": {1, "TLS material for tests: a CA and certificates for 127.0.0.1", []string{"internal/tlsconf"}},
+
+	"metaserver/api": {2, "the control plane's request and reply bodies, shared by the metaserver and its client", []string{"protocol", "routing"}},
+	"metaserver/fsm": {2, "the pure, deterministic state machine: commands in, state out", []string{"protocol", "routing", "auth"}},
+
+	"metaserver/client": {3, "the typed metaserver client that brokers, the SDKs and the CLI use",
+		[]string{"protocol", "routing", "internal/transport", "metaserver/api", "auth"}},
+
+	// storage/vfs: MkdirAllDurable, for its data directory.
+	"metaserver": {4, "the Raft node, leader loops (failure detector, lag judge), RPC handlers",
+		[]string{"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport", "auth", "storage/vfs"}},
+	"broker": {4, "send path, HA master and slave, heartbeats, read path",
+		[]string{"storage", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"}},
+
+	// The test harness starts whole clusters: it sits above the servers it
+	// starts and below the SDKs, whose in-package tests run it.
+	"internal/testcluster": {5, "in-process clusters for tests: metaservers with shrunk timings, broker groups, clients",
+		[]string{"broker", "metaserver", "metaserver/api", "metaserver/client", "internal/transport",
+			"internal/testlog", "internal/testwait", "protocol", "routing", "storage", "auth"}},
+
+	"producer": {6, "the producer SDK", []string{"protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"}},
+	"consumer": {6, "the consumer SDK: group members share queues, long-poll PULLs, commit offsets, dead letters",
+		[]string{"producer", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"}},
+
+	// Users of the SDKs: what they measure is what an application sees.
+	"internal/loadgen": {7, "the load generator behind `ferryctl bench`: sends (and consumes) and measures throughput and latency",
+		[]string{"producer", "consumer", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"}},
+	// Measurement programs under scripts/ are users of the public packages.
+	"scripts": {7, "start/stop a local cluster, benchmarks, fault runs (and small Go programs they run)",
+		[]string{"producer", "protocol", "routing", "metaserver/api", "metaserver/client", "auth"}},
+
+	"cmd": {8, "the programs: `ferry-metaserver` and `ferry-broker` (thin mains), `ferryctl` (the admin CLI); `cmd/internal`: their shared code",
+		[]string{"*"}},
+
+	"tests": {9, "real-process tests: the programs run as a user runs them (scripts/cluster.sh)", []string{"*"}},
+	// The checks of the deployment files (tests only): they hold the
+	// manifests against the programs' real flags and metrics.
+	"deploy": {9, "the Dockerfile, compose, systemd, Kubernetes, dashboard and alert files, and the tests that hold them to the programs' flags and metrics",
+		[]string{"*"}},
+}
+
+// testOnly are packages that only test files may import: a program or a
+// library that imported them would start test clusters.
+var testOnly = []string{"internal/testcluster", "internal/testlog", "internal/testwait", "internal/testmetrics", "internal/testtls", "cmd/internal/clitest"}

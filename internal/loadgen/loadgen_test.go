@@ -1,0 +1,120 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// config is a run against meta with ferryctl bench's defaults, 16-byte
+// bodies and 2 queues.
+func config(meta, topic string) Config {
+	return Config{
+		MetaAddrs: []string{meta}, CallTimeout: 5 * time.Second,
+		Topic: topic, Queues: 2, Producers: 1, Size: 16, Count: 100000, Mode: Async, Window: 1000,
+		Reliability: protocol.Normal, DeliveryTimeout: 30 * time.Second, Linger: 2 * time.Millisecond, Idempotence: true,
+		ConsumeWait: 10 * time.Second,
+	}
+}
+
+// TestValidate: a config that cannot run is refused before any network
+// call, with every problem named at once, as a *ConfigError.
+func TestValidate(t *testing.T) {
+	c := Config{Mode: "fast", Linger: time.Second, DeliveryTimeout: time.Second, Backlog: true, Rate: -1}
+	res, err := Run(context.Background(), c)
+	var ce *ConfigError
+	if !errors.As(err, &ce) || res.Sent != 0 {
+		t.Fatalf("Run of an invalid config: %+v, %v; want a *ConfigError", res, err)
+	}
+	for _, want := range []string{"no metaserver address", "no topic", "0 queues", "0 producers", "the run would not end",
+		"rate -1", `mode "fast"`, "linger 1s must be shorter", "a backlog run needs consumers", "a backlog run needs QueueEnds"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
+	ok := config("127.0.0.1:1", "t")
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("a valid config: %v", err)
+	}
+}
+
+// TestRun: a run sends its count, or what its duration allows, and the
+// first limit reached ends it.
+func TestRun(t *testing.T) {
+	meta := testcluster.Start(t, testcluster.Opts{Groups: []string{"g1", "g2"}}).MetaAddr()
+	for _, c := range []struct {
+		name     string
+		edit     func(*Config)
+		min, max int64
+		atLeast  time.Duration
+	}{
+		{"count", func(c *Config) { c.Count = 500; c.Mode = Sync }, 500, 500, 0},
+		{"duration alone", func(c *Config) { c.Count, c.Duration, c.Rate = 0, time.Second, 200 }, 1, 400, time.Second},
+		// 100 messages at 20/s would take 5s: the second ends the run first.
+		{"duration first", func(c *Config) { c.Count, c.Duration, c.Rate, c.Mode = 100, time.Second, 20, Sync }, 1, 99, time.Second},
+		{"count first", func(c *Config) { c.Count, c.Duration = 30, time.Hour }, 30, 30, 0},
+	} {
+		cfg := config(meta, "b")
+		c.edit(&cfg)
+		res, err := Run(context.Background(), cfg)
+		if err != nil || res.Errors != 0 || res.Sent < c.min || res.Sent > c.max || res.Seconds < c.atLeast.Seconds() {
+			t.Errorf("%s: %v; sent %d, %d errors in %.3fs; want %d to %d sent in at least %v", c.name, err, res.Sent, res.Errors, res.Seconds, c.min, c.max, c.atLeast)
+		}
+		if res.Count != cfg.Count || res.DurationSeconds != cfg.Duration.Seconds() || res.Mode != string(cfg.Mode) {
+			t.Errorf("%s: the result says count %d, duration %vs, mode %s; the run had %d, %v, %s", c.name, res.Count, res.DurationSeconds, res.Mode, cfg.Count, cfg.Duration, cfg.Mode)
+		}
+	}
+}
+
+// TestRateEndsAtDuration: a Rate whose next turn comes after Duration
+// ends the run at the duration, without sending at that turn: at 0.5
+// messages/s four producers have their second turns 8s in, so a 2s run
+// sends one message each; at 0.001 the second turn is 1000s (one producer)
+// away. Each run must end well before its next turn: a run still going
+// after a minute fails the test.
+func TestRateEndsAtDuration(t *testing.T) {
+	meta := testcluster.Start(t, testcluster.Opts{Groups: []string{"g1", "g2"}}).MetaAddr()
+	for _, c := range []struct {
+		rate      float64
+		producers int
+		duration  time.Duration
+		count     int64
+		mode      Mode
+		most      int64
+	}{
+		{0.5, 4, 2 * time.Second, 0, Async, 4},
+		{0.001, 1, 2 * time.Second, 0, Sync, 1},
+		{0.001, 2, time.Second, 5, Async, 2},
+	} {
+		cfg := config(meta, "paced")
+		cfg.Rate, cfg.Producers, cfg.Duration, cfg.Count, cfg.Mode = c.rate, c.producers, c.duration, c.count, c.mode
+		type result struct {
+			res Result
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			res, err := Run(context.Background(), cfg)
+			done <- result{res, err}
+		}()
+		var r result
+		select {
+		case r = <-done:
+		case <-time.After(time.Minute):
+			t.Fatalf("rate %g, %d producers, %v: still runs after a minute", c.rate, c.producers, c.duration)
+		}
+		if r.err != nil || r.res.Sent < 1 || r.res.Sent > c.most || r.res.Errors != 0 {
+			t.Errorf("rate %g, %d producers, %v: %v; sent %d, %d errors; want 1 to %d sent (the turns before the deadline)",
+				c.rate, c.producers, c.duration, r.err, r.res.Sent, r.res.Errors, c.most)
+		}
+	}
+}
