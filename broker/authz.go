@@ -16,10 +16,11 @@ import (
 
 // Authorization on the data and HA ports (Config.ClusterToken turns it
 // on). The transport serves an unauthenticated connection nothing but AUTH
-// and IDENTIFY; each request is checked here against the broker's copy of
-// the registry's table: a SEND batch whole before anything of it is stored
-// (one check per batch, not per message), a PULL on its topic, HA_FETCH
-// and HA_ACK need cluster.
+// and IDENTIFY; every other request is checked against the broker's copy
+// of the registry's table by the wrapper its code is registered with
+// (endpoints.go), before its handler runs: a SEND batch whole before
+// anything of it is stored (one check per batch, not per message), a PULL
+// on its topic, HA_FETCH, HA_ACK and RECOVER need cluster.
 //
 // The copy: every heartbeat reply carries the registry's ACL version; when
 // it is not the copy's, the broker fetches the ACL (ACL_GET, with the
@@ -35,8 +36,11 @@ type aclCopy struct {
 	}
 	log   hclog.Logger
 	table atomic.Pointer[auth.Table]
-	want  atomic.Uint64 // the version the last heartbeat reply named
-	kicks chan struct{}
+	// views signals a newer heartbeat reply (the session's), whose ACL
+	// version is the one to have.
+	views viewSource
+	saw   <-chan struct{}
+	kicks chan struct{} // AUTHs of unknown tokens wait
 
 	// An AUTH whose token the copy does not know waits for one fetch made
 	// for it, since the principal may be newer than the last heartbeat
@@ -59,19 +63,17 @@ var errNoTable = &protocol.Error{Status: protocol.StatusBusy, Message: "the brok
 
 func newACLCopy(clusterToken string, meta interface {
 	ClusterACL(ctx context.Context) (api.ACL, error)
-}, log hclog.Logger) *aclCopy {
-	return &aclCopy{cluster: auth.HashToken(clusterToken), meta: meta, log: log, kicks: make(chan struct{}, 1)}
+}, views viewSource, log hclog.Logger) *aclCopy {
+	return &aclCopy{cluster: auth.HashToken(clusterToken), meta: meta, log: log, views: views, saw: views.subscribe(),
+		kicks: make(chan struct{}, 1)}
 }
 
-// sawVersion takes the ACL version of a heartbeat reply; it never blocks.
-func (a *aclCopy) sawVersion(v uint64) {
-	a.want.Store(v)
-	if t := a.table.Load(); t == nil || t.Version() != v {
-		select {
-		case a.kicks <- struct{}{}:
-		default:
-		}
+// want returns the ACL version the last heartbeat reply named (0: none yet).
+func (a *aclCopy) want() uint64 {
+	if v := a.views.latest(); v != nil {
+		return v.ACLVersion
 	}
+	return 0
 }
 
 // run fetches the ACL whenever a heartbeat reply names another version
@@ -93,6 +95,7 @@ func (a *aclCopy) run(ctx context.Context) {
 			}
 			return
 		case <-a.kicks:
+		case <-a.saw:
 		case <-retry.C:
 		}
 		// The AUTHs waiting now are answered from a fetch that starts after
@@ -110,7 +113,7 @@ func (a *aclCopy) run(ctx context.Context) {
 			a.lastFetch = time.Now()
 		}
 		a.mu.Unlock()
-		if t := a.table.Load(); !force && t != nil && t.Version() == a.want.Load() {
+		if t := a.table.Load(); !force && t != nil && t.Version() == a.want() {
 			continue
 		}
 		err := a.fetch(ctx)
@@ -214,30 +217,6 @@ func (a *aclCopy) check(c auth.Conn, code protocol.Code, target auth.Target) err
 	return auth.Check(c, t, code, target)
 }
 
-// checkSend authorizes a SEND batch: every topic it names, in one check.
-func (a *aclCopy) checkSend(rep replier, msgs []protocol.Message) error {
-	c, ok := rep.(auth.Conn)
-	if !ok {
-		return &protocol.Error{Status: protocol.StatusNotAuthorized, Message: "a request from no connection"}
-	}
-	var topics []string
-	for i := range msgs {
-		if t := msgs[i].Topic; len(topics) == 0 || topics[len(topics)-1] != t {
-			topics = append(topics, t)
-		}
-	}
-	return a.check(c, protocol.CodeSend, auth.Target{Topics: topics})
-}
-
-// checkPull authorizes a PULL: consume on its topic.
-func (a *aclCopy) checkPull(r *transport.Request) error {
-	req, err := protocol.DecodePullRequest(r.Body)
-	if err != nil {
-		return nil // handlePull answers it INVALID
-	}
-	return a.check(r, protocol.CodePull, auth.Topic(req.Topic))
-}
-
 // handleAuth serves AUTH on the data and HA ports.
 func (b *Broker) handleAuth(r *transport.Request) {
 	if b.acl == nil {
@@ -245,17 +224,4 @@ func (b *Broker) handleAuth(r *transport.Request) {
 		return
 	}
 	b.acl.login(r)
-}
-
-// authorized checks a request that names no topic (HA_FETCH, HA_ACK) and
-// answers a refusal; true when authorization is off.
-func (b *Broker) authorized(r *transport.Request) bool {
-	if b.acl == nil {
-		return true
-	}
-	if err := b.acl.check(r, r.Code, auth.Target{}); err != nil {
-		r.ReplyError(err)
-		return false
-	}
-	return true
 }

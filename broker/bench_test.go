@@ -36,7 +36,9 @@ func BenchmarkSend(b *testing.B) {
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			meta := testcluster.StartMeta(b, 1, func(c *metaserver.Config) { c.LagTime = time.Minute })
+			// The lease lasts the shorter of the broker's and the metaserver's
+			// session: both must outlast the heartbeat interval by far.
+			meta := testcluster.StartMeta(b, 1, func(c *metaserver.Config) { c.LagTime, c.SessionTimeout = time.Minute, 10*time.Second })
 			g := testcluster.StartGroup(b, meta.Addrs(), "g1", testcluster.GroupOpts{Slave: tc.slave, Edit: func(c *broker.Config) {
 				c.Flush = tc.flush
 				c.SegmentSize = 256 << 20

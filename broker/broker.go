@@ -18,25 +18,32 @@ import (
 )
 
 // Broker is one broker of a group, master or slave. It is built from parts,
-// each with only what it needs (see DESIGN.md, section 11):
+// each made by its own constructor, in the order they depend on each
+// other, with only what it needs (see DESIGN.md, section 11):
 //
-//   - sender (send.go): the send path; on a slave it refuses SENDs.
-//   - handlePull (pull.go): reads, on either role; longPoll (longpoll.go)
-//     holds PULLs that wait for a message.
-//   - roles (roles.go): makes the broker what the registry says, master or
-//     slave, and switches at a failover (cutting its log when it rejoins).
-//   - replication (replication.go), while master: serves the slave's
-//     fetches and releases HIGH messages.
-//   - follower (follower.go), while slave: copies the master's log.
-//   - heartbeater and writeLease (heartbeat.go): heartbeats and the
-//     permission to take writes.
+//   - session (session.go): heartbeats, the write lease (lease.go) and
+//     kicks; it publishes each accepted reply as a groupView.
 //   - routeCache (routecache.go): which queues are routed to this group;
 //     the metaserver leader pushes new topics into it (routepush.go).
+//   - longPoll (longpoll.go): holds PULLs that wait for a message; the
+//     PULLs themselves are answered by handlePull (pull.go), on either
+//     role, checked against the epochs the roles last acted on
+//     (epochState, epochs.go).
+//   - aclCopy (authz.go), when authorization is on: the permission table,
+//     refetched when a view names another version.
+//   - tailHandover (recover.go): hands a cut tail to the new master.
+//   - roles (roles.go): makes the broker what the session's views say,
+//     master or slave, and switches at a failover (cutting its log when it
+//     rejoins); it runs replication (replication.go) while master and the
+//     follower (follower.go) while slave.
+//   - sender (send.go): the send path; on a slave it refuses SENDs.
+//   - endpoints (endpoints.go): every request code, with its authorization
+//     check, on the data and HA servers from package transport.
 //   - retainer (below): deletes old segments.
 //
 // Goroutines: the data server's and the HA server's, from package
 // transport; the heartbeat loop; the route refresher and the route watch;
-// the long-poll loop;
+// the long-poll loop; the ACL copy's fetcher; the tail handover;
 // the role loop and, under it, the replication loop (master) or the
 // follower (slave); the retention loop if enabled. The
 // commit log has its writer and flusher. Close stops all of them, in an
@@ -52,14 +59,14 @@ type Broker struct {
 	ha     *transport.Server // serves the slave while this broker is master
 	haAddr string
 
-	lease  *writeLease
+	sess   *session
 	routes *routeCache
 	send   *sender
 	pulls  *longPoll
 	roles  *roles
 	acl    *aclCopy // nil: authorization off
 	stats  Stats
-	ends   queueEndsReport // the heartbeater's
+	ends   queueEndsReport // the heartbeat loop's
 	// handover hands this broker's cut tails to its master (nil:
 	// -failover-tail=discard); recovering is set while this broker, as
 	// master, appends one (recover.go).
@@ -84,12 +91,49 @@ func New(cfg Config) (*Broker, error) {
 	lg := cfg.Logger.Named("broker").With("broker", cfg.ID, "group", cfg.Group, "role", string(cfg.Role))
 	b := &Broker{cfg: cfg, log: lg}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-
 	b.stats.initHistograms()
 	var err error
-	b.store, err = storage.Open(storage.Config{
+	if b.store, err = openCommitLog(cfg, &b.stats, lg.Named("storage")); err != nil {
+		b.cancel()
+		return nil, err
+	}
+	if b.meta, err = client.New(client.Config{Addrs: cfg.MetaAddrs, Transport: transport.ClientConfig{TLS: cfg.TLSClient, Token: cfg.ClusterToken}}); err != nil {
+		b.cancel()
+		_ = b.store.Close()
+		return nil, err
+	}
+
+	b.sess = newSession(cfg.ID, b.meta, cfg.HeartbeatInterval, cfg.SessionTimeout, cfg.Clock, lg.Named("heartbeat"))
+	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
+	b.routes.store = b.store
+	epochs := &epochState{}
+	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: epochs.local.Load, epochStart: epochs.epochStart, routed: b.routes.routed},
+		cfg.Clock, &b.stats, lg.Named("longpoll"))
+	if cfg.ClusterToken != "" {
+		b.acl = newACLCopy(cfg.ClusterToken, b.meta, b.sess, lg.Named("acl"))
+	}
+	b.handover = newTailHandover(cfg, b.store, epochs, &b.stats, lg.Named("recover"))
+	if b.roles, err = newRoles(cfg, b.store, b.sess, epochs, b.pulls, b.handover, &b.stats, lg); err != nil {
+		_ = b.shutdown()
+		return nil, err
+	}
+	b.send = newSender(cfg, b.store, b.sess, b.routes, b.roles.replication, b.pulls, &b.stats, lg)
+
+	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
+	if err := b.listen(); err != nil {
+		_ = b.shutdown()
+		return nil, err
+	}
+	b.start()
+	lg.Info("broker started", "addr", b.addr, "ha-addr", b.haAddr, "log-end", b.store.EndOffset(), "flush", cfg.Flush.String())
+	return b, nil
+}
+
+// openCommitLog opens (and recovers) the commit log.
+func openCommitLog(cfg Config, stats *Stats, lg hclog.Logger) (*storage.Log, error) {
+	l, err := storage.Open(storage.Config{
 		Dir: cfg.Dir, FS: cfg.FS, SegmentSize: cfg.SegmentSize, Flush: cfg.Flush, FlushInterval: cfg.FlushInterval,
-		MaxPayloadSize: protocol.MaxFrameSize, Logger: lg.Named("storage"),
+		MaxPayloadSize: protocol.MaxFrameSize, Logger: lg,
 		ProducerStamp: func(payload []byte) (storage.ProducerStamp, bool) {
 			ps, ok := protocol.PeekProducerStamp(payload)
 			return storage.ProducerStamp(ps), ok
@@ -97,147 +141,81 @@ func New(cfg Config) (*Broker, error) {
 		MessageID:    protocol.PeekMessageID,
 		ProducerIdle: cfg.ProducerIdle,
 		Pretouch:     cfg.Pretouch,
-		OnSync:       b.stats.observeFlush,
+		OnSync:       stats.observeFlush,
 	})
 	if err != nil {
-		b.cancel()
 		return nil, fmt.Errorf("broker: open commit log: %w", err)
 	}
-	if b.meta, err = client.New(client.Config{Addrs: cfg.MetaAddrs, Transport: transport.ClientConfig{TLS: cfg.TLSClient, Token: cfg.ClusterToken}}); err != nil {
-		b.cancel()
-		_ = b.store.Close()
-		return nil, err
-	}
-	fail := func(err error) (*Broker, error) {
-		_ = b.shutdown()
-		return nil, err
-	}
+	return l, nil
+}
 
-	b.lease = &writeLease{clock: cfg.Clock, session: cfg.SessionTimeout}
-	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
-	b.routes.store = b.store
-	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: func() uint32 { return b.roles.epoch.Load() },
-		epochStart: func(e uint32) (int64, bool, bool) { return b.roles.epochStart(e) }, routed: b.routes.routed}, cfg.Clock, &b.stats, lg.Named("longpoll"))
-	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
-	hb := &heartbeater{id: cfg.ID, meta: b.meta, lease: b.lease, interval: cfg.HeartbeatInterval, clock: cfg.Clock,
-		log: lg.Named("heartbeat"), describe: b.describe, kicks: make(chan struct{}, 1)}
-	b.lease.kick = hb.kick // a client's newer epoch asks the registry (writeLease.claim)
-	if cfg.ClusterToken != "" {
-		b.acl = newACLCopy(cfg.ClusterToken, b.meta, lg.Named("acl"))
-		hb.aclVersion = b.acl.sawVersion
-		b.goFunc(b.acl.run)
+// serverConfig is the transport configuration of the data port (ha:
+// the HA port). Answers are sent from the commit log's and replication's
+// goroutines and never wait on a peer: what a connection may have queued
+// is bounded when its next request is admitted, from the endpoints'
+// estimates of each answer's size, and a peer that stops reading for
+// WriteTimeout is cut.
+func (b *Broker) serverConfig(p port) transport.ServerConfig {
+	cfg := b.cfg
+	if p == haPort {
+		return transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: b.log.Named("ha"), TLS: cfg.TLSServer,
+			RequireAuth: b.acl != nil}
 	}
-	if !cfg.DiscardFailoverTail {
-		b.handover = &tailHandover{id: cfg.ID, dir: cfg.Dir, log: b.store, clock: cfg.Clock, lg: lg.Named("recover"), stats: &b.stats,
-			tails: make(chan string, 64),
-			dial: func(addr string) *transport.Client {
-				return transport.NewClient(addr, transport.ClientConfig{TLS: cfg.TLSClient, Token: cfg.ClusterToken})
-			}}
-	}
-	b.roles, err = newRoles(&roles{id: cfg.ID, dir: cfg.Dir, log: b.store, lease: b.lease, clock: cfg.Clock,
-		lg: lg.Named("roles"), stats: &b.stats, fixedHA: cfg.MasterHAAddr, releasePulls: b.pulls.releaseAll,
-		newRepl: func() *replication {
-			rep := newReplication(b.store, replConfig{
-				HighWait: cfg.HighWait, FetchBytes: cfg.HAFetchBytes, FetchWait: cfg.HAFetchWait,
-				SlaveLagBytes: cfg.SlaveLagBytes, SlaveLagTime: cfg.SlaveLagTime,
-			}, &b.stats, cfg.Clock, lg.Named("replication"), b.lease.fence)
-			rep.unknownSlave = hb.kick
-			return rep
-		},
-		tails: b.handover,
-		newFollow: func(epoch uint32, addr string, masterEnd *atomic.Int64) *follower {
-			return &follower{id: cfg.ID, epoch: epoch, addr: addr, log: b.store, dial: masterDialer(cfg.TLSClient, cfg.ClusterToken),
-				fetchBytes: cfg.HAFetchBytes, fetchWait: cfg.HAFetchWait, clock: cfg.Clock, lg: lg.Named("follower"),
-				masterEnd: masterEnd, appended: b.pulls.appendedAny}
-		},
-	})
-	if err != nil {
-		return fail(err)
-	}
-	hb.observe = b.roles.observe
-	b.send = &sender{id: cfg.ID, store: b.store, lease: b.lease, routes: b.routes, repl: b.roles.replication, pulls: b.pulls, stats: &b.stats,
-		clock: cfg.Clock, lg: lg, maxReqs: cfg.MaxInflightRequests, maxBytes: cfg.MaxInflightBytes}
-	if b.acl != nil {
-		b.send.authorize = b.acl.checkSend
-	}
+	return transport.ServerConfig{Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, WriteTimeout: cfg.WriteTimeout,
+		Logger: b.log.Named("rpc"), TLS: cfg.TLSServer, RequireAuth: b.acl != nil}
+}
 
-	// Answers are sent from the commit log's and replication's goroutines
-	// and never wait on a peer: what a connection may have queued is bounded
-	// when its next request is admitted, from these estimates of each
-	// answer's size, and a peer that stops reading for WriteTimeout is cut.
-	b.rpc = transport.NewServer(transport.ServerConfig{
-		Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("rpc"),
-		TLS: cfg.TLSServer, RequireAuth: b.acl != nil,
-	})
-	// SENDs of one connection run one at a time, in arrival order, so they
-	// reach the commit log in the order they arrived (the handler only
-	// checks and queues the append; it never waits).
-	b.rpc.HandleOrderedInline(protocol.CodeSend, func(r *transport.Request) { b.send.handle(r, r.Body) }, sendReplyEstimate)
-	b.rpc.HandleWithReply(protocol.CodePull, func(r *transport.Request) {
-		if b.acl != nil {
-			if err := b.acl.checkPull(r); err != nil {
-				r.ReplyError(err)
-				return
-			}
-		}
-		handlePull(b.pulls.store, b.lease.claim, b.pulls, r, r.Body)
-	}, pullReplySize)
-	b.rpc.Handle(protocol.CodeIdentify, b.handleIdentify)
-	b.rpc.Handle(protocol.CodeAuth, b.handleAuth)
-	bound, err := b.rpc.Listen(cfg.Addr)
+// listen registers the endpoints and binds the data port, then the HA
+// port. The HA port is open on both roles, so its address stays the same
+// across role changes; it serves fetches only while this broker is the
+// master, and only from the group's slave.
+func (b *Broker) listen() error {
+	b.rpc = transport.NewServer(b.serverConfig(dataPort))
+	b.register(dataPort, b.rpc)
+	bound, err := b.rpc.Listen(b.cfg.Addr)
 	if err != nil {
-		return fail(fmt.Errorf("broker: %w", err))
+		return fmt.Errorf("broker: %w", err)
 	}
-	b.addr = cfg.AdvertiseAddr
+	b.addr = b.cfg.AdvertiseAddr
 	if b.addr == "" {
 		b.addr = bound.String()
 	}
-	// The HA port is open on both roles, so its address stays the same
-	// across role changes; it serves fetches only while this broker is the
-	// master, and only from the group's slave.
-	b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("ha"), TLS: cfg.TLSServer,
-		RequireAuth: b.acl != nil})
-	b.ha.Handle(protocol.CodeAuth, b.handleAuth)
-	b.ha.Handle(protocol.CodeRecover, b.handleRecover)
-	b.ha.HandleWithReply(protocol.CodeHAFetch, func(r *transport.Request) {
-		if !b.authorized(r) {
-			return
-		}
-		if rep := b.roles.replication(); rep != nil {
-			rep.handleFetch(r, r.Body)
-			return
-		}
-		r.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster, Message: "broker " + cfg.ID + " is not its group's master"})
-	}, func([]byte) int { return protocol.HAFetchResponseHeaderSize + cfg.HAFetchBytes })
-	b.ha.Handle(protocol.CodeHAAck, func(r *transport.Request) {
-		if !b.authorized(r) {
-			return
-		}
-		if rep := b.roles.replication(); rep != nil {
-			rep.handleAck(r, r.Body)
-			return
-		}
-		r.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster, Message: "broker " + cfg.ID + " is not its group's master"})
-	})
-	haBound, err := b.ha.Listen(cfg.HAAddr)
+	b.ha = transport.NewServer(b.serverConfig(haPort))
+	b.register(haPort, b.ha)
+	haBound, err := b.ha.Listen(b.cfg.HAAddr)
 	if err != nil {
-		return fail(fmt.Errorf("broker: HA %w", err))
+		return fmt.Errorf("broker: HA %w", err)
 	}
 	b.haAddr = haBound.String()
+	return nil
+}
+
+// register hands srv the endpoints of port p.
+func (b *Broker) register(p port, srv *transport.Server) {
+	for _, e := range b.endpoints() {
+		if e.port == p {
+			e.register(srv, b.acl)
+		}
+	}
+}
+
+// start starts the loops of the parts, once the listeners are bound (the
+// heartbeats report their addresses).
+func (b *Broker) start() {
+	if b.acl != nil {
+		b.goFunc(b.acl.run)
+	}
 	b.goFunc(b.roles.run)
 	if b.handover != nil {
-		b.handover.group = b.roles.group.Load
 		b.goFunc(b.handover.run)
 	}
-	b.goFunc(hb.run)
+	b.goFunc(func(ctx context.Context) { b.sess.run(ctx, b.describe) })
 	b.goFunc(b.routes.run)
-	b.goFunc(func(ctx context.Context) { b.routes.watch(ctx, b.meta, cfg.ID) })
-	if cfg.RetentionBytes > 0 {
-		r := &retainer{log: b.store, keep: cfg.RetentionBytes, every: cfg.RetentionCheck, clock: cfg.Clock, lg: lg.Named("retention")}
+	b.goFunc(func(ctx context.Context) { b.routes.watch(ctx, b.meta, b.cfg.ID) })
+	if b.cfg.RetentionBytes > 0 {
+		r := &retainer{log: b.store, keep: b.cfg.RetentionBytes, every: b.cfg.RetentionCheck, clock: b.cfg.Clock, lg: b.log.Named("retention")}
 		b.goFunc(r.run)
 	}
-	lg.Info("broker started", "addr", b.addr, "ha-addr", b.haAddr, "log-end", b.store.EndOffset(), "flush", cfg.Flush.String())
-	return b, nil
 }
 
 func (b *Broker) goFunc(f func(context.Context)) {
@@ -252,7 +230,7 @@ func (b *Broker) goFunc(f func(context.Context)) {
 func (b *Broker) describe(hb *api.Heartbeat) {
 	ps := b.store.ProducerStats()
 	*hb = api.Heartbeat{Group: b.cfg.Group, Role: b.cfg.Role, BrokerID: b.cfg.ID, Addr: b.addr, HAAddr: b.haAddr,
-		LogEnd: b.store.EndOffset(), Epoch: b.roles.epoch.Load(), Producers: ps.Tracked, Duplicates: ps.Duplicates}
+		LogEnd: b.store.EndOffset(), Epoch: b.roles.epochs.local.Load(), Producers: ps.Tracked, Duplicates: ps.Duplicates}
 	if rep := b.roles.replication(); rep != nil {
 		s := rep.state()
 		hb.SlaveConnected, hb.SlaveAckOffset, hb.LagBytes, hb.LagMillis = s.Connected, s.AckOffset, s.LagBytes, s.LagTime.Milliseconds()
@@ -293,14 +271,14 @@ func (b *Broker) IsMaster() bool { return b.roles.replication() != nil }
 func (b *Broker) Role() RoleState { return b.roles.State() }
 
 // Epoch is the last epoch whose records the broker's log holds.
-func (b *Broker) Epoch() uint32 { return b.roles.epoch.Load() }
+func (b *Broker) Epoch() uint32 { return b.roles.epochs.local.Load() }
 
 // Clock is the clock the broker reads.
 func (b *Broker) Clock() clockwork.Clock { return b.cfg.Clock }
 
 // Writable reports whether the broker takes writes now: the metaserver's
 // last word is writable, and it was said within one session.
-func (b *Broker) Writable() bool { return b.lease.valid() }
+func (b *Broker) Writable() bool { return b.sess.lease.valid() }
 
 // Slave returns the master's view of its slave (the zero state on a slave).
 func (b *Broker) Slave() SlaveState {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -200,6 +201,37 @@ func syncDir(dir string) error {
 	}
 	err = d.Sync()
 	return errors.Join(err, d.Close())
+}
+
+// epochState is what the roles last acted on, for the parts that read
+// beside them: the local epoch (the last one whose records the log holds)
+// and the registry's view the roles last reconciled. Only the roles write
+// it; PULLs check a reader's epoch against it and the tail handover finds
+// the master in it.
+type epochState struct {
+	local atomic.Uint32
+	view  atomic.Pointer[groupView] // nil before the roles' first view
+}
+
+// epochStart returns the log offset from which a reader of epoch must not
+// trust what it read: the lowest start of the epochs after it, by the
+// registry's last word, and whether there is one; known is false while the
+// broker has no word from the registry yet and its own log is of a later
+// epoch (it cannot tell where that epoch began).
+func (s *epochState) epochStart(epoch uint32) (start int64, ok, known bool) {
+	g := s.view.Load()
+	if g == nil {
+		return 0, false, epoch >= s.local.Load()
+	}
+	if epoch >= g.Epoch {
+		return 0, false, true
+	}
+	for _, e := range g.History {
+		if e.Epoch > epoch && (!ok || e.Start < start) {
+			start, ok = e.Start, true
+		}
+	}
+	return start, ok, true // older than the history: not checked (DESIGN.md, known gaps)
 }
 
 // LocalEpochs returns the epochs a broker's data directory records (the

@@ -53,8 +53,8 @@ func (h *lpHarness) stop() {
 // pull sends a PULL through handlePull and returns where its answer comes.
 func (h *lpHarness) pull(topic string, queue uint32, offset int64, waitMillis uint32) chanReplier {
 	rep := make(chanReplier, 1)
-	handlePull(h.lp.store, func(uint32) bool { return false }, h.lp, rep, protocol.AppendPullRequest(nil,
-		&protocol.PullRequest{Topic: topic, Queue: queue, Offset: offset, WaitMillis: waitMillis}))
+	handlePull(h.lp.store, func(uint32) bool { return false }, h.lp, rep,
+		protocol.PullRequest{Topic: topic, Queue: queue, Offset: offset, WaitMillis: waitMillis})
 	return rep
 }
 

@@ -74,12 +74,13 @@ func pullReplySize(body []byte) int {
 	return 64 + pullBytes(req)
 }
 
-// handlePull answers PULL from the commit log, on a master or a slave (a
-// slave serves what it holds). claim takes the epoch the reader's route
-// names (writeLease.claim): a newer one than the broker's asks the
-// registry now, and fences nothing by itself; the read is served. A PULL with a
-// wait that finds nothing at its offset is handed to pulls (nil: answered
-// at once), which answers it later; the worker never waits.
+// handlePull answers a PULL, decoded and authorized (endpoints.go), from
+// the commit log, on a master or a slave (a slave serves what it holds).
+// claim takes the epoch the reader's route names (session.claim): a newer
+// one than the broker's asks the registry now, and fences nothing by
+// itself; the read is served. A PULL with a wait that finds nothing at its
+// offset is handed to pulls (nil: answered at once), which answers it
+// later; the worker never waits.
 //
 // A PULL names the epoch in which the reader got what it read so far. When
 // a later epoch began (a failover) at a log offset where the queue's end
@@ -88,12 +89,7 @@ func pullReplySize(body []byte) int {
 // past that end now hold other messages: the answer sends it back there
 // (NextOffset below the requested offset, no messages); the store's
 // EpochStart says where the epoch after a given one began.
-func handlePull(store queueReader, claim func(uint32) bool, pulls *longPoll, rep replier, body []byte) {
-	req, err := protocol.DecodePullRequest(body)
-	if err != nil {
-		rep.ReplyError(err)
-		return
-	}
+func handlePull(store queueReader, claim func(uint32) bool, pulls *longPoll, rep replier, req protocol.PullRequest) {
 	claim(req.Epoch)
 	if unplaced(store, rep, req) || diverged(store, rep, req) {
 		return

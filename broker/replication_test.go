@@ -263,10 +263,8 @@ func TestReplicationParksFetches(t *testing.T) {
 // newer epoch fences the master.
 func TestReplicationServesOnlyItsSlave(t *testing.T) {
 	p := newReplPair(t)
-	var fenced []uint32
-	p.repl.fence = func(e uint32) { fenced = append(fenced, e) }
-	unknown := 0
-	p.repl.unknownSlave = func() { unknown++ }
+	sess := &haRecorder{}
+	p.repl.sess = sess
 	done := make(chan protocol.Status, 1)
 	pos := p.append(t, 1)
 	p.repl.await(pos[0].End, func(st protocol.Status) { done <- st })
@@ -298,16 +296,16 @@ func TestReplicationServesOnlyItsSlave(t *testing.T) {
 	}
 	// The fetches and acks in this epoch from brokers it does not know make
 	// the master ask the registry (a former master may just have rejoined).
-	if unknown != 4 {
-		t.Fatalf("the registry was asked %d times, want 4", unknown)
+	if sess.kicks != 4 {
+		t.Fatalf("the registry was asked %d times, want 4", sess.kicks)
 	}
 	newer := protocol.HAFetchRequest{Offset: 0, BrokerID: testSlave, Epoch: testEpoch + 1}
 	p.repl.handleFetch(rep, protocol.AppendHAFetchRequest(nil, &newer))
 	if a := <-rep; !errors.Is(a.err, protocol.ErrNotMaster) {
 		t.Fatalf("fetch from a newer epoch: %v, want NOT_MASTER", a.err)
 	}
-	if len(fenced) == 0 || fenced[len(fenced)-1] != testEpoch+1 {
-		t.Fatalf("the master was not shown the newer epoch: %v", fenced)
+	if len(sess.fenced) == 0 || sess.fenced[len(sess.fenced)-1] != testEpoch+1 {
+		t.Fatalf("the master was not shown the newer epoch: %v", sess.fenced)
 	}
 	// The real slave releases it (its fetch, with nothing new, is parked
 	// and answered empty once its wait passes).
@@ -321,6 +319,15 @@ func TestReplicationServesOnlyItsSlave(t *testing.T) {
 		t.Fatalf("HIGH after the slave's fetch: %v", st)
 	}
 }
+
+// haRecorder records what replication tells its session.
+type haRecorder struct {
+	fenced []uint32
+	kicks  int
+}
+
+func (h *haRecorder) fence(e uint32) { h.fenced = append(h.fenced, e) }
+func (h *haRecorder) kick()          { h.kicks++ }
 
 // gatedLog is a slave's log whose appends the test holds: while hold is
 // set, an append announces its offset on entered and waits for the test's

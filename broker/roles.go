@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
@@ -70,10 +72,10 @@ func (s RoleState) String() string {
 }
 
 // roles makes the broker what the registry says it is. It runs on one
-// goroutine and takes the group from every accepted heartbeat reply (the
-// latest one wins); it is the only place that starts or stops replication
-// and the follower, cuts the log on a role change, and writes the local
-// epochs (epochs.go).
+// goroutine and reads the session's latest view after each accepted
+// heartbeat reply (a slow reconcile skips the views in between); it is the
+// only place that starts or stops replication and the follower, cuts the
+// log on a role change, and writes the local epochs (epochs.go).
 //
 // Becoming the master of epoch E: stop the follower (so the log stops
 // growing from the old master), record E as starting at the log end on
@@ -86,44 +88,52 @@ func (s RoleState) String() string {
 // the first fetch of every stream checks that the log is a prefix of the
 // master's.
 type roles struct {
-	id        string
-	dir       string
-	log       roleLog
-	lease     *writeLease
-	clock     clockwork.Clock
-	lg        hclog.Logger
-	stats     *Stats
-	newRepl   func() *replication
-	newFollow func(epoch uint32, masterHA string, masterEnd *atomic.Int64) *follower
-	fixedHA   string // a configured master HA address, "" to take the registry's
-	// releasePulls answers every parked PULL (step-down, truncation); may be nil.
-	releasePulls func()
+	id      string
+	dir     string
+	log     roleLog
+	sess    *session
+	epochs  *epochState // written here only
+	clock   clockwork.Clock
+	lg      hclog.Logger
+	partLog hclog.Logger // the broker's, for replication and the follower
+	stats   *Stats
+	fixedHA string // a configured master HA address, "" to take the registry's
+	// pulls are the parked PULLs: answered at a step-down or a truncation,
+	// woken by the follower's appends.
+	pulls pullWaker
 	// tails hands the side file of a cut that a failover made (the old
 	// master's acknowledged tail) to the new master (recover.go); nil: cut
 	// tails are kept for the operator only (-failover-tail=discard).
 	tails *tailHandover
+	// What replication and the follower are made with.
+	replCfg    replConfig
+	dial       func(addr string) masterLink
+	fetchBytes int
+	fetchWait  time.Duration
 
-	want     chan routing.Group // capacity 1: the latest group
-	diverged chan error         // capacity 1: the follower found the log is not the master's prefix
+	views    <-chan struct{} // the session's signal of a newer view
+	diverged chan error      // capacity 1: the follower found the log is not the master's prefix
 
 	repl      atomic.Pointer[replication] // while master
 	replStop  func()
 	follow    *follower // while slave
 	followEnd func()
-	hist      localEpochs   // owned by run's goroutine
-	epoch     atomic.Uint32 // the local epoch (hist.epoch())
-	masterEnd atomic.Int64  // the master's log end in the follower's last answer
+	hist      localEpochs  // owned by run's goroutine
+	masterEnd atomic.Int64 // the master's log end in the follower's last answer
 	// start is where the epoch this broker leads began, as its disk
 	// records it (-1 while it is not master, or the start is unknown).
 	start      atomic.Int64
 	lastCut    atomic.Pointer[api.Cut]
-	resyncDone atomic.Uint64                 // the Seq of the last resync order carried out
-	group      atomic.Pointer[routing.Group] // the registry's last word on the group
+	resyncDone atomic.Uint64 // the Seq of the last resync order carried out
 	state      atomic.Pointer[RoleState]
-	// broken is why the broker cannot follow (run's goroutine); it ends
-	// only by a resync or a restart.
-	broken string
-	warned string // the last reason logged, so each is logged once
+	warned     string // the last reason logged, so each is logged once
+}
+
+// pullWaker is what the roles and the follower tell the parked PULLs
+// (longPoll).
+type pullWaker interface {
+	releaseAll()  // answer every parked PULL now (a step-down, a truncation)
+	appendedAny() // the log grew by records of unknown queues
 }
 
 const epochFile = "epoch"
@@ -131,9 +141,15 @@ const epochFile = "epoch"
 // sideDir holds the records cut by truncations.
 const sideDir = "truncated"
 
-func newRoles(r *roles) (*roles, error) {
-	r.want = make(chan routing.Group, 1)
-	r.diverged = make(chan error, 1)
+// newRoles makes the role loop of the broker cfg configures, over its log;
+// it loads the local epochs from cfg.Dir into epochs.
+func newRoles(cfg Config, log roleLog, sess *session, epochs *epochState, pulls pullWaker, tails *tailHandover, stats *Stats, lg hclog.Logger) (*roles, error) {
+	r := &roles{id: cfg.ID, dir: cfg.Dir, log: log, sess: sess, epochs: epochs, clock: cfg.Clock, lg: lg.Named("roles"), partLog: lg, stats: stats,
+		fixedHA: cfg.MasterHAAddr, pulls: pulls, tails: tails,
+		replCfg: replConfig{HighWait: cfg.HighWait, FetchBytes: cfg.HAFetchBytes, FetchWait: cfg.HAFetchWait,
+			SlaveLagBytes: cfg.SlaveLagBytes, SlaveLagTime: cfg.SlaveLagTime},
+		dial: masterDialer(cfg.TLSClient, cfg.ClusterToken), fetchBytes: cfg.HAFetchBytes, fetchWait: cfg.HAFetchWait,
+		views: sess.subscribe(), diverged: make(chan error, 1)}
 	r.setState(RoleState{Kind: RoleStarting})
 	r.start.Store(-1)
 	h, err := loadEpochs(r.dir)
@@ -141,23 +157,8 @@ func newRoles(r *roles) (*roles, error) {
 		return nil, err
 	}
 	r.hist = h
-	r.epoch.Store(h.epoch())
+	epochs.local.Store(h.epoch())
 	return r, nil
-}
-
-// observe hands the latest group to run; it never blocks.
-func (r *roles) observe(g routing.Group) {
-	for {
-		select {
-		case r.want <- g:
-			return
-		default:
-		}
-		select {
-		case <-r.want: // drop the older one
-		default:
-		}
-	}
 }
 
 // replication returns the running replication, nil unless master.
@@ -174,8 +175,10 @@ func (r *roles) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case g := <-r.want:
-			r.reconcile(ctx, g)
+		case <-r.views:
+			if v := r.sess.latest(); v != nil {
+				r.reconcile(ctx, v)
+			}
 		case err := <-r.diverged:
 			if r.follow != nil {
 				r.stopFollower()
@@ -186,40 +189,42 @@ func (r *roles) run(ctx context.Context) {
 }
 
 func (r *roles) stopAll() {
-	r.lease.ready.Store(0)
+	r.sess.lease.ready.Store(0)
 	r.stopReplication("the broker is shutting down")
 	r.stopFollower()
 }
 
-// epochStart returns the log offset from which a reader of epoch must not
-// trust what it read: the lowest start of the epochs after it, by the
-// registry's last word, and whether there is one; known is false while the
-// broker has no word from the registry yet and its own log is of a later
-// epoch (it cannot tell where that epoch began).
-func (r *roles) epochStart(epoch uint32) (start int64, ok, known bool) {
-	g := r.group.Load()
-	if g == nil {
-		return 0, false, epoch >= r.epoch.Load()
+// serveFetch serves an HA_FETCH while the broker is master, and refuses
+// it NOT_MASTER otherwise.
+func (r *roles) serveFetch(q *transport.Request) {
+	if rep := r.replication(); rep != nil {
+		rep.handleFetch(q, q.Body)
+		return
 	}
-	if epoch >= g.Epoch {
-		return 0, false, true
-	}
-	for _, e := range g.History {
-		if e.Epoch > epoch && (!ok || e.Start < start) {
-			start, ok = e.Start, true
-		}
-	}
-	return start, ok, true // older than the history: not checked (DESIGN.md, known gaps)
+	q.ReplyError(r.notMaster())
 }
 
-// reconcile makes the broker what g says.
-func (r *roles) reconcile(ctx context.Context, g routing.Group) {
-	r.group.Store(&g)
-	if o := g.Resync; o != nil && o.Broker == r.id && o.Seq > r.resyncDone.Load() {
-		r.resync(g, o.Seq)
+// serveAck serves an HA_ACK like serveFetch.
+func (r *roles) serveAck(q *transport.Request) {
+	if rep := r.replication(); rep != nil {
+		rep.handleAck(q, q.Body)
+		return
 	}
-	role, ok := g.RoleOf(r.id)
-	if !ok || g.Epoch == 0 {
+	q.ReplyError(r.notMaster())
+}
+
+func (r *roles) notMaster() error {
+	return &protocol.Error{Status: protocol.StatusNotMaster, Message: "broker " + r.id + " is not its group's master"}
+}
+
+// reconcile makes the broker what the view v says.
+func (r *roles) reconcile(ctx context.Context, v *groupView) {
+	r.epochs.view.Store(v)
+	g := v.Group
+	if v.ResyncSeq > r.resyncDone.Load() {
+		r.resync(v, v.ResyncSeq)
+	}
+	if v.Role == "" || g.Epoch == 0 {
 		return // the registry has not placed this broker (the heartbeat said why)
 	}
 	if h, changed := r.hist.learn(g); changed {
@@ -230,7 +235,7 @@ func (r *roles) reconcile(ctx context.Context, g routing.Group) {
 		}
 	}
 	if why := r.hist.conflict(g); why != "" {
-		if role == routing.RoleMaster {
+		if v.Role == routing.RoleMaster {
 			// A master cannot set its log aside; its slave's prefix check
 			// (LOG_DIVERGED) stops a slave from copying onto a log that
 			// left this one.
@@ -241,7 +246,7 @@ func (r *roles) reconcile(ctx context.Context, g routing.Group) {
 			return
 		}
 	}
-	switch role {
+	switch v.Role {
 	case routing.RoleMaster:
 		r.becomeMaster(g)
 	case routing.RoleSlave:
@@ -250,12 +255,11 @@ func (r *roles) reconcile(ctx context.Context, g routing.Group) {
 }
 
 func (r *roles) becomeMaster(g routing.Group) {
-	if rep := r.repl.Load(); rep != nil && r.lease.ready.Load() == g.Epoch {
+	if rep := r.repl.Load(); rep != nil && r.sess.lease.ready.Load() == g.Epoch {
 		rep.setSlave(g.Slave.ID, g.Epoch)
 		return
 	}
 	r.stopFollower() // from now on the log grows only by this broker's writes
-	r.broken = ""
 	start := int64(-1)
 	if r.hist.epoch() != g.Epoch {
 		start = r.log.EndOffset()
@@ -269,7 +273,7 @@ func (r *roles) becomeMaster(g routing.Group) {
 			return
 		}
 		r.hist = h
-		r.epoch.Store(g.Epoch)
+		r.epochs.local.Store(g.Epoch)
 	} else if rec, _ := r.hist.record(g.Epoch); rec.Start >= 0 {
 		start = rec.Start // a restart in the epoch it leads: where the epoch began, not the log's end now
 	} else if reg, ok := g.Record(g.Epoch); ok {
@@ -279,7 +283,7 @@ func (r *roles) becomeMaster(g routing.Group) {
 	}
 	rep := r.repl.Load()
 	if rep == nil {
-		rep = r.newRepl()
+		rep = newReplication(r.log, r.replCfg, r.stats, r.clock, r.partLog.Named("replication"), r.sess)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() {
@@ -291,7 +295,7 @@ func (r *roles) becomeMaster(g routing.Group) {
 	}
 	rep.setSlave(g.Slave.ID, g.Epoch)
 	r.start.Store(start)
-	r.lease.ready.Store(g.Epoch)
+	r.sess.lease.ready.Store(g.Epoch)
 	r.setState(RoleState{Kind: RoleMaster})
 	r.stats.Takeovers.Add(1)
 	r.lg.Info("took over as master", "epoch", g.Epoch, "epoch-start", start, "log-end", r.log.EndOffset(), "slave", g.Slave.ID)
@@ -299,13 +303,13 @@ func (r *roles) becomeMaster(g routing.Group) {
 
 func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 	if r.repl.Load() != nil {
-		r.lease.ready.Store(0)
+		r.sess.lease.ready.Store(0)
 		r.start.Store(-1)
 		r.stopReplication("the registry made this broker the slave")
 		r.releaseParkedPulls()
 		r.lg.Warn("stepped down: the registry names another master", "epoch", g.Epoch, "master", g.Master.ID)
 	}
-	if r.broken != "" {
+	if r.State().Kind == RoleBroken {
 		return // until a resync or a restart
 	}
 	if local := r.hist.epoch(); local < g.Epoch {
@@ -358,7 +362,7 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 			return
 		}
 		r.hist = h
-		r.epoch.Store(g.Epoch)
+		r.epochs.local.Store(g.Epoch)
 	}
 	addr := r.fixedHA
 	if addr == "" {
@@ -371,8 +375,8 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 	if addr == "" {
 		return
 	}
-	f := r.newFollow(g.Epoch, addr, &r.masterEnd)
-	f.onDiverged = r.followerDiverged
+	f := &follower{id: r.id, epoch: g.Epoch, addr: addr, log: r.log, dial: r.dial, fetchBytes: r.fetchBytes, fetchWait: r.fetchWait,
+		clock: r.clock, lg: r.partLog.Named("follower"), masterEnd: &r.masterEnd, appended: r.pulls.appendedAny, onDiverged: r.followerDiverged}
 	fctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -397,8 +401,9 @@ func (r *roles) followerDiverged(err error) {
 // its first offset into a side file) and copied again from the master; the
 // broker is no longer broken. A master takes no such order (the registry
 // refuses it); one found here is stale and only reported done.
-func (r *roles) resync(g routing.Group, seq uint64) {
-	if role, _ := g.RoleOf(r.id); role != routing.RoleMaster {
+func (r *roles) resync(v *groupView, seq uint64) {
+	if v.Role != routing.RoleMaster {
+		g := v.Group
 		r.stopFollower()
 		from := r.log.StartOffset()
 		side := filepath.Join(r.dir, sideDir, fmt.Sprintf("%020d-resync-%d.log", from, seq))
@@ -414,8 +419,8 @@ func (r *roles) resync(g routing.Group, seq uint64) {
 			return
 		}
 		r.hist = h
-		r.epoch.Store(g.Epoch)
-		r.broken, r.warned = "", ""
+		r.epochs.local.Store(g.Epoch)
+		r.warned = ""
 		r.setState(RoleState{Kind: RoleStarting})
 		r.stats.Resyncs.Add(1)
 		r.lg.Warn("set the log aside on an operator's order; copying it again from the master", "seq", seq,
@@ -424,9 +429,9 @@ func (r *roles) resync(g routing.Group, seq uint64) {
 	r.resyncDone.Store(seq)
 }
 
-// setBroken makes the broker broken: it follows nobody until a resync.
+// setBroken makes the broker broken: it follows nobody until a resync or
+// a restart.
 func (r *roles) setBroken(why string) {
-	r.broken = why
 	r.setState(RoleState{Kind: RoleBroken, Why: why})
 	r.warn("the broker cannot follow its master", why)
 }
@@ -450,11 +455,7 @@ func (r *roles) stopReplication(why string) {
 	r.replStop = nil
 }
 
-func (r *roles) releaseParkedPulls() {
-	if r.releasePulls != nil {
-		r.releasePulls()
-	}
-}
+func (r *roles) releaseParkedPulls() { r.pulls.releaseAll() }
 
 func (r *roles) stopFollower() {
 	if r.follow == nil {

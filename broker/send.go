@@ -34,7 +34,7 @@ type appender interface {
 type sender struct {
 	id     string
 	store  appender
-	lease  *writeLease
+	sess   *session // the write lease, and claims of a client's epoch
 	routes *routeCache
 	// repl returns the running replication, nil unless the broker is the
 	// master: a SEND then gets NOT_MASTER.
@@ -43,15 +43,33 @@ type sender struct {
 	stats *Stats
 	clock clockwork.Clock
 	lg    hclog.Logger
-	// authorize, when authorization is on, checks a batch whole before
-	// anything of it is stored or its epoch kicks a heartbeat (nil: off).
-	authorize func(rep replier, msgs []protocol.Message) error
 
 	// Broker-wide bounds on SEND requests in flight and their bytes; past
 	// them a request is refused whole with BUSY.
 	maxReqs, maxBytes int64
 	reqs, bytes       atomic.Int64
 	closing           atomic.Bool // set by Close: new SENDs get SHUTTING_DOWN
+}
+
+// newSender makes the send path of the broker cfg configures.
+func newSender(cfg Config, store appender, sess *session, routes *routeCache, repl func() *replication, pulls *longPoll, stats *Stats, lg hclog.Logger) *sender {
+	return &sender{id: cfg.ID, store: store, sess: sess, routes: routes, repl: repl, pulls: pulls, stats: stats, clock: cfg.Clock, lg: lg,
+		maxReqs: cfg.MaxInflightRequests, maxBytes: cfg.MaxInflightBytes}
+}
+
+// sendRequest is a decoded SEND: the epoch its producer's route names, its
+// messages, and each message's encoding as sent (aliasing the request's
+// body).
+type sendRequest struct {
+	epoch uint32
+	msgs  []protocol.Message
+	raws  [][]byte
+	size  int // the body's length
+}
+
+func decodeSend(body []byte) (sendRequest, error) {
+	epoch, msgs, raws, err := protocol.DecodeSendRequestRaw(body)
+	return sendRequest{epoch: epoch, msgs: msgs, raws: raws, size: len(body)}, err
 }
 
 // sendBatch is one SEND request in flight. Every message is its own future:
@@ -132,7 +150,7 @@ func (sb *sendBatch) Check(body []byte) {
 			acked++
 		}
 	}
-	if acked == 0 || sb.s.lease.validFor(sb.epoch) {
+	if acked == 0 || sb.s.sess.lease.validFor(sb.epoch) {
 		sb.acked = acked
 		return
 	}
@@ -153,7 +171,7 @@ func (sb *sendBatch) Check(body []byte) {
 // carried may reach the producer after a promotion; they are counted,
 // since their NORMAL messages may then be lost with the old master's tail.
 func (sb *sendBatch) Sent() {
-	if sb.acked > 0 && !sb.s.lease.validFor(sb.epoch) {
+	if sb.acked > 0 && !sb.s.sess.lease.validFor(sb.epoch) {
 		sb.s.stats.AcksAfterLease.Add(int64(sb.acked))
 	}
 }
@@ -172,32 +190,20 @@ func sendReplyEstimate(body []byte) int {
 	return max(sendReplySize(int(min(n, protocol.MaxFrameSize/18))), transport.DefaultReplySize)
 }
 
-// handle serves one SEND request body; it runs on a request worker or the
-// connection's reader, one at a time per connection, in arrival order.
-func (s *sender) handle(rep sendReplier, body []byte) {
+// handle serves one SEND, decoded (and authorized: endpoints.go); it runs
+// on a request worker or the connection's reader, one at a time per
+// connection, in arrival order.
+func (s *sender) handle(rep sendReplier, req sendRequest) {
 	if s.closing.Load() {
 		rep.ReplyError(&protocol.Error{Status: protocol.StatusShuttingDown, Message: "broker " + s.id + " is shutting down"})
 		return
 	}
-	size := len(body)
+	size, epoch, msgs, raws := req.size, req.epoch, req.msgs, req.raws
 	if !s.admit(size) {
 		rep.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: fmt.Sprintf("broker %s has too many requests in flight", s.id)})
 		return
 	}
-	epoch, msgs, raws, err := protocol.DecodeSendRequestRaw(body)
-	if err != nil {
-		s.release(size)
-		rep.ReplyError(err)
-		return
-	}
-	if s.authorize != nil {
-		if err := s.authorize(rep, msgs); err != nil {
-			s.release(size)
-			rep.ReplyError(err)
-			return
-		}
-	}
-	s.lease.claim(epoch) // a newer epoch refuses this batch below (NOT_MASTER), and fences nothing
+	s.sess.claim(epoch) // a newer epoch refuses this batch below (NOT_MASTER), and fences nothing
 	sb := &sendBatch{s: s, rep: rep, size: size, start: s.clock.Now(), results: make([]protocol.SendResult, len(msgs))}
 	sb.pending.Store(int64(len(msgs)) + 1) // +1: the handler's own hold, dropped at the end
 
@@ -370,14 +376,15 @@ func (c *batchCheck) dropAfterRefused(msgs []protocol.Message, good []int, sb *s
 // newBatchCheck reads the broker's state once for a batch that names the
 // group at epoch (0: the sender does not know).
 func (s *sender) newBatchCheck(epoch uint32) batchCheck {
-	c := batchCheck{s: s, state: protocol.StatusOK, repl: s.repl(), epoch: s.lease.epoch()}
+	lease := &s.sess.lease
+	c := batchCheck{s: s, state: protocol.StatusOK, repl: s.repl(), epoch: lease.epoch()}
 	switch {
 	case c.repl == nil:
 		c.state = protocol.StatusNotMaster
-	case s.lease.fenced() || epoch > c.epoch:
+	case lease.fenced() || epoch > c.epoch:
 		s.stats.Fenced.Add(1)
 		c.state = protocol.StatusNotMaster
-	case !s.lease.validFor(c.epoch):
+	case !lease.validFor(c.epoch):
 		c.state = protocol.StatusReadOnly
 	}
 	return c

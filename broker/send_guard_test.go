@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
@@ -32,11 +33,12 @@ func (r *guardReplier) ReplyGuarded(body []byte, g transport.Guard) error {
 // after the lease ended is counted.
 func TestSendAnswerCheckedAtTheWrite(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	lease := &writeLease{clock: clock, session: time.Second}
+	sess := newSession("b1", nil, 100*time.Millisecond, time.Second, clock, hclog.NewNullLogger())
+	lease := &sess.lease
 	lease.ready.Store(1)
 	stats := &Stats{}
 	stats.initHistograms()
-	s := &sender{lease: lease, stats: stats, clock: clock}
+	s := &sender{sess: sess, stats: stats, clock: clock}
 	statuses := []protocol.Status{protocol.StatusOK, protocol.StatusDuplicate, protocol.StatusNotMaster, protocol.StatusOK}
 	answer := func() (*guardReplier, []protocol.Status) {
 		rep := &guardReplier{}

@@ -44,46 +44,103 @@ func (f *fakeRegistry) set(reasons routing.Reasons, err error) {
 
 // The write lease: writable from the first accepted heartbeat that says
 // so, until a reply says read-only or until one session passes with no
-// heartbeat accepted; not a moment before.
+// heartbeat accepted; not a moment before. Each accepted reply is
+// published as a view, to every subscriber.
 func TestWriteLeaseFollowsHeartbeats(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	reg := &fakeRegistry{}
-	lease := &writeLease{clock: clock, session: time.Second}
+	s := newSession("b1", reg, 100*time.Millisecond, time.Second, clock, hclog.NewNullLogger())
+	views := s.subscribe()
+	lease := &s.lease
 	lease.ready.Store(1) // roles took over epoch 1
-	var observed string
-	h := &heartbeater{id: "b1", meta: reg, lease: lease, interval: 100 * time.Millisecond, clock: clock, log: hclog.NewNullLogger(),
-		describe: func(hb *api.Heartbeat) { hb.Group = "g1" }, observe: func(g routing.Group) { observed = g.Master.HAAddr }}
+	describe := func(hb *api.Heartbeat) { hb.Group = "g1" }
 	ctx := context.Background()
 
-	if lease.valid() {
-		t.Fatal("writable before any heartbeat")
+	if lease.valid() || s.latest() != nil {
+		t.Fatal("writable, or a view, before any heartbeat")
 	}
-	h.beat(ctx)
-	if !lease.valid() || observed != "master:1" {
-		t.Fatalf("after an accepted heartbeat: valid %v, observed %q", lease.valid(), observed)
+	s.beat(ctx, describe)
+	select {
+	case <-views:
+	default:
+		t.Fatal("an accepted reply signalled no subscriber")
+	}
+	if v := s.latest(); !lease.valid() || v == nil || v.Master.HAAddr != "master:1" || v.Role != routing.RoleMaster || v.Epoch != 1 {
+		t.Fatalf("after an accepted heartbeat: valid %v, view %+v", lease.valid(), v)
 	}
 	reg.set(routing.Admin, nil)
-	h.beat(ctx)
-	if lease.valid() {
+	s.beat(ctx, describe)
+	if lease.valid() || s.latest().Writable() {
 		t.Fatal("writable after the registry said read-only")
 	}
 	reg.set(0, nil)
-	h.beat(ctx)
+	s.beat(ctx, describe)
 	reg.set(0, errors.New("metaserver unreachable"))
+	before := s.latest()
 	clock.Advance(time.Second - time.Nanosecond)
-	h.beat(ctx)
+	s.beat(ctx, describe)
 	if !lease.valid() {
 		t.Fatal("read-only before a session without heartbeats passed")
+	}
+	if s.latest() != before {
+		t.Fatal("a failed heartbeat published a view")
 	}
 	clock.Advance(time.Nanosecond)
 	if lease.valid() {
 		t.Fatal("still writable a whole session after the last accepted heartbeat")
 	}
 	reg.set(0, nil)
-	h.beat(ctx)
+	s.beat(ctx, describe)
 	if !lease.valid() {
 		t.Fatal("not writable again after a heartbeat was accepted")
 	}
+}
+
+// A subscriber that does not read holds up no heartbeat: its signal is
+// pending once, and it then reads the newest view, whatever it missed.
+func TestSessionNeverWaitsOnAReader(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	reg := &fakeRegistry{}
+	s := newSession("b1", reg, 100*time.Millisecond, time.Second, clock, hclog.NewNullLogger())
+	slow := s.subscribe()
+	for _, r := range []routing.Reasons{0, routing.Admin, 0, routing.Admin} {
+		reg.set(r, nil)
+		s.beat(context.Background(), func(*api.Heartbeat) {}) // returns with the reader asleep
+	}
+	<-slow
+	select {
+	case <-slow:
+		t.Fatal("four replies signalled a sleeping reader more than once")
+	default:
+	}
+	if v := s.latest(); v == nil || v.Writable() {
+		t.Fatalf("the reader sees %+v, want the last (read-only) view", v)
+	}
+}
+
+// The view names what this broker is to do: its role, and a resync order
+// only when it is addressed to it.
+func TestViewNamesThisBroker(t *testing.T) {
+	reg := &orderRegistry{group: routing.Group{Name: "g1", Epoch: 2, Master: routing.Broker{ID: "m"}, Slave: routing.Broker{ID: "s"},
+		Resync: &routing.ResyncOrder{Broker: "s", Seq: 7}}}
+	for _, tc := range []struct {
+		id     string
+		role   routing.Role
+		resync uint64
+	}{{"m", routing.RoleMaster, 0}, {"s", routing.RoleSlave, 7}, {"x", "", 0}} {
+		s := newSession(tc.id, reg, time.Second, 2*time.Second, clockwork.NewFakeClock(), hclog.NewNullLogger())
+		s.beat(context.Background(), func(*api.Heartbeat) {})
+		if v := s.latest(); v.Role != tc.role || v.ResyncSeq != tc.resync || v.ACLVersion != 5 {
+			t.Errorf("broker %s: role %q, resync %d, ACL version %d; want %q, %d, 5", tc.id, v.Role, v.ResyncSeq, v.ACLVersion, tc.role, tc.resync)
+		}
+	}
+}
+
+// orderRegistry answers every heartbeat with one group, at ACL version 5.
+type orderRegistry struct{ group routing.Group }
+
+func (o *orderRegistry) Heartbeat(context.Context, api.Heartbeat) (api.HeartbeatReply, error) {
+	return api.HeartbeatReply{Group: o.group, ACLVersion: 5}, nil
 }
 
 func TestConfigValidate(t *testing.T) {
@@ -175,19 +232,19 @@ func TestWriteLeaseRunsFromTheSend(t *testing.T) {
 }
 
 // A client's newer epoch fences nothing: it asks for a heartbeat, once per
-// claim (the heartbeater coalesces them), and the lease holds until the
+// claim (the session coalesces them), and the lease holds until the
 // registry's answer says otherwise.
 func TestClientEpochClaimOnlyKicksAHeartbeat(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	kicks := 0
-	lease := &writeLease{clock: clock, session: time.Second, kick: func() { kicks++ }}
+	s := newSession("b1", &fakeRegistry{}, 100*time.Millisecond, time.Second, clock, hclog.NewNullLogger())
+	lease := &s.lease
 	lease.ready.Store(1)
 	lease.renew(clock.Now(), true, true, 1, 0)
-	if lease.claim(1) || lease.claim(0) || kicks != 0 {
-		t.Fatalf("the lease's own epoch (or none) claimed newer, or kicked (%d kicks)", kicks)
+	if s.claim(1) || s.claim(0) || len(s.kicks) != 0 {
+		t.Fatalf("the lease's own epoch (or none) claimed newer, or kicked (%d kicks)", len(s.kicks))
 	}
-	if !lease.claim(0xFFFFFFF0) || kicks != 1 {
-		t.Fatalf("a newer epoch not reported, or no heartbeat asked for (%d kicks)", kicks)
+	if !s.claim(0xFFFFFFF0) || len(s.kicks) != 1 {
+		t.Fatalf("a newer epoch not reported, or no heartbeat asked for (%d kicks)", len(s.kicks))
 	}
 	if !lease.valid() || lease.fenced() || !lease.validFor(1) {
 		t.Fatal("a client's claimed epoch fenced the lease")
