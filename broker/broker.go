@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -103,7 +104,7 @@ func New(cfg Config) (*Broker, error) {
 		b.cancel()
 		return nil, fmt.Errorf("broker: open commit log: %w", err)
 	}
-	if b.meta, err = client.New(client.Config{Addrs: cfg.MetaAddrs, Transport: transport.ClientConfig{TLS: cfg.TLSClient, Token: cfg.ClusterToken}}); err != nil {
+	if b.meta, err = client.New(client.Config{Addrs: cfg.MetaAddrs, Token: cfg.ClusterToken, Transport: transport.ClientConfig{TLS: cfg.TLSClient}}); err != nil {
 		b.cancel()
 		_ = b.store.Close()
 		return nil, err
@@ -131,7 +132,7 @@ func New(cfg Config) (*Broker, error) {
 		b.handover = &tailHandover{id: cfg.ID, dir: cfg.Dir, log: b.store, clock: cfg.Clock, lg: lg.Named("recover"), stats: &b.stats,
 			tails: make(chan string, 64),
 			dial: func(addr string) *transport.Client {
-				return transport.NewClient(addr, transport.ClientConfig{TLS: cfg.TLSClient, Token: cfg.ClusterToken})
+				return transport.NewClient(addr, transport.ClientConfig{TLS: cfg.TLSClient, Login: auth.TokenLogin(cfg.ClusterToken)})
 			}}
 	}
 	b.roles, err = newRoles(&roles{id: cfg.ID, dir: cfg.Dir, log: b.store, lease: b.lease, clock: cfg.Clock,
@@ -167,7 +168,7 @@ func New(cfg Config) (*Broker, error) {
 	// answer's size, and a peer that stops reading for WriteTimeout is cut.
 	b.rpc = transport.NewServer(transport.ServerConfig{
 		Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("rpc"),
-		TLS: cfg.TLSServer, RequireAuth: b.acl != nil,
+		TLS: cfg.TLSServer, Gate: admissionGate(b.acl != nil),
 	})
 	// SENDs of one connection run one at a time, in arrival order, so they
 	// reach the commit log in the order they arrived (the handler only
@@ -196,7 +197,7 @@ func New(cfg Config) (*Broker, error) {
 	// across role changes; it serves fetches only while this broker is the
 	// master, and only from the group's slave.
 	b.ha = transport.NewServer(transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: lg.Named("ha"), TLS: cfg.TLSServer,
-		RequireAuth: b.acl != nil})
+		Gate: admissionGate(b.acl != nil)})
 	b.ha.Handle(protocol.CodeAuth, b.handleAuth)
 	b.ha.Handle(protocol.CodeRecover, b.handleRecover)
 	b.ha.HandleWithReply(protocol.CodeHAFetch, func(r *transport.Request) {

@@ -185,7 +185,7 @@ func (b *benchConsumers) stop() {
 	b.cancel = nil
 	if b.o.group == "" {
 		// The run's own group: its members left as they closed.
-		if mc, err := client.New(client.Config{Addrs: b.metas, Transport: transport.ClientConfig{TLS: b.tls, Token: b.token}}); err == nil {
+		if mc, err := client.New(client.Config{Addrs: b.metas, Token: b.token, Transport: transport.ClientConfig{TLS: b.tls}}); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = mc.DeleteConsumerGroup(ctx, b.group)
 			cancel()

@@ -12,36 +12,33 @@ import (
 )
 
 // Accepting connections, and the limits on them before they send anything:
-// MaxConns, MaxUnauthConns, and the BUSY answer of a connection refused.
+// MaxConns, the Gate's Open, and the BUSY answer of a connection refused.
 
 // ServerStats are a server's connection counters.
 type ServerStats struct {
 	// Conns is the connections open now, those in their handshake
 	// included; PeakConns the most there were at once.
 	Conns, PeakConns int64
-	// Refused counts connections closed at once over MaxConns or
-	// MaxUnauthConns.
+	// Refused counts connections closed at once: over MaxConns, or
+	// refused by the Gate.
 	Refused int64
-	// UnauthConns is the connections open now that have not authenticated
-	// (RequireAuth; 0 without it), those in their handshake included.
-	UnauthConns int64
-	// UnauthClosed counts connections closed, after their first request,
-	// for not authenticating in time (RequireAuth).
-	UnauthClosed int64
+	// UntrustedTimeouts counts connections closed, after their first
+	// request, for being untrusted at the deadline their Gate set.
+	UntrustedTimeouts int64
 	// HandshakeTimeouts counts connections closed for not completing their
 	// handshake and first request within HandshakeTimeout.
 	HandshakeTimeouts int64
 	// HandshakeFailures counts failed TLS handshakes, plaintext peers on a
 	// TLS port and TLS peers on a plaintext one.
 	HandshakeFailures int64
-	// Oversize counts connections closed for declaring a frame over
-	// MaxUnauthFrame before they authenticated (RequireAuth).
+	// Oversize counts connections closed for declaring a frame over the
+	// cap their Gate set before they were trusted.
 	Oversize int64
 }
 
 type serverStats struct {
 	conns, peak, refused, handshakeTimeouts, handshakeFailures, oversize atomic.Int64
-	unauth, unauthClosed                                                 atomic.Int64
+	untrustedTimeouts                                                    atomic.Int64
 }
 
 // notePeak raises peak to n if n is higher.
@@ -59,10 +56,12 @@ func (s *Server) Stats() ServerStats {
 	return ServerStats{
 		Conns: s.stats.conns.Load(), PeakConns: s.stats.peak.Load(), Refused: s.stats.refused.Load(),
 		HandshakeTimeouts: s.stats.handshakeTimeouts.Load(), HandshakeFailures: s.stats.handshakeFailures.Load(),
-		Oversize: s.stats.oversize.Load(), UnauthConns: s.stats.unauth.Load(), UnauthClosed: s.stats.unauthClosed.Load(),
+		Oversize: s.stats.oversize.Load(), UntrustedTimeouts: s.stats.untrustedTimeouts.Load(),
 	}
 }
 
+// accept accepts connections until Close. One over MaxConns, or that the
+// Gate refuses, is refused (refuseBusy); every other gets its reader.
 func (s *Server) accept(ln net.Listener) {
 	defer s.readWG.Done()
 	for {
@@ -83,16 +82,17 @@ func (s *Server) accept(ln net.Listener) {
 		}
 		if n := s.stats.conns.Add(1); n > int64(s.cfg.MaxConns) {
 			s.stats.conns.Add(-1)
-			s.refuseOverCap(nc, "refused", "connections are open", "MaxConns", "max_conns", s.cfg.MaxConns)
+			s.refuseOverCap(nc)
 			continue
 		} else {
 			s.stats.notePeak(n)
 		}
-		if s.cfg.RequireAuth {
-			if n := s.stats.unauth.Add(1); n > int64(s.cfg.MaxUnauthConns) {
-				s.stats.unauth.Add(-1)
+		var adm Admission
+		if s.cfg.Gate != nil {
+			var err error
+			if adm, err = s.cfg.Gate.Open(nc.RemoteAddr(), time.Now()); err != nil {
 				s.stats.conns.Add(-1)
-				s.refuseOverCap(nc, "refused_unauth", "connections that have not authenticated are open", "MaxUnauthConns", "max_unauth_conns", s.cfg.MaxUnauthConns)
+				s.refuseByGate(nc, err)
 				continue
 			}
 		}
@@ -100,13 +100,13 @@ func (s *Server) accept(ln net.Listener) {
 			_ = tc.SetNoDelay(true)
 		}
 		c := &serverConn{
-			s:        s,
-			raw:      nc,
-			accepted: time.Now(),
-			w:        newWriter(s.cfg.MaxWriteBuffer, s.cfg.WriteTimeout),
-			sem:      make(chan struct{}, s.cfg.MaxInflightPerConn),
+			s:   s,
+			raw: nc,
+			adm: adm,
+			w:   newWriter(s.cfg.MaxWriteBuffer, s.cfg.WriteTimeout),
+			sem: make(chan struct{}, s.cfg.MaxInflightPerConn),
 		}
-		c.unauthHeld.Store(s.cfg.RequireAuth)
+		c.admOpen.Store(adm != nil)
 		if s.tls == nil {
 			c.w.raw = socketOf(nc)
 		} else {
@@ -117,7 +117,7 @@ func (s *Server) accept(ln net.Listener) {
 			s.mu.Unlock()
 			_ = nc.Close()
 			s.stats.conns.Add(-1)
-			c.releaseUnauth()
+			c.closeAdmission()
 			return
 		}
 		s.conns[c] = struct{}{}
@@ -138,24 +138,39 @@ const (
 	busyWait = time.Second
 )
 
-// refuseOverCap counts and warns (rate-limited, per kind) about a
-// connection over one of the caps, and refuses it with refuseBusy.
-func (s *Server) refuseOverCap(nc net.Conn, kind, what, field, logKey string, limit int) {
+// refuseOverCap counts and warns (rate-limited) about a connection over
+// MaxConns, and refuses it with refuseBusy.
+func (s *Server) refuseOverCap(nc net.Conn) {
 	s.stats.refused.Add(1)
 	remote := nc.RemoteAddr().String()
-	s.limited.warn(kind, fmt.Sprintf("refusing connection from %s: %d %s, the cap (%s)", remote, limit, what, field),
-		"remote", remote, logKey, limit)
-	s.refuseBusy(nc)
+	s.limited.warn("refused", fmt.Sprintf("refusing connection from %s: %d connections are open, the cap (MaxConns)", remote, s.cfg.MaxConns),
+		"remote", remote, "max_conns", s.cfg.MaxConns)
+	msg := fmt.Sprintf("%s is over its connection cap (%d connections open): try again later, or another server", nc.LocalAddr(), s.cfg.MaxConns)
+	s.refuseBusy(nc, msg)
 }
 
-// refuseBusy ends a connection over MaxConns. On a plaintext port it reads
-// the connection's first request (within busyWait) and answers it BUSY,
-// saying the server is over its connection cap, so the client knows it
-// met a live server that is full (and may retry, here or elsewhere), not
-// something that hangs up on every client; then it closes. A oneway
-// request, a frame too large for a connection that has not authenticated,
-// or bytes that are not a frame are closed unanswered.
-func (s *Server) refuseBusy(nc net.Conn) {
+// refuseByGate counts and warns (rate-limited) about a connection the
+// Gate refused, and refuses it with refuseBusy, saying why.
+func (s *Server) refuseByGate(nc net.Conn, why error) {
+	s.stats.refused.Add(1)
+	remote := nc.RemoteAddr().String()
+	s.limited.warn("refused_gate", fmt.Sprintf("refusing connection from %s: %v", remote, why), "remote", remote)
+	msg := fmt.Sprintf("%s refuses the connection: %v: try again later, or another server", nc.LocalAddr(), why)
+	s.refuseBusy(nc, msg)
+}
+
+// refusalMaxFrame is the largest request a refused connection may send to
+// be answered why (refuseBusy; a plaintext peer on a TLS port).
+const refusalMaxFrame = 64 << 10
+
+// refuseBusy ends a connection refused at its acceptance. On a plaintext
+// port it reads the connection's first request (within busyWait) and
+// answers it BUSY with msg (why: the server is over its connection cap,
+// say), so the client knows it met a live server that is full (and may
+// retry, here or elsewhere), not something that hangs up on every client;
+// then it closes. A oneway request, a frame over refusalMaxFrame, or bytes
+// that are not a frame are closed unanswered.
+func (s *Server) refuseBusy(nc net.Conn, msg string) {
 	if s.tls != nil {
 		_ = nc.Close()
 		return
@@ -186,11 +201,10 @@ func (s *Server) refuseBusy(nc net.Conn) {
 			<-s.busy
 		}()
 		_ = nc.SetDeadline(time.Now().Add(min(s.cfg.HandshakeTimeout, busyWait)))
-		f, err := readFrame(nc, s.cfg.MaxUnauthFrame, growBig)
+		f, err := readFrame(nc, refusalMaxFrame, growBig)
 		if err != nil || f.IsResponse() || f.IsOneway() {
 			return
 		}
-		msg := fmt.Sprintf("%s is over its connection cap (%d connections open): try again later, or another server", nc.LocalAddr(), s.cfg.MaxConns)
 		resp := protocol.Frame{Flags: protocol.FlagResponse, Code: f.Code, Status: protocol.StatusBusy, Opaque: f.Opaque, Body: []byte(msg)}
 		b, err := protocol.AppendFrame(nil, &resp)
 		if err != nil {
@@ -216,6 +230,6 @@ func (s *Server) forget(c *serverConn) {
 	s.mu.Unlock()
 	if ok {
 		s.stats.conns.Add(-1)
-		c.releaseUnauth()
+		c.closeAdmission()
 	}
 }

@@ -9,13 +9,12 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
 // A connection's goroutines: its reader (readLoop: framing, the frame caps,
-// the limits before trust) and its writer (writeLoop).
+// admission) and its writer (writeLoop).
 
 // serverConn is one accepted connection.
 type serverConn struct {
@@ -28,13 +27,13 @@ type serverConn struct {
 	sem chan struct{} // one slot per request read and not yet answered
 	// tlsState is the TLS connection's state once its handshake is done
 	// (nil on a plaintext port); trusted, whether the connection is
-	// authenticated (see ServerConfig).
+	// trusted (see ServerConfig.Gate).
 	tlsState *tls.ConnectionState
 	trusted  atomic.Bool
-	// unauthHeld: the connection counts in stats.unauth (RequireAuth, until
-	// it authenticates or closes); accepted, when it was accepted.
-	unauthHeld atomic.Bool
-	accepted   time.Time
+	// adm is the Gate's admission of the connection (nil without a Gate);
+	// admOpen, whether it is yet to be told the connection closed.
+	adm     Admission
+	admOpen atomic.Bool
 	// peer is the connection's identity slot (Request.SetPeer): nil until
 	// a handler sets it.
 	peer atomic.Pointer[any]
@@ -78,14 +77,10 @@ func (c *serverConn) readLoop() {
 		if pending {
 			pending, first = false, protocol.Frame{}
 		} else {
-			if c.s.cfg.RequireAuth && !c.trusted.Load() && !c.preAuthDeadline() {
-				<-c.sem
-				return
-			}
 			var err error
 			if f, err = c.readFrame(br); err != nil {
 				<-c.sem
-				c.readFailed(err)
+				c.readFailed(err) // nothing to say if it is errStopped
 				return
 			}
 		}
@@ -95,7 +90,7 @@ func (c *serverConn) readLoop() {
 			return
 		}
 		rt, known := c.s.handlers[f.Code]
-		if known && !c.s.cfg.RequireAuth && !c.trusted.Load() {
+		if known && c.adm == nil && !c.trusted.Load() {
 			c.trusted.Store(true)
 		}
 		n := c.s.reservation(&f, rt, known)
@@ -111,12 +106,14 @@ func (c *serverConn) readLoop() {
 		}
 		req := &Request{Frame: f, conn: c, h: rt.h, reserved: n, ordered: rt.ordered}
 		c.s.inflight.Add(1)
-		if c.s.cfg.RequireAuth && !preAuth(f.Code) && !c.trusted.Load() && !c.certVerified() {
-			req.ReplyError(errAuthFirst)
-			if f.IsOneway() {
-				req.finish()
+		if c.adm != nil && !c.trusted.Load() {
+			if err := c.adm.Admit(f, c.tlsState); err != nil {
+				req.ReplyError(err)
+				if f.IsOneway() {
+					req.finish()
+				}
+				continue
 			}
-			continue
 		}
 		if !known {
 			req.ReplyError(&protocol.Error{Status: protocol.StatusUnknownCode,
@@ -150,106 +147,41 @@ func (c *serverConn) readLoop() {
 }
 
 // readFrame reads the connection's next frame, within the cap of its
-// authentication when its length arrives (a handler may have
-// authenticated the connection while the reader waited for it).
+// trust when its length arrives (a handler may have trusted the
+// connection while the reader waited for it). An untrusted connection's
+// frame is read under its Gate's limits; errStopped: the server is closing.
 func (c *serverConn) readFrame(br *bufio.Reader) (protocol.Frame, error) {
+	gateCap := 0
+	if c.adm != nil && !c.trusted.Load() {
+		var ok bool
+		if gateCap, ok = c.untrustedLimits(); !ok {
+			return protocol.Frame{}, errStopped
+		}
+	}
 	var lenBuf [4]byte
 	if _, err := io.ReadFull(br, lenBuf[:]); err != nil {
 		return protocol.Frame{}, err
 	}
-	limit, g := c.frameCap()
+	limit, g := c.frameCap(gateCap)
 	return readFrameAfter(br, lenBuf, limit, g)
 }
 
 // frameCap is the most a connection may declare for its next frame, and
-// how that frame's buffer grows as its bytes arrive: at once once the
-// connection authenticated with RequireAuth; with growBig (a frame over
-// growAbove grows) when it is trusted without RequireAuth (one request of
-// a registered code makes it so: it may be anyone); else with growAll.
-func (c *serverConn) frameCap() (limit int, g growth) {
+// how that frame's buffer grows as its bytes arrive: at once once a Gate's
+// connection is trusted; with growBig (a frame over growAbove grows) when
+// it is trusted without a Gate (one request of a registered code makes it
+// so: it may be anyone); else with growAll, within gateCap if its Gate
+// set one (the cap of untrustedLimits, read before the frame's length).
+func (c *serverConn) frameCap(gateCap int) (limit int, g growth) {
 	switch {
-	case c.trusted.Load() && c.s.cfg.RequireAuth:
+	case c.trusted.Load() && c.adm != nil:
 		return protocol.MaxFrameSize, readAtOnce
 	case c.trusted.Load():
 		return protocol.MaxFrameSize, growBig
-	case c.s.cfg.RequireAuth && !c.certVerified():
-		return c.s.cfg.MaxUnauthFrame, growAll
+	case gateCap > 0:
+		return gateCap, growAll
 	}
 	return protocol.MaxFrameSize, growAll
-}
-
-// preAuthTimeouts bounds, in HandshakeTimeouts from its acceptance, how
-// long a connection may stay unauthenticated (RequireAuth), requests or
-// not: a client sends IDENTIFY and AUTH at once; this leaves room for
-// retries, and bounds how long a stranger holds a connection (20 s by
-// default).
-const preAuthTimeouts = 4
-
-// certVerified reports whether the connection's TLS handshake verified a
-// client certificate. With RequireAuth that does not authenticate it (the
-// certificate's name may be no principal), but its requests reach their
-// handlers, whose authorization check authenticates it.
-func (c *serverConn) certVerified() bool {
-	return c.tlsState != nil && len(c.tlsState.VerifiedChains) > 0
-}
-
-// preAuthDeadline gives an unauthenticated connection (RequireAuth)
-// HandshakeTimeout to send its next request, and no more than
-// preAuthTimeouts of them since it was accepted. It returns false if the
-// server is closing and the reader must stop.
-func (c *serverConn) preAuthDeadline() bool {
-	ht := c.s.cfg.HandshakeTimeout
-	d := time.Now().Add(ht)
-	if last := c.accepted.Add(preAuthTimeouts * ht); last.Before(d) {
-		d = last
-	}
-	_ = c.raw.SetReadDeadline(d)
-	if c.trusted.Load() {
-		// authenticate may have cleared the deadline before this set it.
-		_ = c.raw.SetReadDeadline(time.Time{})
-	}
-	select {
-	case <-c.s.stop:
-		return false // Close's deadline may have been replaced
-	default:
-		return true
-	}
-}
-
-// authenticate marks the connection authenticated: it leaves the count of
-// unauthenticated connections and loses its pre-auth read deadline.
-func (c *serverConn) authenticate() {
-	if c.trusted.Load() || !c.trusted.CompareAndSwap(false, true) {
-		return
-	}
-	if !c.s.cfg.RequireAuth {
-		return
-	}
-	c.releaseUnauth()
-	_ = c.raw.SetReadDeadline(time.Time{})
-	select {
-	case <-c.s.stop:
-		_ = c.raw.SetReadDeadline(time.Unix(1, 0)) // Close's, which this may have cleared
-	default:
-	}
-}
-
-// releaseUnauth takes the connection out of the count of unauthenticated
-// connections, once.
-func (c *serverConn) releaseUnauth() {
-	if c.unauthHeld.CompareAndSwap(true, false) {
-		c.s.stats.unauth.Add(-1)
-	}
-}
-
-// unauthFailed closes a connection that did not authenticate in time or
-// within maxPreAuthRequests (RequireAuth).
-func (c *serverConn) unauthFailed(why string) {
-	c.s.stats.unauthClosed.Add(1)
-	remote := c.raw.RemoteAddr().String()
-	c.s.limited.warn("unauth", fmt.Sprintf("closing connection from %s: %s", remote, why), "remote", remote)
-	c.w.close(ErrConnLost)
-	_ = c.raw.Close() // not the TLS connection's Close, which may wait to say goodbye
 }
 
 // readFailed ends a connection whose reading failed. A peer that went away
@@ -262,13 +194,12 @@ func (c *serverConn) readFailed(err error) {
 	default:
 	}
 	var ne net.Error
-	if c.s.cfg.RequireAuth && !c.trusted.Load() && errors.As(err, &ne) && ne.Timeout() {
-		c.unauthFailed(fmt.Sprintf("it did not authenticate in time (a request every %v, authenticated within %v)",
-			c.s.cfg.HandshakeTimeout, preAuthTimeouts*c.s.cfg.HandshakeTimeout))
+	if c.adm != nil && !c.trusted.Load() && errors.As(err, &ne) && ne.Timeout() {
+		c.untrustedExpired()
 		return
 	}
 	if errors.Is(err, ErrBadFrame) {
-		if errors.Is(err, errUnauthFrame) {
+		if errors.Is(err, errUntrustedFrame) {
 			c.s.stats.oversize.Add(1)
 		}
 		c.s.limited.warn("badframe", "closing connection after a bad frame", "remote", c.raw.RemoteAddr().String(), "error", err)

@@ -40,21 +40,9 @@ func (r *Request) RemoteAddr() net.Addr { return r.conn.raw.RemoteAddr() }
 // certificate chains among it), or nil on a plaintext port.
 func (r *Request) TLS() *tls.ConnectionState { return r.conn.tlsState }
 
-// Authenticated reports whether the request's connection is authenticated
-// (see ServerConfig.RequireAuth).
+// Authenticated reports whether the request's connection is trusted (see
+// ServerConfig.Gate).
 func (r *Request) Authenticated() bool { return r.conn.trusted.Load() }
-
-// errAuthFirst answers a request that an unauthenticated connection may
-// not make (RequireAuth).
-var errAuthFirst = &protocol.Error{Status: protocol.StatusNotAuthorized,
-	Message: "authenticate first: send AUTH with a token, or connect with a TLS client certificate"}
-
-// preAuth reports whether a connection that has not authenticated may make
-// a request of code (RequireAuth): AUTH, and IDENTIFY, which changes
-// nothing.
-func preAuth(code protocol.Code) bool {
-	return code == protocol.CodeAuth || code == protocol.CodeIdentify
-}
 
 // Peer is what a handler stored for the request's connection with SetPeer
 // (the authorization layer keeps who the peer is there), or nil.
@@ -69,10 +57,11 @@ func (r *Request) Peer() any {
 // the connection sees it with Peer.
 func (r *Request) SetPeer(v any) { r.conn.peer.Store(&v) }
 
-// Authenticate marks the request's connection authenticated: its next
-// frames may be as large as any (the authorization layer calls it once a
-// peer proved who it is).
-func (r *Request) Authenticate() { r.conn.authenticate() }
+// Authenticate marks the request's connection trusted (the authorization
+// layer calls it once a peer proved who it is): its Gate is told
+// (Admission.Trusted) and asked nothing more about it; its next frames may
+// be as large as any, and are read at once.
+func (r *Request) Authenticate() { r.conn.trust() }
 
 // CompareAndSwapPeer stores v for the request's connection, like SetPeer,
 // if what is stored is old (nil: nothing yet), and reports whether it did.

@@ -72,50 +72,24 @@ type ServerConfig struct {
 	// tls.RequireAndVerifyClientCert). Versions before TLS 1.2 are refused.
 	TLS *tls.Config
 
-	// Limits before trust. Without RequireAuth a connection is
-	// authenticated once its TLS handshake verified a client certificate,
-	// or once it sent a request of a registered code; with RequireAuth,
-	// only once a handler called Request.Authenticate (the authorization
-	// layer, when the peer proved who it is, by token or by a certificate
-	// that names a principal). Until then it holds little: see
-	// MaxUnauthFrame and MaxUnauthConns. Whoever sent it, a frame that
-	// declares more than about 1 MiB is read as its bytes arrive.
-
 	// HandshakeTimeout bounds how long a new connection may take to
 	// complete its TLS handshake and send its first whole request; past it
-	// the connection is closed. With RequireAuth it also bounds the time an
-	// unauthenticated connection may go without a request, and such a
-	// connection must authenticate within preAuthTimeouts times it of its
-	// acceptance: past either it is closed. Default 5 s.
+	// the connection is closed. Default 5 s.
 	HandshakeTimeout time.Duration
 	// MaxConns caps the connections open at once, those in their handshake
 	// included; one over it is closed as soon as it is accepted (counted in
 	// ServerStats.Refused). Default 10000.
 	MaxConns int
-	// MaxUnauthConns caps, with RequireAuth, the connections open at once
-	// that have not authenticated (those in their handshake included), so
-	// that strangers cannot take the room of MaxConns that authenticated
-	// clients need; one over it is refused like one over MaxConns. A
-	// connection leaves this count when it authenticates. Default
-	// min(256, MaxConns/2), at least 1.
-	MaxUnauthConns int
-	// MaxUnauthFrame bounds what a connection that has not authenticated
-	// makes the server hold for one frame. Without RequireAuth a frame
-	// declared larger is read in growing pieces as its bytes arrive (the
-	// server holds about what the peer sent, and the handshake deadline
-	// bounds the first frame). With RequireAuth a frame declared larger is
-	// refused: the connection is closed (unless its TLS client certificate
-	// was verified: then it is read as its bytes arrive); one declared
-	// smaller is read as its bytes arrive too. Default 64 KiB.
-	MaxUnauthFrame int
-	// RequireAuth keeps a connection unauthenticated until its TLS client
-	// certificate was verified or a handler called Request.Authenticate;
-	// without it, a connection's first request of a registered code
-	// authenticates it. With it, an unauthenticated connection is served
-	// only AUTH and IDENTIFY (protocol.CodeAuth, CodeIdentify): any other
-	// request is answered NOT_AUTHORIZED "authenticate first", without
-	// reaching a handler.
-	RequireAuth bool
+
+	// Gate, when set, decides what a connection may do until a handler
+	// trusts it (Request.Authenticate): whether it is let in, the deadline
+	// and size cap of each of its frames, and which of its requests reach
+	// their handlers (see Gate). Its frames are read as their bytes arrive;
+	// once trusted, at once. nil admits everything: a connection is then
+	// trusted once its TLS handshake verified a client certificate or it
+	// sent a request of a registered code, and until then (and for frames
+	// over about 1 MiB after) its frames are read as their bytes arrive.
+	Gate Gate
 }
 
 func (c ServerConfig) withDefaults() ServerConfig {
@@ -145,12 +119,6 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 10000
-	}
-	if c.MaxUnauthFrame <= 0 {
-		c.MaxUnauthFrame = 64 << 10
-	}
-	if c.MaxUnauthConns <= 0 {
-		c.MaxUnauthConns = max(1, min(256, c.MaxConns/2))
 	}
 	return c
 }
