@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"cmp"
 	"crypto/tls"
 	"fmt"
 	"net"
@@ -35,18 +36,10 @@ type GateConfig struct {
 }
 
 func (c GateConfig) withDefaults() GateConfig {
-	if c.MaxUnauthConns <= 0 {
-		c.MaxUnauthConns = 256
-	}
-	if c.MaxUnauthFrame <= 0 {
-		c.MaxUnauthFrame = 64 << 10
-	}
-	if c.RequestTimeout <= 0 {
-		c.RequestTimeout = 5 * time.Second
-	}
-	if c.AuthTimeout <= 0 {
-		c.AuthTimeout = 20 * time.Second
-	}
+	c.MaxUnauthConns = cmp.Or(max(c.MaxUnauthConns, 0), 256)
+	c.MaxUnauthFrame = cmp.Or(max(c.MaxUnauthFrame, 0), 64<<10)
+	c.RequestTimeout = cmp.Or(max(c.RequestTimeout, 0), 5*time.Second)
+	c.AuthTimeout = cmp.Or(max(c.AuthTimeout, 0), 20*time.Second)
 	return c
 }
 
