@@ -29,6 +29,14 @@
 // token it is given and looks the hash up, so its time does not depend on
 // how much of a token matches a stored one.
 //
-// This package is pure: no I/O, no clock. NewToken is its one use of
+// # Before authentication
+//
+// A Gate is a server's admission of connections that have not
+// authenticated (it implements transport.Gate, which this package does not
+// import): AUTH and IDENTIFY only, a cap on how many such connections are
+// open, a frame cap and deadlines (GateConfig). A client presents its
+// token with TokenLogin (a transport.Login).
+//
+// This package is pure: no I/O, no clock (a Gate is given the time). NewToken is its one use of
 // randomness; the registry's state machine never calls it.
 package auth

@@ -69,7 +69,7 @@ type ports struct{ meta, data, ha *transport.Client }
 
 func (ac *authCluster) dial(t *testing.T, token string) ports {
 	dial := func(addr string) *transport.Client {
-		c := transport.NewClient(addr, transport.ClientConfig{Token: token, CallTimeout: 5 * time.Second})
+		c := transport.NewClient(addr, transport.ClientConfig{Login: auth.TokenLogin(token), CallTimeout: 5 * time.Second})
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
@@ -395,7 +395,7 @@ func TestNewPrincipalAtOnce(t *testing.T) {
 	}
 	defer admin.Close()
 	identify := func(token string) error {
-		tcl := transport.NewClient(c.Master("g1").Addr(), transport.ClientConfig{Token: token, CallTimeout: 5 * time.Second})
+		tcl := transport.NewClient(c.Master("g1").Addr(), transport.ClientConfig{Login: auth.TokenLogin(token), CallTimeout: 5 * time.Second})
 		defer tcl.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

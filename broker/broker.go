@@ -97,7 +97,7 @@ func New(cfg Config) (*Broker, error) {
 		b.cancel()
 		return nil, err
 	}
-	if b.meta, err = client.New(client.Config{Addrs: cfg.MetaAddrs, Transport: transport.ClientConfig{TLS: cfg.TLSClient, Token: cfg.ClusterToken}}); err != nil {
+	if b.meta, err = client.New(client.Config{Addrs: cfg.MetaAddrs, Token: cfg.ClusterToken, Transport: transport.ClientConfig{TLS: cfg.TLSClient}}); err != nil {
 		b.cancel()
 		_ = b.store.Close()
 		return nil, err
@@ -159,10 +159,10 @@ func (b *Broker) serverConfig(p port) transport.ServerConfig {
 	cfg := b.cfg
 	if p == haPort {
 		return transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: b.log.Named("ha"), TLS: cfg.TLSServer,
-			RequireAuth: b.acl != nil}
+			Gate: admissionGate(b.acl != nil)}
 	}
 	return transport.ServerConfig{Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, WriteTimeout: cfg.WriteTimeout,
-		Logger: b.log.Named("rpc"), TLS: cfg.TLSServer, RequireAuth: b.acl != nil}
+		Logger: b.log.Named("rpc"), TLS: cfg.TLSServer, Gate: admissionGate(b.acl != nil)}
 }
 
 // listen registers the endpoints and binds the data port, then the HA

@@ -134,7 +134,7 @@ func TestCheckedCodesRefusedBeforeTheirHandler(t *testing.T) {
 		protocol.CodePull: protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "orders", MaxBytes: 1024}),
 	}
 	call := func(e endpoint, tok string) error {
-		c := transport.NewClient(addrs[e.port], transport.ClientConfig{Token: tok})
+		c := transport.NewClient(addrs[e.port], transport.ClientConfig{Login: auth.TokenLogin(tok)})
 		defer func() { _ = c.Close() }()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

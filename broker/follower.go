@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -42,7 +43,7 @@ func dialMaster(addr string) masterLink { return masterDialer(nil, "")(addr) }
 // presenting token (the cluster's; "": none).
 func masterDialer(tlsCfg *tls.Config, token string) func(addr string) masterLink {
 	return func(addr string) masterLink {
-		cfg := transport.ClientConfig{TLS: tlsCfg, Token: token}
+		cfg := transport.ClientConfig{TLS: tlsCfg, Login: auth.TokenLogin(token)}
 		return &transportLink{c: transport.NewClient(addr, cfg), acks: transport.NewClient(addr, cfg)}
 	}
 }

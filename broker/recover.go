@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/storage"
@@ -211,7 +212,7 @@ func newTailHandover(cfg Config, log *storage.Log, epochs *epochState, stats *St
 	return &tailHandover{id: cfg.ID, dir: cfg.Dir, log: log, epochs: epochs, clock: cfg.Clock, lg: lg, stats: stats,
 		tails: make(chan string, 64),
 		dial: func(addr string) *transport.Client {
-			return transport.NewClient(addr, transport.ClientConfig{TLS: cfg.TLSClient, Token: cfg.ClusterToken})
+			return transport.NewClient(addr, transport.ClientConfig{TLS: cfg.TLSClient, Login: auth.TokenLogin(cfg.ClusterToken)})
 		}}
 }
 

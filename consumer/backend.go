@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -61,7 +62,7 @@ func (p *brokerPuller) Pull(ctx context.Context, addr string, req *protocol.Pull
 	}
 	tc := p.conns[addr]
 	if tc == nil {
-		tc = transport.NewClient(addr, transport.ClientConfig{TLS: p.tls, Token: p.token})
+		tc = transport.NewClient(addr, transport.ClientConfig{TLS: p.tls, Login: auth.TokenLogin(p.token)})
 		p.conns[addr] = tc
 	}
 	p.mu.Unlock()

@@ -198,7 +198,7 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 		failed: make(chan struct{}), incarnation: uint64(time.Now().UnixNano()),
 	}
 	if cfg.coord == nil || cfg.router == nil {
-		meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, CallTimeout: cfg.requestTimeout, Transport: transport.ClientConfig{TLS: cfg.tls, Token: cfg.token}})
+		meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, CallTimeout: cfg.requestTimeout, Token: cfg.token, Transport: transport.ClientConfig{TLS: cfg.tls}})
 		if err != nil {
 			return nil, err
 		}

@@ -12,11 +12,22 @@ import (
 
 // Authorization on the RPC port (Config.ClusterToken turns it on). The
 // transport serves an unauthenticated connection nothing but AUTH and
-// IDENTIFY (transport.ServerConfig.RequireAuth); every other request is
+// IDENTIFY (its gate, auth.Gate: admissionGate); every other request is
 // checked here against this node's table (ACL), before its handler: the
 // generic handle() with the request's target (targetOf), the route lookups
 // with their topic. A refusal is NOT_AUTHORIZED naming the permission
 // missing; nothing of the request is applied.
+
+// admissionGate is what a connection to the RPC port may do before it
+// authenticates (transport.ServerConfig.Gate): with authorization on,
+// AUTH and IDENTIFY only, within auth's default caps and deadlines; off,
+// no gate.
+func admissionGate(cfg Config) transport.Gate {
+	if !cfg.AuthEnabled() {
+		return nil
+	}
+	return auth.NewGate(auth.GateConfig{})
+}
 
 // authRoutes registers AUTH and the ACL's requests.
 func (s *Server) authRoutes() {
@@ -115,5 +126,5 @@ func offsetTopics(offs []api.QueueOffset) []string {
 // clusterClient is the transport config of this node's own connections to
 // the other nodes: TLS, and the cluster token when authorization is on.
 func (s *Server) clusterClient() transport.ClientConfig {
-	return transport.ClientConfig{TLS: s.cfg.TLSClient, Token: s.cfg.ClusterToken}
+	return transport.ClientConfig{TLS: s.cfg.TLSClient, Login: auth.TokenLogin(s.cfg.ClusterToken)}
 }

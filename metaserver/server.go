@@ -118,7 +118,7 @@ func New(cfg Config) (*Server, error) {
 	s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: s.log.Named("raft-net"),
 	})
-	s.rpc = transport.NewServer(transport.ServerConfig{Logger: s.log.Named("rpc"), TLS: cfg.TLSServer, RequireAuth: cfg.AuthEnabled()})
+	s.rpc = transport.NewServer(transport.ServerConfig{Logger: s.log.Named("rpc"), TLS: cfg.TLSServer, Gate: admissionGate(cfg)})
 	s.routes()
 	var bound net.Addr
 	if bound, err = s.rpc.Listen(cfg.RPCAddr); err != nil {

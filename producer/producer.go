@@ -16,6 +16,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -139,7 +140,7 @@ func New(opts ...Opt) (*Client, error) {
 	if cfg.avoider == nil {
 		cfg.avoider = routing.NewLatencyTable(nil)
 	}
-	meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, Transport: transport.ClientConfig{TLS: cfg.tls, Token: cfg.token}})
+	meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, Token: cfg.token, Transport: transport.ClientConfig{TLS: cfg.tls}})
 	if err != nil {
 		return nil, err
 	}
@@ -863,7 +864,7 @@ func (c *Client) conn(addr string) *transport.Client {
 		if c.cfg.dialAddr != nil {
 			dial = c.cfg.dialAddr(addr)
 		}
-		tc = transport.NewClient(dial, transport.ClientConfig{CallTimeout: c.cfg.requestTimeout, TLS: c.cfg.tls, Token: c.cfg.token})
+		tc = transport.NewClient(dial, transport.ClientConfig{CallTimeout: c.cfg.requestTimeout, TLS: c.cfg.tls, Login: auth.TokenLogin(c.cfg.token)})
 		c.conns[addr] = tc
 	}
 	return tc

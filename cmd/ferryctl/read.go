@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -142,7 +143,7 @@ func onQueueBroker(ctx context.Context, qr routing.QueueRoute, topic string, std
 // callBroker runs fn on a connection to the broker at addr, over TLS when
 // ctx carries a config (withBrokerTLS: ferryctl's --tls-* flags).
 func callBroker(ctx context.Context, addr string, fn func(context.Context, *transport.Client) error) error {
-	tc := transport.NewClient(addr, transport.ClientConfig{TLS: brokerTLS(ctx), Token: ctxToken(ctx)})
+	tc := transport.NewClient(addr, transport.ClientConfig{TLS: brokerTLS(ctx), Login: auth.TokenLogin(ctxToken(ctx))})
 	defer tc.Close()
 	return fn(ctx, tc)
 }

@@ -69,7 +69,7 @@ func (g *globalOptions) addrs() []string {
 
 // metaClient returns a metaserver client and a context bounded by --timeout.
 func (g *globalOptions) metaClient(ctx context.Context) (*client.Client, context.Context, func(), error) {
-	cl, err := client.New(client.Config{Addrs: g.addrs(), CallTimeout: g.timeout, Transport: transport.ClientConfig{TLS: g.tls.config, Token: g.token}})
+	cl, err := client.New(client.Config{Addrs: g.addrs(), CallTimeout: g.timeout, Token: g.token, Transport: transport.ClientConfig{TLS: g.tls.config}})
 	if err != nil {
 		return nil, nil, nil, usageError{err}
 	}

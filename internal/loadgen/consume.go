@@ -180,7 +180,7 @@ func (b *consumers) stop() {
 	b.cancel = nil
 	if b.o.Group == "" {
 		// The run's own group: its members left as they closed.
-		if mc, err := client.New(client.Config{Addrs: b.o.MetaAddrs, Transport: transport.ClientConfig{TLS: b.o.TLS, Token: b.o.Token}}); err == nil {
+		if mc, err := client.New(client.Config{Addrs: b.o.MetaAddrs, Token: b.o.Token, Transport: transport.ClientConfig{TLS: b.o.TLS}}); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = mc.DeleteConsumerGroup(ctx, b.group)
 			cancel()

@@ -285,7 +285,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 // metaClient returns a metaserver client and a context bounded by
 // CallTimeout; done closes both.
 func (c *Config) metaClient(ctx context.Context) (cl *client.Client, cctx context.Context, done func(), err error) {
-	cl, err = client.New(client.Config{Addrs: c.MetaAddrs, CallTimeout: c.CallTimeout, Transport: transport.ClientConfig{TLS: c.TLS, Token: c.Token}})
+	cl, err = client.New(client.Config{Addrs: c.MetaAddrs, CallTimeout: c.CallTimeout, Token: c.Token, Transport: transport.ClientConfig{TLS: c.TLS}})
 	if err != nil {
 		return nil, nil, nil, &ConfigError{err}
 	}

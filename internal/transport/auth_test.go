@@ -14,16 +14,17 @@ import (
 
 const goodToken = "the-one-token-this-server-knows"
 
-// authServer is a server with RequireAuth whose AUTH handler knows one
-// token: it stores the peer's name in the connection's slot and
-// authenticates it; codeWhoAmI answers the slot.
+// authServer is a server whose gate is like the servers' (gateLike) and
+// whose AUTH handler knows one token: it stores the peer's name in the
+// connection's slot and trusts it; codeWhoAmI answers the slot.
 func authServer(t *testing.T, logins *atomic.Int64) *testServer {
-	return authServerWith(t, ServerConfig{RequireAuth: true}, logins)
+	return authServerWith(t, ServerConfig{}, gateLike(5*time.Second), logins)
 }
 
-// authServerWith is authServer with cfg (RequireAuth is the caller's).
-func authServerWith(t *testing.T, cfg ServerConfig, logins *atomic.Int64) *testServer {
-	return startServer(t, cfg, func(ts *testServer) {
+// authServerWith is authServer with cfg and g.
+func authServerWith(t *testing.T, cfg ServerConfig, g *testGate, logins *atomic.Int64) *testServer {
+	// These handlers are registered after gatedServer's codeAuth: this one wins.
+	return gatedServer(t, cfg, g, func(ts *testServer) {
 		ts.Handle(protocol.CodeAuth, func(r *Request) {
 			logins.Add(1)
 			if string(r.Body) != goodToken {
@@ -43,10 +44,10 @@ func authServerWith(t *testing.T, cfg ServerConfig, logins *atomic.Int64) *testS
 
 const codeWhoAmI protocol.Code = 1022
 
-// With RequireAuth, a connection that has not authenticated gets nothing
-// but NOT_AUTHORIZED "authenticate first" (a oneway request is dropped
-// before its handler); IDENTIFY and AUTH go through.
-func TestRequireAuthServesNothingBeforeAuth(t *testing.T) {
+// With a gate like the servers', a connection that has not authenticated
+// gets nothing but NOT_AUTHORIZED "authenticate first" (a oneway request
+// is dropped before its handler); IDENTIFY and AUTH go through.
+func TestGateServesNothingBeforeAuth(t *testing.T) {
 	var logins atomic.Int64
 	ts := authServer(t, &logins)
 	c := newClient(t, ts.addr, ClientConfig{})
@@ -84,14 +85,14 @@ func TestRequireAuthServesNothingBeforeAuth(t *testing.T) {
 	}
 }
 
-// A client with a Token presents it on every connection before its first
-// request; one the server does not recognise fails the call with the
-// server's words, and the client dials again (and presents it again) on
-// its next call.
+// A client with a Login runs it on every connection before its first
+// request; a token the server does not recognise fails the call with the
+// server's words, and the client dials again (and logs in again) on its
+// next call.
 func TestClientToken(t *testing.T) {
 	var logins atomic.Int64
 	ts := authServer(t, &logins)
-	c := newClient(t, ts.addr, ClientConfig{Token: goodToken})
+	c := newClient(t, ts.addr, ClientConfig{Login: tokenLogin(goodToken)})
 	if resp, err := c.Call(context.Background(), codeWhoAmI, nil); err != nil || string(resp.Body) != "alice" {
 		t.Fatalf("with the token: %q, %v", resp.Body, err)
 	}
@@ -102,7 +103,7 @@ func TestClientToken(t *testing.T) {
 		t.Fatalf("%d AUTH requests for one connection", n)
 	}
 
-	bad := newClient(t, ts.addr, ClientConfig{Token: "not-the-token"})
+	bad := newClient(t, ts.addr, ClientConfig{Login: tokenLogin("not-the-token")})
 	for i := range 2 {
 		_, err := bad.Call(context.Background(), codeEcho, []byte("x"))
 		want := "transport: AUTH to " + ts.addr + ": ferrymq: NOT_AUTHORIZED: token not recognised"

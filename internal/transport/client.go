@@ -37,14 +37,15 @@ type ClientConfig struct {
 	// handshake is part of the dial, bounded by DialTimeout; a failed one
 	// returns a *HandshakeError naming the likely cause.
 	TLS *tls.Config
-	// Token, when set, is presented to the server with AUTH first thing on
-	// every connection (after the TLS handshake): a call waits for the
-	// server's answer before its own request goes. A server that does not
-	// recognise the token answers NOT_AUTHORIZED, and every call on that
-	// connection fails with that error, whose text says so ("transport:
-	// AUTH to ADDR: ferrymq: NOT_AUTHORIZED: token not recognised"); the
-	// next call dials again. "" presents nothing.
-	Token string
+	// Login, when set, runs first thing on every connection (after the TLS
+	// handshake), within DialTimeout: a call waits for it before its own
+	// request goes. It makes its requests with call, whose error answers
+	// name the code and the address ("transport: AUTH to ADDR: ferrymq:
+	// NOT_AUTHORIZED: token not recognised"). An error it returns fails
+	// the call (a lost connection with ErrConnLost), and every call on that
+	// connection; the next call dials again. auth.TokenLogin presents a
+	// token with AUTH.
+	Login Login
 }
 
 func (c ClientConfig) withDefaults() ClientConfig {
@@ -61,6 +62,12 @@ func (c ClientConfig) withDefaults() ClientConfig {
 		c.WriteTimeout = 10 * time.Second
 	}
 	return c
+}
+
+// A Login runs first on each connection a Client dials (ClientConfig.Login):
+// it proves who the client is with call, a Call on that connection.
+type Login interface {
+	Login(ctx context.Context, call func(ctx context.Context, code protocol.Code, body []byte) (protocol.Frame, error)) error
 }
 
 // Client is a connection to one address carrying many concurrent calls. It
@@ -255,7 +262,7 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 		wg.Wait()
 		close(cc.done)
 	}()
-	if c.cfg.Token != "" {
+	if c.cfg.Login != nil {
 		if err := c.login(ctx, cc); err != nil {
 			// Not yet c.conn: kill it without the detach, which takes c.mu.
 			cc.kill(err)
@@ -266,21 +273,20 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 	return cc, nil
 }
 
-// login presents the client's token on the new connection cc and waits for
-// the answer (at most DialTimeout). A server that predates AUTH
-// (UNKNOWN_CODE) checks no credentials: the connection is used as it is.
+// login runs the client's Login on the new connection cc (within
+// DialTimeout). An error answer to its call names the code and address;
+// a lost connection stays ErrConnLost as it is.
 func (c *Client) login(ctx context.Context, cc *clientConn) error {
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
-	_, err := c.callOn(lctx, cc, protocol.CodeAuth, []byte(c.cfg.Token))
-	if err == nil || errors.Is(err, protocol.ErrUnknownCode) {
-		return nil
-	}
-	var pe *protocol.Error
-	if errors.As(err, &pe) && !errors.Is(err, ErrConnLost) {
-		return c.wrap(protocol.CodeAuth, err)
-	}
-	return err
+	return c.cfg.Login.Login(lctx, func(ctx context.Context, code protocol.Code, body []byte) (protocol.Frame, error) {
+		f, err := c.callOn(ctx, cc, code, body)
+		var pe *protocol.Error
+		if errors.As(err, &pe) && !errors.Is(err, ErrConnLost) {
+			err = c.wrap(code, err)
+		}
+		return f, err
+	})
 }
 
 // readLoop delivers responses to their calls until the connection breaks.

@@ -24,6 +24,26 @@
 // connection; the others keep being served. An unknown request code is
 // answered with StatusUnknownCode.
 //
+// # Admission before trust
+//
+// The transport knows no request code. What a connection may do before it
+// is trusted is a Gate's to say (ServerConfig.Gate; package auth's Gate is
+// the servers' one): Open lets a connection in or refuses it (answered BUSY,
+// like one over MaxConns); the gate's per-connection Admission sets the
+// deadline and size cap of each frame of an untrusted connection and
+// decides which of its requests reach their handlers; it is told when a
+// handler trusts the connection (Request.Authenticate) and when the
+// connection closes. A trusted connection costs the gate nothing: the
+// reader asks it nothing more. Without a gate a connection is trusted once
+// its TLS client certificate was verified or it sent a request of a
+// registered code. Either way an untrusted connection's frames are read as
+// their bytes arrive, so a peer that declares a large frame and sends
+// little makes the server hold little.
+//
+// A client proves who it is with a Login (ClientConfig.Login;
+// auth.TokenLogin presents a token with AUTH), run first on every
+// connection it dials.
+//
 // # Ordered codes
 //
 // The workers run a connection's requests in parallel, so two requests
@@ -111,6 +131,16 @@
 // and its writer goroutine serves that one connection's callers only. A
 // server that reads nothing for WriteTimeout fails the connection: its
 // pending calls fail with ErrConnLost and the next call dials again.
+//
+// # Files
+//
+// server.go holds the Server, its config, registration and Close; accept.go
+// the acceptor, MaxConns and the BUSY refusal; gate.go the Gate contract and
+// its enforcement; conn.go a connection's read loop (framing, frame caps,
+// admission) and its writer goroutine; dispatch.go the workers and the
+// ordered and inline hand-offs; request.go Request and its replies;
+// writer.go the coalescing writer and Guard; tls.go the handshakes; frame.go
+// the frame reader; client.go the Client.
 //
 // # Goroutines
 //

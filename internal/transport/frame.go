@@ -19,17 +19,17 @@ var (
 	ErrBadFrame = errors.New("transport: bad frame from peer")
 )
 
-// errUnauthFrame marks a frame over ServerConfig.MaxUnauthFrame from a
-// connection that has not authenticated (with RequireAuth).
-var errUnauthFrame = errors.New("frame over the cap of a connection that has not authenticated")
+// errUntrustedFrame marks a frame over the cap a Gate set for a connection
+// it does not trust yet (Admission.Limits).
+var errUntrustedFrame = errors.New("frame over the cap of a connection that is not trusted")
 
 // growth is how a frame's buffer is allocated (readFrame).
 type growth int
 
 const (
 	// readAtOnce allocates the declared length at once: for a peer that
-	// is trusted (the server a client dialed; a connection that
-	// authenticated with RequireAuth).
+	// is trusted (the server a client dialed; a connection its Gate's
+	// server trusts).
 	readAtOnce growth = iota
 	// growBig reads a frame over growAbove as its bytes arrive.
 	growBig
@@ -75,7 +75,7 @@ func readFrameAfter(r io.Reader, lenBuf [4]byte, limit int, g growth) (protocol.
 		return protocol.Frame{}, fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
 	if n > limit {
-		return protocol.Frame{}, fmt.Errorf("%w: %w: %d bytes declared, the cap is %d", ErrBadFrame, errUnauthFrame, n, limit)
+		return protocol.Frame{}, fmt.Errorf("%w: %w: %d bytes declared, the cap is %d", ErrBadFrame, errUntrustedFrame, n, limit)
 	}
 	var buf []byte
 	if n <= growStart || g == readAtOnce || (g == growBig && n <= growAbove) {

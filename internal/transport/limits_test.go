@@ -48,22 +48,23 @@ func closedByServer(nc net.Conn) bool {
 	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
 }
 
-// With RequireAuth, strangers that send IDENTIFY and then idle hold no
-// connection for long and never more than MaxUnauthConns at once; a
-// client that authenticated is served throughout, and one that connects
-// once they are gone authenticates and is served.
+// With a gate like the servers', strangers that send IDENTIFY and then
+// idle hold no connection for long and never more than the gate's cap at
+// once; a client that authenticated is served throughout, and one that
+// connects once they are gone authenticates and is served.
 func TestStrangersCannotHoldConnections(t *testing.T) {
 	const maxConns, maxUnauth, strangers = 5, 2, 8
 	var logins atomic.Int64
-	ts := authServerWith(t, ServerConfig{RequireAuth: true, MaxConns: maxConns, MaxUnauthConns: maxUnauth,
-		HandshakeTimeout: 500 * time.Millisecond}, &logins)
+	g := gateLike(500 * time.Millisecond)
+	g.maxUntrusted = maxUnauth
+	ts := authServerWith(t, ServerConfig{MaxConns: maxConns, HandshakeTimeout: 500 * time.Millisecond}, g, &logins)
 	whoami := func(c *Client, when string) {
 		t.Helper()
 		if resp, err := c.Call(context.Background(), codeWhoAmI, nil); err != nil || string(resp.Body) != "alice" {
 			t.Fatalf("%s: %q, %v", when, resp.Body, err)
 		}
 	}
-	c := newClient(t, ts.addr, ClientConfig{Token: goodToken})
+	c := newClient(t, ts.addr, ClientConfig{Login: tokenLogin(goodToken)})
 	whoami(c, "before the strangers")
 
 	var admitted []net.Conn
@@ -79,7 +80,7 @@ func TestStrangersCannotHoldConnections(t *testing.T) {
 		default:
 			t.Fatalf("stranger's IDENTIFY: %v", err)
 		}
-		if n := ts.Stats().UnauthConns; n > maxUnauth {
+		if n := g.untrusted.Load(); n > maxUnauth {
 			t.Fatalf("%d unauthenticated connections open, the cap is %d", n, maxUnauth)
 		}
 		whoami(c, "while strangers idle")
@@ -91,21 +92,21 @@ func TestStrangersCannotHoldConnections(t *testing.T) {
 	}
 	testwait.For(t, 10*time.Second, "the strangers' connections to be counted closed", func() bool {
 		st := ts.Stats()
-		return st.UnauthClosed == int64(len(admitted)) && st.UnauthConns == 0 && st.Conns == 1
+		return st.UntrustedTimeouts == int64(len(admitted)) && g.untrusted.Load() == 0 && st.Conns == 1
 	})
 	if st := ts.Stats(); st.Refused != int64(refused) || len(admitted)+refused != strangers {
 		t.Fatalf("%d admitted, %d answered BUSY, stats %+v", len(admitted), refused, st)
 	}
 	whoami(c, "after the strangers")
-	whoami(newClient(t, ts.addr, ClientConfig{Token: goodToken}), "a client connecting after the strangers")
+	whoami(newClient(t, ts.addr, ClientConfig{Login: tokenLogin(goodToken)}), "a client connecting after the strangers")
 }
 
-// With RequireAuth, a stranger that keeps sending requests without
-// authenticating is closed all the same, preAuthTimeouts HandshakeTimeouts
-// after it connected.
+// With a gate like the servers', a stranger that keeps sending requests
+// without authenticating is closed all the same, at the gate's deadline
+// for the whole connection (four handshakes after it connected).
 func TestStrangerClosedWithoutAuthenticating(t *testing.T) {
 	var logins atomic.Int64
-	ts := authServerWith(t, ServerConfig{RequireAuth: true, HandshakeTimeout: 100 * time.Millisecond}, &logins)
+	ts := authServerWith(t, ServerConfig{HandshakeTimeout: 100 * time.Millisecond}, gateLike(100*time.Millisecond), &logins)
 	nc := stranger(t, ts.addr, protocol.CodeIdentify)
 	giveUp := time.Now().Add(time.Minute) // a broken server must not hang the test
 	_ = nc.SetReadDeadline(giveUp)
@@ -120,7 +121,7 @@ func TestStrangerClosedWithoutAuthenticating(t *testing.T) {
 		}
 		strangerRequest(t, nc, []protocol.Code{protocol.CodeIdentify, codeEcho}[i%2])
 	}
-	testwait.For(t, 10*time.Second, "the stranger to be counted closed", func() bool { return ts.Stats().UnauthClosed == 1 })
+	testwait.For(t, 10*time.Second, "the stranger to be counted closed", func() bool { return ts.Stats().UntrustedTimeouts == 1 })
 }
 
 // declareHuge has n strangers each send prelude requests (answered), then
@@ -173,12 +174,14 @@ func TestHugeDeclaredFrameCostsWhatWasSent(t *testing.T) {
 	}
 }
 
-// With RequireAuth, a frame under MaxUnauthFrame from a connection that
-// has not authenticated costs the server about what was sent too.
+// With a gate, a frame under the gate's cap from a connection that is not
+// trusted costs the server about what was sent too.
 func TestUnauthFrameCostsWhatWasSent(t *testing.T) {
 	var logins atomic.Int64
 	const unauthFrame = 1 << 20
-	ts := authServerWith(t, ServerConfig{RequireAuth: true, MaxUnauthFrame: unauthFrame}, &logins)
+	g := gateLike(5 * time.Second)
+	g.frameCap = unauthFrame
+	ts := authServerWith(t, ServerConfig{}, g, &logins)
 	const n = 40
 	for _, prelude := range [][]protocol.Code{nil, {protocol.CodeIdentify}} {
 		alloc := declareHuge(t, ts, n, prelude, unauthFrame)

@@ -212,7 +212,8 @@ func (l *limitedLog) warn(kind, msg string, args ...any) {
 func (c *serverConn) open() (protocol.Frame, bool) {
 	s := c.s
 	raw := c.raw
-	_ = raw.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	handshakeDeadline := time.Now().Add(s.cfg.HandshakeTimeout)
+	_ = raw.SetDeadline(handshakeDeadline)
 	var conn net.Conn = raw
 	// A plaintext connection's first frame is read through a small buffer
 	// (the main loop's is larger), so that what the peer sent with it is
@@ -240,12 +241,20 @@ func (c *serverConn) open() (protocol.Frame, bool) {
 		}
 		st := tc.ConnectionState()
 		c.tlsState = &st
-		if len(st.VerifiedChains) > 0 && !s.cfg.RequireAuth {
-			// With RequireAuth the authorization layer decides, once it
-			// knows whether the certificate names a principal.
+		if len(st.VerifiedChains) > 0 && c.adm == nil {
+			// With a Gate the authorization layer decides, once it knows
+			// whether the certificate names a principal.
 			c.trusted.Store(true)
 		}
 		conn, r = tc, tc
+	}
+	gateCap := 0
+	if c.adm != nil {
+		d, maxFrame := c.adm.Limits(time.Now(), c.tlsState)
+		if !d.IsZero() && d.Before(handshakeDeadline) {
+			_ = raw.SetDeadline(d)
+		}
+		gateCap = frameCapOf(maxFrame)
 	}
 	var lenBuf [4]byte
 	if _, err := io.ReadFull(r, lenBuf[:]); err != nil {
@@ -256,7 +265,7 @@ func (c *serverConn) open() (protocol.Frame, bool) {
 		c.tlsOnPlaintext(br, lenBuf)
 		return protocol.Frame{}, false
 	}
-	limit, g := c.frameCap()
+	limit, g := c.frameCap(gateCap)
 	f, err := readFrameAfter(r, lenBuf, limit, g)
 	if err != nil {
 		c.openFailed(err, false)
@@ -266,8 +275,8 @@ func (c *serverConn) open() (protocol.Frame, bool) {
 		c.openFailed(fmt.Errorf("%w: a response (opaque %d) sent to a server", ErrBadFrame, f.Opaque), false)
 		return protocol.Frame{}, false
 	}
-	// Past the handshake: no deadline any more (an unauthenticated
-	// connection gets one before each frame, see preAuthDeadline). Close may have set its
+	// Past the handshake: no deadline any more (an untrusted connection
+	// gets its Gate's before each frame, see untrustedLimits). Close may have set its
 	// own (to stop this reader) before this cleared it; it closed stop
 	// before, so the check below sees it.
 	_ = raw.SetDeadline(time.Time{})
@@ -301,9 +310,9 @@ func (c *serverConn) openFailed(err error, inHandshake bool) {
 	}
 	remote := c.raw.RemoteAddr().String()
 	switch {
-	case errors.Is(err, errUnauthFrame):
+	case errors.Is(err, errUntrustedFrame):
 		s.stats.oversize.Add(1)
-		s.limited.warn("oversize", fmt.Sprintf("closing connection from %s: it declared a frame larger than a connection may send before it authenticates", remote),
+		s.limited.warn("oversize", fmt.Sprintf("closing connection from %s: it declared a frame larger than its gate lets a connection send before it is trusted", remote),
 			"remote", remote, "error", err)
 	case errors.As(err, &ne) && ne.Timeout():
 		s.stats.handshakeTimeouts.Add(1)
@@ -354,7 +363,7 @@ func (c *serverConn) plaintextOnTLS(first byte) {
 	if _, err := io.ReadFull(br, lenBuf[1:]); err != nil {
 		return
 	}
-	f, err := readFrameAfter(br, lenBuf, s.cfg.MaxUnauthFrame, growBig)
+	f, err := readFrameAfter(br, lenBuf, refusalMaxFrame, growBig)
 	if err != nil || f.IsResponse() || f.IsOneway() {
 		return
 	}

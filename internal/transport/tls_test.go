@@ -227,26 +227,33 @@ func TestRefusalsAreRateLimitedInTheLog(t *testing.T) {
 
 // A flood of connections that say nothing, or declare a 4 MiB frame and
 // send nothing more, stays under the connection cap, is closed by the
-// handshake deadline (or, with RequireAuth, the large declarations at
-// once), makes the server allocate little, and does not stop a client
-// that is already connected from being served, nor a new one afterwards.
+// handshake deadline (or, with a gate like the servers', the large
+// declarations at once), makes the server allocate little, and does not
+// stop a client that is already connected from being served, nor a new one
+// afterwards.
 func TestHalfOpenFlood(t *testing.T) {
-	for _, requireAuth := range []bool{false, true} {
-		t.Run(fmt.Sprintf("requireAuth=%v", requireAuth), func(t *testing.T) {
+	for _, gated := range []bool{false, true} {
+		t.Run(fmt.Sprintf("gate=%v", gated), func(t *testing.T) {
 			const maxConns, silent, declaring = 300, 500, 200
-			// With RequireAuth the declarations are refused on sight: a
-			// longer deadline leaves no doubt that it was not the deadline.
+			// With a gate the declarations are refused on sight: a longer
+			// deadline leaves no doubt that it was not the deadline.
 			deadline := 300 * time.Millisecond
-			if requireAuth {
-				deadline = 2 * time.Second
-			}
-			ts := startServer(t, ServerConfig{MaxConns: maxConns, HandshakeTimeout: deadline, RequireAuth: requireAuth}, func(ts *testServer) {
-				ts.Handle(codeAuth, func(r *Request) {
-					r.Authenticate()
-					_ = r.Reply(nil)
+			var ts *testServer
+			cfg := ServerConfig{MaxConns: maxConns, HandshakeTimeout: deadline}
+			if gated {
+				cfg.HandshakeTimeout = 2 * time.Second
+				// The gate's cap of strangers (TestStrangersCannotHoldConnections)
+				// does not refuse the declarations, which come first: they are
+				// all refused by their size, however fast they come.
+				g := gateLike(cfg.HandshakeTimeout)
+				g.maxUntrusted = maxConns
+				ts = gatedServer(t, cfg, g)
+			} else {
+				ts = startServer(t, cfg, func(ts *testServer) {
+					ts.Handle(codeAuth, func(r *Request) { r.Authenticate(); _ = r.Reply(nil) })
 				})
-			})
-			good := newClient(t, ts.addr, ClientConfig{Token: "a token"})
+			}
+			good := newClient(t, ts.addr, ClientConfig{Login: tokenLogin("a token")})
 			if _, err := good.Call(context.Background(), codeEcho, []byte("before")); err != nil {
 				t.Fatal(err)
 			}
@@ -285,8 +292,8 @@ func TestHalfOpenFlood(t *testing.T) {
 			if st.PeakConns > maxConns {
 				t.Fatalf("%d connections open at once, over the cap of %d", st.PeakConns, maxConns)
 			}
-			if requireAuth && st.Oversize != declaring {
-				t.Fatalf("with RequireAuth, %d of the %d 4 MiB declarations were refused at once", st.Oversize, declaring)
+			if gated && st.Oversize != declaring {
+				t.Fatalf("with a gate, %d of the %d 4 MiB declarations were refused at once", st.Oversize, declaring)
 			}
 			var after runtime.MemStats
 			runtime.ReadMemStats(&after)
@@ -297,7 +304,7 @@ func TestHalfOpenFlood(t *testing.T) {
 			if resp, err := good.Call(context.Background(), codeEcho, []byte("after")); err != nil || string(resp.Body) != "after" {
 				t.Fatalf("the connected client after the flood: %q, %v", resp.Body, err)
 			}
-			fresh := newClient(t, ts.addr, ClientConfig{Token: "a token"})
+			fresh := newClient(t, ts.addr, ClientConfig{Login: tokenLogin("a token")})
 			if resp, err := fresh.Call(context.Background(), codeEcho, []byte("new")); err != nil || string(resp.Body) != "new" {
 				t.Fatalf("a new client after the flood: %q, %v", resp.Body, err)
 			}
@@ -306,10 +313,10 @@ func TestHalfOpenFlood(t *testing.T) {
 	}
 }
 
-// An unauthenticated connection's first frame may still be large (a
-// producer's first SEND batch on a plaintext port): it is read as its bytes
-// arrive. With RequireAuth, such a frame is refused until a handler calls
-// Authenticate, and after that it is taken.
+// An untrusted connection's first frame may still be large (a producer's
+// first SEND batch on a plaintext port): it is read as its bytes arrive.
+// With a gate like the servers', such a frame is refused until a handler
+// calls Authenticate, and after that it is taken.
 func TestUnauthenticatedFrameCap(t *testing.T) {
 	big := make([]byte, 1<<20)
 	for i := range big {
@@ -318,15 +325,10 @@ func TestUnauthenticatedFrameCap(t *testing.T) {
 	open := startServer(t, ServerConfig{})
 	c := newClient(t, open.addr, ClientConfig{})
 	if resp, err := c.Call(context.Background(), codeEcho, big); err != nil || !bytes.Equal(resp.Body, big) {
-		t.Fatalf("a 1 MiB first request without RequireAuth: %d bytes, %v", len(resp.Body), err)
+		t.Fatalf("a 1 MiB first request without a gate: %d bytes, %v", len(resp.Body), err)
 	}
 
-	strict := startServer(t, ServerConfig{RequireAuth: true}, func(ts *testServer) {
-		ts.Handle(codeAuth, func(r *Request) {
-			r.Authenticate()
-			_ = r.Reply(nil)
-		})
-	})
+	strict := gatedServer(t, ServerConfig{}, gateLike(5*time.Second))
 	c1 := newClient(t, strict.addr, ClientConfig{})
 	if _, err := c1.Call(context.Background(), codeEcho, big); !errors.Is(err, ErrConnLost) {
 		t.Fatalf("a 1 MiB request before authenticating: %v, want the connection closed", err)
@@ -345,22 +347,20 @@ func TestUnauthenticatedFrameCap(t *testing.T) {
 	}
 }
 
-// With RequireAuth, a verified client certificate does not authenticate a
-// connection by itself (its name may be no principal): its requests reach
-// their handlers, a first one of 1 MiB included (read as its bytes
-// arrive), and the connection is authenticated only when a handler says
-// so; one that never is, is closed once it idles past HandshakeTimeout.
-func TestRequireAuthCertificateAuthenticatesViaHandler(t *testing.T) {
+// With a gate, a verified client certificate does not trust a connection
+// by itself (its name may be no principal): with a gate like the servers',
+// its requests reach their handlers, a first one of 1 MiB included (read
+// as its bytes arrive), and the connection is trusted only when a handler
+// says so; one that never is, is closed once it idles past the gate's
+// deadline.
+func TestGateCertificateAuthenticatesViaHandler(t *testing.T) {
 	p := newPKI(t)
 	var authed sync.Map
-	ts := startServer(t, ServerConfig{TLS: testtls.ServerConfig(t, p.server), RequireAuth: true, HandshakeTimeout: 300 * time.Millisecond},
+	g := gateLike(300 * time.Millisecond)
+	ts := gatedServer(t, ServerConfig{TLS: testtls.ServerConfig(t, p.server), HandshakeTimeout: 300 * time.Millisecond}, g,
 		func(ts *testServer) {
 			ts.Handle(codeWho, func(r *Request) {
 				authed.Store(r.Authenticated(), true)
-				_ = r.Reply(nil)
-			})
-			ts.Handle(codeAuth, func(r *Request) {
-				r.Authenticate()
 				_ = r.Reply(nil)
 			})
 		})
@@ -376,7 +376,7 @@ func TestRequireAuthCertificateAuthenticatesViaHandler(t *testing.T) {
 		t.Fatal("a verified certificate authenticated the connection at the handshake")
 	}
 	testwait.For(t, 10*time.Second, "the certificate's connection that never authenticated to be closed", func() bool {
-		return ts.Stats().UnauthClosed == 1
+		return ts.Stats().UntrustedTimeouts == 1
 	})
 
 	c := newClient(t, ts.addr, ClientConfig{TLS: clientTLSConfig(t, p.server.CA, p.client)})
@@ -388,7 +388,7 @@ func TestRequireAuthCertificateAuthenticatesViaHandler(t *testing.T) {
 	if _, ok := authed.Load(true); !ok {
 		t.Fatal("the connection was not authenticated after its handler called Authenticate")
 	}
-	if st := ts.Stats(); st.UnauthConns != 0 {
-		t.Fatalf("%d unauthenticated connections, want 0 once the only one authenticated", st.UnauthConns)
+	if n := g.untrusted.Load(); n != 0 {
+		t.Fatalf("%d untrusted connections, want 0 once the only one authenticated", n)
 	}
 }

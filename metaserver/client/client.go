@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -27,9 +28,9 @@ type Config struct {
 	CallTimeout time.Duration
 	// Transport tunes the connections.
 	Transport transport.ClientConfig
-	// Token, when set, is presented on every connection (it sets
-	// Transport.Token): a servers' cluster token, an admin's, or a
-	// principal's that ferryctl acl add made.
+	// Token, when set, is presented on every connection with AUTH (it sets
+	// Transport.Login to auth.TokenLogin): a servers' cluster token, an
+	// admin's, or a principal's that ferryctl acl add made.
 	Token string
 }
 
@@ -61,7 +62,7 @@ func New(cfg Config) (*Client, error) {
 		cfg.CallTimeout = 5 * time.Second
 	}
 	if cfg.Token != "" {
-		cfg.Transport.Token = cfg.Token
+		cfg.Transport.Login = auth.TokenLogin(cfg.Token)
 	}
 	return &Client{cfg: cfg, conns: map[string]*transport.Client{}, slow: map[string]bool{}, wrong: map[string]bool{}}, nil
 }
