@@ -51,6 +51,29 @@ var rules = map[string][]string{
 	// The checks of the deployment files (tests only): they hold the
 	// manifests against the programs' real flags and metrics.
 	"deploy": {"*"},
+
+	// The client core: the route cache, the connection pool, the option
+	// and error core that the SDKs and the broker share (the consumer
+	// writes dead letters through its sender, not the producer). It sits
+	// below the metaserver client, which keeps its connections in the
+	// core's pool.
+	"internal/clientcore": {"protocol", "routing", "internal/transport", "sdkmetrics"},
+	// The options every SDK client takes.
+	"sdk": {"internal/clientcore", "sdkmetrics"},
+	// The SDKs' metric events (a leaf), and their Prometheus exporter.
+	"sdkmetrics":      {},
+	"sdkmetrics/prom": {"sdkmetrics"},
+}
+
+// sdkForbidden lists the libraries the SDK packages (what an application
+// links to produce or consume) may not import: they log through log/slog
+// and report metrics through sdkmetrics' hooks, so an application picks its
+// own logging and metrics libraries (sdkmetrics/prom is the Prometheus
+// plugin, imported only by those who want it).
+var sdkForbidden = map[string][]string{
+	"sdk":                 {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
+	"sdkmetrics":          {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
+	"internal/clientcore": {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
 }
 
 // testOnly are packages that only test files may import: a program or a
@@ -166,6 +189,11 @@ func TestForbiddenImports(t *testing.T) {
 			continue
 		}
 		for _, imp := range p.Imports {
+			for _, lib := range sdkForbidden[from] {
+				if strings.HasPrefix(imp, lib) {
+					problems = append(problems, "the SDK package "+from+" imports "+imp)
+				}
+			}
 			if imp != module && !strings.HasPrefix(imp, module+"/") {
 				continue
 			}
