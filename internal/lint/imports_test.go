@@ -27,7 +27,7 @@ var rules = map[string][]string{
 	// credentials may import it.
 	"auth":              {"protocol"},
 	"metaserver/fsm":    {"protocol", "routing", "auth"},
-	"metaserver/client": {"protocol", "routing", "internal/transport", "metaserver/api", "auth"},
+	"metaserver/client": {"protocol", "routing", "internal/transport", "internal/clientcore", "metaserver/api", "auth"},
 	// storage/vfs: MkdirAllDurable, for its data directory.
 	"metaserver": {"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport", "auth", "storage/vfs"},
 	"broker":     {"storage", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
