@@ -30,7 +30,7 @@ var rules = map[string][]string{
 	"metaserver/client": {"protocol", "routing", "internal/transport", "internal/clientcore", "metaserver/api", "auth"},
 	// storage/vfs: MkdirAllDurable, for its data directory.
 	"metaserver": {"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport", "auth", "storage/vfs"},
-	"broker":     {"storage", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
+	"broker":     {"storage", "protocol", "routing", "internal/transport", "internal/clientcore", "metaserver/api", "metaserver/client", "auth"},
 	"producer":   {"protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
 	"consumer":   {"producer", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
 	"cmd":        {"*"},
