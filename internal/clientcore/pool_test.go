@@ -7,18 +7,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
-// startEcho is a server that answers SEND with the request's body after
-// hold is closed (nil: at once).
-func startEcho(t *testing.T, hold chan struct{}) *transport.Server {
+// startEcho is a server that answers SEND with the request's body, once
+// hold is closed (nil: at once); with a hold, it says on arrived when a
+// request came.
+func startEcho(t *testing.T, hold, arrived chan struct{}) *transport.Server {
 	t.Helper()
 	srv := transport.NewServer(transport.ServerConfig{})
 	srv.Handle(protocol.CodeSend, func(r *transport.Request) {
 		if hold != nil {
+			arrived <- struct{}{}
 			<-hold
 		}
 		_ = r.Reply(r.Body)
@@ -33,7 +34,7 @@ func startEcho(t *testing.T, hold chan struct{}) *transport.Server {
 // However many goroutines ask for an address at once, the pool makes one
 // connection to it, and the same client serves them all.
 func TestPoolOneConnectionPerAddress(t *testing.T) {
-	a, b := startEcho(t, nil), startEcho(t, nil)
+	a, b := startEcho(t, nil, nil), startEcho(t, nil, nil)
 	p := NewPool(PoolConfig{})
 	defer p.Close()
 	const n = 32
@@ -78,9 +79,9 @@ func TestPoolOneConnectionPerAddress(t *testing.T) {
 // transport.ErrClosed, and the pool hands out nothing more (goleak, in
 // TestMain, checks that no connection goroutine is left).
 func TestPoolClose(t *testing.T) {
-	hold := make(chan struct{})
+	hold, arrived := make(chan struct{}), make(chan struct{}, 1)
 	defer close(hold)
-	srv := startEcho(t, hold)
+	srv := startEcho(t, hold, arrived)
 	dialed := ""
 	p := NewPool(PoolConfig{Dial: func(addr string) string { dialed = addr; return srv.Addr().String() }})
 	tc, err := p.Get("broker-1:7200")
@@ -95,7 +96,11 @@ func TestPoolClose(t *testing.T) {
 		_, err := tc.Call(context.Background(), protocol.CodeSend, []byte("x"))
 		called <- err
 	}()
-	testwait.For(t, 5*time.Second, "the call's connection", func() bool { return srv.Stats().Conns == 1 })
+	select {
+	case <-arrived: // the request went: the call waits for its answer
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request did not arrive")
+	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
