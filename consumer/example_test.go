@@ -14,6 +14,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // Example sends three messages and consumes them as a member of the group
@@ -24,7 +25,7 @@ func Example() {
 	defer stop()
 	ctx := context.Background()
 
-	p, err := producer.New(producer.MetaAddrs(metaAddr))
+	p, err := producer.New(sdk.MetaAddrs(metaAddr))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func Example() {
 		}
 	}
 
-	c, err := consumer.New("billing", []string{"orders"}, consumer.MetaAddrs(metaAddr))
+	c, err := consumer.New("billing", []string{"orders"}, sdk.MetaAddrs(metaAddr))
 	if err != nil {
 		log.Fatal(err)
 	}

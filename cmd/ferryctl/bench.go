@@ -24,6 +24,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 type benchOptions struct {
@@ -455,9 +456,9 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 	producers := make([]*producer.Client, o.producers)
 	for i := range producers {
 		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
-		opts := []producer.Opt{producer.MetaAddrs(g.addrs()...), producer.Linger(o.linger),
+		opts := []producer.Opt{sdk.MetaAddrs(g.addrs()...), producer.Linger(o.linger),
 			producer.MaxBuffered(max(o.window, 1), 1<<30), producer.DeliveryTimeout(o.deliveryTO),
-			producer.Idempotence(o.idempotence), producer.TLS(g.tls.config), producer.Token(g.token)}
+			producer.Idempotence(o.idempotence), sdk.TLS(g.tls.config), sdk.Token(g.token)}
 		if o.batchBytes > 0 {
 			opts = append(opts, producer.MaxBatchBytes(o.batchBytes))
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // consumeResult is the consume side of bench.
@@ -79,8 +80,8 @@ func (b *benchConsumers) start(ctx context.Context, route routing.Route, start c
 	b.hmu = make([]sync.Mutex, b.o.consumers)
 	b.gate = make(chan struct{})
 	for i := range b.cs {
-		c, err := consumer.New(b.group, []string{b.o.topic}, consumer.MetaAddrs(b.metas...), consumer.StartFrom(start),
-			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), consumer.TLS(b.tls), consumer.Token(b.token))
+		c, err := consumer.New(b.group, []string{b.o.topic}, sdk.MetaAddrs(b.metas...), consumer.StartFrom(start),
+			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), sdk.TLS(b.tls), sdk.Token(b.token))
 		if err != nil {
 			return usageError{err}
 		}

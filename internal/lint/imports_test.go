@@ -31,11 +31,11 @@ var rules = map[string][]string{
 	// storage/vfs: MkdirAllDurable, for its data directory.
 	"metaserver": {"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport", "auth", "storage/vfs"},
 	"broker":     {"storage", "protocol", "routing", "internal/transport", "internal/clientcore", "metaserver/api", "metaserver/client", "auth"},
-	"producer":   {"protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
-	"consumer":   {"producer", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"},
+	"producer":   {"protocol", "routing", "internal/transport", "internal/clientcore", "sdkmetrics", "metaserver/api", "metaserver/client", "auth"},
+	"consumer":   {"protocol", "routing", "internal/transport", "internal/clientcore", "sdkmetrics", "metaserver/api", "metaserver/client", "auth"},
 	"cmd":        {"*"},
 	// Measurement programs under scripts/ are users of the public packages.
-	"scripts":           {"producer", "protocol", "routing", "metaserver/api", "metaserver/client", "auth"},
+	"scripts":           {"producer", "sdk", "protocol", "routing", "metaserver/api", "metaserver/client", "auth"},
 	"internal/lint":     {},
 	"internal/testlog":  {},
 	"internal/testwait": {},
@@ -71,6 +71,8 @@ var rules = map[string][]string{
 // own logging and metrics libraries (sdkmetrics/prom is the Prometheus
 // plugin, imported only by those who want it).
 var sdkForbidden = map[string][]string{
+	"producer":            {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
+	"consumer":            {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
 	"sdk":                 {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
 	"sdkmetrics":          {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
 	"internal/clientcore": {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
@@ -147,6 +149,18 @@ func TestAllowedMatchesDesign(t *testing.T) {
 		{"cmd/ferryctl", "cmd/internal/cli", true},
 		{"producer", "cmd/internal/cli", false},
 		{"unlisted", "protocol", false},
+		{"consumer", "producer", false},
+		{"consumer", "internal/clientcore", true},
+		{"producer", "internal/clientcore", true},
+		{"broker", "internal/clientcore", true},
+		{"internal/clientcore", "metaserver/client", false},
+		{"internal/clientcore", "producer", false},
+		{"metaserver/client", "internal/clientcore", true},
+		{"sdk", "internal/clientcore", true},
+		{"sdk", "producer", false},
+		{"sdkmetrics", "internal/clientcore", false},
+		{"sdkmetrics/prom", "sdkmetrics", true},
+		{"sdkmetrics/prom", "producer", false},
 	}
 	for _, c := range cases {
 		if got := allowed(c.from, c.to); got != c.want {
