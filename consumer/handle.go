@@ -151,13 +151,11 @@ func (c *Consumer) deadLetter(p *part, m *Message, cause error, log interface {
 	// sent, its stamp), so a retry after an unknown outcome is not stored
 	// twice.
 	dl := &protocol.Message{
-		ID:        c.dlqPrefix + "-" + strconv.FormatUint(c.dlqIDs.Add(1), 36),
-		Topic:     c.cfg.deadLetter,
-		Timestamp: time.Now().UnixMilli(),
-		Body:      m.Body,
-	}
-	if len(props) > 0 || m.Key != "" {
-		dl.Properties = clientcore.Properties(props, m.Key)
+		ID:         c.dlqPrefix + "-" + strconv.FormatUint(c.dlqIDs.Add(1), 36),
+		Topic:      c.cfg.deadLetter,
+		Timestamp:  time.Now().UnixMilli(),
+		Body:       m.Body,
+		Properties: clientcore.Properties(props, m.Key),
 	}
 	backoff := c.cfg.retryBackoff
 	for {

@@ -74,6 +74,17 @@ func TestNewTopicLookedUpOnce(t *testing.T) {
 	}
 }
 
+// onFirstAttempt answers a message's first attempt st (as mode says), and
+// leaves the later ones to the model.
+func onFirstAttempt(st protocol.Status, mode injectMode) func(attempt int) (protocol.Status, injectMode) {
+	return func(attempt int) (protocol.Status, injectMode) {
+		if attempt == 1 {
+			return st, mode
+		}
+		return 0, noInject
+	}
+}
+
 // recordingHooks counts what a client reports through sdk.Metrics.
 type recordingHooks struct {
 	mu       sync.Mutex
@@ -100,12 +111,7 @@ func (h *recordingHooks) Observe(k sdkmetrics.Histogram, d time.Duration) {
 // lost answer's retry, answered DUPLICATE.
 func TestMetricsHooks(t *testing.T) {
 	c, fakes := fakeCluster(t, "hooked", "g1")
-	fakes["g1"].setInject(byBody("lost", func(attempt int) (protocol.Status, injectMode) {
-		if attempt == 1 {
-			return protocol.StatusSlaveSyncTimeout, storeThen
-		}
-		return 0, noInject
-	}))
+	fakes["g1"].setInject(byBody("lost", onFirstAttempt(protocol.StatusSlaveSyncTimeout, storeThen)))
 	h := &recordingHooks{}
 	p := newProducer(t, c, RetryBackoff(5*time.Millisecond), sdk.Metrics(h))
 	for _, body := range []string{"lost", "plain"} {

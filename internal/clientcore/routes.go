@@ -37,8 +37,10 @@ type Entry[V any] struct {
 	// remembered only with RoutesConfig.KeepMisses).
 	Known  bool
 	Source Source
-	// Fetched is the last successful lookup or push (zero: none); Tried the
-	// last lookup, successful or not, or push.
+	// Fetched is the last successful lookup or push (zero: none), one that
+	// answered an older route than the entry's included (the metaserver
+	// answered: the entry is at least as new); Tried the last lookup,
+	// successful or not, or push.
 	Fetched, Tried time.Time
 	// Stale: MarkStale was called since Fetched (an error said the route
 	// may be wrong).
@@ -228,9 +230,10 @@ func (c *Routes[V]) store(topic string, r routing.Route, src Source) (*Entry[V],
 	c.mu.Lock()
 	prev := c.topics[topic]
 	if prev != nil && prev.Known && r.Version < prev.Route.Version {
-		// Versions only move forward: keep the newer route.
+		// Versions only move forward: keep the newer route, as fetched
+		// now (looking again at once would ask the same lagging node).
 		next := *prev
-		next.Tried = now
+		next.Fetched, next.Tried = now, now
 		c.topics[topic] = &next
 		c.mu.Unlock()
 		return &next, false

@@ -185,8 +185,8 @@ func TestRoutesVersionsNeverMoveBack(t *testing.T) {
 	if e.Route.Version != 5 || e.Value != 2 || c.Get("t").Route.Version != 5 {
 		t.Fatalf("an older lookup replaced the route: %+v", e)
 	}
-	if !e.Tried.Equal(clk.Now()) {
-		t.Errorf("the older answer's lookup was not noted: tried %v", e.Tried)
+	if !e.Tried.Equal(clk.Now()) || !e.Fetched.Equal(clk.Now()) {
+		t.Errorf("the older answer's lookup was not noted: fetched %v, tried %v", e.Fetched, e.Tried)
 	}
 	if _, ok := c.Store("t", routing.Route{Topic: "t", Version: 4}, FromPush); ok || c.Get("t").Route.Version != 5 {
 		t.Fatal("an older push replaced the route")
