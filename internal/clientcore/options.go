@@ -40,7 +40,11 @@ type Shared struct {
 // each SDK's marker method.
 type SharedOpt struct{ f func(*Shared) }
 
-func (o SharedOpt) apply(c *Options) { o.f(&c.Shared) }
+func (o SharedOpt) apply(c *Options) {
+	if o.f != nil { // the zero SharedOpt (a zero sdk.Opt) sets nothing
+		o.f(&c.Shared)
+	}
+}
 
 // ProducerOpt marks an option producer.New accepts.
 func (SharedOpt) ProducerOpt() {}
