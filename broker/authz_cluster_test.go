@@ -21,6 +21,7 @@ import (
 	"github.com/ferrymq/ferrymq/protocol"
 
 	tc "github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // authCluster is a metaserver and a group (master and slave) with
@@ -287,7 +288,7 @@ func TestSendBatchIsAllOrNothing(t *testing.T) {
 		t.Fatalf("the refused batch moved the log end from %d to %d", end, got)
 	}
 
-	prod, err := producer.New(producer.MetaAddrs(ac.MetaAddr()), producer.Token(tok))
+	prod, err := producer.New(sdk.MetaAddrs(ac.MetaAddr()), sdk.Token(tok))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // With -admit-groups=manual a group that registers (a broker started with
@@ -101,7 +102,7 @@ func TestAdmitAndRetireGroups(t *testing.T) {
 
 	// g2 dies; a producer's keyed send to the queue waits; once g2's
 	// session has passed it is retired.
-	p, err := producer.New(producer.MetaAddrs(m.Addr()), producer.DeliveryTimeout(time.Minute))
+	p, err := producer.New(sdk.MetaAddrs(m.Addr()), producer.DeliveryTimeout(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
@@ -37,12 +39,14 @@ type routeLookup interface {
 }
 
 // routeCache knows which queues of each topic are routed to this broker's
-// group. The send path asks it for every message and never waits: a topic
-// it does not know, or a queue not routed here, is answered at once (the
-// message gets a retriable NO_ROUTE) and a lookup is queued. One goroutine,
-// run, does the lookups, one at a time and never two for the same topic,
-// so a burst of misses costs one RPC per topic and a slow metaserver slows
-// nobody's sends.
+// group, on the client core's route cache (the producers' and consumers'
+// too: one entry per topic, versions only move forward, pushes and lookups
+// feeding the same entries). The send path asks it for every message and
+// never waits: a topic it does not know, or a queue not routed here, is
+// answered at once (the message gets a retriable NO_ROUTE) and a lookup is
+// queued. One goroutine, run, does the lookups, one at a time and never two
+// for the same topic, so a burst of misses costs one RPC per topic and a
+// slow metaserver slows nobody's sends.
 type routeCache struct {
 	group  string
 	lookup routeLookup
@@ -58,10 +62,14 @@ type routeCache struct {
 	// logged once (the lookup goroutine's own).
 	refused map[string]bool
 
-	mu     sync.RWMutex
-	topics map[string]*topicRoute // replaced, never modified, per topic
+	// routes holds each topic's entry: what a lookup or a push said, as
+	// groupRoute; failed lookups of unknown topics are remembered too
+	// (KeepMisses), so that misses are looked up at most once every
+	// routeMinRefresh.
+	routes *clientcore.Routes[groupRoute]
 
-	// qmu is taken before mu, never after.
+	// qmu guards the lookup queue. The cache's lock may be taken under it,
+	// never the other way round.
 	qmu     sync.Mutex
 	pending map[string]struct{} // topics queued or being looked up
 	queue   []string
@@ -74,37 +82,38 @@ type queueBases interface {
 	QueueRange(topic string, queue uint32) (first, next int64)
 }
 
-type topicRoute struct {
-	mine    []bool    // mine[q]: queue q is routed to this group (nil: unknown topic)
-	base    []int64   // base[q]: where this group took queue q up (nil: no queue moved)
-	fetched time.Time // the last successful lookup or push (zero: none)
-	tried   time.Time // the last lookup, successful or not, or push
-	version uint64    // the registry version mine was read at
+// groupRoute is what a route says of this group (the cache entry's Value).
+type groupRoute struct {
+	mine []bool  // mine[q]: queue q is routed to this group (nil: unknown topic)
+	base []int64 // base[q]: where this group took queue q up (nil: no queue moved)
 }
 
 func newRouteCache(group string, lookup routeLookup, clock clockwork.Clock, log hclog.Logger) *routeCache {
-	return &routeCache{group: group, lookup: lookup, clock: clock, log: log, wake: make(chan struct{}, 1),
-		topics: map[string]*topicRoute{}, pending: map[string]struct{}{}}
+	c := &routeCache{group: group, lookup: lookup, clock: clock, log: log, wake: make(chan struct{}, 1),
+		pending: map[string]struct{}{}}
+	c.routes = clientcore.NewRoutes(clientcore.RoutesConfig[groupRoute]{
+		Lookup: c.lookupTakingUp, Derive: c.derive,
+		TTL: routeTTL, MinRefresh: routeMinRefresh, KeepMisses: true, Clock: clock,
+	})
+	return c
 }
 
 // routed reports whether queue q of topic is routed to this group, from
 // the cache alone. A miss, a stale entry or a queue not routed here queues a
 // lookup (at most one per topic every routeMinRefresh).
 func (c *routeCache) routed(topic string, q uint32) bool {
-	c.mu.RLock()
-	tr := c.topics[topic]
-	c.mu.RUnlock()
+	e := c.routes.Get(topic)
 	now := c.clock.Now()
-	mine := tr != nil && int(q) < len(tr.mine) && tr.mine[q]
-	if mine && tr.base != nil && tr.base[q] > 0 && c.store != nil {
-		if _, next := c.store.QueueRange(topic, q); next < tr.base[q] {
+	mine := e != nil && int(q) < len(e.Value.mine) && e.Value.mine[q]
+	if mine && e.Value.base != nil && e.Value.base[q] > 0 && c.store != nil {
+		if _, next := c.store.QueueRange(topic, q); next < e.Value.base[q] {
 			// The log lost the base (a truncation cut the queue's
 			// records): not ours until a lookup sets it again.
 			mine = false
 		}
 	}
-	if tr == nil || ((!mine || now.Sub(tr.fetched) >= routeTTL) && now.Sub(tr.tried) >= routeMinRefresh) {
-		c.refresh(topic, tr)
+	if e == nil || ((!mine || now.Sub(e.Fetched) >= routeTTL) && now.Sub(e.Tried) >= routeMinRefresh) {
+		c.refresh(topic, e)
 	}
 	return mine
 }
@@ -112,12 +121,9 @@ func (c *routeCache) routed(topic string, q uint32) bool {
 // refresh queues a lookup of topic unless one is queued or running, or
 // one finished since the caller read seen (its entry then is no longer
 // seen, and the caller's reason to refresh is gone).
-func (c *routeCache) refresh(topic string, seen *topicRoute) {
+func (c *routeCache) refresh(topic string, seen *clientcore.Entry[groupRoute]) {
 	c.qmu.Lock()
-	c.mu.RLock()
-	current := c.topics[topic]
-	c.mu.RUnlock()
-	if _, ok := c.pending[topic]; ok || current != seen {
+	if _, ok := c.pending[topic]; ok || c.routes.Get(topic) != seen {
 		c.qmu.Unlock()
 		return
 	}
@@ -171,44 +177,62 @@ func (c *routeCache) run(ctx context.Context) {
 	}
 }
 
-// fetch looks topic up and stores what it learned. A failed lookup keeps
-// the old entry: a broker serves from its last known route while the
+// fetch looks topic up and stores what it learned, unless a push brought a
+// newer route meanwhile. A failed lookup keeps the old entry (noting when
+// it was tried): a broker serves from its last known route while the
 // metaserver is away.
 func (c *routeCache) fetch(ctx context.Context, topic string) {
 	lctx, cancel := context.WithTimeout(ctx, routeLookupTimeout)
-	route, err := c.lookup.RouteExisting(lctx, topic)
+	_, err := c.routes.Lookup(lctx, topic)
 	cancel()
-	taken := c.takeUp(route, err)
-	now := c.clock.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	old := c.topics[topic]
 	if err != nil {
 		c.log.Debug("route lookup failed", "topic", topic, "error", err)
-		next := &topicRoute{tried: now}
-		if old != nil {
-			next.mine, next.base, next.fetched, next.version = old.mine, old.base, old.fetched, old.version
+	}
+}
+
+// lookupTakingUp is the cache's lookup: the metaserver's route, with every
+// queue moved to this group taken up by the commit log first (takeUp); a
+// queue the log refused is stored with no group, so it is not this
+// group's. Runs outside the cache's lock: a base waits for the appends
+// queued before it.
+func (c *routeCache) lookupTakingUp(ctx context.Context, topic string) (routing.Route, error) {
+	route, err := c.lookup.RouteExisting(ctx, topic)
+	if err != nil {
+		return route, err
+	}
+	for i, ok := range c.takeUp(route) {
+		if !ok {
+			route.Queues = slices.Clone(route.Queues)
+			route.Queues[i].Group = ""
 		}
-		c.topics[topic] = next
-		return
 	}
-	if old != nil && old.version > route.Version {
-		// A push (routepush.go) brought a newer route while this lookup
-		// ran.
-		c.topics[topic] = &topicRoute{mine: old.mine, base: old.base, fetched: old.fetched, tried: now, version: old.version}
-		return
-	}
-	tr := &topicRoute{mine: make([]bool, len(route.Queues)), fetched: now, tried: now, version: route.Version}
-	for i, qr := range route.Queues {
-		tr.mine[i] = qr.Group == c.group && taken[i]
-		if qr.Base > 0 && tr.mine[i] {
-			if tr.base == nil {
-				tr.base = make([]int64, len(route.Queues))
+	return route, nil
+}
+
+// derive is what a stored route says of this group. A push carries which
+// queues are this group's but leaves out the queues moved here by a
+// retirement (they are taken up at their base by a lookup): for those, it
+// keeps what a lookup learned.
+func (c *routeCache) derive(_ string, r routing.Route, src clientcore.Source, prev *clientcore.Entry[groupRoute]) groupRoute {
+	g := groupRoute{mine: make([]bool, len(r.Queues))}
+	for i, qr := range r.Queues {
+		g.mine[i] = qr.Group == c.group
+		if src == clientcore.FromLookup && qr.Base > 0 && g.mine[i] {
+			if g.base == nil {
+				g.base = make([]int64, len(r.Queues))
 			}
-			tr.base[i] = qr.Base
+			g.base[i] = qr.Base
 		}
 	}
-	c.topics[topic] = tr
+	if src == clientcore.FromPush && prev != nil && prev.Value.base != nil {
+		g.base = make([]int64, len(r.Queues))
+		for q := range min(len(prev.Value.base), len(g.mine)) {
+			if prev.Value.base[q] > 0 {
+				g.mine[q], g.base[q] = prev.Value.mine[q], prev.Value.base[q]
+			}
+		}
+	}
+	return g
 }
 
 // takeUp makes the commit log continue every queue the route moved to this
@@ -217,11 +241,11 @@ func (c *routeCache) fetch(ctx context.Context, topic string) {
 // whose log cannot take it up (it holds older records of it, from an
 // earlier stay here) is refused, loudly, until an operator acts. Runs
 // outside mu: a base waits for the appends queued before it.
-func (c *routeCache) takeUp(route routing.Route, err error) []bool {
+func (c *routeCache) takeUp(route routing.Route) []bool {
 	ok := make([]bool, len(route.Queues))
 	for i, qr := range route.Queues {
 		ok[i] = true
-		if err != nil || qr.Group != c.group || qr.Base <= 0 || c.store == nil {
+		if qr.Group != c.group || qr.Base <= 0 || c.store == nil {
 			continue
 		}
 		if serr := c.store.SetQueueBase(route.Topic, qr.Queue, qr.Base); serr != nil && !errors.Is(serr, storage.ErrBaseBelowNext) {
@@ -243,13 +267,9 @@ func (c *routeCache) takeUp(route routing.Route, err error) []bool {
 // TTL, so names that clients made up do not stay in memory.
 func (c *routeCache) prune() {
 	now := c.clock.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for topic, tr := range c.topics {
-		if now.Sub(tr.tried) >= routeTTL && !anyTrue(tr.mine) {
-			delete(c.topics, topic)
-		}
-	}
+	c.routes.Prune(func(_ string, e *clientcore.Entry[groupRoute]) bool {
+		return now.Sub(e.Tried) >= routeTTL && !anyTrue(e.Value.mine)
+	})
 }
 
 func anyTrue(bs []bool) bool {

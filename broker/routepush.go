@@ -5,8 +5,10 @@ import (
 	"errors"
 	"time"
 
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 const (
@@ -76,38 +78,22 @@ func (c *routeCache) watch(ctx context.Context, meta routeWatcher, brokerID stri
 }
 
 // take stores the routes a watch answer carried, unless a lookup already
-// stored a newer one.
+// stored a newer one: each as a route whose queues are this group's or
+// nobody's, which the cache's derive reads as a push.
 func (c *routeCache) take(reply api.RouteWatchReply) {
 	if reply.Partial {
 		c.log.Debug("route push left older topics out; they are looked up on their first send", "version", reply.Version)
 	}
-	if len(reply.Topics) == 0 {
-		return
-	}
-	now := c.clock.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	for _, t := range reply.Topics {
-		if old := c.topics[t.Name]; old != nil && old.version > reply.Version {
-			continue
+		r := routing.Route{Topic: t.Name, Version: reply.Version, Queues: make([]routing.QueueRoute, t.Queues)}
+		for q := range r.Queues {
+			r.Queues[q].Queue = uint32(q)
 		}
-		mine := make([]bool, t.Queues)
 		for _, q := range t.Mine {
 			if q < t.Queues {
-				mine[q] = true
+				r.Queues[q].Group = c.group
 			}
 		}
-		tr := &topicRoute{mine: mine, fetched: now, tried: now, version: reply.Version}
-		// A push leaves out queues moved here by a retirement (they are
-		// taken up at their base by a lookup): keep what a lookup learned.
-		if old := c.topics[t.Name]; old != nil && old.base != nil {
-			tr.base = make([]int64, t.Queues)
-			for q := range min(len(old.base), len(mine)) {
-				if old.base[q] > 0 {
-					tr.mine[q], tr.base[q] = old.mine[q], old.base[q]
-				}
-			}
-		}
-		c.topics[t.Name] = tr
+		c.routes.Store(t.Name, r, clientcore.FromPush)
 	}
 }

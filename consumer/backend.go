@@ -2,15 +2,14 @@ package consumer
 
 import (
 	"context"
-	"crypto/tls"
+	"errors"
 	"fmt"
-	"sync"
+	"time"
 
-	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
-	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -29,43 +28,25 @@ type router interface {
 // puller reads a queue from a broker.
 type puller interface {
 	Pull(ctx context.Context, addr string, req *protocol.PullRequest) (protocol.PullResponse, error)
-	Close() error
 }
 
-// deadLetterer stores a dead letter.
+// deadLetterer stores a dead letter: m in its topic, by key's queue if key
+// is set.
 type deadLetterer interface {
-	DeadLetter(ctx context.Context, m *producer.Message) error
-	Close() error
+	DeadLetter(ctx context.Context, m *protocol.Message, key string) error
 }
 
 var _ coordinator = (*client.Client)(nil)
 var _ router = (*client.Client)(nil)
 
-// brokerPuller keeps one connection per broker address.
-type brokerPuller struct {
-	tls    *tls.Config // nil: plaintext
-	token  string      // "": none
-	mu     sync.Mutex
-	conns  map[string]*transport.Client
-	closed bool
-}
+// brokerPuller PULLs over the consumer's connections (one per broker).
+type brokerPuller struct{ pool *clientcore.Pool }
 
-func newBrokerPuller(tlsCfg *tls.Config, token string) *brokerPuller {
-	return &brokerPuller{tls: tlsCfg, token: token, conns: map[string]*transport.Client{}}
-}
-
-func (p *brokerPuller) Pull(ctx context.Context, addr string, req *protocol.PullRequest) (protocol.PullResponse, error) {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return protocol.PullResponse{}, ErrClosed
+func (p brokerPuller) Pull(ctx context.Context, addr string, req *protocol.PullRequest) (protocol.PullResponse, error) {
+	tc, err := p.pool.Get(addr)
+	if err != nil {
+		return protocol.PullResponse{}, fmt.Errorf("%w: %w", ErrClosed, err)
 	}
-	tc := p.conns[addr]
-	if tc == nil {
-		tc = transport.NewClient(addr, transport.ClientConfig{TLS: p.tls, Login: auth.TokenLogin(p.token)})
-		p.conns[addr] = tc
-	}
-	p.mu.Unlock()
 	resp, err := tc.Call(ctx, protocol.CodePull, protocol.AppendPullRequest(nil, req))
 	if err != nil {
 		return protocol.PullResponse{}, err
@@ -77,48 +58,26 @@ func (p *brokerPuller) Pull(ctx context.Context, addr string, req *protocol.Pull
 	return pr, nil
 }
 
-func (p *brokerPuller) Close() error {
-	p.mu.Lock()
-	p.closed = true
-	conns := p.conns
-	p.conns = nil
-	p.mu.Unlock()
-	for _, tc := range conns {
-		_ = tc.Close()
-	}
-	return nil
+// coreDLQ stores dead letters with the client core's sender: once each
+// (stamped with an identity of the consumer's own), on the consumer's
+// connections, without a producer.
+type coreDLQ struct{ s *clientcore.Sender }
+
+func newCoreDLQ(meta *client.Client, pool *clientcore.Pool, requestTimeout time.Duration) coreDLQ {
+	return coreDLQ{clientcore.NewSender(clientcore.SenderConfig{
+		Lookup: meta.Route, // the dead-letter topic is created on first use where the metaserver auto-creates
+		InitProducer: func(ctx context.Context) (uint64, uint16, error) {
+			r, err := meta.InitProducer(ctx, "")
+			return r.ID, r.Epoch, err
+		},
+		Pool: pool, RequestTimeout: requestTimeout,
+	})}
 }
 
-// producerDLQ stores dead letters with a producer made on first use.
-type producerDLQ struct {
-	addrs []string
-	tls   *tls.Config
-	token string
-	mu    sync.Mutex
-	p     *producer.Client
-}
-
-func (d *producerDLQ) DeadLetter(ctx context.Context, m *producer.Message) error {
-	d.mu.Lock()
-	if d.p == nil {
-		p, err := producer.New(producer.MetaAddrs(d.addrs...), producer.TLS(d.tls), producer.Token(d.token))
-		if err != nil {
-			d.mu.Unlock()
-			return err
-		}
-		d.p = p
+func (d coreDLQ) DeadLetter(ctx context.Context, m *protocol.Message, key string) error {
+	_, err := d.s.Send(ctx, m, key)
+	if errors.Is(err, transport.ErrClosed) {
+		return fmt.Errorf("%w: dead letter: %w", ErrClosed, err)
 	}
-	p := d.p
-	d.mu.Unlock()
-	_, err := p.Send(ctx, m)
 	return err
-}
-
-func (d *producerDLQ) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.p != nil {
-		return d.p.Close()
-	}
-	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/producer"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // BenchmarkConsume drains a backlog of b.N 1 KiB messages from 8 queues
@@ -16,7 +17,7 @@ import (
 func BenchmarkConsume(b *testing.B) {
 	e := startEnv(b, []string{"g1"}, false)
 	e.cl.Meta.CreateTopic(b, "bench", "g1", "g1", "g1", "g1", "g1", "g1", "g1", "g1")
-	p, err := producer.New(producer.MetaAddrs(e.cl.MetaAddr()))
+	p, err := producer.New(sdk.MetaAddrs(e.cl.MetaAddr()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func BenchmarkConsume(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var runs sync.WaitGroup
 	for i := range 4 {
-		c, err := New("grp", []string{"bench"}, MetaAddrs(e.cl.MetaAddr()), MemberID(fmt.Sprint("m", i)))
+		c, err := New("grp", []string{"bench"}, sdk.MetaAddrs(e.cl.MetaAddr()), MemberID(fmt.Sprint("m", i)))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // cuttable is a coordinator that can be cut off, as a killed member's is.
@@ -167,7 +168,7 @@ func TestOffsetsSurviveMetaLeaderChange(t *testing.T) {
 	}
 	e := &env{cl: &testcluster.Cluster{Meta: m}, meta: meta, fakes: map[string]*fakeCoord{}}
 	newC := func() *Consumer {
-		c, err := New("grp", []string{"t"}, MetaAddrs(m.Addrs()...), Heartbeat(100*time.Millisecond), Session(2*time.Second),
+		c, err := New("grp", []string{"t"}, sdk.MetaAddrs(m.Addrs()...), Heartbeat(100*time.Millisecond), Session(2*time.Second),
 			AutoCommit(100*time.Millisecond), PollWait(200*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)

@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,9 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ferrymq/ferrymq/metaserver/api"
-
+	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -108,7 +111,13 @@ type Consumer struct {
 	pollNext int                    // where Poll's round-robin starts
 	closed   bool
 
-	routes routeCache
+	// routes is the subscribed topics' route cache, pool the brokers'
+	// connections (PULLs and dead letters): the client core's.
+	routes *clientcore.Routes[struct{}]
+	pool   *clientcore.Pool
+	// dlqIDs numbers dead letters: their ids are dlqPrefix-N.
+	dlqPrefix string
+	dlqIDs    atomic.Uint64
 
 	avail      chan struct{} // a fetcher appended messages (Poll waits on it)
 	kick       chan struct{} // heartbeat now (a commit was refused as stale)
@@ -156,9 +165,7 @@ type commitReq struct {
 func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 	cfg := defaults()
 	cfg.member = defaultMember()
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
+	cfg.Shared = clientcore.Apply(&cfg, opts)
 	var errs []error
 	if group == "" || len(group) > protocol.MaxTopicLen {
 		errs = append(errs, fmt.Errorf("consumer: group %q must be 1 to %d bytes", group, protocol.MaxTopicLen))
@@ -197,8 +204,8 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 		stopMember: make(chan struct{}), memberDone: make(chan struct{}), closing: make(chan struct{}),
 		failed: make(chan struct{}), incarnation: uint64(time.Now().UnixNano()),
 	}
-	if cfg.coord == nil || cfg.router == nil {
-		meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, CallTimeout: cfg.requestTimeout, Token: cfg.token, Transport: transport.ClientConfig{TLS: cfg.tls}})
+	if cfg.coord == nil || cfg.router == nil || cfg.dlq == nil {
+		meta, err := client.New(client.Config{Addrs: cfg.MetaAddrs, CallTimeout: cfg.requestTimeout, Token: cfg.Token, Transport: transport.ClientConfig{TLS: cfg.TLS}})
 		if err != nil {
 			return nil, err
 		}
@@ -210,13 +217,18 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 			c.cfg.router = meta
 		}
 	}
+	c.pool = clientcore.NewPool(clientcore.PoolConfig{Transport: transport.ClientConfig{TLS: cfg.TLS, Login: auth.TokenLogin(cfg.Token)}})
 	if c.cfg.puller == nil {
-		c.cfg.puller = newBrokerPuller(cfg.tls, cfg.token)
+		c.cfg.puller = brokerPuller{c.pool}
 	}
 	if c.cfg.dlq == nil {
-		c.cfg.dlq = &producerDLQ{addrs: cfg.metaAddrs, tls: cfg.tls, token: cfg.token}
+		c.cfg.dlq = newCoreDLQ(c.meta, c.pool, cfg.requestTimeout)
 	}
-	c.routes = routeCache{r: c.cfg.router, clock: c.cfg.clock, routes: map[string]*cachedRoute{}}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	c.dlqPrefix = hex.EncodeToString(b[:])
+	c.routes = clientcore.NewRoutes(clientcore.RoutesConfig[struct{}]{Lookup: c.cfg.router.RouteExisting,
+		TTL: routeMaxAge, MinRefresh: routeMinRefresh, Clock: c.cfg.clock})
 	c.bg, c.cancelBg = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -403,7 +415,7 @@ func (c *Consumer) start(ctx context.Context) error {
 	}
 	for _, t := range c.topics {
 		cctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
-		_, err := c.routes.get(cctx, t, false)
+		_, err := c.route(cctx, t)
 		cancel()
 		if err != nil {
 			return metaErr(fmt.Sprintf("route of %q", t), err)
@@ -452,7 +464,7 @@ func (c *Consumer) close() error {
 		}
 		cancel()
 		if err := c.leave(); err != nil {
-			c.cfg.logger.Warn("could not leave the group; its queues move when the session ends", "group", c.group, "err", err)
+			c.cfg.Logger.Warn("could not leave the group; its queues move when the session ends", "group", c.group, "err", err)
 			errs = append(errs, metaErr("leave", err))
 		}
 		for _, p := range parts {
@@ -465,8 +477,7 @@ func (c *Consumer) close() error {
 	c.cancelBg()
 	c.fetchWG.Wait()
 	c.workWG.Wait()
-	_ = c.cfg.puller.Close()
-	_ = c.cfg.dlq.Close()
+	_ = c.pool.Close()
 	if c.meta != nil {
 		_ = c.meta.Close()
 	}

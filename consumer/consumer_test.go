@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // TestGroupSharesQueues: two members consume every message at least once;
@@ -208,6 +209,11 @@ func TestRetriesAndDeadLetter(t *testing.T) {
 		if string(dead[0].Message.Body) != "job-3" || !maps.Equal(props, wantProps) || props[PropOriginID] == "" {
 			t.Errorf("dead letter %q %v, want properties %v", dead[0].Message.Body, props, wantProps)
 		}
+		// Stamped (the client core's sender), so a resend after a lost
+		// answer is answered DUPLICATE, not stored twice.
+		if dead[0].Message.Producer.ID == 0 {
+			t.Errorf("the dead letter is not stamped: %+v", dead[0].Message.Producer)
+		}
 		waitFor(t, 5*time.Second, "offset 10 committed", func() bool { return e.committed(t, "grp", "jobs", 0) == 10 })
 	})
 }
@@ -315,7 +321,7 @@ func TestStartLatest(t *testing.T) {
 // TestUnknownTopic: Run names a topic that does not exist.
 func TestUnknownTopic(t *testing.T) {
 	e := startEnv(t, []string{"g1"}, false)
-	c, err := New("grp", []string{"nope"}, MetaAddrs(e.cl.MetaAddr()))
+	c, err := New("grp", []string{"nope"}, sdk.MetaAddrs(e.cl.MetaAddr()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,7 @@
 // long-polling PULLs, hand the messages to the application, and commit
 // each queue's offset once everything before it was processed.
 //
-//	c, err := consumer.New("billing", []string{"orders"}, consumer.MetaAddrs("10.0.0.1:7400"))
+//	c, err := consumer.New("billing", []string{"orders"}, sdk.MetaAddrs("10.0.0.1:7400"))
 //	...
 //	defer c.Close() // commits what was processed and leaves the group
 //	err = c.Run(ctx, func(ctx context.Context, m *consumer.Message) error {
@@ -98,5 +98,5 @@
 //   - The context's error when it ended first.
 //
 // Fetch failures, heartbeat failures and handler failures are not returned:
-// they are retried, logged (Logger) and counted (Stats).
+// they are retried, logged (sdk.Logger) and counted (Stats).
 package consumer

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/transport"
-	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
@@ -33,13 +33,15 @@ var (
 // metaErr gives an error of a metaserver call its public sentinel.
 func metaErr(what string, err error) error {
 	switch {
-	case errors.Is(err, transport.ErrClosed):
-		return fmt.Errorf("%w: %s: %w", ErrClosed, what, err)
 	case errors.Is(err, protocol.ErrStaleGeneration):
 		return fmt.Errorf("%w: %s: %w", ErrRebalanced, what, err)
 	case errors.Is(err, protocol.ErrUnknownTopic):
 		return fmt.Errorf("%w: %s: %w", ErrUnknownTopic, what, err)
-	case errors.Is(err, client.ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, protocol.ErrTimeout):
+	}
+	switch clientcore.KindOf(err) {
+	case clientcore.KindClosed:
+		return fmt.Errorf("%w: %s: %w", ErrClosed, what, err)
+	case clientcore.KindUnreachable:
 		return fmt.Errorf("%w: %s: %w", ErrUnreachable, what, err)
 	}
 	return fmt.Errorf("consumer: %s: %w", what, err)

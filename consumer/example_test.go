@@ -8,6 +8,7 @@ import (
 	"github.com/ferrymq/ferrymq/consumer"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/producer"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // Example sends three messages and consumes them as a member of the group
@@ -18,7 +19,7 @@ func Example() {
 	defer stop()
 	ctx := context.Background()
 
-	p, err := producer.New(producer.MetaAddrs(metaAddr))
+	p, err := producer.New(sdk.MetaAddrs(metaAddr))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -29,7 +30,7 @@ func Example() {
 		}
 	}
 
-	c, err := consumer.New("billing", []string{"orders"}, consumer.MetaAddrs(metaAddr))
+	c, err := consumer.New("billing", []string{"orders"}, sdk.MetaAddrs(metaAddr))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -14,9 +14,9 @@ import (
 
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
-	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // fakeBrokers serves PULL from memory: one queue log per (topic, queue),
@@ -118,17 +118,26 @@ func (r fakeRouter) RouteExisting(ctx context.Context, topic string) (routing.Ro
 // fakeDLQ records dead letters.
 type fakeDLQ struct {
 	mu   sync.Mutex
-	msgs []*producer.Message
+	msgs []deadLetter
 }
 
-func (d *fakeDLQ) DeadLetter(ctx context.Context, m *producer.Message) error {
+// deadLetter is a dead letter as sent.
+type deadLetter struct {
+	Topic, Key string
+	Properties map[string]string
+	Body       []byte
+}
+
+func (d *fakeDLQ) DeadLetter(ctx context.Context, m *protocol.Message, key string) error {
+	props := map[string]string{}
+	for _, p := range m.Properties {
+		props[p.Key] = p.Value
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.msgs = append(d.msgs, m)
+	d.msgs = append(d.msgs, deadLetter{Topic: m.Topic, Key: key, Properties: props, Body: m.Body})
 	return nil
 }
-
-func (d *fakeDLQ) Close() error { return nil }
 
 // fakeConsumer is a consumer of fake brokers and a fake coordinator.
 func fakeConsumer(t *testing.T, fb *fakeBrokers, co *fakeCoord, queues int, opts ...Opt) *Consumer {
@@ -156,7 +165,7 @@ func TestOptionsValidate(t *testing.T) {
 			t.Errorf("error %q does not name %s", err, want)
 		}
 	}
-	c, err := New("g", []string{"b", "a", "b"}, MetaAddrs("127.0.0.1:1"))
+	c, err := New("g", []string{"b", "a", "b"}, sdk.MetaAddrs("127.0.0.1:1"))
 	if err != nil {
 		t.Fatal(err)
 	}

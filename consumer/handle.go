@@ -7,7 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ferrymq/ferrymq/producer"
+	"github.com/ferrymq/ferrymq/internal/clientcore"
+	"github.com/ferrymq/ferrymq/protocol"
 )
 
 // Properties a dead letter carries besides the original's.
@@ -68,7 +69,7 @@ func (c *Consumer) work(p *part, prev <-chan struct{}, done chan struct{}) {
 // retries (then dead-lettered), and marks them processed. It returns false
 // when the part or the consumer stopped first.
 func (c *Consumer) deliver(p *part, msgs []*Message) bool {
-	log := c.cfg.logger.With("group", c.group, "queue", p.key.String())
+	log := c.cfg.Logger.With("group", c.group, "queue", p.key.String())
 	for {
 		err := c.call(p, msgs, log)
 		if err == nil {
@@ -146,11 +147,23 @@ func (c *Consumer) deadLetter(p *part, m *Message, cause error, log interface {
 	props[PropOriginID] = m.ID
 	props[PropError] = errText
 	props[PropDeliveries] = strconv.Itoa(m.Deliveries)
-	dl := &producer.Message{Topic: c.cfg.deadLetter, Key: m.Key, Properties: props, Body: m.Body}
+	// The dead letter is built once: its retries carry its id (and, once
+	// sent, its stamp), so a retry after an unknown outcome is not stored
+	// twice.
+	dl := &protocol.Message{
+		ID:         c.dlqPrefix + "-" + strconv.FormatUint(c.dlqIDs.Add(1), 36),
+		Topic:      c.cfg.deadLetter,
+		Timestamp:  time.Now().UnixMilli(),
+		Body:       m.Body,
+		Properties: clientcore.Properties(props, m.Key),
+	}
 	backoff := c.cfg.retryBackoff
 	for {
 		ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
-		err := c.cfg.dlq.DeadLetter(ctx, dl)
+		err := dl.Validate()
+		if err == nil {
+			err = c.cfg.dlq.DeadLetter(ctx, dl, m.Key)
+		}
 		cancel()
 		if err == nil {
 			return true

@@ -15,6 +15,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -89,7 +90,7 @@ func (e *env) coord(t testing.TB, group string, topics []string) *fakeCoord {
 // Cleanup.
 func (e *env) consumer(t testing.TB, group string, topics []string, opts ...Opt) *Consumer {
 	t.Helper()
-	all := []Opt{MetaAddrs(e.cl.MetaAddr()), Heartbeat(100 * time.Millisecond), Session(2 * time.Second),
+	all := []Opt{sdk.MetaAddrs(e.cl.MetaAddr()), Heartbeat(100 * time.Millisecond), Session(2 * time.Second),
 		AutoCommit(100 * time.Millisecond), PollWait(200 * time.Millisecond), RetryBackoff(5*time.Millisecond, 20*time.Millisecond)}
 	if f := e.coord(t, group, topics); f != nil {
 		all = append(all, withCoordinator(f))
@@ -129,7 +130,7 @@ func (e *env) committed(t testing.TB, group, topic string, queue uint32) int64 {
 // returns their ids.
 func send(t testing.TB, e *env, topic, prefix string, n int) []string {
 	t.Helper()
-	p, err := producer.New(producer.MetaAddrs(e.cl.Meta.Addrs()...))
+	p, err := producer.New(sdk.MetaAddrs(e.cl.Meta.Addrs()...))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func (c *Consumer) letGo(parts []*part, work map[qkey]chan struct{}) {
 			}
 			ctx, cancel := context.WithTimeout(c.bg, c.cfg.requestTimeout)
 			if err := c.commitParts(ctx, []*part{p}); err != nil {
-				c.cfg.logger.Debug("commit of a released queue refused", "group", c.group, "queue", p.key.String(), "err", err)
+				c.cfg.Logger.Debug("commit of a released queue refused", "group", c.group, "queue", p.key.String(), "err", err)
 			}
 			cancel()
 			p.stop()

@@ -50,7 +50,7 @@ func (c *Consumer) memberLoop() {
 			err := c.commit(ctx)
 			cancel()
 			if err != nil && !errors.Is(err, ErrRebalanced) {
-				c.cfg.logger.Warn("commit failed; retrying at the next", "group", c.group, "err", err)
+				c.cfg.Logger.Warn("commit failed; retrying at the next", "group", c.group, "err", err)
 			}
 			continue
 		case req := <-c.commitReq:
@@ -81,10 +81,10 @@ func (c *Consumer) memberLoop() {
 			default:
 			}
 			if permanent(err) {
-				c.cfg.logger.Error("the metaserver refuses this member for good", "group", c.group, "member", c.cfg.member, "err", err)
+				c.cfg.Logger.Error("the metaserver refuses this member for good", "group", c.group, "member", c.cfg.member, "err", err)
 				c.fail(metaErr("heartbeat", err))
 			} else {
-				c.cfg.logger.Warn("heartbeat failed; retrying", "group", c.group, "member", c.cfg.member, "err", err)
+				c.cfg.Logger.Warn("heartbeat failed; retrying", "group", c.group, "member", c.cfg.member, "err", err)
 			}
 			hb.Reset(min(next, c.leaseLeft()))
 			continue
@@ -128,7 +128,7 @@ func (c *Consumer) dropAll(why string) {
 	c.gen = 0 // join again
 	c.mu.Unlock()
 	if len(parts) > 0 {
-		c.cfg.logger.Warn("stopped consuming every queue: "+why, "group", c.group, "queues", len(parts))
+		c.cfg.Logger.Warn("stopped consuming every queue: "+why, "group", c.group, "queues", len(parts))
 	}
 	for _, p := range parts {
 		p.stop()
@@ -197,7 +197,7 @@ func (c *Consumer) apply(reply api.ConsumerHeartbeatReply) {
 			go c.work(p, prev, done)
 		}
 	}
-	c.cfg.logger.Info("assignment", "group", c.group, "member", c.cfg.member, "generation", reply.Generation,
+	c.cfg.Logger.Info("assignment", "group", c.group, "member", c.cfg.member, "generation", reply.Generation,
 		"queues", len(want), "added", added, "letting-go", len(revoked), "waiting", reply.Waiting)
 }
 

@@ -1,27 +1,36 @@
 package consumer
 
 import (
-	"crypto/tls"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"time"
 
-	"crypto/rand"
-	"encoding/hex"
-
-	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
+
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 )
 
-// Opt configures a Consumer. Options are sealed: only this package makes
-// them.
-type Opt interface{ apply(*config) }
+// Opt configures a Consumer: one of this package's options, or one of
+// package sdk's (MetaAddrs, TLS, Token, Logger, Metrics), which every SDK
+// client takes. Options are sealed (franz-go's style): only ferrymq's
+// packages make them, and the compiler refuses another SDK's own options
+// here.
+type Opt interface {
+	clientcore.Opt
+	ConsumerOpt()
+}
 
-type optFunc func(*config)
+// opt is one of this package's options.
+type opt struct{ clientcore.OwnOpt[config] }
 
-func (f optFunc) apply(c *config) { f(c) }
+// ConsumerOpt marks an option New accepts.
+func (opt) ConsumerOpt() {}
+
+func optFunc(f func(*config)) Opt { return opt{clientcore.Own(f)} }
 
 // Start is where a queue with no committed offset starts.
 type Start uint8
@@ -45,7 +54,9 @@ func (s Start) String() string {
 }
 
 type config struct {
-	metaAddrs        []string
+	// The options every SDK client shares (package sdk's): MetaAddrs,
+	// TLS, Token, Logger and Metrics.
+	clientcore.Shared
 	member           string
 	start            Start
 	session          time.Duration
@@ -59,10 +70,7 @@ type config struct {
 	maxRetries       int
 	retryBackoff     time.Duration
 	maxRetryBackoff  time.Duration
-	deadLetter       string      // "" until New: "%DLQ%" + group
-	tls              *tls.Config // nil: plaintext
-	token            string      // "": none
-	logger           hclog.Logger
+	deadLetter       string // "" until New: "%DLQ%" + group
 	clock            clockwork.Clock
 
 	// Tests replace the metaserver and the brokers.
@@ -85,7 +93,6 @@ func defaults() config {
 		maxRetries:       16,
 		retryBackoff:     time.Second,
 		maxRetryBackoff:  30 * time.Second,
-		logger:           hclog.NewNullLogger(),
 		clock:            clockwork.NewRealClock(),
 	}
 }
@@ -116,15 +123,7 @@ const (
 func (c *config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("consumer: "+format, args...)) }
-	if len(c.metaAddrs) == 0 && c.coord == nil {
-		bad("MetaAddrs is required")
-	}
-	for _, a := range c.metaAddrs {
-		if a == "" {
-			bad("MetaAddrs has an empty address")
-			break
-		}
-	}
+	c.Shared.Validate(c.coord == nil, bad)
 	if c.member == "" || len(c.member) > maxMemberLen {
 		bad("MemberID %q must be 1 to %d bytes", c.member, maxMemberLen)
 	}
@@ -181,25 +180,6 @@ func defaultMember() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
-}
-
-// TLS makes the consumer speak TLS with cfg to the metaservers and the
-// brokers (its dead-letter producer included): it verifies their
-// certificates with cfg.RootCAs (the system's roots when nil) and presents
-// cfg's certificate to servers that require one (tlsconf.ClientConfig
-// makes cfg from -tls-ca, -tls-cert and -tls-key). Default nil: plaintext.
-func TLS(cfg *tls.Config) Opt { return optFunc(func(c *config) { c.tls = cfg }) }
-
-// Token is the credential the consumer presents (AUTH) on every connection
-// to the metaservers and the brokers (and its dead-letter producer) of a
-// cluster with authorization on. Its principal needs consume on the
-// group's topics (and produce on %DLQ%GROUP for dead letters). Default "":
-// none.
-func Token(token string) Opt { return optFunc(func(c *config) { c.token = token }) }
-
-// MetaAddrs sets the metaserver nodes' RPC addresses. Required.
-func MetaAddrs(addrs ...string) Opt {
-	return optFunc(func(c *config) { c.metaAddrs = append([]string(nil), addrs...) })
 }
 
 // MemberID names this member in its group (at most 255 bytes). Default:
@@ -285,16 +265,6 @@ func RetryBackoff(first, max time.Duration) Opt {
 // dead letter that cannot be stored is retried, and its queue waits.
 func DeadLetterTopic(name string) Opt { return optFunc(func(c *config) { c.deadLetter = name }) }
 
-// Logger sets the logger (nil: none). Default: none.
-func Logger(l hclog.Logger) Opt {
-	return optFunc(func(c *config) {
-		if l == nil {
-			l = hclog.NewNullLogger()
-		}
-		c.logger = l
-	})
-}
-
 // withClock sets the clock of heartbeats, commits, the session's expiry and
 // retry backoffs (tests). Default: the real clock.
 func withClock(clk clockwork.Clock) Opt {
@@ -314,5 +284,5 @@ func withRouter(r router) Opt { return optFunc(func(c *config) { c.router = r })
 // withPuller replaces the brokers' PULL (tests).
 func withPuller(p puller) Opt { return optFunc(func(c *config) { c.puller = p }) }
 
-// withDeadLetterer replaces the producer that stores dead letters (tests).
+// withDeadLetterer replaces the client core's sender of dead letters (tests).
 func withDeadLetterer(d deadLetterer) Opt { return optFunc(func(c *config) { c.dlq = d }) }

@@ -246,7 +246,7 @@ func (p *part) fetch(pos int64) {
 	c := p.c
 	defer c.fetchWG.Done()
 	defer close(p.fetchDone)
-	log := c.cfg.logger.With("group", c.group, "queue", p.key.String())
+	log := c.cfg.Logger.With("group", c.group, "queue", p.key.String())
 	resolved := pos >= 0
 	var slaveUntil time.Time
 	backoff := 50 * time.Millisecond
@@ -422,12 +422,12 @@ func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interf
 	Info(string, ...any)
 }) (resp protocol.PullResponse, fromSlave bool, group string, err error) {
 	c := p.c
-	qr, err := c.routes.queue(p.ctx, p.key, false)
+	qr, err := c.queueRoute(p.ctx, p.key)
 	if err != nil {
 		return protocol.PullResponse{}, false, "", err
 	}
 	if qr.Master == "" && qr.Slave == "" {
-		c.routes.refresh(p.key.topic)
+		c.routes.MarkStale(p.key.topic)
 		return protocol.PullResponse{}, false, qr.Group, &protocol.Error{Status: protocol.StatusNoRoute, Message: "queue " + p.key.String() + " has no broker"}
 	}
 	if e := p.readIn.Load(); e != nil && e.group != "" && e.group != qr.Group && req.Offset > qr.Base {
@@ -452,7 +452,7 @@ func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interf
 		if p.ctx.Err() != nil || !masterDown(err) {
 			return resp, false, qr.Group, err
 		}
-		c.routes.refresh(p.key.topic)
+		c.routes.MarkStale(p.key.topic)
 		if qr.Slave == "" {
 			return resp, false, qr.Group, err
 		}
@@ -461,7 +461,7 @@ func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interf
 	}
 	resp, err = call(qr.Slave)
 	if err != nil {
-		c.routes.refresh(p.key.topic)
+		c.routes.MarkStale(p.key.topic)
 		*slaveUntil = time.Time{}
 	}
 	return resp, true, qr.Group, err
@@ -507,68 +507,39 @@ func toMessage(sm *protocol.StoredMessage, p *part) *Message {
 	return m
 }
 
-// routeCache holds the subscribed topics' routes.
-type routeCache struct {
-	r      router
-	clock  clockwork.Clock
-	mu     sync.Mutex
-	routes map[string]*cachedRoute
-}
-
-type cachedRoute struct {
-	route   routing.Route
-	fetched time.Time
-	stale   bool
-}
-
-// routeMaxAge is how long a route is used before it is looked up again;
-// errors mark it stale sooner (at most once a second).
+// Route cache timings: a route is used for routeMaxAge before it is looked
+// up again; errors mark it stale sooner, looked up again once it is
+// routeMinRefresh old.
 const (
 	routeMaxAge     = 30 * time.Second
 	routeMinRefresh = time.Second
 )
 
-// get returns topic's route, looking it up if it is stale or force is set.
-func (rc *routeCache) get(ctx context.Context, topic string, force bool) (routing.Route, error) {
-	rc.mu.Lock()
-	cr := rc.routes[topic]
-	now := rc.clock.Now()
-	if cr != nil && !force {
-		age := now.Sub(cr.fetched)
-		if age < routeMaxAge && (!cr.stale || age < routeMinRefresh) {
-			r := cr.route
-			rc.mu.Unlock()
-			return r, nil
+// route returns topic's cached route, looking it up (one lookup per topic at
+// a time) when it is missing, older than routeMaxAge, or marked stale and at
+// least routeMinRefresh old. A failed lookup returns the cached route, if
+// any, until the metaserver answers.
+func (c *Consumer) route(ctx context.Context, topic string) (routing.Route, error) {
+	e := c.routes.Get(topic)
+	if e != nil && e.Known {
+		age := c.routes.Now().Sub(e.Fetched)
+		if age < routeMaxAge && (!e.Stale || age < routeMinRefresh) {
+			return e.Route, nil
 		}
 	}
-	rc.mu.Unlock()
-	r, err := rc.r.RouteExisting(ctx, topic)
+	looked, err := c.routes.Lookup(ctx, topic)
 	if err != nil {
-		if cr != nil && !force {
-			return cr.route, nil // the cached one, until the metaserver answers
+		if e != nil && e.Known {
+			return e.Route, nil
 		}
 		return routing.Route{}, err
 	}
-	rc.mu.Lock()
-	if old := rc.routes[topic]; old == nil || old.route.Version <= r.Version || old.stale {
-		rc.routes[topic] = &cachedRoute{route: r, fetched: now}
-	}
-	rc.mu.Unlock()
-	return r, nil
+	return looked.Route, nil
 }
 
-// refresh marks topic's route stale.
-func (rc *routeCache) refresh(topic string) {
-	rc.mu.Lock()
-	if cr := rc.routes[topic]; cr != nil {
-		cr.stale = true
-	}
-	rc.mu.Unlock()
-}
-
-// queue returns one queue's route.
-func (rc *routeCache) queue(ctx context.Context, k qkey, force bool) (routing.QueueRoute, error) {
-	r, err := rc.get(ctx, k.topic, force)
+// queueRoute returns one queue's route.
+func (c *Consumer) queueRoute(ctx context.Context, k qkey) (routing.QueueRoute, error) {
+	r, err := c.route(ctx, k.topic)
 	if err != nil {
 		return routing.QueueRoute{}, err
 	}
@@ -577,6 +548,6 @@ func (rc *routeCache) queue(ctx context.Context, k qkey, force bool) (routing.Qu
 			return q, nil
 		}
 	}
-	rc.refresh(k.topic)
+	c.routes.MarkStale(k.topic)
 	return routing.QueueRoute{}, &protocol.Error{Status: protocol.StatusNoRoute, Message: "the route of " + k.topic + " has no queue " + k.String()}
 }

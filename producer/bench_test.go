@@ -15,6 +15,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdk"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -121,7 +122,7 @@ func BenchmarkProduceSDK(b *testing.B) {
 			rt.set("bench", qs...)
 			ps := make([]*Client, tc.producers)
 			for i := range ps {
-				p, err := New(MetaAddrs("127.0.0.1:1"), withRouteSource(rt), withIdentitySource(&countingIDs{}),
+				p, err := New(sdk.MetaAddrs("127.0.0.1:1"), withRouteSource(rt), withIdentitySource(&countingIDs{}),
 					MaxBuffered(tc.window, 1<<30), Linger(2*time.Millisecond))
 				if err != nil {
 					b.Fatal(err)

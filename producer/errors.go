@@ -3,10 +3,9 @@ package producer
 import (
 	"errors"
 	"fmt"
-	"strings"
 
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/transport"
-	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
@@ -32,26 +31,11 @@ var (
 	ErrFenced = errors.New("producer: fenced by a later instance of the same producer")
 )
 
-// kindError is an attempt's error of one of the sentinels' kinds, which a
-// message's error wraps (ErrDeliveryTimeout, "producer: message ..."): that
-// error names the producer, so this one says its kind without the
-// sentinel's "producer: " ("metaserver unreachable: route lookup: ...").
-// It matches the sentinel and everything err matches.
-type kindError struct {
-	kind error // a sentinel
-	err  error
-}
-
-func (e *kindError) Error() string {
-	return strings.TrimPrefix(e.kind.Error(), "producer: ") + ": " + e.err.Error()
-}
-
-func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
-
-// ofKind is fmt.Errorf(format, args...) of the kind of the sentinel kind,
-// for a message's error to wrap.
+// ofKind is fmt.Errorf(format, args...) under the sentinel kind, for a
+// message's error to wrap: it matches kind and its text drops kind's
+// "producer: " (the message's error names the producer).
 func ofKind(kind error, format string, args ...any) error {
-	return &kindError{kind: kind, err: fmt.Errorf(format, args...)}
+	return clientcore.OfKind(kind, fmt.Errorf(format, args...))
 }
 
 // sendErr gives an error of a SEND call to a broker its public sentinel.
@@ -66,26 +50,24 @@ func sendErr(group, addr string, err error) error {
 	return fmt.Errorf("send to group %s at %s: %w", group, addr, err)
 }
 
-// lookupErr gives an error of a route lookup its public sentinel. A lookup
-// that got no answer (no node reachable, a broken connection, no answer in
-// time) means the metaserver is unreachable; a status the cluster answered
-// (UNKNOWN_TOPIC, INVALID) stays as it is. The message's error around it
-// names the producer, the message and its topic, so this adds only what
-// failed: "route lookup".
-func lookupErr(err error) error {
-	switch {
-	case errors.Is(err, transport.ErrClosed):
-		return ofKind(ErrClosed, "route lookup: %w", err)
-	case errors.Is(err, client.ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, protocol.ErrTimeout):
-		return ofKind(ErrUnreachable, "route lookup: %w", err)
+// metaErr gives an error of a metaserver call (what: "route lookup",
+// "producer id") its public sentinel. A call that got no answer (no node
+// reachable, a broken connection, no answer in time) means the metaserver
+// is unreachable; a status the cluster answered (UNKNOWN_TOPIC, INVALID)
+// stays as it is. The message's error around it names the producer, the
+// message and its topic, so this adds only what failed.
+func metaErr(what string, err error) error {
+	switch clientcore.KindOf(err) {
+	case clientcore.KindClosed:
+		return ofKind(ErrClosed, "%s: %w", what, err)
+	case clientcore.KindUnreachable:
+		return ofKind(ErrUnreachable, "%s: %w", what, err)
 	}
-	return fmt.Errorf("route lookup: %w", err)
+	return fmt.Errorf("%s: %w", what, err)
 }
 
-// retryable reports whether a failed attempt may be tried again elsewhere.
-func retryable(err error) bool {
-	return protocol.IsRetriable(err) || errors.Is(err, ErrConnLost) || errors.Is(err, ErrUnreachable)
-}
+// lookupErr is metaErr of a route lookup.
+func lookupErr(err error) error { return metaErr("route lookup", err) }
 
 // maybeStored reports whether err carries a status that leaves the
 // outcome unknown (protocol.Status.MaybeStored); an idempotent producer

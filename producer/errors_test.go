@@ -15,6 +15,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // sentinels are the producer's public errors; a case's error must match the
@@ -102,7 +103,7 @@ func TestErrorsMatch(t *testing.T) {
 			}
 			dead := l.Addr().String()
 			_ = l.Close()
-			p, err := New(append([]Opt{MetaAddrs(dead)}, short...)...)
+			p, err := New(append([]Opt{sdk.MetaAddrs(dead)}, short...)...)
 			if err != nil {
 				t.Fatal(err)
 			}

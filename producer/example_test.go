@@ -9,6 +9,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // Example sends one message synchronously and a few asynchronously. It
@@ -18,7 +19,7 @@ func Example() {
 	metaAddr, stop := testcluster.ForExample()
 	defer stop()
 
-	p, err := producer.New(producer.MetaAddrs(metaAddr), producer.Linger(5*time.Millisecond))
+	p, err := producer.New(sdk.MetaAddrs(metaAddr), producer.Linger(5*time.Millisecond))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // fakeRoutes is the producer's route source in the failover tests: the
@@ -50,7 +51,7 @@ func (f *fakeRoutes) route(_ context.Context, topic string) (routing.Route, erro
 // identities counted from 101. Closed by Cleanup.
 func newFakeProducer(t *testing.T, rt *fakeRoutes, opts ...Opt) *Client {
 	t.Helper()
-	base := []Opt{MetaAddrs("127.0.0.1:1"), withRouteSource(rt), withIdentitySource(&countingIDs{})}
+	base := []Opt{sdk.MetaAddrs("127.0.0.1:1"), withRouteSource(rt), withIdentitySource(&countingIDs{})}
 	p, err := New(append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)

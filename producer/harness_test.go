@@ -10,6 +10,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -23,7 +24,7 @@ func start(tb testing.TB, slaves bool, groups ...string) *testcluster.Cluster {
 // newProducer is a producer of c's metaserver, closed by Cleanup.
 func newProducer(tb testing.TB, c *testcluster.Cluster, opts ...Opt) *Client {
 	tb.Helper()
-	p, err := New(append([]Opt{MetaAddrs(c.MetaAddr())}, opts...)...)
+	p, err := New(append([]Opt{sdk.MetaAddrs(c.MetaAddr())}, opts...)...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -43,13 +44,11 @@ func pull(tb testing.TB, tc *transport.Client, r Result) protocol.Message {
 
 // cachedRoute is the producer's cached route of topic.
 func cachedRoute(p *Client, topic string) (routing.Route, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	tr := p.routes[topic]
-	if tr == nil {
+	e := p.routes.Get(topic)
+	if e == nil || !e.Known {
 		return routing.Route{}, false
 	}
-	return tr.route, true
+	return e.Route, true
 }
 
 // routeWritable reports whether the producer's cached route of topic lets

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -32,7 +33,7 @@ func fakeCluster(t *testing.T, topic string, groups ...string) (*testcluster.Clu
 // keyFor is a key whose queue, of n, is q.
 func keyFor(q, n uint32) string {
 	for i := 0; ; i++ {
-		if k := fmt.Sprint("key-", i); fnv32(k)%n == q {
+		if k := fmt.Sprint("key-", i); clientcore.KeyHash(k)%n == q {
 			return k
 		}
 	}

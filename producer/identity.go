@@ -2,15 +2,12 @@ package producer
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync/atomic"
 	"time"
 
-	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
-	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdkmetrics"
 )
 
 // identity is the producer's (id, epoch) as the metaserver gave it. gen
@@ -35,19 +32,8 @@ func (m metaIdentity) initProducer(ctx context.Context, name string) (uint64, ui
 	return r.ID, r.Epoch, err
 }
 
-// initErr gives an error of an identity request its public sentinel, as
-// lookupErr does for routes (and, like it, leaves the "producer:" to the
-// message's error around it).
-func initErr(err error) error {
-	switch {
-	case errors.Is(err, transport.ErrClosed):
-		return ofKind(ErrClosed, "producer id: %w", err)
-	case errors.Is(err, client.ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, protocol.ErrTimeout),
-		errors.Is(err, context.DeadlineExceeded):
-		return ofKind(ErrUnreachable, "producer id: %w", err)
-	}
-	return fmt.Errorf("producer id: %w", err)
-}
+// initErr is metaErr of an identity request.
+func initErr(err error) error { return metaErr("producer id", err) }
 
 // ensureIdentity takes the producer's first identity, once, before the
 // record's first batch can leave. The request ends by the record's delivery
@@ -102,12 +88,12 @@ func (c *Client) renewIdentity(gen uint64) {
 		cancel()
 		if err == nil {
 			c.setIdentity(id, epoch, gen+1)
-			c.stats.renewals.Add(1)
-			c.cfg.logger.Info("new producer identity after OUT_OF_ORDER_SEQUENCE", "id", id, "epoch", epoch)
+			c.stats.add(sdkmetrics.ProducerRenewals)
+			c.cfg.Logger.Info("new producer identity after OUT_OF_ORDER_SEQUENCE", "id", id, "epoch", epoch)
 			return
 		}
 		err = initErr(err)
-		c.cfg.logger.Warn("producer id renewal failed", "error", err)
+		c.cfg.Logger.Warn("producer id renewal failed", "error", err)
 		for _, s := range c.allSinks() {
 			s.mu.Lock()
 			s.expireLocked(time.Now(), err)
@@ -170,16 +156,19 @@ type Stats struct {
 	GivenUp int64
 }
 
+// statCounters are Stats' counters, each also reported to the Metrics
+// hooks as it moves.
 type statCounters struct {
-	producerID         atomic.Uint64
-	epoch              atomic.Uint32
-	duplicates         atomic.Int64
-	possibleDuplicates atomic.Int64
-	outOfOrder         atomic.Int64
-	retries            atomic.Int64
-	renewals           atomic.Int64
-	givenUp            atomic.Int64
-	sendLatency        latencyHistogram // SEND round trips (metrics.go)
+	producerID atomic.Uint64
+	epoch      atomic.Uint32
+	counts     [sdkmetrics.NumCounters]atomic.Int64
+	hooks      sdkmetrics.Hooks
+}
+
+// add counts one event of counter k.
+func (s *statCounters) add(k sdkmetrics.Counter) {
+	s.counts[k].Add(1)
+	s.hooks.Add(k, 1)
 }
 
 // Stats returns the producer's counters.
@@ -188,11 +177,11 @@ func (c *Client) Stats() Stats {
 	return Stats{
 		ProducerID:         s.producerID.Load(),
 		Epoch:              uint16(s.epoch.Load()),
-		Duplicates:         s.duplicates.Load(),
-		PossibleDuplicates: s.possibleDuplicates.Load(),
-		OutOfOrder:         s.outOfOrder.Load(),
-		Retries:            s.retries.Load(),
-		Renewals:           s.renewals.Load(),
-		GivenUp:            s.givenUp.Load(),
+		Duplicates:         s.counts[sdkmetrics.ProducerDuplicates].Load(),
+		PossibleDuplicates: s.counts[sdkmetrics.ProducerPossibleDuplicates].Load(),
+		OutOfOrder:         s.counts[sdkmetrics.ProducerOutOfOrder].Load(),
+		Retries:            s.counts[sdkmetrics.ProducerRetries].Load(),
+		Renewals:           s.counts[sdkmetrics.ProducerRenewals].Load(),
+		GivenUp:            s.counts[sdkmetrics.ProducerGivenUp].Load(),
 	}
 }

@@ -1,27 +1,38 @@
 package producer
 
 import (
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
-// Opt configures a Client. Options are sealed: only this package makes them.
-type Opt interface{ apply(*config) }
+// Opt configures a Client: one of this package's options, or one of package
+// sdk's (MetaAddrs, TLS, Token, Logger, Metrics), which every SDK client
+// takes. Options are sealed (franz-go's style): only ferrymq's packages
+// make them, and the compiler refuses another SDK's own options here.
+type Opt interface {
+	clientcore.Opt
+	ProducerOpt()
+}
 
-type optFunc func(*config)
+// opt is one of this package's options.
+type opt struct{ clientcore.OwnOpt[config] }
 
-func (f optFunc) apply(c *config) { f(c) }
+// ProducerOpt marks an option New accepts.
+func (opt) ProducerOpt() {}
+
+func optFunc(f func(*config)) Opt { return opt{clientcore.Own(f)} }
 
 type config struct {
-	metaAddrs       []string
+	// The options every SDK client shares (package sdk's): MetaAddrs,
+	// TLS, Token, Logger and Metrics.
+	clientcore.Shared
 	linger          time.Duration
 	maxBatchBytes   int
 	maxInflight     int
@@ -35,7 +46,6 @@ type config struct {
 	routeRefresh    time.Duration
 	routePoll       time.Duration
 	avoider         routing.Avoider
-	logger          hclog.Logger
 	clock           clockwork.Clock
 	idempotent      bool
 	name            string
@@ -45,8 +55,6 @@ type config struct {
 	idSource        identitySource      // nil: the metaserver
 	routeSrc        routeSource         // nil: the metaserver
 	dialAddr        func(string) string // nil: brokers' addresses as routed (tests put a proxy between)
-	tls             *tls.Config         // nil: plaintext
-	token           string              // "": none
 }
 
 func defaults() config {
@@ -63,7 +71,6 @@ func defaults() config {
 		routeRefresh:    30 * time.Second,
 		routePoll:       300 * time.Millisecond,
 		failoverWait:    20 * time.Second,
-		logger:          hclog.NewNullLogger(),
 		clock:           clockwork.NewRealClock(),
 		idempotent:      true,
 	}
@@ -79,15 +86,7 @@ const maxBatchBytes = protocol.MaxFrameSize - protocol.FixedHeaderSize - protoco
 func (c *config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("producer: "+format, args...)) }
-	if len(c.metaAddrs) == 0 {
-		bad("MetaAddrs is required")
-	}
-	for _, a := range c.metaAddrs {
-		if a == "" {
-			bad("MetaAddrs has an empty address")
-			break
-		}
-	}
+	c.Shared.Validate(true, bad)
 	if c.linger < 0 {
 		bad("Linger %v is negative", c.linger)
 	}
@@ -217,28 +216,6 @@ func withRouteSource(src routeSource) Opt { return optFunc(func(c *config) { c.r
 // withDialAddr maps a broker's routed address to the one dialed (tests).
 func withDialAddr(f func(string) string) Opt { return optFunc(func(c *config) { c.dialAddr = f }) }
 
-// TLS makes the producer speak TLS with cfg to the metaservers and the
-// brokers: it verifies their certificates with cfg.RootCAs (the system's
-// roots when nil) and presents cfg's certificate to servers that require
-// one (tlsconf.ClientConfig makes cfg from -tls-ca, -tls-cert and
-// -tls-key). Default nil: plaintext. A failed handshake fails the send's
-// attempt like a lost connection, with an error that names the likely
-// cause (transport.HandshakeError).
-func TLS(cfg *tls.Config) Opt { return optFunc(func(c *config) { c.tls = cfg }) }
-
-// Token is the credential the producer presents (AUTH) on every connection
-// to the metaservers and the brokers of a cluster with authorization on:
-// a token that ferryctl acl add printed. A refusal (a token not recognised,
-// a topic the principal may not produce to) fails the messages it concerns
-// at once with protocol.ErrNotAuthorized, whose text names the permission
-// missing; it is not retried. Default "": none.
-func Token(token string) Opt { return optFunc(func(c *config) { c.token = token }) }
-
-// MetaAddrs sets the metaserver nodes' RPC addresses. Required.
-func MetaAddrs(addrs ...string) Opt {
-	return optFunc(func(c *config) { c.metaAddrs = append([]string(nil), addrs...) })
-}
-
 // Linger is how long a batch waits for more messages before it is sent,
 // when the group already has a batch in flight or none is urgent. A
 // synchronous Send does not wait for it, nor does a batch while a sender
@@ -325,16 +302,6 @@ func RoutePoll(d time.Duration) Opt { return optFunc(func(c *config) { c.routePo
 // group a millisecond slower than the others gets almost nothing, so queues
 // fill unevenly. Choose it when latency matters more than balance.
 func Avoider(a routing.Avoider) Opt { return optFunc(func(c *config) { c.avoider = a }) }
-
-// Logger sets the logger (nil: none). Default: none.
-func Logger(l hclog.Logger) Opt {
-	return optFunc(func(c *config) {
-		if l == nil {
-			l = hclog.NewNullLogger()
-		}
-		c.logger = l
-	})
-}
 
 // withMaxBackoff sets the cap of a retry's backoff (1 s), for tests that
 // must tell a woken retry from a timed-out backoff.

@@ -4,13 +4,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // TestOptionsValidation: New checks every option at once and names each bad
 // one; negative and zero durations and sizes are errors, never defaults, and
 // options that contradict each other are errors too.
 func TestOptionsValidation(t *testing.T) {
-	addr := MetaAddrs("127.0.0.1:1") // New dials nothing
+	addr := sdk.MetaAddrs("127.0.0.1:1") // New dials nothing
 	cases := []struct {
 		name string
 		opts []Opt
@@ -19,7 +21,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"defaults", []Opt{addr}, nil},
 		{"linger 0 sends at once", []Opt{addr, Linger(0)}, nil},
 		{"no addresses", nil, []string{"MetaAddrs is required"}},
-		{"empty address", []Opt{MetaAddrs("127.0.0.1:1", "")}, []string{"MetaAddrs has an empty address"}},
+		{"empty address", []Opt{sdk.MetaAddrs("127.0.0.1:1", "")}, []string{"MetaAddrs has an empty address"}},
 		{"negative linger", []Opt{addr, Linger(-time.Millisecond)}, []string{"Linger -1ms is negative"}},
 		{"negative batch", []Opt{addr, MaxBatchBytes(-1)}, []string{"MaxBatchBytes -1"}},
 		{"zero batch", []Opt{addr, MaxBatchBytes(0)}, []string{"MaxBatchBytes 0"}},

@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,10 +15,12 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdkmetrics"
 )
 
 // Message is what a user sends.
@@ -73,10 +73,13 @@ type Client struct {
 	seq    atomic.Uint64
 	gates  keyGates // keyed records' order before they reach a sink
 
+	// routes is the route cache (the client core's); pool the brokers'
+	// connections.
+	routes *clientcore.Routes[*topicPlan]
+	pool   *clientcore.Pool
+
 	mu     sync.Mutex
-	routes map[string]*topicRoute
 	sinks  map[string]*sink
-	conns  map[string]*transport.Client
 	closed bool        // no new sends
 	dead   atomic.Bool // Close gave up waiting: everything left fails
 
@@ -118,29 +121,53 @@ type Client struct {
 	wg           sync.WaitGroup
 }
 
-// topicRoute is a cached route. Its times are the producer's clock's.
-type topicRoute struct {
-	route      routing.Route
+// topicPlan is what the producer makes of a topic's cached route (the
+// route cache's Value): the plan the selector picks queues by, and whether
+// a queue has no writable master (the route is polled while it is used).
+type topicPlan struct {
 	plan       *plan
-	fetched    time.Time
-	lastForced time.Time
-	unwritable bool // a queue of the route has no writable master: poll it
-	used       bool // sent to since the last periodic refresh
+	unwritable bool
+	// used: sent to since the last periodic refresh. One flag per topic,
+	// handed from each entry to the next.
+	used *atomic.Bool
+}
+
+// derivePlan makes a stored route's topicPlan.
+func derivePlan(_ string, r routing.Route, _ clientcore.Source, prev *clientcore.Entry[*topicPlan]) *topicPlan {
+	tp := &topicPlan{plan: newPlan(r)}
+	if prev != nil {
+		tp.used = prev.Value.used
+	} else {
+		tp.used = new(atomic.Bool)
+		tp.used.Store(true)
+	}
+	for _, q := range r.Queues {
+		if !q.Writable || q.Master == "" {
+			tp.unwritable = true
+			break
+		}
+	}
+	return tp
+}
+
+// markUsed records that records wait for the topic's route.
+func (tp *topicPlan) markUsed() {
+	if !tp.used.Load() { // most sends find it set: no write
+		tp.used.Store(true)
+	}
 }
 
 // New returns a producer. It checks every option at once.
 func New(opts ...Opt) (*Client, error) {
 	cfg := defaults()
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
+	cfg.Shared = clientcore.Apply(&cfg, opts)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if cfg.avoider == nil {
 		cfg.avoider = routing.NewLatencyTable(nil)
 	}
-	meta, err := client.New(client.Config{Addrs: cfg.metaAddrs, Token: cfg.token, Transport: transport.ClientConfig{TLS: cfg.tls}})
+	meta, err := client.New(client.Config{Addrs: cfg.MetaAddrs, Token: cfg.Token, Transport: transport.ClientConfig{TLS: cfg.TLS}})
 	if err != nil {
 		return nil, err
 	}
@@ -154,9 +181,17 @@ func New(opts ...Opt) (*Client, error) {
 	_, _ = rand.Read(b[:])
 	c := &Client{
 		cfg: cfg, meta: meta, sel: routing.NewSelector(cfg.avoider), prefix: hex.EncodeToString(b[:]),
-		routes: map[string]*topicRoute{}, sinks: map[string]*sink{}, conns: map[string]*transport.Client{},
+		sinks: map[string]*sink{}, stats: statCounters{hooks: cfg.Metrics},
 		space: make(chan struct{}), stop: make(chan struct{}), bodies: bodyBufs{keep: cfg.maxInflight, limit: cfg.maxBatchBytes + protocol.SendRequestHeaderSize},
 	}
+	c.routes = clientcore.NewRoutes(clientcore.RoutesConfig[*topicPlan]{
+		Lookup: cfg.routeSrc.route, Derive: derivePlan, Stored: c.routeStored,
+		TTL: cfg.routeRefresh, MinRefresh: time.Second, Clock: cfg.clock,
+	})
+	c.pool = clientcore.NewPool(clientcore.PoolConfig{
+		Transport: transport.ClientConfig{CallTimeout: cfg.requestTimeout, TLS: cfg.TLS, Login: auth.TokenLogin(cfg.Token)},
+		Dial:      cfg.dialAddr,
+	})
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.refreshTimer = cfg.clock.NewTimer(c.pollWait())
 	c.wg.Add(1)
@@ -212,7 +247,7 @@ func (c *Client) stays(rec *record) bool { return rec.key != "" && !c.cfg.moveKe
 func (c *Client) unstamp(rec *record) {
 	if rec.maybe && !rec.possibleDup {
 		rec.possibleDup = true
-		c.stats.possibleDuplicates.Add(1)
+		c.stats.add(sdkmetrics.ProducerPossibleDuplicates)
 	}
 	rec.maybe, rec.maybeSince = false, time.Time{}
 	rec.gen = 0
@@ -270,15 +305,7 @@ func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func
 		Body:        m.Body,
 	}
 	if len(m.Properties) > 0 || m.Key != "" {
-		props := make([]protocol.Property, 0, len(m.Properties)+1)
-		for k, v := range m.Properties {
-			props = append(props, protocol.Property{Key: k, Value: v})
-		}
-		sort.Slice(props, func(i, j int) bool { return props[i].Key < props[j].Key })
-		if m.Key != "" {
-			props = append(props, protocol.Property{Key: "key", Value: m.Key})
-		}
-		rec.msg.Properties = props
+		rec.msg.Properties = clientcore.Properties(m.Properties, m.Key)
 	}
 	if err := rec.msg.Validate(); err != nil {
 		promise(Result{}, fmt.Errorf("producer: message to %q: %w", m.Topic, err))
@@ -534,7 +561,7 @@ func (g *keyGates) after(rec *record, settled bool) []*record {
 // failed), whether or not it is writable now: the record then waits there.
 func (c *Client) pick(plan *plan, rec *record) (routing.QueueRoute, error) {
 	if qs := plan.Route.Queues; rec.key != "" && len(qs) > 0 {
-		q := qs[fnv32(rec.key)%uint32(len(qs))]
+		q := qs[clientcore.KeyHash(rec.key)%uint32(len(qs))]
 		if !c.cfg.moveKeyed || q.Writable && q.Group != lastGroup(rec) {
 			return q, nil
 		}
@@ -583,16 +610,14 @@ func (m metaRoutes) route(ctx context.Context, topic string) (routing.Route, err
 
 // queueRoute is the cached route of one queue, and the route's version.
 func (c *Client) queueRoute(topic string, queue uint32) (routing.QueueRoute, uint64, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	tr := c.routes[topic]
-	if tr == nil {
+	e := c.routes.Get(topic)
+	if e == nil || !e.Known {
 		return routing.QueueRoute{}, 0, false
 	}
-	tr.used = true // records wait for this queue
-	for _, q := range tr.route.Queues {
+	e.Value.markUsed() // records wait for this queue
+	for _, q := range e.Route.Queues {
 		if q.Queue == queue {
-			return q, tr.route.Version, true
+			return q, e.Route.Version, true
 		}
 	}
 	return routing.QueueRoute{}, 0, false
@@ -603,14 +628,6 @@ func lastGroup(rec *record) string {
 		return ""
 	}
 	return rec.group
-}
-
-// fnv32 is the FNV-1a hash of s: a key's queue is fnv32(key) mod the
-// writable queues (the same function as before, so keys keep their queues).
-func fnv32(s string) uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(s))
-	return h.Sum32()
 }
 
 // retryOrFail schedules another attempt with backoff and jitter, or ends the
@@ -624,7 +641,7 @@ func (c *Client) retryOrFail(rec *record, err error) (scheduled bool) {
 	if errors.As(err, &pe) && pe.Status.RefreshesRoute() {
 		c.refreshSoon(rec.msg.Topic)
 	}
-	if !retryable(err) && !(c.cfg.idempotent && maybeStored(err)) {
+	if !clientcore.Retriable(err) && !(c.cfg.idempotent && maybeStored(err)) {
 		c.finish(rec, Result{}, fmt.Errorf("producer: message %s to %q: %w", rec.msg.ID, rec.msg.Topic, err))
 		return false
 	}
@@ -634,7 +651,7 @@ func (c *Client) retryOrFail(rec *record, err error) (scheduled bool) {
 		c.finish(rec, Result{}, deliveryTimeout(rec, err, rec.cause))
 		return false
 	}
-	c.stats.retries.Add(1)
+	c.stats.add(sdkmetrics.ProducerRetries)
 	c.wg.Add(1)
 	t := time.NewTimer(backoff)
 	go func() {
@@ -662,18 +679,13 @@ func deliveryTimeout(rec *record, err, prev error) error {
 }
 
 // route returns the cached route of the record's topic, looking it up on
-// first use. The lookup ends by the record's delivery deadline.
+// first use (one lookup per topic at a time, however many records miss).
+// The lookup ends by the record's delivery deadline.
 func (c *Client) route(rec *record) (*plan, error) {
 	topic := rec.msg.Topic
-	c.mu.Lock()
-	var p *plan
-	if tr := c.routes[topic]; tr != nil {
-		p = tr.plan // storeRoute replaces it under mu
-		tr.used = true
-	}
-	c.mu.Unlock()
-	if p != nil {
-		return p, nil
+	if e := c.routes.Get(topic); e != nil && e.Known {
+		e.Value.markUsed()
+		return e.Value.plan, nil
 	}
 	deadline := time.Now().Add(c.cfg.requestTimeout)
 	if rec.deadline.Before(deadline) {
@@ -681,59 +693,46 @@ func (c *Client) route(rec *record) (*plan, error) {
 	}
 	lctx, cancel := context.WithDeadline(rec.ctx, deadline)
 	defer cancel()
-	r, err := c.cfg.routeSrc.route(lctx, topic)
+	e, err := c.routes.Lookup(lctx, topic)
 	if err != nil {
 		return nil, lookupErr(err)
 	}
-	return c.storeRoute(topic, r, false), nil
+	e.Value.markUsed()
+	return e.Value.plan, nil
 }
 
-// storeRoute caches a route just looked up, unless the cache has a newer
-// one, and shows each of its groups' sinks the group's master, epoch and
-// state: a sink gives up calls to a master the route no longer names.
-func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *plan {
+// routeStored shows each group's sink the group's master, epoch and state
+// in a route the cache just stored (a sink gives up calls to a master the
+// route no longer names), and wakes the sinks of groups a queue moved off.
+func (c *Client) routeStored(_ string, prev, next *clientcore.Entry[*topicPlan]) {
 	type seen struct {
 		s *sink
 		v view
 	}
 	var sinks []seen
-	c.mu.Lock()
-	tr := c.routes[topic]
-	if tr == nil {
-		tr = &topicRoute{used: true}
-		c.routes[topic] = tr
-	}
 	var left []*sink // sinks of groups a queue moved off
-	if tr.plan == nil || r.Version >= tr.route.Version {
-		for _, old := range tr.route.Queues {
+	r := next.Route
+	c.mu.Lock()
+	if prev != nil {
+		for _, old := range prev.Route.Queues {
 			if int(old.Queue) < len(r.Queues) && r.Queues[old.Queue].Group != old.Group {
 				if s := c.sinks[old.Group]; s != nil && !slices.Contains(left, s) {
 					left = append(left, s)
 				}
 			}
 		}
-		tr.route, tr.plan = r, newPlan(r)
-		tr.unwritable = false
-	queues:
-		for i, q := range r.Queues {
-			if !q.Writable || q.Master == "" {
-				tr.unwritable = true
-			}
-			for _, p := range r.Queues[:i] {
-				if p.Group == q.Group {
-					continue queues // a group's first queue speaks for it
-				}
-			}
-			if s := c.sinks[q.Group]; s != nil {
-				sinks = append(sinks, seen{s, viewOf(r.Version, q)})
+	}
+queues:
+	for i, q := range r.Queues {
+		for _, p := range r.Queues[:i] {
+			if p.Group == q.Group {
+				continue queues // a group's first queue speaks for it
 			}
 		}
+		if s := c.sinks[q.Group]; s != nil {
+			sinks = append(sinks, seen{s, viewOf(r.Version, q)})
+		}
 	}
-	tr.fetched = c.cfg.clock.Now()
-	if forced {
-		tr.lastForced = tr.fetched
-	}
-	p := tr.plan
 	c.mu.Unlock()
 	for _, x := range sinks {
 		x.s.observe(x.v)
@@ -741,38 +740,31 @@ func (c *Client) storeRoute(topic string, r routing.Route, forced bool) *plan {
 	for _, s := range left {
 		s.wake()
 	}
-	return p
 }
 
 // refreshSoon refreshes a topic's route in the background, at most once a
 // second per topic (by the producer's clock).
 func (c *Client) refreshSoon(topic string) {
 	c.mu.Lock()
-	tr := c.routes[topic]
-	now := c.cfg.clock.Now()
-	if c.closed || tr == nil || now.Sub(tr.lastForced) < time.Second {
-		c.mu.Unlock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed || !c.routes.MarkStale(topic) {
 		return
 	}
-	tr.lastForced = now
 	c.forcedRefreshes.Add(1)
-	c.mu.Unlock()
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		c.refresh(topic, true)
+		c.refresh(topic)
 	}()
 }
 
-func (c *Client) refresh(topic string, forced bool) {
+func (c *Client) refresh(topic string) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.requestTimeout)
 	defer cancel()
-	r, err := c.cfg.routeSrc.route(ctx, topic)
-	if err != nil {
-		c.cfg.logger.Warn("route refresh failed", "topic", topic, "error", err)
-		return
+	if _, err := c.routes.Lookup(ctx, topic); err != nil {
+		c.cfg.Logger.Warn("route refresh failed", "topic", topic, "error", err)
 	}
-	c.storeRoute(topic, r, forced)
 }
 
 // refresher refreshes routes older than RouteRefresh, and polls the routes
@@ -791,24 +783,23 @@ func (c *Client) refresher() {
 		}
 		now := c.cfg.clock.Now()
 		stalled := c.stalledGroups(now)
-		c.mu.Lock()
 		var stale, poll []string
-		for t, tr := range c.routes {
+		c.routes.Range(func(t string, e *clientcore.Entry[*topicPlan]) {
 			switch {
-			case now.Sub(tr.fetched) >= c.cfg.routeRefresh:
+			case !e.Known:
+			case now.Sub(e.Fetched) >= c.cfg.routeRefresh:
 				stale = append(stale, t)
-				tr.used = false
-			case tr.used && (tr.unwritable || usesAny(&tr.route, stalled)):
+				e.Value.used.Store(false)
+			case e.Value.used.Load() && (e.Value.unwritable || usesAny(&e.Route, stalled)):
 				poll = append(poll, t)
 			}
-		}
-		c.mu.Unlock()
+		})
 		for _, t := range stale {
-			c.refresh(t, false)
+			c.refresh(t)
 		}
 		for _, t := range poll {
 			c.routePolls.Add(1)
-			c.refresh(t, false)
+			c.refresh(t)
 		}
 		// Reset before the pass is counted: a test that waits for the pass
 		// and then moves its clock moves it past this timer.
@@ -853,19 +844,12 @@ func usesAny(r *routing.Route, groups map[string]bool) bool {
 
 // conn returns the connection to a broker, or nil once the producer is dead.
 func (c *Client) conn(addr string) *transport.Client {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.dead.Load() {
 		return nil
 	}
-	tc := c.conns[addr]
-	if tc == nil {
-		dial := addr
-		if c.cfg.dialAddr != nil {
-			dial = c.cfg.dialAddr(addr)
-		}
-		tc = transport.NewClient(dial, transport.ClientConfig{CallTimeout: c.cfg.requestTimeout, TLS: c.cfg.tls, Login: auth.TokenLogin(c.cfg.token)})
-		c.conns[addr] = tc
+	tc, err := c.pool.Get(addr)
+	if err != nil {
+		return nil
 	}
 	return tc
 }
@@ -913,16 +897,13 @@ func (c *Client) Close() error {
 	for _, s := range c.sinks {
 		sinks = append(sinks, s)
 	}
-	conns := c.conns
 	c.mu.Unlock()
 	close(c.stop)
 	c.cancel()
 	for _, s := range sinks {
 		s.failAll(ErrClosed)
 	}
-	for _, tc := range conns {
-		_ = tc.Close() // fails batches still in flight
-	}
+	_ = c.pool.Close() // fails batches still in flight
 	c.wg.Wait()
 	_ = c.meta.Close()
 	if flushErr != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 func TestSendSyncAndAsync(t *testing.T) {
@@ -196,7 +197,7 @@ func TestCloseSendsBuffered(t *testing.T) {
 	c.Meta.CreateTopic(t, "close", "g1")
 	// An hour's linger and room for every message in one batch: only Close
 	// sends them.
-	p, err := New(MetaAddrs(c.MetaAddr()), Linger(time.Hour), DeliveryTimeout(2*time.Hour), MaxInflightPerGroup(1))
+	p, err := New(sdk.MetaAddrs(c.MetaAddr()), Linger(time.Hour), DeliveryTimeout(2*time.Hour), MaxInflightPerGroup(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +220,7 @@ func TestCloseSendsBuffered(t *testing.T) {
 func TestCloseFailsWhatCannotBeSent(t *testing.T) {
 	c := start(t, false, "g1")
 	c.Meta.CreateTopic(t, "dead", "g1")
-	p, err := New(MetaAddrs(c.MetaAddr()), DeliveryTimeout(500*time.Millisecond), RetryBackoff(10*time.Millisecond))
+	p, err := New(sdk.MetaAddrs(c.MetaAddr()), DeliveryTimeout(500*time.Millisecond), RetryBackoff(10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

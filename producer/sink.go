@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdkmetrics"
 )
 
 // sink batches the records bound for one broker group. A batch leaves when
@@ -247,7 +248,7 @@ func (s *sink) see(v view) {
 		}
 		cl.gaveUp = true
 		cl.cancel(&givenUp{why})
-		s.c.stats.givenUp.Add(1)
+		s.c.stats.add(sdkmetrics.ProducerGivenUp)
 	}
 }
 
@@ -488,7 +489,7 @@ func (s *sink) send(b *batch, cl *call) {
 		var resp protocol.Frame
 		resp, err = conn.Call(ctx, protocol.CodeSend, body)
 		latency = time.Since(start)
-		c.stats.sendLatency.observe(latency)
+		c.cfg.Metrics.Observe(sdkmetrics.ProducerSendDuration, latency)
 		var g *givenUp
 		if err != nil && errors.As(context.Cause(ctx), &g) {
 			// An answer that came anyway wins; without one, the outcome is
@@ -501,10 +502,7 @@ func (s *sink) send(b *batch, cl *call) {
 		// waited, so the buffer is free once Call returns.
 		c.bodies.put(body)
 		if err == nil {
-			results, err = protocol.DecodeSendResponse(resp.Body, nil)
-			if err == nil && len(results) != b.n {
-				err = fmt.Errorf("%w: broker answered %d results for %d messages", protocol.ErrMalformed, len(results), b.n)
-			}
+			results, err = clientcore.DecodeSendAnswer(resp, b.n)
 		}
 		// A broken connection or a late answer counts against the group; a
 		// status the broker answered, for the whole batch or a message, as
@@ -562,13 +560,6 @@ func (s *sink) send(b *batch, cl *call) {
 func noAnswer(err error) bool {
 	var pe *protocol.Error
 	return !errors.As(err, &pe) || pe.Status == protocol.StatusTimeout
-}
-
-// neverSent reports whether a request failed before any byte of it could
-// leave: no connection could be made.
-func neverSent(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // bodyBufs keeps the buffers SEND bodies were encoded into, for the next
@@ -663,14 +654,14 @@ func (s *sink) verdictOfErr(err error) verdict {
 		return s.verdictOf(pe.Status)
 	case errors.Is(err, transport.ErrClosed), errors.Is(err, protocol.ErrFrameTooLarge):
 		return failed
-	case neverSent(err):
-		if retryable(sendErr(s.group, "", err)) {
+	case clientcore.NeverSent(err):
+		if clientcore.Retriable(sendErr(s.group, "", err)) {
 			return notStored
 		}
 		return failed
 	case s.c.cfg.idempotent:
 		return unknown
-	case retryable(sendErr(s.group, "", err)):
+	case clientcore.Retriable(sendErr(s.group, "", err)):
 		return notStored
 	}
 	return failed
@@ -811,7 +802,7 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 			c.unstamp(rec)
 		}
 		if ooo {
-			c.stats.outOfOrder.Add(1)
+			c.stats.add(sdkmetrics.ProducerOutOfOrder)
 			if cur := c.ident.Load(); cur != nil && rn.gen == cur.gen && c.renewing.CompareAndSwap(false, true) {
 				c.wg.Add(1)
 				go c.renewIdentity(rn.gen)
@@ -845,7 +836,7 @@ func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr 
 			continue
 		}
 		rec.attempts++
-		c.stats.retries.Add(1)
+		c.stats.add(sdkmetrics.ProducerRetries)
 		keep = append(keep, rec)
 		ln.bytes += rec.size
 	}
@@ -884,7 +875,7 @@ func (s *sink) keepsUnknown(rec *record, now time.Time) bool {
 func (s *sink) succeed(rec *record, res protocol.SendResult, addr string) {
 	dup := res.Status == protocol.StatusDuplicate
 	if dup {
-		s.c.stats.duplicates.Add(1)
+		s.c.stats.add(sdkmetrics.ProducerDuplicates)
 	}
 	st := rec.msg.Producer
 	s.done = append(s.done, ended{rec: rec, res: Result{ID: rec.msg.ID, Topic: rec.msg.Topic, Queue: rec.msg.Queue,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/producer"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 type groupJSON struct {
@@ -33,7 +34,7 @@ func TestLocalCluster(t *testing.T) {
 	base := c.base
 	c.ctl("topic", "create", "e2e", "--queues", "4")
 
-	p, err := producer.New(producer.MetaAddrs(strings.Split(c.meta, ",")...), producer.RouteRefresh(500*time.Millisecond),
+	p, err := producer.New(sdk.MetaAddrs(strings.Split(c.meta, ",")...), producer.RouteRefresh(500*time.Millisecond),
 		producer.RetryBackoff(20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // The consumer tests of issue 13, through real processes (cluster.sh):
@@ -148,9 +149,9 @@ type member struct {
 func startMember(t *testing.T, cl *localCluster, rec *recorder, group, topic, id string, opts ...consumer.Opt) *member {
 	t.Helper()
 	log := testlog.NewCapture(id, hclog.Warn)
-	opts = append([]consumer.Opt{consumer.MetaAddrs(strings.Split(cl.meta, ",")...), consumer.MemberID(id),
+	opts = append([]consumer.Opt{sdk.MetaAddrs(strings.Split(cl.meta, ",")...), consumer.MemberID(id),
 		consumer.Session(3 * time.Second), consumer.Heartbeat(500 * time.Millisecond), consumer.StartFrom(consumer.Earliest),
-		consumer.Logger(log)}, opts...)
+		sdk.Logger(log.Slog())}, opts...)
 	c, err := consumer.New(group, []string{topic}, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -640,7 +641,7 @@ func TestConsumerOffsetsSurviveBrokerRestart(t *testing.T) {
 	c := startLocalCluster(t)
 	const topic, group = "cg-resume", "cg-resume-readers"
 	c.ctl("topic", "create", topic, "--queues", "8")
-	p, err := producer.New(producer.MetaAddrs(strings.Split(c.meta, ",")...))
+	p, err := producer.New(sdk.MetaAddrs(strings.Split(c.meta, ",")...))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/producer"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // TestRestartOrderKeepsEpochStarts is issue 22's stuck-read-only sequence
@@ -35,7 +36,7 @@ func TestRestartOrderKeepsEpochStarts(t *testing.T) {
 	masterArgs, slaveArgs := c.cmdline("g1-master"), c.cmdline("g1-slave")
 	c.ctl("topic", "create", "seq", "--queues", "2", "--groups", "g1")
 
-	p, err := producer.New(producer.MetaAddrs(strings.Split(c.meta, ",")...))
+	p, err := producer.New(sdk.MetaAddrs(strings.Split(c.meta, ",")...))
 	if err != nil {
 		t.Fatal(err)
 	}

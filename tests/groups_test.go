@@ -15,6 +15,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // TestGroupAdmissionAndRetirement, through real processes, with the
@@ -76,7 +77,7 @@ func TestGroupAdmissionAndRetirement(t *testing.T) {
 			keys[q.Queue] = keyFor(q.Queue, uint32(len(route.Queues)))
 		}
 	}
-	p, err := producer.New(producer.MetaAddrs(strings.Split(c.meta, ",")...), producer.DeliveryTimeout(90*time.Second))
+	p, err := producer.New(sdk.MetaAddrs(strings.Split(c.meta, ",")...), producer.DeliveryTimeout(90*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

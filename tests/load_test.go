@@ -15,6 +15,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // The load of the fault tests: workers send through one producer client in
@@ -100,7 +101,7 @@ type tb interface {
 
 func startLoad(t *testing.T, c *localCluster, cfg loadConfig) *load {
 	t.Helper()
-	opts := append([]producer.Opt{producer.MetaAddrs(strings.Split(c.meta, ",")...)}, cfg.opts...)
+	opts := append([]producer.Opt{sdk.MetaAddrs(strings.Split(c.meta, ",")...)}, cfg.opts...)
 	p, err := producer.New(opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -17,10 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-
 	"github.com/ferrymq/ferrymq/consumer"
 	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // Consumer group members in processes of their own, for the tests that
@@ -102,9 +102,9 @@ func runMember(raw string) int {
 		fmt.Fprintf(os.Stderr, "member spec %q: %v\n", raw, err)
 		return 2
 	}
-	log := hclog.New(&hclog.LoggerOptions{Name: s.Member, Level: hclog.Info, Output: os.Stderr, TimeFormat: "15:04:05.000"})
-	c, err := consumer.New(s.Group, []string{s.Topic}, consumer.MetaAddrs(s.Meta...), consumer.MemberID(s.Member),
-		consumer.Session(s.Session), consumer.Heartbeat(s.Heartbeat), consumer.StartFrom(consumer.Earliest), consumer.Logger(log))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("member", s.Member)
+	c, err := consumer.New(s.Group, []string{s.Topic}, sdk.MetaAddrs(s.Meta...), consumer.MemberID(s.Member),
+		consumer.Session(s.Session), consumer.Heartbeat(s.Heartbeat), consumer.StartFrom(consumer.Earliest), sdk.Logger(log))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "consumer.New: %v\n", err)
 		return 2

@@ -21,6 +21,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // The tests of issue 23 through real processes: consumer groups without
@@ -661,7 +662,7 @@ func testRebalancesUnderLoad(t *testing.T, c *localCluster) {
 // sendBacklog sends n keyed messages and waits for every acknowledgement.
 func sendBacklog(t *testing.T, c *localCluster, topic string, n int) {
 	t.Helper()
-	p, err := producer.New(producer.MetaAddrs(strings.Split(c.meta, ",")...))
+	p, err := producer.New(sdk.MetaAddrs(strings.Split(c.meta, ",")...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -785,8 +786,8 @@ func TestConsumerGroupNotAuthorized(t *testing.T) {
 		t.Fatalf("send: exit %d: %s", code, errOut)
 	}
 	newConsumer := func(group, id string) *consumer.Consumer {
-		cons, err := consumer.New(group, []string{topic}, consumer.MetaAddrs(strings.Split(c.meta, ",")...), consumer.MemberID(id),
-			consumer.Token(token), consumer.Session(ownSession), consumer.Heartbeat(ownHeartbeat))
+		cons, err := consumer.New(group, []string{topic}, sdk.MetaAddrs(strings.Split(c.meta, ",")...), consumer.MemberID(id),
+			sdk.Token(token), consumer.Session(ownSession), consumer.Heartbeat(ownHeartbeat))
 		if err != nil {
 			t.Fatal(err)
 		}

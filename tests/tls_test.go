@@ -14,6 +14,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // TestLocalClusterOverTLS starts the local cluster with FERRY_TLS=1 (every
@@ -31,7 +32,7 @@ func TestLocalClusterOverTLS(t *testing.T) {
 	c.ctl("topic", "create", "secure", "--queues", "4")
 	metas := strings.Split(c.meta, ",")
 
-	p, err := producer.New(producer.MetaAddrs(metas...), producer.TLS(c.tls))
+	p, err := producer.New(sdk.MetaAddrs(metas...), sdk.TLS(c.tls))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func TestLocalClusterOverTLS(t *testing.T) {
 	}
 	pctx, pcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer pcancel()
-	plain, err := producer.New(producer.MetaAddrs(metas...), producer.DeliveryTimeout(10*time.Second))
+	plain, err := producer.New(sdk.MetaAddrs(metas...), producer.DeliveryTimeout(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

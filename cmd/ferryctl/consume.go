@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/consumer"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 type consumeOptions struct {
@@ -61,7 +62,7 @@ and stop. Without --timeout it waits for messages until interrupted.`,
 			if cmd.Flags().Changed("timeout") { // or FERRY_TIMEOUT
 				idle = g.timeout
 			}
-			opts := []consumer.Opt{consumer.MetaAddrs(g.addrs()...), consumer.StartFrom(start), consumer.ManualCommit(), consumer.TLS(g.tls.config), consumer.Token(g.token)}
+			opts := []consumer.Opt{sdk.MetaAddrs(g.addrs()...), consumer.StartFrom(start), consumer.ManualCommit(), sdk.TLS(g.tls.config), sdk.Token(g.token)}
 			if o.member != "" {
 				opts = append(opts, consumer.MemberID(o.member))
 			}

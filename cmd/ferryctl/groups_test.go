@@ -18,6 +18,7 @@ import (
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // Bad flags are refused with exit 2 before any network call: the
@@ -112,7 +113,7 @@ func TestOffsetForTime(t *testing.T) {
 // sendN sends n messages to topic and returns how many went to each queue.
 func sendN(t *testing.T, meta, topic string, n int) map[uint32]int64 {
 	t.Helper()
-	p, err := producer.New(producer.MetaAddrs(meta))
+	p, err := producer.New(sdk.MetaAddrs(meta))
 	if err != nil {
 		t.Fatal(err)
 	}

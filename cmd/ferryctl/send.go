@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 type sendOptions struct {
@@ -62,8 +63,8 @@ empty and may be at most 4 MiB (protocol.MaxMessageSize).`,
 			if err != nil {
 				return err
 			}
-			p, err := producer.New(producer.MetaAddrs(g.addrs()...), producer.DeliveryTimeout(g.timeout), producer.RequestTimeout(g.timeout),
-				producer.Linger(0), producer.TLS(g.tls.config), producer.Token(g.token))
+			p, err := producer.New(sdk.MetaAddrs(g.addrs()...), producer.DeliveryTimeout(g.timeout), producer.RequestTimeout(g.timeout),
+				producer.Linger(0), sdk.TLS(g.tls.config), sdk.Token(g.token))
 			if err != nil {
 				return usageError{err}
 			}

@@ -96,6 +96,18 @@ func TestAllowedMatchesDesign(t *testing.T) {
 		{"cmd/ferryctl", "cmd/internal/cli", true},
 		{"producer", "cmd/internal/cli", false},
 		{"unlisted", "protocol", false},
+		{"consumer", "producer", false},
+		{"consumer", "internal/clientcore", true},
+		{"producer", "internal/clientcore", true},
+		{"broker", "internal/clientcore", true},
+		{"internal/clientcore", "metaserver/client", false},
+		{"internal/clientcore", "producer", false},
+		{"metaserver/client", "internal/clientcore", true},
+		{"sdk", "internal/clientcore", true},
+		{"sdk", "producer", false},
+		{"sdkmetrics", "internal/clientcore", false},
+		{"sdkmetrics/prom", "sdkmetrics", true},
+		{"sdkmetrics/prom", "producer", false},
 	})
 }
 
@@ -154,6 +166,11 @@ func TestForbiddenImports(t *testing.T) {
 			continue
 		}
 		for _, imp := range p.Imports {
+			for _, lib := range sdkForbidden[from] {
+				if strings.HasPrefix(imp, lib) {
+					problems = append(problems, "the SDK package "+from+" imports "+imp)
+				}
+			}
 			to, ok := inModule(imp)
 			if !ok {
 				continue

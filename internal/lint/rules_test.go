@@ -28,6 +28,8 @@ var rules = map[string]rule{
 	"internal/testlog":     {0, "quiet loggers for tests, and a `Capture` whose lines tests read", nil},
 	"internal/testwait":    {0, "waits in tests for an observable event (`For`, `ForEvery`, `Until`)", nil},
 	"internal/testmetrics": {0, "reads Prometheus gatherers in tests", nil},
+	// The SDKs' metric events: a leaf, so the SDKs import no metrics library.
+	"sdkmetrics": {0, "the SDKs' metric events (`Hooks`: a counter added to, a duration observed)", nil},
 
 	"routing": {1, "the route model (topics, queues, broker groups, states) and queue selection with latency-fault avoidance", []string{"protocol"}},
 	// The permission model: pure, so every side that checks or presents
@@ -35,19 +37,26 @@ var rules = map[string]rule{
 	"auth": {1, "the permission model: permissions, principals, immutable tables, `Authorize` (one rule per request code)", []string{"protocol"}},
 	"internal/transport": {1, "framed TCP: multiplexed client, server (handler per request code, worker pool), TLS, limits before trust",
 		[]string{"protocol"}},
+	"sdkmetrics/prom":  {1, "the SDKs' metric events exported to Prometheus", []string{"sdkmetrics"}},
 	"internal/testtls": {1, "TLS material for tests: a CA and certificates for 127.0.0.1", []string{"internal/tlsconf"}},
 
 	"metaserver/api": {2, "the control plane's request and reply bodies, shared by the metaserver and its client", []string{"protocol", "routing"}},
+	// The client core below the metaserver client, which keeps its
+	// connections in the core's pool; the consumer writes dead letters
+	// through its sender, not the producer.
+	"internal/clientcore": {2, "what every client shares: one route cache, a connection pool per address, the option and error core, a SEND call",
+		[]string{"protocol", "routing", "internal/transport", "sdkmetrics"}},
 	"metaserver/fsm": {2, "the pure, deterministic state machine: commands in, state out", []string{"protocol", "routing", "auth"}},
 
 	"metaserver/client": {3, "the typed metaserver client that brokers, the SDKs and the CLI use",
-		[]string{"protocol", "routing", "internal/transport", "metaserver/api", "auth"}},
+		[]string{"protocol", "routing", "internal/transport", "internal/clientcore", "metaserver/api", "auth"}},
+	"sdk": {3, "the options every SDK client takes (sealed: only ferrymq's packages make them)", []string{"internal/clientcore", "sdkmetrics"}},
 
 	// storage/vfs: MkdirAllDurable, for its data directory.
 	"metaserver": {4, "the Raft node, leader loops (failure detector, lag judge), RPC handlers",
 		[]string{"metaserver/fsm", "metaserver/api", "metaserver/client", "protocol", "routing", "internal/transport", "auth", "storage/vfs"}},
 	"broker": {4, "send path, HA master and slave, heartbeats, read path",
-		[]string{"storage", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"}},
+		[]string{"storage", "protocol", "routing", "internal/transport", "internal/clientcore", "metaserver/api", "metaserver/client", "auth"}},
 
 	// The test harness starts whole clusters: it sits above the servers it
 	// starts and below the SDKs, whose in-package tests run it.
@@ -55,16 +64,17 @@ var rules = map[string]rule{
 		[]string{"broker", "metaserver", "metaserver/api", "metaserver/client", "internal/transport",
 			"internal/testlog", "internal/testwait", "protocol", "routing", "storage", "auth"}},
 
-	"producer": {6, "the producer SDK", []string{"protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"}},
+	"producer": {6, "the producer SDK", []string{"protocol", "routing", "internal/transport", "internal/clientcore", "sdk", "sdkmetrics",
+		"metaserver/api", "metaserver/client", "auth"}},
 	"consumer": {6, "the consumer SDK: group members share queues, long-poll PULLs, commit offsets, dead letters",
-		[]string{"producer", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client", "auth"}},
+		[]string{"protocol", "routing", "internal/transport", "internal/clientcore", "sdk", "sdkmetrics", "metaserver/api", "metaserver/client", "auth"}},
 
 	// Users of the SDKs: what they measure is what an application sees.
 	"internal/loadgen": {7, "the load generator behind `ferryctl bench`: sends (and consumes) and measures throughput and latency",
-		[]string{"producer", "consumer", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"}},
+		[]string{"producer", "consumer", "sdk", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"}},
 	// Measurement programs under scripts/ are users of the public packages.
 	"scripts": {7, "start/stop a local cluster, benchmarks, fault runs (and small Go programs they run)",
-		[]string{"producer", "protocol", "routing", "metaserver/api", "metaserver/client", "auth"}},
+		[]string{"producer", "sdk", "protocol", "routing", "metaserver/api", "metaserver/client", "auth"}},
 
 	"cmd": {8, "the programs: `ferry-metaserver` and `ferry-broker` (thin mains), `ferryctl` (the admin CLI); `cmd/internal`: their shared code",
 		[]string{"*"}},
@@ -79,3 +89,16 @@ var rules = map[string]rule{
 // testOnly are packages that only test files may import: a program or a
 // library that imported them would start test clusters.
 var testOnly = []string{"internal/testcluster", "internal/testlog", "internal/testwait", "internal/testmetrics", "internal/testtls", "cmd/internal/clitest"}
+
+// sdkForbidden lists the libraries the SDK packages (what an application
+// links to produce or consume) may not import: they log through log/slog
+// and report metrics through sdkmetrics' hooks, so an application picks its
+// own logging and metrics libraries (sdkmetrics/prom is the Prometheus
+// plugin, imported only by those who want it).
+var sdkForbidden = map[string][]string{
+	"producer":            {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
+	"consumer":            {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
+	"sdk":                 {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
+	"sdkmetrics":          {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
+	"internal/clientcore": {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/routing"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // ConsumeResult is the consume side of a run.
@@ -74,8 +75,8 @@ func (b *consumers) start(ctx context.Context, route routing.Route, start consum
 	b.hmu = make([]sync.Mutex, b.o.Consumers)
 	b.gate = make(chan struct{})
 	for i := range b.cs {
-		c, err := consumer.New(b.group, []string{b.o.Topic}, consumer.MetaAddrs(b.o.MetaAddrs...), consumer.StartFrom(start),
-			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), consumer.TLS(b.o.TLS), consumer.Token(b.o.Token))
+		c, err := consumer.New(b.group, []string{b.o.Topic}, sdk.MetaAddrs(b.o.MetaAddrs...), consumer.StartFrom(start),
+			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), sdk.TLS(b.o.TLS), sdk.Token(b.o.Token))
 		if err != nil {
 			return &ConfigError{err}
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/producer"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // Result is what a run measured; ferryctl bench --json prints it as is.
@@ -126,9 +127,9 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	producers := make([]*producer.Client, o.Producers)
 	for i := range producers {
 		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
-		opts := []producer.Opt{producer.MetaAddrs(o.MetaAddrs...), producer.Linger(o.Linger),
+		opts := []producer.Opt{sdk.MetaAddrs(o.MetaAddrs...), producer.Linger(o.Linger),
 			producer.MaxBuffered(max(o.Window, 1), 1<<30), producer.DeliveryTimeout(o.DeliveryTimeout),
-			producer.Idempotence(o.Idempotence), producer.TLS(o.TLS), producer.Token(o.Token)}
+			producer.Idempotence(o.Idempotence), sdk.TLS(o.TLS), sdk.Token(o.Token)}
 		if o.BatchBytes > 0 {
 			opts = append(opts, producer.MaxBatchBytes(o.BatchBytes))
 		}

@@ -5,6 +5,7 @@ package testlog
 import (
 	"bytes"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -25,15 +26,32 @@ func New(name string) hclog.Logger {
 // goroutines log.
 type Capture struct {
 	hclog.Logger
-	mu  sync.Mutex
-	buf bytes.Buffer
+	name  string
+	level hclog.Level
+	mu    sync.Mutex
+	buf   bytes.Buffer
 }
 
 // NewCapture returns a logger that keeps what it is told at level or above.
 func NewCapture(name string, level hclog.Level) *Capture {
-	c := &Capture{}
+	c := &Capture{name: name, level: level}
 	c.Logger = hclog.New(&hclog.LoggerOptions{Name: name, Output: (*captureWriter)(c), Level: level})
 	return c
+}
+
+// Slog returns a log/slog logger (an SDK's) whose lines the capture keeps
+// too, at the capture's level or above.
+func (c *Capture) Slog() *slog.Logger {
+	level := slog.LevelInfo
+	switch {
+	case c.level <= hclog.Debug:
+		level = slog.LevelDebug
+	case c.level == hclog.Warn:
+		level = slog.LevelWarn
+	case c.level >= hclog.Error:
+		level = slog.LevelError
+	}
+	return slog.New(slog.NewTextHandler((*captureWriter)(c), &slog.HandlerOptions{Level: level})).With("logger", c.name)
 }
 
 type captureWriter Capture

@@ -10,14 +10,16 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
-// ErrNoNode is returned when no metaserver node could be reached.
-var ErrNoNode = errors.New("metaserver client: no metaserver node reachable")
+// ErrNoNode is returned when no metaserver node could be reached. It is the
+// client core's error of that name, so that the SDKs tell it apart.
+var ErrNoNode = clientcore.ErrNoNode
 
 // Config configures a Client.
 type Config struct {
@@ -28,9 +30,9 @@ type Config struct {
 	CallTimeout time.Duration
 	// Transport tunes the connections.
 	Transport transport.ClientConfig
-	// Token, when set, is presented on every connection with AUTH (it sets
-	// Transport.Login to auth.TokenLogin): a servers' cluster token, an
-	// admin's, or a principal's that ferryctl acl add made.
+	// Token, when set, is presented on every connection (it sets
+	// Transport.Token): a servers' cluster token, an admin's, or a
+	// principal's that ferryctl acl add made.
 	Token string
 }
 
@@ -39,15 +41,14 @@ type Config struct {
 // NOT_LEADER answers; a node that cannot be reached is skipped. It is safe
 // for concurrent use.
 type Client struct {
-	cfg Config
+	cfg  Config
+	pool *clientcore.Pool // one connection per node
 
 	mu     sync.Mutex
-	conns  map[string]*transport.Client
 	leader string          // last known leader RPC address
 	good   string          // last node that answered a read
 	slow   map[string]bool // addresses that did not answer within their attempt: tried after the others
 	wrong  map[string]bool // addresses found not to be metaservers: tried last
-	closed bool
 }
 
 // New returns a client; it dials lazily.
@@ -64,35 +65,12 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Token != "" {
 		cfg.Transport.Login = auth.TokenLogin(cfg.Token)
 	}
-	return &Client{cfg: cfg, conns: map[string]*transport.Client{}, slow: map[string]bool{}, wrong: map[string]bool{}}, nil
+	return &Client{cfg: cfg, pool: clientcore.NewPool(clientcore.PoolConfig{Transport: cfg.Transport}),
+		slow: map[string]bool{}, wrong: map[string]bool{}}, nil
 }
 
 // Close closes every connection.
-func (c *Client) Close() error {
-	c.mu.Lock()
-	c.closed = true
-	conns := c.conns
-	c.conns = map[string]*transport.Client{}
-	c.mu.Unlock()
-	for _, tc := range conns {
-		_ = tc.Close()
-	}
-	return nil
-}
-
-func (c *Client) conn(addr string) (*transport.Client, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, transport.ErrClosed
-	}
-	tc := c.conns[addr]
-	if tc == nil {
-		tc = transport.NewClient(addr, c.cfg.Transport)
-		c.conns[addr] = tc
-	}
-	return tc, nil
-}
+func (c *Client) Close() error { return c.pool.Close() }
 
 // order returns the addresses to try, first the preferred one, then the
 // others, then those that last did not answer within their attempt (a
@@ -220,7 +198,7 @@ func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLe
 			if isWrong(addr) || silent[addr] {
 				continue
 			}
-			tc, err := c.conn(addr)
+			tc, err := c.pool.Get(addr)
 			if err != nil {
 				return nil, err
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // TestErrorsSayTheirCauseOnce: the errors an operator meets most, through
@@ -30,12 +31,12 @@ func TestErrorsSayTheirCauseOnce(t *testing.T) {
 	ctx := context.Background()
 	cl := m.Client(t)
 
-	p, err := producer.New(producer.MetaAddrs(m.Addrs()...), producer.DeliveryTimeout(10*time.Second))
+	p, err := producer.New(sdk.MetaAddrs(m.Addrs()...), producer.DeliveryTimeout(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	cons, err := consumer.New("billing", []string{"nope"}, consumer.MetaAddrs(m.Addrs()...))
+	cons, err := consumer.New("billing", []string{"nope"}, sdk.MetaAddrs(m.Addrs()...))
 	if err != nil {
 		t.Fatal(err)
 	}

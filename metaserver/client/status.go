@@ -21,7 +21,7 @@ func (c *Client) NodeStatus(ctx context.Context, addr string, timeout time.Durat
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tc, err := c.conn(addr)
+	tc, err := c.pool.Get(addr)
 	if err != nil {
 		return api.RaftStatus{}, err
 	}

@@ -48,6 +48,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 type options struct {
@@ -318,7 +319,7 @@ func sender(ctx context.Context, wg *sync.WaitGroup, p *producer.Client, rec *re
 func newProducer(o options) (*producer.Client, error) {
 	// The SDK's defaults (RequestTimeout 5 s, RoutePoll 300 ms, the default
 	// avoider), as an application would have them.
-	return producer.New(producer.MetaAddrs(o.meta...))
+	return producer.New(sdk.MetaAddrs(o.meta...))
 }
 
 // secs prints a duration as seconds with two decimals, or in milliseconds

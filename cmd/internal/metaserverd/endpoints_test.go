@@ -31,6 +31,8 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/producer"
+	"github.com/ferrymq/ferrymq/sdk"
+	"github.com/ferrymq/ferrymq/sdkmetrics/prom"
 )
 
 // syncBuffer is a server's stderr, read while it writes.
@@ -147,6 +149,7 @@ func value(f *dto.MetricFamily, labels map[string]string) (float64, bool) {
 type liveCluster struct {
 	meta, master, slave string // metrics addresses
 	producer            *producer.Client
+	producerMetrics     *prom.Metrics // the producer's metrics (sdkmetrics/prom)
 }
 
 const (
@@ -192,7 +195,8 @@ func startLive(t *testing.T) *liveCluster {
 	if _, err := cl.CreateTopic(ctx, api.CreateTopicRequest{Name: liveTopic, Queues: liveQueues, Groups: []string{liveGroup, liveGroup}}); err != nil {
 		t.Fatal(err)
 	}
-	if lc.producer, err = producer.New(producer.MetaAddrs(rpc)); err != nil {
+	lc.producerMetrics = prom.NewMetrics()
+	if lc.producer, err = producer.New(sdk.MetaAddrs(rpc), sdk.Metrics(lc.producerMetrics)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lc.producer.Close() })
@@ -369,9 +373,9 @@ func TestMetricsEndpoints(t *testing.T) {
 			}
 		}
 	}
-	// The producer SDK's collector, as an application registers it.
+	// The producer SDK's metrics, as an application registers them.
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(lc.producer.Collector())
+	reg.MustRegister(lc.producerMetrics)
 	for _, n := range lintFamilies(t, "producer", "ferrymq_producer_", testmetrics.Gather(t, reg)) {
 		exported[n] = true
 	}
