@@ -21,10 +21,10 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/testwait"
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/tlsconf"
 )
 
 // freeBase finds a base port whose span ports are all free on 127.0.0.1,

@@ -12,8 +12,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/tlsconf"
 )
 
 // tlsOptions are the global TLS flags: with any of them ferryctl speaks TLS

@@ -11,8 +11,8 @@ import (
 	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/loadgen"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
 	"github.com/ferrymq/ferrymq/metaserver"
+	"github.com/ferrymq/ferrymq/tlsconf"
 )
 
 // startTLSCluster makes certificates with `ferryctl certs` and starts a

@@ -23,7 +23,8 @@ var rules = map[string]rule{
 	"protocol": {0, "frame format, request and status codes, message and batch encoding, route and heartbeat bodies", nil},
 	"storage": {0, "segmented commit log, per-queue index, flush, recovery; knows bytes and offsets, not the network " +
 		"(`storage/vfs`: its file-system seam, with fault injection)", nil},
-	"internal/tlsconf":     {0, "TLS configs from cert/key/CA files; a throwaway CA and node certificates", nil},
+	// Public: applications build the SDKs' TLS config with it.
+	"tlsconf":              {0, "TLS configs from cert/key/CA files (public: `tlsconf.ClientConfig` for the SDKs); a throwaway CA and node certificates", nil},
 	"internal/lint":        {0, "these rules, as tests", nil},
 	"internal/testlog":     {0, "quiet loggers for tests, and a `Capture` whose lines tests read", nil},
 	"internal/testwait":    {0, "waits in tests for an observable event (`For`, `ForEvery`, `Until`)", nil},
@@ -38,7 +39,7 @@ var rules = map[string]rule{
 	"internal/transport": {1, "framed TCP: multiplexed client, server (handler per request code, worker pool), TLS, limits before trust",
 		[]string{"protocol"}},
 	"sdkmetrics/prom":  {1, "the SDKs' metric events exported to Prometheus", []string{"sdkmetrics"}},
-	"internal/testtls": {1, "TLS material for tests: a CA and certificates for 127.0.0.1", []string{"internal/tlsconf"}},
+	"internal/testtls": {1, "TLS material for tests: a CA and certificates for 127.0.0.1", []string{"tlsconf"}},
 
 	"metaserver/api": {2, "the control plane's request and reply bodies, shared by the metaserver and its client", []string{"protocol", "routing"}},
 	// The client core below the metaserver client, which keeps its

@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
+	"github.com/ferrymq/ferrymq/tlsconf"
 )
 
 // TLSFlags are the TLS flags every server has: -tls-cert and -tls-key, the

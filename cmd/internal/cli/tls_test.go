@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/ferrymq/ferrymq/internal/testtls"
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
+	"github.com/ferrymq/ferrymq/tlsconf"
 )
 
 // tlsMaterial makes a CA and two node certificates (a and b) in a temp dir.

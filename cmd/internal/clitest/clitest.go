@@ -15,7 +15,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
 	"github.com/ferrymq/ferrymq/internal/testtls"
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
+	"github.com/ferrymq/ferrymq/tlsconf"
 )
 
 // Run is a server program's Run (brokerd.Run, metaserverd.Run).
