@@ -239,9 +239,17 @@ type composeFile struct {
 		Expose     []string `yaml:"expose"`
 		Ports      []string `yaml:"ports"`
 		Volumes    []string `yaml:"volumes"`
+		Secrets    []string `yaml:"secrets"`
 	} `yaml:"services"`
 	Volumes map[string]any `yaml:"volumes"`
+	Secrets map[string]any `yaml:"secrets"`
 }
+
+// raftSecretFlag is the metaservers' own secret, which alone opens their
+// Raft port: every metaserver the files run has it, from a secret mounted
+// into the metaservers alone (a compose secret, a Kubernetes Secret, a
+// systemd credential).
+const raftSecretFlag = "raft-secret-file"
 
 // composeResult is what the compose file deploys, for the Dockerfile check.
 type composeResult struct {
@@ -280,6 +288,15 @@ func (s *servers) checkCompose(name string, data []byte) (composeResult, []strin
 		res.servers++
 		p, pr := s.checkCommand(commandLine{where: where, prog: prog, args: argv[1:]})
 		problems = append(problems, pr...)
+		secret, onSecret := strings.CutPrefix(p[raftSecretFlag], "/run/secrets/")
+		switch {
+		case prog == "ferry-metaserver" && p[raftSecretFlag] == "":
+			problems = append(problems, where+": no -"+raftSecretFlag)
+		case prog == "ferry-metaserver" && (!onSecret || !slices.Contains(svc.Secrets, secret) || !hasKey(f.Secrets, secret)):
+			problems = append(problems, fmt.Sprintf("%s: -%s %s is no compose secret of the service (%v)", where, raftSecretFlag, p[raftSecretFlag], svc.Secrets))
+		case prog != "ferry-metaserver" && len(svc.Secrets) > 0:
+			problems = append(problems, fmt.Sprintf("%s: a %s mounts the secrets %v (only metaservers hold the raft secret)", where, prog, svc.Secrets))
+		}
 		listen := p.listenPorts(prog)
 		for n := range listen {
 			res.listenPorts[n] = true
@@ -337,6 +354,9 @@ type k8sObject struct {
 					ConfigMap *struct {
 						Name string `yaml:"name"`
 					} `yaml:"configMap"`
+					Secret *struct {
+						SecretName string `yaml:"secretName"`
+					} `yaml:"secret"`
 				} `yaml:"volumes"`
 			} `yaml:"spec"`
 		} `yaml:"template"`
@@ -525,9 +545,13 @@ func (s *servers) checkK8s(files map[string][]byte) (k8sResult, []string) {
 			claims[c.Metadata.Name] = true
 		}
 		configMaps := map[string]string{} // volume name -> ConfigMap name
+		secrets := map[string]bool{}      // Secret volumes
 		for _, v := range sts.Spec.Template.Spec.Volumes {
 			if v.ConfigMap != nil {
 				configMaps[v.Name] = v.ConfigMap.Name
+			}
+			if v.Secret != nil {
+				secrets[v.Name] = true
 			}
 		}
 		for _, c := range sts.Spec.Template.Spec.Containers {
@@ -616,6 +640,18 @@ func (s *servers) checkK8s(files map[string][]byte) (k8sResult, []string) {
 				}
 				if !onClaim {
 					problems = append(problems, fmt.Sprintf("%s: -dir %s is on no volumeClaimTemplate", pwhere, p["dir"]))
+				}
+				onSecret := false
+				for _, m := range c.VolumeMounts {
+					onSecret = onSecret || secrets[m.Name] && p[raftSecretFlag] != "" && strings.HasPrefix(p[raftSecretFlag], strings.TrimSuffix(m.MountPath, "/")+"/")
+				}
+				switch {
+				case prog == "ferry-metaserver" && p[raftSecretFlag] == "":
+					problems = append(problems, pwhere+": no -"+raftSecretFlag)
+				case prog == "ferry-metaserver" && !onSecret:
+					problems = append(problems, fmt.Sprintf("%s: -%s %s is on no Secret volume", pwhere, raftSecretFlag, p[raftSecretFlag]))
+				case prog != "ferry-metaserver" && len(secrets) > 0:
+					problems = append(problems, fmt.Sprintf("%s: a %s pod has Secret volumes (only metaservers hold the raft secret)", pwhere, prog))
 				}
 				switch prog {
 				case "ferry-metaserver":
@@ -854,6 +890,7 @@ type hostUnit struct {
 	host, unit, instance string
 	argv                 []string
 	env                  map[string]string
+	loadCredentials      []string // NAME:PATH
 }
 
 // systemdSources are the unit files and the hosts folder, by path relative
@@ -909,6 +946,15 @@ func hostUnits(src systemdSources) ([]hostUnit, []string) {
 			}
 			svc := u["Service"]
 			env := map[string]string{"STATE_DIRECTORY": stateDirectory}
+			// LoadCredential=NAME:PATH gives the unit its own copy of PATH
+			// (root's alone) as $CREDENTIALS_DIRECTORY/NAME.
+			for _, lc := range svc["LoadCredential"] {
+				name, path, _ := strings.Cut(lc, ":")
+				env["CREDENTIALS_DIRECTORY"] = "/run/credentials/" + strings.Replace(r[0], "@", "@"+r[1], 1)
+				if name == "" || !strings.HasPrefix(path, "/etc/ferrymq/") {
+					problems = append(problems, fmt.Sprintf("%s: LoadCredential=%s: want NAME:/etc/ferrymq/FILE", where, lc))
+				}
+			}
 			for _, ef := range svc["EnvironmentFile"] {
 				optional := strings.HasPrefix(ef, "-")
 				ef = strings.ReplaceAll(strings.TrimPrefix(ef, "-"), "%i", r[1])
@@ -954,7 +1000,7 @@ func hostUnits(src systemdSources) ([]hostUnit, []string) {
 			if len(svc["LimitNOFILE"]) != 1 {
 				problems = append(problems, where+": wants a LimitNOFILE")
 			}
-			out = append(out, hostUnit{host: host, unit: r[0], instance: r[1], argv: argv, env: env})
+			out = append(out, hostUnit{host: host, unit: r[0], instance: r[1], argv: argv, env: env, loadCredentials: svc["LoadCredential"]})
 		}
 	}
 	return out, problems
@@ -985,6 +1031,9 @@ func (s *servers) checkSystemd(src systemdSources) []string {
 		}
 		switch prog {
 		case "ferry-metaserver":
+			if dir, name := filepath.Split(p[raftSecretFlag]); p[raftSecretFlag] == "" || dir != u.env["CREDENTIALS_DIRECTORY"]+"/" || !slices.ContainsFunc(u.loadCredentials, func(lc string) bool { return strings.HasPrefix(lc, name+":") }) {
+				problems = append(problems, fmt.Sprintf("%s: -%s %q is no credential of the unit (LoadCredential %v)", where, raftSecretFlag, p[raftSecretFlag], u.loadCredentials))
+			}
 			for _, item := range strings.Split(p["peers"], ",") {
 				id, addrs, _ := strings.Cut(item, "=")
 				raft, rpc, _ := strings.Cut(addrs, "/")
@@ -1309,6 +1358,27 @@ func TestChecksCatchMistakes(t *testing.T) {
 			_, p := s.checkCompose("compose.yaml", []byte(once(t, compose, `expose: ["7101", "7201", "7301"]`, `expose: ["7101", "7202", "7301"]`)))
 			return p
 		}, `exposes port "7202"`},
+		{"compose: a metaserver without its raft secret", func(t *testing.T) []string {
+			_, p := s.checkCompose("compose.yaml", []byte(once(t, compose, `"-metrics-addr", "0.0.0.0:7301", "-raft-secret-file", "/run/secrets/raft-secret"]`, `"-metrics-addr", "0.0.0.0:7301"]`)))
+			return p
+		}, "service m1: no -raft-secret-file"},
+		{"compose: a raft secret the service does not mount", func(t *testing.T) []string {
+			_, p := s.checkCompose("compose.yaml", []byte(once(t, compose, "    secrets: [raft-secret]\n", "")))
+			return p
+		}, "-raft-secret-file /run/secrets/raft-secret is no compose secret of the service"},
+		{"compose: a broker given the raft secret", func(t *testing.T) []string {
+			_, p := s.checkCompose("compose.yaml", []byte(once(t, compose, `volumes: ["g1-master-data:/var/lib/ferrymq"]`, `volumes: ["g1-master-data:/var/lib/ferrymq"]
+    secrets: [raft-secret]`)))
+			return p
+		}, "a ferry-broker mounts the secrets [raft-secret]"},
+		{"k8s: a metaserver's raft secret on no Secret volume", func(t *testing.T) []string {
+			_, p := s.checkK8s(withK8s("k8s/metaserver.yaml", once(t, meta, "- {name: raft-secret, mountPath: /etc/ferrymq/raft, readOnly: true}", "- {name: raft-secret, mountPath: /etc/ferrymq/secret, readOnly: true}")))
+			return p
+		}, "-raft-secret-file /etc/ferrymq/raft/raft.secret is on no Secret volume"},
+		{"systemd: a raft secret that is no credential of the unit", func(t *testing.T) []string {
+			ms := string(sd["systemd/ferry-metaserver.service"])
+			return s.checkSystemd(withSD("systemd/ferry-metaserver.service", once(t, ms, "LoadCredential=raft-secret:", "LoadCredential=raft:")))
+		}, "is no credential of the unit"},
 		{"k8s: a misspelt flag", func(t *testing.T) []string {
 			_, p := s.checkK8s(withK8s("k8s/broker-g1.yaml", once(t, broker, "- -ha-addr=", "- -ha-adr=")))
 			return p

@@ -136,23 +136,48 @@ type Config struct {
 	// authorization on: every RPC connection must authenticate (AUTH with
 	// a token, or a TLS client certificate naming a principal) and every
 	// request is checked against the permission table (ACL); the node
-	// presents it to the other nodes (forwards, route questions). Raft's
-	// port, too, then serves only nodes that prove they hold it: each
-	// connection opens with a challenge and response keyed with a key
-	// derived from it (raftsecret.go), inside TLS when TLS is on. "":
-	// authorization off, every peer may do anything, and without TLS raft
-	// is plaintext to anyone who reaches its port.
+	// presents it to the other nodes (forwards, route questions). Every
+	// broker holds it too, so it opens nothing on raft's port (RaftSecret
+	// does). "": authorization off, every peer may do anything.
 	ClusterToken string `json:"-"`
+
+	// RaftSecret is the metaservers' own secret, which no broker or client
+	// holds (-raft-secret-file): raft's port serves only nodes that prove
+	// they hold it, each connection opening with a challenge and response
+	// keyed with a key derived from it (raftsecret.go), inside TLS when
+	// TLS is on. Required when ClusterToken or TLS is set; a token's
+	// rules (auth.ValidateToken), and not the cluster's or the admin's
+	// token. "" with neither: raft is plaintext to anyone who reaches its
+	// port.
+	RaftSecret string `json:"-"`
+	// RaftAcceptClusterKey is the move of a running cluster from the key
+	// the cluster token once gave raft to RaftSecret's (docs/security.md):
+	// the node also accepts peers that prove the cluster token's key, and
+	// dials a peer that refuses RaftSecret's key again with it. It needs
+	// RaftSecret and ClusterToken. While it is on, a broker's token still
+	// opens raft's port on this node: turn it off once every metaserver
+	// holds RaftSecret.
+	RaftAcceptClusterKey bool
 
 	// The raft port's limits before trust (raftlayer.go); zero: 5 s and 64.
 	// Tests shorten them.
 	raftHandshakeTimeout time.Duration
 	raftMaxHandshakes    int
+	// raftClusterKeyOnly keys raft's handshake with the cluster token's
+	// key alone, as metaservers did before the raft secret: tests of the
+	// move to it play such nodes.
+	raftClusterKeyOnly bool
 }
 
 // AuthEnabled reports whether the node checks credentials and permissions
 // (ClusterToken is set).
 func (c Config) AuthEnabled() bool { return c.ClusterToken != "" }
+
+// SecurityOn reports whether authorization or TLS is on: raft's port then
+// needs RaftSecret.
+func (c Config) SecurityOn() bool {
+	return c.ClusterToken != "" || c.TLSServer != nil || c.TLSClient != nil
+}
 
 // AdmitMode is Config.AdmitGroups.
 type AdmitMode string
@@ -281,9 +306,24 @@ func (c Config) Validate() error {
 		} else if h := auth.HashToken(c.ClusterToken); !c.Auth.Cluster.IsZero() && c.Auth.Cluster != h {
 			bad("Auth.Cluster is not ClusterToken's hash")
 		}
-		if len(c.ID) > raftMaxIDLen {
-			bad("ID is %d bytes; with a cluster token raft's handshake carries it, which allows at most %d", len(c.ID), raftMaxIDLen)
+	}
+	switch {
+	case c.RaftSecret != "":
+		if err := auth.ValidateToken(c.RaftSecret); err != nil {
+			bad("RaftSecret (-raft-secret-file): %v", err)
+		} else if h := auth.HashToken(c.RaftSecret); c.RaftSecret == c.ClusterToken || h == c.Auth.Cluster {
+			bad("RaftSecret (-raft-secret-file) is the cluster token, which every broker holds: give the metaservers a secret of their own")
+		} else if h == c.Auth.Admin {
+			bad("RaftSecret (-raft-secret-file) is the bootstrap admin's token: give the metaservers a secret of their own")
 		}
+		if len(c.ID) > raftMaxIDLen {
+			bad("ID is %d bytes; with a raft secret raft's handshake carries it, which allows at most %d", len(c.ID), raftMaxIDLen)
+		}
+	case c.SecurityOn():
+		bad("RaftSecret (-raft-secret-file) is required with authorization or TLS on: raft's port opens only to the metaservers' own secret, since brokers hold the cluster token and certificates of the same CA")
+	}
+	if c.RaftAcceptClusterKey && (c.RaftSecret == "" || c.ClusterToken == "") {
+		bad("RaftAcceptClusterKey (-raft-accept-cluster-key) is the move from the cluster token's raft key to RaftSecret's: it needs both RaftSecret and ClusterToken")
 	}
 	if c.Dir == "" {
 		bad("Dir is required")

@@ -12,20 +12,24 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-// Raft's port trusts no one it has not authenticated. With
-// Config.TLSServer and TLSClient, raft's stream layer speaks mutual TLS: a
-// node accepts a raft connection only once its TLS handshake verified the
-// peer's certificate against TLSServer.ClientCAs, and dials its peers with
-// TLSClient, presenting its own certificate. With Config.ClusterToken
-// (authorization on), every raft connection first passes the cluster-key
-// handshake of raftsecret.go, which proves on both ends that the other holds
-// a key derived from the cluster token; with TLS as well, it runs inside
-// the TLS connection, so a certificate of the cluster's CA (which also signs
-// clients' certificates) is not enough to speak raft. Neither: plaintext
-// raft, as hashicorp's TCP transport (the port must then be firewalled).
+// Raft's port trusts no one it has not authenticated, and it authenticates
+// metaservers only: what brokers and clients hold (the cluster token, a
+// certificate of the cluster's CA) opens nothing on it. With
+// Config.RaftSecret (required when authorization or TLS is on), every raft
+// connection first passes the raft-secret handshake of raftsecret.go,
+// which proves on both ends that the other holds a key derived from the
+// metaservers' own secret. With Config.TLSServer and TLSClient as well,
+// raft's stream layer speaks mutual TLS and the handshake runs inside it:
+// a node accepts a raft connection only once its TLS handshake verified
+// the peer's certificate against TLSServer.ClientCAs and the peer proved
+// the secret, and dials its peers with TLSClient, presenting its own
+// certificate (the CA also signs brokers' and clients' certificates, so
+// the certificate alone proves nothing of a metaserver). Neither:
+// plaintext raft, as hashicorp's TCP transport (the port must then be
+// firewalled).
 //
 // A stranger (no certificate, one from another CA, an expired one,
-// plaintext, a wrong or no cluster key) never reaches raft's decoder: its
+// plaintext, a wrong or no secret) never reaches raft's decoder: its
 // connection is closed after a failed handshake, within
 // raftFirstBytesTimeout if it sends nothing and raftHandshakeTimeout in
 // all, and at most raftMaxHandshakes handshakes run at once (a connection
@@ -36,10 +40,10 @@ import (
 
 const (
 	// raftHandshakeTimeout bounds a raft connection's handshakes (TLS and
-	// the cluster key's together).
+	// the raft secret's together).
 	raftHandshakeTimeout = 5 * time.Second
 	// raftFirstBytesTimeout bounds the wait for the peer's first bytes (its
-	// TLS ClientHello, or its answer to the cluster key's challenge): a
+	// TLS ClientHello, or its answer to the raft secret's challenge): a
 	// member sends them within a round trip.
 	raftFirstBytesTimeout = 500 * time.Millisecond
 	// raftMaxHandshakes caps the raft handshakes in progress at once; one
@@ -57,10 +61,11 @@ type dialFunc func(addr string, timeout time.Duration) (net.Conn, error)
 type handshakeFunc func(raw net.Conn) (net.Conn, error)
 
 // newRaftStream binds raft's stream layer on cfg.RaftAddr: over TLS when
-// the config has TLS, behind the cluster-key handshake when it has a
-// cluster token, plaintext with neither.
+// the config has TLS, behind the raft-secret handshake when it has a raft
+// secret, plaintext with neither (Validate allows that only with TLS and
+// authorization off).
 func newRaftStream(cfg Config, log hclog.Logger) (*streamLayer, error) {
-	if cfg.TLSServer == nil && cfg.ClusterToken == "" {
+	if cfg.TLSServer == nil && cfg.RaftSecret == "" {
 		return newStreamLayer(cfg.RaftAddr)
 	}
 	var serve handshakeFunc
@@ -69,12 +74,21 @@ func newRaftStream(cfg Config, log hclog.Logger) (*streamLayer, error) {
 	if cfg.TLSServer != nil {
 		serve, dial = tlsServe(raftServerTLS(cfg.TLSServer)), tlsDialer(cfg.TLSClient)
 	}
-	if cfg.ClusterToken != "" {
-		key := raftKey(cfg.ClusterToken)
-		serve, dial = secretServe(serve, key, cfg.ID), secretDialer(dial, key)
-		what = "cluster-key"
+	if cfg.RaftSecret != "" {
+		keys := raftKeys{raftSecretKey(cfg.RaftSecret)}
+		var oldKey func(string)
+		switch {
+		case cfg.raftClusterKeyOnly:
+			keys = raftKeys{clusterTokenKey(cfg.ClusterToken)}
+		case cfg.RaftAcceptClusterKey:
+			keys = append(keys, clusterTokenKey(cfg.ClusterToken))
+			oldKey = oldKeyWarner(log)
+			log.Warn("raft: also accepting peers by the cluster token's key (-raft-accept-cluster-key): a broker's token opens this node's raft port until every metaserver has -raft-secret-file and this flag is gone")
+		}
+		serve, dial = secretServe(serve, keys, cfg.ID, oldKey), secretDialer(dial, keys)
+		what = "raft-secret"
 		if cfg.TLSServer != nil {
-			what = "tls and cluster-key"
+			what = "tls and raft-secret"
 		}
 	}
 	timeout, max := cfg.raftHandshakeTimeout, cfg.raftMaxHandshakes
@@ -90,6 +104,20 @@ func newRaftStream(cfg Config, log hclog.Logger) (*streamLayer, error) {
 	}
 	hl := newHandshakeListener(ln, what, serve, timeout, raftFirstBytesTimeout, max, log)
 	return &streamLayer{ln: hl, conns: map[*trackedConn]struct{}{}, dial: dial}, nil
+}
+
+// oldKeyWarner logs, at most once a minute, a peer that proved the
+// cluster token's key rather than the raft secret's: a metaserver not yet
+// moved to -raft-secret-file (or anyone holding the cluster token).
+func oldKeyWarner(log hclog.Logger) func(remote string) {
+	var last atomic.Int64
+	return func(remote string) {
+		now := time.Now().UnixNano()
+		if prev := last.Load(); now-prev < int64(time.Minute) || !last.CompareAndSwap(prev, now) {
+			return
+		}
+		log.Warn("raft: a peer proved the cluster token's key, not the raft secret's (-raft-accept-cluster-key is on)", "remote", remote)
+	}
 }
 
 func plainDial(addr string, timeout time.Duration) (net.Conn, error) {
@@ -156,7 +184,7 @@ type tlsConn struct {
 func (c *tlsConn) Close() error { return c.raw.Close() }
 
 // handshakeListener accepts TCP connections and hands out only those whose
-// handshake (TLS, the cluster key's, or both: a handshakeFunc) completed
+// handshake (TLS, the raft secret's, or both: a handshakeFunc) completed
 // within timeout, the peer's first bytes within firstBytes of the accept.
 // Handshakes run on their own goroutines, at most max at once: a
 // connection accepted with max in their handshake evicts (closes) the
@@ -280,7 +308,7 @@ func (l *handshakeListener) serve(raw net.Conn) {
 }
 
 // firstBytesConn is a socket in its handshake whose read deadline, short
-// until the peer's first bytes (a TLS ClientHello, the cluster key's
+// until the peer's first bytes (a TLS ClientHello, the raft secret's
 // answer), becomes the handshake's once they arrive. Reads of one
 // connection do not run at once (TLS serializes them; raft reads from one
 // goroutine).

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/internal/testtls"
 	"github.com/ferrymq/ferrymq/internal/testwait"
@@ -28,12 +29,15 @@ func nodeTLS(t *testing.T, ca *tlsconf.CA, name, dir string) tlsPair {
 	return tlsPair{testtls.ServerConfig(t, f), testtls.ClientConfig(t, f)}
 }
 
+// testRaftSecret is the raft secret of the tests' nodes over TLS.
+var testRaftSecret = auth.NewToken()
+
 func tlsNodeConfig(t *testing.T, id string, p tlsPair) Config {
 	return Config{
 		ID: id, Dir: filepath.Join(t.TempDir(), id), RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
 		RaftHeartbeatTimeout: 150 * time.Millisecond, RaftElectionTimeout: 150 * time.Millisecond,
 		RaftLeaderLeaseTimeout: 150 * time.Millisecond,
-		Logger:                 testlog.New(id), TLSServer: p.server, TLSClient: p.client,
+		Logger:                 testlog.New(id), TLSServer: p.server, TLSClient: p.client, RaftSecret: testRaftSecret,
 	}
 }
 
@@ -87,9 +91,10 @@ func dialer(t *testing.T, cfg *tls.Config) *raft.NetworkTransport {
 }
 
 // A raft peer whose certificate comes from another CA, or that has none,
-// or that speaks plaintext, gets nothing from a node's raft port: its vote
+// or that speaks plaintext, or that has a certificate of the cluster's CA
+// but not the raft secret, gets nothing from a node's raft port: its vote
 // requests and appends fail, and the node counts the failed handshakes. A
-// peer with a certificate of the cluster's CA is answered.
+// peer with a certificate of the cluster's CA and the secret is answered.
 func TestRaftOverTLSRefusesStrangers(t *testing.T) {
 	dir, other := t.TempDir(), t.TempDir()
 	ca := testtls.CA(t, dir)
@@ -129,7 +134,7 @@ func TestRaftOverTLSRefusesStrangers(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		cfg  *tls.Config
-	}{{"another CA", stranger}, {"no certificate", noCert}, {"plaintext", nil}} {
+	}{{"another CA", stranger}, {"no certificate", noCert}, {"plaintext", nil}, {"the cluster's CA without the raft secret", good}} {
 		before := tl.failed.Load()
 		tr := dialer(t, c.cfg)
 		if err := vote(tr); err == nil {
@@ -143,10 +148,10 @@ func TestRaftOverTLSRefusesStrangers(t *testing.T) {
 	if !s.IsLeader() {
 		t.Fatal("m1 lost its leadership to a stranger's vote request")
 	}
-	// The control: a peer of the cluster's CA is answered (m1 refuses its
-	// vote, being the leader, but it answers).
-	if err := vote(dialer(t, good)); err != nil {
-		t.Fatalf("a peer with a certificate of the cluster's CA: %v", err)
+	// The control: a peer of the cluster's CA with the secret is answered
+	// (m1 refuses its vote, being the leader, but it answers).
+	if err := vote(dialerWith(t, secretDialer(tlsDialer(good), raftKeys{raftSecretKey(testRaftSecret)}))); err != nil {
+		t.Fatalf("a peer with a certificate of the cluster's CA and the raft secret: %v", err)
 	}
 }
 

@@ -2,11 +2,14 @@ package metaserver
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,14 +22,21 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/internal/testtls"
 	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/metaserver/fsm"
 )
 
-func keyNodeConfig(t *testing.T, id, token string) Config {
+// testClusterToken is the cluster token of the tests' nodes with a raft
+// secret: the brokers' token, which opens nothing on raft's port.
+var testClusterToken = auth.NewToken()
+
+// keyNodeConfig is a node with authorization on (testClusterToken) and the
+// raft secret secret.
+func keyNodeConfig(t *testing.T, id, secret string) Config {
 	return Config{
 		ID: id, Dir: filepath.Join(t.TempDir(), id), RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
 		RaftHeartbeatTimeout: 150 * time.Millisecond, RaftElectionTimeout: 150 * time.Millisecond,
 		RaftLeaderLeaseTimeout: 150 * time.Millisecond,
-		Logger:                 testlog.New(id), ClusterToken: token,
+		Logger:                 testlog.New(id), ClusterToken: testClusterToken, RaftSecret: secret,
 	}
 }
 
@@ -71,12 +81,12 @@ func leaderOf(nodes ...*Server) *Server {
 	return nil
 }
 
-// A 3-node cluster with a cluster token elects a leader and replicates what
-// it applies over raft connections that passed the cluster-key handshake;
+// A 3-node cluster with a raft secret elects a leader and replicates what
+// it applies over raft connections that passed the raft-secret handshake;
 // no handshake between its members fails.
-func TestRaftClusterKey(t *testing.T) {
-	tok := auth.NewToken()
-	nodes := startNodes(t, keyNodeConfig(t, "m1", tok), keyNodeConfig(t, "m2", tok), keyNodeConfig(t, "m3", tok))
+func TestRaftSecret(t *testing.T) {
+	secret := auth.NewToken()
+	nodes := startNodes(t, keyNodeConfig(t, "m1", secret), keyNodeConfig(t, "m2", secret), keyNodeConfig(t, "m3", secret))
 	testwait.For(t, 20*time.Second, "a leader", func() bool { return leaderOf(nodes...) != nil })
 	testwait.For(t, 20*time.Second, "every node to apply the members' addresses", func() bool {
 		for _, s := range nodes {
@@ -93,13 +103,14 @@ func TestRaftClusterKey(t *testing.T) {
 	}
 }
 
-// A node whose cluster token differs, though it is in the bootstrap list,
-// cannot join: the two nodes that share the token elect a leader and keep
-// it, the odd node never learns a leader nor applies anything, and both
-// sides count the other's failed handshakes.
-func TestRaftClusterKeyWrongKeyCannotJoin(t *testing.T) {
-	tok, other := auth.NewToken(), auth.NewToken()
-	nodes := startNodes(t, keyNodeConfig(t, "m1", tok), keyNodeConfig(t, "m2", tok), keyNodeConfig(t, "m3", other))
+// A node whose raft secret differs, though it is in the bootstrap list and
+// holds the same cluster token, cannot join: the two nodes that share the
+// secret elect a leader and keep it, the odd node never learns a leader
+// nor applies anything, and both sides count the other's failed
+// handshakes.
+func TestRaftSecretWrongSecretCannotJoin(t *testing.T) {
+	secret, other := auth.NewToken(), auth.NewToken()
+	nodes := startNodes(t, keyNodeConfig(t, "m1", secret), keyNodeConfig(t, "m2", secret), keyNodeConfig(t, "m3", other))
 	good, odd := nodes[:2], nodes[2]
 	testwait.For(t, 20*time.Second, "m1 or m2 to lead", func() bool { return leaderOf(good...) != nil })
 	testwait.For(t, 20*time.Second, "m1 and m2 to apply the members' addresses", func() bool {
@@ -133,10 +144,10 @@ func TestRaftClusterKeyWrongKeyCannotJoin(t *testing.T) {
 		t.Fatalf("the leader's term moved from %d to %d while m3 campaigned", term, st.Term)
 	}
 	if st := odd.raftStatus(); st.LeaderID != "" || st.State == raft.Leader.String() {
-		t.Fatalf("m3, with another token, %s, leader %q", st.State, st.LeaderID)
+		t.Fatalf("m3, with another secret, %s, leader %q", st.State, st.LeaderID)
 	}
 	if m := odd.FSM().Members(); len(m) != 0 {
-		t.Fatalf("m3, with another token, applied the members %v", m)
+		t.Fatalf("m3, with another secret, applied the members %v", m)
 	}
 }
 
@@ -180,15 +191,17 @@ func strangerVote() *raft.RequestVoteRequest {
 	}
 }
 
-// A stranger on the raft port of a node with a cluster token gets nothing
+// A stranger on the raft port of a node with a raft secret gets nothing
 // but the challenge: raft's own vote requests and appends from a peer
-// without the key fail, a raw connection that sends a vote request reads
-// the challenge and then the end of the connection, and the node counts
-// them and keeps its leadership. A peer holding the key (the control) is
-// answered.
-func TestRaftClusterKeyRefusesStrangers(t *testing.T) {
-	tok := auth.NewToken()
-	s := startNodes(t, keyNodeConfig(t, "m1", tok))[0]
+// without the secret fail, whatever it holds of what brokers and clients
+// hold (the cluster token, as the key it once gave raft or as a secret;
+// the secret's hash), and a raw connection that sends a vote request
+// reads the challenge and then the end of the connection; the node counts
+// them and keeps its leadership. A peer holding the secret (the control)
+// is answered.
+func TestRaftSecretRefusesStrangers(t *testing.T) {
+	secret := auth.NewToken()
+	s := startNodes(t, keyNodeConfig(t, "m1", secret))[0]
 	testwait.For(t, 20*time.Second, "m1 to lead", s.IsLeader)
 	hl := raftListener(t, s)
 	target := raft.ServerAddress(s.RaftAddr())
@@ -206,17 +219,27 @@ func TestRaftClusterKeyRefusesStrangers(t *testing.T) {
 	if err := plain.AppendEntries("m1", target, &raft.AppendEntriesRequest{RPCHeader: strangerVote().RPCHeader, Term: 1 << 40}, &resp); err == nil {
 		t.Fatal("a plaintext append was answered")
 	}
-	wrong := dialerWith(t, secretDialer(plainDial, raftKey(auth.NewToken())))
-	if err := vote(wrong); err == nil || !strings.Contains(err.Error(), "refused this node's cluster key") {
-		t.Fatalf("a vote request with another cluster's key: %v, want an error saying the key was refused", err)
+	hash := auth.HashToken(secret)
+	for _, k := range []struct {
+		name string
+		key  []byte
+	}{
+		{"another secret", raftSecretKey(auth.NewToken())},
+		// What a broker holds: the cluster token, as the key it gave raft
+		// before the raft secret, or taken for the secret.
+		{"the cluster token's key", clusterTokenKey(testClusterToken)},
+		{"the cluster token as the secret", raftSecretKey(testClusterToken)},
+		{"the secret's hash", hash[:]},
+	} {
+		tr := dialerWith(t, secretDialer(plainDial, raftKeys{k.key}))
+		if err := vote(tr); err == nil || !strings.Contains(err.Error(), "refused this node's raft key") {
+			t.Fatalf("a vote request keyed with %s: %v, want an error saying the key was refused", k.name, err)
+		}
+		if err := tr.AppendEntries("m1", target, &raft.AppendEntriesRequest{RPCHeader: strangerVote().RPCHeader, Term: 1 << 40}, &resp); err == nil {
+			t.Fatalf("an append keyed with %s was answered", k.name)
+		}
 	}
-	// The token's hash, which brokers learn, is not the key.
-	hash := auth.HashToken(tok)
-	byHash := dialerWith(t, secretDialer(plainDial, hash[:]))
-	if err := vote(byHash); err == nil {
-		t.Fatal("a vote request keyed with the cluster token's hash was answered")
-	}
-	testwait.For(t, 10*time.Second, "m1 to count the failed handshakes", func() bool { return hl.failed.Load() >= before+4 })
+	testwait.For(t, 10*time.Second, "m1 to count the failed handshakes", func() bool { return hl.failed.Load() >= before+10 })
 
 	frame := voteFrame(t)
 	c, err := net.Dial("tcp", s.RaftAddr())
@@ -240,23 +263,23 @@ func TestRaftClusterKeyRefusesStrangers(t *testing.T) {
 		t.Fatal("m1 lost its leadership to a stranger")
 	}
 
-	// The control: with the key, m1 answers (it refuses the vote, being
+	// The control: with the secret, m1 answers (it refuses the vote, being
 	// the leader, but it answers).
-	member := dialerWith(t, secretDialer(plainDial, raftKey(tok)))
+	member := dialerWith(t, secretDialer(plainDial, raftKeys{raftSecretKey(secret)}))
 	if err := vote(member); err != nil {
-		t.Fatalf("a peer holding the cluster key: %v", err)
+		t.Fatalf("a peer holding the raft secret: %v", err)
 	}
 }
 
-// With TLS and a cluster token both, a certificate of the cluster's CA is
-// not enough: the cluster-key handshake runs inside TLS. A peer with both
-// is answered.
-func TestRaftOverTLSWithClusterKey(t *testing.T) {
+// With TLS, a certificate of the cluster's CA is not enough: a broker's or
+// a client's certificate, with or without the cluster token's key, gets
+// nothing, since the raft-secret handshake runs inside TLS. A peer with a
+// certificate and the secret is answered.
+func TestRaftOverTLSWithRaftSecret(t *testing.T) {
 	dir := t.TempDir()
 	ca := testtls.CA(t, dir)
-	tok := auth.NewToken()
 	cfg := tlsNodeConfig(t, "m1", nodeTLS(t, ca, "m1", dir))
-	cfg.ClusterToken = tok
+	cfg.ClusterToken = testClusterToken
 	s := startNodes(t, cfg)[0]
 	testwait.For(t, 20*time.Second, "m1 to lead", s.IsLeader)
 	hl := raftListener(t, s)
@@ -265,16 +288,27 @@ func TestRaftOverTLSWithClusterKey(t *testing.T) {
 		var resp raft.RequestVoteResponse
 		return tr.RequestVote("m1", target, strangerVote(), &resp)
 	}
-	client := nodeTLS(t, ca, "producer", dir).client // a client's certificate, say
-	before := hl.failed.Load()
-	if err := vote(dialer(t, client)); err == nil {
-		t.Fatal("a vote request over TLS without the cluster key was answered")
+	broker := nodeTLS(t, ca, "g1-master", dir).client
+	client := nodeTLS(t, ca, "ctl", dir).client
+	for _, c := range []struct {
+		name string
+		tr   *raft.NetworkTransport
+	}{
+		{"a broker's certificate", dialer(t, broker)},
+		{"a client's certificate", dialer(t, client)},
+		{"a broker's certificate and the cluster token's key", dialerWith(t, secretDialer(tlsDialer(broker), raftKeys{clusterTokenKey(testClusterToken)}))},
+		{"a client's certificate and the cluster token's key", dialerWith(t, secretDialer(tlsDialer(client), raftKeys{clusterTokenKey(testClusterToken)}))},
+	} {
+		before := hl.failed.Load()
+		if err := vote(c.tr); err == nil {
+			t.Fatalf("a vote request over TLS with %s was answered", c.name)
+		}
+		testwait.For(t, 10*time.Second, c.name+": m1 to count the failed handshake", func() bool { return hl.failed.Load() > before })
 	}
-	testwait.For(t, 10*time.Second, "m1 to count the failed handshake", func() bool { return hl.failed.Load() > before })
 
-	member := dialerWith(t, secretDialer(tlsDialer(client), raftKey(tok)))
+	member := dialerWith(t, secretDialer(tlsDialer(nodeTLS(t, ca, "m2", dir).client), raftKeys{raftSecretKey(testRaftSecret)}))
 	if err := vote(member); err != nil {
-		t.Fatalf("a peer with a certificate and the cluster key: %v", err)
+		t.Fatalf("a peer with a certificate and the raft secret: %v", err)
 	}
 }
 
@@ -459,9 +493,9 @@ func floodRaft(t *testing.T, addrs []string, idlers, newPerSec int) {
 // new dials (the test breaks those the first election left), elect a
 // leader.
 func TestRaftElectsThroughHandshakeFlood(t *testing.T) {
-	t.Run("cluster-key", func(t *testing.T) {
-		tok := auth.NewToken()
-		electsThroughFlood(t, keyNodeConfig(t, "m1", tok), keyNodeConfig(t, "m2", tok), keyNodeConfig(t, "m3", tok))
+	t.Run("raft-secret", func(t *testing.T) {
+		secret := auth.NewToken()
+		electsThroughFlood(t, keyNodeConfig(t, "m1", secret), keyNodeConfig(t, "m2", secret), keyNodeConfig(t, "m3", secret))
 	})
 	t.Run("tls", func(t *testing.T) {
 		dir := t.TempDir()
@@ -528,15 +562,149 @@ func electsThroughFlood(t *testing.T, cfgs ...Config) {
 }
 
 // An ID too long for the handshake's one length byte is refused with a
-// cluster token (and allowed without).
-func TestRaftClusterKeyIDLength(t *testing.T) {
+// raft secret (and allowed without).
+func TestRaftSecretIDLength(t *testing.T) {
 	long := strings.Repeat("m", raftMaxIDLen+1)
 	cfg := keyNodeConfig(t, long, auth.NewToken())
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "at most 255") {
-		t.Fatalf("Validate with a %d-byte ID and a cluster token: %v", len(long), err)
+		t.Fatalf("Validate with a %d-byte ID and a raft secret: %v", len(long), err)
 	}
-	cfg.ClusterToken = ""
+	cfg.ClusterToken, cfg.RaftSecret = "", ""
 	if err := cfg.Validate(); err != nil {
-		t.Fatalf("Validate with a %d-byte ID and no token: %v", len(long), err)
+		t.Fatalf("Validate with a %d-byte ID and no secret: %v", len(long), err)
+	}
+}
+
+// Raft's port needs the metaservers' own secret whenever authorization or
+// TLS is on, in token clusters and TLS-only clusters alike, and the secret
+// must be a secret of its own: a token's strength, neither the cluster's
+// token (every broker holds it) nor the bootstrap admin's.
+func TestRaftSecretValidate(t *testing.T) {
+	p := nodeTLS(t, testtls.CA(t, t.TempDir()), "m1", t.TempDir())
+	admin := auth.NewToken()
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string // "": valid
+	}{
+		{"dev mode needs none", func(*Config) {}, ""},
+		{"a secret alone", func(c *Config) { c.RaftSecret = auth.NewToken() }, ""},
+		{"a token cluster with a secret", func(c *Config) { c.ClusterToken, c.RaftSecret = testClusterToken, auth.NewToken() }, ""},
+		{"a TLS-only cluster with a secret", func(c *Config) { c.TLSServer, c.TLSClient, c.RaftSecret = p.server, p.client, auth.NewToken() }, ""},
+		{"a token cluster without a secret", func(c *Config) { c.ClusterToken = testClusterToken }, "RaftSecret (-raft-secret-file) is required with authorization or TLS on"},
+		{"a TLS-only cluster without a secret", func(c *Config) { c.TLSServer, c.TLSClient = p.server, p.client }, "RaftSecret (-raft-secret-file) is required with authorization or TLS on"},
+		{"a short secret", func(c *Config) { c.ClusterToken, c.RaftSecret = testClusterToken, "raft" }, "RaftSecret (-raft-secret-file): a token must be 32 to 512 characters"},
+		{"the cluster token as the secret", func(c *Config) { c.ClusterToken, c.RaftSecret = testClusterToken, testClusterToken }, "is the cluster token, which every broker holds"},
+		{"the admin's token as the secret", func(c *Config) {
+			c.ClusterToken, c.Auth.Admin, c.RaftSecret = testClusterToken, auth.HashToken(admin), admin
+		}, "is the bootstrap admin's token"},
+		{"the move without a cluster token", func(c *Config) { c.RaftSecret, c.RaftAcceptClusterKey = auth.NewToken(), true }, "needs both RaftSecret and ClusterToken"},
+		{"the move without a secret", func(c *Config) { c.ClusterToken, c.RaftAcceptClusterKey = testClusterToken, true }, "needs both RaftSecret and ClusterToken"},
+		{"the move", func(c *Config) {
+			c.ClusterToken, c.RaftSecret, c.RaftAcceptClusterKey = testClusterToken, auth.NewToken(), true
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Config{ID: "m1", Dir: "/tmp/m1", RaftAddr: "127.0.0.1:7201", RPCAddr: "127.0.0.1:7101"}
+			tc.edit(&c)
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Validate said %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// The move of a running token cluster from the key the cluster token gave
+// raft to the raft secret, as docs/security.md tells it: one node at a
+// time, each restarts with the secret and RaftAcceptClusterKey, then each
+// again with the secret alone. After every restart the restarted node
+// follows the leader and applies what the leader commits, so the cluster
+// keeps its quorum throughout; at the end the cluster token's key opens no
+// node's raft port. Without RaftAcceptClusterKey, the first node restarted
+// with the secret cannot rejoin the nodes still keyed by the cluster
+// token: the move needs the flag.
+func TestRaftSecretRollingMove(t *testing.T) {
+	secret := auth.NewToken()
+	var cfgs []Config
+	for _, id := range []string{"m1", "m2", "m3"} {
+		cfg := keyNodeConfig(t, id, secret)
+		cfg.raftClusterKeyOnly = true // the nodes before the raft secret
+		cfgs = append(cfgs, cfg)
+	}
+	nodes := startNodes(t, cfgs...)
+	for i, s := range nodes {
+		cfgs[i].RaftAddr, cfgs[i].RPCAddr = s.RaftAddr(), s.RPCAddr()
+	}
+	restart := func(i int, edit func(*Config)) {
+		t.Helper()
+		if err := nodes[i].Close(); err != nil {
+			t.Fatal(err)
+		}
+		cfg := cfgs[i]
+		edit(&cfg)
+		s, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		if err := s.Start(nil); err != nil { // it resumes from its raft state
+			t.Fatal(err)
+		}
+		nodes[i], cfgs[i] = s, cfg
+	}
+	applied := 0
+	whole := func(step string) {
+		t.Helper()
+		testwait.For(t, 30*time.Second, step+": a leader that commits an entry", func() bool {
+			l := leaderOf(nodes...)
+			if l == nil {
+				return false
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_, err := l.apply(ctx, &fsm.SetPrincipal{Name: fmt.Sprintf("p%d", applied), Permissions: []string{"describe"}})
+			return err == nil
+		})
+		name := fmt.Sprintf("p%d", applied)
+		applied++
+		testwait.For(t, 30*time.Second, step+": every node to follow the leader and apply "+name, func() bool {
+			for _, s := range nodes {
+				has := slices.ContainsFunc(s.FSM().Principals(), func(p fsm.PrincipalRecord) bool { return p.Name == name })
+				if !has || s.raftStatus().LeaderID == "" {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	whole("before the move")
+
+	// Without the flag: m1 with the secret alone is refused by m2 and m3,
+	// and refuses them.
+	restart(0, func(c *Config) { c.raftClusterKeyOnly = false })
+	hl := raftListener(t, nodes[0])
+	testwait.For(t, 30*time.Second, "m1, with the secret alone, to refuse m2's and m3's dials", func() bool { return hl.failed.Load() >= 3 })
+	if st := nodes[0].raftStatus(); st.LeaderID != "" {
+		t.Fatalf("m1, with the secret alone among nodes keyed by the cluster token, follows %q", st.LeaderID)
+	}
+
+	for i := range nodes {
+		restart(i, func(c *Config) { c.raftClusterKeyOnly, c.RaftAcceptClusterKey = false, true })
+		whole(fmt.Sprintf("m%d with the secret and the cluster token's key", i+1))
+	}
+	for i := range nodes {
+		restart(i, func(c *Config) { c.RaftAcceptClusterKey = false })
+		whole(fmt.Sprintf("m%d with the secret alone", i+1))
+	}
+	for _, s := range nodes {
+		var resp raft.RequestVoteResponse
+		tr := dialerWith(t, secretDialer(plainDial, raftKeys{clusterTokenKey(testClusterToken)}))
+		if err := tr.RequestVote(raft.ServerID(s.cfg.ID), raft.ServerAddress(s.RaftAddr()), strangerVote(), &resp); err == nil {
+			t.Errorf("%s answered a peer keyed by the cluster token after the move", s.cfg.ID)
+		}
 	}
 }

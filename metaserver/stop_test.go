@@ -25,14 +25,14 @@ import (
 // logs a connection closed under a reader, or a request read but no longer
 // taken by raft, at ERROR: a clean stop must make neither.
 //
-// With a cluster token the raft connections open with the cluster-key
+// With a cluster token the raft connections open with the raft-secret
 // handshake: a clean stop must log no error there either.
 func TestCleanStopLogsNoError(t *testing.T) {
 	for _, keyed := range []bool{false, true} {
 		for _, which := range []string{"follower", "leader"} {
 			name := which
 			if keyed {
-				name = "cluster-key-" + which
+				name = "raft-secret-" + which
 			}
 			t.Run(name, func(t *testing.T) { cleanStop(t, which, keyed) })
 		}

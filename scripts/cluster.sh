@@ -38,6 +38,9 @@
 #                    -auth-cluster-token-file, the metaservers -auth-admin-token-file, and this
 #                    script's ferryctl --token-file auth/admin.token. Give status and stop the same
 #                    FERRY_AUTH. Default 0: off
+#                    With FERRY_TLS=1 or FERRY_AUTH=1 the metaservers, and only they, also get
+#                    -raft-secret-file $FERRY_HOME/raft/raft.secret (made like the tokens, kept across
+#                    `start`s, new for each demo): the secret that alone opens their Raft port
 #
 # Ports, from BASE: metaserver RPC +1..+3, raft +11..+13, metrics +21..+23; broker j (g1 master 1,
 # g1 slave 2, g2 master 3, g2 slave 4, ..., gN slave 2N): data +30+j, HA +40+j, metrics +50+j for
@@ -135,6 +138,30 @@ make_tokens() {
   done
 }
 
+# The metaservers' own secret: with TLS or authorization on, it alone opens their Raft port. No
+# broker and no ferryctl is given it.
+RAFT_DIR="$FERRY_HOME/raft"
+secure() { [ "$TLS" = 1 ] || [ "$AUTH" = 1 ]; }
+
+# raft_flags: a metaserver's -raft-secret-file (none without FERRY_TLS=1 or FERRY_AUTH=1).
+raft_flags() {
+  secure || return 0
+  printf '%s\n' -raft-secret-file "$RAFT_DIR/raft.secret"
+}
+
+# make_raft_secret: with FERRY_TLS=1 or FERRY_AUTH=1, the metaservers' raft secret (32 random
+# bytes, base64url) under $RAFT_DIR, unless it has one.
+make_raft_secret() {
+  secure || return 0
+  if [ -f "$RAFT_DIR/raft.secret" ]; then
+    return 0
+  fi
+  echo "raft: making the metaservers' raft secret in $RAFT_DIR"
+  mkdir -p "$RAFT_DIR"
+  chmod 700 "$RAFT_DIR"
+  (umask 077 && head -c 32 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n' >"$RAFT_DIR/raft.secret")
+}
+
 # tls_flags NAME: the TLS flags of the server NAME (none without FERRY_TLS=1).
 tls_flags() {
   [ "$TLS" = 1 ] || return 0
@@ -191,7 +218,8 @@ start() {
   build
   make_certs
   make_tokens
-  local peers="" i auto=() tlsf=() authf=()
+  make_raft_secret
+  local peers="" i auto=() tlsf=() authf=() raftf=()
   case "$AUTO_CREATE" in
   1) auto=(-auto-create) ;;
   0) ;;
@@ -213,10 +241,11 @@ start() {
   for i in 1 2 3; do
     mapfile -t tlsf < <(tls_flags "meta-m$i")
     mapfile -t authf < <(auth_flags metaserver)
+    mapfile -t raftf < <(raft_flags)
     launch "meta-m$i" "$BIN/ferry-metaserver" -id "m$i" -dir "$FERRY_HOME/data/meta-m$i" \
       -rpc-addr "127.0.0.1:$((BASE + i))" -raft-addr "127.0.0.1:$((BASE + 10 + i))" -peers "$peers" \
       -metrics-addr "127.0.0.1:$((BASE + 20 + i))" "${auto[@]}" -session "$SESSION" -lag-time "$LAG_TIME" -failover "$FAILOVER" -failover-margin "$MARGIN" -admit-groups "$ADMIT" \
-      "${tlsf[@]}" "${authf[@]}"
+      "${tlsf[@]}" "${authf[@]}" "${raftf[@]}"
   done
   local j=0 spec group role
   for spec in "${BROKERS[@]}"; do
@@ -319,6 +348,7 @@ demo() {
   if [ "$AUTH" = 1 ]; then
     rm -rf "$AUTH_DIR"
   fi
+  rm -rf "$RAFT_DIR"
   start
   trap stop EXIT
   echo

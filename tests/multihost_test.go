@@ -3,6 +3,7 @@ package tests
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -84,6 +86,10 @@ func TestMultiHost(t *testing.T) {
 	}
 	procs := map[string]*hostProc{} // by broker or metaserver id
 	var metaAddrs []string
+	// Each file a unit loads as a credential (the metaservers' raft
+	// secret), the same on every host, as systemd hands it to the unit: a
+	// copy in the unit's own CREDENTIALS_DIRECTORY.
+	secrets := map[string]string{}
 	for _, u := range units {
 		env := map[string]string{}
 		for k, v := range u.env {
@@ -96,6 +102,21 @@ func TestMultiHost(t *testing.T) {
 			env[k] = v
 		}
 		env["STATE_DIRECTORY"] = filepath.Join(home, u.host)
+		if len(u.credentials) > 0 {
+			dir := filepath.Join(home, u.host, "credentials", cmp.Or(u.instance, "metaserver"))
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			for name, path := range u.credentials {
+				if secrets[path] == "" {
+					secrets[path] = auth.NewToken()
+				}
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(secrets[path]+"\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			env["CREDENTIALS_DIRECTORY"] = dir
+		}
 		argv, err := expandUnit(u.execStart, u.instance, env)
 		if err != nil {
 			t.Fatalf("%s: %v", u.where, err)
@@ -531,6 +552,7 @@ type deployedUnit struct {
 	where, host, instance string
 	execStart             string
 	env                   map[string]string // from its EnvironmentFiles
+	credentials           map[string]string // LoadCredential: name -> file under /etc/ferrymq
 }
 
 // deployedUnits reads deploy/hosts: a host runs ferry-metaserver.service
@@ -574,6 +596,12 @@ func deployedUnits(t *testing.T, deploy string) []deployedUnit {
 				switch k {
 				case "ExecStart":
 					u.execStart = v
+				case "LoadCredential":
+					name, path, _ := strings.Cut(v, ":")
+					if u.credentials == nil {
+						u.credentials = map[string]string{}
+					}
+					u.credentials[name] = path
 				case "EnvironmentFile":
 					rel, ok := strings.CutPrefix(strings.ReplaceAll(strings.TrimPrefix(v, "-"), "%i", instance), "/etc/ferrymq/")
 					if !ok {

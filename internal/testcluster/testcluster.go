@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/internal/testwait"
@@ -30,11 +31,17 @@ import (
 	"github.com/ferrymq/ferrymq/storage"
 )
 
+// RaftSecret is the raft secret of every node MetaConfig makes: the same
+// for all, so edits that turn authorization or TLS on (which need one)
+// keep the nodes a cluster.
+var RaftSecret = auth.NewToken()
+
 // MetaConfig is a metaserver node's config with test timings: elections in
-// a few hundred milliseconds, a 1 s broker session, a 50 ms judge.
+// a few hundred milliseconds, a 1 s broker session, a 50 ms judge; its
+// raft port takes RaftSecret.
 func MetaConfig(id, dir string) metaserver.Config {
 	return metaserver.Config{
-		ID: id, Dir: dir, RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
+		ID: id, Dir: dir, RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0", RaftSecret: RaftSecret,
 		AutoCreateTopics: true, DefaultQueues: 4,
 		SessionTimeout: time.Second, LagBytes: 64 << 20, LagTime: time.Second, RecoverHeartbeats: 2,
 		ConsumerJoinWindow:   200 * time.Millisecond,

@@ -20,9 +20,8 @@ import (
 //
 //   - -auth-cluster-token-file (every server): the servers' shared secret,
 //     the same on every metaserver and broker; a broker presents it to the
-//     metaservers and, as a slave, to its master. The metaservers' raft
-//     port then admits only metaservers that prove they hold it (a
-//     challenge-response keyed from the token itself, not from its hash).
+//     metaservers and, as a slave, to its master. It opens nothing on the
+//     metaservers' raft port: their own -raft-secret-file does.
 //   - -auth-admin-token-file (metaservers): the bootstrap admin's token,
 //     which holds admin whatever the table says (the brokers learn its
 //     hash from the metaservers).
@@ -96,6 +95,14 @@ func (f *AuthFlags) Builtins() (clusterToken string, b auth.Builtins, err error)
 		b.Cluster = auth.HashToken(clusterToken)
 	}
 	return clusterToken, b, nil
+}
+
+// SecretFile reads the secret in the file of the flag flagName ("" when
+// path is ""), by a token file's rules: a file that cannot be read or
+// holds a weak secret is a ConfigError naming the flag, and one others may
+// read is warned of (LogWarnings). The metaservers' -raft-secret-file.
+func (f *AuthFlags) SecretFile(flagName, path string) (string, error) {
+	return f.readToken(flagName, path)
 }
 
 func (f *AuthFlags) readToken(flagName, path string) (string, error) {

@@ -42,7 +42,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	def := metaserver.DefaultConfig()
 	var cfg metaserver.Config
-	var peers, failover, admit string
+	var peers, failover, admit, raftSecretFile string
 	var maxLoss int64
 	var sf cli.ServerFlags
 	fs.StringVar(&cfg.ID, "id", "", "this node's raft ID (required)")
@@ -63,6 +63,8 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.FailoverMargin, "failover-margin", def.FailoverMargin, "how long past -session the leader waits before it promotes")
 	fs.DurationVar(&cfg.ConsumerSession, "consumer-session", def.ConsumerSession, "a consumer group member unheard of this long leaves its group (when it asks for no session of its own; 1s to 5m)")
 	fs.DurationVar(&cfg.ConsumerJoinWindow, "consumer-join-window", def.ConsumerJoinWindow, "a consumer group with no member waits this long from its first member's join for others before its first assignment (negative: not at all)")
+	fs.StringVar(&raftSecretFile, "raft-secret-file", "", "file holding the metaservers' own secret, the same on every metaserver and on no broker or client: it alone opens the raft port (required with -auth-cluster-token-file or -tls-*)")
+	fs.BoolVar(&cfg.RaftAcceptClusterKey, "raft-accept-cluster-key", false, "only while moving a running cluster to -raft-secret-file: also accept raft peers keyed by the cluster token, as metaservers were before it (a broker's token opens the raft port meanwhile; see docs/security.md)")
 	sf.Register(fs, true)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -73,6 +75,13 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if cfg.ClusterToken, cfg.Auth, err = sf.Auth.Builtins(); err != nil {
 		return err
+	}
+	if cfg.RaftSecret, err = sf.Auth.SecretFile("raft-secret-file", raftSecretFile); err != nil {
+		return err
+	}
+	if cfg.RaftSecret == "" && cfg.SecurityOn() {
+		return &cli.ConfigError{Err: errors.New("-raft-secret-file is required with -auth-cluster-token-file or -tls-*: the raft port opens only to the metaservers' own secret, since brokers hold the cluster token and certificates of the same CA. " +
+			"Make one file for all the metaservers, and give it to no broker or client: (umask 077; head -c 32 /dev/urandom | base64 > raft.secret)")}
 	}
 	switch failover {
 	case "on":
