@@ -22,10 +22,10 @@ import (
 
 	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/testlog"
-	"github.com/ferrymq/ferrymq/internal/tlsconf"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/tlsconf"
 )
 
 // TestRaftForgedLeaderRefused replays, against the local cluster's real
