@@ -57,10 +57,10 @@ func TestNewTopicLookedUpOnce(t *testing.T) {
 		})
 	}
 	testwait.For(t, 5*time.Second, "every record to wait for the route", func() bool {
-		_, joined := p.routes.Lookups()
+		_, joined := p.router.cache.Lookups()
 		return joined == n-1
 	})
-	if made, _ := p.routes.Lookups(); made != 1 {
+	if made, _ := p.router.cache.Lookups(); made != 1 {
 		t.Fatalf("%d records without a route made %d lookups, want 1", n, made)
 	}
 	close(gated.gate)

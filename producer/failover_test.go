@@ -104,10 +104,10 @@ func TestHungMasterGivenUpOnRouteChange(t *testing.T) {
 			// than a poll by the producer's clock: the refresher polls the
 			// route, sees the new master and epoch, and gives the call up.
 			rt.set("fo", routing.QueueRoute{Queue: 0, Group: "g1", Master: promoted.addr, Epoch: 2, Writable: true})
-			polls := p.routePolls.Load()
+			polls := p.router.routePolls.Load()
 			clk.Advance(time.Second)
 			testwait.For(t, 5*time.Second, "the hung call to be given up", func() bool { return p.Stats().GivenUp == 1 })
-			if p.routePolls.Load() == polls {
+			if p.router.routePolls.Load() == polls {
 				t.Fatal("given up without a poll")
 			}
 			waitPromises(t, pr, n)
@@ -190,9 +190,9 @@ func TestHungCallGivenUpWhenGroupNotWritable(t *testing.T) {
 		if called, _ := pr.count(); called == 1 {
 			return true
 		}
-		passes := p.refreshPasses.Load()
+		passes := p.router.refreshPasses.Load()
 		clk.Advance(time.Second)
-		testwait.For(t, 5*time.Second, "a refresher pass", func() bool { return p.refreshPasses.Load() > passes })
+		testwait.For(t, 5*time.Second, "a refresher pass", func() bool { return p.router.refreshPasses.Load() > passes })
 		return false
 	})
 	if len(pr.errs) != 0 {
@@ -226,15 +226,15 @@ func TestRoutePolledWhileNotWritable(t *testing.T) {
 	}
 	step := func() {
 		t.Helper()
-		before := p.refreshPasses.Load()
+		before := p.router.refreshPasses.Load()
 		clk.Advance(time.Second) // past one RoutePoll (300 ms, jittered up to 450 ms)
-		testwait.For(t, 5*time.Second, "a refresher pass", func() bool { return p.refreshPasses.Load() > before })
+		testwait.For(t, 5*time.Second, "a refresher pass", func() bool { return p.router.refreshPasses.Load() > before })
 	}
-	polls, lookups := p.routePolls.Load(), rt.lookups.Load()
+	polls, lookups := p.router.routePolls.Load(), rt.lookups.Load()
 	for range 3 {
 		step()
 	}
-	if n := p.routePolls.Load() - polls; n != 3 {
+	if n := p.router.routePolls.Load() - polls; n != 3 {
 		t.Fatalf("%d polls in 3 passes while g2 was not writable, want 3", n)
 	}
 	if n := rt.lookups.Load() - lookups; n != 3 {
@@ -246,13 +246,13 @@ func TestRoutePolledWhileNotWritable(t *testing.T) {
 	if !routeWritable(p, "pw", "g2") {
 		t.Fatal("the poll after g2's return did not bring it")
 	}
-	polls, lookups = p.routePolls.Load(), rt.lookups.Load()
+	polls, lookups = p.router.routePolls.Load(), rt.lookups.Load()
 	for range 5 {
 		step()
 	}
-	if p.routePolls.Load() != polls || rt.lookups.Load() != lookups {
+	if p.router.routePolls.Load() != polls || rt.lookups.Load() != lookups {
 		t.Fatalf("still polling once every group was writable: %d polls, %d lookups",
-			p.routePolls.Load()-polls, rt.lookups.Load()-lookups)
+			p.router.routePolls.Load()-polls, rt.lookups.Load()-lookups)
 	}
 	// And sends reach g2 again, epoch 2 on the wire.
 	for i := 0; g2.msgs.Load() == 0; i++ {
@@ -306,7 +306,7 @@ func TestHungCallTimesOut(t *testing.T) {
 			if st.GivenUp != 0 || st.Retries != 1 {
 				t.Fatalf("stats %+v: want one retry after the timeout, nothing given up", st)
 			}
-			if p.forcedRefreshes.Load() == 0 {
+			if p.router.forcedRefreshes.Load() == 0 {
 				t.Fatal("a send with no answer did not refresh the route")
 			}
 		})

@@ -44,7 +44,7 @@ func pull(tb testing.TB, tc *transport.Client, r Result) protocol.Message {
 
 // cachedRoute is the producer's cached route of topic.
 func cachedRoute(p *Client, topic string) (routing.Route, bool) {
-	e := p.routes.Get(topic)
+	e := p.router.cache.Get(topic)
 	if e == nil || !e.Known {
 		return routing.Route{}, false
 	}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/metaserver/client"
-	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/sdkmetrics"
 )
 
@@ -47,11 +46,7 @@ func (c *Client) ensureIdentity(rec *record) error {
 	if c.ident.Load() != nil {
 		return nil
 	}
-	deadline := time.Now().Add(c.cfg.requestTimeout)
-	if rec.deadline.Before(deadline) {
-		deadline = rec.deadline
-	}
-	ctx, cancel := context.WithDeadline(rec.ctx, deadline)
+	ctx, cancel := context.WithDeadline(rec.ctx, rec.deadlineWithin(c.cfg.requestTimeout))
 	defer cancel()
 	id, epoch, err := c.cfg.idSource.initProducer(ctx, c.cfg.name)
 	if err != nil {
@@ -72,18 +67,18 @@ func (c *Client) setIdentity(id uint64, epoch uint16, gen uint64) {
 // restarts at sequence 0 under a fresh id (anonymous) or the next epoch
 // (named). Sinks build no batch meanwhile; records whose delivery deadline
 // passes while the metaserver cannot be reached fail. renewing is already
-// set; it is cleared here. Runs under c.wg.
+// set; it is cleared here. Runs under life.wg.
 func (c *Client) renewIdentity(gen uint64) {
-	defer c.wg.Done()
+	defer c.life.wg.Done()
 	c.identMu.Lock()
 	defer c.identMu.Unlock()
-	defer c.kickAll()
+	defer c.kickSinks()
 	defer c.renewing.Store(false)
 	if cur := c.ident.Load(); cur == nil || cur.gen != gen {
 		return
 	}
 	for attempt := 1; ; attempt++ {
-		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.requestTimeout)
+		ctx, cancel := context.WithTimeout(c.life.ctx, c.cfg.requestTimeout)
 		id, epoch, err := c.cfg.idSource.initProducer(ctx, c.cfg.name)
 		cancel()
 		if err == nil {
@@ -94,35 +89,16 @@ func (c *Client) renewIdentity(gen uint64) {
 		}
 		err = initErr(err)
 		c.cfg.Logger.Warn("producer id renewal failed", "error", err)
-		for _, s := range c.allSinks() {
-			s.mu.Lock()
-			s.expireLocked(time.Now(), err)
-			s.unlock()
+		for _, s := range c.sinks.all() {
+			s.expire(time.Now(), err)
 		}
-		t := time.NewTimer(routing.Jitter(min(c.cfg.retryBackoff<<min(attempt-1, 10), time.Second)))
+		t := time.NewTimer(c.cfg.backoff(attempt, time.Second))
 		select {
 		case <-t.C:
-		case <-c.stop:
+		case <-c.life.stop:
 			t.Stop()
 			return
 		}
-	}
-}
-
-// allSinks is a snapshot of the sinks.
-func (c *Client) allSinks() []*sink {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make([]*sink, 0, len(c.sinks))
-	for _, s := range c.sinks {
-		out = append(out, s)
-	}
-	return out
-}
-
-func (c *Client) kickAll() {
-	for _, s := range c.allSinks() {
-		s.kick()
 	}
 }
 

@@ -26,21 +26,21 @@ func TestPeriodicRouteRefresh(t *testing.T) {
 	}
 	// The warm-up may have been answered NO_ROUTE by a broker that had not
 	// looked the new topic up yet, which forces a refresh; count from here.
-	forced := p.forcedRefreshes.Load()
+	forced := p.router.forcedRefreshes.Load()
 	if _, err := c.Meta.Client(t).SetGroupReadOnly(ctx, "g1", true); err != nil {
 		t.Fatal(err)
 	}
 	// Only the refresher could learn it: 29 s on, it looked and left the
 	// route alone.
-	passes := p.refreshPasses.Load()
+	passes := p.router.refreshPasses.Load()
 	clk.Advance(29 * time.Second)
-	testwait.For(t, 5*time.Second, "a refresher pass", func() bool { return p.refreshPasses.Load() > passes })
+	testwait.For(t, 5*time.Second, "a refresher pass", func() bool { return p.router.refreshPasses.Load() > passes })
 	if !routeWritable(p, "tick", "g1") {
 		t.Fatal("the route was refreshed before RouteRefresh passed")
 	}
 	clk.Advance(time.Second)
 	testwait.For(t, 5*time.Second, "the refresher to see g1 read-only", func() bool { return !routeWritable(p, "tick", "g1") })
-	if n := p.forcedRefreshes.Load() - forced; n != 0 {
+	if n := p.router.forcedRefreshes.Load() - forced; n != 0 {
 		t.Fatalf("%d forced refreshes; only the periodic one should have run", n)
 	}
 }
@@ -76,18 +76,18 @@ func TestForcedRefreshRateLimit(t *testing.T) {
 		}
 	}
 	hitRO()
-	if n := p.forcedRefreshes.Load(); n != 1 {
+	if n := p.router.forcedRefreshes.Load(); n != 1 {
 		t.Fatalf("after the first READ_ONLY: %d forced refreshes, want 1", n)
 	}
 	for range 5 {
 		hitRO()
 	}
-	if n := p.forcedRefreshes.Load(); n != 1 {
+	if n := p.router.forcedRefreshes.Load(); n != 1 {
 		t.Fatalf("after more READ_ONLY answers within the same second: %d forced refreshes, want 1", n)
 	}
 	clk.Advance(time.Second)
 	hitRO()
-	if n := p.forcedRefreshes.Load(); n != 2 {
+	if n := p.router.forcedRefreshes.Load(); n != 2 {
 		t.Fatalf("after a second: %d forced refreshes, want 2", n)
 	}
 }
