@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -65,19 +66,36 @@ func NewToken() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
+// MinTokenBits is the least strength ValidateToken takes, estimated as a
+// token's length times log2 of how many distinct characters it holds.
+const MinTokenBits = 128
+
 // ValidateToken checks a token that a person may have made (the bootstrap
 // admin's or the cluster's file): MinTokenLen to MaxTokenLen printable
 // ASCII characters without spaces, so that it survives a file, a flag and
-// an environment variable unchanged. NewToken's tokens pass.
+// an environment variable unchanged, and at least MinTokenBits strong by
+// that estimate (32 x "a" is 0 bits; 32 random bytes in base64 are about
+// 210). NewToken's tokens pass.
 func ValidateToken(token string) error {
 	if len(token) < MinTokenLen || len(token) > MaxTokenLen {
 		return fmt.Errorf("a token must be %d to %d characters, got %d (make one with 32 random bytes in base64)",
 			MinTokenLen, MaxTokenLen, len(token))
 	}
+	var seen [128]bool
+	distinct := 0
 	for i := 0; i < len(token); i++ {
-		if c := token[i]; c <= ' ' || c > '~' {
+		c := token[i]
+		if c <= ' ' || c > '~' {
 			return fmt.Errorf("a token may hold only printable ASCII characters without spaces; character %d is not", i+1)
 		}
+		if !seen[c] {
+			seen[c], distinct = true, distinct+1
+		}
+	}
+	if bits := float64(len(token)) * math.Log2(float64(distinct)); bits < MinTokenBits {
+		return fmt.Errorf("a token must be at least %d bits strong, estimated as its length times log2 of its distinct characters: "+
+			"this one has %d characters, %d distinct, about %.0f bits (make one with 32 random bytes in base64: openssl rand -base64 32)",
+			MinTokenBits, len(token), distinct, bits)
 	}
 	return nil
 }

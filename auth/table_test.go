@@ -198,3 +198,34 @@ func TestWithBuiltins(t *testing.T) {
 		t.Fatal("a removed cluster token still authenticates")
 	}
 }
+
+// A token an operator chose is refused below MinTokenBits by the stated
+// estimate (length x log2 of its distinct characters), saying why; a
+// random one passes.
+func TestWeakTokensRefused(t *testing.T) {
+	for token, want := range map[string]string{
+		strings.Repeat("a", 32):                 "32 characters, 1 distinct, about 0 bits",
+		strings.Repeat("ab", 40):                "80 characters, 2 distinct, about 80 bits",
+		"passwordpasswordpasswordpassword":      "32 characters, 7 distinct, about 90 bits",
+		"0123456789abcdef0123456789abcdef01234": "37 characters, 16 distinct, about 148 bits",
+	} {
+		err := ValidateToken(token)
+		if strings.HasSuffix(want, "148 bits") {
+			if err != nil {
+				t.Errorf("%q: %v, want it taken", token, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "at least 128 bits strong") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want refused: %s", token, err, want)
+		}
+	}
+	for range 100 {
+		if tok := NewToken(); ValidateToken(tok) != nil {
+			t.Fatalf("NewToken's %q: %v", tok, ValidateToken(tok))
+		}
+	}
+	if _, err := ParseToken([]byte(strings.Repeat("a", 32) + "\n")); err == nil {
+		t.Fatal("a token file of 32 x a was taken")
+	}
+}
