@@ -24,7 +24,7 @@ func (b *Broker) admissionGate(p port) transport.Gate {
 }
 
 // AuthFailures is how many AUTHs failed on the data and HA ports (the
-// ferrymq_auth_failures_total metric); 0 with authorization off.
+// ferrymq_broker_auth_failures_total metric); 0 with authorization off.
 func (b *Broker) AuthFailures() int64 {
 	var n int64
 	for _, g := range b.gates {

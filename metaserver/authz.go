@@ -31,7 +31,7 @@ func (s *Server) admissionGate() transport.Gate {
 }
 
 // AuthFailures is how many AUTHs failed on the RPC port (the
-// ferrymq_auth_failures_total metric); 0 with authorization off.
+// ferrymq_metaserver_auth_failures_total metric); 0 with authorization off.
 func (s *Server) AuthFailures() int64 {
 	if s.gate == nil {
 		return 0
