@@ -144,8 +144,9 @@ func TestAuthFailuresCostTheGuesser(t *testing.T) {
 		t.Fatalf("the right token sent during the backoff: %d %v %q %v, want it not checked", f.Opaque, f.Status, f.Body, err)
 	}
 
-	// Failures 3, 4 and 5: 1 s, 2 s, 4 s; the fifth closes the connection.
-	for i, d := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
+	// Failures 3, 4 and 5: 1 s, 2 s, 2 s (the most); the fifth closes the
+	// connection.
+	for i, d := range []time.Duration{time.Second, 2 * time.Second, 2 * time.Second} {
 		sendAuth(t, nc, uint32(3+i), "wrong-token-number-x")
 		timers(t, clock, 1)
 		p := readAnswer(nc)
@@ -174,9 +175,9 @@ func TestAuthFailuresCostTheGuesser(t *testing.T) {
 	sendAuth(t, nc2, 1, "wrong-token-number-6")
 	timers(t, clock, 1)
 	p := readAnswer(nc2)
-	clock.Advance(4*time.Second - time.Millisecond)
+	clock.Advance(2*time.Second - time.Millisecond)
 	if p.answered() {
-		t.Fatal("a new connection's first failure was answered before 4 s")
+		t.Fatal("a new connection's first failure was answered before 2 s")
 	}
 	clock.Advance(time.Millisecond)
 	if f, err := p.wait(t); err != nil || string(f.Body) != "token not recognised" {

@@ -53,7 +53,9 @@ type GateConfig struct {
 	// FailureDelay holds back the answer to a failed AUTH, doubled for
 	// each failure before it of the same connection or source (within
 	// FailureMemory), up to MaxFailureDelay. Until then the connection's
-	// next AUTHs are not checked: they fail too. Defaults 250 ms and 4 s.
+	// next AUTHs are not checked: they fail too. Defaults 250 ms and 2 s
+	// (under a client's default DialTimeout of 3 s, within which its
+	// login must be answered, so a client with a wrong token is told so).
 	FailureDelay, MaxFailureDelay time.Duration
 	// FailureMemory is how long a source's failures count after its last
 	// one. Default 1 minute.
@@ -75,7 +77,7 @@ func (c GateConfig) withDefaults() GateConfig {
 	c.AuthTimeout = cmp.Or(max(c.AuthTimeout, 0), 20*time.Second)
 	c.MaxAuthFailures = cmp.Or(max(c.MaxAuthFailures, 0), 5)
 	c.FailureDelay = cmp.Or(max(c.FailureDelay, 0), 250*time.Millisecond)
-	c.MaxFailureDelay = max(cmp.Or(max(c.MaxFailureDelay, 0), 4*time.Second), c.FailureDelay)
+	c.MaxFailureDelay = max(cmp.Or(max(c.MaxFailureDelay, 0), 2*time.Second), c.FailureDelay)
 	c.FailureMemory = cmp.Or(max(c.FailureMemory, 0), time.Minute)
 	c.WarnInterval = cmp.Or(max(c.WarnInterval, 0), time.Minute)
 	if c.Clock == nil {
