@@ -34,9 +34,15 @@
 // A Gate is a server's admission of connections that have not
 // authenticated (it implements transport.Gate, which this package does not
 // import): AUTH and IDENTIFY only, a cap on how many such connections are
-// open, a frame cap and deadlines (GateConfig). A client presents its
-// token with TokenLogin (a transport.Login).
+// open and a share of it per source (the oldest evicted at the cap), a
+// frame cap and deadlines (GateConfig). A server serves AUTH with
+// BeginLogin and AnswerLogin: a wrong token is answered late, from a timer,
+// and costs the connection and its source (backoff.go). When its table
+// changes, a server closes the connections whose identity the new table
+// does not know (Revoked, with transport.Server.DropConns). A client
+// presents its token with TokenLogin (a transport.Login).
 //
-// This package is pure: no I/O, no clock (a Gate is given the time). NewToken is its one use of
-// randomness; the registry's state machine never calls it.
+// This package does no I/O; a Gate is given the time for admission and
+// times held-back answers with GateConfig.Clock. NewToken is its one use
+// of randomness; the registry's state machine never calls it.
 package auth

@@ -46,6 +46,7 @@ type gateServer struct {
 	gate   *Gate
 	addr   string
 	logins atomic.Int64
+	table  atomic.Pointer[Table]
 }
 
 func startGateServer(t *testing.T, cfg GateConfig, tcfg transport.ServerConfig) *gateServer {
@@ -57,17 +58,15 @@ func startGateServer(t *testing.T, cfg GateConfig, tcfg transport.ServerConfig) 
 	gs := &gateServer{gate: NewGate(cfg)}
 	tcfg.Gate = gs.gate
 	gs.Server = transport.NewServer(tcfg)
+	gs.table.Store(table)
 	gs.Handle(protocol.CodeAuth, func(r *transport.Request) {
 		gs.logins.Add(1)
-		reply, err := Login(r, table, r.Body)
-		if err != nil {
-			r.ReplyError(err)
-			return
+		if BeginLogin(r) {
+			AnswerLogin(r, r.Body, gs.table.Load(), gs.table.Load)
 		}
-		_ = r.Reply(protocol.AppendAuthReply(nil, &reply))
 	})
 	gs.Handle(codeWhoIs, func(r *transport.Request) {
-		p, err := Resolve(r, table)
+		p, err := Resolve(r, gs.table.Load())
 		if err != nil {
 			r.ReplyError(err)
 			return
@@ -178,10 +177,12 @@ func TestGateCutsTheStrangerAtTheDeadline(t *testing.T) {
 	}
 }
 
-// Strangers hold at most MaxUnauthConns connections at once: one more is
-// answered BUSY saying so, and closed; one that authenticates leaves the
-// count, so the next stranger gets in; an authenticated client is served
-// throughout. A stranger that only idles is cut at RequestTimeout.
+// Strangers from one address hold at most their share of the
+// connections that have not authenticated (here all of MaxUnauthConns):
+// one more is answered BUSY saying so, and closed; one that authenticates
+// leaves the count, so the next stranger gets in; an authenticated client
+// is served throughout. A stranger that only idles is cut at
+// RequestTimeout.
 func TestGateCapsStrangers(t *testing.T) {
 	gs := startGateServer(t, GateConfig{MaxUnauthConns: 2, RequestTimeout: 2 * time.Second},
 		transport.ServerConfig{HandshakeTimeout: time.Minute})
@@ -206,7 +207,7 @@ func TestGateCapsStrangers(t *testing.T) {
 	}
 	over := dial(t, gs.addr)
 	f, err := request(t, over, protocol.CodeIdentify, "")
-	if err != nil || f.Status != protocol.StatusBusy || !strings.Contains(string(f.Body), "2 connections that have not authenticated are open") {
+	if err != nil || f.Status != protocol.StatusBusy || !strings.Contains(string(f.Body), "2 connections from 127.0.0.1 that have not authenticated are open, its share") {
 		t.Fatalf("a stranger over the cap: %v %q %v, want BUSY saying why", f.Status, f.Body, err)
 	}
 	whoIs("with the cap full")
@@ -241,11 +242,11 @@ func TestGateCapsStrangers(t *testing.T) {
 func TestGateAdmission(t *testing.T) {
 	g := NewGate(GateConfig{MaxUnauthConns: 1, MaxUnauthFrame: 1000, RequestTimeout: time.Second, AuthTimeout: 3 * time.Second})
 	t0 := time.Unix(1000, 0)
-	a, err := g.Open(nil, t0)
+	a, err := g.Open(nil, t0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.Open(nil, t0); err == nil || g.Unauthenticated() != 1 {
+	if _, err := g.Open(nil, t0, nil); err == nil || g.Unauthenticated() != 1 {
 		t.Fatalf("a second connection over a cap of 1: %v, %d counted", err, g.Unauthenticated())
 	}
 	verified := &tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{{}}}}
@@ -281,7 +282,7 @@ func TestGateAdmission(t *testing.T) {
 	if n := g.Unauthenticated(); n != 0 {
 		t.Fatalf("%d counted after the connection authenticated and closed", n)
 	}
-	b, err := g.Open(nil, t0)
+	b, err := g.Open(nil, t0, nil)
 	if err != nil {
 		t.Fatalf("a connection once the first left the count: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -65,19 +66,68 @@ func NewToken() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
+// MinTokenBits is the least strength ValidateToken takes, estimated as a
+// token's length times log2 of the alphabet its character classes span.
+const MinTokenBits = 128
+
+// minTokenDistinct is the fewest distinct characters a token may hold.
+const minTokenDistinct = 8
+
 // ValidateToken checks a token that a person may have made (the bootstrap
-// admin's or the cluster's file): MinTokenLen to MaxTokenLen printable
-// ASCII characters without spaces, so that it survives a file, a flag and
-// an environment variable unchanged. NewToken's tokens pass.
+// admin's, the cluster's, a raft secret): MinTokenLen to MaxTokenLen
+// printable ASCII characters without spaces, so that it survives a file, a
+// flag and an environment variable unchanged; at least minTokenDistinct
+// distinct characters; not a piece repeated (a period of at most half its
+// length, as "passwordpassword..."); and at least MinTokenBits strong,
+// estimated as its length times log2 of the alphabet its character classes
+// span (digits 10, lower case 26, upper case 26, other printable 32). So 32
+// random hex digits (about 165 bits by the estimate, 128 in truth) and
+// NewToken's tokens pass; 32 x "a" does not.
 func ValidateToken(token string) error {
 	if len(token) < MinTokenLen || len(token) > MaxTokenLen {
 		return fmt.Errorf("a token must be %d to %d characters, got %d (make one with 32 random bytes in base64)",
 			MinTokenLen, MaxTokenLen, len(token))
 	}
+	var seen [128]bool
+	distinct, classes := 0, [4]bool{}
 	for i := 0; i < len(token); i++ {
-		if c := token[i]; c <= ' ' || c > '~' {
+		c := token[i]
+		if c <= ' ' || c > '~' {
 			return fmt.Errorf("a token may hold only printable ASCII characters without spaces; character %d is not", i+1)
 		}
+		if !seen[c] {
+			seen[c], distinct = true, distinct+1
+		}
+		switch {
+		case c >= '0' && c <= '9':
+			classes[0] = true
+		case c >= 'a' && c <= 'z':
+			classes[1] = true
+		case c >= 'A' && c <= 'Z':
+			classes[2] = true
+		default:
+			classes[3] = true
+		}
+	}
+	const hint = " (make one with 32 random bytes in base64: openssl rand -base64 32)"
+	if distinct < minTokenDistinct {
+		return fmt.Errorf("a token must hold at least %d distinct characters; this one has %d"+hint, minTokenDistinct, distinct)
+	}
+	for p := 1; p <= len(token)/2; p++ {
+		if token[p:] == token[:len(token)-p] {
+			return fmt.Errorf("a token must not repeat a piece of itself; this one repeats its first %d characters"+hint, p)
+		}
+	}
+	alphabet := 0
+	for k, size := range [4]int{10, 26, 26, 32} {
+		if classes[k] {
+			alphabet += size
+		}
+	}
+	if bits := float64(len(token)) * math.Log2(float64(alphabet)); bits < MinTokenBits {
+		return fmt.Errorf("a token must be at least %d bits strong, estimated as its length times log2 of the alphabet its "+
+			"character classes span: this one has %d characters of an alphabet of %d, about %.0f bits"+hint,
+			MinTokenBits, len(token), alphabet, bits)
 	}
 	return nil
 }

@@ -1,7 +1,9 @@
 package auth
 
 import (
+	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -196,5 +198,47 @@ func TestWithBuiltins(t *testing.T) {
 	}
 	if _, ok := other.Authenticate(clusterTok); ok || other.HasCluster() {
 		t.Fatal("a removed cluster token still authenticates")
+	}
+}
+
+// A token an operator chose is refused below MinTokenBits by the stated
+// estimate (length x log2 of its distinct characters), saying why; a
+// random one passes.
+func TestWeakTokensRefused(t *testing.T) {
+	for token, want := range map[string]string{
+		strings.Repeat("a", 32):                          "at least 8 distinct characters; this one has 1",
+		strings.Repeat("ab", 40):                         "at least 8 distinct characters; this one has 2",
+		"passwordpasswordpasswordpassword":               "at least 8 distinct characters; this one has 7",
+		"abcdefghijklabcdefghijklabcdefghijkl":           "repeats its first 12 characters",
+		"01234567899876543210012345678998765":            "35 characters of an alphabet of 10, about 116 bits",
+		"0f3a9c27b1e84d56c0a7f2e9b3d1846a":               "",
+		"Zm9vYmFyLWJhei1xdXV4LXRva2VuLTEyMzQ1Njc4OTAhQA": "",
+	} {
+		err := ValidateToken(token)
+		if want == "" {
+			if err != nil {
+				t.Errorf("%q: %v, want it taken", token, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want refused: %s", token, err, want)
+		}
+	}
+	// 32 random hex digits (openssl rand -hex 16) are taken.
+	for range 100 {
+		b := make([]byte, 16)
+		_, _ = rand.Read(b)
+		if tok := hex.EncodeToString(b); ValidateToken(tok) != nil {
+			t.Fatalf("hex %q: %v", tok, ValidateToken(tok))
+		}
+	}
+	for range 100 {
+		if tok := NewToken(); ValidateToken(tok) != nil {
+			t.Fatalf("NewToken's %q: %v", tok, ValidateToken(tok))
+		}
+	}
+	if _, err := ParseToken([]byte(strings.Repeat("a", 32) + "\n")); err == nil {
+		t.Fatal("a token file of 32 x a was taken")
 	}
 }

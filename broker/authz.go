@@ -41,6 +41,9 @@ type aclCopy struct {
 	views viewSource
 	saw   <-chan struct{}
 	kicks chan struct{} // AUTHs of unknown tokens wait
+	// revoke is called with each new table, after it is in: it closes the
+	// connections of the credentials it no longer knows (set before run).
+	revoke func(*auth.Table)
 
 	// An AUTH whose token the copy does not know waits for one fetch made
 	// for it, since the principal may be newer than the last heartbeat
@@ -161,6 +164,9 @@ func (a *aclCopy) fetch(ctx context.Context) error {
 	old := a.table.Swap(t)
 	if old == nil || old.Version() != t.Version() {
 		a.log.Info("permission table loaded", "acl-version", t.Version(), "principals", len(ps))
+		if old != nil && a.revoke != nil {
+			a.revoke(t)
+		}
 	}
 	return nil
 }
@@ -174,6 +180,9 @@ func (a *aclCopy) login(r *transport.Request) {
 	if t == nil {
 		r.ReplyError(errNoTable)
 		return
+	}
+	if !auth.BeginLogin(r) {
+		return // in its backoff: answered later
 	}
 	if _, ok := t.AuthenticateHash(auth.HashToken(string(r.Body))); !ok {
 		a.mu.Lock()
@@ -194,18 +203,14 @@ func (a *aclCopy) login(r *transport.Request) {
 	a.answerLogin(r, t)
 }
 
-// answerLogin answers an AUTH by the table t.
+// answerLogin answers an AUTH by the table t: a wrong token after the
+// gate's backoff.
 func (a *aclCopy) answerLogin(r *transport.Request, t *auth.Table) {
 	if t == nil {
 		r.ReplyError(errNoTable)
 		return
 	}
-	reply, err := auth.Login(r, t, r.Body)
-	if err != nil {
-		r.ReplyError(err)
-		return
-	}
-	_ = r.Reply(protocol.AppendAuthReply(nil, &reply))
+	auth.AnswerLogin(r, r.Body, t, a.table.Load)
 }
 
 // check authorizes a request of code on target.

@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -64,7 +65,8 @@ type Broker struct {
 	send   *sender
 	pulls  *longPoll
 	roles  *roles
-	acl    *aclCopy // nil: authorization off
+	acl    *aclCopy      // nil: authorization off
+	gates  [2]*auth.Gate // by port; nil: authorization off
 	stats  Stats
 	ends   queueEndsReport // the heartbeat loop's
 	// handover hands this broker's cut tails to its master (nil:
@@ -159,10 +161,10 @@ func (b *Broker) serverConfig(p port) transport.ServerConfig {
 	cfg := b.cfg
 	if p == haPort {
 		return transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: b.log.Named("ha"), TLS: cfg.TLSServer,
-			Gate: admissionGate(b.acl != nil)}
+			Gate: b.admissionGate(haPort)}
 	}
 	return transport.ServerConfig{Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, WriteTimeout: cfg.WriteTimeout,
-		Logger: b.log.Named("rpc"), TLS: cfg.TLSServer, Gate: admissionGate(b.acl != nil)}
+		Logger: b.log.Named("rpc"), TLS: cfg.TLSServer, Gate: b.admissionGate(dataPort)}
 }
 
 // listen registers the endpoints and binds the data port, then the HA
@@ -187,6 +189,9 @@ func (b *Broker) listen() error {
 		return fmt.Errorf("broker: HA %w", err)
 	}
 	b.haAddr = haBound.String()
+	if b.acl != nil {
+		b.acl.revoke = b.dropRevoked
+	}
 	return nil
 }
 

@@ -2,6 +2,9 @@ package metaserver
 
 import (
 	"context"
+	"io"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
@@ -73,3 +76,40 @@ func (s *Server) applyACL(ctx context.Context, cmd fsm.Command) (*fsm.Result, er
 // does not change, calling ACL again returns the same table without a lock
 // or an allocation, so a request may call it every time.
 func (s *Server) ACL() *auth.Table { return s.fsm.ACL().WithBuiltins(s.cfg.Auth) }
+
+// revokingFSM is the registry as raft applies it here: after a command or
+// a snapshot restore that changed the ACL, the RPC port closes the
+// connections whose principal is gone or whose token was replaced
+// (dropRevoked), on every node, as it applies the change.
+type revokingFSM struct {
+	*fsm.FSM
+	s *Server
+}
+
+func (f revokingFSM) Apply(l *raft.Log) any {
+	v := f.ACLVersion()
+	res := f.FSM.Apply(l)
+	if f.ACLVersion() != v {
+		f.s.dropRevoked()
+	}
+	return res
+}
+
+func (f revokingFSM) Restore(rc io.ReadCloser) error {
+	err := f.FSM.Restore(rc)
+	f.s.dropRevoked()
+	return err
+}
+
+// dropRevoked closes the RPC connections whose principal this node's table
+// no longer knows: each of their requests would be refused anyway, but the
+// transport would still read their frames as a trusted peer's.
+func (s *Server) dropRevoked() {
+	if !s.cfg.AuthEnabled() {
+		return
+	}
+	t := s.ACL()
+	if n := s.rpc.DropConns(auth.Revoked(t), auth.ErrRevoked); n > 0 {
+		s.log.Info("closed the connections of revoked credentials", "connections", n, "acl-version", t.Version())
+	}
+}

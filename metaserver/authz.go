@@ -20,13 +20,23 @@ import (
 
 // admissionGate is what a connection to the RPC port may do before it
 // authenticates (transport.ServerConfig.Gate): with authorization on,
-// AUTH and IDENTIFY only, within auth's default caps and deadlines; off,
-// no gate.
-func admissionGate(cfg Config) transport.Gate {
-	if !cfg.AuthEnabled() {
+// AUTH and IDENTIFY only, within auth's default caps, shares, deadlines
+// and AUTH backoff; off, no gate.
+func (s *Server) admissionGate() transport.Gate {
+	if !s.cfg.AuthEnabled() {
 		return nil
 	}
-	return auth.NewGate(auth.GateConfig{})
+	s.gate = auth.NewGate(auth.GateConfig{Logger: s.log.Named("rpc")})
+	return s.gate
+}
+
+// AuthFailures is how many AUTHs failed on the RPC port (the
+// ferrymq_metaserver_auth_failures_total metric); 0 with authorization off.
+func (s *Server) AuthFailures() int64 {
+	if s.gate == nil {
+		return 0
+	}
+	return s.gate.AuthFailures()
 }
 
 // authRoutes registers AUTH and the ACL's requests.
@@ -36,12 +46,9 @@ func (s *Server) authRoutes() {
 			_ = r.Reply(protocol.AppendAuthReply(nil, &protocol.AuthReply{}))
 			return
 		}
-		reply, err := auth.Login(r, s.ACL(), r.Body)
-		if err != nil {
-			r.ReplyError(err)
-			return
+		if auth.BeginLogin(r) { // else in its backoff: answered later
+			auth.AnswerLogin(r, r.Body, s.ACL(), s.ACL)
 		}
-		_ = r.Reply(protocol.AppendAuthReply(nil, &reply))
 	})
 	handle(s, protocol.CodeAdminACLSet, true, s.aclSet)
 	handle(s, protocol.CodeAdminACLRemove, true, func(ctx context.Context, req api.ACLRemoveRequest) (api.ACLChangeReply, error) {

@@ -16,6 +16,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -36,7 +37,8 @@ type Server struct {
 	log  hclog.Logger
 	fsm  *fsm.FSM
 	rpc  *transport.Server
-	addr string // advertised RPC address
+	gate *auth.Gate // the RPC port's admission; nil: authorization off
+	addr string     // advertised RPC address
 
 	trans  *raft.NetworkTransport
 	stream *streamLayer // the transport's, drained before raft shuts down
@@ -118,7 +120,7 @@ func New(cfg Config) (*Server, error) {
 	s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: s.log.Named("raft-net"),
 	})
-	s.rpc = transport.NewServer(transport.ServerConfig{Logger: s.log.Named("rpc"), TLS: cfg.TLSServer, Gate: admissionGate(cfg)})
+	s.rpc = transport.NewServer(transport.ServerConfig{Logger: s.log.Named("rpc"), TLS: cfg.TLSServer, Gate: s.admissionGate()})
 	s.routes()
 	var bound net.Addr
 	if bound, err = s.rpc.Listen(cfg.RPCAddr); err != nil {
@@ -172,7 +174,7 @@ func (s *Server) Start(peers []Peer) error {
 	if err != nil {
 		return fmt.Errorf("metaserver: read raft state: %w", err)
 	}
-	r, err := raft.NewRaft(rc, s.fsm, s.store, s.store, s.snaps, s.trans)
+	r, err := raft.NewRaft(rc, revokingFSM{s.fsm, s}, s.store, s.store, s.snaps, s.trans)
 	if err != nil {
 		return fmt.Errorf("metaserver: start raft: %w", err)
 	}

@@ -34,11 +34,14 @@ type ServerStats struct {
 	// Oversize counts connections closed for declaring a frame over the
 	// cap their Gate set before they were trusted.
 	Oversize int64
+	// Dropped counts connections closed at their Gate's request (Open's
+	// drop) or by DropConns.
+	Dropped int64
 }
 
 type serverStats struct {
 	conns, peak, refused, handshakeTimeouts, handshakeFailures, oversize atomic.Int64
-	untrustedTimeouts                                                    atomic.Int64
+	untrustedTimeouts, dropped                                           atomic.Int64
 }
 
 // notePeak raises peak to n if n is higher.
@@ -57,6 +60,7 @@ func (s *Server) Stats() ServerStats {
 		Conns: s.stats.conns.Load(), PeakConns: s.stats.peak.Load(), Refused: s.stats.refused.Load(),
 		HandshakeTimeouts: s.stats.handshakeTimeouts.Load(), HandshakeFailures: s.stats.handshakeFailures.Load(),
 		Oversize: s.stats.oversize.Load(), UntrustedTimeouts: s.stats.untrustedTimeouts.Load(),
+		Dropped: s.stats.dropped.Load(),
 	}
 }
 
@@ -87,26 +91,25 @@ func (s *Server) accept(ln net.Listener) {
 		} else {
 			s.stats.notePeak(n)
 		}
-		var adm Admission
+		c := &serverConn{
+			s:   s,
+			raw: nc,
+			w:   newWriter(s.cfg.MaxWriteBuffer, s.cfg.WriteTimeout),
+			sem: make(chan struct{}, s.cfg.MaxInflightPerConn),
+		}
 		if s.cfg.Gate != nil {
-			var err error
-			if adm, err = s.cfg.Gate.Open(nc.RemoteAddr(), time.Now()); err != nil {
+			adm, err := s.cfg.Gate.Open(nc.RemoteAddr(), time.Now(), c.drop)
+			if err != nil {
 				s.stats.conns.Add(-1)
 				s.refuseByGate(nc, err)
 				continue
 			}
+			c.adm = adm
+			c.admOpen.Store(true)
 		}
 		if tc, ok := nc.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
-		c := &serverConn{
-			s:   s,
-			raw: nc,
-			adm: adm,
-			w:   newWriter(s.cfg.MaxWriteBuffer, s.cfg.WriteTimeout),
-			sem: make(chan struct{}, s.cfg.MaxInflightPerConn),
-		}
-		c.admOpen.Store(adm != nil)
 		if s.tls == nil {
 			c.w.raw = socketOf(nc)
 		} else {
@@ -220,6 +223,34 @@ func (s *Server) refuseBusy(nc net.Conn, msg string) {
 		}
 		_, _ = io.CopyN(io.Discard, nc, 64<<10)
 	}()
+}
+
+// DropConns closes every trusted connection whose identity (what a
+// handler stored with Request.SetPeer) match reports, as a Gate's drop
+// does: what it was answered is still written, nothing more is read. The
+// owner calls it when identities it trusted are revoked; the server knows
+// nothing of them. It returns how many it closed. It never blocks on a
+// peer; match is called under the server's lock and must be quick.
+func (s *Server) DropConns(match func(peer any) bool, why error) int {
+	s.mu.Lock()
+	var drop []*serverConn
+	for c := range s.conns {
+		if !c.trusted.Load() || c.dropped.Load() {
+			continue
+		}
+		var peer any
+		if p := c.peer.Load(); p != nil {
+			peer = *p
+		}
+		if match(peer) {
+			drop = append(drop, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range drop {
+		c.drop(why)
+	}
+	return len(drop)
 }
 
 // forget drops a connection that is gone from the server's set and count.

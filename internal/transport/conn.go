@@ -34,6 +34,8 @@ type serverConn struct {
 	// admOpen, whether it is yet to be told the connection closed.
 	adm     Admission
 	admOpen atomic.Bool
+	// dropped: drop closed the connection.
+	dropped atomic.Bool
 	// peer is the connection's identity slot (Request.SetPeer): nil until
 	// a handler sets it.
 	peer atomic.Pointer[any]
@@ -192,6 +194,10 @@ func (c *serverConn) readFailed(err error) {
 	case <-c.s.stop:
 		return // Close owns the shutdown of this connection
 	default:
+	}
+	if c.dropped.Load() {
+		c.w.close(ErrConnLost)
+		return // drop said why; the writer closes the socket
 	}
 	var ne net.Error
 	if c.adm != nil && !c.trusted.Load() && errors.As(err, &ne) && ne.Timeout() {

@@ -27,8 +27,15 @@ import (
 // with the error's text), counted in ServerStats.Refused and warned about
 // (rate-limited) with the error. Open must be quick and never block: it
 // holds up the accepting of every connection.
+//
+// drop closes the connection, from any goroutine, at any time until it is
+// closed (later, it does nothing): the gate may evict a connection to make
+// room for another, or close one that misbehaved. Nothing more is read
+// from it or handed to its handlers; what was already answered is still
+// written (within WriteTimeout), then it closes. It never blocks. It is
+// counted in ServerStats.Dropped.
 type Gate interface {
-	Open(remote net.Addr, now time.Time) (Admission, error)
+	Open(remote net.Addr, now time.Time, drop func(why error)) (Admission, error)
 }
 
 // Admission is a gate's state for one connection, from its acceptance to
@@ -57,8 +64,10 @@ type Gate interface {
 // request to its handler.
 //
 // Closed is called once, when the connection closes for whatever reason
-// (never for a connection Open refused). A handler may still trust a
-// connection being closed, so Trusted may come after Closed.
+// (never for a connection Open refused), or when the server closes, before
+// it waits for the requests already read to be answered (a gate that holds
+// answers back gives them then). A handler may still trust a connection
+// being closed, so Trusted may come after Closed.
 //
 // Limits and Admit run on the connection's reader, one at a time; Trusted
 // and Closed may run on any goroutine, at the same time as them. None may
@@ -120,6 +129,22 @@ func (c *serverConn) trust() {
 	case <-c.s.stop:
 		_ = c.raw.SetReadDeadline(time.Unix(1, 0)) // Close's, which this may have cleared
 	default:
+	}
+}
+
+// drop closes the connection at its gate's or its owner's request (see
+// Gate.Open, Server.DropConns): the writer writes what is queued, then
+// closes the socket; the reader reads nothing more (the socket's reading
+// side is shut, which wakes it; a reader still in open fails and closes
+// the socket itself).
+func (c *serverConn) drop(why error) {
+	if !c.dropped.CompareAndSwap(false, true) {
+		return
+	}
+	c.s.stats.dropped.Add(1)
+	c.w.close(why)
+	if rc, ok := c.raw.(interface{ CloseRead() error }); !ok || rc.CloseRead() != nil {
+		_ = c.raw.Close()
 	}
 }
 

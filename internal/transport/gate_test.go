@@ -33,8 +33,16 @@ type testGate struct {
 	untrusted                               atomic.Int64
 	opened, refused, trusted, closed, polls atomic.Int64
 
-	mu       sync.Mutex
-	breaches []string
+	mu         sync.Mutex
+	breaches   []string
+	admissions []*testAdmission // in the order opened
+}
+
+// admission returns the i-th connection's admission.
+func (g *testGate) admission(i int) *testAdmission {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.admissions[i]
 }
 
 // gateLike is a testGate with the policy the servers' gate (package auth)
@@ -52,7 +60,7 @@ func (g *testGate) breach(format string, args ...any) {
 
 var errGateFull = errors.New("the test gate is full")
 
-func (g *testGate) Open(remote net.Addr, now time.Time) (Admission, error) {
+func (g *testGate) Open(remote net.Addr, now time.Time, drop func(error)) (Admission, error) {
 	if g.maxUntrusted > 0 && g.untrusted.Add(1) > g.maxUntrusted {
 		g.untrusted.Add(-1)
 		g.refused.Add(1)
@@ -61,8 +69,11 @@ func (g *testGate) Open(remote net.Addr, now time.Time) (Admission, error) {
 		g.untrusted.Add(1)
 	}
 	g.opened.Add(1)
-	a := &testAdmission{g: g, opened: now, remote: remote.String()}
+	a := &testAdmission{g: g, opened: now, remote: remote.String(), drop: drop}
 	a.held.Store(true)
+	g.mu.Lock()
+	g.admissions = append(g.admissions, a)
+	g.mu.Unlock()
 	return a, nil
 }
 
@@ -88,6 +99,7 @@ type testAdmission struct {
 	g       *testGate
 	opened  time.Time
 	remote  string
+	drop    func(error)
 	held    atomic.Bool // counted in g.untrusted
 	trusted atomic.Int32
 	closed  atomic.Int32

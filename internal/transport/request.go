@@ -57,6 +57,12 @@ func (r *Request) Peer() any {
 // the connection sees it with Peer.
 func (r *Request) SetPeer(v any) { r.conn.peer.Store(&v) }
 
+// Admission is the Gate's admission of the request's connection (what its
+// Open returned), or nil without a Gate: the gate's own state for the
+// connection, which a handler may hand back to the gate (package auth's
+// AUTH handling does).
+func (r *Request) Admission() Admission { return r.conn.adm }
+
 // Authenticate marks the request's connection trusted (the authorization
 // layer calls it once a peer proved who it is): its Gate is told
 // (Admission.Trusted) and asked nothing more about it; its next frames may

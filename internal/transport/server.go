@@ -341,6 +341,11 @@ func (s *Server) Close() error {
 		s.tasksMu.Unlock()
 		s.workWG.Wait()
 	}
+	// Every request is read and handled: a gate that holds answers back
+	// gives them now (Admission.Closed).
+	for _, c := range conns {
+		c.closeAdmission()
+	}
 	deadline := time.Now().Add(s.cfg.ShutdownGrace)
 	for s.inflight.Load() > 0 && time.Now().Before(deadline) {
 		time.Sleep(2 * time.Millisecond)

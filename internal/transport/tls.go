@@ -299,7 +299,7 @@ func (c *serverConn) open() (protocol.Frame, bool) {
 func (c *serverConn) openFailed(err error, inHandshake bool) {
 	s := c.s
 	var ne net.Error
-	if inHandshake && !(errors.As(err, &ne) && ne.Timeout()) {
+	if inHandshake && !(errors.As(err, &ne) && ne.Timeout()) && !c.dropped.Load() {
 		c.linger() // the peer reads the alert that says why
 	}
 	c.abort()
@@ -307,6 +307,9 @@ func (c *serverConn) openFailed(err error, inHandshake bool) {
 	case <-s.stop:
 		return // closing: not the peer's doing
 	default:
+	}
+	if c.dropped.Load() {
+		return // its gate dropped it
 	}
 	remote := c.raw.RemoteAddr().String()
 	switch {

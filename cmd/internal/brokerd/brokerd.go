@@ -110,6 +110,8 @@ func register(m *cli.Metrics, b *broker.Broker, dir string) {
 	st := b.Stats()
 	f := func(v interface{ Load() int64 }) func() float64 { return func() float64 { return float64(v.Load()) } }
 	m.CounterFunc("ferrymq_broker_messages_in_total", "Messages stored.", f(&st.MessagesIn))
+	m.CounterFunc("ferrymq_broker_auth_failures_total", "AUTH requests that failed: a token not recognised, or one sent during the backoff of failures before it (answered late; see docs/security.md).",
+		func() float64 { return float64(b.AuthFailures()) })
 	m.CounterFunc("ferrymq_broker_bytes_in_total", "Message body bytes stored.", f(&st.BytesIn))
 	m.CounterFunc("ferrymq_broker_messages_refused_total", "Messages answered with a non-OK status.", f(&st.Refused))
 	m.CounterFunc("ferrymq_broker_no_route_total", "Messages answered NO_ROUTE: the broker's route cache did not route their queue here (yet).", f(&st.NoRoute))

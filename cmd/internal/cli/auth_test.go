@@ -48,6 +48,9 @@ func TestAuthFlags(t *testing.T) {
 		{[]string{"-auth-cluster-token-file", filepath.Join(dir, "missing")}, "-auth-cluster-token-file: open "},
 		{[]string{"-auth-cluster-token-file", file("short", "abc")}, "-auth-cluster-token-file " + filepath.Join(dir, "short") + ": a token must be 32 to 512 characters"},
 		{[]string{"-auth-cluster-token-file", cluster, "-auth-admin-token-file", cluster}, "hold the same token"},
+		{[]string{"-auth-cluster-token-file", cluster, "-auth-admin-token-file", file("weak", strings.Repeat("a", 32))},
+			"-auth-admin-token-file " + filepath.Join(dir, "weak") + ": a token must hold at least 8 distinct characters; this one has 1"},
+		{[]string{"-auth-cluster-token-file", file("weak2", strings.Repeat("0123", 10))}, "at least 8 distinct characters; this one has 4"},
 	} {
 		_, _, err := parse(c.args...)
 		var ce *ConfigError

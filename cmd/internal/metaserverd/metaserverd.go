@@ -137,6 +137,8 @@ var raftStates = []string{"Follower", "Candidate", "Leader", "Shutdown"}
 func register(m *cli.Metrics, s *metaserver.Server) {
 	registerRaft(m.Registry, s.RaftStatus)
 	m.CounterFunc("ferrymq_metaserver_heartbeats_total", "Broker heartbeats taken as leader.", func() float64 { return float64(s.Heartbeats()) })
+	m.CounterFunc("ferrymq_metaserver_auth_failures_total", "AUTH requests that failed: a token not recognised, or one sent during the backoff of failures before it (answered late; see docs/security.md).",
+		func() float64 { return float64(s.AuthFailures()) })
 	m.Registry.MustRegister(groupCollector{s}, s.RouteLookupDuration(), s.ConsumerHandover())
 	m.CounterFunc("ferrymq_metaserver_failover_promotions_total", "Slaves promoted to master by this node as leader.",
 		func() float64 { return float64(s.Failovers().Promotions) })
