@@ -218,8 +218,8 @@ func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (r
 	if n <= 0 {
 		n = s.cfg.DefaultQueues
 	}
-	if n > 4096 {
-		return routing.Route{}, invalid("%d queues is over the limit of 4096", n)
+	if n > maxQueues {
+		return routing.Route{}, invalid("%d queues is over the limit of %d", n, maxQueues)
 	}
 	groups := req.Groups
 	if len(groups) == 0 {
@@ -256,13 +256,20 @@ func (s *Server) initProducer(ctx context.Context, req api.InitProducerRequest) 
 }
 
 func (s *Server) addQueues(ctx context.Context, req api.AddQueuesRequest) (routing.Route, error) {
-	if req.Count <= 0 || req.Count > 4096 {
-		return routing.Route{}, invalid("queue count must be 1 to 4096, got %d", req.Count)
+	if req.Count <= 0 || req.Count > maxQueues {
+		return routing.Route{}, invalid("queue count must be 1 to %d, got %d", maxQueues, req.Count)
 	}
 	topics := s.fsm.Topics()
 	i := sort.Search(len(topics), func(i int) bool { return topics[i].Name >= req.Topic })
 	if i == len(topics) || topics[i].Name != req.Topic {
 		return routing.Route{}, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", req.Topic)}
+	}
+	// A topic holds at most maxQueues queues, created or grown: the apply
+	// below expects this version of the topic, so the count checked here
+	// is the one grown.
+	if have := len(topics[i].Queues); have+req.Count > maxQueues {
+		return routing.Route{}, invalid("topic %q has %d queues: adding %d would make %d, over the limit of %d a topic has (add at most %d)",
+			req.Topic, have, req.Count, have+req.Count, maxQueues, max(0, maxQueues-have))
 	}
 	groups := s.writableGroups()
 	if len(groups) == 0 {
