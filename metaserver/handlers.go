@@ -3,7 +3,9 @@ package metaserver
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -356,6 +358,20 @@ func (s *Server) addVoter(ctx context.Context, req api.VoterRequest) (api.RaftSt
 func (s *Server) removeVoter(ctx context.Context, req api.VoterRequest) (api.RaftStatus, error) {
 	if req.ID == "" {
 		return api.RaftStatus{}, invalid("remove voter needs an id")
+	}
+	// raft takes the removal of a server it does not have as done: an id
+	// mistyped would say it removed what was never there.
+	f := s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return api.RaftStatus{}, fmt.Errorf("remove voter %s: %w", req.ID, err)
+	}
+	var ids []string
+	for _, srv := range f.Configuration().Servers {
+		ids = append(ids, string(srv.ID))
+	}
+	if !slices.Contains(ids, req.ID) {
+		return api.RaftStatus{}, &protocol.Error{Status: protocol.StatusNotFound,
+			Message: fmt.Sprintf("no metaserver %q in the Raft configuration (members: %s)", protocol.Clip(req.ID), strings.Join(ids, ", "))}
 	}
 	if err := s.raft.RemoveServer(raft.ServerID(req.ID), 0, 10*time.Second).Error(); err != nil {
 		return api.RaftStatus{}, fmt.Errorf("remove voter %s: %w", req.ID, err)

@@ -86,3 +86,21 @@ func clipName(name string) string {
 	}
 	return name
 }
+
+// ClipLen is how many bytes of a long value Clip keeps.
+const ClipLen = 64
+
+// Clip shortens a value for an error message or a log line, so that a long
+// one (a 5,000-byte key) is not echoed whole: its first ClipLen bytes (cut
+// at a character boundary) and "...(N bytes)". A value of up to ClipLen
+// bytes is returned as it is.
+func Clip(s string) string {
+	if len(s) <= ClipLen {
+		return s
+	}
+	cut := ClipLen
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s...(%d bytes)", s[:cut], len(s))
+}

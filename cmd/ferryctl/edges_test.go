@@ -1,8 +1,15 @@
 package main
 
 import (
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/metaserver"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 )
 
 // TestMissingQueueExitCode: a queue the topic does not have is bad usage,
@@ -19,5 +26,68 @@ func TestMissingQueueExitCode(t *testing.T) {
 		if code != exitUsage || !strings.Contains(errOut, "topic orders has 2 queues; no queue 7") {
 			t.Errorf("ferryctl %v: exit %d, %q; want exit 2 saying the topic has 2 queues", args, code, errOut)
 		}
+	}
+}
+
+// TestVoterChangesAreGuarded: remove-voter of an id the Raft configuration
+// does not have is an error (exit 1) naming the members, and changes
+// nothing; add-voter asks the node first, and refuses (exit 1, nothing
+// changed) a node that does not answer or answers as another id, so the
+// leader is not left replicating to a dead voter; a running node is added,
+// and removed again.
+func TestVoterChangesAreGuarded(t *testing.T) {
+	m := testcluster.StartMeta(t, 1, nil)
+	meta := "--meta=" + m.Addr()
+	members := func() []string {
+		var st api.RaftStatus
+		if err := json.Unmarshal([]byte(mustCtl(t, meta, "meta", "status", "--json")), &st); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, mb := range st.Members {
+			ids = append(ids, mb.ID)
+		}
+		return ids
+	}
+
+	code, _, errOut := ctl(meta, "meta", "remove-voter", "nosuch")
+	if code != exitError || !strings.Contains(errOut, `no metaserver "nosuch"`) || !strings.Contains(errOut, "members: m1") {
+		t.Fatalf("remove-voter nosuch: exit %d, %q; want exit 1 naming the members", code, errOut)
+	}
+
+	dead := testcluster.FreeAddr(t)
+	started := time.Now()
+	code, _, errOut = ctl(meta, "--timeout", "1m", "meta", "add-voter", "m9", "--raft-addr", testcluster.FreeAddr(t), "--rpc-addr", dead)
+	if code != exitError || !strings.Contains(errOut, "does not answer") || !strings.Contains(errOut, "--force") {
+		t.Fatalf("add-voter of a node not running: exit %d, %q; want exit 1 saying it does not answer", code, errOut)
+	}
+	if took := time.Since(started); took > 30*time.Second {
+		t.Fatalf("add-voter of a node not running took %v", took)
+	}
+	if ids := members(); !slices.Equal(ids, []string{"m1"}) {
+		t.Fatalf("members after the refused add-voter: %v", ids)
+	}
+
+	// A node started without peers, to join.
+	cfg := testcluster.MetaConfig("m2", t.TempDir())
+	s, err := metaserver.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Start(nil); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = ctl(meta, "meta", "add-voter", "m7", "--raft-addr", s.RaftAddr(), "--rpc-addr", s.RPCAddr())
+	if code != exitError || !strings.Contains(errOut, "is the metaserver m2, not m7") {
+		t.Fatalf("add-voter m7 at m2's address: exit %d, %q; want exit 1 naming m2", code, errOut)
+	}
+	mustCtl(t, meta, "meta", "add-voter", "m2", "--raft-addr", s.RaftAddr(), "--rpc-addr", s.RPCAddr())
+	if ids := members(); !slices.Equal(ids, []string{"m1", "m2"}) {
+		t.Fatalf("members after add-voter m2: %v", ids)
+	}
+	mustCtl(t, meta, "meta", "remove-voter", "m2")
+	if ids := members(); !slices.Equal(ids, []string{"m1"}) {
+		t.Fatalf("members after remove-voter m2: %v", ids)
 	}
 }
