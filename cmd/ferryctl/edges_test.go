@@ -91,3 +91,28 @@ func TestVoterChangesAreGuarded(t *testing.T) {
 		t.Fatalf("members after remove-voter m2: %v", ids)
 	}
 }
+
+// TestLongValuesAreCut: a long value in an error (a 5,000-byte --key,
+// --prop or id) is shown once, cut to its first 64 bytes and its length,
+// by ferryctl's own checks and in the metaserver's answers.
+func TestLongValuesAreCut(t *testing.T) {
+	m := testcluster.StartMeta(t, 1, nil)
+	long := strings.Repeat("x", 5000)
+	for _, tc := range []struct {
+		args []string
+		code int
+		cut  string // the length shown after the cut value
+	}{
+		{[]string{"send", "t", "--body", "b", "--key", long}, exitUsage, "(5000 bytes)"},
+		{[]string{"send", "t", "--body", "b", "--prop", "k=" + long}, exitUsage, "(5002 bytes)"},
+		{[]string{"send", "t", "--body", "b", "--prop", long}, exitUsage, "(5000 bytes)"},
+		{[]string{"send", "t", "--body", "b", "--prop", "a=b,k=" + long}, exitUsage, "(5006 bytes)"},
+		{[]string{"meta", "remove-voter", long}, exitError, "(5000 bytes)"},
+	} {
+		code, _, errOut := ctl(append([]string{"--meta", m.Addr()}, tc.args...)...)
+		if code != tc.code || len(errOut) > 400 || strings.Count(errOut, "...(") != 1 || strings.Count(errOut, strings.Repeat("x", 70)) != 0 || strings.Count(errOut, tc.cut) != 1 {
+			t.Errorf("ferryctl %s ...: exit %d, %d bytes on stderr: %.400q; want exit %d and the value once, cut to 64 bytes and %q",
+				tc.args[0], code, len(errOut), errOut, tc.code, tc.cut)
+		}
+	}
+}

@@ -88,8 +88,14 @@ func isCheckErr(err error) bool {
 }
 
 // shown prints a flag value in a message: as it is, or quoted when it is
-// empty or has spaces or unprintable characters.
+// empty or has spaces or unprintable characters; a long one is cut to its
+// first protocol.ClipLen bytes and its length ("xxx...(5000 bytes)").
 func shown(s string) string {
+	if len(s) > protocol.ClipLen {
+		clipped := protocol.Clip(s)
+		head := clipped[:strings.LastIndex(clipped, "...(")]
+		return shown(head) + clipped[len(head):]
+	}
 	if s == "" || strings.IndexFunc(s, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0 {
 		return strconv.Quote(s)
 	}
