@@ -206,7 +206,7 @@ func (s *Server) writableGroups() []string {
 }
 
 func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (routing.Route, error) {
-	if err := protocol.ValidateTopic(req.Name); err != nil {
+	if err := protocol.ValidateNewTopic(req.Name); err != nil {
 		return routing.Route{}, invalid("%v", err)
 	}
 	if r, ok := s.fsm.Route(req.Name); ok {

@@ -116,3 +116,21 @@ func TestLongValuesAreCut(t *testing.T) {
 		}
 	}
 }
+
+// TestNewTopicNameRules: topic create refuses, before any network call, a
+// name of dots alone and '%' outside a dead-letter topic's prefix (exit 2,
+// saying why), as the metaserver does; a dead-letter topic is created; a
+// broker id with a space is refused as brokers refuse it.
+func TestNewTopicNameRules(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{{"..", "only dots"}, {"%", "reserved"}, {"a%b", "reserved"}} {
+		code, _, errOut := ctl("--meta", "127.0.0.1:1", "topic", "create", tc.name, "--queues", "1")
+		if code != exitUsage || !strings.Contains(errOut, tc.want) {
+			t.Errorf("topic create %q: exit %d, %q; want exit 2 saying %q", tc.name, code, errOut, tc.want)
+		}
+	}
+	if code, _, errOut := ctl("--meta", "127.0.0.1:1", "broker", "resync", "bad id"); code != exitUsage || !strings.Contains(errOut, "not allowed") {
+		t.Errorf("broker resync 'bad id': exit %d, %q; want exit 2", code, errOut)
+	}
+	meta := "--meta=" + startCluster(t)
+	mustCtl(t, meta, "topic", "create", "%DLQ%billing", "--queues", "1")
+}
