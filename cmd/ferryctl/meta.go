@@ -139,6 +139,11 @@ fault tolerance and fills the leader's log; --force adds it all the same.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			if !o.force {
+				// The cluster first (unreachable: exit 3, as for any
+				// command), then the node.
+				if _, err := cl.RaftStatus(ctx); err != nil {
+					return err
+				}
 				if err := checkNewVoter(ctx, cl, args[0], o.rpcAddr); err != nil {
 					return err
 				}
