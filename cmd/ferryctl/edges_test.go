@@ -134,3 +134,37 @@ func TestNewTopicNameRules(t *testing.T) {
 	meta := "--meta=" + startCluster(t)
 	mustCtl(t, meta, "topic", "create", "%DLQ%billing", "--queues", "1")
 }
+
+// TestTLSMismatchAtOnce: TLS settings that do not match the cluster's are
+// known at the first handshake, and ferryctl says so then, with the cause,
+// exit 2, without retrying out its --timeout: a CA against a plaintext
+// cluster, and no client certificate on a cluster that requires one (for a
+// metaserver call and for the producer).
+func TestTLSMismatchAtOnce(t *testing.T) {
+	tlsMeta, flags := startTLSCluster(t)
+	plainMeta := "--meta=" + startCluster(t)
+	caOnly := flags[:2]
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a CA against a plaintext cluster", append(append([]string{plainMeta}, flags...), "topics"), "the server is not TLS"},
+		{"no client certificate", append(append([]string{tlsMeta}, caOnly...), "topics"), "requires a client certificate"},
+		{"no client certificate, the producer", append(append([]string{tlsMeta}, caOnly...), "send", "orders", "--body", "b"), "requires a client certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			code, _, errOut := ctl(append([]string{"--timeout", "1m"}, tc.args...)...)
+			took := time.Since(start)
+			if code != exitUsage || !strings.Contains(errOut, tc.want) || !strings.Contains(errOut, "--tls-ca") || strings.Contains(errOut, "cannot reach") {
+				t.Fatalf("exit %d, %q; want exit 2 saying %q and naming the TLS flags", code, errOut, tc.want)
+			}
+			// A retry loop would take the minute; the handshake takes
+			// milliseconds (the bound allows a loaded machine).
+			if took > 10*time.Second {
+				t.Fatalf("took %v: the cause was known at the first handshake", took)
+			}
+		})
+	}
+}
