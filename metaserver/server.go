@@ -101,6 +101,9 @@ func New(cfg Config) (*Server, error) {
 	if err = vfs.MkdirAllDurable(vfs.Default, cfg.Dir); err != nil {
 		return nil, fmt.Errorf("metaserver: data directory: %w", err)
 	}
+	if err = makeSnapshotDir(cfg.Dir); err != nil {
+		return nil, err
+	}
 	if s.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")}); err != nil {
 		return nil, fmt.Errorf("metaserver: open raft store in %s: %w", cfg.Dir, err)
 	}
