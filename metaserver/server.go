@@ -166,7 +166,7 @@ func (s *Server) FSM() *fsm.FSM { return s.fsm }
 func (s *Server) Start(peers []Peer) error {
 	s.cfg.Peers = peers
 	rc := s.cfg.raftConfig()
-	rc.Logger = s.log.Named("raft")
+	rc.Logger = quietWhenStopping(s.log.Named("raft"), s.stop)
 	rc.NotifyCh = s.leaderCh
 	if err := raft.ValidateConfig(rc); err != nil {
 		return fmt.Errorf("metaserver: raft config: %w", err)
