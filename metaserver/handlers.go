@@ -206,7 +206,7 @@ func (s *Server) writableGroups() []string {
 }
 
 func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (routing.Route, error) {
-	if err := protocol.ValidateNewTopic(req.Name); err != nil {
+	if err := protocol.ValidateTopic(req.Name); err != nil {
 		return routing.Route{}, invalid("%v", err)
 	}
 	if r, ok := s.fsm.Route(req.Name); ok {
@@ -215,6 +215,11 @@ func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (r
 			return r, nil
 		}
 		return routing.Route{}, &protocol.Error{Status: protocol.StatusConflict, Message: fmt.Sprintf("topic %q already exists", req.Name)}
+	}
+	// A new topic's name has the rules of new names (a topic made before
+	// them is found above, whatever its name).
+	if err := protocol.ValidateNewTopic(req.Name); err != nil {
+		return routing.Route{}, invalid("%v", err)
 	}
 	n := req.Queues
 	if n <= 0 {
