@@ -237,9 +237,13 @@ func (c Config) Validate() error {
 
 	if c.ID == "" {
 		errs = append(errs, errors.New("broker: ID is required"))
+	} else if err := protocol.ValidateServerName("broker id", c.ID); err != nil {
+		errs = append(errs, fmt.Errorf("broker: ID: %w", err))
 	}
 	if c.Group == "" {
 		errs = append(errs, errors.New("broker: Group is required"))
+	} else if err := protocol.ValidateServerName("broker group name", c.Group); err != nil {
+		errs = append(errs, fmt.Errorf("broker: Group: %w", err))
 	}
 	if !c.Role.Valid() {
 		errs = append(errs, fmt.Errorf("broker: Role must be %q or %q, got %q", routing.RoleMaster, routing.RoleSlave, c.Role))

@@ -170,7 +170,7 @@ func (h localEpochs) save(dir string) error {
 	}
 	path := filepath.Join(dir, epochFile)
 	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, fileMode)
 	if err != nil {
 		return fmt.Errorf("broker: write the local epochs: %w", err)
 	}
@@ -192,6 +192,14 @@ func (h localEpochs) save(dir string) error {
 	}
 	return nil
 }
+
+// The modes of the files and directories the broker writes itself (the
+// epoch file, a failover tail's marker), as the commit log's (storage/vfs's
+// FileMode and DirMode): no other local user reads a broker's data.
+const (
+	fileMode = 0o600
+	dirMode  = 0o700
+)
 
 // syncDir makes dir's entries durable.
 func syncDir(dir string) error {

@@ -218,10 +218,10 @@ func newTailHandover(cfg Config, log *storage.Log, epochs *epochState, stats *St
 
 // mark records, before a cut, that its side file is to be handed over.
 func (h *tailHandover) mark(sideFile string) error {
-	if err := os.MkdirAll(filepath.Dir(sideFile), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(sideFile), dirMode); err != nil {
 		return err
 	}
-	f, err := os.Create(sideFile + replayMarker)
+	f, err := os.OpenFile(sideFile+replayMarker, os.O_RDWR|os.O_CREATE|os.O_TRUNC, fileMode)
 	if err != nil {
 		return err
 	}

@@ -194,7 +194,8 @@ const NoLoss = -1
 
 // Limits that Validate enforces.
 const (
-	// maxQueues is the most queues one topic creation may ask for.
+	// maxQueues is the most queues a topic has: created, or grown by
+	// add-queues.
 	maxQueues = 4096
 	// minRaftTimeout is hashicorp/raft's floor for its timeouts and for
 	// the snapshot interval (raft.ValidateConfig).

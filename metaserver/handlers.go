@@ -3,7 +3,9 @@ package metaserver
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -214,12 +216,17 @@ func (s *Server) createTopic(ctx context.Context, req api.CreateTopicRequest) (r
 		}
 		return routing.Route{}, &protocol.Error{Status: protocol.StatusConflict, Message: fmt.Sprintf("topic %q already exists", req.Name)}
 	}
+	// A new topic's name has the rules of new names (a topic made before
+	// them is found above, whatever its name).
+	if err := protocol.ValidateNewTopic(req.Name); err != nil {
+		return routing.Route{}, invalid("%v", err)
+	}
 	n := req.Queues
 	if n <= 0 {
 		n = s.cfg.DefaultQueues
 	}
-	if n > 4096 {
-		return routing.Route{}, invalid("%d queues is over the limit of 4096", n)
+	if n > maxQueues {
+		return routing.Route{}, invalid("%d queues is over the limit of %d", n, maxQueues)
 	}
 	groups := req.Groups
 	if len(groups) == 0 {
@@ -256,13 +263,20 @@ func (s *Server) initProducer(ctx context.Context, req api.InitProducerRequest) 
 }
 
 func (s *Server) addQueues(ctx context.Context, req api.AddQueuesRequest) (routing.Route, error) {
-	if req.Count <= 0 || req.Count > 4096 {
-		return routing.Route{}, invalid("queue count must be 1 to 4096, got %d", req.Count)
+	if req.Count <= 0 || req.Count > maxQueues {
+		return routing.Route{}, invalid("queue count must be 1 to %d, got %d", maxQueues, req.Count)
 	}
 	topics := s.fsm.Topics()
 	i := sort.Search(len(topics), func(i int) bool { return topics[i].Name >= req.Topic })
 	if i == len(topics) || topics[i].Name != req.Topic {
 		return routing.Route{}, &protocol.Error{Status: protocol.StatusUnknownTopic, Message: fmt.Sprintf("topic %q does not exist", req.Topic)}
+	}
+	// A topic holds at most maxQueues queues, created or grown: the apply
+	// below expects this version of the topic, so the count checked here
+	// is the one grown.
+	if have := len(topics[i].Queues); have+req.Count > maxQueues {
+		return routing.Route{}, invalid("topic %q has %d queues: adding %d would make %d, over the limit of %d a topic has (add at most %d)",
+			req.Topic, have, req.Count, have+req.Count, maxQueues, max(0, maxQueues-have))
 	}
 	groups := s.writableGroups()
 	if len(groups) == 0 {
@@ -349,6 +363,20 @@ func (s *Server) addVoter(ctx context.Context, req api.VoterRequest) (api.RaftSt
 func (s *Server) removeVoter(ctx context.Context, req api.VoterRequest) (api.RaftStatus, error) {
 	if req.ID == "" {
 		return api.RaftStatus{}, invalid("remove voter needs an id")
+	}
+	// raft takes the removal of a server it does not have as done: an id
+	// mistyped would say it removed what was never there.
+	f := s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return api.RaftStatus{}, fmt.Errorf("remove voter %s: %w", req.ID, err)
+	}
+	var ids []string
+	for _, srv := range f.Configuration().Servers {
+		ids = append(ids, string(srv.ID))
+	}
+	if !slices.Contains(ids, req.ID) {
+		return api.RaftStatus{}, &protocol.Error{Status: protocol.StatusNotFound,
+			Message: fmt.Sprintf("no metaserver %q in the Raft configuration (members: %s)", protocol.Clip(req.ID), strings.Join(ids, ", "))}
 	}
 	if err := s.raft.RemoveServer(raft.ServerID(req.ID), 0, 10*time.Second).Error(); err != nil {
 		return api.RaftStatus{}, fmt.Errorf("remove voter %s: %w", req.ID, err)

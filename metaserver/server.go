@@ -103,6 +103,9 @@ func New(cfg Config) (*Server, error) {
 	if err = vfs.MkdirAllDurable(vfs.Default, cfg.Dir); err != nil {
 		return nil, fmt.Errorf("metaserver: data directory: %w", err)
 	}
+	if err = makeSnapshotDir(cfg.Dir); err != nil {
+		return nil, err
+	}
 	if s.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")}); err != nil {
 		return nil, fmt.Errorf("metaserver: open raft store in %s: %w", cfg.Dir, err)
 	}
@@ -165,7 +168,7 @@ func (s *Server) FSM() *fsm.FSM { return s.fsm }
 func (s *Server) Start(peers []Peer) error {
 	s.cfg.Peers = peers
 	rc := s.cfg.raftConfig()
-	rc.Logger = s.log.Named("raft")
+	rc.Logger = quietWhenStopping(s.log.Named("raft"), s.stop)
 	rc.NotifyCh = s.leaderCh
 	if err := raft.ValidateConfig(rc); err != nil {
 		return fmt.Errorf("metaserver: raft config: %w", err)

@@ -3,6 +3,7 @@ package protocol
 import (
 	"fmt"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -16,6 +17,46 @@ const TopicNameChars = "._-%"
 // for what its error says).
 func ValidateTopic(t string) error {
 	return ValidateName("topic", t, MaxTopicLen, TopicNameChars)
+}
+
+// DeadLetterPrefix begins a consumer group's dead-letter topic,
+// DeadLetterPrefix + GROUP: the only topic names with '%' in them.
+const DeadLetterPrefix = "%DLQ%"
+
+// ValidateNewTopic checks the name of a topic to be created: ValidateTopic,
+// and besides, no name of dots alone ("." and ".." name directories
+// elsewhere) and no '%' but in the system's DeadLetterPrefix followed by a
+// name without '%'. Topics that exist keep working under ValidateTopic,
+// which every request checks.
+func ValidateNewTopic(t string) error {
+	if err := ValidateTopic(t); err != nil {
+		return err
+	}
+	if strings.Trim(t, ".") == "" {
+		return fmt.Errorf("topic name %q is only dots; a topic name needs a letter, a digit, '_' or '-'", t)
+	}
+	if rest, ok := strings.CutPrefix(t, DeadLetterPrefix); ok && rest != "" && !strings.Contains(rest, "%") {
+		return nil
+	}
+	if strings.Contains(t, "%") {
+		return fmt.Errorf("topic name %q: '%%' is reserved for the system's topics: a consumer group's dead letters, %sGROUP", clipName(t), DeadLetterPrefix)
+	}
+	return nil
+}
+
+// ValidateServerName checks a broker's id or its group's name (what names
+// the kind in the error, "broker id"): 1 to 255 bytes of printable
+// characters and no spaces.
+func ValidateServerName(what, name string) error {
+	if name == "" || len(name) > 255 {
+		return fmt.Errorf("%s must be 1 to 255 bytes, got %d", what, len(name))
+	}
+	for i, r := range name {
+		if r == utf8.RuneError || !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("%s %q: character %q at byte %d is not allowed: spaces and unprintable characters are not", what, clipName(name), r, i)
+		}
+	}
+	return nil
 }
 
 // ValidateName checks a name in the cluster's namespaces (a topic, a
@@ -85,4 +126,22 @@ func clipName(name string) string {
 		n++
 	}
 	return name
+}
+
+// ClipLen is how many bytes of a long value Clip keeps.
+const ClipLen = 64
+
+// Clip shortens a value for an error message or a log line, so that a long
+// one (a 5,000-byte key) is not echoed whole: its first ClipLen bytes (cut
+// at a character boundary) and "...(N bytes)". A value of up to ClipLen
+// bytes is returned as it is.
+func Clip(s string) string {
+	if len(s) <= ClipLen {
+		return s
+	}
+	cut := ClipLen
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s...(%d bytes)", s[:cut], len(s))
 }

@@ -4,7 +4,7 @@
 # FERRY_GROUPS sets how many).
 #
 #   scripts/cluster.sh start    build the binaries, start every process, wait until ready
-#   scripts/cluster.sh stop     stop every process this script started, by its PID
+#   scripts/cluster.sh stop     stop every process this script started, by its PID, all at once
 #   scripts/cluster.sh status   show the processes, the Raft cluster and the broker groups
 #   scripts/cluster.sh demo     start from empty data, create a topic, send with `ferryctl bench` and
 #                               consume with a consumer group, show the routes and brokers, read and
@@ -47,6 +47,9 @@
 # j <= 9 (the default 2 groups: data +31..+34, HA +41..+44, metrics +51..+54); from the tenth
 # broker on (FERRY_GROUPS > 4), data +60+3(j-10), HA the port after, metrics the one after that.
 set -euo pipefail
+# What the script and its processes create is at most 0640 (files) and 0750
+# (directories): logs, PIDs, binaries; the servers keep their data 0600/0700.
+umask 027
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FERRY_HOME="${FERRY_HOME:-$ROOT/.cluster}"
@@ -193,10 +196,13 @@ build() {
   (cd "$ROOT" && go build -o "$BIN/" ./cmd/ferry-metaserver ./cmd/ferry-broker ./cmd/ferryctl)
 }
 
-# launch NAME CMD...: start a process in the background, logs and PID under FERRY_HOME.
+# launch NAME CMD...: start a process in the background, logs and PID under FERRY_HOME. A log
+# from an earlier run (made before the umask) is made 0640 again.
 launch() {
   local name="$1"
   shift
+  chmod 750 "$LOGS"
+  if [ -f "$LOGS/$name.log" ]; then chmod 640 "$LOGS/$name.log"; fi
   "$@" >"$LOGS/$name.log" 2>&1 &
   echo $! >"$PIDS/$name.pid"
   disown $! # its end (say a kill -9) is not this shell's to report
@@ -295,25 +301,52 @@ wait_ready() {
   exit 1
 }
 
+# stop stops every process this script started, all at once: SIGTERM to each recorded PID, then
+# a wait for all of them (a clean stop takes each about as long as the slowest), SIGKILL to any
+# still running after STOP_WAIT seconds.
+STOP_WAIT=10
 stop() {
-  local f pid name
+  local f pid name pids=() names=() i running deadline
   for f in "$PIDS"/*.pid; do
     [ -f "$f" ] || continue
     pid="$(cat "$f")"
     name="$(basename "$f" .pid)"
     if kill -0 "$pid" 2>/dev/null; then
-      kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 100); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-      done
-      if kill -0 "$pid" 2>/dev/null; then
-        echo "$name (pid $pid) did not stop in 10 s; killing it" >&2
-        kill -KILL "$pid" 2>/dev/null || true
-      fi
-      echo "stopped $name (pid $pid)"
+      pids+=("$pid")
+      names+=("$name")
+    else
+      rm -f "$f"
     fi
-    rm -f "$f"
+  done
+  if [ ${#pids[@]} = 0 ]; then
+    return 0
+  fi
+  # One kill for all: the metaservers stop together, so none is left
+  # running to find its peers gone.
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  deadline=$((SECONDS + STOP_WAIT))
+  while :; do
+    running=0
+    for pid in "${pids[@]}"; do
+      if kill -0 "$pid" 2>/dev/null; then
+        running=1
+        break
+      fi
+    done
+    if [ "$running" = 0 ] || [ "$SECONDS" -ge "$deadline" ]; then
+      break
+    fi
+    sleep 0.05
+  done
+  for i in "${!pids[@]}"; do
+    pid="${pids[$i]}"
+    name="${names[$i]}"
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "$name (pid $pid) did not stop in $STOP_WAIT s; killing it" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    echo "stopped $name (pid $pid)"
+    rm -f "$PIDS/$name.pid"
   done
 }
 

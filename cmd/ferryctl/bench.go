@@ -102,7 +102,7 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "debug: write a CPU profile of this process while it sends to this file (go tool pprof FILE)")
 	f.StringVar(&o.memProfile, "memprofile", "", "debug: write an allocation profile of this process, taken after the sends, to this file")
 	c := g.checker(f)
-	c.name("topic", topicWant, checkTopic)
+	c.name("topic", topicWant, checkTopic) // a topic to create is the metaserver's to check
 	c.intRange("queues", 1, maxQueues)
 	c.intRange("producers", 1, maxProducers)
 	c.intRange("size", 0, protocol.MaxMessageSize)

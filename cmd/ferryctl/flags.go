@@ -88,8 +88,14 @@ func isCheckErr(err error) bool {
 }
 
 // shown prints a flag value in a message: as it is, or quoted when it is
-// empty or has spaces or unprintable characters.
+// empty or has spaces or unprintable characters; a long one is cut to its
+// first protocol.ClipLen bytes and its length ("xxx...(5000 bytes)").
 func shown(s string) string {
+	if len(s) > protocol.ClipLen {
+		clipped := protocol.Clip(s)
+		head := clipped[:strings.LastIndex(clipped, "...(")]
+		return shown(head) + clipped[len(head):]
+	}
 	if s == "" || strings.IndexFunc(s, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0 {
 		return strconv.Quote(s)
 	}
@@ -182,36 +188,23 @@ func (c checker) name(name, want string, fn func(string) error) {
 // Names.
 
 const (
-	topicWant = "a topic name: 1 to 255 letters, digits, '.', '_', '-', '%'"
+	topicWant = "a topic name: 1 to 255 letters, digits, '.', '_', '-' ('%' only in a dead-letter topic, %DLQ%GROUP)"
 	groupWant = "a consumer group name: 1 to 255 letters, digits, '.', '_', '-'"
 )
 
 func checkTopic(s string) error { return protocol.ValidateTopic(s) }
 
+// checkNewTopic checks the name of a topic to be created (no '%' but a
+// dead-letter topic's, no name of dots alone).
+func checkNewTopic(s string) error { return protocol.ValidateNewTopic(s) }
+
 func checkConsumerGroup(s string) error { return fsm.ValidateConsumerName("consumer group", s) }
 
-// checkBrokerGroup checks a broker group name: the metaserver has no rule
-// for them beyond being non-empty, so only what cannot be one is refused.
-func checkBrokerGroup(s string) error {
-	if s == "" || len(s) > 255 {
-		return fmt.Errorf("broker group name must be 1 to 255 bytes, got %d", len(s))
-	}
-	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
-		return fmt.Errorf("broker group name %q: spaces and unprintable characters are not allowed", s)
-	}
-	return nil
-}
+// checkBrokerGroup checks a broker group name as brokers take it (-group).
+func checkBrokerGroup(s string) error { return protocol.ValidateServerName("broker group name", s) }
 
 // checkBrokerID checks a broker's id as brokers take it (-id).
-func checkBrokerID(s string) error {
-	if s == "" || len(s) > 255 {
-		return fmt.Errorf("broker id must be 1 to 255 bytes, got %d", len(s))
-	}
-	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
-		return fmt.Errorf("broker id %q: spaces and unprintable characters are not allowed", s)
-	}
-	return nil
-}
+func checkBrokerID(s string) error { return protocol.ValidateServerName("broker id", s) }
 
 // parseMetaAddrs reads --meta: a comma-separated list of host:port with a
 // numeric port from 1 to 65535.
@@ -309,6 +302,8 @@ func checkArgs(cmd *cobra.Command, args []string) error {
 		switch kind {
 		case "topic":
 			err = checkTopic(a)
+		case "new topic":
+			err = checkNewTopic(a)
 		case "consumer group":
 			err = checkConsumerGroup(a)
 		case "broker group":
@@ -341,7 +336,7 @@ func argName(cmd *cobra.Command, i int) string {
 // argKinds says what the positional arguments of a command name.
 var argKinds = map[string]string{
 	"routes":              "topic",
-	"topic create":        "topic",
+	"topic create":        "new topic",
 	"topic add-queues":    "topic",
 	"send":                "topic",
 	"read":                "topic",

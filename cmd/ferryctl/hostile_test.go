@@ -217,6 +217,7 @@ var flagCases = map[string]flagCase{
 	"meta status/member-timeout": {[]string{"meta", "status"}, durationIn(10*time.Millisecond, time.Minute)},
 	"meta add-voter/raft-addr":   {[]string{"meta", "add-voter", "m9", "--rpc-addr", "127.0.0.1:2"}, hostPort},
 	"meta add-voter/rpc-addr":    {[]string{"meta", "add-voter", "m9", "--raft-addr", "127.0.0.1:2"}, hostPort},
+	"meta add-voter/force":       {[]string{"meta", "add-voter", "m9", "--raft-addr", "127.0.0.1:2", "--rpc-addr", "127.0.0.1:3"}, anyBool},
 }
 
 // writeFails is want for a command that dials nothing and fails writing

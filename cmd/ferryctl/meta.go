@@ -119,15 +119,35 @@ func printMetaStatus(g *globalOptions, st api.MetaStatus) error {
 	return g.printer().print(st, []string{"ID", "RAFT-ADDR", "RPC-ADDR", "SUFFRAGE", "ROLE", "LAST-CONTACT", "APPLIED", "BEHIND", "REACHABLE"}, rows)
 }
 
-type voterOptions struct{ raftAddr, rpcAddr string }
+type voterOptions struct {
+	raftAddr, rpcAddr string
+	force             bool
+}
+
+// voterCheckTimeout bounds add-voter's question to the new node.
+const voterCheckTimeout = 2 * time.Second
 
 func newMetaAddVoterCommand(g *globalOptions) *cobra.Command {
 	o := &voterOptions{}
 	cmd := &cobra.Command{
 		Use:   "add-voter ID",
 		Short: "Add a metaserver node (started without bootstrapping) as a voter",
-		Args:  usageArgs(cobra.ExactArgs(1)),
+		Long: `Add a metaserver node, started without -peers, as a voter. The node is asked
+first at --rpc-addr for its Raft status: it must answer, as the metaserver ID, or
+nothing is changed (exit 1). A voter that is not running costs the cluster its
+fault tolerance and fills the leader's log; --force adds it all the same.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
+			if !o.force {
+				// The cluster first (unreachable: exit 3, as for any
+				// command), then the node.
+				if _, err := cl.RaftStatus(ctx); err != nil {
+					return err
+				}
+				if err := checkNewVoter(ctx, cl, args[0], o.rpcAddr); err != nil {
+					return err
+				}
+			}
 			st, err := cl.AddVoter(ctx, api.VoterRequest{ID: args[0], RaftAddr: o.raftAddr, RPCAddr: o.rpcAddr})
 			if err != nil {
 				return err
@@ -137,9 +157,26 @@ func newMetaAddVoterCommand(g *globalOptions) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&o.raftAddr, "raft-addr", "", "the node's raft address")
 	cmd.Flags().StringVar(&o.rpcAddr, "rpc-addr", "", "the node's RPC address")
+	cmd.Flags().BoolVar(&o.force, "force", false, "add the voter without asking the node first (it may not be running)")
+	g.checker(cmd.Flags()).bool("force")
 	_ = cmd.MarkFlagRequired("raft-addr")
 	_ = cmd.MarkFlagRequired("rpc-addr")
 	return cmd
+}
+
+// checkNewVoter asks the node at rpcAddr for its Raft status: it must
+// answer, and be the metaserver id. Its error is the cluster's refusal
+// (exit 1), whatever kept the node from answering.
+func checkNewVoter(ctx context.Context, cl *client.Client, id, rpcAddr string) error {
+	st, err := cl.NodeStatus(ctx, rpcAddr, voterCheckTimeout)
+	if err != nil {
+		return fmt.Errorf("meta add-voter %s: the node at --rpc-addr %s does not answer (%v): start it first (without -peers), or give --force",
+			shown(id), rpcAddr, err)
+	}
+	if st.Node != id {
+		return fmt.Errorf("meta add-voter %s: the node at --rpc-addr %s is the metaserver %s, not %s", shown(id), rpcAddr, shown(st.Node), shown(id))
+	}
+	return nil
 }
 
 func newMetaRemoveVoterCommand(g *globalOptions) *cobra.Command {

@@ -164,7 +164,8 @@ func resetOffsets(ctx context.Context, g *globalOptions, cl *client.Client, grou
 		queues = nil
 		for _, id := range o.queues {
 			if id >= uint(len(route.Queues)) {
-				return fmt.Errorf("topic %s has %d queues; no queue %d", o.topic, len(route.Queues), id)
+				// A queue the topic does not have is bad usage (exit 2), as for read.
+				return usageError{fmt.Errorf("topic %s has %d queues; no queue %d", o.topic, len(route.Queues), id)}
 			}
 			queues = append(queues, route.Queues[id])
 		}

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
 	"github.com/ferrymq/ferrymq/internal/transport"
@@ -269,7 +271,7 @@ func refuseUnknownSubcommands(cmd *cobra.Command) {
 // queues, or a bench's causes) continues on indented lines.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root, g := newRoot(stdin, stdout)
-	root.SetArgs(args)
+	root.SetArgs(singleDashVersion(root, args))
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -292,6 +294,53 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	msg = strings.ReplaceAll(strings.TrimRight(msg, "\n"), "\n", "\n  ")
 	fmt.Fprintf(stderr, "ferryctl: %s\n", msg)
 	return code
+}
+
+// singleDashVersion returns args with -version, as the servers take it,
+// made --version (pflag reads -version as the shorthands v, e, r...). A
+// -version that is the value of the flag before it (send --body -version)
+// stays as it is; so does everything after "--".
+func singleDashVersion(root *cobra.Command, args []string) []string {
+	out := slices.Clone(args)
+	for i, a := range out {
+		if a == "--" {
+			break
+		}
+		if a == "-version" && (i == 0 || !takesValue(root, out[i-1])) {
+			out[i] = "--version"
+		}
+	}
+	return out
+}
+
+// takesValue reports whether arg is a flag, of any of ferryctl's commands,
+// that takes the next argument as its value.
+func takesValue(root *cobra.Command, arg string) bool {
+	if !strings.HasPrefix(arg, "-") || strings.Contains(arg, "=") || arg == "-" || arg == "--" {
+		return false
+	}
+	long := strings.HasPrefix(arg, "--")
+	name := strings.TrimLeft(arg, "-")
+	found := false
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, fs := range []*pflag.FlagSet{c.Flags(), c.PersistentFlags()} {
+			var f *pflag.Flag
+			if long {
+				f = fs.Lookup(name)
+			} else if len(name) == 1 {
+				f = fs.ShorthandLookup(name)
+			}
+			if f != nil && f.NoOptDefVal == "" {
+				found = true
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	return found
 }
 
 func exitCode(err error) int {

@@ -102,10 +102,18 @@ empty and may be at most 4 MiB (protocol.MaxMessageSize).`,
 		if len(o.props) > protocol.MaxProperties-1 {
 			return fmt.Errorf("%d properties are over the cap %d", len(o.props), protocol.MaxProperties-1)
 		}
-		for _, kv := range strings.Split(s, ",") {
+		items := strings.Split(s, ",")
+		for i, kv := range items {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok || k == "" || len(k) > protocol.MaxPropertyLen || len(v) > protocol.MaxPropertyLen {
-				return fmt.Errorf("%s: want key=value, the key 1 to %d bytes and the value at most %d", shown(kv), protocol.MaxPropertyLen, protocol.MaxPropertyLen)
+				// The flag's value is in the message already: name the
+				// item only when it is one of several.
+				item := ""
+				if len(items) > 1 {
+					item = fmt.Sprintf("item %d of %d: ", i+1, len(items))
+				}
+				return fmt.Errorf("%swant key=value, the key 1 to %d bytes and the value at most %d (this key %d bytes, value %d)",
+					item, protocol.MaxPropertyLen, protocol.MaxPropertyLen, len(k), len(v))
 			}
 			if k == "key" {
 				return errors.New(`the property "key" is the message key: give it with --key`)

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ferrymq/ferrymq/cmd/internal/cli"
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/tlsconf"
 )
@@ -107,9 +108,16 @@ func brokerTLS(ctx context.Context) *tls.Config {
 }
 
 // explainTLSRefusal turns a server's refusal of a plaintext connection (its
-// port requires TLS) into a usage error that says which flags ferryctl
-// needs; other errors pass.
+// port requires TLS), or a handshake that failed for the TLS settings
+// (transport.ErrTLSMismatch), into a usage error that says which flags
+// ferryctl needs; other errors pass.
 func explainTLSRefusal(err error) error {
+	if errors.Is(err, transport.ErrTLSMismatch) {
+		// Known at the first handshake (a CA against a plaintext server,
+		// no client certificate where one is required, a CA that did not
+		// sign the server's certificate): the flags are wrong, exit 2.
+		return usageError{fmt.Errorf("%w; ferryctl's --tls-ca, --tls-cert and --tls-key (or FERRY_TLS_*) do not match the cluster's TLS settings", err)}
+	}
 	var pe *protocol.Error
 	if err == nil || !errors.As(err, &pe) || pe.Status != protocol.StatusNotAuthorized {
 		return err

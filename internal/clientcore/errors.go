@@ -26,7 +26,8 @@ const (
 	// KindClosed: the client was closed (its connections refuse calls).
 	KindClosed
 	// KindUnreachable: nobody answered: no metaserver node could be
-	// reached, a connection was lost, or the call's deadline passed.
+	// reached, a connection was lost, or the call's deadline passed (not a
+	// TLS handshake that failed for the TLS settings: KindOther).
 	KindUnreachable
 )
 
@@ -37,6 +38,10 @@ func KindOf(err error) Kind {
 		return KindOther
 	case errors.Is(err, transport.ErrClosed):
 		return KindClosed
+	case errors.Is(err, transport.ErrTLSMismatch):
+		// The TLS settings do not match the server's: no retry helps,
+		// though the connection was lost too.
+		return KindOther
 	case errors.Is(err, ErrNoNode), errors.Is(err, transport.ErrConnLost), errors.Is(err, protocol.ErrTimeout),
 		errors.Is(err, context.DeadlineExceeded):
 		return KindUnreachable

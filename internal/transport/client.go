@@ -231,7 +231,7 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 				err = errHandshakeTimeout
 			}
-			return nil, &HandshakeError{Addr: c.addr, Cause: clientTLSCause(err), Err: err}
+			return nil, clientHandshakeError(c.addr, err)
 		}
 		nc = tc
 	}
@@ -298,7 +298,7 @@ func (cc *clientConn) readLoop(addr string) error {
 			if cause := remoteAlertCause(err); first && cc.tls && cause != "" {
 				// TLS 1.3: the server refused this client's certificate
 				// after the client's side of the handshake was done.
-				return &HandshakeError{Addr: addr, Cause: cause, Err: err}
+				return &HandshakeError{Addr: addr, Cause: cause, Err: err, Mismatch: true}
 			}
 			return err
 		}

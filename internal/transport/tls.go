@@ -20,15 +20,27 @@ import (
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
+// ErrTLSMismatch marks a HandshakeError whose cause is the two ends' TLS
+// settings, known from the handshake itself: a certificate the other end
+// does not trust (a wrong CA, an expired certificate, a name it does not
+// have), no client certificate where one is required, or TLS against a
+// plaintext port. Trying again gives the same answer until a setting
+// changes: callers that retry lost connections should stop at it.
+var ErrTLSMismatch = errors.New("transport: TLS settings do not match the server's")
+
 // HandshakeError is a failed TLS handshake with a server, or a server's
 // refusal of this client's certificate that arrived with the first answer
 // (TLS 1.3 checks a client's certificate after the client's side of the
-// handshake is done). It matches ErrConnLost, like a failed dial: callers
-// that retry on a lost connection retry it too, and fail with its text.
+// handshake is done). It matches ErrConnLost, like a failed dial, and, when
+// Mismatch, ErrTLSMismatch: a caller that retries lost connections asks
+// errors.Is(err, ErrTLSMismatch) first.
 type HandshakeError struct {
 	Addr  string // the server's address
 	Cause string // the likely cause in words, "" when none is known
 	Err   error  // what crypto/tls or the socket said
+	// Mismatch: the cause is the TLS settings (ErrTLSMismatch), not a
+	// closed or silent connection, which may be passing.
+	Mismatch bool
 }
 
 func (e *HandshakeError) Error() string {
@@ -38,8 +50,33 @@ func (e *HandshakeError) Error() string {
 	return fmt.Sprintf("transport: tls handshake with %s: %s: %v", e.Addr, e.Cause, e.Err)
 }
 
-// Unwrap makes the error match ErrConnLost and whatever Err matches.
-func (e *HandshakeError) Unwrap() []error { return []error{ErrConnLost, e.Err} }
+// Unwrap makes the error match ErrConnLost, ErrTLSMismatch when Mismatch,
+// and whatever Err matches.
+func (e *HandshakeError) Unwrap() []error {
+	if e.Mismatch {
+		return []error{ErrConnLost, ErrTLSMismatch, e.Err}
+	}
+	return []error{ErrConnLost, e.Err}
+}
+
+// clientHandshakeError is the HandshakeError of a client's failed handshake
+// with addr.
+func clientHandshakeError(addr string, err error) *HandshakeError {
+	return &HandshakeError{Addr: addr, Cause: clientTLSCause(err), Err: err, Mismatch: tlsMismatch(err)}
+}
+
+// tlsMismatch reports whether a client's failed handshake failed for the
+// two ends' TLS settings: the certificates were judged (by either end), or
+// the server answered in something that is not TLS.
+func tlsMismatch(err error) bool {
+	var invalid x509.CertificateInvalidError
+	switch {
+	case errors.As(err, new(x509.UnknownAuthorityError)), errors.As(err, &invalid), errors.As(err, new(x509.HostnameError)),
+		errors.As(err, new(tls.RecordHeaderError)), errors.As(err, new(*tls.CertificateVerificationError)):
+		return true
+	}
+	return remoteAlertCause(err) != ""
+}
 
 // clientTLSCause names the likely cause of a client's failed handshake.
 func clientTLSCause(err error) string {

@@ -192,6 +192,11 @@ func TestTLSHandshakeFailuresAreExplained(t *testing.T) {
 				if !errors.Is(err, ErrConnLost) {
 					t.Fatalf("client error %q does not match ErrConnLost", err)
 				}
+				// Each of these is the TLS settings, known at the
+				// handshake: no retry will do better.
+				if !errors.Is(err, ErrTLSMismatch) {
+					t.Fatalf("client error %q does not match ErrTLSMismatch", err)
+				}
 			} else if !errors.Is(err, protocol.ErrNotAuthorized) {
 				t.Fatalf("plaintext client's error %q is not NOT_AUTHORIZED", err)
 			}

@@ -184,8 +184,11 @@ func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLe
 	var lastErr error
 	var lastAnswer error // the last error a server answered with (BUSY, say): kept past later timeouts
 	var wrong wrongServers
+	// tlsBad: addresses whose handshake failed for the TLS settings
+	// (transport.ErrTLSMismatch): asking again gives the same answer.
+	tlsBad := map[string]error{}
 	isWrong := func(addr string) bool {
-		return slices.ContainsFunc(wrong, func(w *WrongServerError) bool { return w.Addr == addr })
+		return slices.ContainsFunc(wrong, func(w *WrongServerError) bool { return w.Addr == addr }) || tlsBad[addr] != nil
 	}
 	backoff := 20 * time.Millisecond
 	for round := 0; ; round++ {
@@ -216,6 +219,16 @@ func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLe
 				c.mu.Unlock()
 				c.noteAnswered(addr)
 				return resp.Body, nil
+			}
+			if errors.Is(err, transport.ErrTLSMismatch) && ctx.Err() == nil {
+				tlsBad[addr] = err
+				if !slices.ContainsFunc(c.cfg.Addrs, func(a string) bool { return !isWrong(a) }) {
+					// No address is left that could answer: the cause is
+					// known now, and waiting out the call would not change it.
+					return nil, tlsMismatch(c.cfg.Addrs, tlsBad)
+				}
+				lastErr = err
+				continue
 			}
 			if timedOut {
 				// Taken, not answered in its share: a paused or wedged
@@ -285,6 +298,22 @@ func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLe
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
 	}
+}
+
+// tlsMismatch is the error of a call that no address could take for the
+// TLS settings: the first address's handshake error (it names the address
+// and the cause), and how many others failed so.
+func tlsMismatch(addrs []string, bad map[string]error) error {
+	var first error
+	for _, a := range addrs {
+		if first = bad[a]; first != nil {
+			break
+		}
+	}
+	if len(bad) > 1 {
+		return fmt.Errorf("%w (and %d other addresses the same way)", first, len(bad)-1)
+	}
+	return first
 }
 
 func decode[T any](b []byte, err error) (T, error) {

@@ -48,8 +48,17 @@ type FS interface {
 }
 
 // Default is the operating system's file system. Its File.Sync is
-// fdatasync where the system has it (data and size, not timestamps).
+// fdatasync where the system has it (data and size, not timestamps). It
+// creates files FileMode and directories DirMode: a log holds message
+// bodies, which no other local user may read.
 var Default FS = osFS{}
+
+// The modes Default creates files and directories with (before the
+// process's umask, which can only take bits away).
+const (
+	FileMode os.FileMode = 0o600
+	DirMode  os.FileMode = 0o700
+)
 
 type osFS struct{}
 
@@ -66,7 +75,7 @@ func (f osFile) Size() (int64, error) {
 }
 
 func (osFS) Create(name string) (File, error) {
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, FileMode)
 	if err != nil {
 		return nil, err
 	}
@@ -98,7 +107,7 @@ func (osFS) List(dir string) ([]string, error) {
 	return names, nil
 }
 
-func (osFS) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o755) }
+func (osFS) MkdirAll(dir string) error { return os.MkdirAll(dir, DirMode) }
 
 // MkdirAllDurable creates dir and any missing parents in fsys and makes the
 // whole path durable before it returns: a power loss afterwards leaves dir

@@ -82,6 +82,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
+	cli.WarnOpenDataDir(cfg.Logger, "-dir", cfg.Dir)
 	// Durably: a power loss must not take the directory the log then
 	// acknowledges records in.
 	if err := vfs.MkdirAllDurable(vfs.Default, cfg.Dir); err != nil {

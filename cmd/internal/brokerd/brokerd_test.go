@@ -28,6 +28,8 @@ func TestBadSettingsFailClearly(t *testing.T) {
 		code int
 	}{
 		{"missing id", []string{"-group", "g", "-dir", dir}, "ID is required", cli.ExitConfig},
+		{"id with a space", []string{"-id", "bad id", "-group", "g", "-dir", dir}, `broker id "bad id"`, cli.ExitConfig},
+		{"group with a space", []string{"-id", "b", "-group", "g 1", "-dir", dir}, `broker group name "g 1"`, cli.ExitConfig},
 		{"bad role", []string{"-id", "b", "-group", "g", "-dir", dir, "-role", "boss"}, "Role", cli.ExitConfig},
 		{"bad flush", []string{"-id", "b", "-group", "g", "-dir", dir, "-flush", "sometimes"}, "flush mode", cli.ExitConfig},
 		{"unknown flag", []string{"-frobnicate"}, "frobnicate", cli.ExitConfig},

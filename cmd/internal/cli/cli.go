@@ -52,7 +52,9 @@ func (e *ConfigError) Unwrap() error { return e.Err }
 
 // Main runs a server program and exits: run gets the command line and a
 // context that SIGINT or SIGTERM cancels; an error is printed under name.
+// The process runs with Umask.
 func Main(name string, run func(ctx context.Context, args []string, stderr io.Writer) error) {
+	setUmask(Umask)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr)
 	stop()

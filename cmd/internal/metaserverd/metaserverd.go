@@ -113,6 +113,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return &cli.ConfigError{Err: err}
 	}
+	cli.WarnOpenDataDir(cfg.Logger, "-dir", cfg.Dir)
 	s, err := metaserver.Open(cfg)
 	if err != nil {
 		return err
