@@ -91,6 +91,45 @@ func (s *Server) authorize(r *transport.Request, code protocol.Code, target auth
 	return auth.Check(r, s.ACL(), code, target)
 }
 
+// principalKey is the context key of the principal making a request
+// (requestContext).
+type principalKey struct{}
+
+// requestContext is the context a handler of r runs in: with
+// authorization on it carries r's principal (principalOf, describesTopic).
+func (s *Server) requestContext(r *transport.Request) context.Context {
+	ctx := context.Background()
+	if !s.cfg.AuthEnabled() {
+		return ctx
+	}
+	if p, err := auth.Resolve(r, s.ACL()); err == nil {
+		ctx = context.WithValue(ctx, principalKey{}, p)
+	}
+	return ctx
+}
+
+// principalOf is the name of the principal making the request a handler
+// serves ("": authorization is off).
+func principalOf(ctx context.Context) string {
+	p, _ := ctx.Value(principalKey{}).(auth.Principal)
+	return p.Name
+}
+
+// describesTopic returns what a CONSUMER_GROUPS answer about group may show
+// the principal making the request: every topic for admin and describe
+// (and with authorization off), else only the topics one of its consume
+// permissions matches together with the group, so that a consumer of a
+// group does not read the group's offsets of topics it may not consume.
+func describesTopic(ctx context.Context, group string) func(topic string) bool {
+	p, ok := ctx.Value(principalKey{}).(auth.Principal)
+	if !ok || auth.Authorize(p, protocol.CodeConsumerGroups, auth.Target{}) == nil {
+		return nil // every topic
+	}
+	return func(topic string) bool {
+		return auth.Authorize(p, protocol.CodeCommitOffsets, auth.Target{Topics: []string{topic}, Group: group}) == nil
+	}
+}
+
 // authorizeTopic checks a route lookup (ROUTE_LOOKUP or ROUTE_GET) of
 // topic.
 func (s *Server) authorizeTopic(r *transport.Request, topic string) error {
