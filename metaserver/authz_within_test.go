@@ -231,6 +231,53 @@ func TestConsumerGroupsShowsOnlyDescribableTopics(t *testing.T) {
 	wantNotAuthorized(t, "consume:orders:billing lists every group", err)
 }
 
+// TestACLGetGivesNoTokenHashes: ACL_GET, which the cluster principal (every
+// broker's) may make, gives the principals' names and permissions but no
+// token hash; of the hashes asked it says whose each is, and nothing of
+// those it was not asked about. ADMIN_ACL_LIST stays admin's.
+func TestACLGetGivesNoTokenHashes(t *testing.T) {
+	am := startAuthMeta(t, 1)
+	ctx := context.Background()
+	aliceTok, bobTok := auth.NewToken(), auth.NewToken()
+	for name, tok := range map[string]string{"alice": aliceTok, "bob": bobTok} {
+		if _, err := am.admin.SetPrincipal(ctx, api.ACLSetRequest{Name: name, TokenSHA256: auth.HashToken(tok).String(),
+			Permissions: []string{"produce:orders"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cluster := am.dial(t, am.clusterTok)
+	acl, err := cluster.ClusterACL(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(acl.Principals) != 2 || len(acl.Tokens) != 0 || acl.AdminSHA256 != "" {
+		t.Fatalf("ACL_GET asking about nothing: %+v, want 2 principals, no token", acl)
+	}
+	for _, p := range acl.Principals {
+		if p.TokenSHA256 != "" || !slices.Equal(p.Permissions, []string{"produce:orders"}) {
+			t.Fatalf("ACL_GET gives principal %+v, want its permissions without its token hash", p)
+		}
+	}
+	stranger := auth.HashToken(auth.NewToken()).String()
+	acl, err = cluster.ClusterACL(ctx, []string{auth.HashToken(aliceTok).String(), stranger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{auth.HashToken(aliceTok).String(): "alice"}; !maps.Equal(acl.Tokens, want) {
+		t.Fatalf("ACL_GET asking about alice's token and an unknown one: tokens %v, want %v", acl.Tokens, want)
+	}
+	if strings.Contains(mustJSON(t, acl), auth.HashToken(bobTok).String()) {
+		t.Fatalf("ACL_GET's answer holds bob's hash, which it was not asked about: %s", mustJSON(t, acl))
+	}
+	_, err = cluster.ACL(ctx)
+	wantNotAuthorized(t, "the cluster lists the ACL (with hashes)", err)
+	_, err = cluster.ClusterACL(ctx, []string{"not hex"})
+	var pe *protocol.Error
+	if !errors.As(err, &pe) || pe.Status != protocol.StatusInvalid {
+		t.Fatalf("ACL_GET of a bad hash: %v, want INVALID", err)
+	}
+}
+
 // ages is gi without its members' heartbeat ages (which move by themselves).
 func ages(gi api.ConsumerGroupInfo) api.ConsumerGroupInfo {
 	gi.Members = slices.Clone(gi.Members)
