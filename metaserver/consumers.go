@@ -237,13 +237,11 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 	if err != nil {
 		return api.ConsumerHeartbeatReply{}, err
 	}
+	// Another principal's member: refused before anything is recorded (the
+	// registry checks again at apply).
 	who := principalOf(ctx)
-	if g, ok := s.fsm.ConsumerGroup(hb.Group); ok {
-		// Another principal's member: refused before anything is recorded
-		// (the registry checks again at apply).
-		if err := g.CheckBound(hb.Member, who); err != nil {
-			return api.ConsumerHeartbeatReply{}, err
-		}
+	if err := s.fsm.CheckBound(hb.Group, hb.Member, who); err != nil {
+		return api.ConsumerHeartbeatReply{}, err
 	}
 	if hb.Incarnation != 0 {
 		return s.cooperativeHeartbeat(ctx, hb, session)

@@ -568,6 +568,17 @@ func (f *FSM) ConsumerGroup(name string) (ConsumerGroup, bool) {
 	return *g.clone(), true
 }
 
+// CheckBound is ConsumerGroup.CheckBound on the group named group (nil if
+// there is none), without copying it.
+func (f *FSM) CheckBound(group, member, principal string) error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if g := f.s.ConsumerGroups[group]; g != nil {
+		return g.CheckBound(member, principal)
+	}
+	return nil
+}
+
 // ConsumerGroups returns copies of every consumer group, sorted by name.
 func (f *FSM) ConsumerGroups() []ConsumerGroup {
 	f.mu.RLock()

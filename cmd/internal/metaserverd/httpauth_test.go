@@ -48,7 +48,7 @@ func TestMetricsPortTLSAndDescribe(t *testing.T) {
 	rpc, raft := testcluster.FreeAddr(t), testcluster.FreeAddr(t)
 	ms := run(t, "metaserver", Run, append([]string{"-id", "m1", "-dir", t.TempDir(), "-rpc-addr", rpc, "-raft-addr", raft,
 		"-peers", fmt.Sprintf("m1=%s/%s", raft, rpc), "-metrics-addr", "127.0.0.1:0",
-		"-auth-admin-token-file", tokenFile("admin", adminTok)}, tlsArgs...)...)
+		"-auth-admin-token-file", tokenFile("admin", adminTok), "-raft-secret-file", tokenFile("raft", auth.NewToken())}, tlsArgs...)...)
 	metaHTTP := ms.logged(t, `serving metrics: addr=(\S+)`)
 	ms.logged(t, `(metaserver running)`)
 	br := run(t, "broker", brokerd.Run, append([]string{"-id", "b1", "-group", "g1", "-dir", t.TempDir(),
