@@ -21,8 +21,8 @@ import (
 // principal: 401; a principal without describe: 403; a server that has
 // not loaded its permission table yet: 503. A source that presented more
 // than failedPerSecond unknown tokens in the current second is answered
-// 429 without a look at its token, so the port is no faster a way to guess
-// tokens than AUTH.
+// 429 without a look at its token, so one address guesses at most that
+// many tokens a second here.
 
 // Principals is who the server knows: the metaserver's table, or the
 // broker's copy of it.
