@@ -106,8 +106,9 @@ var rules = map[protocol.Code]need{
 	protocol.CodeResetOffsets: 0,
 	protocol.CodeDeleteGroup:  0,
 
-	// The ACL: only admin changes or lists it; the brokers read it (token
-	// hashes and permissions) for their copy of the table.
+	// The ACL: only admin changes or lists it; the brokers read it (names
+	// and permissions, and whose the tokens presented to them are) for
+	// their copy of the table.
 	protocol.CodeAdminACLSet:    0,
 	protocol.CodeAdminACLRemove: 0,
 	protocol.CodeAdminACLList:   0,

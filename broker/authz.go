@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,34 +28,57 @@ import (
 // cluster token) and swaps the table whole, so a principal removed or
 // changed is refused within about a heartbeat. Until the first table is
 // in, requests are answered BUSY (retriable).
+//
+// ACL_GET gives the principals' names and permissions, not their token
+// hashes: the broker asks whose the tokens are that were presented to it
+// (their hashes), and the table it builds knows those tokens only
+// (docs/decisions/broker-token-checks.md). Each fetch asks again about
+// every token the last one matched, so a rotated or removed token drops
+// out with the fetch that follows the change; a token presented for the
+// first time is asked about in a fetch made for it.
 
 // aclCopy is the broker's copy of the permission table.
 type aclCopy struct {
 	cluster auth.TokenHash // the cluster token's hash
-	meta    interface {
-		ClusterACL(ctx context.Context) (api.ACL, error)
-	}
-	log   hclog.Logger
-	table atomic.Pointer[auth.Table]
+	meta    aclSource
+	log     hclog.Logger
+	table   atomic.Pointer[auth.Table]
 	// views signals a newer heartbeat reply (the session's), whose ACL
 	// version is the one to have.
 	views viewSource
 	saw   <-chan struct{}
-	kicks chan struct{} // AUTHs of unknown tokens wait
+	kicks chan struct{} // logins of unknown tokens wait
 	// revoke is called with each new table, after it is in: it closes the
 	// connections of the credentials it no longer knows (set before run).
 	revoke func(*auth.Table)
 
-	// An AUTH whose token the copy does not know waits for one fetch made
+	// known are the token hashes the last fetch matched (the registry
+	// principals' and the bootstrap admin's presented here): the next
+	// fetch asks about them again. Only run touches it.
+	known []auth.TokenHash
+
+	// A login whose token the copy does not know waits for one fetch made
 	// for it, since the principal may be newer than the last heartbeat
-	// (ferryctl acl add, then a producer at once). At most one such fetch
-	// per unknownRefetch, and at most maxWaitingLogins waiting: a flood of
+	// (ferryctl acl add, then a producer at once), and the copy knows no
+	// token it was not asked about. At most one such fetch per
+	// unknownRefetch, and at most maxWaitingLogins waiting: a flood of
 	// bad tokens costs the metaserver a few fetches a second and the
 	// broker a bounded list.
 	mu        sync.Mutex
-	waiting   []*transport.Request // AUTHs waiting for the next fetch
-	force     bool                 // fetch even if the version is the heartbeat's
-	lastFetch time.Time            // when the last fetch for unknown tokens started
+	waiting   []waiter  // logins waiting for the next fetch
+	force     bool      // fetch even if the version is the heartbeat's
+	lastFetch time.Time // when the last fetch for unknown tokens started
+}
+
+// aclSource is where the copy comes from: the metaservers.
+type aclSource interface {
+	ClusterACL(ctx context.Context, tokenSHA256 []string) (api.ACL, error)
+}
+
+// waiter is a login waiting for a fetch that asks about its token.
+type waiter struct {
+	hash   auth.TokenHash
+	answer func(t *auth.Table) // with the table after the fetch (nil: none)
 }
 
 const (
@@ -64,9 +88,7 @@ const (
 
 var errNoTable = &protocol.Error{Status: protocol.StatusBusy, Message: "the broker has not loaded the permission table yet"}
 
-func newACLCopy(clusterToken string, meta interface {
-	ClusterACL(ctx context.Context) (api.ACL, error)
-}, views viewSource, log hclog.Logger) *aclCopy {
+func newACLCopy(clusterToken string, meta aclSource, views viewSource, log hclog.Logger) *aclCopy {
 	return &aclCopy{cluster: auth.HashToken(clusterToken), meta: meta, log: log, views: views, saw: views.subscribe(),
 		kicks: make(chan struct{}, 1)}
 }
@@ -80,8 +102,8 @@ func (a *aclCopy) want() uint64 {
 }
 
 // run fetches the ACL whenever a heartbeat reply names another version
-// than the copy's, retrying a failed fetch after a pause, and for AUTHs of
-// unknown tokens (at most one such fetch per unknownRefetch).
+// than the copy's, retrying a failed fetch after a pause, and for logins
+// of unknown tokens (at most one such fetch per unknownRefetch).
 func (a *aclCopy) run(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
@@ -93,17 +115,17 @@ func (a *aclCopy) run(ctx context.Context) {
 			waiting := a.waiting
 			a.waiting = nil
 			a.mu.Unlock()
-			for _, r := range waiting {
-				r.ReplyError(protocol.ErrShuttingDown)
+			for _, w := range waiting {
+				w.answer(nil)
 			}
 			return
 		case <-a.kicks:
 		case <-a.saw:
 		case <-retry.C:
 		}
-		// The AUTHs waiting now are answered from a fetch that starts after
-		// they arrived: their token is known then, or the registry does not
-		// know it either.
+		// The logins waiting now are answered from a fetch that starts
+		// after they arrived and asks about their tokens: their token is
+		// known then, or the registry does not know it either.
 		a.mu.Lock()
 		if wait := unknownRefetch - time.Since(a.lastFetch); a.force && wait > 0 {
 			a.mu.Unlock()
@@ -119,9 +141,10 @@ func (a *aclCopy) run(ctx context.Context) {
 		if t := a.table.Load(); !force && t != nil && t.Version() == a.want() {
 			continue
 		}
-		err := a.fetch(ctx)
-		for _, r := range waiting {
-			a.answerLogin(r, a.table.Load())
+		err := a.fetch(ctx, waiting)
+		t := a.table.Load()
+		for _, w := range waiting {
+			w.answer(t)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -133,10 +156,23 @@ func (a *aclCopy) run(ctx context.Context) {
 	}
 }
 
-func (a *aclCopy) fetch(ctx context.Context) error {
+// fetch loads the table, asking about the tokens known and those waiting.
+func (a *aclCopy) fetch(ctx context.Context, waiting []waiter) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	acl, err := a.meta.ClusterACL(cctx)
+	ask := make([]string, 0, len(a.known)+len(waiting))
+	asked := make(map[auth.TokenHash]bool, cap(ask))
+	for _, h := range a.known {
+		asked[h] = true
+		ask = append(ask, h.String())
+	}
+	for _, w := range waiting {
+		if !asked[w.hash] && !w.hash.IsZero() && w.hash != a.cluster {
+			asked[w.hash] = true
+			ask = append(ask, w.hash.String())
+		}
+	}
+	acl, err := a.meta.ClusterACL(cctx, ask)
 	if err != nil {
 		return err
 	}
@@ -144,11 +180,30 @@ func (a *aclCopy) fetch(ctx context.Context) error {
 	if err := b.Admin.UnmarshalText([]byte(acl.AdminSHA256)); err != nil {
 		return err
 	}
+	hashOf := make(map[string]auth.TokenHash, len(acl.Tokens))
+	for text, name := range acl.Tokens {
+		var h auth.TokenHash
+		if err := h.UnmarshalText([]byte(text)); err != nil {
+			return err
+		}
+		hashOf[name] = h
+	}
+	known := make([]auth.TokenHash, 0, len(hashOf)+1)
+	if !b.Admin.IsZero() {
+		known = append(known, b.Admin)
+	}
 	ps := make([]auth.Principal, 0, len(acl.Principals))
 	for _, p := range acl.Principals {
-		q := auth.Principal{Name: p.Name}
-		if err := q.TokenHash.UnmarshalText([]byte(p.TokenSHA256)); err != nil {
-			return err
+		q := auth.Principal{Name: p.Name, TokenHash: hashOf[p.Name]}
+		// A metaserver from before ACL_GET stopped giving hashes gives
+		// every principal's.
+		if p.TokenSHA256 != "" {
+			if err := q.TokenHash.UnmarshalText([]byte(p.TokenSHA256)); err != nil {
+				return err
+			}
+		}
+		if !q.TokenHash.IsZero() && asked[q.TokenHash] {
+			known = append(known, q.TokenHash)
 		}
 		perms, err := auth.ParsePermissions(p.Permissions)
 		if err != nil {
@@ -161,6 +216,7 @@ func (a *aclCopy) fetch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.known = known
 	old := a.table.Swap(t)
 	if old == nil || old.Version() != t.Version() {
 		a.log.Info("permission table loaded", "acl-version", t.Version(), "principals", len(ps))
@@ -171,10 +227,29 @@ func (a *aclCopy) fetch(ctx context.Context) error {
 	return nil
 }
 
-// login serves AUTH. A token the copy does not know is looked up once
-// more in a table fetched for it (unless one was fetched a moment ago), so
-// that a principal made just now is not refused for the heartbeat it takes
-// the broker to hear of it.
+// wait has w answered after the next fetch made for unknown tokens, and
+// reports whether it will be (false: too many wait already).
+func (a *aclCopy) wait(w waiter) bool {
+	a.mu.Lock()
+	ok := len(a.waiting) < maxWaitingLogins
+	if ok {
+		a.waiting = append(a.waiting, w)
+		a.force = true
+	}
+	a.mu.Unlock()
+	if ok {
+		select {
+		case a.kicks <- struct{}{}:
+		default:
+		}
+	}
+	return ok
+}
+
+// login serves AUTH. A token the copy does not know is looked up in a
+// table fetched for it (unless one was fetched a moment ago), so that a
+// principal made just now, or a token not presented here before, is not
+// refused.
 func (a *aclCopy) login(r *transport.Request) {
 	t := a.table.Load()
 	if t == nil {
@@ -184,30 +259,46 @@ func (a *aclCopy) login(r *transport.Request) {
 	if !auth.BeginLogin(r) {
 		return // in its backoff: answered later
 	}
-	if _, ok := t.AuthenticateHash(auth.HashToken(string(r.Body))); !ok {
-		a.mu.Lock()
-		wait := len(a.waiting) < maxWaitingLogins
-		if wait {
-			a.waiting = append(a.waiting, r)
-			a.force = true
-		}
-		a.mu.Unlock()
-		if wait {
-			select {
-			case a.kicks <- struct{}{}:
-			default:
-			}
-			return // run answers it after the fetch
-		}
+	h := auth.HashToken(string(r.Body))
+	if _, ok := t.AuthenticateHash(h); !ok && a.wait(waiter{hash: h, answer: func(t *auth.Table) { a.answerLogin(r, t) }}) {
+		return // run answers it after the fetch
 	}
 	a.answerLogin(r, t)
 }
 
-// answerLogin answers an AUTH by the table t: a wrong token after the
-// gate's backoff.
+// authenticate returns the principal whose token is token, looking an
+// unknown token up as login does; false if there is none (or ctx ended
+// first). errNoTable before the first table.
+func (a *aclCopy) authenticate(ctx context.Context, token string) (auth.Principal, bool, error) {
+	t := a.table.Load()
+	if t == nil {
+		return auth.Principal{}, false, errNoTable
+	}
+	h := auth.HashToken(token)
+	if p, ok := t.AuthenticateHash(h); ok {
+		return p, true, nil
+	}
+	done := make(chan *auth.Table, 1)
+	if !a.wait(waiter{hash: h, answer: func(t *auth.Table) { done <- t }}) {
+		return auth.Principal{}, false, nil
+	}
+	select {
+	case t = <-done:
+	case <-ctx.Done():
+		return auth.Principal{}, false, ctx.Err()
+	}
+	if t == nil {
+		return auth.Principal{}, false, protocol.ErrShuttingDown
+	}
+	p, ok := t.AuthenticateHash(h)
+	return p, ok, nil
+}
+
+// answerLogin answers an AUTH by the table t (nil: the broker stops): a
+// wrong token after the gate's backoff.
 func (a *aclCopy) answerLogin(r *transport.Request, t *auth.Table) {
 	if t == nil {
-		r.ReplyError(errNoTable)
+		r.ReplyError(protocol.ErrShuttingDown)
 		return
 	}
 	auth.AnswerLogin(r, r.Body, t, a.table.Load)
@@ -229,4 +320,32 @@ func (b *Broker) handleAuth(r *transport.Request) {
 		return
 	}
 	b.acl.login(r)
+}
+
+// errAuthOff answers a principal lookup on a broker without authorization.
+var errAuthOff = errors.New("authorization is off on this broker")
+
+// Authenticate returns the principal whose token is token by the broker's
+// copy of the permission table (a token not presented here before is
+// looked up at the metaservers first, as an AUTH is); false if none. It
+// fails before the broker has its first copy, and with authorization off.
+func (b *Broker) Authenticate(ctx context.Context, token string) (auth.Principal, bool, error) {
+	if b.acl == nil {
+		return auth.Principal{}, false, errAuthOff
+	}
+	return b.acl.authenticate(ctx, token)
+}
+
+// LookupPrincipal returns the registry principal named name (a TLS client
+// certificate's name) by the broker's copy of the permission table.
+func (b *Broker) LookupPrincipal(name string) (auth.Principal, bool, error) {
+	if b.acl == nil {
+		return auth.Principal{}, false, errAuthOff
+	}
+	t := b.acl.table.Load()
+	if t == nil {
+		return auth.Principal{}, false, errNoTable
+	}
+	p, ok := t.Lookup(name)
+	return p, ok, nil
 }

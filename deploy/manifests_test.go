@@ -6,13 +6,15 @@ package deploy
 // expanded with deploy/hosts) is run through the built binary with -h
 // appended, which parses every flag and value and exits 0 only if all are
 // good; every port a probe, a Service, a container or the Dockerfile names
-// is one the flags listen on; every probe path is one the servers serve.
+// is one the flags listen on; every probe path is one the servers serve
+// without credentials, over HTTPS when the server has -tls-cert.
 // TestChecksCatchMistakes feeds the checks broken copies of the files, so a
 // check that passes anything fails there.
 
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,8 +38,10 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// probePaths are the HTTP paths the servers serve on -metrics-addr.
-var probePaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
+// probePaths are the HTTP paths the servers serve on -metrics-addr without
+// credentials (with authorization on, /metrics needs describe), so the only
+// ones a probe may use; HTTPS when the server has -tls-cert.
+var probePaths = map[string]bool{"/healthz": true, "/readyz": true}
 
 // listenFlags are each server's flags that name an address it listens on;
 // metricsFlag serves the probe paths.
@@ -412,8 +416,9 @@ type k8sContainer struct {
 
 type k8sProbe struct {
 	HTTPGet *struct {
-		Path string    `yaml:"path"`
-		Port yaml.Node `yaml:"port"`
+		Path   string    `yaml:"path"`
+		Port   yaml.Node `yaml:"port"`
+		Scheme string    `yaml:"scheme"`
 	} `yaml:"httpGet"`
 	TCPSocket *struct {
 		Port yaml.Node `yaml:"port"`
@@ -570,6 +575,7 @@ func (s *servers) checkK8s(files map[string][]byte) (k8sResult, []string) {
 				problems = append(problems, cwhere+": wants cpu and memory requests and a memory limit")
 			}
 			var metricsPort int
+			var metricsScheme string // HTTP, or HTTPS with -tls-cert
 			var peerIDs []string
 			roles := map[string]int{}
 			for i := range replicas {
@@ -633,6 +639,10 @@ func (s *servers) checkK8s(files map[string][]byte) (k8sResult, []string) {
 						pp.byPort[cp.ContainerPort] = true
 					}
 					metricsPort = p.port(metricsFlag)
+					metricsScheme = "HTTP"
+					if p["tls-cert"] != "" {
+						metricsScheme = "HTTPS"
+					}
 				}
 				onClaim := false
 				for _, m := range c.VolumeMounts {
@@ -695,6 +705,9 @@ func (s *servers) checkK8s(files map[string][]byte) (k8sResult, []string) {
 				}
 				if !probePaths[pr.HTTPGet.Path] {
 					problems = append(problems, fmt.Sprintf("%s: %s path %q is not one the servers serve (%v)", cwhere, kind, pr.HTTPGet.Path, slices.Sorted(maps.Keys(probePaths))))
+				}
+				if scheme := cmp.Or(pr.HTTPGet.Scheme, "HTTP"); scheme != metricsScheme {
+					problems = append(problems, fmt.Sprintf("%s: %s scheme %s, but -%s serves %s (HTTPS with -tls-cert)", cwhere, kind, scheme, metricsFlag, metricsScheme))
 				}
 				n, ok := resolvePort(&pr.HTTPGet.Port, pp.byName)
 				if !ok || n != metricsPort {

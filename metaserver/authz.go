@@ -56,11 +56,40 @@ func (s *Server) authRoutes() {
 		return api.ACLChangeReply{Changed: ch.Changed, Version: ch.Version}, err
 	})
 	handle(s, protocol.CodeAdminACLList, true, s.aclList)
-	handle(s, protocol.CodeACLGet, true, func(ctx context.Context, req empty) (api.ACL, error) {
-		acl, err := s.aclList(ctx, req)
-		acl.AdminSHA256 = s.cfg.Auth.Admin.String()
-		return acl, err
-	})
+	handle(s, protocol.CodeACLGet, true, s.aclGet)
+}
+
+// aclGet serves ACL_GET, the brokers' copy of the table: the principals'
+// names and permissions, and of the token hashes asked, whose each is. No
+// principal reads every token hash this way: a broker asks about the
+// tokens presented to it (docs/decisions/broker-token-checks.md).
+func (s *Server) aclGet(_ context.Context, req api.ACLGetRequest) (api.ACL, error) {
+	if len(req.TokenSHA256) > api.MaxACLGetTokens {
+		return api.ACL{}, invalid("ACL_GET asks about at most %d tokens, got %d", api.MaxACLGetTokens, len(req.TokenSHA256))
+	}
+	t := s.ACL()
+	out := api.ACL{Version: t.Version(), Principals: []api.ACLPrincipal{}}
+	for _, p := range t.Principals() {
+		out.Principals = append(out.Principals, api.ACLPrincipal{Name: p.Name, Permissions: auth.Strings(p.Permissions)})
+	}
+	for _, text := range req.TokenSHA256 {
+		var h auth.TokenHash
+		if err := h.UnmarshalText([]byte(text)); err != nil {
+			return api.ACL{}, invalid("ACL_GET: %v", err)
+		}
+		p, ok := t.AuthenticateHash(h)
+		switch {
+		case !ok:
+		case !p.BuiltIn:
+			if out.Tokens == nil {
+				out.Tokens = map[string]string{}
+			}
+			out.Tokens[h.String()] = p.Name
+		case p.IsAdmin():
+			out.AdminSHA256 = h.String()
+		}
+	}
+	return out, nil
 }
 
 func (s *Server) aclSet(ctx context.Context, req api.ACLSetRequest) (api.ACLChangeReply, error) {
@@ -89,6 +118,45 @@ func (s *Server) authorize(r *transport.Request, code protocol.Code, target auth
 		return nil
 	}
 	return auth.Check(r, s.ACL(), code, target)
+}
+
+// principalKey is the context key of the principal making a request
+// (requestContext).
+type principalKey struct{}
+
+// requestContext is the context a handler of r runs in: with
+// authorization on it carries r's principal (principalOf, describesTopic).
+func (s *Server) requestContext(r *transport.Request) context.Context {
+	ctx := context.Background()
+	if !s.cfg.AuthEnabled() {
+		return ctx
+	}
+	if p, err := auth.Resolve(r, s.ACL()); err == nil {
+		ctx = context.WithValue(ctx, principalKey{}, p)
+	}
+	return ctx
+}
+
+// principalOf is the name of the principal making the request a handler
+// serves ("": authorization is off).
+func principalOf(ctx context.Context) string {
+	p, _ := ctx.Value(principalKey{}).(auth.Principal)
+	return p.Name
+}
+
+// describesTopic returns what a CONSUMER_GROUPS answer about group may show
+// the principal making the request: every topic for admin and describe
+// (and with authorization off), else only the topics one of its consume
+// permissions matches together with the group, so that a consumer of a
+// group does not read the group's offsets of topics it may not consume.
+func describesTopic(ctx context.Context, group string) func(topic string) bool {
+	p, ok := ctx.Value(principalKey{}).(auth.Principal)
+	if !ok || auth.Authorize(p, protocol.CodeConsumerGroups, auth.Target{}) == nil {
+		return nil // every topic
+	}
+	return func(topic string) bool {
+		return auth.Authorize(p, protocol.CodeCommitOffsets, auth.Target{Topics: []string{topic}, Group: group}) == nil
+	}
 }
 
 // authorizeTopic checks a route lookup (ROUTE_LOOKUP or ROUTE_GET) of

@@ -237,6 +237,12 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 	if err != nil {
 		return api.ConsumerHeartbeatReply{}, err
 	}
+	// Another principal's member: refused before anything is recorded (the
+	// registry checks again at apply).
+	who := principalOf(ctx)
+	if err := s.fsm.CheckBound(hb.Group, hb.Member, who); err != nil {
+		return api.ConsumerHeartbeatReply{}, err
+	}
 	if hb.Incarnation != 0 {
 		return s.cooperativeHeartbeat(ctx, hb, session)
 	}
@@ -244,7 +250,7 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 	k := memberKey{hb.Group, hb.Member}
 	reply := api.ConsumerHeartbeatReply{Assignment: []api.QueueAssignment{}, SessionMillis: session.Milliseconds()}
 	if hb.Leave {
-		res, err := s.apply(ctx, &fsm.LeaveGroup{Group: hb.Group, Member: hb.Member, At: now.UnixMilli()})
+		res, err := s.apply(ctx, &fsm.LeaveGroup{Group: hb.Group, Member: hb.Member, At: now.UnixMilli(), Principal: who})
 		if err != nil {
 			return api.ConsumerHeartbeatReply{}, err
 		}
@@ -264,9 +270,10 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 	// join and its record.
 	s.consumers.heartbeat(k, now)
 	g, _ := s.fsm.ConsumerGroup(hb.Group)
-	if m := g.Members[hb.Member]; m == nil || !slices.Equal(m.Topics, topics) || m.SessionMillis != session.Milliseconds() {
+	if m := g.Members[hb.Member]; m == nil || !slices.Equal(m.Topics, topics) || m.SessionMillis != session.Milliseconds() ||
+		m.Principal == "" && who != "" {
 		res, err := s.apply(ctx, &fsm.JoinGroup{Group: hb.Group, Member: hb.Member, Topics: topics,
-			SessionMillis: session.Milliseconds(), At: now.UnixMilli()})
+			SessionMillis: session.Milliseconds(), At: now.UnixMilli(), Principal: who})
 		if err != nil {
 			if m == nil {
 				s.consumers.forget(k)
@@ -327,10 +334,14 @@ func (s *Server) commitOffsets(ctx context.Context, req api.CommitRequest) (api.
 	if err := checkOffsets("commit", req.Offsets); err != nil {
 		return api.CommitReply{}, err
 	}
-	cmd := &fsm.CommitOffsets{Group: req.Group, Member: req.Member, Generation: req.Generation, Offsets: toFSMOffsets(req.Offsets)}
+	who := principalOf(ctx)
+	cmd := &fsm.CommitOffsets{Group: req.Group, Member: req.Member, Generation: req.Generation, Offsets: toFSMOffsets(req.Offsets), Principal: who}
 	g, ok := s.fsm.ConsumerGroup(req.Group)
 	if !ok {
 		return api.CommitReply{}, &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("consumer group %q does not exist", req.Group)}
+	}
+	if err := g.CheckBound(req.Member, who); err != nil {
+		return api.CommitReply{}, err
 	}
 	if req.Incarnation != 0 {
 		// The queues this instance holds, whatever the generation: the
@@ -348,7 +359,8 @@ func (s *Server) commitOffsets(ctx context.Context, req api.CommitRequest) (api.
 		if len(req.Offsets) == 0 {
 			return api.CommitReply{Generation: g.Generation}, nil
 		}
-		res, err := s.apply(ctx, &fsm.CommitHeld{Group: req.Group, Member: req.Member, Incarnation: req.Incarnation, Offsets: toFSMOffsets(req.Offsets)})
+		res, err := s.apply(ctx, &fsm.CommitHeld{Group: req.Group, Member: req.Member, Incarnation: req.Incarnation, Offsets: toFSMOffsets(req.Offsets),
+			Principal: who})
 		if err != nil {
 			return api.CommitReply{}, err
 		}
@@ -377,7 +389,7 @@ func (s *Server) commitOffsets(ctx context.Context, req api.CommitRequest) (api.
 	return api.CommitReply{Generation: res.Generation}, nil
 }
 
-func (s *Server) consumerGroups(_ context.Context, req api.ConsumerGroupsRequest) ([]api.ConsumerGroupInfo, error) {
+func (s *Server) consumerGroups(ctx context.Context, req api.ConsumerGroupsRequest) ([]api.ConsumerGroupInfo, error) {
 	now := s.cfg.Clock.Now()
 	var groups []fsm.ConsumerGroup
 	if req.Group != "" {
@@ -394,9 +406,32 @@ func (s *Server) consumerGroups(_ context.Context, req api.ConsumerGroupsRequest
 	}
 	out := make([]api.ConsumerGroupInfo, 0, len(groups))
 	for _, g := range groups {
-		out = append(out, s.consumerGroupInfo(g, now))
+		out = append(out, onlyTopics(s.consumerGroupInfo(g, now), describesTopic(ctx, g.Name)))
 	}
 	return out, nil
+}
+
+// onlyTopics cuts from gi every topic show does not allow: the group's
+// topics and offsets, the members' topics and queues, and the members left
+// with no topic. A nil show allows every topic.
+func onlyTopics(gi api.ConsumerGroupInfo, show func(topic string) bool) api.ConsumerGroupInfo {
+	if show == nil {
+		return gi
+	}
+	gi.Topics = slices.DeleteFunc(gi.Topics, func(t string) bool { return !show(t) })
+	gi.Offsets = slices.DeleteFunc(gi.Offsets, func(o api.QueueOffset) bool { return !show(o.Topic) })
+	members := gi.Members[:0]
+	for _, m := range gi.Members {
+		m.Topics = slices.DeleteFunc(m.Topics, func(t string) bool { return !show(t) })
+		if len(m.Topics) == 0 {
+			continue
+		}
+		m.Queues = slices.DeleteFunc(m.Queues, func(o api.QueueOffset) bool { return !show(o.Topic) })
+		m.Waiting = slices.DeleteFunc(m.Waiting, func(q api.QueueRef) bool { return !show(q.Topic) })
+		members = append(members, m)
+	}
+	gi.Members = members
+	return gi
 }
 
 func (s *Server) consumerGroupInfo(g fsm.ConsumerGroup, now time.Time) api.ConsumerGroupInfo {

@@ -63,7 +63,8 @@ func (s *Server) cooperativeHeartbeat(ctx context.Context, hb api.ConsumerHeartb
 	}
 	if hb.Leave {
 		before, _ := s.fsm.ConsumerGroup(hb.Group)
-		res, err := s.apply(ctx, &fsm.LeaveMember{Group: hb.Group, Member: hb.Member, Incarnation: hb.Incarnation, At: now.UnixMilli()})
+		res, err := s.apply(ctx, &fsm.LeaveMember{Group: hb.Group, Member: hb.Member, Incarnation: hb.Incarnation, At: now.UnixMilli(),
+			Principal: principalOf(ctx)})
 		if err != nil {
 			return reply, err
 		}
@@ -81,9 +82,12 @@ func (s *Server) cooperativeHeartbeat(ctx context.Context, hb api.ConsumerHeartb
 		return reply, err
 	}
 	s.consumers.heartbeatInc(incKey{k, hb.Incarnation}, now) // before the join: the judge must not expire it meanwhile
-	if m := g.Members[hb.Member]; m == nil || m.Incarnation != hb.Incarnation || !slices.Equal(m.Topics, topics) || m.SessionMillis != session.Milliseconds() {
+	who := principalOf(ctx)
+	if m := g.Members[hb.Member]; m == nil || m.Incarnation != hb.Incarnation || !slices.Equal(m.Topics, topics) || m.SessionMillis != session.Milliseconds() ||
+		m.Principal == "" && who != "" {
 		res, err := s.apply(ctx, &fsm.JoinMember{Group: hb.Group, Member: hb.Member, Incarnation: hb.Incarnation, Topics: topics,
-			SessionMillis: session.Milliseconds(), JoinWindowMillis: max(s.cfg.ConsumerJoinWindow, 0).Milliseconds(), At: now.UnixMilli()})
+			SessionMillis: session.Milliseconds(), JoinWindowMillis: max(s.cfg.ConsumerJoinWindow, 0).Milliseconds(), At: now.UnixMilli(),
+			Principal: who})
 		if err != nil {
 			if m == nil {
 				s.consumers.forgetInc(incKey{k, hb.Incarnation})
@@ -104,7 +108,8 @@ func (s *Server) cooperativeHeartbeat(ctx context.Context, hb api.ConsumerHeartb
 		for i, q := range hb.Released {
 			queues[i] = fsm.QueueRef{Topic: q.Topic, Queue: q.Queue}
 		}
-		if _, err := s.apply(ctx, &fsm.ReleaseQueues{Group: hb.Group, Member: hb.Member, Incarnation: hb.Incarnation, Queues: queues}); err != nil {
+		if _, err := s.apply(ctx, &fsm.ReleaseQueues{Group: hb.Group, Member: hb.Member, Incarnation: hb.Incarnation, Queues: queues,
+			Principal: who}); err != nil {
 			return reply, err
 		}
 		s.consumers.observeReleased(before, hb.Member, hb.Incarnation, queues, false, now)

@@ -426,7 +426,7 @@ func handle[Req, Resp any](s *Server, code protocol.Code, leaderOnly bool, fn fu
 			_ = r.ReplyStatus(protocol.StatusNotLeader, []byte(s.leaderRPC()))
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(s.requestContext(r), 5*time.Second)
 		defer cancel()
 		resp, err := fn(ctx, req)
 		if err != nil {

@@ -450,14 +450,14 @@ func (c *localCluster) brokersJSON() map[string]api.GroupInfo {
 // metrics reads a broker's Prometheus metrics as name -> value (labels are
 // part of the name); false if the broker does not answer.
 func (c *localCluster) metrics(broker string) (map[string]float64, bool) {
-	return readMetrics(fmt.Sprintf("http://127.0.0.1:%d/metrics", c.brokerPort(broker, portMetrics)))
+	return c.readMetrics(c.brokerPort(broker, portMetrics))
 }
 
 // metaMetrics reads the metrics of every metaserver that answers.
 func (c *localCluster) metaMetrics() []map[string]float64 {
 	var out []map[string]float64
 	for i := 1; i <= 3; i++ {
-		if m, ok := readMetrics(fmt.Sprintf("http://127.0.0.1:%d/metrics", c.base+20+i)); ok {
+		if m, ok := c.readMetrics(c.base + 20 + i); ok {
 			out = append(out, m)
 		}
 	}
@@ -475,11 +475,40 @@ func (c *localCluster) metaCounter(name string) float64 {
 	return sum
 }
 
-// readMetrics reads Prometheus metrics as name -> value; false if the
-// server does not answer.
+// metricsGet GETs path on a server's metrics port: over HTTPS with
+// FERRY_TLS=1 (with ctl's certificate), and with FERRY_AUTH=1 with the
+// bootstrap admin's token, as Prometheus would scrape it.
+func (c *localCluster) metricsGet(port int, path string) (*http.Response, error) {
+	scheme, tr := "http", &http.Transport{}
+	if c.tls != nil {
+		scheme, tr.TLSClientConfig = "https", c.tls
+	}
+	hc := http.Client{Timeout: 2 * time.Second, Transport: tr}
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s://127.0.0.1:%d%s", scheme, port, path), nil)
+	if err != nil {
+		return nil, err
+	}
+	if tok, err := os.ReadFile(filepath.Join(c.home, "auth", "admin.token")); err == nil {
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	}
+	return hc.Do(req)
+}
+
+// readMetrics reads a server's Prometheus metrics as name -> value; false
+// if the server does not answer.
+func (c *localCluster) readMetrics(port int) (map[string]float64, bool) {
+	return parseMetrics(c.metricsGet(port, "/metrics"))
+}
+
+// readMetrics reads Prometheus metrics as name -> value from a plain HTTP
+// url; false if the server does not answer.
 func readMetrics(url string) (map[string]float64, bool) {
 	hc := http.Client{Timeout: 2 * time.Second}
-	resp, err := hc.Get(url)
+	return parseMetrics(hc.Get(url))
+}
+
+func parseMetrics(resp *http.Response, err error) (map[string]float64, bool) {
 	if err != nil {
 		return nil, false
 	}

@@ -37,12 +37,28 @@ type ACLPrincipal struct {
 
 // ACL answers ADMIN_ACL_LIST and ACL_GET: the registry's principals, sorted
 // by name, at an ACL version (the built-in admin and cluster are never in
-// it: each server has them from its own files).
+// it: each server has them from its own files). ADMIN_ACL_LIST (admin)
+// gives each principal's token hash; ACL_GET (cluster: the brokers' copy)
+// gives none, only which of the hashes it was asked about are whose
+// (Tokens, AdminSHA256).
 type ACL struct {
 	Version    uint64         `json:"version"`
 	Principals []ACLPrincipal `json:"principals"`
-	// AdminSHA256 is, in ACL_GET's answer only, the hash of the answering
-	// node's bootstrap admin token ("": none), so that brokers let the
-	// bootstrap admin in without a file of their own.
+	// Tokens is, in ACL_GET's answer only, the principal's name for each
+	// hash asked (ACLGetRequest) that is a registry principal's token.
+	Tokens map[string]string `json:"tokens,omitempty"`
+	// AdminSHA256 is, in ACL_GET's answer only, the answering node's
+	// bootstrap admin token's hash when it was one of the hashes asked
+	// ("" otherwise), so that brokers let the bootstrap admin in without a
+	// file of their own.
 	AdminSHA256 string `json:"admin_sha256,omitempty"`
 }
+
+// ACLGetRequest asks for the ACL (ACL_GET) and whose the tokens are that
+// a broker was presented: their SHA-256s in hex, at most MaxACLGetTokens.
+type ACLGetRequest struct {
+	TokenSHA256 []string `json:"token_sha256,omitempty"`
+}
+
+// MaxACLGetTokens is the most token hashes one ACL_GET may ask about.
+const MaxACLGetTokens = 10000

@@ -24,7 +24,9 @@ func (c *Client) ACL(ctx context.Context) (api.ACL, error) {
 	return decode[api.ACL](c.call(ctx, protocol.CodeAdminACLList, struct{}{}, true))
 }
 
-// ClusterACL is ACL for the servers' copies of the table (cluster; leader).
-func (c *Client) ClusterACL(ctx context.Context) (api.ACL, error) {
-	return decode[api.ACL](c.call(ctx, protocol.CodeACLGet, struct{}{}, true))
+// ClusterACL is the brokers' copy of the table (cluster; leader): the
+// principals without their token hashes, and whose each of tokenSHA256
+// (hashes in hex) is.
+func (c *Client) ClusterACL(ctx context.Context, tokenSHA256 []string) (api.ACL, error) {
+	return decode[api.ACL](c.call(ctx, protocol.CodeACLGet, api.ACLGetRequest{TokenSHA256: tokenSHA256}, true))
 }

@@ -67,6 +67,9 @@ type ConsumerMember struct {
 	// Incarnation is the member's current incarnation (handover.go); 0 for
 	// a member that joined by JoinGroup.
 	Incarnation uint64 `json:"incarnation,omitempty"`
+	// Principal is who joined the member ("": joined with authorization
+	// off): only it may act as the member (CheckBound).
+	Principal string `json:"principal,omitempty"`
 }
 
 // QueueOffset is a queue's offset in a commit or a reset.
@@ -95,6 +98,9 @@ type JoinGroup struct {
 	Topics        []string `json:"topics"`
 	SessionMillis int64    `json:"session_ms"`
 	At            int64    `json:"at"`
+	// Principal is who asks ("": no one to check, authorization is off);
+	// the same in every command that acts as a member (CheckBound).
+	Principal string `json:"principal,omitempty"`
 }
 
 // LeaveGroup removes a member: the next generation, with a new assignment.
@@ -106,6 +112,7 @@ type LeaveGroup struct {
 	Member           string `json:"member"`
 	ExpectGeneration uint64 `json:"expect_generation,omitempty"`
 	At               int64  `json:"at"`
+	Principal        string `json:"principal,omitempty"` // "": the leader expiring it, or authorization off
 }
 
 // CommitOffsets records a member's offsets, all or nothing. It is refused
@@ -117,6 +124,7 @@ type CommitOffsets struct {
 	Member     string        `json:"member"`
 	Generation uint64        `json:"generation"`
 	Offsets    []QueueOffset `json:"offsets"`
+	Principal  string        `json:"principal,omitempty"`
 }
 
 // ResetOffsets sets a group's committed offsets (creating the group), all or
@@ -150,6 +158,28 @@ func NormalizeTopics(topics []string) []string {
 	out := slices.Clone(topics)
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// Member binding. With authorization on, a member is bound to the
+// principal that joined it (ConsumerMember.Principal): a command that acts
+// as the member (a join, a leave, a commit, a release) for another
+// principal is refused NOT_AUTHORIZED, so that a consumer of a group
+// cannot commit, heartbeat or leave as another principal's member. A
+// command that names no principal (authorization off; the leader expiring
+// a member) is not checked; a member that has none (joined with
+// authorization off) is bound by its next join that names one. The
+// binding ends with the member: once it left, its id is free.
+
+// CheckBound refuses principal acting as member of g when another
+// principal joined the member.
+func (g *ConsumerGroup) CheckBound(member, principal string) error {
+	m := g.Members[member]
+	if m == nil || principal == "" || m.Principal == "" || m.Principal == principal {
+		return nil
+	}
+	return &protocol.Error{Status: protocol.StatusNotAuthorized,
+		Message: fmt.Sprintf("principal %q may not act as member %q of consumer group %q: another principal joined it (use a member id of your own)",
+			principal, member, g.Name)}
 }
 
 func invalidErr(format string, args ...any) error {
@@ -282,19 +312,31 @@ func (f *FSM) joinGroup(c *JoinGroup) any {
 	if c.SessionMillis < 0 {
 		return invalidErr("session must not be negative, got %d ms", c.SessionMillis)
 	}
+	if g := f.s.ConsumerGroups[c.Group]; g != nil {
+		if err := g.CheckBound(c.Member, c.Principal); err != nil {
+			return err
+		}
+	}
 	g := f.consumerGroup(c.Group, true)
 	if m := g.Members[c.Member]; m != nil && slices.Equal(m.Topics, topics) {
-		if m.SessionMillis == c.SessionMillis {
+		bind := m.Principal == "" && c.Principal != ""
+		if m.SessionMillis == c.SessionMillis && !bind {
 			return &Result{Generation: g.Generation}
 		}
 		m.SessionMillis = c.SessionMillis
+		if bind {
+			m.Principal = c.Principal
+		}
 		return &Result{Changed: true, Generation: g.Generation}
 	}
-	joined := c.At
+	joined, principal := c.At, c.Principal
 	if m := g.Members[c.Member]; m != nil {
 		joined = m.JoinedAt
+		if principal == "" {
+			principal = m.Principal
+		}
 	}
-	g.Members[c.Member] = &ConsumerMember{Topics: topics, SessionMillis: c.SessionMillis, JoinedAt: joined}
+	g.Members[c.Member] = &ConsumerMember{Topics: topics, SessionMillis: c.SessionMillis, JoinedAt: joined, Principal: principal}
 	f.rebalance(g, c.At)
 	return &Result{Changed: true, Generation: g.Generation, Rebalanced: 1}
 }
@@ -309,6 +351,9 @@ func (f *FSM) leaveGroup(c *LeaveGroup) any {
 	}
 	if g.Members[c.Member] == nil {
 		return &Result{Generation: g.Generation}
+	}
+	if err := g.CheckBound(c.Member, c.Principal); err != nil {
+		return err
 	}
 	delete(g.Members, c.Member)
 	f.rebalance(g, c.At)
@@ -340,6 +385,9 @@ func (f *FSM) commitGroup(group string, offsets []QueueOffset) (*ConsumerGroup, 
 func (f *FSM) commitOffsets(c *CommitOffsets) any {
 	g, err := f.commitGroup(c.Group, c.Offsets)
 	if err != nil {
+		return err
+	}
+	if err := g.CheckBound(c.Member, c.Principal); err != nil {
 		return err
 	}
 	if c.Generation != g.Generation {
@@ -518,6 +566,17 @@ func (f *FSM) ConsumerGroup(name string) (ConsumerGroup, bool) {
 		return ConsumerGroup{}, false
 	}
 	return *g.clone(), true
+}
+
+// CheckBound is ConsumerGroup.CheckBound on the group named group (nil if
+// there is none), without copying it.
+func (f *FSM) CheckBound(group, member, principal string) error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if g := f.s.ConsumerGroups[group]; g != nil {
+		return g.CheckBound(member, principal)
+	}
+	return nil
 }
 
 // ConsumerGroups returns copies of every consumer group, sorted by name.

@@ -73,6 +73,7 @@ type JoinMember struct {
 	SessionMillis    int64    `json:"session_ms"`
 	JoinWindowMillis int64    `json:"join_window_ms,omitempty"`
 	At               int64    `json:"at"`
+	Principal        string   `json:"principal,omitempty"` // who asks (member binding: JoinGroup)
 }
 
 // LeaveMember is LeaveGroup with one owner at a time: the member's queues
@@ -84,6 +85,7 @@ type LeaveMember struct {
 	Incarnation      uint64 `json:"incarnation,omitempty"`
 	ExpectGeneration uint64 `json:"expect_generation,omitempty"`
 	At               int64  `json:"at"`
+	Principal        string `json:"principal,omitempty"` // "": the leader expiring it, or authorization off
 }
 
 // CommitHeld records the offsets of queues the member incarnation holds:
@@ -98,6 +100,7 @@ type CommitHeld struct {
 	Member      string        `json:"member"`
 	Incarnation uint64        `json:"incarnation"`
 	Offsets     []QueueOffset `json:"offsets"`
+	Principal   string        `json:"principal,omitempty"`
 }
 
 // ReleaseQueues records that a member incarnation stopped delivering
@@ -108,6 +111,7 @@ type ReleaseQueues struct {
 	Member      string     `json:"member"`
 	Incarnation uint64     `json:"incarnation"`
 	Queues      []QueueRef `json:"queues,omitempty"`
+	Principal   string     `json:"principal,omitempty"` // "": the leader releasing for it, or authorization off
 }
 
 // SettleGroup closes a group's join window once it has passed (At at or
@@ -142,6 +146,11 @@ func (f *FSM) joinMember(c *JoinMember) any {
 	if c.SessionMillis < 0 || c.JoinWindowMillis < 0 {
 		return invalidErr("session and join window must not be negative, got %d and %d ms", c.SessionMillis, c.JoinWindowMillis)
 	}
+	if g := f.s.ConsumerGroups[c.Group]; g != nil {
+		if err := g.CheckBound(c.Member, c.Principal); err != nil {
+			return err
+		}
+	}
 	g := f.consumerGroup(c.Group, true)
 	g.Cooperative = true
 	m := g.Members[c.Member]
@@ -150,10 +159,14 @@ func (f *FSM) joinMember(c *JoinMember) any {
 	}
 	newer := m != nil && c.Incarnation > m.Incarnation
 	if m != nil && !newer && slices.Equal(m.Topics, topics) {
-		if m.SessionMillis == c.SessionMillis {
+		bind := m.Principal == "" && c.Principal != ""
+		if m.SessionMillis == c.SessionMillis && !bind {
 			return &Result{Generation: g.Generation}
 		}
 		m.SessionMillis = c.SessionMillis
+		if bind {
+			m.Principal = c.Principal
+		}
 		return &Result{Changed: true, Generation: g.Generation}
 	}
 	if newer {
@@ -161,14 +174,18 @@ func (f *FSM) joinMember(c *JoinMember) any {
 		// or its session ran out (the leader releases it then).
 		g.holdFor(c.Member, m.Incarnation, c.At)
 	}
-	joined := c.At
+	joined, principal := c.At, c.Principal
 	if m != nil {
 		joined = m.JoinedAt
+		if principal == "" {
+			principal = m.Principal
+		}
 	}
 	if len(g.Members) == 0 && c.JoinWindowMillis > 0 {
 		g.JoinUntil = c.At + c.JoinWindowMillis
 	}
-	g.Members[c.Member] = &ConsumerMember{Topics: topics, SessionMillis: c.SessionMillis, JoinedAt: joined, Incarnation: c.Incarnation}
+	g.Members[c.Member] = &ConsumerMember{Topics: topics, SessionMillis: c.SessionMillis, JoinedAt: joined, Incarnation: c.Incarnation,
+		Principal: principal}
 	if m != nil && slices.Equal(m.Topics, topics) {
 		return &Result{Changed: true, Generation: g.Generation} // a new incarnation, the same member: no rebalance
 	}
@@ -204,6 +221,9 @@ func (f *FSM) leaveMember(c *LeaveMember) any {
 	m := g.Members[c.Member]
 	if m == nil {
 		return &Result{Generation: g.Generation}
+	}
+	if err := g.CheckBound(c.Member, c.Principal); err != nil {
+		return err
 	}
 	if c.Incarnation != 0 && c.Incarnation != m.Incarnation {
 		return memberFenced("member %q of consumer group %q was replaced by a newer instance", c.Member, c.Group)
@@ -258,6 +278,9 @@ func (f *FSM) releaseQueues(c *ReleaseQueues) any {
 	g := f.s.ConsumerGroups[c.Group]
 	if g == nil {
 		return &Result{}
+	}
+	if err := g.CheckBound(c.Member, c.Principal); err != nil {
+		return err
 	}
 	n := g.release(c.Member, c.Incarnation, c.Queues, false)
 	return &Result{Changed: n > 0, Generation: g.Generation}
@@ -361,6 +384,9 @@ func (g *ConsumerGroup) handOver(prev map[string][]string, at int64) {
 func (f *FSM) commitHeld(c *CommitHeld) any {
 	g, err := f.commitGroup(c.Group, c.Offsets)
 	if err != nil {
+		return err
+	}
+	if err := g.CheckBound(c.Member, c.Principal); err != nil {
 		return err
 	}
 	offsets := make([]QueueOffset, len(c.Offsets))

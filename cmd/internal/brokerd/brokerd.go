@@ -97,6 +97,10 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	register(m, b, cfg.Dir)
 	m.Health = b.Store().Broken
 	m.Ready = func() error { return ready(b) }
+	m.TLS = cfg.TLSServer
+	if cfg.ClusterToken != "" {
+		m.Principals = b
+	}
 	stop, err := sf.Serve(m, cfg.Logger)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -147,17 +148,29 @@ func (l *LogFlags) Logger(name string, out io.Writer) (hclog.Logger, error) {
 // Metrics serves a registry (with the Go and process collectors added) on
 // addr at /metrics until Close, and the health checks /healthz (liveness:
 // Health's error, or 200) and /readyz (readiness: Ready's error, or 200);
-// a nil check answers 200. An empty addr serves nothing.
+// a nil check answers 200. An empty addr serves nothing. With TLS it serves
+// HTTPS; with Principals (authorization on) every path but /healthz and
+// /readyz, which stay open for probes, needs the describe permission
+// (httpauth.go).
 type Metrics struct {
 	Registry *prometheus.Registry
 	// Health says why the process should be restarted (nil: it is live).
 	Health func() error
 	// Ready says why the server cannot serve yet (nil: it can).
 	Ready func() error
+	// TLS, when set, is the server's own TLS config (the other ports'):
+	// the endpoint serves HTTPS with its certificate, and verifies a
+	// client certificate with its CA when one is presented (not required:
+	// probes present none).
+	TLS *tls.Config
+	// Principals, when set, is who may read the endpoint (authorization
+	// on): see httpauth.go.
+	Principals Principals
 
-	srv  *http.Server
-	done chan struct{}
-	Addr string
+	srv     *http.Server
+	done    chan struct{}
+	Addr    string
+	limiter failLimiter
 }
 
 // NewMetrics makes the registry; Serve starts the endpoint.
@@ -177,11 +190,18 @@ func (m *Metrics) Serve(addr string, log hclog.Logger) error {
 		return fmt.Errorf("metrics listener: %w", err)
 	}
 	m.Addr = ln.Addr().String()
+	scheme := "http"
+	if m.TLS != nil {
+		ln = tls.NewListener(ln, httpTLS(m.TLS))
+		scheme = "https"
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
-	mux.Handle("/healthz", checkHandler(m.Health))
-	mux.Handle("/readyz", checkHandler(m.Ready))
-	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	open := http.NewServeMux()
+	open.Handle("/healthz", checkHandler(m.Health))
+	open.Handle("/readyz", checkHandler(m.Ready))
+	open.Handle("/", m.guard(mux))
+	m.srv = &http.Server{Handler: open, ReadHeaderTimeout: 5 * time.Second, ErrorLog: log.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug})}
 	m.done = make(chan struct{})
 	go func() {
 		defer close(m.done)
@@ -189,8 +209,21 @@ func (m *Metrics) Serve(addr string, log hclog.Logger) error {
 			log.Error("metrics server failed", "error", err)
 		}
 	}()
-	log.Info("serving metrics", "addr", m.Addr, "health", "/healthz /readyz")
+	log.Info("serving metrics", "addr", m.Addr, "scheme", scheme, "describe-required", m.Principals != nil, "health", "/healthz /readyz")
 	return nil
+}
+
+// httpTLS is the HTTP endpoint's TLS config from the server's: the same
+// certificate and CA, a client certificate verified if given but not
+// required (Kubernetes probes and a Prometheus with a bearer token present
+// none), HTTP/1.1.
+func httpTLS(server *tls.Config) *tls.Config {
+	cfg := server.Clone()
+	if cfg.ClientAuth == tls.RequireAndVerifyClientCert {
+		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	cfg.NextProtos = []string{"http/1.1"}
+	return cfg
 }
 
 // checkHandler answers 200 "ok" when check passes (or is nil), and 503 with

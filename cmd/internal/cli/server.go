@@ -21,7 +21,7 @@ type ServerFlags struct {
 // Register adds the flags to fs; with admin, the metaservers'
 // -auth-admin-token-file too.
 func (f *ServerFlags) Register(fs *flag.FlagSet, admin bool) {
-	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
+	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics (/metrics) and the health checks (/healthz, /readyz) on this address (empty: off); HTTPS with -tls-cert, and with authorization on /metrics needs a describe principal's bearer token or client certificate")
 	fs.StringVar(&f.PprofAddr, "pprof", "", PprofHelp)
 	f.Log.Register(fs)
 	f.TLS.Register(fs)

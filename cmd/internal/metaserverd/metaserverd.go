@@ -122,6 +122,10 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	m := cli.NewMetrics()
 	register(m, s)
 	m.Ready = func() error { return ready(s.RaftStatus()) }
+	m.TLS = cfg.TLSServer
+	if cfg.AuthEnabled() {
+		m.Principals = cli.TablePrincipals(s.ACL)
+	}
 	stop, err := sf.Serve(m, cfg.Logger)
 	if err != nil {
 		return err
