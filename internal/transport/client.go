@@ -283,11 +283,20 @@ func (c *Client) login(ctx context.Context, cc *clientConn) error {
 		f, err := c.callOn(ctx, cc, code, body)
 		var pe *protocol.Error
 		if errors.As(err, &pe) && !errors.Is(err, ErrConnLost) {
-			err = c.wrap(code, err)
+			err = &LoginError{err: c.wrap(code, err)}
 		}
 		return f, err
 	})
 }
+
+// A LoginError is a server's refusal of the client's Login (a token it
+// does not know, say): the connection was made but not trusted. Another
+// server of the same cluster may answer otherwise (one that has not yet
+// applied a new principal, against one that has).
+type LoginError struct{ err error }
+
+func (e *LoginError) Error() string { return e.err.Error() }
+func (e *LoginError) Unwrap() error { return e.err }
 
 // readLoop delivers responses to their calls until the connection breaks.
 func (cc *clientConn) readLoop(addr string) error {

@@ -187,6 +187,8 @@ func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLe
 	// tlsBad: addresses whose handshake failed for the TLS settings
 	// (transport.ErrTLSMismatch): asking again gives the same answer.
 	tlsBad := map[string]error{}
+	// refused: addresses that refused the client's login in this call.
+	refused := map[string]bool{}
 	isWrong := func(addr string) bool {
 		return slices.ContainsFunc(wrong, func(w *WrongServerError) bool { return w.Addr == addr }) || tlsBad[addr] != nil
 	}
@@ -276,6 +278,16 @@ func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLe
 					return nil, fmt.Errorf("%w: %v after %d rounds: %w (before that: %w)", ErrNoNode, code, round+1, err, lastAnswer)
 				}
 				return nil, fmt.Errorf("metaserver client: %v: %w", code, err)
+			}
+			var le *transport.LoginError
+			if errors.As(err, &le) && !slices.ContainsFunc(c.cfg.Addrs, func(a string) bool { return a != addr && !isWrong(a) && !refused[a] }) {
+				return nil, err // every node refused the credential
+			}
+			if errors.As(err, &le) {
+				// A node that has not yet applied a new principal refuses
+				// its token: ask the others, the leader among them.
+				refused[addr] = true
+				continue
 			}
 			if errors.As(err, &pe) && !pe.Retriable() {
 				return nil, err // the cluster answered: no other node will say otherwise
