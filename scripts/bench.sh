@@ -21,13 +21,30 @@
 #   flushsync  the async shape with the broker at -flush sync (fdatasync before every answer)
 #   high       the async shape with HIGH reliability and a slave, as a ratio to NORMAL alone
 #              (the async shape's runs of this invocation; run with async)
+#   normalslave the async shape, NORMAL, with a slave connected: high is printed against it
 #   queues     the async shape into a topic of 1000 queues and into one of 8, as a ratio
+#   consume    COUNT messages written (async shape), then one member drains them (--consumers 1
+#              --backlog): the rate from its first delivered message to the last, beside
+#              `run-peers.sh natsconsume` with CONSUME_CLIENTS=1 (NATS `js consume`, MSGS=COUNT)
+#   consume4   the same with four members, beside natsconsume with CONSUME_CLIENTS=4
+#   fixedrate  the async shape held at FIXED_RATE msgs/s for FIXED_SECONDS: p50 and p99
+#   roll       ROLL_COUNT messages (async shape) into a master with -segment-size ROLL_SEGMENT
+#              (several segments rolled): rate and p99 against async
+#   coldstart  COLD_BYTES written into a master, which is stopped; sync, the page cache dropped
+#              (echo 3 > /proc/sys/vm/drop_caches, as root; a NOTE says when it could not be), and the
+#              master started again on its directory: ms until its data port accepts a connection
+#              (it binds it after opening the log) and until a `ferryctl send` is acknowledged
 #   nats       ../shared/bench/run-peers.sh nats (JetStream, same machine, same invocation)
 #
 # Environment:
 #   RUNS=3                   runs per figure (the median is printed)
 #   COUNT=500000             messages per run of the async shapes
 #   SYNC_COUNT=20000         messages per run of the sync shape
+#   FIXED_RATE=50000 FIXED_SECONDS=10   the fixedrate shape (bounded by both: at most RATE*SECONDS)
+#   ROLL_COUNT=1000000 ROLL_SEGMENT=67108864   the roll shape: ~1 GiB into 64 MiB segments (16)
+#   COLD_BYTES=2147483648    what the coldstart shape writes before the restart (2 GiB)
+#   BUDGET_US=               the CPU budget per message written, in µs (default: from NATS, see below)
+#   BUDGET_CORES=$(nproc)    the cores the budget spends
 #   FERRY_BENCH_BASE_PORT=7600  first of the 30 ports used (metaserver +1,+2; brokers +3..+6; NATS +20)
 #   PEERS=1                  run NATS when run-peers.sh is there (0: skip it)
 #   PEERS_SCRIPT=PATH        where run-peers.sh is (default: ../shared/bench/run-peers.sh from the repository)
@@ -42,7 +59,14 @@
 #
 # Output: progress lines start with '#'; then one line per figure:
 #   FIGURE NAME UNIT FERRYMQ runs=R1,R2,R3 | NATS-FIGURE NATS-VALUE | RATIO | aim AIM MET/MISSED
-# and NOTE lines naming where the two sides' shapes differ.
+# and NOTE lines naming where the two sides' shapes differ. Then, for every shape run,
+#   BUDGET SHAPE USED_US BUDGET_US MET/EXCEEDED
+# USED_US: the median over the runs of the CPU (user + system) of every ferrymq process on the
+# machine (the whole ferryctl bench process, the brokers, the metaserver) over the run, per
+# message; BUDGET_US: the CPU per message at which the machine reaches 5x NATS,
+# BUDGET_CORES * 1e6 / (5 * NATS async publish msgs/s of this run), 6.00 without NATS (BUDGET_US
+# overrides it); consume and consume4 add the same for reading, from NATS `js consume` (1 and 4
+# clients; 6.00 without). Judge it with RUNS >= 3 (a NOTE says when fewer).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
