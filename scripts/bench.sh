@@ -476,26 +476,6 @@ report() {
 	return 0
 }
 
-# budget_report: a BUDGET line for every shape run: the median CPU per
-# message summed over every ferrymq process, against budget (bench-lib.sh).
-budget_report() {
-	local k used b n
-	n="${NATS[nats.js.default.pub_async]:-}"
-	for k in async async1 sync flushsync high normalslave q1000 q8 consume consume4 fixedrate roll; do
-		[ -n "${VALS[$k.tot]:-}" ] || continue
-		used=$(med "$k.tot") b=$(budget "$k")
-		printf 'BUDGET %-12s %8s %8s %s\n' "$k" "$used" "$b" \
-			"$(awk -v u="$used" -v b="$b" 'BEGIN{ if (u == "NA") print "-"; else print (u + 0 <= b + 0) ? "MET" : "EXCEEDED" }')"
-	done
-	echo "NOTE BUDGET shape used_us budget_us: used is the median over the runs of the CPU (user and system) of every ferrymq process (the whole ferryctl bench process, the brokers, the metaserver) over the run, per message sent; budget is $(if [ -n "${BUDGET_US:-}" ]; then echo "BUDGET_US=$BUDGET_US"; elif [ -n "$n" ]; then echo "$BUDGET_CORES cores x 1e6 / (5 x NATS async publish $n msgs/s)"; else echo "the default 6.00 (no NATS in this run)"; fi) for writing a message, and for consume and consume4 that plus $BUDGET_CORES x 1e6 / (5 x NATS js consume msgs/s with 1 and 4 clients: ${NATS[consume.1]:-not run, 6.00} / ${NATS[consume.4]:-not run, 6.00}) for reading it"
-	[ "$RUNS" -ge 3 ] || echo "NOTE BUDGET: RUNS=$RUNS: judge the budget on the median of at least 3 runs"
-	if has high && [ -n "${VALS[high.scpu]:-}" ]; then
-		echo "NOTE high: the slave's CPU per message (fetch and append) $(med high.scpu) µs; every process $(med high.tot) µs against $(med async.tot) µs for async without a slave (when run): what a replica adds to the machine"
-	fi
-	[ -n "${COLD_NOTE:-}" ] && echo "$COLD_NOTE"
-	return 0
-}
-
 # ------------------------------------------------------------------ main
 log "work directory $WORK, ports $BASE..$((BASE + 29)), shapes: ${SHAPES[*]:-none}$([ $WANT_NATS = 1 ] && echo ' + nats')"
 if [ ${#SHAPES[@]} -gt 0 ]; then
