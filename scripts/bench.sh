@@ -21,13 +21,30 @@
 #   flushsync  the async shape with the broker at -flush sync (fdatasync before every answer)
 #   high       the async shape with HIGH reliability and a slave, as a ratio to NORMAL alone
 #              (the async shape's runs of this invocation; run with async)
+#   normalslave the async shape, NORMAL, with a slave connected: high is printed against it
 #   queues     the async shape into a topic of 1000 queues and into one of 8, as a ratio
+#   consume    COUNT messages written (async shape), then one member drains them (--consumers 1
+#              --backlog): the rate from its first delivered message to the last, beside
+#              `run-peers.sh natsconsume` with CONSUME_CLIENTS=1 (NATS `js consume`, MSGS=COUNT)
+#   consume4   the same with four members, beside natsconsume with CONSUME_CLIENTS=4
+#   fixedrate  the async shape held at FIXED_RATE msgs/s for FIXED_SECONDS: p50 and p99
+#   roll       ROLL_COUNT messages (async shape) into a master with -segment-size ROLL_SEGMENT
+#              (several segments rolled): rate and p99 against async
+#   coldstart  COLD_BYTES written into a master, which is stopped; sync, the page cache dropped
+#              (echo 3 > /proc/sys/vm/drop_caches, as root; a NOTE says when it could not be), and the
+#              master started again on its directory: ms until its data port accepts a connection
+#              (it binds it after opening the log) and until a `ferryctl send` is acknowledged
 #   nats       ../shared/bench/run-peers.sh nats (JetStream, same machine, same invocation)
 #
 # Environment:
 #   RUNS=3                   runs per figure (the median is printed)
 #   COUNT=500000             messages per run of the async shapes
 #   SYNC_COUNT=20000         messages per run of the sync shape
+#   FIXED_RATE=50000 FIXED_SECONDS=10   the fixedrate shape (bounded by both: at most RATE*SECONDS)
+#   ROLL_COUNT=1000000 ROLL_SEGMENT=67108864   the roll shape: ~1 GiB into 64 MiB segments (16)
+#   COLD_BYTES=2147483648    what the coldstart shape writes before the restart (2 GiB)
+#   BUDGET_US=               the CPU budget per message written, in µs (default: from NATS, see below)
+#   BUDGET_CORES=$(nproc)    the cores the budget spends
 #   FERRY_BENCH_BASE_PORT=7600  first of the 30 ports used (metaserver +1,+2; brokers +3..+6; NATS +20)
 #   PEERS=1                  run NATS when run-peers.sh is there (0: skip it)
 #   PEERS_SCRIPT=PATH        where run-peers.sh is (default: ../shared/bench/run-peers.sh from the repository)
@@ -42,13 +59,26 @@
 #
 # Output: progress lines start with '#'; then one line per figure:
 #   FIGURE NAME UNIT FERRYMQ runs=R1,R2,R3 | NATS-FIGURE NATS-VALUE | RATIO | aim AIM MET/MISSED
-# and NOTE lines naming where the two sides' shapes differ.
+# and NOTE lines naming where the two sides' shapes differ. Then, for every shape run,
+#   BUDGET SHAPE USED_US BUDGET_US MET/EXCEEDED
+# USED_US: the median over the runs of the CPU (user + system) of every ferrymq process on the
+# machine (the whole ferryctl bench process, the brokers, the metaserver) over the run, per
+# message; BUDGET_US: the CPU per message at which the machine reaches 5x NATS,
+# BUDGET_CORES * 1e6 / (5 * NATS async publish msgs/s of this run), 6.00 without NATS (BUDGET_US
+# overrides it); consume and consume4 add the same for reading, from NATS `js consume` (1 and 4
+# clients; 6.00 without). Judge it with RUNS >= 3 (a NOTE says when fewer).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNS="${RUNS:-3}"
 COUNT="${COUNT:-500000}"
 SYNC_COUNT="${SYNC_COUNT:-20000}"
+FIXED_RATE="${FIXED_RATE:-50000}"
+FIXED_SECONDS="${FIXED_SECONDS:-10}"
+ROLL_COUNT="${ROLL_COUNT:-1000000}"
+ROLL_SEGMENT="${ROLL_SEGMENT:-67108864}"
+COLD_BYTES="${COLD_BYTES:-2147483648}"
+BUDGET_CORES="${BUDGET_CORES:-$(nproc)}"
 BASE="${FERRY_BENCH_BASE_PORT:-7600}"
 PEERS="${PEERS:-1}"
 PEERS_SCRIPT="${PEERS_SCRIPT:-$ROOT/../shared/bench/run-peers.sh}"
@@ -68,17 +98,19 @@ SLAVE_HA="127.0.0.1:$((BASE + 6))"
 RAFT="127.0.0.1:$((BASE + 2))"
 NATS_PORT="${NATS_PORT:-$((BASE + 20))}"
 
-ALL_SHAPES=(async async1 sync flushsync high queues)
+ALL_SHAPES=(async async1 sync flushsync high normalslave queues consume consume4 fixedrate roll coldstart)
 NAME=bench.sh
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
+# shellcheck source=scripts/bench-lib.sh
+. "$ROOT/scripts/bench-lib.sh"
 
 # ------------------------------------------------------------------ arguments
 SHAPES=()
 WANT_NATS=0
 for a in "$@"; do
 	case "$a" in
-	async | async1 | sync | flushsync | high | queues) SHAPES+=("$a") ;;
+	async | async1 | sync | flushsync | high | normalslave | queues | consume | consume4 | fixedrate | roll | coldstart) SHAPES+=("$a") ;;
 	nats) WANT_NATS=1 ;;
 	-h | --help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "bench.sh: unknown shape $a (${ALL_SHAPES[*]} nats)" >&2; exit 2 ;;
@@ -128,11 +160,12 @@ group_ready() {
 # start_group GROUP FLUSH SLAVE: a fresh master (and slave) with empty data
 # directories, as broker group GROUP; waits until it takes writes.
 BROKER_PIDS=()
+SHAPE_ARGS=() # more flags for the master of the shape being run (roll: -segment-size)
 start_group() {
 	local g="$1" flush="$2" slave="$3" pp=()
 	[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 7))")
 	launch "$g-master" "$BIN/ferry-broker" -id "$g-master" -group "$g" -role master -dir "$WORK/data/$g-master" \
-		-addr "$MASTER_ADDR" -ha-addr "$MASTER_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}" "${BROKER_TLS[@]}"
+		-addr "$MASTER_ADDR" -ha-addr "$MASTER_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}" "${SHAPE_ARGS[@]}" "${BROKER_TLS[@]}"
 	BROKER_PIDS=("$LAST_PID")
 	if [ "$slave" = 1 ]; then
 		[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 8))")
@@ -164,13 +197,15 @@ med() { median ${VALS[$1]:-}; }
 
 RUN_NO=0
 # bench_run SHAPE FLUSH SLAVE QUEUES ARGS...: one run on a fresh group; sets
-# R_RATE, R_P50, R_P99 (NA on failure).
+# R_RATE, R_P50, R_P99, R_CPU (ferryctl bench's sends), R_BCPU (master),
+# R_SCPU (slave), R_TOT (every ferrymq process), all CPU in µs per message,
+# and with --consumers R_CRATE, R_CONSUMED (NA on failure).
 bench_run() {
 	local shape="$1" flush="$2" slave="$3" queues="$4" out rc errs prof=()
 	shift 4
 	RUN_NO=$((RUN_NO + 1))
 	local g="g$RUN_NO" topic="t$RUN_NO"
-	R_RATE=NA R_P50=NA R_P99=NA R_CPU=NA R_BCPU=NA
+	R_RATE=NA R_P50=NA R_P99=NA R_CPU=NA R_BCPU=NA R_SCPU=NA R_TOT=NA R_CRATE=NA R_CONSUMED=NA
 	start_group "$g" "$flush" "$slave"
 	ctl topic create "$topic" --queues "$queues" --groups "$g" >/dev/null || die "topic create $topic failed"
 	# One message first, so that the master knows the new topic's route: its
@@ -178,16 +213,21 @@ bench_run() {
 	# the topic up, and retried after the SDK's 50 ms backoff (in p99, max).
 	ctl send "$topic" --body warm-up >/dev/null || die "the warm-up send to $topic failed"
 	[ -n "$CPUPROFILE" ] && mkdir -p "$CPUPROFILE" && prof=(--cpuprofile "$CPUPROFILE/$shape-$RUN_NO.pprof")
-	local master="${BROKER_PIDS[0]}" t0 t1
-	t0="$(proc_ticks "$master")"
+	local m0 m1 s0=0 s1=0 a0 a1 c0
+	children_cpu
+	m0="$(proc_ticks "${BROKER_PIDS[0]}")" a0="$(procs_ticks "${BROKER_PIDS[@]}" "$META_PID")" c0="$CHILDREN_CPU"
+	[ "$slave" = 1 ] && s0="$(proc_ticks "${BROKER_PIDS[1]}")"
 	out="$(timeout --foreground -k 5 "$RUN_TIMEOUT" "$BIN/ferryctl" --meta "$META" --timeout 10s "${CTL_TLS[@]}" --json bench \
 		--topic "$topic" --size "$SIZE" --progress=false "$@" "${prof[@]}" 2>"$WORK/logs/bench.run.err")"
 	rc=$?
+	children_cpu
+	m1="$(proc_ticks "${BROKER_PIDS[0]}")" a1="$(procs_ticks "${BROKER_PIDS[@]}" "$META_PID")"
+	[ "$slave" = 1 ] && s1="$(proc_ticks "${BROKER_PIDS[1]}")"
 	cat "$WORK/logs/bench.run.err" >>"$WORK/logs/bench.err"
-	t1="$(proc_ticks "$master")"
 	echo "$shape run $RUN_NO (rc $rc): ferryctl bench --topic $topic $*" >>"$WORK/logs/bench.out"
 	echo "$out" >>"$WORK/logs/bench.out"
 	sig "$rc"
+	[ "$shape" = roll ] && log "  segments in the master's data directory: $(find "$WORK/data/$g-master" -name '*.log' | wc -l)"
 	stop_group
 	if [ "$rc" != 0 ]; then
 		# ferryctl's error is one line "ferryctl: ..." (bench's failed sends
@@ -203,65 +243,114 @@ bench_run() {
 	R_RATE="$(awk -v x="$(jnum msgs_per_sec "$out")" 'BEGIN{ printf "%.0f", x }')"
 	R_P50="$(jnum p50_us "$out")"
 	R_P99="$(jnum p99_us "$out")"
-	# CPU per message: ferryctl bench's (its cpu_seconds) and the master's
-	# (from /proc, in clock ticks), in µs.
-	local sent
+	local sent cons
 	sent="$(jnum sent "$out")"
+	cons="$(sed -n '/"consume": {/,$p' <<<"$out")"
+	if [ -n "$cons" ]; then
+		R_CONSUMED="$(jnum consumed "$cons")"
+		R_CRATE="$(awk -v x="$(jnum msgs_per_sec "$cons")" 'BEGIN{ printf "%.0f", x }')"
+		[ "$R_CONSUMED" = "$sent" ] || log "$shape: consumed $R_CONSUMED of $sent"
+	fi
+	# CPU per message: ferryctl bench's sends (its cpu_seconds); the master's
+	# and the slave's and, summed over every ferrymq process (the whole
+	# ferryctl process, the brokers and the metaserver), from /proc and
+	# the shell's children times, over the whole ferryctl bench run.
 	R_CPU="$(awk -v c="$(jnum cpu_seconds "$out")" -v n="$sent" 'BEGIN{ if (c != "" && n > 0) printf "%.2f", c * 1e6 / n; else print "NA" }')"
-	R_BCPU="$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK 2>/dev/null || echo 100)" -v n="$sent" \
-		'BEGIN{ if (a != "" && b != "" && n > 0) printf "%.2f", (b - a) / hz * 1e6 / n; else print "NA" }')"
+	R_BCPU="$(per_msg "$m0" "$m1" 0 "$sent")"
+	[ "$slave" = 1 ] && R_SCPU="$(per_msg "$s0" "$s1" 0 "$sent")"
+	R_TOT="$(per_msg "$a0" "$a1" "$(awk -v a="$c0" -v b="$CHILDREN_CPU" 'BEGIN{ print b - a }')" "$sent")"
 }
 
-# proc_ticks PID: the CPU time (user and system, clock ticks) of PID so far,
-# from /proc (empty where there is none).
-proc_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null; }
-
 ASYNC=(--mode async --producers 4 --window 1000 --count "$COUNT")
+# rec KEY: adds this run's figures under KEY (rate, p50, p99, CPU per message).
+rec() {
+	add "$1" "$R_RATE"
+	add "$1.p50" "$R_P50"
+	add "$1.p99" "$R_P99"
+	add "$1.cpu" "$R_CPU"
+	add "$1.bcpu" "$R_BCPU"
+	add "$1.scpu" "$R_SCPU"
+	add "$1.tot" "$R_TOT"
+	add "$1.crate" "$R_CRATE"
+}
+cpu_log() { echo "CPU per message: ferryctl bench $R_CPU µs, master $R_BCPU µs, slave $R_SCPU µs, every ferrymq process $R_TOT µs"; }
 run_shapes() {
 	local r
 	for r in $(seq "$RUNS"); do
 		if has async || has high; then
 			log "async run $r/$RUNS: 4 producers, window 1000, flush=async, $COUNT msgs"
 			bench_run async async 0 8 "${ASYNC[@]}"
-			add async "$R_RATE"
-			add async.cpu "$R_CPU"
-			add async.bcpu "$R_BCPU"
-			log "  $R_RATE msgs/s (CPU per message: ferryctl bench $R_CPU µs, broker $R_BCPU µs)"
+			rec async
+			log "  $R_RATE msgs/s ($(cpu_log))"
 		fi
 		if has async1; then
 			log "async1 run $r/$RUNS: 1 producer, window 500, flush=async, $COUNT msgs"
 			bench_run async1 async 0 8 --mode async --producers 1 --window 500 --count "$COUNT"
-			add async1 "$R_RATE"
-			log "  $R_RATE msgs/s"
+			rec async1
+			log "  $R_RATE msgs/s ($(cpu_log))"
 		fi
 		if has sync; then
 			log "sync run $r/$RUNS: one at a time, 1 producer, flush=async, $SYNC_COUNT msgs"
 			bench_run sync async 0 8 --mode sync --producers 1 --count "$SYNC_COUNT"
-			add sync.p50 "$R_P50"
-			add sync.p99 "$R_P99"
-			add sync.rate "$R_RATE"
-			log "  p50 $R_P50 µs, p99 $R_P99 µs, $R_RATE msgs/s"
+			rec sync
+			log "  p50 $R_P50 µs, p99 $R_P99 µs, $R_RATE msgs/s ($(cpu_log))"
 		fi
 		if has flushsync; then
 			log "flushsync run $r/$RUNS: async shape, broker -flush sync, $COUNT msgs"
 			bench_run flushsync sync 0 8 "${ASYNC[@]}"
-			add flushsync "$R_RATE"
-			log "  $R_RATE msgs/s"
+			rec flushsync
+			log "  $R_RATE msgs/s ($(cpu_log))"
 		fi
-		if has high; then
+		if has high || has normalslave; then
 			log "high run $r/$RUNS: async shape, HIGH, with a slave, $COUNT msgs"
 			bench_run high async 1 8 "${ASYNC[@]}" --reliability high
-			add high "$R_RATE"
-			log "  $R_RATE msgs/s"
+			rec high
+			log "  $R_RATE msgs/s ($(cpu_log))"
+		fi
+		if has normalslave; then
+			log "normalslave run $r/$RUNS: async shape, NORMAL, with the slave connected, $COUNT msgs"
+			bench_run normalslave async 1 8 "${ASYNC[@]}" --reliability normal
+			rec normalslave
+			log "  $R_RATE msgs/s ($(cpu_log))"
 		fi
 		if has queues; then
 			log "queues run $r/$RUNS: async shape into 1000 queues, then into 8, $COUNT msgs each"
 			bench_run q1000 async 0 1000 "${ASYNC[@]}"
-			add q1000 "$R_RATE"
+			rec q1000
 			local a="$R_RATE"
 			bench_run q8 async 0 8 "${ASYNC[@]}"
-			add q8 "$R_RATE"
+			rec q8
 			log "  1000 queues $a msgs/s, 8 queues $R_RATE msgs/s"
+		fi
+		local m
+		for m in 1 4; do
+			local k=consume
+			[ $m = 4 ] && k=consume4
+			has $k || continue
+			log "$k run $r/$RUNS: $COUNT msgs written (async shape), then $m member(s) drain them (--backlog)"
+			bench_run $k async 0 8 "${ASYNC[@]}" --consumers $m --backlog --consume-wait 5s
+			rec $k
+			log "  drained at $R_CRATE msgs/s (written at $R_RATE; $(cpu_log), writing and reading)"
+		done
+		if has fixedrate; then
+			log "fixedrate run $r/$RUNS: async shape held at $FIXED_RATE msgs/s for $FIXED_SECONDS s"
+			bench_run fixedrate async 0 8 --mode async --producers 4 --window 1000 --rate "$FIXED_RATE" \
+				--duration "${FIXED_SECONDS}s" --count "$((FIXED_RATE * FIXED_SECONDS))"
+			rec fixedrate
+			log "  p50 $R_P50 µs, p99 $R_P99 µs at $R_RATE msgs/s ($(cpu_log))"
+		fi
+		if has roll; then
+			log "roll run $r/$RUNS: async shape, $ROLL_COUNT msgs into -segment-size $ROLL_SEGMENT"
+			SHAPE_ARGS=(-segment-size "$ROLL_SEGMENT")
+			bench_run roll async 0 8 --mode async --producers 4 --window 1000 --count "$ROLL_COUNT"
+			SHAPE_ARGS=()
+			rec roll
+			log "  $R_RATE msgs/s, p99 $R_P99 µs ($(cpu_log))"
+		fi
+		if has coldstart; then
+			log "coldstart run $r/$RUNS: $COLD_BYTES bytes written, master stopped, page cache dropped, started again"
+			coldstart_run
+			log "  port bound after $(echo "${VALS[coldstart.listen]:-}" | awk '{ print $NF }') ms, first send acknowledged after $(echo "${VALS[coldstart.send]:-}" | awk '{ print $NF }') ms"
 		fi
 	done
 }
@@ -280,6 +369,19 @@ run_nats() {
 	# FIGURE <name> <median> <unit> runs=<v1,...> | <command>
 	while read -r _ name value _; do NATS[$name]="$value"; done < <(grep '^FIGURE' <<<"$out")
 	grep '^FIGURE' <<<"$out" | sed 's/^/# nats: /' >&2
+	local m
+	for m in 1 4; do
+		{ [ $m = 1 ] && has consume; } || { [ $m = 4 ] && has consume4; } || continue
+		log "NATS: $PEERS_SCRIPT natsconsume, $m client(s), a backlog of $COUNT"
+		out="$(RUNS="$RUNS" SIZE="$SIZE" MSGS="$COUNT" CONSUME_CLIENTS=$m NATS_PORT="$NATS_PORT" WORK="$WORK/peers" \
+			timeout --foreground -k 10 3600 bash "$PEERS_SCRIPT" natsconsume 2>>"$WORK/logs/peers.err")"
+		rc=$?
+		echo "$out" >>"$WORK/logs/peers.out"
+		sig "$rc"
+		[ "$rc" = 0 ] || log "run-peers.sh natsconsume exited with $rc (see $WORK/logs/peers.err; KEEP=1 keeps it)"
+		NATS[consume.$m]="$(awk '$1 == "FIGURE" && $2 == "nats.js.default.consume" { print $3 }' <<<"$out")"
+		grep '^FIGURE' <<<"$out" | sed "s/^/# nats ($m clients): /" >&2
+	done
 }
 
 # ------------------------------------------------------------------ report
@@ -312,9 +414,9 @@ report() {
 		rt=$(ratio "$v" "$n")
 		line sync.1p.p99 us "$v" "$(runs sync.p99)" nats.js.default.pub_sync.p99 "${n:--}" "$rt" "<=300us" \
 			"$(awk -v x="$v" 'BEGIN{ if (x == "NA") print "-"; else print (x + 0 <= 300) ? "MET" : "MISSED" }')"
-		v=$(med sync.rate) n="${NATS[nats.js.default.pub_sync]:-}"
+		v=$(med sync) n="${NATS[nats.js.default.pub_sync]:-}"
 		rt=$(ratio "$v" "$n")
-		line sync.1p.rate msgs/s "$v" "$(runs sync.rate)" nats.js.default.pub_sync "${n:--}" "$rt" "-" "-"
+		line sync.1p.rate msgs/s "$v" "$(runs sync)" nats.js.default.pub_sync "${n:--}" "$rt" "-" "-"
 	fi
 	if has flushsync; then
 		v=$(med flushsync) n="${NATS[nats.js.always.pub_async]:-}"
@@ -326,11 +428,41 @@ report() {
 		rt=$(ratio "$v" "$(med async)")
 		line high.slave.4p.w1000 msgs/s "$v" "$(runs high)" "ferrymq async.4p.w1000" "$(med async)" "$rt" ">=0.8x" "$(verdict "$rt" ">=" 0.8)"
 	fi
+	if has normalslave; then
+		v=$(med high)
+		rt=$(ratio "$v" "$(med normalslave)")
+		line high.vs.normalslave msgs/s "$v" "$(runs high)" "ferrymq normalslave (same slave)" "$(med normalslave)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
+	fi
 	if has queues; then
 		v=$(med q1000)
 		rt=$(ratio "$v" "$(med q8)")
 		line queues.1000.4p.w1000 msgs/s "$v" "$(runs q1000)" "ferrymq queues.8 (same runs)" "$(med q8)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
 	fi
+	local m k
+	for m in 1 4; do
+		k=consume
+		[ $m = 4 ] && k=consume4
+		has $k || continue
+		v=$(med $k.crate) n="${NATS[consume.$m]:-}"
+		rt=$(ratio "$v" "$n")
+		line "consume.${m}m.backlog" msgs/s "$v" "$(runs $k.crate)" "nats.js.default.consume ${m}c" "${n:--}" "$rt" ">=5x" "$(verdict "$rt" ">=" 5)"
+	done
+	if has fixedrate; then
+		line fixedrate.p50 us "$(med fixedrate.p50)" "$(runs fixedrate.p50)" "at msgs/s (median)" "$(med fixedrate)" "-" "-" "-"
+		line fixedrate.p99 us "$(med fixedrate.p99)" "$(runs fixedrate.p99)" "at msgs/s (median)" "$(med fixedrate)" "-" "<=300us" \
+			"$(awk -v x="$(med fixedrate.p99)" 'BEGIN{ if (x == "NA") print "-"; else print (x + 0 <= 300) ? "MET" : "MISSED" }')"
+	fi
+	if has roll; then
+		v=$(med roll)
+		rt=$(ratio "$v" "$(med async)")
+		line roll.4p.w1000 msgs/s "$v" "$(runs roll)" "ferrymq async.4p.w1000" "$(med async)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
+		line roll.p99 us "$(med roll.p99)" "$(runs roll.p99)" "ferrymq async.4p.w1000 p99" "$(med async.p99)" "$(ratio "$(med roll.p99)" "$(med async.p99)")" "-" "-"
+	fi
+	if has coldstart; then
+		line coldstart.listen ms "$(med coldstart.listen)" "$(runs coldstart.listen)" "-" "-" "-" "keep" "-"
+		line coldstart.send ms "$(med coldstart.send)" "$(runs coldstart.send)" "-" "-" "-" "keep" "-"
+	fi
+	budget_report
 	if has async; then
 		echo "NOTE async.4p.w1000 CPU per message (medians): ferryctl bench (the producers) $(med async.cpu) µs, broker $(med async.bcpu) µs; on $(nproc) cores their sum bounds the rate at about $(awk -v a="$(med async.cpu)" -v b="$(med async.bcpu)" -v c="$(nproc)" 'BEGIN{ if (a + b > 0) printf "%.0f", c * 1e6 / (a + b); else print "NA" }') msgs/s"
 	fi
@@ -353,6 +485,7 @@ if [ ${#SHAPES[@]} -gt 0 ]; then
 		"$BIN/ferryctl" certs "$WORK/tls" --node meta=127.0.0.1 --node broker=127.0.0.1 --client ctl >/dev/null || die "ferryctl certs failed"
 	fi
 	start_meta "${META_TLS[@]}"
+	META_PID="$LAST_PID"
 	run_shapes
 fi
 [ $WANT_NATS = 1 ] && run_nats

@@ -157,8 +157,8 @@ func printBench(g *globalOptions, res loadgen.Result) error {
 	}
 	c := res.Consume
 	fmt.Fprintln(g.out)
-	return tablePrinter{g.out}.print(nil, []string{"CONSUMERS", "CONSUMED", "MISSING", "SECONDS", "MSGS/S", "MB/S", "E2E-P50", "P90", "P99", "P99.9", "MAX"},
-		[][]string{{fmt.Sprint(c.Consumers), fmt.Sprint(c.Consumed), fmt.Sprint(c.Missing), fmt.Sprintf("%.2f", c.Seconds),
+	return tablePrinter{g.out}.print(nil, []string{"CONSUMERS", "CONSUMED", "MISSING", "SECONDS", "SETTLE", "MSGS/S", "MB/S", "E2E-P50", "P90", "P99", "P99.9", "MAX"},
+		[][]string{{fmt.Sprint(c.Consumers), fmt.Sprint(c.Consumed), fmt.Sprint(c.Missing), fmt.Sprintf("%.3f", c.Seconds), fmt.Sprintf("%.3f", c.SettleSeconds),
 			fmt.Sprintf("%.0f", c.MsgsPerSec), fmt.Sprintf("%.1f", c.MBPerSec), us(c.P50Micros), us(c.P90Micros),
 			us(c.P99Micros), us(c.P999Micros), us(c.MaxMicros)}})
 }

@@ -26,11 +26,23 @@ type ConsumeResult struct {
 	// Missing counts messages sent and not consumed when the run stopped
 	// waiting (ConsumeWait without progress).
 	Missing int64 `json:"missing"`
-	// Seconds runs from the first message sent (live) or from when every
-	// member had its queues (Backlog) to the last message handled.
+	// Seconds runs from the first message the SDK delivered to a member's
+	// handler to the last one handled, over every member; MsgsPerSec is
+	// Consumed/Seconds. With Backlog the members start after every send
+	// was answered, so the clock starts at the backlog's first delivery.
 	Seconds    float64 `json:"seconds"`
 	MsgsPerSec float64 `json:"msgs_per_sec"`
 	MBPerSec   float64 `json:"mb_per_sec"`
+	// FirstDelivery and LastDelivery bound Seconds.
+	FirstDelivery time.Time `json:"first_delivery"`
+	LastDelivery  time.Time `json:"last_delivery"`
+	// SettleSeconds is the part of Seconds the handlers waited, after the
+	// first delivery, for the group to settle (every member in one
+	// generation with its queues; see consumers.start): the SDK goes on
+	// fetching meanwhile, and what it fetched is handled when it settles.
+	SettleSeconds float64 `json:"settle_seconds"`
+	// Members is each member's share, from its first delivery to its last.
+	Members []MemberResult `json:"members"`
 	// End-to-end latency: from just before the producer's send (a time in
 	// the body's first 8 bytes; the producer's millisecond timestamp for
 	// bodies under 8 bytes) to the handler. With Backlog it includes the
@@ -42,6 +54,20 @@ type ConsumeResult struct {
 	MaxMicros  int64 `json:"e2e_max_us"`
 }
 
+// MemberResult is one member's part of a ConsumeResult.
+type MemberResult struct {
+	Member     string  `json:"member"`
+	Consumed   int64   `json:"consumed"`
+	Seconds    float64 `json:"seconds"`
+	MsgsPerSec float64 `json:"msgs_per_sec"`
+}
+
+// delivery is one member's count and the times (unix ns, 0: none yet) of
+// its first delivery and of the end of its last handled batch.
+type delivery struct {
+	consumed, first, last atomic.Int64
+}
+
 // consumers is the consumer group of a run.
 type consumers struct {
 	o        *Config
@@ -50,7 +76,8 @@ type consumers struct {
 	hists    []*hdrhistogram.Histogram
 	hmu      []sync.Mutex
 	consumed atomic.Int64
-	last     atomic.Int64  // unix ns of the last message handled
+	members  []delivery
+	gated    atomic.Int64  // unix ns when gate closed
 	gate     chan struct{} // closed once the group is settled: handlers wait for it
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -73,6 +100,7 @@ func (b *consumers) start(ctx context.Context, route routing.Route, start consum
 	b.cs = make([]*consumer.Consumer, b.o.Consumers)
 	b.hists = make([]*hdrhistogram.Histogram, b.o.Consumers)
 	b.hmu = make([]sync.Mutex, b.o.Consumers)
+	b.members = make([]delivery, b.o.Consumers)
 	b.gate = make(chan struct{})
 	for i := range b.cs {
 		c, err := consumer.New(b.group, []string{b.o.Topic}, sdk.MetaAddrs(b.o.MetaAddrs...), consumer.StartFrom(start),
@@ -85,7 +113,12 @@ func (b *consumers) start(ctx context.Context, route routing.Route, start consum
 		b.wg.Add(1)
 		go func() {
 			defer b.wg.Done()
+			d := &b.members[i]
 			err := c.RunBatch(rctx, func(hctx context.Context, msgs []*consumer.Message) error {
+				// The SDK delivered: the member's clock starts here, before
+				// the gate, so that what the SDK fetched while the group
+				// settled is not counted as handled in no time.
+				d.first.CompareAndSwap(0, time.Now().UnixNano())
 				// Until every member has joined, a rebalance may move a queue
 				// and deliver its messages again: nothing is handled before.
 				select {
@@ -105,8 +138,9 @@ func (b *consumers) start(ctx context.Context, route routing.Route, start consum
 					_ = b.hists[i].RecordValue(max(lat.Microseconds(), 1))
 				}
 				b.hmu[i].Unlock()
+				d.consumed.Add(int64(len(msgs)))
 				b.consumed.Add(int64(len(msgs)))
-				b.last.Store(now.UnixNano())
+				d.last.Store(time.Now().UnixNano())
 				return nil
 			})
 			if err != nil && rctx.Err() == nil {
@@ -136,6 +170,7 @@ func (b *consumers) start(ctx context.Context, route routing.Route, start consum
 			settled = settled && st.Generation == gen && gen > 0 && (held > 0 || len(b.cs) > len(route.Queues))
 		}
 		if settled && ready == len(route.Queues) {
+			b.gated.Store(time.Now().UnixNano())
 			close(b.gate)
 			return nil
 		}
@@ -144,7 +179,7 @@ func (b *consumers) start(ctx context.Context, route routing.Route, start consum
 			return fmt.Errorf("consumer: %w", err)
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(2 * time.Millisecond): // part of SettleSeconds
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the consumer group %s holds %d of the %d queues of %s after 30s", b.group, ready, len(route.Queues), b.o.Topic)
@@ -190,7 +225,7 @@ func (b *consumers) stop() {
 	}
 }
 
-func (b *consumers) result(from time.Time, sent int64, backlog bool) *ConsumeResult {
+func (b *consumers) result(sent int64, backlog bool) *ConsumeResult {
 	h := hdrhistogram.New(1, 60_000_000, 3)
 	for i, x := range b.hists {
 		b.hmu[i].Lock()
@@ -201,10 +236,25 @@ func (b *consumers) result(from time.Time, sent int64, backlog bool) *ConsumeRes
 		P50Micros: h.ValueAtQuantile(50), P90Micros: h.ValueAtQuantile(90), P99Micros: h.ValueAtQuantile(99),
 		P999Micros: h.ValueAtQuantile(99.9), MaxMicros: h.Max()}
 	r.Missing = max(sent-r.Consumed, 0)
-	if last := b.last.Load(); last > 0 {
-		r.Seconds = time.Unix(0, last).Sub(from).Seconds()
+	var first, last int64
+	for i := range b.members {
+		d := &b.members[i]
+		m := MemberResult{Member: b.cs[i].MemberID(), Consumed: d.consumed.Load()}
+		f, l := d.first.Load(), d.last.Load()
+		if f > 0 && l > f {
+			m.Seconds = time.Duration(l - f).Seconds()
+			m.MsgsPerSec = float64(m.Consumed) / m.Seconds
+			if first == 0 || f < first {
+				first = f
+			}
+			last = max(last, l)
+		}
+		r.Members = append(r.Members, m)
 	}
-	if r.Seconds > 0 {
+	if first > 0 {
+		r.FirstDelivery, r.LastDelivery = time.Unix(0, first), time.Unix(0, last)
+		r.Seconds = r.LastDelivery.Sub(r.FirstDelivery).Seconds()
+		r.SettleSeconds = max(time.Duration(b.gated.Load()-first).Seconds(), 0)
 		r.MsgsPerSec = float64(r.Consumed) / r.Seconds
 		r.MBPerSec = r.MsgsPerSec * float64(b.o.Size) / 1e6
 	}

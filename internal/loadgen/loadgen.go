@@ -261,8 +261,9 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	}
 	res.ErrorCauses = causes.list()
 	if bc != nil {
-		from := start
 		if o.Backlog {
+			// Every send was answered: the backlog is written, and the
+			// members start now; the clock starts at their first delivery.
 			cl, mctx, done, err := o.metaClient(ctx)
 			if err != nil {
 				return res, err
@@ -275,10 +276,9 @@ func Run(ctx context.Context, c Config) (Result, error) {
 			if err := bc.start(ctx, route, consumer.Earliest); err != nil {
 				return res, err
 			}
-			from = time.Now() // the group is settled: its members start handling
 		}
 		bc.wait(ctx, res.Sent)
-		res.Consume = bc.result(from, res.Sent, o.Backlog)
+		res.Consume = bc.result(res.Sent, o.Backlog)
 	}
 	return res, nil
 }

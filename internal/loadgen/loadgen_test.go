@@ -3,6 +3,8 @@ package loadgen
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +12,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -116,5 +120,55 @@ func TestRateEndsAtDuration(t *testing.T) {
 			t.Errorf("rate %g, %d producers, %v: %v; sent %d, %d errors; want 1 to %d sent (the turns before the deadline)",
 				c.rate, c.producers, c.duration, r.err, r.res.Sent, r.res.Errors, c.most)
 		}
+	}
+}
+
+// TestBacklogConsumeClock: a backlog run starts its members after every
+// send was answered, and its rate is what the SDK delivered from the first
+// message to the last: Consumed/(LastDelivery-FirstDelivery), over all
+// members and per member. (The clock used to start once the group had
+// settled, after the SDK had fetched most of a small backlog: 20,000
+// messages read "in 0.00 s".)
+func TestBacklogConsumeClock(t *testing.T) {
+	meta := testcluster.Start(t, testcluster.Opts{Groups: []string{"g1", "g2"}}).MetaAddr()
+	for _, members := range []int{1, 4} {
+		cfg := config(meta, fmt.Sprintf("backlog%d", members))
+		cfg.Queues, cfg.Count, cfg.Size, cfg.Producers = 4, 20000, 1024, 2
+		cfg.Consumers, cfg.Backlog, cfg.ConsumeWait = members, true, 5*time.Second
+		cfg.QueueEnds = func(_ context.Context, r routing.Route) ([]api.QueueOffset, error) {
+			out := make([]api.QueueOffset, len(r.Queues))
+			for i, q := range r.Queues {
+				out[i] = api.QueueOffset{Topic: r.Topic, Queue: q.Queue} // a new topic: every queue starts at 0
+			}
+			return out, nil
+		}
+		before := time.Now()
+		res, err := Run(context.Background(), cfg)
+		if err != nil || res.Sent != cfg.Count || res.Consume == nil {
+			t.Fatalf("%d members: %v; sent %d, consume %+v", members, err, res.Sent, res.Consume)
+		}
+		c := res.Consume
+		span := c.LastDelivery.Sub(c.FirstDelivery).Seconds()
+		if c.Consumed != cfg.Count || c.Seconds <= 0 || c.Seconds != span || math.Abs(c.MsgsPerSec-float64(c.Consumed)/span) > 1e-6 {
+			t.Errorf("%d members: consumed %d in %.6fs at %.0f msgs/s, delivered from %v to %v; want %d in last-first (%.6fs) at consumed/(last-first)",
+				members, c.Consumed, c.Seconds, c.MsgsPerSec, c.FirstDelivery, c.LastDelivery, cfg.Count, span)
+		}
+		if sendsEnd := before.Add(time.Duration(res.Seconds * float64(time.Second))); c.FirstDelivery.Before(sendsEnd) {
+			t.Errorf("%d members: first delivery %v before the backlog was written (%v)", members, c.FirstDelivery, sendsEnd)
+		}
+		if c.SettleSeconds < 0 || c.SettleSeconds > c.Seconds {
+			t.Errorf("%d members: settle %.6fs outside the run's %.6fs", members, c.SettleSeconds, c.Seconds)
+		}
+		var sum int64
+		for _, m := range c.Members {
+			sum += m.Consumed
+			if m.Consumed > 0 && (m.Seconds <= 0 || m.Seconds > c.Seconds || math.Abs(m.MsgsPerSec-float64(m.Consumed)/m.Seconds) > 1e-6) {
+				t.Errorf("%d members: member %+v; want its rate over its own first-to-last, within the run's %.6fs", members, m, c.Seconds)
+			}
+		}
+		if len(c.Members) != members || sum != c.Consumed {
+			t.Errorf("%d members: %d member results summing to %d; want %d summing to %d", members, len(c.Members), sum, members, c.Consumed)
+		}
+		t.Logf("%d members: %d in %.3fs (settle %.3fs): %.0f msgs/s; %+v", members, c.Consumed, c.Seconds, c.SettleSeconds, c.MsgsPerSec, c.Members)
 	}
 }
