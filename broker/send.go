@@ -267,12 +267,7 @@ func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Mess
 			bytes += int64(len(msgs[i].Body))
 		}
 		if msgs[i].Reliability == protocol.High && p.End >= 0 {
-			repl.await(p.End, func(st protocol.Status) {
-				if st != protocol.StatusOK {
-					res.Status = st
-				}
-				sb.complete(i, res)
-			})
+			awaitSlave(repl, sb, i, p.End, res)
 			continue
 		}
 		sb.complete(i, res)
@@ -281,6 +276,19 @@ func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Mess
 	s.stats.BytesIn.Add(bytes)
 	repl.notify()
 	s.pulls.appended(msgs, good, pos)
+}
+
+// awaitSlave completes message i of sb with res once the slave has the log
+// up to end. Its own function so that only a HIGH message's result moves to
+// the heap (with the closure), not every message's.
+func awaitSlave(repl *replication, sb *sendBatch, i int, end int64, res protocol.SendResult) {
+	repl.await(end, func(st protocol.Status) {
+		r := res
+		if st != protocol.StatusOK {
+			r.Status = st
+		}
+		sb.complete(i, r)
+	})
 }
 
 // admit counts a request in, or refuses it when the broker is over its bounds.
