@@ -41,6 +41,9 @@ type endpoint struct {
 	// inline: transport.HandleOrderedInline (SEND: one at a time per
 	// connection, in arrival order, on the reader when alone).
 	inline bool
+	// releases: the handler releases each request's body when done with it
+	// (transport's Releases; SEND, once the commit log copied the batch).
+	releases bool
 }
 
 // access is a code's handler with the check made before it: wrap returns
@@ -103,7 +106,7 @@ func byTarget[T any](decode func([]byte) (T, error), target func(T) auth.Target,
 func (b *Broker) endpoints() []endpoint {
 	haFetchSize := func([]byte) int { return protocol.HAFetchResponseHeaderSize + b.cfg.HAFetchBytes }
 	return []endpoint{
-		{port: dataPort, code: protocol.CodeSend, inline: true, replySize: sendReplyEstimate,
+		{port: dataPort, code: protocol.CodeSend, inline: true, releases: true, replySize: sendReplyEstimate,
 			access: byTarget(decodeSend, sendRequest.target, func(r *transport.Request, q sendRequest) { b.send.handle(r, q) })},
 		{port: dataPort, code: protocol.CodePull, replySize: pullReplySize,
 			access: byTarget(protocol.DecodePullRequest, pullTarget, func(r *transport.Request, q protocol.PullRequest) {
@@ -132,9 +135,12 @@ func (e endpoint) register(srv *transport.Server, acl *aclCopy) {
 	h := e.access.wrap(acl, e.code)
 	if e.inline {
 		srv.HandleOrderedInline(e.code, h, e.replySize)
-		return
+	} else {
+		srv.HandleWithReply(e.code, h, e.replySize)
 	}
-	srv.HandleWithReply(e.code, h, e.replySize)
+	if e.releases {
+		srv.Releases(e.code)
+	}
 }
 
 // target is what a SEND names: every topic of its batch, checked at once,

@@ -95,12 +95,26 @@ type sendBatch struct {
 	results []protocol.SendResult
 	pending atomic.Int64
 	acked   int // OK and DUPLICATE answers Check let go (the writing goroutine's)
+	// holds counts who still use the request's body: the handler, and the
+	// append until it completed (the commit log copied the messages by
+	// then); the last one releases it.
+	holds atomic.Int32
+}
+
+// drop ends one hold on the request's body.
+func (sb *sendBatch) drop() {
+	if sb.holds.Add(-1) == 0 {
+		sb.rep.Release()
+	}
 }
 
 // sendReplier answers a SEND: a transport.Request.
 type sendReplier interface {
 	replier
 	ReplyGuarded(body []byte, g transport.Guard) error
+	// Release says the request's body, and all that aliases it (the
+	// messages' bodies and encodings), is no longer used.
+	Release()
 }
 
 func (sb *sendBatch) complete(i int, res protocol.SendResult) {
@@ -201,11 +215,13 @@ func (s *sender) handle(rep sendReplier, req sendRequest) {
 	size, epoch, msgs, raws := req.size, req.epoch, req.msgs, req.raws
 	if !s.admit(size) {
 		rep.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: fmt.Sprintf("broker %s has too many requests in flight", s.id)})
+		rep.Release()
 		return
 	}
 	s.sess.claim(epoch) // a newer epoch refuses this batch below (NOT_MASTER), and fences nothing
 	sb := &sendBatch{s: s, rep: rep, size: size, start: s.clock.Now(), results: make([]protocol.SendResult, len(msgs))}
 	sb.pending.Store(int64(len(msgs)) + 1) // +1: the handler's own hold, dropped at the end
+	sb.holds.Store(1)                      // the handler's
 
 	// Check every message; the good ones are stored as they came, in the
 	// encoding the producer sent (it aliases the request's buffer, which the
@@ -228,11 +244,14 @@ func (s *sender) handle(rep sendReplier, req sendRequest) {
 				Producer: storage.ProducerStamp(msgs[i].Producer)}
 		}
 		repl := checks.repl
+		sb.holds.Add(1)
 		s.store.AppendAsync(entries, false, func(pos []storage.Position, err error) {
 			s.appended(sb, repl, msgs, good, pos, err)
+			sb.drop()
 		})
 	}
 	sb.done1()
+	sb.drop()
 }
 
 // appended completes the stored messages of a batch. It runs on the
@@ -267,12 +286,7 @@ func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Mess
 			bytes += int64(len(msgs[i].Body))
 		}
 		if msgs[i].Reliability == protocol.High && p.End >= 0 {
-			repl.await(p.End, func(st protocol.Status) {
-				if st != protocol.StatusOK {
-					res.Status = st
-				}
-				sb.complete(i, res)
-			})
+			awaitSlave(repl, sb, i, p.End, res)
 			continue
 		}
 		sb.complete(i, res)
@@ -281,6 +295,19 @@ func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Mess
 	s.stats.BytesIn.Add(bytes)
 	repl.notify()
 	s.pulls.appended(msgs, good, pos)
+}
+
+// awaitSlave completes message i of sb with res once the slave has the log
+// up to end. Its own function so that only a HIGH message's result moves to
+// the heap (with the closure), not every message's.
+func awaitSlave(repl *replication, sb *sendBatch, i int, end int64, res protocol.SendResult) {
+	repl.await(end, func(st protocol.Status) {
+		r := res
+		if st != protocol.StatusOK {
+			r.Status = st
+		}
+		sb.complete(i, r)
+	})
 }
 
 // admit counts a request in, or refuses it when the broker is over its bounds.

@@ -1,6 +1,10 @@
 package producer
 
-import "github.com/ferrymq/ferrymq/protocol"
+import (
+	"slices"
+
+	"github.com/ferrymq/ferrymq/protocol"
+)
 
 // qkey names a queue.
 type qkey struct {
@@ -36,6 +40,16 @@ type run struct {
 	ln   *line
 	recs []*record
 	gen  uint64
+}
+
+// carries reports whether rec is one of the batch's records.
+func (b *batch) carries(rec *record) bool {
+	for _, rn := range b.runs {
+		if rn.ln.key == (qkey{rec.msg.Topic, rec.msg.Queue}) && slices.Contains(rn.recs, rec) {
+			return true
+		}
+	}
+	return false
 }
 
 // build takes the next batch from the ready lines, oldest first: per line,

@@ -96,9 +96,10 @@ func BenchmarkProduce(b *testing.B) {
 // --producers 4 --window 1000`'s shape (1 KiB messages, each producer its
 // own client and connection, 1000 messages in flight each, linger 2 ms) to
 // a null broker that answers every message OK without decoding or storing
-// it, with routes and identities from fakes; and the first shape into a
-// topic of 1000 queues. b.N counts messages; ns/op, B/op and allocs/op are
-// per message, and most of them are the SDK's.
+// it, with routes and identities from fakes; the first shape into a topic
+// of 1000 queues; and Send one message at a time (1p-sync). b.N counts
+// messages; ns/op, B/op and allocs/op are per message, and most of them are
+// the SDK's.
 //
 //	go test -run '^$' -bench BenchmarkProduceSDK -benchtime 400000x -count 5 ./producer
 func BenchmarkProduceSDK(b *testing.B) {
@@ -107,10 +108,12 @@ func BenchmarkProduceSDK(b *testing.B) {
 		producers int
 		window    int
 		queues    int
+		sync      bool // Send one at a time (the window unused)
 	}{
-		{"4p-w1000", 4, 1000, 8},
-		{"1p-w500", 1, 500, 8},
-		{"4p-w1000-q1000", 4, 1000, 1000},
+		{"4p-w1000", 4, 1000, 8, false},
+		{"1p-w500", 1, 500, 8, false},
+		{"4p-w1000-q1000", 4, 1000, 1000, false},
+		{"1p-sync", 1, 500, 8, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			addr := startNullBroker(b)
@@ -139,7 +142,7 @@ func BenchmarkProduceSDK(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			start := time.Now()
-			cpu0 := cpuTime()
+			cpu0, csw0 := cpuTime(), switches()
 			var wg sync.WaitGroup
 			for _, p := range ps {
 				wg.Add(1)
@@ -152,7 +155,11 @@ func BenchmarkProduceSDK(b *testing.B) {
 						}
 					}
 					for left.Add(-1) >= 0 {
-						p.SendAsync(ctx, m, promise)
+						if tc.sync {
+							promise(p.Send(ctx, m))
+						} else {
+							p.SendAsync(ctx, m, promise)
+						}
 					}
 					if err := p.Flush(ctx); err != nil {
 						b.Error(err)
@@ -161,7 +168,7 @@ func BenchmarkProduceSDK(b *testing.B) {
 			}
 			wg.Wait()
 			elapsed := time.Since(start)
-			cpu := cpuTime() - cpu0
+			cpu, csw := cpuTime()-cpu0, switches()-csw0
 			b.StopTimer()
 			if n := failed.Load(); n > 0 {
 				b.Fatalf("%d sends failed", n)
@@ -170,6 +177,9 @@ func BenchmarkProduceSDK(b *testing.B) {
 			// CPU per message (this process: the SDK, the null broker, the
 			// runtime) moves less than msgs/s when other work shares the cores.
 			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/msg")
+			// Context switches per message: a hand-off between goroutines
+			// that finds the other's thread asleep costs one.
+			b.ReportMetric(float64(csw)/float64(b.N), "csw/msg")
 		})
 	}
 }
@@ -199,6 +209,16 @@ func startNullBroker(tb testing.TB) string {
 	}
 	tb.Cleanup(func() { _ = srv.Close() })
 	return ln.String()
+}
+
+// switches is how many context switches (voluntary and not) this
+// process's threads have made.
+func switches() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Nvcsw + ru.Nivcsw
 }
 
 // cpuTime is the CPU time (user and system) this process has used.

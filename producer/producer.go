@@ -191,7 +191,7 @@ func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func
 		promise(Result{}, err)
 		return
 	}
-	c.dispatch(rec, urgent)
+	c.dispatchBy(rec, urgent, urgent)
 }
 
 // sink returns the group's sink, making it on first use.

@@ -159,7 +159,10 @@ func (s *sink) unlock() {
 	}
 }
 
-func (s *sink) add(rec *record, urgent bool) {
+// add takes a dispatched record into its line. caller says the goroutine
+// adding it waits for its result (Send's): if the batch carrying rec
+// leaves now, this goroutine sends it, once mu is released.
+func (s *sink) add(rec *record, urgent, caller bool) {
 	s.mu.Lock()
 	s.see(rec.view)
 	k := qkey{rec.msg.Topic, rec.msg.Queue}
@@ -174,8 +177,15 @@ func (s *sink) add(rec *record, urgent bool) {
 		s.makeReady(ln, rec.size)
 	}
 	s.urgent = s.urgent || urgent
-	s.sendLocked()
+	var own *record
+	if caller {
+		own = rec
+	}
+	b, cl := s.startBatches(own)
 	s.unlock()
+	if b != nil {
+		s.send(b, cl)
+	}
 }
 
 // observe shows the sink its group as a route just looked up names it.
@@ -281,7 +291,12 @@ func (s *sink) kick() {
 }
 
 // sendLocked starts as many batches as may leave now.
-func (s *sink) sendLocked() {
+func (s *sink) sendLocked() { s.startBatches(nil) }
+
+// startBatches starts as many batches as may leave now, each on a new
+// goroutine except the one carrying own (nil: none), which it returns with
+// its call for the caller to send once it released mu. Under mu.
+func (s *sink) startBatches(own *record) (ob *batch, ocl *call) {
 	cfg := s.cfg
 	for len(s.ready) > 0 && s.inflight < cfg.maxInflight {
 		ready := s.urgent || cfg.linger == 0 || s.readyBytes >= cfg.maxBatchBytes ||
@@ -325,8 +340,13 @@ func (s *sink) sendLocked() {
 			s.calls[cl] = struct{}{}
 		}
 		s.life.wg.Add(1)
+		if own != nil && b.carries(own) {
+			ob, ocl, own = b, cl, nil
+			continue
+		}
 		go s.send(b, cl)
 	}
+	return ob, ocl
 }
 
 // failBatch ends a batch's records with err and frees their lines. Under

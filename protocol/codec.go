@@ -38,6 +38,9 @@ type reader struct {
 	// lastTopic lets consecutive messages of one topic share its string
 	// (a batch is usually one topic): one allocation per batch, not per message.
 	lastTopic string
+	// skipID makes message check a message id's span without copying it
+	// into a string (the caller fills the ids in, one allocation per batch).
+	skipID bool
 }
 
 func (r *reader) fail(what string) {

@@ -86,6 +86,16 @@ func FuzzDecodeSendRequest(f *testing.F) {
 		if out := AppendSendRequest(nil, epoch, msgs); !bytes.Equal(out, b) {
 			t.Fatalf("round trip differs:\n in %x\nout %x", b, out)
 		}
+		// The broker's decoder gives the same messages.
+		repoch, rmsgs, _, err := DecodeSendRequestRaw(b)
+		if err != nil || repoch != epoch || len(rmsgs) != len(msgs) {
+			t.Fatalf("raw decode: epoch %d, %d messages, %v", repoch, len(rmsgs), err)
+		}
+		for i := range msgs {
+			if !rmsgs[i].Equal(&msgs[i]) {
+				t.Fatalf("raw message %d: %+v, want %+v", i, rmsgs[i], msgs[i])
+			}
+		}
 	})
 }
 

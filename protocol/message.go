@@ -190,7 +190,12 @@ func clip16(s string) string {
 }
 
 func (r *reader) message(m *Message) {
-	m.ID = r.str16("message id")
+	if r.skipID {
+		m.ID = ""
+		r.span(int(r.u16("message id")), "message id")
+	} else {
+		m.ID = r.str16("message id")
+	}
 	if t := r.span(int(r.u16("topic")), "topic"); string(t) == r.lastTopic {
 		m.Topic = r.lastTopic
 	} else {

@@ -1,5 +1,10 @@
 package protocol
 
+import (
+	"encoding/binary"
+	"strings"
+)
+
 // A SEND request body is a batch of messages, with the group epoch the
 // sender's route names:
 //
@@ -42,13 +47,14 @@ func DecodeSendRequest(b []byte, msgs []Message) (uint32, []Message, error) {
 
 // DecodeSendRequestRaw is DecodeSendRequest that also returns each message's
 // encoding (as AppendMessage writes it), aliasing b, so a broker can store a
-// message without encoding it again.
+// message without encoding it again. The messages' ids share one string
+// (one allocation per batch, not one per message).
 func DecodeSendRequestRaw(b []byte) (uint32, []Message, [][]byte, error) {
 	return decodeSendRequest(b, nil, true)
 }
 
 func decodeSendRequest(b []byte, msgs []Message, wantRaw bool) (uint32, []Message, [][]byte, error) {
-	r := reader{b: b}
+	r := reader{b: b, skipID: wantRaw}
 	epoch := r.u32("epoch")
 	n := r.count("message count", minMessageSize)
 	if n == 0 && r.err == nil {
@@ -71,7 +77,30 @@ func decodeSendRequest(b []byte, msgs []Message, wantRaw bool) (uint32, []Messag
 	if err := r.done("send request"); err != nil {
 		return 0, msgs[:base], nil, err
 	}
+	if wantRaw {
+		setIDs(msgs[base:], raws)
+	}
 	return epoch, msgs, raws, nil
+}
+
+// setIDs sets each message's id from its encoding, which starts with the
+// id (a u16 length, then its bytes): every id is a piece of one string.
+func setIDs(msgs []Message, raws [][]byte) {
+	total := 0
+	for _, raw := range raws {
+		total += int(binary.BigEndian.Uint16(raw))
+	}
+	var sb strings.Builder
+	sb.Grow(total)
+	for _, raw := range raws {
+		sb.Write(raw[2 : 2+int(binary.BigEndian.Uint16(raw))])
+	}
+	all, at := sb.String(), 0
+	for i, raw := range raws {
+		n := int(binary.BigEndian.Uint16(raw))
+		msgs[i].ID = all[at : at+n]
+		at += n
+	}
 }
 
 // SendResult is the outcome of one message of a SEND batch.

@@ -3,6 +3,7 @@ package transport
 import (
 	"bufio"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -76,11 +77,12 @@ func (c *serverConn) readLoop() {
 			return // the connection is being torn down; the read fails too
 		}
 		f := first
+		var buf []byte // f's buffer when pooled
 		if pending {
 			pending, first = false, protocol.Frame{}
 		} else {
 			var err error
-			if f, err = c.readFrame(br); err != nil {
+			if f, buf, err = c.readFrame(br); err != nil {
 				<-c.sem
 				c.readFailed(err) // nothing to say if it is errStopped
 				return
@@ -107,6 +109,9 @@ func (c *serverConn) readLoop() {
 			return
 		}
 		req := &Request{Frame: f, conn: c, h: rt.h, reserved: n, ordered: rt.ordered}
+		if rt.releases {
+			req.buf = buf
+		}
 		c.s.inflight.Add(1)
 		if c.adm != nil && !c.trusted.Load() {
 			if err := c.adm.Admit(f, c.tlsState); err != nil {
@@ -152,20 +157,37 @@ func (c *serverConn) readLoop() {
 // trust when its length arrives (a handler may have trusted the
 // connection while the reader waited for it). An untrusted connection's
 // frame is read under its Gate's limits; errStopped: the server is closing.
-func (c *serverConn) readFrame(br *bufio.Reader) (protocol.Frame, error) {
+// Its buffer, when pooled (else nil), may go back to the pool once the
+// request is released (Request.Release).
+func (c *serverConn) readFrame(br *bufio.Reader) (protocol.Frame, []byte, error) {
 	gateCap := 0
 	if c.adm != nil && !c.trusted.Load() {
 		var ok bool
 		if gateCap, ok = c.untrustedLimits(); !ok {
-			return protocol.Frame{}, errStopped
+			return protocol.Frame{}, nil, errStopped
 		}
 	}
 	var lenBuf [4]byte
 	if _, err := io.ReadFull(br, lenBuf[:]); err != nil {
-		return protocol.Frame{}, err
+		return protocol.Frame{}, nil, err
 	}
 	limit, g := c.frameCap(gateCap)
-	return readFrameAfter(br, lenBuf, limit, g)
+	return readFrameInto(br, lenBuf, limit, g, c.releasing(br, lenBuf))
+}
+
+// releasing reports whether the frame whose length is lenBuf is of a code
+// whose handler releases its requests (Server.Releases), peeking at its
+// code (after the magic, version and flags) when its size may be pooled.
+func (c *serverConn) releasing(br *bufio.Reader, lenBuf [4]byte) bool {
+	n, err := protocol.FrameLength(lenBuf[:])
+	if err != nil || n < poolMin || n > poolMax {
+		return false
+	}
+	head, err := br.Peek(6)
+	if err != nil {
+		return false
+	}
+	return c.s.handlers[protocol.Code(binary.BigEndian.Uint16(head[4:6]))].releases
 }
 
 // frameCap is the most a connection may declare for its next frame, and

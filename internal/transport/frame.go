@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -70,16 +71,72 @@ const growAbove = 1<<20 + 64<<10
 
 // readFrameAfter is readFrame once the frame's length prefix was read.
 func readFrameAfter(r io.Reader, lenBuf [4]byte, limit int, g growth) (protocol.Frame, error) {
+	f, _, err := readFrameInto(r, lenBuf, limit, g, false)
+	return f, err
+}
+
+// Frames of poolMin to poolMax bytes read at once may be read into a
+// recycled buffer (see Request.Release): frameBufs[i] holds buffers of
+// poolMin<<i bytes. A SEND batch is such a frame; allocating it afresh
+// costs clearing it, and the garbage collector and the scavenger handling
+// every batch's bytes once more.
+const (
+	poolMin     = 32 << 10
+	poolClasses = 7 // up to 2 MiB
+	poolMax     = poolMin << (poolClasses - 1)
+)
+
+var frameBufs [poolClasses]sync.Pool // of *[]byte
+
+// poolClass is the class of the smallest pooled buffer holding n bytes.
+func poolClass(n int) int {
+	c := 0
+	for poolMin<<c < n {
+		c++
+	}
+	return c
+}
+
+// frameBuf returns a buffer of n bytes (poolMin <= n <= poolMax) from the
+// pool, or a new one of its class's size. Its bytes are not cleared.
+func frameBuf(n int) []byte {
+	c := poolClass(n)
+	if p, ok := frameBufs[c].Get().(*[]byte); ok {
+		return (*p)[:n]
+	}
+	return make([]byte, n, poolMin<<c)
+}
+
+// putFrameBuf gives a buffer that frameBuf returned back to the pool.
+func putFrameBuf(b []byte) {
+	c := poolClass(cap(b))
+	if cap(b) != poolMin<<c {
+		return // not frameBuf's
+	}
+	b = b[:0]
+	frameBufs[c].Put(&b)
+}
+
+// readFrameInto is readFrameAfter; with pool, a frame read at once whose
+// size a pool class holds is read into a pooled buffer, which it returns
+// (nil when the frame's buffer is not pooled): the caller may give it back
+// (putFrameBuf) once nothing uses the frame.
+func readFrameInto(r io.Reader, lenBuf [4]byte, limit int, g growth, pool bool) (protocol.Frame, []byte, error) {
 	n, err := protocol.FrameLength(lenBuf[:])
 	if err != nil {
-		return protocol.Frame{}, fmt.Errorf("%w: %w", ErrBadFrame, err)
+		return protocol.Frame{}, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
 	if n > limit {
-		return protocol.Frame{}, fmt.Errorf("%w: %w: %d bytes declared, the cap is %d", ErrBadFrame, errUntrustedFrame, n, limit)
+		return protocol.Frame{}, nil, fmt.Errorf("%w: %w: %d bytes declared, the cap is %d", ErrBadFrame, errUntrustedFrame, n, limit)
 	}
-	var buf []byte
+	var buf, pooled []byte
 	if n <= growStart || g == readAtOnce || (g == growBig && n <= growAbove) {
-		buf = make([]byte, n)
+		if pool && n >= poolMin && n <= poolMax {
+			buf = frameBuf(n)
+			pooled = buf
+		} else {
+			buf = make([]byte, n)
+		}
 		copy(buf, lenBuf[:])
 		_, err = io.ReadFull(r, buf[4:])
 	} else {
@@ -103,11 +160,11 @@ func readFrameAfter(r io.Reader, lenBuf [4]byte, limit int, g growth) (protocol.
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return protocol.Frame{}, fmt.Errorf("%w: closed mid-frame: %w", ErrBadFrame, err)
+		return protocol.Frame{}, nil, fmt.Errorf("%w: closed mid-frame: %w", ErrBadFrame, err)
 	}
 	f, err := protocol.DecodeFrame(buf)
 	if err != nil {
-		return protocol.Frame{}, fmt.Errorf("%w: %w", ErrBadFrame, err)
+		return protocol.Frame{}, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
-	return f, nil
+	return f, pooled, nil
 }

@@ -24,6 +24,22 @@ type Request struct {
 	// if the connection's writer is idle), instead of waking the writer
 	// goroutine. An answer made at any other time wakes the writer.
 	phase atomic.Int32
+	// buf is the frame's pooled buffer (nil: not pooled, or released).
+	buf []byte
+}
+
+// Release tells the server that the handler is done with the request's
+// Body and with everything sliced from it, for good: its buffer may then
+// hold a later frame. Only the handler of a code marked Releases may
+// call it (see Server.Releases), at most once, from any goroutine; the request may still be
+// answered after. A request never released leaves its buffer to the
+// garbage collector.
+func (r *Request) Release() {
+	if b := r.buf; b != nil {
+		r.buf = nil
+		r.Body, r.Header = nil, nil
+		putFrameBuf(b)
+	}
 }
 
 // Request phases (Request.phase).

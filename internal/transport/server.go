@@ -182,6 +182,7 @@ type route struct {
 	replySize ReplySize // nil: DefaultReplySize
 	ordered   bool      // run one at a time per connection, in arrival order
 	inline    bool      // ordered, and run on the reader when alone (HandleOrderedInline)
+	releases  bool      // its handler releases its requests (Releases)
 }
 
 // Handle registers h for code, with replies estimated at DefaultReplySize
@@ -231,6 +232,21 @@ func (s *Server) HandleOrdered(code protocol.Code, h Handler, replySize ReplySiz
 // batching. It must be called before Serve or Listen.
 func (s *Server) HandleOrderedInline(code protocol.Code, h Handler, replySize ReplySize) {
 	s.register(code, route{h: h, replySize: replySize, ordered: true, inline: true})
+}
+
+// Releases says that code's handler (registered already) calls
+// Request.Release once it is done with a request's body: the frames of the
+// code may then be read into recycled buffers. It must be called before
+// Serve or Listen.
+func (s *Server) Releases(code protocol.Code) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rt, ok := s.handlers[code]
+	if s.serving || !ok {
+		panic("transport: Releases called after Serve, or for a code with no handler")
+	}
+	rt.releases = true
+	s.handlers[code] = rt
 }
 
 func (s *Server) register(code protocol.Code, rt route) {
