@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -67,6 +69,8 @@ func BenchmarkConsume(b *testing.B) {
 // span, and cpu-ns/msg is the process's CPU (user and system, every
 // goroutine: the broker's reads and the members' fetches and handlers)
 // over it, per message: on a shared machine, judge by that and allocs/op.
+// FERRYMQ_DRAIN_CPUPROFILE=file profiles the drain alone (not the writes
+// before it, which -cpuprofile includes).
 func BenchmarkConsumeDrain(b *testing.B) {
 	for _, members := range []int{1, 4} {
 		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) { benchDrain(b, members) })
@@ -108,6 +112,17 @@ func benchDrain(b *testing.B, members int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var runs sync.WaitGroup
 	var consumers []*Consumer
+	if path := os.Getenv("FERRYMQ_DRAIN_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	b.ResetTimer()
 	for i := range members {
 		c, err := New("grp", []string{"bench"}, sdk.MetaAddrs(e.cl.MetaAddr()), MemberID(fmt.Sprint("m", i)))
