@@ -75,9 +75,12 @@ func BenchmarkConsumeDrain(b *testing.B) {
 	for _, members := range []int{1, 4} {
 		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) { benchDrain(b, members) })
 	}
+	// A prefetch smaller than the backlog: the members' buffers fill, and
+	// PULLs go on as the handler makes room.
+	b.Run("members=1/prefetch=4MiB", func(b *testing.B) { benchDrain(b, 1, MaxPrefetchBytes(4<<20)) })
 }
 
-func benchDrain(b *testing.B, members int) {
+func benchDrain(b *testing.B, members int, opts ...Opt) {
 	e := startEnv(b, []string{"g1"}, false)
 	e.cl.Meta.CreateTopic(b, "bench", "g1", "g1", "g1", "g1", "g1", "g1", "g1", "g1")
 	p, err := producer.New(sdk.MetaAddrs(e.cl.MetaAddr()))
@@ -125,7 +128,7 @@ func benchDrain(b *testing.B, members int) {
 	}
 	b.ResetTimer()
 	for i := range members {
-		c, err := New("grp", []string{"bench"}, sdk.MetaAddrs(e.cl.MetaAddr()), MemberID(fmt.Sprint("m", i)))
+		c, err := New("grp", []string{"bench"}, append([]Opt{sdk.MetaAddrs(e.cl.MetaAddr()), MemberID(fmt.Sprint("m", i))}, opts...)...)
 		if err != nil {
 			b.Fatal(err)
 		}
