@@ -349,7 +349,7 @@ func (c *Consumer) takeAny(max int) []*Message {
 		if len(out) >= max {
 			break
 		}
-		out = append(out, parts[(start+i)%len(parts)].take(max-len(out))...)
+		out = parts[(start+i)%len(parts)].take(out, max-len(out))
 	}
 	if len(out) > 0 {
 		// Others may be waiting too, and messages are left.

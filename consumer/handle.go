@@ -42,13 +42,22 @@ func (c *Consumer) work(p *part, prev <-chan struct{}, done chan struct{}) {
 	if c.batch {
 		max = c.cfg.maxPollRecords
 	}
+	// Run's handler gets one message, never the slice: one slice serves
+	// every hand-out. RunBatch's handler may keep its slice.
+	var scratch []*Message
 	for {
 		// A queue let go (or a consumer closing) hands nothing more out;
 		// nor does a member whose lease lapsed (lease.go).
 		if p.ctx.Err() != nil || !c.waitLease(p.ctx) {
 			return
 		}
-		msgs := p.take(max)
+		var msgs []*Message
+		if c.batch {
+			msgs = p.take(nil, max)
+		} else {
+			scratch = p.take(scratch[:0], max)
+			msgs = scratch
+		}
 		if len(msgs) == 0 {
 			select {
 			case <-p.ready:
@@ -69,7 +78,7 @@ func (c *Consumer) work(p *part, prev <-chan struct{}, done chan struct{}) {
 // retries (then dead-lettered), and marks them processed. It returns false
 // when the part or the consumer stopped first.
 func (c *Consumer) deliver(p *part, msgs []*Message) bool {
-	log := c.cfg.Logger.With("group", c.group, "queue", p.key.String())
+	log := p.log
 	for {
 		err := c.call(p, msgs, log)
 		if err == nil {

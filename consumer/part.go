@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 type part struct {
 	c   *Consumer
 	key qkey
+	log *slog.Logger // the consumer's, naming the group and the queue
 
 	ctx       context.Context // ends when the queue is revoked or the consumer closes
 	stopFetch context.CancelFunc
@@ -88,6 +90,7 @@ func newPart(c *Consumer, k qkey, committed int64) *part {
 		c: c, key: k, fetchDone: make(chan struct{}),
 		room: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 		delivered: committed, committed: committed, maxOffset: -1,
+		log: c.cfg.Logger.With("group", c.group, "queue", k.String()),
 	}
 	p.ctx, p.stopFetch = context.WithCancel(c.bg)
 	hparent := c.runCtx
@@ -156,18 +159,20 @@ func (p *part) rewind(offset int64) {
 	signal(p.room)
 }
 
-// take hands out up to max buffered messages, recording them as pending.
-func (p *part) take(max int) []*Message {
+// take appends up to max buffered messages to dst, recording them as
+// pending.
+func (p *part) take(dst []*Message, max int) []*Message {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.revoked || len(p.buf) == 0 {
-		return nil
+		return dst
 	}
 	n := min(max, len(p.buf))
-	out := make([]*Message, n)
-	copy(out, p.buf[:n])
-	clear(p.buf[:n])
+	out := p.buf[:n]
+	dst = append(dst, out...)
+	clear(out)
 	p.buf = p.buf[n:]
+	out = dst[len(dst)-n:]
 	for _, m := range out {
 		p.bufBytes -= m.size
 		p.pending = append(p.pending, m.Offset)
@@ -175,7 +180,7 @@ func (p *part) take(max int) []*Message {
 	}
 	p.delivered = out[n-1].Offset + 1
 	signal(p.room)
-	return out
+	return dst
 }
 
 // done marks the pending offsets from first to last (inclusive) processed.
@@ -246,7 +251,7 @@ func (p *part) fetch(pos int64) {
 	c := p.c
 	defer c.fetchWG.Done()
 	defer close(p.fetchDone)
-	log := c.cfg.Logger.With("group", c.group, "queue", p.key.String())
+	log := p.log
 	resolved := pos >= 0
 	var slaveUntil time.Time
 	backoff := 50 * time.Millisecond
@@ -384,11 +389,15 @@ func (p *part) fetch(pos int64) {
 			}
 		}
 		var size int64
+		// One allocation for the answer's messages: their bodies share
+		// the answer's frame already, so one held message holds both.
+		slab := make([]Message, len(msgs))
 		for i := range msgs {
 			if msgs[i].QueueOffset < pos {
 				continue // never: a PULL answers from its offset on
 			}
-			m := toMessage(&msgs[i], p)
+			m := &slab[i]
+			toMessage(m, &msgs[i], p)
 			size += m.size
 			p.buf = append(p.buf, m)
 			pos = msgs[i].QueueOffset + 1
@@ -479,10 +488,10 @@ func (m *movedQueue) Error() string {
 	return fmt.Sprintf("the queue moved to group %s, which took it up at offset %d", m.group, m.base)
 }
 
-// toMessage converts a stored message.
-func toMessage(sm *protocol.StoredMessage, p *part) *Message {
+// toMessage converts a stored message into m.
+func toMessage(m *Message, sm *protocol.StoredMessage, p *part) {
 	pm := &sm.Message
-	m := &Message{
+	*m = Message{
 		Topic: pm.Topic, Queue: pm.Queue, Offset: sm.QueueOffset, ID: pm.ID, Body: pm.Body,
 		StoreTime: time.UnixMilli(sm.StoreTime), Timestamp: time.UnixMilli(pm.Timestamp),
 		ProducerID: pm.Producer.ID, Seq: pm.Producer.Seq,
@@ -504,7 +513,6 @@ func toMessage(sm *protocol.StoredMessage, p *part) *Message {
 		}
 		m.Properties[pr.Key] = pr.Value
 	}
-	return m
 }
 
 // Route cache timings: a route is used for routeMaxAge before it is looked

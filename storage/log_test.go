@@ -640,3 +640,50 @@ func TestReadRawToAppends(t *testing.T) {
 		t.Fatalf("past the end: %q, %v", got, err)
 	}
 }
+
+// ReadAppend hands each entry to emit while its payload lies in the
+// caller's buffer past what emit appended so far: an emit that writes a
+// 32-byte header and then the payload, in place, gets every payload intact,
+// across runs broken by other queues' records and by segments, with the
+// shortest topic (the shortest stored header) and after a prefix the
+// caller put in the buffer.
+func TestReadAppendRewritesInPlace(t *testing.T) {
+	l := openLog(t, Config{Dir: t.TempDir(), SegmentSize: 4 << 10})
+	defer l.Close()
+	var want [][]byte
+	for i := range 60 {
+		p := payloadFor("a", 0, int64(i), 24+i*37%300)
+		want = append(want, p)
+		batch := []Entry{{Topic: "a", Payload: p}}
+		if i%7 == 3 {
+			batch = append(batch, Entry{Topic: "a", Queue: 1, Payload: payloadFor("a", 1, int64(i), 50)})
+		}
+		mustAppend(t, l, batch, false)
+	}
+	for _, from := range []int64{0, 17} {
+		var header [32]byte
+		got, err := l.ReadAppend([]byte("head"), "a", 0, from, 1<<30, func(dst []byte, e StoredEntry) []byte {
+			binary.BigEndian.PutUint64(header[:], uint64(e.QueueOffset))
+			dst = append(dst, header[:]...)
+			return append(dst, e.Payload...)
+		})
+		must(t, err)
+		if string(got[:4]) != "head" {
+			t.Fatalf("from %d: the caller's prefix became %q", from, got[:4])
+		}
+		rest := got[4:]
+		for i := from; i < int64(len(want)); i++ {
+			if len(rest) < 32 || int64(binary.BigEndian.Uint64(rest)) != i {
+				t.Fatalf("from %d: entry %d missing or out of place", from, i)
+			}
+			p := want[i]
+			if !bytes.Equal(rest[32:32+len(p)], p) {
+				t.Fatalf("from %d: entry %d's payload damaged: %q", from, i, rest[32:min(len(rest), 48)])
+			}
+			rest = rest[32+len(p):]
+		}
+		if len(rest) != 0 {
+			t.Fatalf("from %d: %d bytes past the last entry", from, len(rest))
+		}
+	}
+}

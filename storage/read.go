@@ -56,23 +56,51 @@ type span struct {
 // record is checked to be the one the index names. A read that races with
 // Truncate may fail with ErrReadTruncated.
 func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]StoredEntry, error) {
+	var out []StoredEntry
+	_, err := l.read(nil, topic, queue, offset, maxBytes, func(dst []byte, e StoredEntry) []byte {
+		out = append(out, e)
+		return dst
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ReadAppend is Read for a reader that re-encodes each entry at once into
+// one buffer, such as a PULL's answer: it reads the records into dst's
+// spare room (growing dst if it must) and calls emit with dst so far and
+// each entry in order; emit appends what it makes of the entry to dst and
+// returns it. An entry's Payload lies in dst's spare room past the end
+// emit was handed, and stays intact while emit appends a header of at most
+// 32 bytes and then the payload (a stored record's header is longer): the
+// records are rewritten into the answer in place, with no second copy.
+// The Payload is gone after emit returns. On an error the returned dst
+// holds what emit appended so far; the caller drops it.
+func (l *Log) ReadAppend(dst []byte, topic string, queue uint32, offset int64, maxBytes int,
+	emit func(dst []byte, e StoredEntry) []byte) ([]byte, error) {
+	return l.read(dst, topic, queue, offset, maxBytes, emit)
+}
+
+func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxBytes int,
+	emit func(dst []byte, e StoredEntry) []byte) ([]byte, error) {
 	locs, gen, err := l.planRead(queueKey{topic, queue}, offset, maxBytes)
 	if err != nil || len(locs) == 0 {
-		return nil, err
+		return dst, err
 	}
 	// Runs of adjacent records in one segment become one read.
 	l.mu.RLock()
 	if l.closed {
 		l.mu.RUnlock()
-		return nil, ErrClosed
+		return dst, ErrClosed
 	}
 	if l.gen.Load() != gen {
 		l.mu.RUnlock()
-		return nil, ErrReadTruncated
+		return dst, ErrReadTruncated
 	}
 	if qi := l.index[queueKey{topic, queue}]; qi != nil && offset < qi.first {
 		l.mu.RUnlock()
-		return nil, fmt.Errorf("%w: queue offset %d was deleted by retention meanwhile", ErrOutOfRange, offset)
+		return dst, fmt.Errorf("%w: queue offset %d was deleted by retention meanwhile", ErrOutOfRange, offset)
 	}
 	var spans []span
 	total := 0
@@ -91,7 +119,7 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 			if lc.chunk != nil {
 				reason += fmt.Sprintf(" (the index chunk %s is damaged: deleting the index directory makes Open rebuild it)", lc.chunk.name)
 			}
-			return nil, &CorruptError{Offset: lc.pos, Segment: l.cfg.Dir, Reason: reason}
+			return dst, &CorruptError{Offset: lc.pos, Segment: l.cfg.Dir, Reason: reason}
 		}
 		if last := len(spans) - 1; last >= 0 && spans[last].seg == seg && spans[last].at+int64(spans[last].n) == lc.pos {
 			spans[last].n += lc.size
@@ -108,21 +136,24 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 		}
 	}()
 
-	out := make([]StoredEntry, 0, len(locs))
-	buf := make([]byte, total)
+	// The records go into dst's spare room, where emit rewrites them in
+	// place: each entry it appends ends before the record's end.
+	dst = slices.Grow(dst, total)
+	buf := dst[len(dst) : len(dst)+total]
 	rest := buf
 	for _, sp := range spans {
 		if _, err := sp.seg.f.ReadAt(rest[:sp.n], sp.at-sp.seg.base); err != nil {
 			if l.gen.Load() != gen {
-				return nil, ErrReadTruncated
+				return dst, ErrReadTruncated
 			}
-			return nil, fmt.Errorf("storage: read %s at %d: %w", sp.seg.name, sp.at-sp.seg.base, err)
+			return dst, fmt.Errorf("storage: read %s at %d: %w", sp.seg.name, sp.at-sp.seg.base, err)
 		}
 		rest = rest[sp.n:]
 	}
 	if l.gen.Load() != gen {
-		return nil, ErrReadTruncated
+		return dst, ErrReadTruncated
 	}
+	read := 0
 	for _, sp := range spans {
 		b := buf[:sp.n]
 		buf = buf[sp.n:]
@@ -130,7 +161,7 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 		for range sp.count {
 			// A bad record found through a chunk file may be a bad chunk.
 			corrupt := func(reason string) error {
-				if c := locs[len(out)].chunk; c != nil {
+				if c := locs[read].chunk; c != nil {
 					reason += fmt.Sprintf(" (found through the index chunk %s; if the log is sound here, the chunk is damaged: deleting the index directory makes Open rebuild it)", c.name)
 				}
 				return &CorruptError{Offset: at, Segment: sp.seg.name, Reason: reason}
@@ -140,23 +171,24 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 				err = fmt.Errorf("record of %d bytes past its span", n)
 			}
 			if err != nil {
-				return nil, corrupt(err.Error())
+				return dst, corrupt(err.Error())
 			}
 			rec, err := decodeRecord(b[:n])
 			if err != nil {
-				return nil, corrupt(err.Error())
+				return dst, corrupt(err.Error())
 			}
-			if want := offset + int64(len(out)); rec.QueueOffset != want || rec.Queue != queue || rec.Topic != topic {
-				return nil, corrupt(fmt.Sprintf("the index says %s/%d offset %d is here, the record is %s/%d offset %d",
+			if want := offset + int64(read); rec.QueueOffset != want || rec.Queue != queue || rec.Topic != topic {
+				return dst, corrupt(fmt.Sprintf("the index says %s/%d offset %d is here, the record is %s/%d offset %d",
 					topic, queue, want, rec.Topic, rec.Queue, rec.QueueOffset))
 			}
-			out = append(out, StoredEntry{QueueOffset: rec.QueueOffset, LogOffset: at, StoreTime: rec.StoreTime, Payload: rec.Payload,
+			dst = emit(dst, StoredEntry{QueueOffset: rec.QueueOffset, LogOffset: at, StoreTime: rec.StoreTime, Payload: rec.Payload,
 				Recovered: rec.Flags&flagRecovered != 0})
+			read++
 			at += int64(n)
 			b = b[n:]
 		}
 	}
-	return out, nil
+	return dst, nil
 }
 
 // ReadRaw returns whole records from log offset offset (which must be a
