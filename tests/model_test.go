@@ -80,6 +80,8 @@ const (
 	// modelHealthBound bounds the wait for a group to be whole again (its
 	// slave copying in the current epoch): a hang, not a timing.
 	modelHealthBound = 30 * time.Second
+	// modelPoll is how often the model's waits ask the cluster.
+	modelPoll = 20 * time.Millisecond
 )
 
 // procState is what a broker process is doing, as the schedule left it.
@@ -408,7 +410,7 @@ func (c *modelCluster) run(s schedule) *groupRun {
 		time.Sleep(op.then)
 	}
 	n := 0
-	if pollUntil(modelWritableBound+modelHealthBound, func() bool {
+	if testwait.UntilEvery(modelWritableBound+modelHealthBound, modelPoll, func() bool {
 		n++
 		ok, _ := c.probe.send(s.group, protocol.Normal, n)
 		return ok
@@ -416,7 +418,7 @@ func (c *modelCluster) run(s schedule) *groupRun {
 		r.writable = time.Since(r.allUp)
 	}
 	var why string
-	if pollUntil(modelHealthBound, func() bool {
+	if testwait.UntilEvery(modelHealthBound, modelPoll, func() bool {
 		var ok bool
 		if ok, why = c.whole(s.group); !ok {
 			return false
@@ -582,7 +584,7 @@ func TestFailoverModel(t *testing.T) {
 		// shrinking), nothing more can be learnt from this cluster.
 		for _, group := range groups {
 			var why string
-			if !pollUntil(modelHealthBound, func() bool {
+			if !testwait.UntilEvery(modelHealthBound, modelPoll, func() bool {
 				var ok bool
 				ok, why = c.whole(group)
 				return ok
@@ -619,7 +621,7 @@ func TestFailoverModel(t *testing.T) {
 			l.finish()
 		}
 		var markers []string
-		if !pollUntil(modelHealthBound, func() bool { markers = c.recoverMarkers(groups); return len(markers) == 0 }) {
+		if !testwait.UntilEvery(modelHealthBound, modelPoll, func() bool { markers = c.recoverMarkers(groups); return len(markers) == 0 }) {
 			mt.Errorf("run %d: cut tails not handed over %v after the schedules: %v", run, modelHealthBound, markers)
 		}
 		c.checkLoads(mt, run, ls, runs, tot)
@@ -867,7 +869,7 @@ func (c *modelCluster) checkGroup(mt modelT, run int, r *groupRun) {
 	// (c): the slave catches up with the master, and its log is the
 	// master's, byte for byte.
 	var mEnd, sEnd float64
-	if !pollUntil(modelHealthBound, func() bool {
+	if !testwait.UntilEvery(modelHealthBound, modelPoll, func() bool {
 		mm, ok1 := c.metrics(g.Master.ID)
 		sm, ok2 := c.metrics(g.Slave.ID)
 		mEnd, sEnd = mm["ferrymq_broker_log_end_offset"], sm["ferrymq_broker_log_end_offset"]
@@ -1044,20 +1046,5 @@ func modelLogTails(t *testing.T, c *modelCluster, group string) {
 		}
 		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 		t.Logf("last lines of %s.log:\n%s", name, strings.Join(lines[max(0, len(lines)-40):], "\n"))
-	}
-}
-
-// pollUntil checks cond every 20 ms (each check asks the cluster) until it
-// holds or timeout passes; it reports whether it held.
-func pollUntil(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

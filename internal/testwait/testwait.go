@@ -35,6 +35,12 @@ func ForEvery(tb testing.TB, timeout, interval time.Duration, what string, cond 
 // it held.
 func Until(timeout time.Duration, cond func() bool) bool { return poll(timeout, Poll, cond) }
 
+// UntilEvery is Until with a poll interval, for conditions that cost a
+// process or an RPC each time they are checked.
+func UntilEvery(timeout, interval time.Duration, cond func() bool) bool {
+	return poll(timeout, interval, cond)
+}
+
 func poll(timeout, interval time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
