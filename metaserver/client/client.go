@@ -187,8 +187,9 @@ func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLe
 	// tlsBad: addresses whose handshake failed for the TLS settings
 	// (transport.ErrTLSMismatch): asking again gives the same answer.
 	tlsBad := map[string]error{}
-	// refused: addresses that refused the client's login in this call.
-	refused := map[string]bool{}
+	// refused: addresses that refused the client's login in this call
+	// (made at the first refusal: most calls have none).
+	var refused map[string]bool
 	isWrong := func(addr string) bool {
 		return slices.ContainsFunc(wrong, func(w *WrongServerError) bool { return w.Addr == addr }) || tlsBad[addr] != nil
 	}
@@ -286,6 +287,9 @@ func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLe
 			if errors.As(err, &le) {
 				// A node that has not yet applied a new principal refuses
 				// its token: ask the others, the leader among them.
+				if refused == nil {
+					refused = map[string]bool{}
+				}
 				refused[addr] = true
 				continue
 			}
