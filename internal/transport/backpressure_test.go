@@ -407,7 +407,7 @@ func TestPutNeverWaits(t *testing.T) {
 	// A client's enqueue, by contrast, waits for room, up to its context.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := w.enqueue(ctx, &protocol.Frame{Body: body}); !errors.Is(err, context.DeadlineExceeded) {
+	if err := w.enqueue(ctx, time.Time{}, &protocol.Frame{Body: body}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("enqueue on a full buffer: %v", err)
 	}
 	// Admission, too, waits, until the writer closes.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,22 +94,70 @@ func NewClient(addr string, cfg ClientConfig) *Client {
 func (c *Client) Addr() string { return c.addr }
 
 type result struct {
-	frame protocol.Frame
-	err   error
+	frame   protocol.Frame
+	err     error
+	givenUp bool // err is a Handle's GiveUp cause
 }
 
 // clientConn is one live connection and its pending calls.
+//
+// Its answers are read by whoever holds the read token (see readToken): the
+// reader goroutine, or, on a plaintext connection, a lone call reading its
+// own answer.
 type clientConn struct {
 	nc   net.Conn // raw, or the TLS connection over it
 	raw  net.Conn
 	tls  bool
 	w    *writer
+	rd   *bufio.Reader // read by the token's holder only
 	done chan struct{} // closed when both goroutines have exited
+	dead chan struct{} // closed by kill
+	// wake tells the reader goroutine (capacity 1) that the token was
+	// given up while calls were pending.
+	wake chan struct{}
 
 	mu      sync.Mutex
 	pending map[uint32]chan result
 	err     error // set once the connection is dead
+	holder  readToken
+	// holderOp is the opaque of the call holding the token: its
+	// cancellation sets the socket's read deadline only while it holds it.
+	holderOp uint32
+	// freed is when a call last gave the token up with nothing pending.
+	freed time.Time
+	// ownReads counts the answers calls read themselves (tests read it).
+	ownReads atomic.Int64
 }
+
+// readToken says who reads a clientConn's socket. A call that is alone on
+// its connection reads its answer itself: it saves handing the answer over
+// from the reader goroutine (a thread wake-up and a goroutine switch each
+// way on a 2-core machine, a third of a lone call's cost). Answers to other
+// calls that the holder reads on the way it hands to their callers, as the
+// reader goroutine would. Whoever gives the token up while calls are
+// pending wakes the reader goroutine to take it; and the reader goroutine
+// also takes it when the connection has been idle for idleWatch, so that a
+// connection the server closes is noticed while no call is made.
+type readToken uint8
+
+const (
+	tokenFree   readToken = iota
+	tokenReader           // the reader goroutine
+	tokenCaller           // a lone call
+)
+
+// idleWatch is how long a connection's socket may go unread while nothing
+// is pending before the reader goroutine reads it again (it notices a
+// closed connection then). A caller making calls one at a time more often
+// than that keeps the token to the callers; the reader goroutine's timer
+// wakes once per idleWatch meanwhile.
+const idleWatch = 50 * time.Millisecond
+
+// readBufSize is the client's read buffer: a frame up to this size a lone
+// call reads itself (it peeks the whole frame before taking any of it, so
+// that its deadline passing leaves the stream whole); a larger one it
+// leaves to the reader goroutine.
+const readBufSize = 64 << 10
 
 // Call sends a request and waits for its response, until ctx is done or,
 // without a deadline, for CallTimeout (the wait for room in the write buffer
@@ -127,21 +176,108 @@ func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (pro
 	if err != nil {
 		return protocol.Frame{}, err
 	}
-	return c.callOn(ctx, cc, code, body)
+	return c.callOn(until{ctx: ctx}, cc, code, body)
 }
 
+// CallUntil is Call with a deadline instead of a context, and h, when not
+// nil, to give the call up from another goroutine (Handle.GiveUp). It
+// costs no context: a caller that makes many calls (the producer's SEND
+// batches) saves their allocations and timers.
+func (c *Client) CallUntil(deadline time.Time, h *Handle, code protocol.Code, body []byte) (protocol.Frame, error) {
+	c.mu.Lock()
+	cc := c.conn
+	c.mu.Unlock()
+	if cc == nil {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		defer cancel()
+		var err error
+		if cc, err = c.connect(ctx); err != nil {
+			return protocol.Frame{}, err
+		}
+	}
+	return c.callOn(until{deadline: deadline, h: h}, cc, code, body)
+}
+
+// A Handle gives up a call made with CallUntil: the call returns at once
+// with an error wrapping GiveUp's cause, and an answer that comes later is
+// dropped. The zero value is ready to use; a Handle serves one call. A
+// call waiting for room in the write buffer is given up at its deadline.
+type Handle struct {
+	mu     sync.Mutex
+	cause  error
+	cc     *clientConn // the connection of the call in flight
+	opaque uint32
+}
+
+// GiveUp gives the call up with cause (the first cause stays).
+func (h *Handle) GiveUp(cause error) {
+	h.mu.Lock()
+	if h.cause != nil {
+		h.mu.Unlock()
+		return
+	}
+	h.cause = cause
+	cc, opaque := h.cc, h.opaque
+	h.mu.Unlock()
+	if cc != nil {
+		cc.giveUp(opaque, cause)
+	}
+}
+
+// Cause is the cause GiveUp gave, or nil.
+func (h *Handle) Cause() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cause
+}
+
+// attach tells h which call it gives up; it reports false when GiveUp came
+// first.
+func (h *Handle) attach(cc *clientConn, opaque uint32) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.cc, h.opaque = cc, opaque
+	return h.cause == nil
+}
+
+// until is how long a call waits: until ctx is done, or (ctx nil) until
+// deadline or h's GiveUp.
+type until struct {
+	ctx      context.Context
+	deadline time.Time
+	h        *Handle
+}
+
+// Deadline is the call's deadline, if it has one.
+func (u until) Deadline() (time.Time, bool) {
+	if u.ctx != nil {
+		return u.ctx.Deadline()
+	}
+	return u.deadline, true
+}
+
+// errGivenUp marks a call given up with Handle.GiveUp; its cause follows.
+var errGivenUp = errors.New("call given up")
+
 // callOn is Call on the connection cc.
-func (c *Client) callOn(ctx context.Context, cc *clientConn, code protocol.Code, body []byte) (protocol.Frame, error) {
+func (c *Client) callOn(u until, cc *clientConn, code protocol.Code, body []byte) (protocol.Frame, error) {
 	opaque := c.opaque.Add(1)
 	ch := make(chan result, 1)
 	if err := cc.register(opaque, ch); err != nil {
 		return protocol.Frame{}, err
 	}
-	req := protocol.Frame{Code: code, Opaque: opaque, Body: body}
-	if err := cc.w.enqueue(ctx, &req); err != nil {
+	if u.h != nil && !u.h.attach(cc, opaque) {
 		cc.unregister(opaque)
-		if ctx.Err() != nil {
-			return protocol.Frame{}, c.ctxErr(ctx, code)
+		return protocol.Frame{}, c.givenUpErr(code, u.h.Cause())
+	}
+	req := protocol.Frame{Code: code, Opaque: opaque, Body: body}
+	if err := cc.w.enqueue(u.ctx, u.deadline, &req); err != nil {
+		cc.unregister(opaque)
+		if u.ctx != nil && u.ctx.Err() != nil {
+			return protocol.Frame{}, c.ctxErr(u.ctx, code)
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return protocol.Frame{}, c.timeoutErr(code)
 		}
 		if cerr := cc.failure(); cerr != nil && !errors.Is(cerr, ErrClosed) {
 			// The reader saw why the connection died (a TLS alert, say)
@@ -150,19 +286,139 @@ func (c *Client) callOn(ctx context.Context, cc *clientConn, code protocol.Code,
 		}
 		return protocol.Frame{}, c.wrap(code, writeErr(err))
 	}
+	if cc.takeToken(opaque) {
+		f, err, ok := c.readOwn(u, cc, code, opaque)
+		if ok {
+			if err != nil {
+				return protocol.Frame{}, err
+			}
+			return answer(f)
+		}
+		// A frame too large to peek: the reader goroutine reads on.
+	}
+	var done <-chan struct{}
+	var timeout <-chan time.Time
+	if u.ctx != nil {
+		done = u.ctx.Done()
+	} else {
+		t := time.NewTimer(time.Until(u.deadline))
+		defer t.Stop()
+		timeout = t.C
+	}
 	select {
 	case r := <-ch:
 		if r.err != nil {
+			if r.givenUp {
+				return protocol.Frame{}, c.givenUpErr(code, r.err)
+			}
 			return protocol.Frame{}, c.wrap(code, r.err)
 		}
-		if r.frame.Status != protocol.StatusOK {
-			return r.frame, protocol.ErrorForStatus(r.frame.Status, string(r.frame.Body))
-		}
-		return r.frame, nil
-	case <-ctx.Done():
+		return answer(r.frame)
+	case <-done:
 		cc.unregister(opaque)
-		return protocol.Frame{}, c.ctxErr(ctx, code)
+		return protocol.Frame{}, c.ctxErr(u.ctx, code)
+	case <-timeout:
+		cc.unregister(opaque)
+		return protocol.Frame{}, c.timeoutErr(code)
 	}
+}
+
+// answer is a call's outcome once its answer came: an answer whose status
+// is not OK is an error too.
+func answer(f protocol.Frame) (protocol.Frame, error) {
+	if f.Status != protocol.StatusOK {
+		return f, protocol.ErrorForStatus(f.Status, string(f.Body))
+	}
+	return f, nil
+}
+
+// readOwn reads the socket for the call opaque, which holds cc's read
+// token, until its answer comes (handing the others it reads to their
+// callers), its wait ends or the connection fails; it then gives the
+// token up. ok false: the next frame is too large to peek, the token went
+// to the reader goroutine, and the call waits for its answer as usual.
+func (c *Client) readOwn(u until, cc *clientConn, code protocol.Code, opaque uint32) (f protocol.Frame, err error, ok bool) {
+	if d, has := u.Deadline(); has {
+		_ = cc.nc.SetReadDeadline(d)
+	}
+	if u.ctx != nil && u.ctx.Done() != nil {
+		stop := context.AfterFunc(u.ctx, func() { cc.interrupt(opaque) })
+		defer stop()
+	}
+	for {
+		fr, rerr := cc.peekFrame()
+		switch {
+		case rerr == nil:
+			if fr.Opaque == opaque {
+				cc.ownReads.Add(1)
+				cc.mu.Lock()
+				delete(cc.pending, opaque)
+				cc.releaseToken()
+				cc.mu.Unlock()
+				return fr, nil, true
+			}
+			cc.deliver(fr)
+			continue
+		case errors.Is(rerr, errPeekTooLarge):
+			cc.mu.Lock()
+			cc.releaseToken()
+			cc.mu.Unlock()
+			return protocol.Frame{}, nil, false
+		case errors.Is(rerr, os.ErrDeadlineExceeded) && cc.failure() == nil:
+			// The call's deadline passed, its context was cancelled or it
+			// was given up (the frame being peeked, if any, is left whole).
+			cc.mu.Lock()
+			delete(cc.pending, opaque)
+			cc.releaseToken()
+			cc.mu.Unlock()
+			switch {
+			case u.h != nil && u.h.Cause() != nil:
+				return protocol.Frame{}, c.givenUpErr(code, u.h.Cause()), true
+			case u.ctx != nil:
+				<-u.ctx.Done() // at its deadline: at most a tick away
+				return protocol.Frame{}, c.ctxErr(u.ctx, code), true
+			}
+			return protocol.Frame{}, c.timeoutErr(code), true
+		}
+		c.fail(cc, rerr)
+		cc.mu.Lock()
+		cc.releaseToken()
+		cc.mu.Unlock()
+		return protocol.Frame{}, c.wrap(code, cc.failure()), true
+	}
+}
+
+// interrupt ends the socket read of the call opaque if it holds the read
+// token: its read deadline passes now.
+func (cc *clientConn) interrupt(opaque uint32) {
+	cc.mu.Lock()
+	if cc.holder == tokenCaller && cc.holderOp == opaque {
+		_ = cc.nc.SetReadDeadline(time.Unix(1, 0)) // now, whatever the clock says
+	}
+	cc.mu.Unlock()
+}
+
+// giveUp ends the call opaque with cause, whether it waits for its answer
+// or reads it itself.
+func (cc *clientConn) giveUp(opaque uint32, cause error) {
+	cc.mu.Lock()
+	if ch, ok := cc.pending[opaque]; ok && (cc.holder != tokenCaller || cc.holderOp != opaque) {
+		delete(cc.pending, opaque)
+		ch <- result{err: cause, givenUp: true} // buffered; never blocks
+	}
+	cc.mu.Unlock()
+	cc.interrupt(opaque)
+}
+
+// givenUpErr is the error of a call given up with cause.
+func (c *Client) givenUpErr(code protocol.Code, cause error) error {
+	return fmt.Errorf("transport: %v to %s: %w: %w", code, c.addr, errGivenUp, cause)
+}
+
+// timeoutErr is the error of a call made with CallUntil whose deadline
+// passed.
+func (c *Client) timeoutErr(code protocol.Code) error {
+	return fmt.Errorf("transport: %v to %s: %w: %w", code, c.addr, protocol.ErrTimeout, context.DeadlineExceeded)
 }
 
 // ctxErr is the error of a call whose context ended first.
@@ -182,7 +438,7 @@ func (c *Client) Send(ctx context.Context, code protocol.Code, body []byte) erro
 		return err
 	}
 	req := protocol.Frame{Flags: protocol.FlagOneway, Code: code, Opaque: c.opaque.Add(1), Body: body}
-	if err := cc.w.enqueue(ctx, &req); err != nil {
+	if err := cc.w.enqueue(ctx, time.Time{}, &req); err != nil {
 		return c.wrap(code, writeErr(err))
 	}
 	return nil
@@ -243,7 +499,10 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 		raw:     raw,
 		tls:     c.tls != nil,
 		w:       w,
+		rd:      bufio.NewReaderSize(nc, readBufSize),
 		done:    make(chan struct{}),
+		dead:    make(chan struct{}),
+		wake:    make(chan struct{}, 1),
 		pending: make(map[uint32]chan result),
 	}
 	var wg sync.WaitGroup
@@ -280,7 +539,7 @@ func (c *Client) login(ctx context.Context, cc *clientConn) error {
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
 	return c.cfg.Login.Login(lctx, func(ctx context.Context, code protocol.Code, body []byte) (protocol.Frame, error) {
-		f, err := c.callOn(ctx, cc, code, body)
+		f, err := c.callOn(until{ctx: ctx}, cc, code, body)
 		var pe *protocol.Error
 		if errors.As(err, &pe) && !errors.Is(err, ErrConnLost) {
 			err = &LoginError{err: c.wrap(code, err)}
@@ -298,11 +557,53 @@ type LoginError struct{ err error }
 func (e *LoginError) Error() string { return e.err.Error() }
 func (e *LoginError) Unwrap() error { return e.err }
 
-// readLoop delivers responses to their calls until the connection breaks.
+// readLoop reads answers and hands them to their calls whenever it holds
+// the read token, until the connection breaks or is killed. On a TLS
+// connection it holds the token for good: a TLS connection is not peeked.
 func (cc *clientConn) readLoop(addr string) error {
-	br := bufio.NewReaderSize(cc.nc, 64<<10)
+	if cc.tls {
+		return cc.readHeld(addr, true)
+	}
+	idle := time.NewTimer(idleWatch)
+	defer idle.Stop()
+	for {
+		select {
+		case <-cc.wake:
+		case <-idle.C:
+		case <-cc.dead:
+			return ErrClosed // kill ran: its cause is the connection's
+		}
+		cc.mu.Lock()
+		if cc.err != nil {
+			cc.mu.Unlock()
+			return ErrClosed
+		}
+		if cc.holder != tokenFree {
+			cc.mu.Unlock()
+			idle.Reset(idleWatch)
+			continue
+		}
+		if len(cc.pending) == 0 {
+			if since := time.Since(cc.freed); since < idleWatch {
+				cc.mu.Unlock()
+				idle.Reset(idleWatch - since)
+				continue
+			}
+		}
+		cc.holder = tokenReader
+		cc.mu.Unlock()
+		if err := cc.readHeld(addr, false); err != nil {
+			return err
+		}
+		idle.Reset(idleWatch)
+	}
+}
+
+// readHeld reads frames, the read token held, and hands them to their
+// calls; unless forever, it gives the token up when no call is pending.
+func (cc *clientConn) readHeld(addr string, forever bool) error {
 	for first := true; ; first = false {
-		f, err := readFrame(br, protocol.MaxFrameSize, readAtOnce)
+		f, err := readFrame(cc.rd, protocol.MaxFrameSize, readAtOnce)
 		if err != nil {
 			if cause := remoteAlertCause(err); first && cc.tls && cause != "" {
 				// TLS 1.3: the server refused this client's certificate
@@ -317,11 +618,109 @@ func (cc *clientConn) readLoop(addr string) error {
 		cc.mu.Lock()
 		ch, ok := cc.pending[f.Opaque]
 		delete(cc.pending, f.Opaque)
+		done := !forever && len(cc.pending) == 0
+		if done {
+			cc.holder = tokenFree
+			cc.freed = time.Now()
+		}
 		cc.mu.Unlock()
 		if ok {
 			ch <- result{frame: f} // buffered; never blocks
 		}
 		// A response to a call that already timed out is dropped.
+		if done {
+			return nil
+		}
+	}
+}
+
+// takeToken gives the read token to the call opaque, which just sent its
+// request, if the token is free and no other call is pending; if it is free
+// and others are, it wakes the reader goroutine to read for them all.
+func (cc *clientConn) takeToken(opaque uint32) bool {
+	if cc.tls {
+		return false
+	}
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.holder != tokenFree || cc.err != nil {
+		return false
+	}
+	if _, waiting := cc.pending[opaque]; !waiting {
+		return false // answered already
+	}
+	if len(cc.pending) != 1 {
+		cc.kickReader()
+		return false
+	}
+	cc.holder = tokenCaller
+	cc.holderOp = opaque
+	return true
+}
+
+// releaseToken gives up a call's read token (mu held): it clears the read
+// deadline the call set, and wakes the reader goroutine if calls are
+// pending.
+func (cc *clientConn) releaseToken() {
+	_ = cc.nc.SetReadDeadline(time.Time{})
+	cc.holder = tokenFree
+	if len(cc.pending) > 0 {
+		cc.kickReader()
+	} else {
+		cc.freed = time.Now()
+	}
+}
+
+func (cc *clientConn) kickReader() {
+	select {
+	case cc.wake <- struct{}{}:
+	default:
+	}
+}
+
+// errPeekTooLarge is peekFrame's: the next frame does not fit the buffer.
+var errPeekTooLarge = errors.New("frame larger than the read buffer")
+
+// peekFrame reads the next frame whole, or nothing: it takes its bytes
+// from the read buffer only once the whole frame is there, so an error
+// (the caller's deadline passing, say) leaves the stream as it was.
+func (cc *clientConn) peekFrame() (protocol.Frame, error) {
+	head, err := cc.rd.Peek(4)
+	if err != nil {
+		return protocol.Frame{}, err
+	}
+	n, err := protocol.FrameLength(head)
+	if err != nil {
+		return protocol.Frame{}, fmt.Errorf("%w: %w", ErrBadFrame, err)
+	}
+	if n > cc.rd.Size() {
+		return protocol.Frame{}, errPeekTooLarge
+	}
+	b, err := cc.rd.Peek(n)
+	if err != nil {
+		return protocol.Frame{}, err
+	}
+	buf := make([]byte, n)
+	copy(buf, b)
+	_, _ = cc.rd.Discard(n)
+	f, err := protocol.DecodeFrame(buf)
+	if err != nil {
+		return protocol.Frame{}, fmt.Errorf("%w: %w", ErrBadFrame, err)
+	}
+	if !f.IsResponse() {
+		return protocol.Frame{}, fmt.Errorf("%w: a request (code %v) sent to a client", ErrBadFrame, f.Code)
+	}
+	return f, nil
+}
+
+// deliver hands an answer to its call (dropped if the call is gone).
+func (cc *clientConn) deliver(f protocol.Frame) {
+	cc.mu.Lock()
+	ch, ok := cc.pending[f.Opaque]
+	delete(cc.pending, f.Opaque)
+	cc.mu.Unlock()
+	if ok {
+		ch <- result{frame: f} // buffered; never blocks
 	}
 }
 
@@ -355,6 +754,7 @@ func (cc *clientConn) kill(cause error) bool {
 	}
 	pending := cc.pending
 	cc.pending = nil
+	close(cc.dead)
 	cc.mu.Unlock()
 
 	cc.w.close(cc.err)

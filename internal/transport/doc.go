@@ -10,6 +10,11 @@
 // its call by opaque. When the connection is lost every pending call fails at
 // once with ErrConnLost, and the next call dials again.
 //
+// Answers are read by whoever holds the connection's read token: a reader
+// goroutine, or a call that is alone on a plaintext connection, which reads
+// its own answer and saves the hand-over between goroutines (see
+// docs/decisions/lone-call-reads-its-answer.md).
+//
 // # Server
 //
 // A Server accepts connections; each has a read goroutine and a write

@@ -205,9 +205,9 @@ func (w *writer) kick() {
 }
 
 // enqueue appends f to the buffer for a client: it waits while max bytes or
-// more are buffered, until ctx is done. It fails if f is over the frame cap
-// or the writer is closed.
-func (w *writer) enqueue(ctx context.Context, f *protocol.Frame) error {
+// more are buffered, until ctx is done (ctx nil: until deadline). It fails
+// if f is over the frame cap or the writer is closed.
+func (w *writer) enqueue(ctx context.Context, deadline time.Time, f *protocol.Frame) error {
 	if w.inline != nil && w.wmu.TryLock() {
 		if len(w.rest) == 0 {
 			return w.writeInline(f)
@@ -216,6 +216,12 @@ func (w *writer) enqueue(ctx context.Context, f *protocol.Frame) error {
 	}
 	w.mu.Lock()
 	for len(w.buf) >= w.max && !w.closed {
+		if ctx == nil {
+			// Made only when there is a wait to bound.
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(context.Background(), deadline)
+			defer cancel()
+		}
 		ch := w.spaceChan()
 		w.mu.Unlock()
 		select {
