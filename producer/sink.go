@@ -1,11 +1,11 @@
 package producer
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/sdkmetrics"
@@ -114,13 +114,12 @@ type call struct {
 	addr   string
 	epoch  uint32
 	start  time.Time
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	h      transport.Handle
 	gaveUp bool // under the sink's mu
 }
 
-// givenUp is the cause of a call's context when the producer gave the call
-// up: the route says its master was replaced or its group cannot take
+// givenUp is the cause a call is given up with (call.h) when the producer
+// gave it up: the route says its master was replaced or its group cannot take
 // writes.
 type givenUp struct{ reason string }
 
@@ -245,7 +244,7 @@ func (s *sink) giveUpCalls(v view) {
 			continue
 		}
 		cl.gaveUp = true
-		cl.cancel(&givenUp{why})
+		cl.h.GiveUp(&givenUp{why})
 		s.stats.add(sdkmetrics.ProducerGivenUp)
 	}
 }
@@ -336,7 +335,6 @@ func (s *sink) startBatches(own *record) (ob *batch, ocl *call) {
 		var cl *call
 		if b.addr != "" {
 			cl = &call{addr: b.addr, epoch: b.epoch, start: cfg.clock.Now()}
-			cl.ctx, cl.cancel = context.WithCancelCause(context.Background())
 			s.calls[cl] = struct{}{}
 		}
 		s.life.wg.Add(1)
@@ -370,7 +368,6 @@ func (s *sink) send(b *batch, cl *call) {
 	s.inflight--
 	if cl != nil {
 		delete(s.calls, cl)
-		cl.cancel(nil)
 	}
 	if a.err != nil && !a.gaveUp && noAnswer(a.err) {
 		// A master that does not answer may have been replaced: look.

@@ -1,7 +1,6 @@
 package producer
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -55,20 +54,18 @@ func (w *wire) send(group string, b *batch, cl *call) reply {
 		return reply{err: transport.ErrClosed}
 	}
 	body := w.encode(b)
-	ctx, cancel := context.WithDeadline(cl.ctx, w.deadline(b))
 	start := time.Now()
-	resp, err := conn.Call(ctx, protocol.CodeSend, body)
+	resp, err := conn.CallUntil(w.deadline(b), &cl.h, protocol.CodeSend, body)
 	latency := time.Since(start)
 	w.cfg.Metrics.Observe(sdkmetrics.ProducerSendDuration, latency)
 	var a reply
 	var g *givenUp
-	if err != nil && errors.As(context.Cause(ctx), &g) {
+	if err != nil && errors.As(cl.h.Cause(), &g) {
 		// An answer that came anyway wins; without one, the outcome is
 		// unknown, as after a timeout.
 		a.gaveUp = true
 		err = &protocol.Error{Status: protocol.StatusTimeout, Message: "call given up: " + g.reason}
 	}
-	cancel()
 	// The transport copied the body into its write buffer before Call
 	// waited, so the buffer is free once Call returns.
 	w.bodies.put(body)
