@@ -42,7 +42,9 @@
 // in its place, which holds the dedupe state: a slave replays the stamps
 // it copies) answers it DUPLICATE or stores it once. It moves, losing its
 // stamp, only when the newest route shows its group with no writable
-// master and no slave (nobody can be promoted), once FailoverWait (20 s)
+// master and no slave (nobody can be promoted) and no master promoted
+// since its unknown attempt (one not yet taking writes will answer it),
+// once FailoverWait (20 s)
 // has passed since its first unknown outcome (failover off, a dead slave,
 // a group held read-only), or with MoveOnUnknownOutcome(true). A status
 // that says the message was not stored (READ_ONLY, NOT_MASTER,

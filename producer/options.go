@@ -191,7 +191,10 @@ func MoveOnUnknownOutcome(allow bool) Opt {
 // writable master, lets it move to another queue without its stamp
 // (flagged Result.PossibleDuplicate), as a message known not stored does.
 // It may move without waiting when the newest route shows its group with
-// no writable master and no slave: nobody can be promoted to answer it.
+// no writable master and no slave, its master (if any) of the epoch the
+// unknown attempt went to: nobody can be promoted to answer it. (A master
+// of a later epoch, not yet writable, is the slave promoted since: the
+// message waits for it.)
 // Default 20 s: longer than a master's loss takes to repair at the
 // metaserver's defaults (its last heartbeat up to 2 s before it died, the
 // promotion 10 s session + 1 s margin after that heartbeat, then the

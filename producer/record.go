@@ -43,6 +43,7 @@ type record struct {
 	gen         uint64
 	maybe       bool
 	maybeSince  time.Time
+	maybeEpoch  uint32 // the latest group epoch an unknown attempt was sent for
 	possibleDup bool
 }
 
@@ -119,7 +120,7 @@ func (r *record) unstamp(stats *statCounters) {
 		r.possibleDup = true
 		stats.add(sdkmetrics.ProducerPossibleDuplicates)
 	}
-	r.maybe, r.maybeSince = false, time.Time{}
+	r.maybe, r.maybeSince, r.maybeEpoch = false, time.Time{}, 0
 	r.gen = 0
 	r.msg.Producer = protocol.ProducerStamp{}
 }

@@ -80,6 +80,7 @@ type settlement struct {
 	rn      run
 	results []protocol.SendResult
 	addr    string
+	epoch   uint32 // the group's epoch the batch was sent for
 	// The whole call's failure: its error (naming the group), verdict and
 	// status; reqErr nil if the broker answered each message.
 	reqErr error
@@ -97,8 +98,8 @@ type settlement struct {
 }
 
 // settle settles one run of an answered (or failed) batch. Under mu.
-func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr string) {
-	st := settlement{s: s, rn: rn, results: results, addr: addr, storedPast: -1}
+func (s *sink) settle(rn run, results []protocol.SendResult, reqErr error, addr string, epoch uint32) {
+	st := settlement{s: s, rn: rn, results: results, addr: addr, epoch: epoch, storedPast: -1}
 	if reqErr != nil {
 		st.reqV = verdictOfErr(s.cfg, s.group, reqErr)
 		st.reqSt = protocol.StatusOf(reqErr)
@@ -162,13 +163,13 @@ func (st *settlement) judge(i int, rec *record) {
 		if status.RefreshesRoute() {
 			s.refresh = append(s.refresh, rec.msg.Topic) // LEASE_LOST
 		}
-		s.markMaybe(rec)
+		s.markMaybe(rec, st.epoch)
 		rec.failed(st.errAt(i))
 		st.runErr = rec.lastErr
 		st.back = append(st.back, rec)
 	default: // refused, or unknown after a refusal
 		if v == unknown {
-			s.markMaybe(rec)
+			s.markMaybe(rec, st.epoch)
 		}
 		if status == protocol.StatusOutOfOrderSequence && i == st.r0 {
 			// Only a run's first refusal can mean the broker lost our
@@ -300,26 +301,29 @@ func (st *settlement) requeue() {
 	go s.hold(ln, backoff, s.changed)
 }
 
-// markMaybe records that an attempt with rec's stamp had an unknown
-// outcome. Under mu.
-func (s *sink) markMaybe(rec *record) {
+// markMaybe records that an attempt with rec's stamp, sent for the group's
+// epoch, had an unknown outcome. Under mu.
+func (s *sink) markMaybe(rec *record, epoch uint32) {
 	if !rec.maybe {
 		rec.maybe, rec.maybeSince = true, s.cfg.clock.Now()
 	}
+	rec.maybeEpoch = max(rec.maybeEpoch, epoch)
 }
 
 // keepsUnknown reports whether a record whose stamp may be stored keeps it
 // and waits for its queue, where the group's master (the same, or the
 // slave promoted in its place, which holds the dedupe state) answers it
 // DUPLICATE if it was stored: unless MoveOnUnknownOutcome, while the
-// newest route shows the group with a writable master or with a slave that
-// can be promoted, until FailoverWait has passed since the record's first
+// newest route shows the group with a writable master, with a slave that
+// can be promoted, or with a master of a later epoch than the record's
+// unknown attempts (the slave promoted since, not yet taking writes: it
+// will answer), until FailoverWait has passed since the record's first
 // unknown outcome (now and that time by the producer's clock). Under mu.
 func (s *sink) keepsUnknown(rec *record, now time.Time) bool {
 	switch {
 	case s.cfg.moveOnUnknown:
 		return false
-	case !s.writable && s.slave == "":
+	case !s.writable && s.slave == "" && (s.addr == "" || s.epoch <= rec.maybeEpoch):
 		return false // no master takes writes, and nobody can be promoted
 	}
 	return now.Sub(rec.maybeSince) < s.cfg.failoverWait

@@ -58,6 +58,11 @@ func TestSettle(t *testing.T) {
 		statuses []protocol.Status // nil: reqErr
 		reqErr   error
 		after    time.Duration // since the maybe records' first unknown outcome
+		// readOnly: the route shows the group not writable, without a
+		// slave, its master master at epoch (the batch went at epoch 1).
+		readOnly bool
+		master   string
+		epoch    uint32
 		want     []string
 		wantNext int64 // the line's next sequence (it was len(recs))
 		wantOOO  bool
@@ -75,6 +80,10 @@ func TestSettle(t *testing.T) {
 			after: 19 * time.Second, want: []string{stamped, moved}, wantNext: 1},
 		{name: "maybe stored moves after FailoverWait", recs: []rec{{maybe: true}, {}}, statuses: []protocol.Status{busy, busy},
 			after: 20 * time.Second, want: []string{movedDup, moved}, wantNext: 1},
+		{name: "maybe stored moves at once when nobody can be promoted", recs: []rec{{maybe: true}, {}}, statuses: []protocol.Status{busy, busy},
+			readOnly: true, master: "master:1", epoch: 1, want: []string{movedDup, moved}, wantNext: 1},
+		{name: "maybe stored waits for the slave promoted since", recs: []rec{{maybe: true}, {}}, statuses: []protocol.Status{busy, busy},
+			readOnly: true, master: "slave:1", epoch: 2, want: []string{stamped, moved}, wantNext: 1},
 		{name: "stored after a refusal is never reused", recs: []rec{{}, {}, {}}, statuses: []protocol.Status{ok, busy, ok},
 			want: []string{stored, moved, stored}, wantNext: 3},
 		{name: "out of order takes a new identity", recs: []rec{{maybe: true}, {key: "k"}}, statuses: []protocol.Status{protocol.StatusOutOfOrderSequence, busy},
@@ -91,12 +100,15 @@ func TestSettle(t *testing.T) {
 			h := &settleHost{}
 			stats := statCounters{hooks: cfg.Metrics}
 			s := newSink(sinkDeps{cfg: &cfg, life: l, stats: &stats, buf: newBuffer(&cfg, l.stop, func() {}), host: h}, "g1")
-			s.viewed, s.writable, s.slave = true, true, "slave:1"
+			s.viewed, s.writable, s.slave, s.addr, s.epoch = true, true, "slave:1", "master:1", 1
+			if tc.readOnly {
+				s.writable, s.slave, s.addr, s.epoch = false, "", tc.master, tc.epoch
+			}
 			ln := &line{key: qkey{"t", 0}, gen: 1, next: int64(len(tc.recs)), busy: true}
 			rn := run{ln: ln, gen: 1}
 			since := clk.Now()
 			for i, r := range tc.recs {
-				rn.recs = append(rn.recs, &record{key: r.key, size: 10, gen: 1, maybe: r.maybe, maybeSince: since,
+				rn.recs = append(rn.recs, &record{key: r.key, size: 10, gen: 1, maybe: r.maybe, maybeSince: since, maybeEpoch: 1,
 					deadline: time.Now().Add(2 * time.Hour),
 					msg:      protocol.Message{ID: "m", Topic: "t", Producer: protocol.ProducerStamp{ID: 7, Seq: int64(i)}}})
 			}
@@ -107,7 +119,7 @@ func TestSettle(t *testing.T) {
 			}
 
 			s.mu.Lock()
-			s.settle(rn, results, tc.reqErr, "master:1")
+			s.settle(rn, results, tc.reqErr, "master:1", 1)
 			s.mu.Unlock()
 			close(l.stop)
 			l.wg.Wait()

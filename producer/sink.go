@@ -382,7 +382,7 @@ func (s *sink) send(b *batch, cl *call) {
 			rs = a.results[i : i+len(rn.recs)]
 		}
 		i += len(rn.recs)
-		s.settle(rn, rs, a.err, b.addr)
+		s.settle(rn, rs, a.err, b.addr, b.epoch)
 	}
 	s.sendLocked()
 	s.unlock()
