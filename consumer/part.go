@@ -167,6 +167,8 @@ func (p *part) take(dst []*Message, max int) []*Message {
 	if p.revoked || len(p.buf) == 0 {
 		return dst
 	}
+	// The fetcher waits for room only while the share is full (fetch).
+	full := p.bufBytes >= p.share
 	n := min(max, len(p.buf))
 	out := p.buf[:n]
 	dst = append(dst, out...)
@@ -179,7 +181,9 @@ func (p *part) take(dst []*Message, max int) []*Message {
 		m.Deliveries = 1
 	}
 	p.delivered = out[n-1].Offset + 1
-	signal(p.room)
+	if full {
+		signal(p.room)
+	}
 	return dst
 }
 
