@@ -25,9 +25,10 @@ type router interface {
 	RouteExisting(ctx context.Context, topic string) (routing.Route, error)
 }
 
-// puller reads a queue from a broker.
+// puller reads a queue from a broker. The answer's messages may be dec's:
+// valid until the next Pull with dec.
 type puller interface {
-	Pull(ctx context.Context, addr string, req *protocol.PullRequest) (protocol.PullResponse, error)
+	Pull(ctx context.Context, addr string, req *protocol.PullRequest, dec *protocol.PullDecoder) (protocol.PullResponse, error)
 }
 
 // deadLetterer stores a dead letter: m in its topic, by key's queue if key
@@ -42,7 +43,7 @@ var _ router = (*client.Client)(nil)
 // brokerPuller PULLs over the consumer's connections (one per broker).
 type brokerPuller struct{ pool *clientcore.Pool }
 
-func (p brokerPuller) Pull(ctx context.Context, addr string, req *protocol.PullRequest) (protocol.PullResponse, error) {
+func (p brokerPuller) Pull(ctx context.Context, addr string, req *protocol.PullRequest, dec *protocol.PullDecoder) (protocol.PullResponse, error) {
 	tc, err := p.pool.Get(addr)
 	if err != nil {
 		return protocol.PullResponse{}, fmt.Errorf("%w: %w", ErrClosed, err)
@@ -51,7 +52,7 @@ func (p brokerPuller) Pull(ctx context.Context, addr string, req *protocol.PullR
 	if err != nil {
 		return protocol.PullResponse{}, err
 	}
-	pr, err := protocol.DecodePullResponse(resp.Body)
+	pr, err := dec.Decode(resp.Body)
 	if err != nil {
 		return protocol.PullResponse{}, fmt.Errorf("consumer: PULL answer from %s: %w", addr, err)
 	}

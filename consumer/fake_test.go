@@ -55,7 +55,7 @@ func (f *fakeBrokers) setDown(addr string, down bool) {
 	f.mu.Unlock()
 }
 
-func (f *fakeBrokers) Pull(ctx context.Context, addr string, req *protocol.PullRequest) (protocol.PullResponse, error) {
+func (f *fakeBrokers) Pull(ctx context.Context, addr string, req *protocol.PullRequest, _ *protocol.PullDecoder) (protocol.PullResponse, error) {
 	for {
 		f.mu.Lock()
 		f.served[addr]++

@@ -47,11 +47,11 @@ type epochBrokers struct {
 	named   map[string][]uint32
 }
 
-func (b *epochBrokers) Pull(ctx context.Context, addr string, req *protocol.PullRequest) (protocol.PullResponse, error) {
+func (b *epochBrokers) Pull(ctx context.Context, addr string, req *protocol.PullRequest, dec *protocol.PullDecoder) (protocol.PullResponse, error) {
 	b.mu.Lock()
 	b.named[addr] = append(b.named[addr], req.Epoch)
 	b.mu.Unlock()
-	resp, err := b.fakeBrokers.Pull(ctx, addr, req)
+	resp, err := b.fakeBrokers.Pull(ctx, addr, req, dec)
 	resp.Epoch = b.epochOf[addr]
 	return resp, err
 }

@@ -72,6 +72,7 @@ type config struct {
 	maxRetryBackoff  time.Duration
 	deadLetter       string // "" until New: "%DLQ%" + group
 	clock            clockwork.Clock
+	realClock        bool // clock is the real clock (withClock not given)
 
 	// Tests replace the metaserver and the brokers.
 	coord  coordinator
@@ -94,6 +95,7 @@ func defaults() config {
 		retryBackoff:     time.Second,
 		maxRetryBackoff:  30 * time.Second,
 		clock:            clockwork.NewRealClock(),
+		realClock:        true,
 	}
 }
 
@@ -270,7 +272,7 @@ func DeadLetterTopic(name string) Opt { return optFunc(func(c *config) { c.deadL
 func withClock(clk clockwork.Clock) Opt {
 	return optFunc(func(c *config) {
 		if clk != nil {
-			c.clock = clk
+			c.clock, c.realClock = clk, false
 		}
 	})
 }

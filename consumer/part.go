@@ -167,6 +167,8 @@ func (p *part) take(dst []*Message, max int) []*Message {
 	if p.revoked || len(p.buf) == 0 {
 		return dst
 	}
+	// The fetcher waits for room only while the share is full (fetch).
+	full := p.bufBytes >= p.share
 	n := min(max, len(p.buf))
 	out := p.buf[:n]
 	dst = append(dst, out...)
@@ -179,7 +181,9 @@ func (p *part) take(dst []*Message, max int) []*Message {
 		m.Deliveries = 1
 	}
 	p.delivered = out[n-1].Offset + 1
-	signal(p.room)
+	if full {
+		signal(p.room)
+	}
 	return dst
 }
 
@@ -257,6 +261,9 @@ func (p *part) fetch(pos int64) {
 	backoff := 50 * time.Millisecond
 	failing := false
 	clampedLogged, pastLogged := false, false
+	// The answers' messages are decoded into dec's memory: each answer's
+	// are turned into Messages before the next PULL.
+	var dec protocol.PullDecoder
 	for p.ctx.Err() == nil {
 		// Wait for room in the share.
 		p.mu.Lock()
@@ -287,7 +294,7 @@ func (p *part) fetch(pos int64) {
 			}
 		}
 		began := c.cfg.clock.Now()
-		resp, fromSlave, group, err := p.pull(&req, &slaveUntil, log)
+		resp, fromSlave, group, err := p.pull(&req, &dec, &slaveUntil, log)
 		var mv *movedQueue
 		if errors.As(err, &mv) && resolved {
 			// The queue moved off a retired group past what the registry
@@ -427,7 +434,7 @@ func (p *part) fetch(pos int64) {
 
 // pull reads from the queue's master, or its slave when the master does not
 // answer; it returns the broker group it asked.
-func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interface {
+func (p *part) pull(req *protocol.PullRequest, dec *protocol.PullDecoder, slaveUntil *time.Time, log interface {
 	Info(string, ...any)
 }) (resp protocol.PullResponse, fromSlave bool, group string, err error) {
 	c := p.c
@@ -450,7 +457,7 @@ func (p *part) pull(req *protocol.PullRequest, slaveUntil *time.Time, log interf
 	call := func(addr string) (protocol.PullResponse, error) {
 		ctx, cancel := context.WithTimeout(p.ctx, timeout)
 		defer cancel()
-		return c.cfg.puller.Pull(ctx, addr, req)
+		return c.cfg.puller.Pull(ctx, addr, req, dec)
 	}
 	useSlave := qr.Slave != "" && (qr.Master == "" || c.cfg.clock.Now().Before(*slaveUntil))
 	if !useSlave {

@@ -350,3 +350,60 @@ func BenchmarkDecodeSendRequest(b *testing.B) {
 		}
 	}
 }
+
+// A PullDecoder decodes answer after answer as DecodePullResponse does,
+// reusing its memory: an answer costs one allocation (its ids' string)
+// besides its messages' properties, and
+// what a longer answer before it left holds none of that answer's bytes.
+func TestPullDecoderReuse(t *testing.T) {
+	answer := func(n int, props bool) []byte {
+		msgs := sampleMessages()
+		resp := PullResponse{NextOffset: int64(n), MaxOffset: 100, Epoch: 2}
+		for i := range n {
+			m := msgs[i%len(msgs)]
+			m.ID = fmt.Sprintf("id-%d", i)
+			if !props {
+				m.Topic, m.Properties = "orders", nil
+			}
+			resp.Messages = append(resp.Messages, StoredMessage{QueueOffset: int64(i), LogOffset: int64(i) * 10, StoreTime: int64(i), Message: m})
+		}
+		return AppendPullResponse(nil, &resp)
+	}
+	var d PullDecoder
+	for _, n := range []int{50, 3, 0, 50} {
+		b := answer(n, true)
+		want, err := DecodePullResponse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := d.Decode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.NextOffset != want.NextOffset || got.MaxOffset != want.MaxOffset || got.Epoch != want.Epoch || len(got.Messages) != n {
+			t.Fatalf("%d messages: got %+v, want %+v", n, got, want)
+		}
+		for i := range got.Messages {
+			g, w := &got.Messages[i], &want.Messages[i]
+			if g.QueueOffset != w.QueueOffset || g.LogOffset != w.LogOffset || g.StoreTime != w.StoreTime || !g.Message.Equal(&w.Message) {
+				t.Fatalf("%d messages: message %d is %+v, want %+v", n, i, g, w)
+			}
+		}
+		for i, sm := range d.msgs[n:cap(d.msgs)] {
+			if sm.Message.Body != nil || sm.Message.ID != "" {
+				t.Fatalf("after an answer of %d: entry %d still holds an earlier answer's message", n, n+i)
+			}
+		}
+	}
+	b := answer(50, false)
+	if allocs := testing.AllocsPerRun(20, func() { _, _ = d.Decode(b) }); allocs > 1 {
+		t.Errorf("%v allocations to decode an answer of 50 messages of one topic without properties; want 1 (their ids)", allocs)
+	}
+	// A malformed answer after good ones is refused as ever.
+	if _, err := d.Decode(b[:len(b)-1]); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("truncated answer: %v", err)
+	}
+	if _, err := d.Decode(b[:36+10]); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("answer cut in its first message: %v", err)
+	}
+}

@@ -1,6 +1,9 @@
 package protocol
 
-import "fmt"
+import (
+	"encoding/binary"
+	"fmt"
+)
 
 // PullRequest asks for the stored messages of one queue from an offset.
 //
@@ -121,22 +124,73 @@ func appendStoredHeader(dst []byte, queueOffset, logOffset, storeTime int64) []b
 
 // DecodePullResponse decodes a PULL response body. Message bodies alias b.
 func DecodePullResponse(b []byte) (PullResponse, error) {
+	var d PullDecoder
+	return d.Decode(b)
+}
+
+// A PullDecoder decodes PULL response bodies, reusing its memory from one
+// to the next: a reader that turns each answer's messages into its own
+// values before it reads the next (a consumer's fetcher) allocates, per
+// answer, one string for all its messages' ids, and nothing else when they
+// are of one topic and without properties (DecodePullResponse made a slice
+// of the answer's entries and a string per id). The zero value is ready; it
+// is not safe for concurrent use.
+type PullDecoder struct {
+	msgs  []StoredMessage
+	used  int      // the entries of msgs the last answer filled
+	ids   []byte   // the ids of the messages decoded, end to end
+	lens  []uint16 // and their lengths
+	topic string   // the last message's topic, shared by the next ones of that topic
+}
+
+// Decode decodes a PULL response body. Message bodies alias b; the
+// messages' ids are pieces of one string. The answer's Messages are the
+// decoder's: valid until its next Decode.
+func (d *PullDecoder) Decode(b []byte) (PullResponse, error) {
 	var p PullResponse
-	r := reader{b: b}
+	r := reader{b: b, skipID: true, lastTopic: d.topic}
 	p.NextOffset = r.i64("next offset")
 	p.MinOffset = r.i64("min offset")
 	p.MaxOffset = r.i64("max offset")
 	p.Epoch = r.u32("epoch")
 	n := r.count("message count", 24+minMessageSize)
 	if n > 0 {
-		p.Messages = make([]StoredMessage, n)
+		if cap(d.msgs) < n {
+			d.msgs = make([]StoredMessage, n)
+		}
+		p.Messages = d.msgs[:n]
+		ids, lens := d.ids[:0], d.lens[:0]
 		for i := 0; i < n && r.err == nil; i++ {
-			p.Messages[i].QueueOffset = r.i64("queue offset")
-			p.Messages[i].LogOffset = r.i64("log offset")
-			p.Messages[i].StoreTime = r.i64("store time")
-			r.message(&p.Messages[i].Message)
+			sm := &p.Messages[i]
+			sm.QueueOffset = r.i64("queue offset")
+			sm.LogOffset = r.i64("log offset")
+			sm.StoreTime = r.i64("store time")
+			// message skips the id (skipID): its bytes are copied here,
+			// to become one string once all are read.
+			idLen := 0
+			if len(r.b) >= 2 {
+				idLen = int(binary.BigEndian.Uint16(r.b))
+				if len(r.b) >= 2+idLen {
+					ids = append(ids, r.b[2:2+idLen]...)
+				}
+			}
+			lens = append(lens, uint16(idLen))
+			r.message(&sm.Message)
+		}
+		d.ids, d.lens, d.topic = ids, lens, r.lastTopic
+		if r.err == nil {
+			all := string(ids)
+			for i, l := range lens {
+				p.Messages[i].Message.ID, all = all[:l], all[l:]
+			}
 		}
 	}
+	// What an earlier, longer answer left past this one's refers to its
+	// bodies: let them go.
+	if d.used > n {
+		clear(d.msgs[n:d.used])
+	}
+	d.used = n
 	if err := r.done("pull response"); err != nil {
 		return PullResponse{}, err
 	}

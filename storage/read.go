@@ -173,13 +173,13 @@ func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxByte
 			if err != nil {
 				return dst, corrupt(err.Error())
 			}
-			rec, err := decodeRecord(b[:n])
+			rec, recTopic, err := decodeRecordView(b[:n])
 			if err != nil {
 				return dst, corrupt(err.Error())
 			}
-			if want := offset + int64(read); rec.QueueOffset != want || rec.Queue != queue || rec.Topic != topic {
+			if want := offset + int64(read); rec.QueueOffset != want || rec.Queue != queue || string(recTopic) != topic {
 				return dst, corrupt(fmt.Sprintf("the index says %s/%d offset %d is here, the record is %s/%d offset %d",
-					topic, queue, want, rec.Topic, rec.Queue, rec.QueueOffset))
+					topic, queue, want, recTopic, rec.Queue, rec.QueueOffset))
 			}
 			dst = emit(dst, StoredEntry{QueueOffset: rec.QueueOffset, LogOffset: at, StoreTime: rec.StoreTime, Payload: rec.Payload,
 				Recovered: rec.Flags&flagRecovered != 0})

@@ -109,31 +109,41 @@ func recordLen(hdr []byte, maxSize int) (int, error) {
 
 // decodeRecord checks and decodes one whole record (header included).
 func decodeRecord(b []byte) (record, error) {
-	var r record
+	r, topic, err := decodeRecordView(b)
+	if err == nil {
+		r.Topic = string(topic)
+	}
+	return r, err
+}
+
+// decodeRecordView is decodeRecord leaving the topic in b, returned apart
+// (r.Topic is empty): a PULL's read compares it with the queue's topic
+// without making a string of it for every record.
+func decodeRecordView(b []byte) (r record, topic []byte, err error) {
 	if len(b) < recordHeaderSize+recordFixedSize {
-		return r, errors.New("truncated record")
+		return r, nil, errors.New("truncated record")
 	}
 	content := b[recordHeaderSize:]
 	if int(binary.BigEndian.Uint32(b)) != len(content) {
-		return r, errors.New("length does not match")
+		return r, nil, errors.New("length does not match")
 	}
 	if crc := crc32.Checksum(content, castagnoli); crc != binary.BigEndian.Uint32(b[4:]) {
-		return r, fmt.Errorf("CRC mismatch (stored %#08x, computed %#08x)", binary.BigEndian.Uint32(b[4:]), crc)
+		return r, nil, fmt.Errorf("CRC mismatch (stored %#08x, computed %#08x)", binary.BigEndian.Uint32(b[4:]), crc)
 	}
 	if content[0] != recordVersion {
-		return r, fmt.Errorf("unknown record version %#02x", content[0])
+		return r, nil, fmt.Errorf("unknown record version %#02x", content[0])
 	}
 	tl := int(binary.BigEndian.Uint16(content[2:]))
 	if tl == 0 || tl > maxTopicLen || 4+tl+4+8+8 > len(content) {
-		return r, fmt.Errorf("bad topic length %d", tl)
+		return r, nil, fmt.Errorf("bad topic length %d", tl)
 	}
 	r.Flags = content[1]
 	p := content[4:]
-	r.Topic = string(p[:tl])
+	topic = p[:tl]
 	p = p[tl:]
 	r.Queue = binary.BigEndian.Uint32(p)
 	r.QueueOffset = int64(binary.BigEndian.Uint64(p[4:]))
 	r.StoreTime = int64(binary.BigEndian.Uint64(p[12:]))
 	r.Payload = p[20:]
-	return r, nil
+	return r, topic, nil
 }
