@@ -206,15 +206,18 @@ med() { median ${VALS[$1]:-}; }
 # master_counts: (METRICS=1) logs the master's SEND requests (with the
 # messages each carried and the mean time from reading one to answering
 # it), HA fetch answers (messages and KiB each) and HA_ACKs, over the
-# group's life (the run and its warm-up message).
+# group's life (the run and its warm-up message), and the share of the log
+# the slave had not acknowledged when the run ended (NORMAL does not wait
+# for it: what is left is copied after the run, outside its CPU figures).
 master_counts() {
 	local m
 	m="$(curl -s "http://127.0.0.1:$((BASE + 9))/metrics")" || { log "  no metrics from the master"; return; }
 	awk '/^ferrymq_broker_messages_in_total / { n = $2 } /^ferrymq_broker_send_duration_seconds_count / { r = $2 }
 		/^ferrymq_broker_send_duration_seconds_sum / { t = $2 } /^ferrymq_broker_ha_answers_total / { a = $2 }
 		/^ferrymq_broker_ha_answer_bytes_total / { b = $2 } /^ferrymq_broker_ha_acks_total / { k = $2 }
-		END { printf "#   master: %d msgs in %d SENDs (%.1f msgs each, answered after %.2f ms on average), %d HA answers (%.1f msgs, %.0f KiB each), %d HA acks\n",
-			n, r, r ? n / r : 0, r ? t / r * 1000 : 0, a, a ? n / a : 0, a ? b / a / 1024 : 0, k }' <<<"$m" >&2
+		/^ferrymq_broker_log_end_offset / { e = $2 } /^ferrymq_broker_slave_lag_bytes / { l = $2 }
+		END { printf "#   master: %d msgs in %d SENDs (%.1f msgs each, answered after %.2f ms on average), %d HA answers (%.1f msgs, %.0f KiB each), %d HA acks; at the end the slave lacked %.1f%% of the log\n",
+			n, r, r ? n / r : 0, r ? t / r * 1000 : 0, a, a ? n / a : 0, a ? b / a / 1024 : 0, k, e ? 100 * l / e : 0 }' <<<"$m" >&2
 }
 
 RUN_NO=0
