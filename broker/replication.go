@@ -291,6 +291,7 @@ func (r *replication) handleAck(rep replier, body []byte) {
 	}
 	released := r.ackLocked(a.Acked, end, now)
 	r.mu.Unlock()
+	r.stats.HAAcks.Add(1)
 	r.complete(released, protocol.StatusOK)
 	_ = rep.Reply(nil)
 }
@@ -440,6 +441,10 @@ func (r *replication) answer(rep replier, f protocol.HAFetchRequest) {
 	epoch := r.epoch
 	r.mu.Unlock()
 	protocol.AppendHAFetchResponseHeader(body[:0], end, epoch) // fills the room left for it
+	if n := len(body) - haHeaderLen; n > 0 {
+		r.stats.HAAnswers.Add(1)
+		r.stats.HABytes.Add(int64(n))
+	}
 	_ = rep.Reply(body)
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,17 +51,18 @@ func (c chanReplier) ReplyError(err error) { c <- reply{err: err} }
 // memLink fetches by calling the master's handler directly.
 type memLink struct{ r *replication }
 
-func (l memLink) Fetch(ctx context.Context, req protocol.HAFetchRequest) (protocol.HAFetchResponse, error) {
+func (l memLink) Fetch(ctx context.Context, req protocol.HAFetchRequest) (protocol.HAFetchResponse, func(), error) {
 	rep := make(chanReplier, 1)
 	l.r.handleFetch(rep, protocol.AppendHAFetchRequest(nil, &req))
 	select {
 	case a := <-rep:
 		if a.err != nil {
-			return protocol.HAFetchResponse{}, a.err
+			return protocol.HAFetchResponse{}, func() {}, a.err
 		}
-		return protocol.DecodeHAFetchResponse(a.body)
+		resp, err := protocol.DecodeHAFetchResponse(a.body)
+		return resp, func() {}, err
 	case <-ctx.Done():
-		return protocol.HAFetchResponse{}, ctx.Err()
+		return protocol.HAFetchResponse{}, func() {}, ctx.Err()
 	}
 }
 
@@ -709,6 +711,15 @@ func BenchmarkReplicationHigh(b *testing.B) {
 	}
 }
 
+// processCPU is the CPU time (user and system) this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func benchReplication(b *testing.B, serial bool, chunk int) {
 	open := func() *storage.Log {
 		l, err := storage.Open(storage.Config{Dir: b.TempDir(), SegmentSize: 256 << 20, Logger: hclog.NewNullLogger()})
@@ -754,7 +765,7 @@ func benchReplication(b *testing.B, serial bool, chunk int) {
 	lat := make([][]time.Duration, writers)
 	b.SetBytes(1024)
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	var ws sync.WaitGroup
 	for w := range writers {
 		ws.Add(1)
@@ -783,7 +794,7 @@ func benchReplication(b *testing.B, serial bool, chunk int) {
 		}()
 	}
 	ws.Wait()
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), processCPU()-cpu0
 	b.StopTimer()
 	var all []time.Duration
 	for _, l := range lat {
@@ -794,5 +805,7 @@ func benchReplication(b *testing.B, serial bool, chunk int) {
 		b.ReportMetric(float64(len(all)*batch)/elapsed.Seconds(), "msgs/s")
 		b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
 		b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+		// The master's and the slave's CPU (one process) per message.
+		b.ReportMetric(float64(cpu.Nanoseconds())/float64(len(all)*batch), "cpu-ns/msg")
 	}
 }

@@ -38,6 +38,9 @@ type Stats struct {
 	TruncatedBytes atomic.Int64 // bytes cut
 	HAFetchRefused atomic.Int64 // HA fetches refused: not this group's slave in this epoch
 	HADiverged     atomic.Int64 // HA fetches refused LOG_DIVERGED: the slave's log is not a prefix of this master's
+	HAAnswers      atomic.Int64 // HA fetches answered with log bytes (parked ones once data came)
+	HABytes        atomic.Int64 // log bytes sent in them
+	HAAcks         atomic.Int64 // HA_ACKs taken from the slave
 	Resyncs        atomic.Int64 // times this broker set its log aside and copied it again (an operator's order)
 	// A failover's cut tail, appended again through the new master
 	// (recover.go).

@@ -30,7 +30,7 @@ func TestMasterLinkOverTLS(t *testing.T) {
 
 	link := masterDialer(cliTLS, "")(addr.String())
 	defer link.Close()
-	resp, err := link.Fetch(context.Background(), protocol.HAFetchRequest{BrokerID: "slave", Epoch: 7})
+	resp, _, err := link.Fetch(context.Background(), protocol.HAFetchRequest{BrokerID: "slave", Epoch: 7})
 	if err != nil {
 		t.Fatalf("fetch over TLS: %v", err)
 	}
@@ -40,7 +40,7 @@ func TestMasterLinkOverTLS(t *testing.T) {
 
 	plain := dialMaster(addr.String())
 	defer plain.Close()
-	_, err = plain.Fetch(context.Background(), protocol.HAFetchRequest{BrokerID: "slave", Epoch: 7})
+	_, _, err = plain.Fetch(context.Background(), protocol.HAFetchRequest{BrokerID: "slave", Epoch: 7})
 	if !errors.Is(err, protocol.ErrNotAuthorized) || !strings.Contains(err.Error(), "requires TLS") {
 		t.Fatalf("a plaintext slave on a TLS HA port: %v, want NOT_AUTHORIZED saying it requires TLS", err)
 	}

@@ -39,6 +39,8 @@
 # Environment:
 #   RUNS=3                   runs per figure (the median is printed)
 #   COUNT=500000             messages per run of the async shapes
+#   WINDOW=1000              messages in flight per producer in the async shape and the shapes built on it
+#                            (flushsync, high, normalslave, queues, consume, consume4); figures name it (w1000)
 #   SYNC_COUNT=20000         messages per run of the sync shape
 #   FIXED_RATE=50000 FIXED_SECONDS=10   the fixedrate shape (bounded by both: at most RATE*SECONDS)
 #   ROLL_COUNT=1000000 ROLL_SEGMENT=67108864   the roll shape: ~1 GiB into 64 MiB segments (16)
@@ -49,6 +51,8 @@
 #   PEERS=1                  run NATS when run-peers.sh is there (0: skip it)
 #   PEERS_SCRIPT=PATH        where run-peers.sh is (default: ../shared/bench/run-peers.sh from the repository)
 #   PPROF=1                  start the brokers with -pprof on BASE+7 (master) and BASE+8 (slave)
+#   METRICS=1                start the master with -metrics-addr on BASE+9 and log after each run its
+#                            SEND requests (messages each, mean time to answer), HA fetch answers and acks
 #   CPUPROFILE=DIR           write a CPU profile of each ferryctl bench run into DIR
 #   RUN_TIMEOUT=120          hard cap in seconds of each ferryctl bench run
 #   KEEP=1                   keep the temporary directory (logs, data)
@@ -72,6 +76,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNS="${RUNS:-3}"
 COUNT="${COUNT:-500000}"
+WINDOW="${WINDOW:-1000}"
 SYNC_COUNT="${SYNC_COUNT:-20000}"
 FIXED_RATE="${FIXED_RATE:-50000}"
 FIXED_SECONDS="${FIXED_SECONDS:-10}"
@@ -83,6 +88,7 @@ BASE="${FERRY_BENCH_BASE_PORT:-7600}"
 PEERS="${PEERS:-1}"
 PEERS_SCRIPT="${PEERS_SCRIPT:-$ROOT/../shared/bench/run-peers.sh}"
 PPROF="${PPROF:-0}"
+METRICS="${METRICS:-0}"
 CPUPROFILE="${CPUPROFILE:-}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-120}"
 KEEP="${KEEP:-0}"
@@ -164,10 +170,12 @@ SHAPE_ARGS=() # more flags for the master of the shape being run (roll: -segment
 start_group() {
 	local g="$1" flush="$2" slave="$3" pp=()
 	[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 7))")
+	[ "$METRICS" = 1 ] && pp+=(-metrics-addr "127.0.0.1:$((BASE + 9))")
 	launch "$g-master" "$BIN/ferry-broker" -id "$g-master" -group "$g" -role master -dir "$WORK/data/$g-master" \
 		-addr "$MASTER_ADDR" -ha-addr "$MASTER_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}" "${SHAPE_ARGS[@]}" "${BROKER_TLS[@]}"
 	BROKER_PIDS=("$LAST_PID")
 	if [ "$slave" = 1 ]; then
+		pp=()
 		[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 8))")
 		wait_until 30 "group $g's master registering" group_ready "$g" 0
 		launch "$g-slave" "$BIN/ferry-broker" -id "$g-slave" -group "$g" -role slave -dir "$WORK/data/$g-slave" \
@@ -194,6 +202,23 @@ median() {
 add() { VALS[$1]+="${2:-NA} "; }
 # shellcheck disable=SC2086 # the runs are words
 med() { median ${VALS[$1]:-}; }
+
+# master_counts: (METRICS=1) logs the master's SEND requests (with the
+# messages each carried and the mean time from reading one to answering
+# it), HA fetch answers (messages and KiB each) and HA_ACKs, over the
+# group's life (the run and its warm-up message), and the share of the log
+# the slave had not acknowledged when the run ended (NORMAL does not wait
+# for it: what is left is copied after the run, outside its CPU figures).
+master_counts() {
+	local m
+	m="$(curl -s "http://127.0.0.1:$((BASE + 9))/metrics")" || { log "  no metrics from the master"; return; }
+	awk '/^ferrymq_broker_messages_in_total / { n = $2 } /^ferrymq_broker_send_duration_seconds_count / { r = $2 }
+		/^ferrymq_broker_send_duration_seconds_sum / { t = $2 } /^ferrymq_broker_ha_answers_total / { a = $2 }
+		/^ferrymq_broker_ha_answer_bytes_total / { b = $2 } /^ferrymq_broker_ha_acks_total / { k = $2 }
+		/^ferrymq_broker_log_end_offset / { e = $2 } /^ferrymq_broker_slave_lag_bytes / { l = $2 }
+		END { printf "#   master: %d msgs in %d SENDs (%.1f msgs each, answered after %.2f ms on average), %d HA answers (%.1f msgs, %.0f KiB each), %d HA acks; at the end the slave lacked %.1f%% of the log\n",
+			n, r, r ? n / r : 0, r ? t / r * 1000 : 0, a, a ? n / a : 0, a ? b / a / 1024 : 0, k, e ? 100 * l / e : 0 }' <<<"$m" >&2
+}
 
 RUN_NO=0
 # bench_run SHAPE FLUSH SLAVE QUEUES ARGS...: one run on a fresh group; sets
@@ -223,6 +248,7 @@ bench_run() {
 	children_cpu
 	m1="$(proc_ticks "${BROKER_PIDS[0]}")" a1="$(procs_ticks "${BROKER_PIDS[@]}" "$META_PID")"
 	[ "$slave" = 1 ] && s1="$(proc_ticks "${BROKER_PIDS[1]}")"
+	[ "$METRICS" = 1 ] && master_counts
 	cat "$WORK/logs/bench.run.err" >>"$WORK/logs/bench.err"
 	echo "$shape run $RUN_NO (rc $rc): ferryctl bench --topic $topic $*" >>"$WORK/logs/bench.out"
 	echo "$out" >>"$WORK/logs/bench.out"
@@ -261,7 +287,7 @@ bench_run() {
 	R_TOT="$(per_msg "$a0" "$a1" "$(awk -v a="$c0" -v b="$CHILDREN_CPU" 'BEGIN{ print b - a }')" "$sent")"
 }
 
-ASYNC=(--mode async --producers 4 --window 1000 --count "$COUNT")
+ASYNC=(--mode async --producers 4 --window "$WINDOW" --count "$COUNT")
 # rec KEY: adds this run's figures under KEY (rate, p50, p99, CPU per message).
 rec() {
 	add "$1" "$R_RATE"
@@ -278,7 +304,7 @@ run_shapes() {
 	local r
 	for r in $(seq "$RUNS"); do
 		if has async || has high; then
-			log "async run $r/$RUNS: 4 producers, window 1000, flush=async, $COUNT msgs"
+			log "async run $r/$RUNS: 4 producers, window $WINDOW, flush=async, $COUNT msgs"
 			bench_run async async 0 8 "${ASYNC[@]}"
 			rec async
 			log "  $R_RATE msgs/s ($(cpu_log))"
@@ -399,7 +425,7 @@ report() {
 	if has async || has high; then
 		v=$(med async) n="${NATS[nats.js.default.pub_async]:-}"
 		rt=$(ratio "$v" "$n")
-		line async.4p.w1000 msgs/s "$v" "$(runs async)" nats.js.default.pub_async "${n:--}" "$rt" ">=5x" "$(verdict "$rt" ">=" 5)"
+		line async.4p.w$WINDOW msgs/s "$v" "$(runs async)" nats.js.default.pub_async "${n:--}" "$rt" ">=5x" "$(verdict "$rt" ">=" 5)"
 	fi
 	if has async1; then
 		v=$(med async1) n="${NATS[nats.js.default.pub_async]:-}"
@@ -421,12 +447,12 @@ report() {
 	if has flushsync; then
 		v=$(med flushsync) n="${NATS[nats.js.always.pub_async]:-}"
 		rt=$(ratio "$v" "$n")
-		line flushsync.4p.w1000 msgs/s "$v" "$(runs flushsync)" nats.js.always.pub_async "${n:--}" "$rt" ">=50x" "$(verdict "$rt" ">=" 50)"
+		line flushsync.4p.w$WINDOW msgs/s "$v" "$(runs flushsync)" nats.js.always.pub_async "${n:--}" "$rt" ">=50x" "$(verdict "$rt" ">=" 50)"
 	fi
 	if has high; then
 		v=$(med high)
 		rt=$(ratio "$v" "$(med async)")
-		line high.slave.4p.w1000 msgs/s "$v" "$(runs high)" "ferrymq async.4p.w1000" "$(med async)" "$rt" ">=0.8x" "$(verdict "$rt" ">=" 0.8)"
+		line high.slave.4p.w$WINDOW msgs/s "$v" "$(runs high)" "ferrymq async.4p.w$WINDOW" "$(med async)" "$rt" ">=0.8x" "$(verdict "$rt" ">=" 0.8)"
 	fi
 	if has normalslave; then
 		v=$(med high)
@@ -436,7 +462,7 @@ report() {
 	if has queues; then
 		v=$(med q1000)
 		rt=$(ratio "$v" "$(med q8)")
-		line queues.1000.4p.w1000 msgs/s "$v" "$(runs q1000)" "ferrymq queues.8 (same runs)" "$(med q8)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
+		line queues.1000.4p.w$WINDOW msgs/s "$v" "$(runs q1000)" "ferrymq queues.8 (same runs)" "$(med q8)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
 	fi
 	local m k
 	for m in 1 4; do
@@ -455,8 +481,8 @@ report() {
 	if has roll; then
 		v=$(med roll)
 		rt=$(ratio "$v" "$(med async)")
-		line roll.4p.w1000 msgs/s "$v" "$(runs roll)" "ferrymq async.4p.w1000" "$(med async)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
-		line roll.p99 us "$(med roll.p99)" "$(runs roll.p99)" "ferrymq async.4p.w1000 p99" "$(med async.p99)" "$(ratio "$(med roll.p99)" "$(med async.p99)")" "-" "-"
+		line roll.4p.w1000 msgs/s "$v" "$(runs roll)" "ferrymq async.4p.w$WINDOW" "$(med async)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
+		line roll.p99 us "$(med roll.p99)" "$(runs roll.p99)" "ferrymq async.4p.w$WINDOW p99" "$(med async.p99)" "$(ratio "$(med roll.p99)" "$(med async.p99)")" "-" "-"
 	fi
 	if has coldstart; then
 		line coldstart.listen ms "$(med coldstart.listen)" "$(runs coldstart.listen)" "-" "-" "-" "keep" "-"
@@ -464,12 +490,12 @@ report() {
 	fi
 	budget_report
 	if has async; then
-		echo "NOTE async.4p.w1000 CPU per message (medians): ferryctl bench (the producers) $(med async.cpu) µs, broker $(med async.bcpu) µs; on $(nproc) cores their sum bounds the rate at about $(awk -v a="$(med async.cpu)" -v b="$(med async.bcpu)" -v c="$(nproc)" 'BEGIN{ if (a + b > 0) printf "%.0f", c * 1e6 / (a + b); else print "NA" }') msgs/s"
+		echo "NOTE async.4p.w$WINDOW CPU per message (medians): ferryctl bench (the producers) $(med async.cpu) µs, broker $(med async.bcpu) µs; on $(nproc) cores their sum bounds the rate at about $(awk -v a="$(med async.cpu)" -v b="$(med async.bcpu)" -v c="$(nproc)" 'BEGIN{ if (a + b > 0) printf "%.0f", c * 1e6 / (a + b); else print "NA" }') msgs/s"
 	fi
 	echo "NOTE every ferrymq figure: 1 KiB bodies, a fresh broker and data directory per run (its topic new, warmed up with one message), one metaserver and the master on 127.0.0.1, idempotent producers (the SDK's default), ferryctl bench's latency is from SendAsync/Send to the result"
 	if [ "${#NATS[@]}" -gt 0 ]; then
 		echo "NOTE nats: run-peers.sh in this invocation: nats-server, R1 file-storage stream, 1 KiB, 1 client ('nats bench js pub'), RUNS=$RUNS; its store is fresh per run too"
-		has async && echo "NOTE async.4p.w1000 vs NATS: shapes differ: ferrymq 4 producers x 1000 in flight (the issue's figure), NATS 1 client x batch 500 (what run-peers runs); async.1p.w500 is ferrymq in NATS's shape"
+		has async && echo "NOTE async.4p.w$WINDOW vs NATS: shapes differ: ferrymq 4 producers x $WINDOW in flight (the issue's figure), NATS 1 client x batch 500 (what run-peers runs); async.1p.w500 is ferrymq in NATS's shape"
 		has sync && echo "NOTE sync: same shape (1 client, one publish at a time, wait for its ack); NATS's default store syncs every 2 min, ferrymq's flush=async every 500 ms"
 		has flushsync && echo "NOTE flushsync vs NATS sync_interval: always: both fsync before acknowledging; shapes differ as for async (4 x 1000 vs 1 x 500 in flight)"
 	fi

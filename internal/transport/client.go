@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -47,6 +48,14 @@ type ClientConfig struct {
 	// connection; the next call dials again. auth.TokenLogin presents a
 	// token with AUTH.
 	Login Login
+	// PooledAnswers reads answers of 32 KiB to 8 MiB into recycled
+	// buffers (those a lone call peeks, up to readBufSize, are copied out of
+	// the read buffer as before). A call made with CallPooled gets its answer's release, and
+	// gives the buffer back with it once done with the answer; other calls
+	// leave theirs to the garbage collector, as without it. It saves a
+	// caller of large answers (a slave's HA fetches) clearing a fresh
+	// buffer per answer, and the collector and the scavenger its bytes.
+	PooledAnswers bool
 }
 
 func (c ClientConfig) withDefaults() ClientConfig {
@@ -95,6 +104,7 @@ func (c *Client) Addr() string { return c.addr }
 
 type result struct {
 	frame   protocol.Frame
+	buf     []byte // the frame's recycled buffer (PooledAnswers), or nil
 	err     error
 	givenUp bool // err is a Handle's GiveUp cause
 }
@@ -127,6 +137,7 @@ type clientConn struct {
 	freed time.Time
 	// ownReads counts the answers calls read themselves (tests read it).
 	ownReads atomic.Int64
+	pooled   bool // ClientConfig.PooledAnswers
 }
 
 // readToken says who reads a clientConn's socket. A call that is alone on
@@ -178,6 +189,29 @@ func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (pro
 	}
 	return c.callOn(until{ctx: ctx}, cc, code, body)
 }
+
+// CallPooled is Call whose answer may be in a recycled buffer (see
+// ClientConfig.PooledAnswers): release gives it back, after which
+// nothing sliced from the answer may be used. release is never nil, and
+// calling it is optional (a buffer not given back is the collector's).
+func (c *Client) CallPooled(ctx context.Context, code protocol.Code, body []byte) (f protocol.Frame, release func(), err error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
+		defer cancel()
+	}
+	cc, err := c.connect(ctx)
+	if err != nil {
+		return protocol.Frame{}, noRelease, err
+	}
+	f, buf, err := c.callOnBuf(until{ctx: ctx}, cc, code, body)
+	if buf == nil {
+		return f, noRelease, err
+	}
+	return f, func() { putFrameBuf(buf) }, err
+}
+
+func noRelease() {}
 
 // CallUntil is Call with a deadline instead of a context, and h, when not
 // nil, to give the call up from another goroutine (Handle.GiveUp). It
@@ -261,38 +295,46 @@ var errGivenUp = errors.New("call given up")
 
 // callOn is Call on the connection cc.
 func (c *Client) callOn(u until, cc *clientConn, code protocol.Code, body []byte) (protocol.Frame, error) {
+	f, _, err := c.callOnBuf(u, cc, code, body)
+	return f, err
+}
+
+// callOnBuf is callOn that also returns the answer's recycled buffer, if
+// it has one (nil on an error but a status's).
+func (c *Client) callOnBuf(u until, cc *clientConn, code protocol.Code, body []byte) (protocol.Frame, []byte, error) {
 	opaque := c.opaque.Add(1)
 	ch := make(chan result, 1)
 	if err := cc.register(opaque, ch); err != nil {
-		return protocol.Frame{}, err
+		return protocol.Frame{}, nil, err
 	}
 	if u.h != nil && !u.h.attach(cc, opaque) {
 		cc.unregister(opaque)
-		return protocol.Frame{}, c.givenUpErr(code, u.h.Cause())
+		return protocol.Frame{}, nil, c.givenUpErr(code, u.h.Cause())
 	}
 	req := protocol.Frame{Code: code, Opaque: opaque, Body: body}
 	if err := cc.w.enqueue(u.ctx, u.deadline, &req); err != nil {
 		cc.unregister(opaque)
 		if u.ctx != nil && u.ctx.Err() != nil {
-			return protocol.Frame{}, c.ctxErr(u.ctx, code)
+			return protocol.Frame{}, nil, c.ctxErr(u.ctx, code)
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
-			return protocol.Frame{}, c.timeoutErr(code)
+			return protocol.Frame{}, nil, c.timeoutErr(code)
 		}
 		if cerr := cc.failure(); cerr != nil && !errors.Is(cerr, ErrClosed) {
 			// The reader saw why the connection died (a TLS alert, say)
 			// before this write failed for it: that is the news.
-			return protocol.Frame{}, c.wrap(code, cerr)
+			return protocol.Frame{}, nil, c.wrap(code, cerr)
 		}
-		return protocol.Frame{}, c.wrap(code, writeErr(err))
+		return protocol.Frame{}, nil, c.wrap(code, writeErr(err))
 	}
 	if cc.takeToken(opaque) {
 		f, err, ok := c.readOwn(u, cc, code, opaque)
 		if ok {
 			if err != nil {
-				return protocol.Frame{}, err
+				return protocol.Frame{}, nil, err
 			}
-			return answer(f)
+			f, err = answer(f)
+			return f, nil, err
 		}
 		// A frame too large to peek: the reader goroutine reads on.
 	}
@@ -309,17 +351,18 @@ func (c *Client) callOn(u until, cc *clientConn, code protocol.Code, body []byte
 	case r := <-ch:
 		if r.err != nil {
 			if r.givenUp {
-				return protocol.Frame{}, c.givenUpErr(code, r.err)
+				return protocol.Frame{}, nil, c.givenUpErr(code, r.err)
 			}
-			return protocol.Frame{}, c.wrap(code, r.err)
+			return protocol.Frame{}, nil, c.wrap(code, r.err)
 		}
-		return answer(r.frame)
+		f, err := answer(r.frame)
+		return f, r.buf, err
 	case <-done:
 		cc.unregister(opaque)
-		return protocol.Frame{}, c.ctxErr(u.ctx, code)
+		return protocol.Frame{}, nil, c.ctxErr(u.ctx, code)
 	case <-timeout:
 		cc.unregister(opaque)
-		return protocol.Frame{}, c.timeoutErr(code)
+		return protocol.Frame{}, nil, c.timeoutErr(code)
 	}
 }
 
@@ -504,6 +547,7 @@ func (c *Client) connect(ctx context.Context) (*clientConn, error) {
 		dead:    make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 		pending: make(map[uint32]chan result),
+		pooled:  c.cfg.PooledAnswers,
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -603,7 +647,7 @@ func (cc *clientConn) readLoop(addr string) error {
 // calls; unless forever, it gives the token up when no call is pending.
 func (cc *clientConn) readHeld(addr string, forever bool) error {
 	for first := true; ; first = false {
-		f, err := readFrame(cc.rd, protocol.MaxFrameSize, readAtOnce)
+		f, buf, err := cc.readAnswer()
 		if err != nil {
 			if cause := remoteAlertCause(err); first && cc.tls && cause != "" {
 				// TLS 1.3: the server refused this client's certificate
@@ -625,13 +669,25 @@ func (cc *clientConn) readHeld(addr string, forever bool) error {
 		}
 		cc.mu.Unlock()
 		if ok {
-			ch <- result{frame: f} // buffered; never blocks
+			ch <- result{frame: f, buf: buf} // buffered; never blocks
+		} else if buf != nil {
+			putFrameBuf(buf)
 		}
 		// A response to a call that already timed out is dropped.
 		if done {
 			return nil
 		}
 	}
+}
+
+// readAnswer reads the next frame whole; with PooledAnswers, one that a
+// pool class holds goes into a recycled buffer, returned with it.
+func (cc *clientConn) readAnswer() (protocol.Frame, []byte, error) {
+	var lenBuf [4]byte
+	if _, err := io.ReadFull(cc.rd, lenBuf[:]); err != nil {
+		return protocol.Frame{}, nil, err
+	}
+	return readFrameInto(cc.rd, lenBuf, protocol.MaxFrameSize, readAtOnce, cc.pooled)
 }
 
 // takeToken gives the read token to the call opaque, which just sent its

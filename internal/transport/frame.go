@@ -82,7 +82,7 @@ func readFrameAfter(r io.Reader, lenBuf [4]byte, limit int, g growth) (protocol.
 // every batch's bytes once more.
 const (
 	poolMin     = 32 << 10
-	poolClasses = 7 // up to 2 MiB
+	poolClasses = 9 // up to 8 MiB: a slave's HA answers (4 MiB and their header) too
 	poolMax     = poolMin << (poolClasses - 1)
 )
 
