@@ -694,7 +694,10 @@ func (cc *clientConn) readAnswer() (protocol.Frame, []byte, error) {
 // request, if the token is free and no other call is pending; if it is free
 // and others are, it wakes the reader goroutine to read for them all.
 func (cc *clientConn) takeToken(opaque uint32) bool {
-	if cc.tls {
+	if cc.tls || cc.pooled {
+		// A TLS record is not peeked; a PooledAnswers connection carries
+		// answers mostly larger than the read buffer (HA fetches), which a
+		// lone call would peek only to hand them to the reader goroutine.
 		return false
 	}
 	cc.mu.Lock()
