@@ -49,8 +49,8 @@ type ClientConfig struct {
 	// token with AUTH.
 	Login Login
 	// PooledAnswers reads answers of 32 KiB to 8 MiB into recycled
-	// buffers (those a lone call peeks, up to readBufSize, are copied out of
-	// the read buffer as before). A call made with CallPooled gets its answer's release, and
+	// buffers, all of them on the reader goroutine (no call reads its own
+	// answer). A call made with CallPooled gets its answer's release, and
 	// gives the buffer back with it once done with the answer; other calls
 	// leave theirs to the garbage collector, as without it. It saves a
 	// caller of large answers (a slave's HA fetches) clearing a fresh
