@@ -161,8 +161,9 @@ const (
 // is pending before the reader goroutine reads it again (it notices a
 // closed connection then). A caller making calls one at a time more often
 // than that keeps the token to the callers; the reader goroutine's timer
-// wakes once per idleWatch meanwhile.
-const idleWatch = 50 * time.Millisecond
+// wakes once per idleWatch meanwhile. (A variable: tests set it to an hour
+// to show that nothing else waits for it.)
+var idleWatch = 50 * time.Millisecond
 
 // readBufSize is the client's read buffer: a frame up to this size a lone
 // call reads itself (it peeks the whole frame before taking any of it, so
@@ -602,10 +603,10 @@ func (e *LoginError) Error() string { return e.err.Error() }
 func (e *LoginError) Unwrap() error { return e.err }
 
 // readLoop reads answers and hands them to their calls whenever it holds
-// the read token, until the connection breaks or is killed. On a TLS
-// connection it holds the token for good: a TLS connection is not peeked.
+// the read token, until the connection breaks or is killed. On a TLS or a
+// PooledAnswers connection it holds the token for good (see takeToken).
 func (cc *clientConn) readLoop(addr string) error {
-	if cc.tls {
+	if cc.tls || cc.pooled {
 		return cc.readHeld(addr, true)
 	}
 	idle := time.NewTimer(idleWatch)

@@ -19,6 +19,7 @@ type fakeServer struct {
 	t     *testing.T
 	ln    net.Listener
 	conns chan *fakeConn
+	last  *fakeConn // the connection a test accepted last (its own use)
 }
 
 type fakeConn struct {
@@ -115,6 +116,14 @@ func conn(c *Client) *clientConn {
 	return c.conn
 }
 
+// waitNoIdleWatch sets idleWatch to an hour for the test: whatever it
+// shows happens without the reader goroutine's idle timer.
+func waitNoIdleWatch(t *testing.T) {
+	old := idleWatch
+	idleWatch = time.Hour
+	t.Cleanup(func() { idleWatch = old })
+}
+
 func TestLoneCallReadsItsOwnAnswer(t *testing.T) {
 	ts := startServer(t, ServerConfig{})
 	c := newClient(t, ts.addr, ClientConfig{})
@@ -171,6 +180,7 @@ func TestReadTokenHolderCancelledMidFrame(t *testing.T) {
 // The holder hands the answers it reads to their calls, and when its own
 // deadline passes, the reader goroutine reads for the calls still pending.
 func TestReadTokenHolderHandsOthersTheirAnswers(t *testing.T) {
+	waitNoIdleWatch(t) // the holder wakes the reader goroutine when it gives up
 	fs := startFake(t)
 	c := newClient(t, fs.ln.Addr().String(), ClientConfig{})
 	short, cancel := context.WithTimeout(context.Background(), time.Hour)
@@ -349,5 +359,44 @@ func TestCallUntilDeadline(t *testing.T) {
 	fc.request()
 	if err := <-r; !errors.Is(err, protocol.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("CallUntil past its deadline: %v, want ErrTimeout and DeadlineExceeded", err)
+	}
+}
+
+// A PooledAnswers connection's answers, large as HA fetches' or small, are
+// read by the reader goroutine at once: no call waits for its idle timer.
+func TestPooledAnswersReadByTheReader(t *testing.T) {
+	waitNoIdleWatch(t)
+	fs := startFake(t)
+	c := newClient(t, fs.ln.Addr().String(), ClientConfig{PooledAnswers: true})
+	for i, n := range []int{10, 3 * readBufSize, 100} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		type out struct {
+			f       protocol.Frame
+			release func()
+			err     error
+		}
+		got := make(chan out, 1)
+		go func() {
+			f, release, err := c.CallPooled(ctx, codeEcho, nil)
+			got <- out{f, release, err}
+		}()
+		var fc *fakeConn
+		if i == 0 {
+			fc = fs.accept()
+			t.Cleanup(func() { _ = fc.nc.Close() })
+		} else {
+			fc = fs.last
+		}
+		fs.last = fc
+		fc.write(answerTo(fc.request(), bytes.Repeat([]byte{1}, n)))
+		o := <-got
+		cancel()
+		if o.err != nil || len(o.f.Body) != n {
+			t.Fatalf("answer %d of %d bytes: %v, got %d bytes", i, n, o.err, len(o.f.Body))
+		}
+		o.release()
+	}
+	if n := conn(c).ownReads.Load(); n != 0 {
+		t.Fatalf("%d answers read by their calls on a PooledAnswers connection, want 0", n)
 	}
 }
