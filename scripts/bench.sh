@@ -452,7 +452,9 @@ report() {
 	if has high; then
 		v=$(med high)
 		rt=$(ratio "$v" "$(med async)")
-		line high.slave.4p.w$WINDOW msgs/s "$v" "$(runs high)" "ferrymq async.4p.w$WINDOW" "$(med async)" "$rt" ">=0.8x" "$(verdict "$rt" ">=" 0.8)"
+		# Not an aim on one machine: the slave's CPU per message shares
+		# the same cores (BUDGET high); judged against normalslave.
+		line high.slave.4p.w$WINDOW msgs/s "$v" "$(runs high)" "ferrymq async.4p.w$WINDOW" "$(med async)" "$rt" "-" "-"
 	fi
 	if has normalslave; then
 		v=$(med high)
