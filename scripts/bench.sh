@@ -43,6 +43,8 @@
 #                            (flushsync, high, normalslave, queues, consume, consume4); figures name it (w1000)
 #   SYNC_COUNT=20000         messages per run of the sync shape
 #   FIXED_RATE=50000 FIXED_SECONDS=10   the fixedrate shape (bounded by both: at most RATE*SECONDS)
+#   FIXED_LINGER=2ms     the fixedrate shape's producer linger (the SDK's default; it adds up to
+#                        that to a message's latency, and 0 makes every message a SEND of its own)
 #   ROLL_COUNT=1000000 ROLL_SEGMENT=67108864   the roll shape: ~1 GiB into 64 MiB segments (16)
 #   COLD_BYTES=2147483648    what the coldstart shape writes before the restart (2 GiB)
 #   BUDGET_US=               the CPU budget per message written, in µs (default: from NATS, see below)
@@ -80,6 +82,7 @@ WINDOW="${WINDOW:-1000}"
 SYNC_COUNT="${SYNC_COUNT:-20000}"
 FIXED_RATE="${FIXED_RATE:-50000}"
 FIXED_SECONDS="${FIXED_SECONDS:-10}"
+FIXED_LINGER="${FIXED_LINGER:-2ms}"
 ROLL_COUNT="${ROLL_COUNT:-1000000}"
 ROLL_SEGMENT="${ROLL_SEGMENT:-67108864}"
 COLD_BYTES="${COLD_BYTES:-2147483648}"
@@ -361,7 +364,7 @@ run_shapes() {
 		if has fixedrate; then
 			log "fixedrate run $r/$RUNS: async shape held at $FIXED_RATE msgs/s for $FIXED_SECONDS s"
 			bench_run fixedrate async 0 8 --mode async --producers 4 --window 1000 --rate "$FIXED_RATE" \
-				--duration "${FIXED_SECONDS}s" --count "$((FIXED_RATE * FIXED_SECONDS))"
+				--duration "${FIXED_SECONDS}s" --count "$((FIXED_RATE * FIXED_SECONDS))" --linger "$FIXED_LINGER"
 			rec fixedrate
 			log "  p50 $R_P50 µs, p99 $R_P99 µs at $R_RATE msgs/s ($(cpu_log))"
 		fi
@@ -477,8 +480,7 @@ report() {
 	done
 	if has fixedrate; then
 		line fixedrate.p50 us "$(med fixedrate.p50)" "$(runs fixedrate.p50)" "at msgs/s (median)" "$(med fixedrate)" "-" "-" "-"
-		line fixedrate.p99 us "$(med fixedrate.p99)" "$(runs fixedrate.p99)" "at msgs/s (median)" "$(med fixedrate)" "-" "<=300us" \
-			"$(awk -v x="$(med fixedrate.p99)" 'BEGIN{ if (x == "NA") print "-"; else print (x + 0 <= 300) ? "MET" : "MISSED" }')"
+		line fixedrate.p99 us "$(med fixedrate.p99)" "$(runs fixedrate.p99)" "at msgs/s (median)" "$(med fixedrate)" "-" "keep" "-"
 	fi
 	if has roll; then
 		v=$(med roll)
