@@ -128,8 +128,14 @@ type clientConn struct {
 
 	mu      sync.Mutex
 	pending map[uint32]chan result
-	err     error // set once the connection is dead
-	holder  readToken
+	// owed counts the answers the server owes: requests sent whose answers
+	// were not read yet, those of calls that gave up included. While it is
+	// not 0 someone reads the socket (the token's holder, or the reader
+	// goroutine woken for it): the server's writes, and so its reads of
+	// our requests, never wait for an answer nobody reads.
+	owed   int
+	err    error // set once the connection is dead
+	holder readToken
 	// holderOp is the opaque of the call holding the token: its
 	// cancellation sets the socket's read deadline only while it holds it.
 	holderOp uint32
@@ -309,12 +315,12 @@ func (c *Client) callOnBuf(u until, cc *clientConn, code protocol.Code, body []b
 		return protocol.Frame{}, nil, err
 	}
 	if u.h != nil && !u.h.attach(cc, opaque) {
-		cc.unregister(opaque)
+		cc.withdraw(opaque)
 		return protocol.Frame{}, nil, c.givenUpErr(code, u.h.Cause())
 	}
 	req := protocol.Frame{Code: code, Opaque: opaque, Body: body}
 	if err := cc.w.enqueue(u.ctx, u.deadline, &req); err != nil {
-		cc.unregister(opaque)
+		cc.withdraw(opaque)
 		if u.ctx != nil && u.ctx.Err() != nil {
 			return protocol.Frame{}, nil, c.ctxErr(u.ctx, code)
 		}
@@ -397,6 +403,7 @@ func (c *Client) readOwn(u until, cc *clientConn, code protocol.Code, opaque uin
 				cc.ownReads.Add(1)
 				cc.mu.Lock()
 				delete(cc.pending, opaque)
+				cc.paid()
 				cc.releaseToken()
 				cc.mu.Unlock()
 				return fr, nil, true
@@ -628,7 +635,7 @@ func (cc *clientConn) readLoop(addr string) error {
 			idle.Reset(idleWatch)
 			continue
 		}
-		if len(cc.pending) == 0 {
+		if cc.owed == 0 {
 			if since := time.Since(cc.freed); since < idleWatch {
 				cc.mu.Unlock()
 				idle.Reset(idleWatch - since)
@@ -663,7 +670,8 @@ func (cc *clientConn) readHeld(addr string, forever bool) error {
 		cc.mu.Lock()
 		ch, ok := cc.pending[f.Opaque]
 		delete(cc.pending, f.Opaque)
-		done := !forever && len(cc.pending) == 0
+		cc.paid()
+		done := !forever && cc.owed == 0
 		if done {
 			cc.holder = tokenFree
 			cc.freed = time.Now()
@@ -709,7 +717,7 @@ func (cc *clientConn) takeToken(opaque uint32) bool {
 	if _, waiting := cc.pending[opaque]; !waiting {
 		return false // answered already
 	}
-	if len(cc.pending) != 1 {
+	if cc.owed != 1 {
 		cc.kickReader()
 		return false
 	}
@@ -724,7 +732,7 @@ func (cc *clientConn) takeToken(opaque uint32) bool {
 func (cc *clientConn) releaseToken() {
 	_ = cc.nc.SetReadDeadline(time.Time{})
 	cc.holder = tokenFree
-	if len(cc.pending) > 0 {
+	if cc.owed > 0 {
 		cc.kickReader()
 	} else {
 		cc.freed = time.Now()
@@ -778,6 +786,7 @@ func (cc *clientConn) deliver(f protocol.Frame) {
 	cc.mu.Lock()
 	ch, ok := cc.pending[f.Opaque]
 	delete(cc.pending, f.Opaque)
+	cc.paid()
 	cc.mu.Unlock()
 	if ok {
 		ch <- result{frame: f} // buffered; never blocks
@@ -832,8 +841,22 @@ func (cc *clientConn) register(opaque uint32, ch chan result) error {
 		return cc.err
 	}
 	cc.pending[opaque] = ch
+	cc.owed++
 	return nil
 }
+
+// withdraw forgets the call opaque whose request was not sent.
+func (cc *clientConn) withdraw(opaque uint32) {
+	cc.mu.Lock()
+	if _, ok := cc.pending[opaque]; ok {
+		delete(cc.pending, opaque)
+		cc.owed--
+	}
+	cc.mu.Unlock()
+}
+
+// paid counts an answer read (mu held).
+func (cc *clientConn) paid() { cc.owed = max(cc.owed-1, 0) }
 
 // failure is why the connection died, or nil while it lives.
 func (cc *clientConn) failure() error {

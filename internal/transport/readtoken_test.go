@@ -5,7 +5,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -398,5 +403,154 @@ func TestPooledAnswersReadByTheReader(t *testing.T) {
 	}
 	if n := conn(c).ownReads.Load(); n != 0 {
 		t.Fatalf("%d answers read by their calls on a PooledAnswers connection, want 0", n)
+	}
+}
+
+// Calls of every kind on one connection at once (lone and overlapping,
+// answered at once or later and in any order, timing out, cancelled,
+// given up) each get their own answer or their own error: the read token
+// passes between the calls and the reader goroutine without an answer
+// going to the wrong call, a stream cut mid-frame or a call left unread.
+func TestReadTokenUnderMixedCalls(t *testing.T) {
+	waitNoIdleWatch(t)
+	ts := startServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	released := make(chan struct{})
+	go func() { // answers held requests in a shuffled order, some late
+		defer close(released)
+		var held []*Request
+		rng := rand.New(rand.NewPCG(1, 2))
+		tick := time.NewTicker(time.Millisecond) // none is held for good
+		defer tick.Stop()
+		for {
+			select {
+			case r := <-ts.held:
+				held = append(held, r)
+				if len(held) < 3 && rng.IntN(4) != 0 {
+					continue
+				}
+			case <-tick.C:
+			case <-stop:
+				for _, r := range held {
+					_ = r.Reply(r.Body)
+				}
+				return
+			}
+			rng.Shuffle(len(held), func(i, j int) { held[i], held[j] = held[j], held[i] })
+			for _, r := range held {
+				_ = r.Reply(r.Body)
+			}
+			held = held[:0]
+		}
+	}()
+	c := newClient(t, ts.addr, ClientConfig{})
+	if _, err := c.Call(context.Background(), codeEcho, nil); err != nil {
+		t.Fatal(err)
+	}
+	first := conn(c)
+	const workers, calls = 6, 120
+	var wg sync.WaitGroup
+	var answered, failed atomic.Int64
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for i := range calls {
+				body := []byte(fmt.Sprintf("w%d-c%d-%s", w, i, strings.Repeat("x", rng.IntN(3)*40000)))
+				code := codeEcho
+				if rng.IntN(3) == 0 {
+					code = codeHold
+				}
+				var f protocol.Frame
+				var err error
+				switch rng.IntN(4) {
+				case 0: // a deadline that often passes
+					ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rng.IntN(2000))*time.Microsecond)
+					f, err = c.Call(ctx, code, body)
+					cancel()
+				case 1: // cancelled from elsewhere
+					ctx, cancel := context.WithCancel(context.Background())
+					if rng.IntN(2) == 0 {
+						go cancel()
+					}
+					f, err = c.Call(ctx, code, body)
+					cancel()
+				case 2: // given up from elsewhere
+					var h Handle
+					if rng.IntN(2) == 0 {
+						go h.GiveUp(errors.New("moved"))
+					}
+					f, err = c.CallUntil(time.Now().Add(10*time.Second), &h, code, body)
+				default:
+					f, err = c.Call(context.Background(), code, body)
+				}
+				if err != nil {
+					if errors.Is(err, ErrConnLost) {
+						errs <- fmt.Errorf("call %s: %w", body[:12], err)
+						return
+					}
+					failed.Add(1)
+					continue
+				}
+				if !bytes.Equal(f.Body, body) {
+					errs <- fmt.Errorf("a call got another's answer: sent %.20q, got %.20q", body, f.Body)
+					return
+				}
+				answered.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-released
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// The connection is whole: a plain call still gets its answer on it.
+	if f, err := c.Call(context.Background(), codeEcho, []byte("last")); err != nil || string(f.Body) != "last" {
+		t.Fatalf("after the mixed calls: %v %q", err, f.Body)
+	}
+	if conn(c) != first {
+		t.Fatal("the connection was lost during the mixed calls")
+	}
+	t.Logf("%d answered, %d timed out, cancelled or given up; %d read by their own calls",
+		answered.Load(), failed.Load(), conn(c).ownReads.Load())
+	if answered.Load() == 0 {
+		t.Fatal("no call was answered")
+	}
+}
+
+// The answer to a call that gave up is still read at once: a server
+// writing a large one does not stall, and with it the next call's large
+// request (the server reads no request while the answers it owes do not
+// fit its buffer).
+func TestAbandonedAnswerIsRead(t *testing.T) {
+	waitNoIdleWatch(t)
+	ts := startServer(t, ServerConfig{})
+	c := newClient(t, ts.addr, ClientConfig{WriteTimeout: 5 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Call(ctx, codeHold, nil)
+		done <- err
+	}()
+	var held *Request
+	select {
+	case held = <-ts.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request did not come")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v", err)
+	}
+	big := bytes.Repeat([]byte("a"), 12<<20)
+	_ = held.Reply(big)
+	f, err := c.Call(context.Background(), codeEcho, big)
+	if err != nil || len(f.Body) != len(big) {
+		t.Fatalf("a large call after a large abandoned answer: %v (%d bytes)", err, len(f.Body))
 	}
 }
