@@ -185,6 +185,13 @@ const readBufSize = 64 << 10
 // passed deadline returns an error matching both protocol.ErrTimeout and
 // context.DeadlineExceeded.
 func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (protocol.Frame, error) {
+	f, _, err := c.callCtx(ctx, code, body)
+	return f, err
+}
+
+// callCtx is Call that also returns the answer's recycled buffer, if it
+// has one (see callOnBuf).
+func (c *Client) callCtx(ctx context.Context, code protocol.Code, body []byte) (protocol.Frame, []byte, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
@@ -192,9 +199,9 @@ func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (pro
 	}
 	cc, err := c.connect(ctx)
 	if err != nil {
-		return protocol.Frame{}, err
+		return protocol.Frame{}, nil, err
 	}
-	return c.callOn(until{ctx: ctx}, cc, code, body)
+	return c.callOnBuf(until{ctx: ctx}, cc, code, body)
 }
 
 // CallPooled is Call whose answer may be in a recycled buffer (see
@@ -202,16 +209,7 @@ func (c *Client) Call(ctx context.Context, code protocol.Code, body []byte) (pro
 // nothing sliced from the answer may be used. release is never nil, and
 // calling it is optional (a buffer not given back is the collector's).
 func (c *Client) CallPooled(ctx context.Context, code protocol.Code, body []byte) (f protocol.Frame, release func(), err error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
-		defer cancel()
-	}
-	cc, err := c.connect(ctx)
-	if err != nil {
-		return protocol.Frame{}, noRelease, err
-	}
-	f, buf, err := c.callOnBuf(until{ctx: ctx}, cc, code, body)
+	f, buf, err := c.callCtx(ctx, code, body)
 	if buf == nil {
 		return f, noRelease, err
 	}

@@ -115,6 +115,21 @@ func callAsync(c *Client, ctx context.Context, body string) chan result {
 	return out
 }
 
+// waitCallerHolds waits until a call of c's holds its connection's read
+// token.
+func waitCallerHolds(t *testing.T, c *Client) {
+	t.Helper()
+	testwait.For(t, 10*time.Second, "the call to hold the read token", func() bool {
+		cc := conn(c)
+		if cc == nil {
+			return false
+		}
+		cc.mu.Lock()
+		defer cc.mu.Unlock()
+		return cc.holder == tokenCaller
+	})
+}
+
 func conn(c *Client) *clientConn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -157,15 +172,7 @@ func TestReadTokenHolderCancelledMidFrame(t *testing.T) {
 	first := callAsync(c, ctx, "first")
 	fc := fs.accept()
 	req := fc.request()
-	testwait.For(t, 10*time.Second, "the call to hold the read token", func() bool {
-		cc := conn(c)
-		if cc == nil {
-			return false
-		}
-		cc.mu.Lock()
-		defer cc.mu.Unlock()
-		return cc.holder == tokenCaller
-	})
+	waitCallerHolds(t, c)
 	late := answerTo(req, bytes.Repeat([]byte("x"), 1000))
 	fc.write(late[:500])
 	cancel()
@@ -193,15 +200,7 @@ func TestReadTokenHolderHandsOthersTheirAnswers(t *testing.T) {
 	holder := callAsync(c, short, "holder")
 	fc := fs.accept()
 	reqH := fc.request()
-	testwait.For(t, 10*time.Second, "the call to hold the read token", func() bool {
-		cc := conn(c)
-		if cc == nil {
-			return false
-		}
-		cc.mu.Lock()
-		defer cc.mu.Unlock()
-		return cc.holder == tokenCaller
-	})
+	waitCallerHolds(t, c)
 	a := callAsync(c, context.Background(), "a")
 	b := callAsync(c, context.Background(), "b")
 	reqs := map[string]protocol.Frame{}
@@ -268,15 +267,7 @@ func TestReadTokenHolderConnLost(t *testing.T) {
 	r := callAsync(c, context.Background(), "x")
 	fc := fs.accept()
 	fc.request()
-	testwait.For(t, 10*time.Second, "the call to hold the read token", func() bool {
-		cc := conn(c)
-		if cc == nil {
-			return false
-		}
-		cc.mu.Lock()
-		defer cc.mu.Unlock()
-		return cc.holder == tokenCaller
-	})
+	waitCallerHolds(t, c)
 	_ = fc.nc.Close()
 	if got := <-r; !errors.Is(got.err, ErrConnLost) {
 		t.Fatalf("call on a connection the server closed: %v, want ErrConnLost", got.err)
@@ -316,15 +307,7 @@ func TestHandleGivesUpACall(t *testing.T) {
 	holder := untilAsync(&holderH, "holder")
 	fc := fs.accept()
 	fc.request()
-	testwait.For(t, 10*time.Second, "the call to hold the read token", func() bool {
-		cc := conn(c)
-		if cc == nil {
-			return false
-		}
-		cc.mu.Lock()
-		defer cc.mu.Unlock()
-		return cc.holder == tokenCaller
-	})
+	waitCallerHolds(t, c)
 	waiter := untilAsync(&waiterH, "waiter")
 	fc.request()
 	waiterH.GiveUp(cause)
