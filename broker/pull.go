@@ -168,7 +168,8 @@ func servePull(store queueReader, rep replier, req protocol.PullRequest) (count 
 // serveRead is servePull for a request already checked by diverged. The
 // records are read into the answer's buffer and rewritten there in place
 // (storage.ReadAppend): one copy of each body, from the file. The buffer
-// is reused by later PULLs: Reply copies it before it returns.
+// goes to the connection's writer (ReplyGiven), which sends it without a
+// copy and gives it back for later PULLs once written.
 func serveRead(store queueReader, rep replier, req protocol.PullRequest) (count int) {
 	first, next := store.QueueRange(req.Topic, req.Queue)
 	offset := max(req.Offset, first)
@@ -176,11 +177,11 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest) (count 
 	if bp == nil {
 		bp = new([]byte)
 	}
-	defer func() {
+	giveBack := func() {
 		if cap(*bp) <= maxPooledPull {
 			pullBufs.Put(bp)
 		}
-	}()
+	}
 	out := append((*bp)[:0], make([]byte, pullHeaderSize)...) // ReadAppend grows it to what it reads
 	out, err := store.ReadAppend(out, req.Topic, req.Queue, offset, pullBytes(req), func(dst []byte, e storage.StoredEntry) []byte {
 		count++
@@ -197,6 +198,8 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest) (count 
 		case errors.Is(err, storage.ErrClosed):
 			st = protocol.StatusShuttingDown
 		}
+		*bp = out[:0]
+		giveBack()
 		rep.ReplyError(&protocol.Error{Status: st, Message: err.Error()})
 		return 0
 	}
@@ -207,8 +210,8 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest) (count 
 		next = max(next, offset)
 	}
 	protocol.AppendPullResponseHeader(out[:0], offset, first, next, store.LogEpoch(), count)
-	_ = rep.Reply(out)
 	*bp = out[:0]
+	_ = rep.ReplyGiven(out, giveBack)
 	return count
 }
 

@@ -28,6 +28,9 @@ type masterLog interface {
 type replier interface {
 	Reply(body []byte) error
 	ReplyError(err error)
+	// ReplyGiven answers with a body it takes from the caller, who must
+	// not touch it until release is called (see transport.Request).
+	ReplyGiven(body []byte, release func()) error
 }
 
 // replConfig is what replication takes from the broker's Config.
@@ -423,15 +426,17 @@ func (r *replication) answer(rep replier, f protocol.HAFetchRequest) {
 	// straight into it after room for the header: a fresh one per answer
 	// (up to 4 MiB, zeroed by the allocator) cost the master more CPU than
 	// its own appends once those land on pre-touched pages.
+	// The buffer goes to the connection's writer, which sends it without a
+	// copy and gives it back once written.
 	bp, _ := answerBufs.Get().(*[]byte)
 	if bp == nil {
 		bp = new([]byte)
 	}
-	defer answerBufs.Put(bp)
 	body := append((*bp)[:0], make([]byte, haHeaderLen)...)
 	body, err := r.log.ReadRawTo(body, f.Offset, maxBytes)
 	*bp = body
 	if err != nil {
+		answerBufs.Put(bp)
 		r.lg.Warn("reading the log for the slave failed", "offset", f.Offset, "error", err)
 		rep.ReplyError(&protocol.Error{Status: protocol.StatusStoreError, Message: err.Error()})
 		return
@@ -445,7 +450,7 @@ func (r *replication) answer(rep replier, f protocol.HAFetchRequest) {
 		r.stats.HAAnswers.Add(1)
 		r.stats.HABytes.Add(int64(n))
 	}
-	_ = rep.Reply(body)
+	_ = rep.ReplyGiven(body, func() { answerBufs.Put(bp) })
 }
 
 // haHeaderLen is the length of an HA fetch answer's header.

@@ -47,6 +47,11 @@ func (c chanReplier) Reply(body []byte) error {
 	return nil
 }
 func (c chanReplier) ReplyError(err error) { c <- reply{err: err} }
+func (c chanReplier) ReplyGiven(body []byte, release func()) error {
+	err := c.Reply(body)
+	release()
+	return err
+}
 
 // memLink fetches by calling the master's handler directly.
 type memLink struct{ r *replication }

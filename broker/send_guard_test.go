@@ -21,6 +21,10 @@ type guardReplier struct {
 func (r *guardReplier) Reply(body []byte) error { r.body = body; return nil }
 func (r *guardReplier) ReplyError(err error)    { panic(err) }
 func (r *guardReplier) Release()                {}
+func (r *guardReplier) ReplyGiven(body []byte, release func()) error {
+	r.body = body
+	return nil
+}
 func (r *guardReplier) ReplyGuarded(body []byte, g transport.Guard) error {
 	r.body, r.guard = body, g
 	return nil

@@ -84,8 +84,14 @@ func writeFrames(t *testing.T, nc net.Conn, frames ...protocol.Frame) {
 // goroutine that answers (standing in for the commit log's writer) never
 // waits, other connections keep being answered by it, and the stuck
 // connection's reader stops admitting requests once their replies fill
-// MaxWriteBuffer.
+// MaxWriteBuffer, whether the replies are copied into the connection's
+// buffer (Reply) or handed to it (ReplyGiven).
 func TestStuckPeerDoesNotBlockReplier(t *testing.T) {
+	t.Run("copied", func(t *testing.T) { testStuckPeer(t, false) })
+	t.Run("given", func(t *testing.T) { testStuckPeer(t, true) })
+}
+
+func testStuckPeer(t *testing.T, given bool) {
 	const (
 		maxBuf    = 1 << 20
 		stuckBody = 256 << 10
@@ -116,7 +122,11 @@ func TestStuckPeerDoesNotBlockReplier(t *testing.T) {
 		defer close(replierDone)
 		for r := range work {
 			start := time.Now()
-			_ = r.Reply(make([]byte, sizedReply(r.Body)))
+			if body := make([]byte, sizedReply(r.Body)); given {
+				_ = r.ReplyGiven(body, nil)
+			} else {
+				_ = r.Reply(body)
+			}
 			d := time.Since(start)
 			mu.Lock()
 			answered[r.RemoteAddr().String()]++

@@ -144,6 +144,55 @@ func (r *Request) ReplyGuarded(body []byte, g Guard) error {
 	return r.replyGuarded(protocol.StatusOK, body, g)
 }
 
+// ReplyGiven is Reply for a body the handler gives to the connection
+// instead of lending it: the connection's writer sends it from where it
+// is, without copying it, and calls release (if not nil) once the body was
+// handed to the socket; the handler must not touch the body until then.
+// A body dropped with a failed connection is left to the garbage collector
+// and release is not called. A body under givenMin is copied, as Reply
+// does, and release called before ReplyGiven returns; so is one whose
+// answer cannot be buffered (an error is returned then). Like Reply, it
+// never blocks.
+func (r *Request) ReplyGiven(body []byte, release func()) error {
+	if len(body) < givenMin || r.IsOneway() {
+		err := r.reply(protocol.StatusOK, body)
+		if release != nil {
+			release()
+		}
+		return err
+	}
+	if !r.answered.CompareAndSwap(false, true) {
+		return errors.New("transport: request answered twice")
+	}
+	defer r.release()
+	resp := protocol.Frame{Flags: protocol.FlagResponse, Code: r.Code, Status: protocol.StatusOK, Opaque: r.Opaque, Body: body}
+	err := r.conn.w.putGiven(&resp, r.reserved, release)
+	if err != nil {
+		if release != nil {
+			release()
+		}
+		if !errors.Is(err, protocol.ErrFrameTooLarge) {
+			return err
+		}
+		msg := []byte(err.Error())
+		resp = protocol.Frame{Flags: protocol.FlagResponse, Code: r.Code, Status: protocol.StatusMessageTooLarge, Opaque: r.Opaque, Body: msg}
+		if err = r.conn.w.put(&resp, r.reserved, nil); err != nil {
+			if errors.Is(err, protocol.ErrFrameTooLarge) {
+				r.conn.w.unreserve(r.reserved)
+			}
+			return err
+		}
+	}
+	if !r.phase.CompareAndSwap(phaseHandling, phaseReplied) {
+		r.conn.w.kick()
+	}
+	return nil
+}
+
+// givenMin is the body size from which ReplyGiven sends a body from where
+// it is: a smaller one costs less to copy than a piece of a writev.
+const givenMin = 16 << 10
+
 func (r *Request) reply(status protocol.Status, body []byte) error {
 	return r.replyGuarded(status, body, nil)
 }

@@ -74,6 +74,13 @@ type writer struct {
 	// guards are the guarded frames in buf, in order (server only);
 	// gspare is an empty slice for the next buf's (like spare).
 	guards, gspare []guarded
+	// given are the bodies that follow their heads in buf without having
+	// been copied into it (putGiven), in order; givenBytes is their total
+	// size; gvspare is an empty slice for the next buf's.
+	given, gvspare []givenBody
+	givenBytes     int
+	// iov is the scratch list of pieces run hands one writev (under wmu).
+	iov net.Buffers
 	// spare is the buffer that buf is swapped with when a batch is taken.
 	spare []byte
 	// writing is the size of the batch run is writing (swapped out of buf,
@@ -117,6 +124,15 @@ type Guard interface {
 type guarded struct {
 	start, off, end int
 	g               Guard
+}
+
+// givenBody is a reply's body the writer sends from the handler's own
+// buffer: it goes right after the first at bytes of its batch, and release
+// (if not nil) is called once it was handed to the socket.
+type givenBody struct {
+	at      int
+	body    []byte
+	release func()
 }
 
 // checkPiece is the most the writer goroutine writes in one piece of a
@@ -171,6 +187,64 @@ func (w *writer) writeChecked(conn net.Conn, out []byte, gs []guarded) ([]guarde
 		}
 		gs = sentUpTo(gs, end-done)
 		done = end
+	}
+	return gs, nil
+}
+
+// writeGiven is writeChecked for a batch with given bodies gv: each is
+// written right after the first gv[i].at bytes of out. Without guards (or
+// TLS) the whole batch goes in one writev; otherwise piece by piece, each
+// guarded frame checked before its piece (a guarded frame never straddles
+// a given body: its body is in out). Each body's release is called once it
+// was written. It returns gs emptied, for reuse.
+func (w *writer) writeGiven(conn net.Conn, out []byte, gs []guarded, gv []givenBody) ([]guarded, error) {
+	if len(gs) == 0 && !w.tls {
+		iov, prev := w.iov[:0], 0
+		for _, g := range gv {
+			iov = append(iov, out[prev:g.at], g.body)
+			prev = g.at
+		}
+		if prev < len(out) {
+			iov = append(iov, out[prev:])
+		}
+		w.iov = iov
+		err := w.writev(conn, iov) // consumes a copy of the slice: w.iov keeps the array
+		clear(w.iov)
+		if err != nil {
+			return gs, err
+		}
+	} else {
+		prev, i := 0, 0
+		for _, g := range gv {
+			j := i
+			for j < len(gs) && gs[j].start < g.at {
+				gs[j].start -= prev
+				gs[j].off -= prev
+				gs[j].end -= prev
+				j++
+			}
+			if _, err := w.writeChecked(conn, out[prev:g.at], gs[i:j]); err != nil {
+				return gs[:0], err
+			}
+			if err := w.write(conn, g.body); err != nil {
+				return gs[:0], err
+			}
+			prev, i = g.at, j
+		}
+		for j := i; j < len(gs); j++ {
+			gs[j].start -= prev
+			gs[j].off -= prev
+			gs[j].end -= prev
+		}
+		if _, err := w.writeChecked(conn, out[prev:], gs[i:]); err != nil {
+			return gs[:0], err
+		}
+		gs = gs[:0]
+	}
+	for _, g := range gv {
+		if g.release != nil {
+			g.release()
+		}
 	}
 	return gs, nil
 }
@@ -260,7 +334,7 @@ func (w *writer) admit(n int, stop <-chan struct{}) error {
 			w.mu.Unlock()
 			return err
 		}
-		used := len(w.buf) + w.writing + w.unsent + w.reserved
+		used := len(w.buf) + w.givenBytes + w.writing + w.unsent + w.reserved
 		if used == 0 || used+n <= w.max {
 			w.reserved += n
 			w.mu.Unlock()
@@ -318,6 +392,38 @@ func (w *writer) put(f *protocol.Frame, release int, g Guard) error {
 	return nil
 }
 
+// putGiven is put for a frame whose body is not copied: its head goes into
+// the buffer and its body is written from where it is, after the head.
+// On success the writer owns the body until it calls release (if not nil),
+// once the body was handed to the socket; a body dropped with a failed
+// connection is left to the garbage collector, release never called. On
+// failure nothing was taken: the caller keeps the body. Guards are not
+// taken: the body is sent as the handler made it.
+func (w *writer) putGiven(f *protocol.Frame, release int, done func()) error {
+	w.mu.Lock()
+	if w.closed {
+		w.reserved -= release
+		err := w.err
+		w.mu.Unlock()
+		return err
+	}
+	buf, err := protocol.AppendFrameHead(w.buf, f)
+	if err != nil {
+		w.mu.Unlock()
+		return err
+	}
+	w.buf = buf
+	if w.given == nil {
+		w.given, w.gvspare = w.gvspare, nil
+	}
+	w.given = append(w.given, givenBody{at: len(buf), body: f.Body, release: done})
+	w.givenBytes += len(f.Body)
+	w.reserved -= release
+	w.signal()
+	w.mu.Unlock()
+	return nil
+}
+
 // maxFlush is the most a flush writes from a replier's goroutine; a larger
 // buffer goes to the writer goroutine (a worker should not spend the time
 // of a large copy into the socket).
@@ -334,7 +440,7 @@ func (w *writer) flush() {
 		return
 	}
 	w.mu.Lock()
-	if w.closed || w.writing > 0 || w.unsent > 0 || len(w.buf) == 0 || len(w.buf) > maxFlush {
+	if w.closed || w.writing > 0 || w.unsent > 0 || len(w.buf) == 0 || len(w.buf) > maxFlush || len(w.given) > 0 {
 		w.mu.Unlock()
 		w.wmu.Unlock()
 		w.kick()
@@ -556,14 +662,15 @@ func (w *writer) run(conn net.Conn) error {
 		for {
 			w.mu.Lock()
 			if w.closed && w.failed {
-				w.buf, w.guards = nil, nil // nothing more can be written after a failed write
-				w.unsent = 0
+				w.buf, w.guards, w.given = nil, nil, nil // nothing more can be written after a failed write
+				w.givenBytes, w.unsent = 0, 0
 			}
-			out, gs := w.buf, w.guards
+			out, gs, gv := w.buf, w.guards, w.given
 			closed, failed, cerr := w.closed, w.failed, w.err
-			w.writing = len(out)
+			w.writing = len(out) + w.givenBytes
 			if len(out) > 0 {
 				w.buf, w.spare, w.guards = w.spare[:0], nil, nil
+				w.given, w.givenBytes = nil, 0
 			}
 			unsent := w.unsent
 			w.signal() // the previous batch is written, buf is empty
@@ -592,7 +699,11 @@ func (w *writer) run(conn net.Conn) error {
 				w.mu.Unlock()
 			}
 			if err == nil && len(out) > 0 {
-				gs, err = w.writeChecked(conn, out, gs)
+				if len(gv) == 0 {
+					gs, err = w.writeChecked(conn, out, gs)
+				} else {
+					gs, err = w.writeGiven(conn, out, gs, gv)
+				}
 			}
 			w.wmu.Unlock()
 			if err != nil {
@@ -606,6 +717,10 @@ func (w *writer) run(conn net.Conn) error {
 				}
 				if w.gspare == nil && gs != nil {
 					w.gspare = gs
+				}
+				if w.gvspare == nil && gv != nil {
+					clear(gv)
+					w.gvspare = gv[:0]
 				}
 				w.mu.Unlock()
 			}
