@@ -34,6 +34,7 @@ const (
 	CodeRouteGet     Code = 32 // a route lookup that never auto-creates (brokers use it)
 	CodeInitProducer Code = 33 // a producer asks the metaserver leader for its id and epoch
 	CodeRouteWatch   Code = 34 // a broker's long poll for the topics routed to its group (leader)
+	CodeAlterSyncSet Code = 35 // a master changes its group's sync set (leader; JSON, metaserver/api)
 
 	CodeAdminGroups       Code = 40
 	CodeAdminTopics       Code = 41
@@ -61,6 +62,8 @@ const (
 	// Broker group admission (7x, metaserver leader; JSON bodies, metaserver/api).
 	CodeAdminAdmitGroup  Code = 70 // admit a pending or retired broker group: it may hold queues
 	CodeAdminRetireGroup Code = 71 // move a dead broker group's queues to other groups and retire it
+	CodeAdminGroupPolicy Code = 72 // set a broker group's min in-sync copies and ack quorum
+	CodeAdminRemoveSlave Code = 73 // remove a slave from its broker group
 )
 
 var codeNames = map[Code]string{
@@ -97,6 +100,9 @@ var codeNames = map[Code]string{
 	CodeAdminResync:       "ADMIN_RESYNC",
 	CodeAdminAdmitGroup:   "ADMIN_ADMIT_GROUP",
 	CodeAdminRetireGroup:  "ADMIN_RETIRE_GROUP",
+	CodeAdminGroupPolicy:  "ADMIN_GROUP_POLICY",
+	CodeAdminRemoveSlave:  "ADMIN_REMOVE_SLAVE",
+	CodeAlterSyncSet:      "ALTER_SYNC_SET",
 }
 
 func (c Code) String() string {

@@ -68,6 +68,14 @@ const (
 	// (the same member id, a later incarnation) has joined: this one must
 	// stop.
 	StatusMemberFenced Status = 27
+	// StatusNotEnoughReplicas: a HIGH message while the group's sync set,
+	// with the master, holds fewer copies than its MinInSync: refused
+	// before it was stored.
+	StatusNotEnoughReplicas Status = 28
+	// StatusNotEnoughReplicasAfterAppend: the sync set shrank below the
+	// group's MinInSync while a HIGH message waited for it: the message is
+	// stored on the master and may be on some slaves.
+	StatusNotEnoughReplicasAfterAppend Status = 29
 )
 
 // statusFlags are the columns of the status table.
@@ -132,6 +140,9 @@ var statusTable = [...]statusInfo{
 	StatusGroupActive:        {"GROUP_ACTIVE", 0},
 	StatusLogDiverged:        {"LOG_DIVERGED", 0},
 	StatusMemberFenced:       {"MEMBER_FENCED", 0},
+
+	StatusNotEnoughReplicas:            {"NOT_ENOUGH_REPLICAS", retry},
+	StatusNotEnoughReplicasAfterAppend: {"NOT_ENOUGH_REPLICAS_AFTER_APPEND", retry | fault | maybe},
 }
 
 // String returns the status's name, e.g. "READ_ONLY".

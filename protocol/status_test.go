@@ -43,6 +43,11 @@ func TestStatusColumns(t *testing.T) {
 		StatusGroupActive:        {"GROUP_ACTIVE", false, false, false, false},
 		StatusLogDiverged:        {"LOG_DIVERGED", false, false, false, false},
 		StatusMemberFenced:       {"MEMBER_FENCED", false, false, false, false},
+		// Refused before it was stored: retry (later, when the set grew);
+		// after the append: it may be stored, so the retry relies on the
+		// producer's dedupe.
+		StatusNotEnoughReplicas:            {"NOT_ENOUGH_REPLICAS", true, false, false, false},
+		StatusNotEnoughReplicasAfterAppend: {"NOT_ENOUGH_REPLICAS_AFTER_APPEND", true, true, false, true},
 	}
 	for s := Status(0); s < 1<<10; s++ {
 		w, known := want[s]

@@ -3,6 +3,7 @@ package routing
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -122,10 +123,28 @@ func (a Admission) Word() string {
 // promotion); every write and every replication request carries it, and a
 // broker that sees a higher one than its own has been replaced.
 type Group struct {
-	Name    string  `json:"name"`
-	Master  Broker  `json:"master"`
-	Slave   Broker  `json:"slave"`
-	Reasons Reasons `json:"reasons"`
+	Name   string `json:"name"`
+	Master Broker `json:"master"`
+	// Slave is one of Slaves, for readers of one slave (a route names one,
+	// and older tools): the first slave of the sync set, else the first
+	// slave, else none. The registry keeps it so; nothing sets it alone.
+	Slave Broker `json:"slave"`
+	// Slaves are the group's slaves, in the order they joined.
+	Slaves []Broker `json:"slaves,omitempty"`
+	// InSync is the sync set: the ids of the slaves that hold every HIGH
+	// message the master acknowledged in this epoch (the master waits for
+	// them, and changes the set through the registry). SyncVersion counts
+	// its changes.
+	InSync      []string `json:"in_sync,omitempty"`
+	SyncVersion uint64   `json:"sync_version,omitempty"`
+	// MinInSync is how many copies (the master's counted) a HIGH message
+	// needs: with fewer in the sync set HIGH is refused before it is
+	// stored. 0 means DefaultMinInSync.
+	MinInSync int `json:"min_in_sync,omitempty"`
+	// AckQuorum, when not 0, answers a HIGH message once that many copies
+	// (the master's counted) of the sync set hold it, not every one.
+	AckQuorum int     `json:"ack_quorum,omitempty"`
+	Reasons   Reasons `json:"reasons"`
 	// Admission says whether the group may hold queues ("": admitted).
 	Admission Admission `json:"admission,omitempty"`
 	// Epoch is the current master's epoch, 0 until the group has a master.
@@ -176,10 +195,60 @@ func (g Group) RoleOf(id string) (Role, bool) {
 		return "", false
 	case g.Master.ID == id:
 		return RoleMaster, true
-	case g.Slave.ID == id:
+	}
+	if _, ok := g.SlaveByID(id); ok {
 		return RoleSlave, true
 	}
 	return "", false
+}
+
+// SlaveByID returns the group's slave with id.
+func (g Group) SlaveByID(id string) (Broker, bool) {
+	for _, b := range g.Slaves {
+		if b.ID == id {
+			return b, true
+		}
+	}
+	return Broker{}, false
+}
+
+// DefaultMinInSync is a group's MinInSync when it sets none: the master
+// and one slave.
+const DefaultMinInSync = 2
+
+// MaxSlaves is the most slaves a group has.
+const MaxSlaves = 8
+
+// IsInSync reports whether slave id is in the sync set.
+func (g Group) IsInSync(id string) bool { return slices.Contains(g.InSync, id) }
+
+// MinCopies is how many copies of a HIGH message, the master's counted,
+// the group's policy requires: MinInSync (its default if 0), and at least
+// AckQuorum.
+func (g Group) MinCopies() int {
+	n := g.MinInSync
+	if n <= 0 {
+		n = DefaultMinInSync
+	}
+	return max(n, g.AckQuorum)
+}
+
+// HighAllowed reports whether the sync set, with the master, holds the
+// copies a HIGH message needs.
+func (g Group) HighAllowed() bool { return len(g.InSync)+1 >= g.MinCopies() }
+
+// MirrorSlave sets Slave from Slaves and InSync (see Slave).
+func (g *Group) MirrorSlave() {
+	g.Slave = Broker{}
+	for _, id := range g.InSync {
+		if b, ok := g.SlaveByID(id); ok {
+			g.Slave = b
+			return
+		}
+	}
+	if len(g.Slaves) > 0 {
+		g.Slave = g.Slaves[0]
+	}
 }
 
 // ErrStartPending is TruncationPoint's answer while the current epoch's

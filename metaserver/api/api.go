@@ -34,12 +34,20 @@ type Heartbeat struct {
 	ResyncDone uint64 `json:"resync_done,omitempty"`
 	// LastCut is the broker's last truncation on rejoining as slave.
 	LastCut *Cut `json:"last_cut,omitempty"`
-	// Master only: the slave's state as the master sees it.
+	// Master only: the slowest member of the sync set as the master sees
+	// it (or the slowest slave when the set is empty): whether it is
+	// connected, what it acknowledged, how far behind it is in bytes and
+	// how long it has not been caught up (0 if it is).
 	SlaveConnected bool  `json:"slave_connected"`
 	SlaveAckOffset int64 `json:"slave_ack_offset"`
 	LagBytes       int64 `json:"lag_bytes"`
-	// LagMillis is how long the slave has not been caught up (0 if it is).
-	LagMillis int64 `json:"lag_millis"`
+	LagMillis      int64 `json:"lag_millis"`
+	// HighAcked (master only) bounds every HIGH message the master has
+	// answered OK in its epoch: each ends at or below it. A slave promoted
+	// in its place must hold at least that much.
+	HighAcked int64 `json:"high_acked,omitempty"`
+	// Replicas (master only) is every slave as the master sees it.
+	Replicas []ReplicaStatus `json:"replicas,omitempty"`
 	// Producers is how many (producer, queue) pairs the broker's dedupe
 	// state tracks.
 	Producers int `json:"producers,omitempty"`
@@ -51,6 +59,16 @@ type Heartbeat struct {
 	// every 5th heartbeat): the registry records them, so that a queue
 	// moved off the group when it is dead continues past them.
 	QueueEnds []QueueEnd `json:"queue_ends,omitempty"`
+}
+
+// ReplicaStatus is one slave as its master sees it.
+type ReplicaStatus struct {
+	ID        string `json:"id"`
+	Connected bool   `json:"connected"` // it fetched within its fetch wait and a margin
+	AckOffset int64  `json:"ack_offset"`
+	LagBytes  int64  `json:"lag_bytes"`
+	LagMillis int64  `json:"lag_millis"` // how long it has not been caught up (0 if it is)
+	InSync    bool   `json:"in_sync"`    // the master waits for it (the committed set, or an addition on its way)
 }
 
 // Cut is what a former master cut from its log when it rejoined its group

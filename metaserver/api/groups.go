@@ -48,6 +48,36 @@ type RetireGroupReply struct {
 	DryRun bool          `json:"dry_run,omitempty"`
 }
 
+// AlterSyncSetRequest (ALTER_SYNC_SET, a group's master, on the leader)
+// replaces the group's sync set: the master of Epoch, with the set at
+// ExpectVersion, names the slaves it waits for. The answer is the group as
+// the registry has it after the change; CONFLICT when the epoch, the master
+// or the version moved (the master re-reads the group from its heartbeat).
+type AlterSyncSetRequest struct {
+	Group         string   `json:"group"`
+	Epoch         uint32   `json:"epoch"`
+	Master        string   `json:"master"`
+	ExpectVersion uint64   `json:"expect_version"`
+	InSync        []string `json:"in_sync"`
+}
+
+// GroupPolicyRequest (ADMIN_GROUP_POLICY, an admin, on the leader) sets how
+// many copies a HIGH message of the group needs: MinInSync (0: the default,
+// 2) below which HIGH is refused, and AckQuorum (0: every member of the sync
+// set) at which it is answered. The answer is the group.
+type GroupPolicyRequest struct {
+	Group     string `json:"group"`
+	MinInSync int    `json:"min_in_sync"`
+	AckQuorum int    `json:"ack_quorum"`
+}
+
+// RemoveSlaveRequest (ADMIN_REMOVE_SLAVE, an admin, on the leader) removes a
+// slave from its group and from the sync set. The answer is the group.
+type RemoveSlaveRequest struct {
+	Group  string `json:"group"`
+	Broker string `json:"broker"`
+}
+
 // QueueEnd is one queue's next offset in a master's commit log, as its
 // heartbeat reports it.
 type QueueEnd struct {

@@ -75,12 +75,14 @@ type RegisterBroker struct {
 	Pending bool `json:"pending,omitempty"`
 }
 
-// Promote makes a group's slave its master in a new epoch: Epoch must be
-// the group's current epoch, Master and Slave its current brokers' ids
-// (else CONFLICT: the decision was made on a state that has moved). The
-// new epoch is Epoch+1, starting at Start, the slave's log end; the old
-// master leaves the group (it rejoins as the slave when it comes back);
-// heartbeat-lost and slave-lag are cleared, the admin reason is kept.
+// Promote makes one of a group's slaves its master in a new epoch: Epoch
+// must be the group's current epoch, Master its master's id and Slave one
+// of its slaves' (else CONFLICT: the decision was made on a state that has
+// moved). The new epoch is Epoch+1, starting at Start, the slave's log
+// end; the old master leaves the group (it rejoins as a slave when it
+// comes back); the other slaves stay, in the sync set if they were (its
+// version moves); heartbeat-lost and slave-lag are cleared, the admin
+// reason is kept.
 type Promote struct {
 	Group  string `json:"group"`
 	Epoch  uint32 `json:"epoch"`
@@ -250,6 +252,14 @@ func Decode(b []byte) (Command, error) {
 		c = &RetireGroup{}
 	case TypeRecordQueueEnds:
 		c = &RecordQueueEnds{}
+	case TypeJoinSlave:
+		c = &JoinSlave{}
+	case TypeAlterSyncSet:
+		c = &AlterSyncSet{}
+	case TypeSetGroupPolicy:
+		c = &SetGroupPolicy{}
+	case TypeRemoveGroupBroker:
+		c = &RemoveGroupBroker{}
 	default:
 		if CommandType(b[0])&IgnoreUnknown != 0 {
 			return nil, nil

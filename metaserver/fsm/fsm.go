@@ -85,6 +85,8 @@ func (s *State) clone() *State {
 	for k, g := range s.Groups {
 		g2 := *g
 		g2.History = slices.Clone(g.History)
+		g2.Slaves = slices.Clone(g.Slaves)
+		g2.InSync = slices.Clone(g.InSync)
 		c.Groups[k] = &g2
 	}
 	for k, t := range s.Topics {
@@ -254,7 +256,7 @@ func (f *FSM) apply(c Command) any {
 			if g.Slave == (routing.Broker{}) {
 				return &Result{Version: g.Version}
 			}
-			g.Slave = routing.Broker{}
+			return f.removeGroupBroker(&RemoveGroupBroker{Group: g.Name, Broker: g.Slave.ID, At: g.ChangedAt})
 		default:
 			return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown role %q", c.Role)}
 		}
@@ -328,6 +330,14 @@ func (f *FSM) apply(c Command) any {
 		return f.retireGroup(c)
 	case *RecordQueueEnds:
 		return f.recordQueueEnds(c)
+	case *JoinSlave:
+		return f.joinSlave(c)
+	case *AlterSyncSet:
+		return f.alterSyncSet(c)
+	case *SetGroupPolicy:
+		return f.setGroupPolicy(c)
+	case *RemoveGroupBroker:
+		return f.removeGroupBroker(c)
 	}
 	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown command %T", c)}
 }
@@ -352,15 +362,16 @@ func (f *FSM) registerBroker(c *RegisterBroker) any {
 	}
 	role, known := g.RoleOf(c.Broker.ID)
 	if !known {
-		// A newcomer gets its preferred slot if it is free, else the other.
+		// A newcomer gets its preferred place if it is free, else the
+		// other; a third broker joins with JoinSlave.
 		other := routing.RoleSlave
 		if c.Role == routing.RoleSlave {
 			other = routing.RoleMaster
 		}
 		switch {
-		case slotOf(g, c.Role).ID == "":
+		case free(g, c.Role):
 			role = c.Role
-		case slotOf(g, other).ID == "":
+		case free(g, other):
 			role = other
 		default:
 			if g.Version == 0 {
@@ -370,12 +381,23 @@ func (f *FSM) registerBroker(c *RegisterBroker) any {
 				c.Group, g.Master.ID, g.Slave.ID, c.Broker.ID)
 		}
 	}
-	slot := slotOf(g, role)
-	if *slot == c.Broker && g.Version != 0 {
+	if role == routing.RoleSlave {
+		if b, ok := g.SlaveByID(c.Broker.ID); ok && b == c.Broker && g.Version != 0 {
+			return &Result{Version: g.Version}
+		}
+		if known {
+			g.Slaves = replaceSlave(g.Slaves, c.Broker)
+		} else {
+			g.Slaves = append(slices.Clone(g.Slaves), c.Broker)
+		}
+		g.MirrorSlave()
+		return f.bumpGroup(g)
+	}
+	if g.Master == c.Broker && g.Version != 0 {
 		return &Result{Version: g.Version}
 	}
-	*slot = c.Broker
-	if role == routing.RoleMaster && !known {
+	g.Master = c.Broker
+	if !known {
 		// A new master: a new epoch, starting where its log ends (the
 		// broker takes no write before the reply, so its start is fixed).
 		f.newEpoch(g, c.Broker.ID, c.LogEnd, c.At, true)
@@ -383,12 +405,13 @@ func (f *FSM) registerBroker(c *RegisterBroker) any {
 	return f.bumpGroup(g)
 }
 
-// slotOf returns the group's slot for role (which must be valid).
-func slotOf(g *routing.Group, role routing.Role) *routing.Broker {
+// free reports whether a newcomer may register into role (which must be
+// valid): the group has no master, or no slave.
+func free(g *routing.Group, role routing.Role) bool {
 	if role == routing.RoleMaster {
-		return &g.Master
+		return g.Master.ID == ""
 	}
-	return &g.Slave
+	return len(g.Slaves) == 0
 }
 
 // newEpoch starts the group's next epoch under master at log offset start;
@@ -406,15 +429,34 @@ func (f *FSM) promote(c *Promote) any {
 	if g == nil {
 		return notFound("broker group %q does not exist", c.Group)
 	}
-	if g.Epoch != c.Epoch || g.Master.ID != c.Master || g.Slave.ID != c.Slave || c.Slave == "" {
-		return conflict("group %q is at epoch %d with master %q and slave %q, not epoch %d with master %q and slave %q",
-			c.Group, g.Epoch, g.Master.ID, g.Slave.ID, c.Epoch, c.Master, c.Slave)
+	next, isSlave := g.SlaveByID(c.Slave)
+	if g.Epoch != c.Epoch || g.Master.ID != c.Master || !isSlave || c.Slave == "" {
+		return conflict("group %q is at epoch %d with master %q and slaves %v, not epoch %d with master %q and slave %q",
+			c.Group, g.Epoch, g.Master.ID, slaveIDs(g), c.Epoch, c.Master, c.Slave)
 	}
-	g.Master, g.Slave = g.Slave, routing.Broker{}
+	// The other slaves stay, and so do the sync set's other members: they
+	// hold every HIGH message the old master answered, as the new master
+	// does, and follow it from where its epoch begins.
+	g.Master = next
+	g.Slaves = slices.DeleteFunc(slices.Clone(g.Slaves), func(b routing.Broker) bool { return b.ID == c.Slave })
+	if g.IsInSync(c.Slave) {
+		g.InSync = slices.DeleteFunc(slices.Clone(g.InSync), func(id string) bool { return id == c.Slave })
+	}
+	g.SyncVersion++
+	g.MirrorSlave()
 	f.newEpoch(g, g.Master.ID, c.Start, c.At, false)
 	g.Reasons &^= routing.HeartbeatLost | routing.SlaveLag
 	g.ChangedAt = c.At
 	return f.bumpGroup(g)
+}
+
+// slaveIDs lists the ids of g's slaves.
+func slaveIDs(g *routing.Group) []string {
+	out := make([]string, len(g.Slaves))
+	for i, b := range g.Slaves {
+		out[i] = b.ID
+	}
+	return out
 }
 
 func (f *FSM) initProducer(c *InitProducer) any {
@@ -601,6 +643,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		}
 	}
 	for _, g := range s.Groups {
+		migrateSlaves(g)
 		if g.Epoch == 0 && g.Master.ID != "" {
 			// A snapshot from before epochs: its master leads epoch 1.
 			g.Epoch = 1

@@ -211,7 +211,11 @@ func (f *FSM) retireGroup(c *RetireGroup) any {
 		}
 	}
 	g.Admission = routing.Retired
-	g.Master, g.Slave = routing.Broker{}, routing.Broker{}
+	g.Master, g.Slave, g.Slaves = routing.Broker{}, routing.Broker{}, nil
+	if len(g.InSync) > 0 {
+		g.InSync = nil
+		g.SyncVersion++
+	}
 	g.Reasons &^= routing.HeartbeatLost | routing.SlaveLag // nothing to judge: no alert stays on
 	g.ChangedAt = c.At
 	g.Version = s.Version
