@@ -137,6 +137,12 @@ type Group struct {
 	// its changes.
 	InSync      []string `json:"in_sync,omitempty"`
 	SyncVersion uint64   `json:"sync_version,omitempty"`
+	// Eligible are slaves that left the sync set when it fell below
+	// MinCopies: the master answers no HIGH message while the set is below
+	// it, so they still hold every one it answered, and a failover may
+	// promote them (Kafka's eligible leader replicas). Cleared when the set
+	// holds MinCopies again.
+	Eligible []string `json:"eligible,omitempty"`
 	// MinInSync is how many copies (the master's counted) a HIGH message
 	// needs: with fewer in the sync set HIGH is refused before it is
 	// stored. 0 means DefaultMinInSync.
@@ -236,6 +242,17 @@ func (g Group) MinCopies() int {
 // HighAllowed reports whether the sync set, with the master, holds the
 // copies a HIGH message needs.
 func (g Group) HighAllowed() bool { return len(g.InSync)+1 >= g.MinCopies() }
+
+// Promotable reports whether slave id may be promoted without losing a
+// HIGH message the master answered: it is in the sync set or eligible, or
+// the group's policy asks for no copy besides the master's (MinCopies 1,
+// with an empty set and nobody eligible).
+func (g Group) Promotable(id string) bool {
+	if g.IsInSync(id) || slices.Contains(g.Eligible, id) {
+		return true
+	}
+	return len(g.InSync) == 0 && len(g.Eligible) == 0 && g.MinCopies() <= 1
+}
 
 // MirrorSlave sets Slave from Slaves and InSync (see Slave).
 func (g *Group) MirrorSlave() {

@@ -87,6 +87,7 @@ func (s *State) clone() *State {
 		g2.History = slices.Clone(g.History)
 		g2.Slaves = slices.Clone(g.Slaves)
 		g2.InSync = slices.Clone(g.InSync)
+		g2.Eligible = slices.Clone(g.Eligible)
 		c.Groups[k] = &g2
 	}
 	for k, t := range s.Topics {
@@ -442,6 +443,7 @@ func (f *FSM) promote(c *Promote) any {
 	if g.IsInSync(c.Slave) {
 		g.InSync = slices.DeleteFunc(slices.Clone(g.InSync), func(id string) bool { return id == c.Slave })
 	}
+	g.Eligible = slices.DeleteFunc(slices.Clone(g.Eligible), func(id string) bool { return id == c.Slave })
 	g.SyncVersion++
 	g.MirrorSlave()
 	f.newEpoch(g, g.Master.ID, c.Start, c.At, false)

@@ -216,6 +216,7 @@ func (f *FSM) retireGroup(c *RetireGroup) any {
 		g.InSync = nil
 		g.SyncVersion++
 	}
+	g.Eligible = nil
 	g.Reasons &^= routing.HeartbeatLost | routing.SlaveLag // nothing to judge: no alert stays on
 	g.ChangedAt = c.At
 	g.Version = s.Version

@@ -145,6 +145,19 @@ func (f *FSM) alterSyncSet(c *AlterSyncSet) any {
 			return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("broker %q is named twice", id)}
 		}
 	}
+	if len(c.InSync)+1 >= g.MinCopies() {
+		g.Eligible = nil
+	} else {
+		// Below the minimum the master answers no HIGH message: those
+		// leaving now hold every one it answered.
+		elr := slices.Clone(g.Eligible)
+		for _, id := range g.InSync {
+			if !slices.Contains(c.InSync, id) && !slices.Contains(elr, id) {
+				elr = append(elr, id)
+			}
+		}
+		g.Eligible = slices.DeleteFunc(elr, func(id string) bool { return slices.Contains(c.InSync, id) })
+	}
 	g.InSync = slices.Clone(c.InSync)
 	g.SyncVersion++
 	g.MirrorSlave()
@@ -167,6 +180,9 @@ func (f *FSM) setGroupPolicy(c *SetGroupPolicy) any {
 		return &Result{Version: g.Version}
 	}
 	g.MinInSync, g.AckQuorum = c.MinInSync, c.AckQuorum
+	if g.HighAllowed() {
+		g.Eligible = nil // the set holds every HIGH message from now on
+	}
 	g.ChangedAt = c.At
 	return f.bumpGroup(g)
 }
@@ -188,6 +204,7 @@ func (f *FSM) removeGroupBroker(c *RemoveGroupBroker) any {
 		g.InSync = slices.DeleteFunc(slices.Clone(g.InSync), func(id string) bool { return id == c.Broker })
 		g.SyncVersion++
 	}
+	g.Eligible = slices.DeleteFunc(slices.Clone(g.Eligible), func(id string) bool { return id == c.Broker })
 	g.MirrorSlave()
 	g.ChangedAt = c.At
 	return f.bumpGroup(g)
