@@ -74,6 +74,8 @@ var rules = map[protocol.Code]need{
 	protocol.CodeRecover: needCluster,
 
 	protocol.CodeHeartbeat: needCluster,
+	// ALTER_SYNC_SET: a group's master changes the sync set it waits for.
+	protocol.CodeAlterSyncSet: needCluster,
 	// ROUTE_LOOKUP creates the topic when the metaserver auto-creates:
 	// produce and consume, not describe.
 	protocol.CodeRouteLookup: needProduce | needConsumeTopics,
@@ -118,6 +120,10 @@ var rules = map[protocol.Code]need{
 	// queues: an operator's acts.
 	protocol.CodeAdminAdmitGroup:  0,
 	protocol.CodeAdminRetireGroup: 0,
+	// How many copies a group's HIGH messages need, and removing a slave
+	// from its group: an operator's acts.
+	protocol.CodeAdminGroupPolicy: 0,
+	protocol.CodeAdminRemoveSlave: 0,
 }
 
 // HasRule reports whether code has a rule (a code without one is allowed

@@ -85,6 +85,8 @@ var expect = map[string][]allow{
 	"HA_FETCH":  clusterOnly,
 	"HA_ACK":    clusterOnly,
 	"HEARTBEAT": clusterOnly,
+	// A group's master changes its sync set.
+	"ALTER_SYNC_SET": clusterOnly,
 	"ROUTE_LOOKUP": {
 		{Topic("orders"), []string{"admin", "prodExact", "prodAll", "consBilling", "consAll", "consBoth", "mixed"}},
 		{Topic("orders.eu"), []string{"admin", "prodPrefix", "prodAll", "consPrefix", "consAll", "consBoth", "mixed"}},
@@ -123,6 +125,8 @@ var expect = map[string][]allow{
 
 	"ADMIN_ADMIT_GROUP":  adminOnly,
 	"ADMIN_RETIRE_GROUP": adminOnly,
+	"ADMIN_GROUP_POLICY": adminOnly,
+	"ADMIN_REMOVE_SLAVE": adminOnly,
 }
 
 // namedCodes returns every request code protocol gives a name.
