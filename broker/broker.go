@@ -115,7 +115,7 @@ func New(cfg Config) (*Broker, error) {
 		b.acl = newACLCopy(cfg.ClusterToken, b.meta, b.sess, lg.Named("acl"))
 	}
 	b.handover = newTailHandover(cfg, b.store, epochs, &b.stats, lg.Named("recover"))
-	if b.roles, err = newRoles(cfg, b.store, b.sess, epochs, b.pulls, b.handover, &b.stats, lg); err != nil {
+	if b.roles, err = newRoles(cfg, b.store, b.sess, epochs, b.pulls, b.handover, &b.stats, lg, b.meta.AlterSyncSet); err != nil {
 		_ = b.shutdown()
 		return nil, err
 	}
@@ -239,6 +239,11 @@ func (b *Broker) describe(hb *api.Heartbeat) {
 	if rep := b.roles.replication(); rep != nil {
 		s := rep.state()
 		hb.SlaveConnected, hb.SlaveAckOffset, hb.LagBytes, hb.LagMillis = s.Connected, s.AckOffset, s.LagBytes, s.LagTime.Milliseconds()
+		hb.HighAcked = rep.highAcked()
+		for _, s := range rep.replicas() {
+			hb.Replicas = append(hb.Replicas, api.ReplicaStatus{ID: s.ID, Connected: s.Connected, AckOffset: s.AckOffset,
+				LagBytes: s.LagBytes, LagMillis: s.LagTime.Milliseconds(), InSync: s.InSync})
+		}
 		if start := b.roles.start.Load(); start >= 0 {
 			hb.EpochStart = &start
 		}
@@ -256,6 +261,9 @@ func (b *Broker) describe(hb *api.Heartbeat) {
 	hb.ResyncDone = b.roles.resyncDone.Load()
 	hb.LastCut = b.roles.lastCut.Load()
 }
+
+// ID is the broker's id.
+func (b *Broker) ID() string { return b.cfg.ID }
 
 // Addr is the broker's advertised data address.
 func (b *Broker) Addr() string { return b.addr }
@@ -285,7 +293,24 @@ func (b *Broker) Clock() clockwork.Clock { return b.cfg.Clock }
 // last word is writable, and it was said within one session.
 func (b *Broker) Writable() bool { return b.sess.lease.valid() }
 
-// Slave returns the master's view of its slave (the zero state on a slave).
+// TakesHigh reports whether the broker is a master whose sync set holds
+// the copies a HIGH message needs (the registry committed it).
+func (b *Broker) TakesHigh() bool {
+	rep := b.roles.replication()
+	return rep != nil && !rep.refusesHigh()
+}
+
+// Replicas returns the master's view of each of its slaves (none on a
+// slave).
+func (b *Broker) Replicas() []SlaveState {
+	if rep := b.roles.replication(); rep != nil {
+		return rep.replicas()
+	}
+	return nil
+}
+
+// Slave returns the master's view of the slowest member of its sync set
+// (the zero state on a slave).
 func (b *Broker) Slave() SlaveState {
 	rep := b.roles.replication()
 	if rep == nil {

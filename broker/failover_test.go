@@ -146,7 +146,7 @@ func TestFailoverPromotesTheSlaveAndTheOldMasterRejoins(t *testing.T) {
 	}
 
 	// HIGH messages are acknowledged again once the old master copies.
-	testwait.For(t, 15*time.Second, "the new master to see its slave", func() bool { return slave.Slave().Connected })
+	testwait.For(t, 15*time.Second, "the new master to take its slave into the sync set", slave.TakesHigh)
 	if r := tc.Send(t, sc, []protocol.Message{tc.Msg("fo", 1, protocol.High, "after the rejoin")}); r[0].Status != protocol.StatusOK {
 		t.Fatalf("HIGH after the rejoin: %v", r[0].Status)
 	}

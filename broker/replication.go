@@ -4,13 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -35,21 +40,34 @@ type replier interface {
 
 // replConfig is what replication takes from the broker's Config.
 type replConfig struct {
-	HighWait      time.Duration // how long a HIGH message waits for the slave
-	FetchBytes    int           // cap of one fetch answer
-	FetchWait     time.Duration // the slave's fetch interval, for "connected"
-	SlaveLagBytes int64
-	SlaveLagTime  time.Duration
+	HighWait     time.Duration // how long a HIGH message waits for the slave
+	FetchBytes   int           // cap of one fetch answer
+	FetchWait    time.Duration // the slave's fetch interval, for "connected"
+	SlaveLagTime time.Duration // a member of the sync set not caught up this long leaves it
 }
 
-// replication is the master's side of HA sync. The slave fetches raw log
-// bytes from its received end and acknowledges what it has appended,
-// separately: in an HA_ACK after each append, and in every fetch's Acked.
-// HIGH messages wait in a FIFO ordered by log offset (appends complete in
-// log order) until an acknowledgement reaches their end, or their deadline.
-// A fetch with nothing to return is parked until data arrives or its wait
-// passes. run answers parked fetches and expires waiters, so no request
-// worker is ever held, and nothing here waits on the slave's socket.
+// replication is the master's side of HA sync with the group's slaves.
+// Each slave fetches raw log bytes from its received end and acknowledges
+// what it has appended, separately: in an HA_ACK after each append, and in
+// every fetch's Acked. HIGH messages wait in a FIFO ordered by log offset
+// (appends complete in log order) until confirmed reaches their end, or
+// their deadline. A fetch with nothing to return is parked until data
+// arrives or its wait passes. run answers parked fetches, expires waiters
+// and keeps the sync set, so no request worker is ever held, and nothing
+// here waits on a slave's socket.
+//
+// The sync set is the registry's (routing.Group.InSync): the slaves that
+// hold every HIGH message answered in this epoch. With the policy "all",
+// confirmed is the lowest acknowledgement of the set's members and of a
+// slave whose addition is on its way; with a quorum of k copies, the
+// (k-1)th highest of the committed members'. The master changes the set
+// through the registry (alter), one change at a time: it adds a slave
+// that holds what is confirmed and has caught up, waiting for it from the
+// moment it proposes; it removes a member not caught up for lagTime (or
+// one that restarted below what it acknowledged), waiting for it until the
+// removal is committed. While the committed set holds fewer copies than
+// the group's minimum, HIGH messages are refused before they are stored,
+// and those waiting are answered NOT_ENOUGH_REPLICAS_AFTER_APPEND.
 type replication struct {
 	log   masterLog
 	cfg   replConfig
@@ -58,21 +76,44 @@ type replication struct {
 	lg    hclog.Logger
 	wake  chan struct{} // capacity 1: new data was appended
 	sess  haSession
+	// alter proposes a sync set to the registry and returns the group as
+	// the registry has it after (nil: the set is never changed; tests).
+	alter alterFunc
 
-	mu        sync.Mutex
-	slaveID   string    // the only broker whose fetches are served and counted
-	epoch     uint32    // the epoch this master serves
+	mu       sync.Mutex
+	group    string
+	master   string              // this broker's id
+	epoch    uint32              // the epoch this master serves
+	slaves   map[string]*replica // the registry's slaves: the only brokers whose fetches are served and counted
+	set      []string            // the committed sync set
+	setVer   uint64              // its version
+	adding   string              // a slave whose addition is proposed: waited for already
+	dropping string              // a member whose removal is proposed: still waited for
+	minCopy  int                 // copies a HIGH message needs, the master's counted
+	quorum   int                 // 0: every member; k: k copies
+	lagTime  time.Duration       // a member not caught up this long leaves the set
+	proposal chan struct{}       // closed when the proposal in flight ends (nil: none)
+	retryAt  time.Time           // no proposal before (after a refused one)
+	confirm  int64               // HIGH messages ending at or below it are answered OK
+	waiters  []highWaiter
+	parked   []parkedFetch
+	closed   bool
+}
+
+// replica is one slave as the master sees it.
+type replica struct {
 	ack       int64     // the slave's acknowledged (appended) end offset
-	lastFetch time.Time // when the slave last fetched or acknowledged
+	lastFetch time.Time // when it last fetched or acknowledged
 	// caughtUpAt is the latest time at which the master's log ended where
-	// the slave has now acknowledged (or the slave's first contact): the
-	// slave's lag in time is how long ago that was.
+	// the slave has now acknowledged (or its first contact, or when the
+	// master began to serve): its lag in time is how long ago that was.
 	caughtUpAt time.Time
 	offers     []offer // answers sent past the acknowledged end, oldest first
 	everSeen   bool
-	waiters    []highWaiter
-	parked     []parkedFetch
-	closed     bool
+	// lost is set when the slave fetched from below what it had
+	// acknowledged: it lost acknowledged bytes (its disk, not its process,
+	// failed) and must leave the set.
+	lost bool
 }
 
 // offer is the master's log end when an answer was built, and when: once
@@ -119,19 +160,110 @@ func newReplication(log masterLog, cfg replConfig, stats *Stats, clock clockwork
 		sess = noSession{}
 	}
 	return &replication{log: log, cfg: cfg, stats: stats, clock: clock, lg: lg, sess: sess,
-		wake: make(chan struct{}, 1), caughtUpAt: clock.Now()}
+		wake: make(chan struct{}, 1), slaves: map[string]*replica{}, minCopy: routing.DefaultMinInSync, lagTime: cfg.SlaveLagTime}
 }
 
-// setSlave names the broker whose fetches are served and counted, and the
-// epoch this master serves, as the registry has them.
-func (r *replication) setSlave(id string, epoch uint32) {
+// setGroup takes the group as the registry has it: its slaves, its
+// committed sync set and policy, and the epoch this master serves.
+func (r *replication) setGroup(g routing.Group, master string) {
+	now := r.clock.Now()
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if id != r.slaveID && r.slaveID != "" {
-		// Another broker: what the old one acknowledged says nothing of it.
-		r.everSeen, r.ack = false, 0
+	r.group, r.master, r.epoch = g.Name, master, g.Epoch
+	slaves := make(map[string]*replica, len(g.Slaves))
+	for _, b := range g.Slaves {
+		rp := r.slaves[b.ID]
+		if rp == nil {
+			rp = &replica{caughtUpAt: now} // its lag counts from now
+		}
+		slaves[b.ID] = rp
 	}
-	r.slaveID, r.epoch = id, epoch
+	r.slaves = slaves
+	for id, rp := range slaves {
+		if rp.lost && !slices.Contains(g.InSync, id) {
+			rp.lost = false // out of the set: it may join again once it holds what is confirmed
+		}
+	}
+	if g.SyncVersion >= r.setVer {
+		r.set, r.setVer = slices.Clone(g.InSync), g.SyncVersion
+		if r.adding != "" && (slices.Contains(r.set, r.adding) || r.proposal == nil) {
+			r.adding = "" // committed, or its proposal ended without it
+		}
+		if r.dropping != "" && (!slices.Contains(r.set, r.dropping) || r.proposal == nil) {
+			r.dropping = ""
+		}
+	}
+	r.minCopy, r.quorum = g.MinCopies(), g.AckQuorum
+	if r.adding != "" && r.slaves[r.adding] == nil {
+		r.adding = ""
+	}
+	released, refused := r.settleLocked()
+	r.mu.Unlock()
+	r.complete(released, protocol.StatusOK)
+	r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
+}
+
+// belowMinLocked reports whether the committed set, with the master,
+// holds fewer copies than a HIGH message needs.
+func (r *replication) belowMinLocked() bool { return len(r.set)+1 < r.minCopy }
+
+// confirmedLocked computes how far every HIGH message is held as the
+// policy asks (see replication), or -1 when nothing more can be.
+func (r *replication) confirmedLocked() int64 {
+	if r.quorum > 0 {
+		need := r.quorum - 1
+		acks := make([]int64, 0, len(r.set))
+		for _, id := range r.set {
+			if rp := r.slaves[id]; rp != nil && !rp.lost {
+				acks = append(acks, rp.ack)
+			}
+		}
+		if need == 0 {
+			return r.log.EndOffset()
+		}
+		if len(acks) < need {
+			return -1
+		}
+		slices.Sort(acks)
+		return acks[len(acks)-need]
+	}
+	c := int64(-1)
+	n := 0
+	for _, id := range r.waitedLocked() {
+		rp := r.slaves[id]
+		if rp == nil || rp.lost {
+			return -1
+		}
+		if n == 0 || rp.ack < c {
+			c = rp.ack
+		}
+		n++
+	}
+	if n == 0 {
+		return r.log.EndOffset() // the policy asks for the master's copy alone
+	}
+	return c
+}
+
+// waitedLocked lists the slaves the policy "all" waits for: the committed
+// set and a slave whose addition is on its way.
+func (r *replication) waitedLocked() []string {
+	if r.adding == "" || slices.Contains(r.set, r.adding) {
+		return r.set
+	}
+	return append(slices.Clone(r.set), r.adding)
+}
+
+// settleLocked moves confirmed and takes the waiters it releases, or every
+// waiter when the committed set is below the minimum.
+func (r *replication) settleLocked() (released, refused []highWaiter) {
+	if r.belowMinLocked() {
+		refused, r.waiters = r.waiters, nil
+		return nil, refused
+	}
+	if c := r.confirmedLocked(); c > r.confirm {
+		r.confirm = c
+	}
+	return r.releaseLocked(), nil
 }
 
 // notify tells run that the log grew.
@@ -148,47 +280,112 @@ func (r *replication) notify() {
 	}
 }
 
-// SlaveState is the master's view of its slave.
+// SlaveState is the master's view of one slave, or of the slowest member
+// of its sync set.
 type SlaveState struct {
+	ID        string
 	Connected bool
 	AckOffset int64
 	LagBytes  int64
 	LagTime   time.Duration
+	InSync    bool // waited for: in the committed set, or an addition on its way
 }
 
-func (r *replication) state() SlaveState {
-	now := r.clock.Now()
-	end := r.log.EndOffset()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// replicaStateLocked is one slave's state at now, with the log ending at end.
+func (r *replication) replicaStateLocked(id string, rp *replica, now time.Time, end int64) SlaveState {
 	s := SlaveState{
-		Connected: r.everSeen && (len(r.parked) > 0 || now.Sub(r.lastFetch) < 2*r.cfg.FetchWait+500*time.Millisecond),
-		AckOffset: r.ack,
-		LagBytes:  max(end-r.ack, 0),
+		ID:        id,
+		Connected: rp.everSeen && (r.parkedFor(id) || now.Sub(rp.lastFetch) < 2*r.cfg.FetchWait+500*time.Millisecond),
+		AckOffset: rp.ack,
+		LagBytes:  max(end-rp.ack, 0),
+		InSync:    slices.Contains(r.waitedLocked(), id),
 	}
 	if s.LagBytes > 0 {
-		s.LagTime = now.Sub(r.caughtUpAt)
+		s.LagTime = now.Sub(rp.caughtUpAt)
 	}
 	return s
 }
 
-// lagging reports whether a HIGH message must be refused at once: no slave,
-// or one too far behind.
-func (r *replication) lagging() bool {
-	s := r.state()
-	return !s.Connected || s.LagBytes > r.cfg.SlaveLagBytes || s.LagTime > r.cfg.SlaveLagTime
+func (r *replication) parkedFor(id string) bool {
+	for _, p := range r.parked {
+		if p.fetch.BrokerID == id {
+			return true
+		}
+	}
+	return false
 }
 
-// await registers a HIGH message ending at end; done is called once with OK
-// when the slave acknowledges it, or SLAVE_SYNC_TIMEOUT.
+// replicas returns every slave's state, in id order.
+func (r *replication) replicas() []SlaveState {
+	now := r.clock.Now()
+	end := r.log.EndOffset()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]SlaveState, 0, len(r.slaves))
+	for id, rp := range r.slaves {
+		out = append(out, r.replicaStateLocked(id, rp, now, end))
+	}
+	slices.SortFunc(out, func(a, b SlaveState) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// state returns the slowest member of the sync set (the slowest slave when
+// the set is empty): what the heartbeat's single-slave fields report.
+func (r *replication) state() SlaveState {
+	var worst SlaveState
+	found := false
+	all := r.replicas()
+	inSet := false
+	for _, s := range all {
+		inSet = inSet || s.InSync
+	}
+	for _, s := range all {
+		if inSet && !s.InSync {
+			continue
+		}
+		if !found || !s.Connected && worst.Connected || s.AckOffset < worst.AckOffset && s.Connected == worst.Connected {
+			worst, found = s, true
+		}
+	}
+	return worst
+}
+
+// highAcked bounds every HIGH message answered OK in this epoch.
+func (r *replication) highAcked() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.confirm
+}
+
+// refusesHigh reports whether a HIGH message must be refused before it is
+// stored: the committed sync set, with the master, holds fewer copies than
+// the group's minimum.
+func (r *replication) refusesHigh() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.belowMinLocked()
+}
+
+// await registers a HIGH message ending at end; done is called once: OK
+// when the sync set holds it as the policy asks, SLAVE_SYNC_TIMEOUT after
+// HighWait, NOT_ENOUGH_REPLICAS_AFTER_APPEND if the set is below the
+// minimum meanwhile.
 func (r *replication) await(end int64, done func(protocol.Status)) {
 	r.mu.Lock()
-	if r.closed {
+	switch {
+	case r.closed:
 		r.mu.Unlock()
 		r.complete([]highWaiter{{done: done}}, protocol.StatusSlaveSyncTimeout)
 		return
+	case r.belowMinLocked():
+		r.mu.Unlock()
+		r.complete([]highWaiter{{done: done}}, protocol.StatusNotEnoughReplicasAfterAppend)
+		return
 	}
-	if r.ack >= end {
+	if c := r.confirmedLocked(); c > r.confirm {
+		r.confirm = c
+	}
+	if r.confirm >= end {
 		r.mu.Unlock()
 		r.complete([]highWaiter{{done: done}}, protocol.StatusOK)
 		return
@@ -229,16 +426,26 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 			Message: fmt.Sprintf("the slave's log ends at %d, past the master's end %d: it holds records the master does not", f.Offset, end)})
 		return
 	}
-	released := r.ackLocked(f.Acked, end, now)
+	if rp := r.slaves[f.BrokerID]; f.Offset < rp.ack && !rp.lost {
+		// It asks from below what it acknowledged: its log lost bytes it
+		// had (a power loss on its machine). It holds only what it has
+		// now, and leaves the sync set.
+		r.lg.Warn("a slave lost bytes it had acknowledged; it leaves the sync set", "slave", f.BrokerID,
+			"acknowledged", rp.ack, "log-end", f.Offset)
+		rp.ack, rp.lost = f.Offset, true
+	}
+	released, refused := r.ackLocked(f.BrokerID, f.Acked, end, now)
 	if f.Offset == end && !r.closed {
 		r.parked = append(r.parked, parkedFetch{rep: rep, fetch: f, deadline: now.Add(time.Duration(f.WaitMillis) * time.Millisecond)})
 		r.mu.Unlock()
 		r.complete(released, protocol.StatusOK)
+		r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
 		r.notify() // the log may have grown since end was read
 		return
 	}
 	r.mu.Unlock()
 	r.complete(released, protocol.StatusOK)
+	r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
 	r.answer(rep, f)
 }
 
@@ -292,10 +499,11 @@ func (r *replication) handleAck(rep replier, body []byte) {
 			Message: "slave acknowledges past the master's log end: the slave holds records the master lost"})
 		return
 	}
-	released := r.ackLocked(a.Acked, end, now)
+	released, refused := r.ackLocked(a.BrokerID, a.Acked, end, now)
 	r.mu.Unlock()
 	r.stats.HAAcks.Add(1)
 	r.complete(released, protocol.StatusOK)
+	r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
 	_ = rep.Reply(nil)
 }
 
@@ -309,20 +517,23 @@ type refusal struct {
 	serving uint32
 }
 
-// admitLocked checks that a fetch or an acknowledgement comes from the
-// broker the registry names as this group's slave, in the epoch this master
-// serves. The check and the use of what was admitted happen under one hold
-// of r.mu, so a slave replaced meanwhile (setSlave) is never credited with
-// another's acknowledgement.
+// admitLocked checks that a fetch or an acknowledgement comes from a
+// broker the registry names as one of this group's slaves, in the epoch
+// this master serves. Acknowledgements count per broker id, however many
+// connections it uses. The check and the use of what was admitted happen
+// under one hold of r.mu, so a slave removed meanwhile (setGroup) is never
+// credited with an acknowledgement.
 func (r *replication) admitLocked(brokerID string, e uint32) *refusal {
+	_, known := r.slaves[brokerID]
 	switch {
 	case e > r.epoch:
 		return &refusal{err: &protocol.Error{Status: protocol.StatusNotMaster,
 			Message: fmt.Sprintf("this master serves epoch %d; the fetch is for epoch %d", r.epoch, e)}}
-	case r.slaveID == "" || brokerID != r.slaveID || e != r.epoch:
+	case !known || e != r.epoch:
+		ids := slices.Sorted(maps.Keys(r.slaves))
 		return &refusal{err: &protocol.Error{Status: protocol.StatusNotAuthorized,
-			Message: fmt.Sprintf("only the group's slave %q in epoch %d may fetch; got %q in epoch %d", r.slaveID, r.epoch, brokerID, e)},
-			unknown: e == r.epoch && brokerID != r.slaveID, from: brokerID, epoch: e, slave: r.slaveID, serving: r.epoch}
+			Message: fmt.Sprintf("only the group's slaves %v in epoch %d may fetch; got %q in epoch %d", ids, r.epoch, brokerID, e)},
+			unknown: e == r.epoch && !known, from: brokerID, epoch: e, slave: strings.Join(ids, ","), serving: r.epoch}
 	}
 	return nil
 }
@@ -341,53 +552,56 @@ func (r *replication) refuse(rep replier, ref *refusal) {
 	rep.ReplyError(ref.err)
 }
 
-// ackLocked records that the slave has appended up to acked and is heard
+// ackLocked records that slave id has appended up to acked and is heard
 // from now (the master's log ends at end), and takes the HIGH waiters that
-// releases.
-func (r *replication) ackLocked(acked, end int64, now time.Time) []highWaiter {
-	if acked > r.ack {
-		r.ack = acked
+// releases (or refuses, below the minimum).
+func (r *replication) ackLocked(id string, acked, end int64, now time.Time) (released, refused []highWaiter) {
+	rp := r.slaves[id]
+	if acked > rp.ack {
+		rp.ack = acked
 	}
 	switch {
-	case !r.everSeen || r.ack >= end:
+	case !rp.everSeen || rp.ack >= end:
 		// A slave's first contact starts its lag clock; one that has the
 		// whole log is caught up now.
-		r.caughtUpAt = now
-		r.offers = r.offers[:0]
+		rp.caughtUpAt = now
+		rp.offers = rp.offers[:0]
 	default:
 		i := 0
-		for i < len(r.offers) && r.offers[i].end <= r.ack {
-			if r.offers[i].at.After(r.caughtUpAt) {
-				r.caughtUpAt = r.offers[i].at
+		for i < len(rp.offers) && rp.offers[i].end <= rp.ack {
+			if rp.offers[i].at.After(rp.caughtUpAt) {
+				rp.caughtUpAt = rp.offers[i].at
 			}
 			i++
 		}
-		r.offers = append(r.offers[:0], r.offers[i:]...)
+		rp.offers = append(rp.offers[:0], rp.offers[i:]...)
 	}
-	r.everSeen = true
-	r.lastFetch = now
-	return r.releaseLocked()
+	rp.everSeen = true
+	rp.lastFetch = now
+	return r.settleLocked()
 }
 
-// offerLocked notes that an answer was built when the master's log ended at end.
-func (r *replication) offerLocked(end int64, now time.Time) {
-	if end <= r.ack {
+// offerLocked notes that an answer to slave id was built when the master's
+// log ended at end.
+func (r *replication) offerLocked(id string, end int64, now time.Time) {
+	rp := r.slaves[id]
+	if rp == nil || end <= rp.ack {
 		return
 	}
-	if n := len(r.offers); n > 0 && r.offers[n-1].end == end {
-		r.offers[n-1].at = now // the log still ended there: the later time counts
+	if n := len(rp.offers); n > 0 && rp.offers[n-1].end == end {
+		rp.offers[n-1].at = now // the log still ended there: the later time counts
 		return
 	}
-	if len(r.offers) == maxOffers {
-		r.offers = append(r.offers[:0], r.offers[1:]...)
+	if len(rp.offers) == maxOffers {
+		rp.offers = append(rp.offers[:0], rp.offers[1:]...)
 	}
-	r.offers = append(r.offers, offer{end: end, at: now})
+	rp.offers = append(rp.offers, offer{end: end, at: now})
 }
 
-// releaseLocked takes the waiters the acknowledgement covers.
+// releaseLocked takes the waiters confirmed covers.
 func (r *replication) releaseLocked() []highWaiter {
 	i := 0
-	for i < len(r.waiters) && r.waiters[i].end <= r.ack {
+	for i < len(r.waiters) && r.waiters[i].end <= r.confirm {
 		i++
 	}
 	if i == 0 {
@@ -442,7 +656,7 @@ func (r *replication) answer(rep replier, f protocol.HAFetchRequest) {
 		return
 	}
 	r.mu.Lock()
-	r.offerLocked(end, now)
+	r.offerLocked(f.BrokerID, end, now)
 	epoch := r.epoch
 	r.mu.Unlock()
 	protocol.AppendHAFetchResponseHeader(body[:0], end, epoch) // fills the room left for it
@@ -472,7 +686,11 @@ func (r *replication) run(ctx context.Context) {
 			parked := r.parked
 			r.parked = nil
 			r.closed = true
+			proposal := r.proposal
 			r.mu.Unlock()
+			if proposal != nil {
+				<-proposal // it ends with ctx
+			}
 			for _, p := range parked {
 				p.rep.ReplyError(&protocol.Error{Status: protocol.StatusShuttingDown, Message: "master shutting down"})
 			}
@@ -480,15 +698,19 @@ func (r *replication) run(ctx context.Context) {
 		case <-r.wake:
 		case <-tick.Chan():
 		}
-		r.step()
+		r.step(ctx)
 	}
 }
 
-// step answers what is due now.
-func (r *replication) step() {
+// step answers what is due now, and proposes a change of the sync set if
+// one is due.
+func (r *replication) step(ctx context.Context) {
 	now := r.clock.Now()
 	end := r.log.EndOffset()
 	r.mu.Lock()
+	if req := r.keepSetLocked(now, end); req != nil {
+		r.proposeLocked(ctx, req)
+	}
 	var ready []parkedFetch
 	kept := r.parked[:0]
 	for _, p := range r.parked {
@@ -509,6 +731,104 @@ func (r *replication) step() {
 		r.answer(p.rep, p.fetch)
 	}
 	r.complete(expired, protocol.StatusSlaveSyncTimeout)
+}
+
+// keepSetLocked decides the next change of the sync set, if one is due and
+// none is in flight (see replication), and returns it (nil: none).
+func (r *replication) keepSetLocked(now time.Time, end int64) *api.AlterSyncSetRequest {
+	if r.alter == nil || r.proposal != nil || r.closed || r.epoch == 0 || now.Before(r.retryAt) {
+		return nil
+	}
+	req := func(set []string) *api.AlterSyncSetRequest {
+		return &api.AlterSyncSetRequest{Group: r.group, Epoch: r.epoch, Master: r.master, ExpectVersion: r.setVer, InSync: set}
+	}
+	for _, id := range r.set {
+		rp := r.slaves[id]
+		if rp == nil {
+			continue // no longer a slave: the registry took it out of the set too
+		}
+		if !rp.lost && r.replicaStateLocked(id, rp, now, end).LagTime <= r.lagTime {
+			continue
+		}
+		rest := slices.DeleteFunc(slices.Clone(r.set), func(s string) bool { return s == id })
+		if r.quorum > 0 && r.confirmedOver(rest) < r.confirm {
+			// Under a quorum the others may not yet hold, k-1 times, what
+			// was answered with this one's copy: it leaves once they do.
+			continue
+		}
+		r.dropping = id
+		return req(rest)
+	}
+	for _, id := range slices.Sorted(maps.Keys(r.slaves)) {
+		rp := r.slaves[id]
+		if slices.Contains(r.set, id) || !rp.everSeen || rp.lost || rp.ack < r.confirm {
+			continue
+		}
+		if rp.ack < end && now.Sub(rp.caughtUpAt) > r.lagTime/4 {
+			continue // not caught up: it would hold HIGH messages back
+		}
+		r.adding = id // waited for from now: it holds every HIGH answered from here on
+		return req(append(slices.Clone(r.set), id))
+	}
+	return nil
+}
+
+// confirmedOver is what a quorum of the members ids holds (see
+// confirmedLocked), or -1.
+func (r *replication) confirmedOver(ids []string) int64 {
+	need := r.quorum - 1
+	acks := make([]int64, 0, len(ids))
+	for _, id := range ids {
+		if rp := r.slaves[id]; rp != nil && !rp.lost {
+			acks = append(acks, rp.ack)
+		}
+	}
+	if need <= 0 {
+		return r.log.EndOffset()
+	}
+	if len(acks) < need {
+		return -1
+	}
+	slices.Sort(acks)
+	return acks[len(acks)-need]
+}
+
+// proposeLocked sends req to the registry from a goroutine of its own (run
+// waits for it); the group the registry answers is taken as setGroup takes
+// a heartbeat's. A refused proposal is decided again a second later, from
+// the group as the next heartbeat shows it.
+func (r *replication) proposeLocked(ctx context.Context, req *api.AlterSyncSetRequest) {
+	done := make(chan struct{})
+	r.proposal = done
+	r.lg.Info("proposing a sync set", "in-sync", req.InSync, "was", r.set, "version", req.ExpectVersion)
+	go func() {
+		defer close(done)
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		g, err := r.alter(cctx, *req)
+		cancel()
+		r.mu.Lock()
+		r.proposal = nil
+		if err != nil {
+			r.adding, r.dropping = "", ""
+			r.retryAt = r.clock.Now().Add(time.Second)
+		}
+		r.mu.Unlock()
+		if err != nil {
+			r.lg.Warn("the registry did not take the sync set", "in-sync", req.InSync, "error", err)
+			released, refused := r.settle()
+			r.complete(released, protocol.StatusOK)
+			r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
+			return
+		}
+		r.setGroup(g, req.Master)
+	}()
+}
+
+// settle is settleLocked taking r.mu.
+func (r *replication) settle() (released, refused []highWaiter) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.settleLocked()
 }
 
 // failWaiters answers every HIGH message still waiting with st and refuses

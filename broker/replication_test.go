@@ -17,7 +17,9 @@ import (
 
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -97,14 +99,75 @@ type replPair struct {
 	repl          *replication
 	stats         *Stats
 	clock         *clockwork.FakeClock
+	reg           *memRegistry
 }
 
 func newReplPair(t *testing.T) *replPair {
 	p := &replPair{master: openLog(t), slave: openLog(t), stats: &Stats{}, clock: clockwork.NewFakeClock()}
 	p.repl = newReplication(p.master, replConfig{HighWait: time.Second, FetchBytes: 64 << 10, FetchWait: 50 * time.Millisecond,
-		SlaveLagBytes: 1 << 20, SlaveLagTime: time.Second}, p.stats, p.clock, hclog.NewNullLogger(), nil)
-	p.repl.setSlave(testSlave, testEpoch)
+		SlaveLagTime: 2 * time.Second}, p.stats, p.clock, hclog.NewNullLogger(), nil)
+	p.reg = newMemRegistry(testEpoch, testSlave)
+	p.repl.alter = p.reg.alter
+	p.repl.setGroup(p.reg.group(), testMaster)
 	return p
+}
+
+const testMaster = "g1-master"
+
+// memRegistry is the registry's side of a group for replication tests: it
+// applies AlterSyncSet as the FSM does (compare-and-set on the epoch, the
+// master and the set's version) and records what it took.
+type memRegistry struct {
+	mu      sync.Mutex
+	g       routing.Group
+	altered [][]string // every set it took, in order
+}
+
+// newMemRegistry is a group of testMaster and slaves in epoch, every slave
+// in the sync set.
+func newMemRegistry(epoch uint32, slaves ...string) *memRegistry {
+	g := routing.Group{Name: "g1", Master: routing.Broker{ID: testMaster}, Epoch: epoch, SyncVersion: 1}
+	for _, id := range slaves {
+		g.Slaves = append(g.Slaves, routing.Broker{ID: id, Addr: id})
+		g.InSync = append(g.InSync, id)
+	}
+	return &memRegistry{g: g}
+}
+
+func (m *memRegistry) group() routing.Group {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	g := m.g
+	g.Slaves, g.InSync = slices.Clone(g.Slaves), slices.Clone(g.InSync)
+	return g
+}
+
+// set changes the group as an operator or a failover would.
+func (m *memRegistry) set(change func(g *routing.Group)) routing.Group {
+	m.mu.Lock()
+	change(&m.g)
+	m.mu.Unlock()
+	return m.group()
+}
+
+func (m *memRegistry) alter(_ context.Context, req api.AlterSyncSetRequest) (routing.Group, error) {
+	m.mu.Lock()
+	if req.Epoch != m.g.Epoch || req.Master != m.g.Master.ID || req.ExpectVersion != m.g.SyncVersion {
+		m.mu.Unlock()
+		return routing.Group{}, &protocol.Error{Status: protocol.StatusConflict, Message: "moved"}
+	}
+	m.g.InSync = slices.Clone(req.InSync)
+	m.g.SyncVersion++
+	m.altered = append(m.altered, slices.Clone(req.InSync))
+	m.mu.Unlock()
+	return m.group(), nil
+}
+
+func (m *memRegistry) inSync() []string { return m.group().InSync }
+
+// setEpoch is the registry's new epoch reaching the master.
+func (p *replPair) setEpoch(e uint32) {
+	p.repl.setGroup(p.reg.set(func(g *routing.Group) { g.Epoch = e }), testMaster)
 }
 
 // run starts the replication loop, and the follower when follow is set.
@@ -188,28 +251,33 @@ func TestReplicationCopiesAndReleasesHigh(t *testing.T) {
 	}
 }
 
-// With no slave, a HIGH message waits its whole HighWait, as the clock
-// moves, and then completes SLAVE_SYNC_TIMEOUT; a slave never seen counts
-// as lagging.
+// With an empty sync set HIGH is refused before it is stored. With a
+// member that never fetches, a HIGH message waits its whole HighWait, as
+// the clock moves, and then completes SLAVE_SYNC_TIMEOUT.
 func TestReplicationHighTimesOutOnTheClock(t *testing.T) {
 	p := newReplPair(t)
-	p.run(t, false)
-	if !p.repl.lagging() {
-		t.Fatal("no slave ever fetched: HIGH must be refused at once")
+	p.repl.setGroup(p.reg.set(func(g *routing.Group) { g.InSync = nil; g.SyncVersion++ }), testMaster)
+	if !p.repl.refusesHigh() {
+		t.Fatal("an empty sync set: HIGH must be refused at once")
 	}
+	p.repl.setGroup(p.reg.set(func(g *routing.Group) { g.InSync = []string{testSlave}; g.SyncVersion++ }), testMaster)
+	if p.repl.refusesHigh() {
+		t.Fatal("a sync set of one slave: HIGH must be taken")
+	}
+	p.run(t, false)
 	done := make(chan protocol.Status, 1)
 	pos := p.append(t, 1)
 	p.repl.await(pos[0].End, func(st protocol.Status) { done <- st })
 
 	p.clock.Advance(time.Second) // exactly HighWait: not yet past it
-	p.repl.step()
+	p.repl.step(context.Background())
 	select {
 	case st := <-done:
 		t.Fatalf("completed %v before its deadline", st)
 	default:
 	}
 	p.clock.Advance(time.Millisecond)
-	p.repl.step()
+	p.repl.step(context.Background())
 	if st := <-done; st != protocol.StatusSlaveSyncTimeout {
 		t.Fatalf("HIGH without a slave: %v", st)
 	}
@@ -224,14 +292,14 @@ func TestReplicationParksFetches(t *testing.T) {
 	p := newReplPair(t)
 	rep := make(chanReplier, 1)
 	p.repl.handleFetch(rep, fetchAt(0, 100))
-	p.repl.step()
+	p.repl.step(context.Background())
 	select {
 	case a := <-rep:
 		t.Fatalf("answered a fetch with nothing to send: %+v", a)
 	default:
 	}
 	p.append(t, 3)
-	p.repl.step()
+	p.repl.step(context.Background())
 	a := <-rep
 	if a.err != nil {
 		t.Fatal(a.err)
@@ -244,12 +312,12 @@ func TestReplicationParksFetches(t *testing.T) {
 	end := p.master.EndOffset()
 	p.repl.handleFetch(rep, fetchAt(end, 100))
 	p.clock.Advance(101 * time.Millisecond)
-	p.repl.step()
+	p.repl.step(context.Background())
 	if a := <-rep; a.err != nil || len(a.body) != protocol.HAFetchResponseHeaderSize {
 		t.Fatalf("expired parked fetch: %d bytes, %v", len(a.body), a.err)
 	}
-	if p.repl.lagging() {
-		t.Fatal("a slave that just fetched everything is not lagging")
+	if s := p.repl.state(); s.LagBytes != 0 || s.LagTime != 0 || !s.Connected {
+		t.Fatalf("a slave that just fetched everything: %+v", s)
 	}
 	p.clock.Advance(time.Second)
 	if p.repl.state().Connected {
@@ -318,7 +386,7 @@ func TestReplicationServesOnlyItsSlave(t *testing.T) {
 	// and answered empty once its wait passes).
 	p.repl.handleFetch(rep, fetchAt(pos[0].End, 0))
 	p.clock.Advance(time.Millisecond)
-	p.repl.step()
+	p.repl.step(context.Background())
 	if a := <-rep; a.err != nil {
 		t.Fatal(a.err)
 	}
@@ -560,7 +628,7 @@ func TestPipelineAcrossAnEpochChange(t *testing.T) {
 	<-g.entered
 	testwait.For(t, 5*time.Second, "the pipelined fetch parked", func() bool { return parkedFrom(p.repl, end) })
 
-	p.repl.setSlave(testSlave, testEpoch+1) // the registry's new epoch reaches the master
+	p.setEpoch(testEpoch + 1) // the registry's new epoch reaches the master
 	g.gate <- true
 	if err := <-acks; !errors.Is(err, protocol.ErrNotAuthorized) {
 		t.Fatalf("an acknowledgement from the old epoch: %v, want NOT_AUTHORIZED", err)
@@ -623,7 +691,7 @@ func TestPipelineAcrossATruncation(t *testing.T) {
 		t.Fatal(err)
 	}
 	repl2 := newReplication(next, p.repl.cfg, &Stats{}, p.clock, hclog.NewNullLogger(), nil)
-	repl2.setSlave(testSlave, testEpoch+1)
+	repl2.setGroup(newMemRegistry(testEpoch+1, testSlave).group(), testMaster)
 	runRepl(t, repl2)
 	done := highWaits(t, repl2, p.slave, newPos)
 
@@ -641,8 +709,10 @@ func TestPipelineAcrossATruncation(t *testing.T) {
 // A slave whose appends stall (a stuck disk) delays nobody but its HIGH
 // messages: the master keeps appending, and they time out on the clock
 // with SLAVE_SYNC_TIMEOUT; with its pipeline full the slave stops fetching,
-// its lag grows, and later HIGH messages are refused at once. Once the
-// disk moves again the slave catches up and HIGH messages are acknowledged.
+// its lag grows past the lag time, the master takes it out of the sync set
+// through the registry, and later HIGH messages are refused at once (one
+// copy is below the minimum of two). Once the disk moves again the slave
+// catches up, the master puts it back, and HIGH messages are acknowledged.
 func TestStalledSlaveTimesHighOutAndBlocksNothing(t *testing.T) {
 	p := newReplPair(t)
 	p.run(t, false)
@@ -656,19 +726,31 @@ func TestStalledSlaveTimesHighOutAndBlocksNothing(t *testing.T) {
 	for range 20 {
 		p.append(t, 50)
 	}
-	p.clock.Advance(time.Second + time.Millisecond) // past HighWait
-	p.repl.step()
+	p.clock.Advance(time.Second + time.Millisecond) // past HighWait, within the lag time
+	p.repl.step(context.Background())
 	expectAll(t, done, 1, protocol.StatusSlaveSyncTimeout)
-	if s := p.repl.state(); s.AckOffset != 0 || s.LagTime <= time.Second || !p.repl.lagging() {
-		t.Fatalf("a slave stuck in its first append: %+v, lagging %v", s, p.repl.lagging())
+	if in := p.reg.inSync(); len(in) != 1 || p.repl.refusesHigh() {
+		t.Fatalf("within the lag time the slave left the set: %v", in)
+	}
+	p.clock.Advance(time.Second) // past the lag time
+	testwait.For(t, 5*time.Second, "the master to take the slave out of the set", func() bool {
+		p.repl.step(context.Background())
+		return p.repl.refusesHigh()
+	})
+	if s := p.repl.state(); s.AckOffset != 0 || s.LagTime <= 2*time.Second || len(p.reg.inSync()) != 0 {
+		t.Fatalf("a slave stuck in its first append: %+v, set %v", s, p.reg.inSync())
 	}
 
 	g.hold.Store(false)
 	g.gate <- true
 	end := p.master.EndOffset()
 	testwait.For(t, 5*time.Second, "the slave to catch up", func() bool { return p.repl.state().AckOffset == end })
-	if p.repl.lagging() {
-		t.Fatalf("a slave that caught up is lagging: %+v", p.repl.state())
+	testwait.For(t, 5*time.Second, "the master to put the slave back", func() bool {
+		p.repl.step(context.Background())
+		return !p.repl.refusesHigh()
+	})
+	if in := p.reg.inSync(); len(in) != 1 || in[0] != testSlave {
+		t.Fatalf("the set after the slave caught up: %v", in)
 	}
 	more := p.append(t, 3)
 	expectAll(t, highWaits(t, p.repl, p.slave, more), len(more), protocol.StatusOK)
@@ -737,8 +819,8 @@ func benchReplication(b *testing.B, serial bool, chunk int) {
 	master, slave := open(), open()
 	clock := clockwork.NewRealClock()
 	repl := newReplication(master, replConfig{HighWait: 10 * time.Second, FetchBytes: 4 << 20, FetchWait: 100 * time.Millisecond,
-		SlaveLagBytes: 1 << 30, SlaveLagTime: time.Minute}, &Stats{}, clock, hclog.NewNullLogger(), nil)
-	repl.setSlave(testSlave, testEpoch)
+		SlaveLagTime: time.Minute}, &Stats{}, clock, hclog.NewNullLogger(), nil)
+	repl.setGroup(newMemRegistry(testEpoch, testSlave).group(), testMaster)
 	srv := transport.NewServer(transport.ServerConfig{Workers: 2})
 	srv.HandleWithReply(protocol.CodeHAFetch, func(r *transport.Request) { repl.handleFetch(r, r.Body) },
 		func([]byte) int { return protocol.HAFetchResponseHeaderSize + 4<<20 })

@@ -115,6 +115,7 @@ type roles struct {
 	diverged chan error      // capacity 1: the follower found the log is not the master's prefix
 
 	repl      atomic.Pointer[replication] // while master
+	alter     alterFunc
 	replStop  func()
 	follow    *follower // while slave
 	followEnd func()
@@ -138,16 +139,23 @@ type pullWaker interface {
 
 const epochFile = "epoch"
 
+// alterFunc proposes a sync set to the registry (metaserver/client's
+// AlterSyncSet) and returns the group as the registry has it after.
+type alterFunc func(ctx context.Context, req api.AlterSyncSetRequest) (routing.Group, error)
+
 // sideDir holds the records cut by truncations.
 const sideDir = "truncated"
 
 // newRoles makes the role loop of the broker cfg configures, over its log;
 // it loads the local epochs from cfg.Dir into epochs.
-func newRoles(cfg Config, log roleLog, sess *session, epochs *epochState, pulls pullWaker, tails *tailHandover, stats *Stats, lg hclog.Logger) (*roles, error) {
+//
+// alter proposes the group's sync set to the registry while this broker
+// is the master (nil: it never changes the set).
+func newRoles(cfg Config, log roleLog, sess *session, epochs *epochState, pulls pullWaker, tails *tailHandover, stats *Stats, lg hclog.Logger, alter alterFunc) (*roles, error) {
 	r := &roles{id: cfg.ID, dir: cfg.Dir, log: log, sess: sess, epochs: epochs, clock: cfg.Clock, lg: lg.Named("roles"), partLog: lg, stats: stats,
-		fixedHA: cfg.MasterHAAddr, pulls: pulls, tails: tails,
+		fixedHA: cfg.MasterHAAddr, pulls: pulls, tails: tails, alter: alter,
 		replCfg: replConfig{HighWait: cfg.HighWait, FetchBytes: cfg.HAFetchBytes, FetchWait: cfg.HAFetchWait,
-			SlaveLagBytes: cfg.SlaveLagBytes, SlaveLagTime: cfg.SlaveLagTime},
+			SlaveLagTime: cfg.SlaveLagTime},
 		dial: masterDialer(cfg.TLSClient, cfg.ClusterToken), fetchBytes: cfg.HAFetchBytes, fetchWait: cfg.HAFetchWait,
 		views: sess.subscribe(), diverged: make(chan error, 1)}
 	r.setState(RoleState{Kind: RoleStarting})
@@ -256,7 +264,7 @@ func (r *roles) reconcile(ctx context.Context, v *groupView) {
 
 func (r *roles) becomeMaster(g routing.Group) {
 	if rep := r.repl.Load(); rep != nil && r.sess.lease.ready.Load() == g.Epoch {
-		rep.setSlave(g.Slave.ID, g.Epoch)
+		rep.setGroup(g, r.id)
 		return
 	}
 	r.stopFollower() // from now on the log grows only by this broker's writes
@@ -284,6 +292,7 @@ func (r *roles) becomeMaster(g routing.Group) {
 	rep := r.repl.Load()
 	if rep == nil {
 		rep = newReplication(r.log, r.replCfg, r.stats, r.clock, r.partLog.Named("replication"), r.sess)
+		rep.alter = r.alter
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() {
@@ -293,7 +302,7 @@ func (r *roles) becomeMaster(g routing.Group) {
 		r.replStop = func() { cancel(); <-done }
 		r.repl.Store(rep)
 	}
-	rep.setSlave(g.Slave.ID, g.Epoch)
+	rep.setGroup(g, r.id)
 	r.start.Store(start)
 	r.sess.lease.ready.Store(g.Epoch)
 	r.setState(RoleState{Kind: RoleMaster})

@@ -438,10 +438,10 @@ func (c *batchCheck) checkOne(m *protocol.Message) protocol.Status {
 	}
 	if m.Reliability == protocol.High {
 		if !c.lagKnown {
-			c.lagging, c.lagKnown = c.repl.lagging(), true
+			c.lagging, c.lagKnown = c.repl.refusesHigh(), true
 		}
 		if c.lagging {
-			return protocol.StatusSlaveLagging
+			return protocol.StatusNotEnoughReplicas
 		}
 	}
 	return protocol.StatusOK

@@ -230,7 +230,7 @@ type GroupOpts struct {
 }
 
 // StartGroup starts a group's master (and slave) and waits until the group
-// is writable (and the slave connected).
+// is writable (and the slave in the sync set: HIGH is taken).
 func StartGroup(tb testing.TB, metaAddrs []string, name string, o GroupOpts) *Group {
 	tb.Helper()
 	g := &Group{Name: name, MasterDir: tb.TempDir(), SlaveDir: tb.TempDir(), meta: metaAddrs, edit: o.Edit}
@@ -240,7 +240,7 @@ func StartGroup(tb testing.TB, metaAddrs []string, name string, o GroupOpts) *Gr
 	testwait.For(tb, 10*time.Second, name+"'s master to take over", func() bool { return g.Master.Role().Kind == broker.RoleMaster })
 	if o.Slave {
 		g.StartSlave(tb)
-		testwait.For(tb, 10*time.Second, name+"'s slave to connect", func() bool { return g.Master.Slave().Connected })
+		testwait.For(tb, 10*time.Second, name+"'s slave to join the sync set", g.Master.TakesHigh)
 	}
 	testwait.For(tb, 10*time.Second, name+" to be writable", g.Master.Writable)
 	return g

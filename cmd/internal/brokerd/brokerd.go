@@ -180,11 +180,19 @@ var (
 		"1, labelled with the broker's role now: master, slave (also while it waits for its master to confirm its epoch), or broken (a slave that cannot follow its master without an operator's resync); absent before the registry names one.",
 		[]string{"role"}, nil)
 	slaveLagBytesDesc = prometheus.NewDesc("ferrymq_broker_slave_lag_bytes",
-		"Master only: bytes the slave is behind.", nil, nil)
+		"Master only: bytes the slowest member of the sync set (or the slowest slave, with an empty set) is behind.", nil, nil)
 	slaveLagSecondsDesc = prometheus.NewDesc("ferrymq_broker_slave_lag_seconds",
-		"Master only: how long the slave has not been caught up.", nil, nil)
+		"Master only: how long the slowest member of the sync set (or the slowest slave) has not been caught up.", nil, nil)
 	slaveConnectedDesc = prometheus.NewDesc("ferrymq_broker_slave_connected",
-		"Master only: 1 if the slave is fetching.", nil, nil)
+		"Master only: 1 if the slowest member of the sync set (or the slowest slave) is fetching.", nil, nil)
+	replicaLagBytesDesc = prometheus.NewDesc("ferrymq_broker_replica_lag_bytes",
+		"Master only: bytes each slave is behind.", []string{"replica"}, nil)
+	replicaLagSecondsDesc = prometheus.NewDesc("ferrymq_broker_replica_lag_seconds",
+		"Master only: how long each slave has not been caught up.", []string{"replica"}, nil)
+	replicaInSyncDesc = prometheus.NewDesc("ferrymq_broker_replica_in_sync",
+		"Master only: 1 if the master waits for the slave's copy of each HIGH message (it is in the sync set, or joining it).", []string{"replica"}, nil)
+	takesHighDesc = prometheus.NewDesc("ferrymq_broker_takes_high",
+		"Master only: 1 if the sync set holds the copies a HIGH message needs (else HIGH is refused NOT_ENOUGH_REPLICAS).", nil, nil)
 )
 
 func (c roleCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -192,6 +200,17 @@ func (c roleCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- slaveLagBytesDesc
 	ch <- slaveLagSecondsDesc
 	ch <- slaveConnectedDesc
+	ch <- replicaLagBytesDesc
+	ch <- replicaLagSecondsDesc
+	ch <- replicaInSyncDesc
+	ch <- takesHighDesc
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (c roleCollector) Collect(ch chan<- prometheus.Metric) {
@@ -208,11 +227,13 @@ func (c roleCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, 1, string(routing.RoleMaster))
 	ch <- prometheus.MustNewConstMetric(slaveLagBytesDesc, prometheus.GaugeValue, float64(s.LagBytes))
 	ch <- prometheus.MustNewConstMetric(slaveLagSecondsDesc, prometheus.GaugeValue, s.LagTime.Seconds())
-	connected := 0.0
-	if s.Connected {
-		connected = 1
+	ch <- prometheus.MustNewConstMetric(slaveConnectedDesc, prometheus.GaugeValue, b2f(s.Connected))
+	ch <- prometheus.MustNewConstMetric(takesHighDesc, prometheus.GaugeValue, b2f(c.b.TakesHigh()))
+	for _, r := range c.b.Replicas() {
+		ch <- prometheus.MustNewConstMetric(replicaLagBytesDesc, prometheus.GaugeValue, float64(r.LagBytes), r.ID)
+		ch <- prometheus.MustNewConstMetric(replicaLagSecondsDesc, prometheus.GaugeValue, r.LagTime.Seconds(), r.ID)
+		ch <- prometheus.MustNewConstMetric(replicaInSyncDesc, prometheus.GaugeValue, b2f(r.InSync), r.ID)
 	}
-	ch <- prometheus.MustNewConstMetric(slaveConnectedDesc, prometheus.GaugeValue, connected)
 }
 
 // queueCollector exports every queue's end offset in the broker's log,

@@ -16,7 +16,8 @@ import (
 )
 
 // masterOnly are the gauges that mean something only on a master.
-var masterOnly = []string{"ferrymq_broker_slave_lag_bytes", "ferrymq_broker_slave_lag_seconds", "ferrymq_broker_slave_connected"}
+var masterOnly = []string{"ferrymq_broker_slave_lag_bytes", "ferrymq_broker_slave_lag_seconds", "ferrymq_broker_slave_connected",
+	"ferrymq_broker_replica_lag_bytes", "ferrymq_broker_replica_lag_seconds", "ferrymq_broker_replica_in_sync", "ferrymq_broker_takes_high"}
 
 // TestMetricsFollowTheRole: the master exports ferrymq_broker_role
 // {role="master"} and the slave gauges; its slave exports
@@ -61,6 +62,12 @@ func TestMetricsFollowTheRole(t *testing.T) {
 	}
 	if v := mf["ferrymq_broker_slave_connected"].GetMetric()[0].GetGauge().GetValue(); v != 1 {
 		t.Errorf("the master's slave_connected is %v with its slave connected", v)
+	}
+	if v := mf["ferrymq_broker_takes_high"].GetMetric()[0].GetGauge().GetValue(); v != 1 {
+		t.Errorf("the master's takes_high is %v with its slave in the sync set", v)
+	}
+	if m := mf["ferrymq_broker_replica_in_sync"].GetMetric(); len(m) != 1 || testmetrics.Labels(m[0])["replica"] != g.Slave.ID() || m[0].GetGauge().GetValue() != 1 {
+		t.Errorf("the master's replica_in_sync: %v, want one series for %s valued 1", m, g.Slave.ID())
 	}
 
 	histCount := func(name string) uint64 {
