@@ -202,7 +202,6 @@ func (j *judge) chooseLocked(g routing.Group, s *session, now time.Time, silent 
 		reasons  []string // each slave's reason, in the group's order
 		whys     []string
 		inEpoch  int // sync set members heard within the session, not broken, in the epoch
-		setEmpty = len(g.InSync) == 0
 	)
 	for _, b := range g.Slaves {
 		h, heard := s.slave(b.ID)
@@ -210,7 +209,7 @@ func (j *judge) chooseLocked(g routing.Group, s *session, now time.Time, silent 
 		if alive && g.IsInSync(b.ID) && h.hb.Broken == "" && h.hb.Epoch == g.Epoch {
 			inEpoch++
 		}
-		reason, why := j.ineligibleLocked(g, s, b.ID, h, alive, setEmpty)
+		reason, why := j.ineligibleLocked(g, s, b.ID, h, alive)
 		if reason != "" {
 			reasons, whys = append(reasons, reason), append(whys, why)
 			continue
@@ -254,10 +253,10 @@ func (j *judge) chooseLocked(g routing.Group, s *session, now time.Time, silent 
 // ineligibleLocked returns why slave id of g, last heard h (alive: within
 // the session), may not be promoted, as a metric reason and a sentence;
 // "" if it may. j.mu is held.
-func (j *judge) ineligibleLocked(g routing.Group, s *session, id string, h *slaveHeard, alive, setEmpty bool) (string, string) {
+func (j *judge) ineligibleLocked(g routing.Group, s *session, id string, h *slaveHeard, alive bool) (string, string) {
 	switch {
-	case !setEmpty && !g.IsInSync(id):
-		return refuseNotInSet, fmt.Sprintf("the slave %s is not in the sync set %v: it may lack HIGH messages the master acknowledged", id, g.InSync)
+	case !g.Promotable(id):
+		return refuseNotInSet, fmt.Sprintf("the slave %s is not in the sync set %v nor eligible %v: it may lack HIGH messages the master acknowledged", id, g.InSync, g.Eligible)
 	case !alive:
 		return refuseSlaveOut, fmt.Sprintf("the slave %s has not heartbeated within a session", id)
 	case h.hb.Broken != "":
