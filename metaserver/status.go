@@ -60,7 +60,7 @@ func (j *judge) noteHeardLocked(g routing.Group, hb api.Heartbeat, now time.Time
 }
 
 // membersLocked returns g's master and slaves (those it has) and then the
-// former members this leader heard, the maxFormer latest heard first, as
+// former masters this leader heard, the maxFormer latest heard first, as
 // of now. j.mu is held.
 func (j *judge) membersLocked(g routing.Group, now time.Time) []api.BrokerStatus {
 	out := []api.BrokerStatus{}
@@ -87,14 +87,20 @@ func (j *judge) membersLocked(g routing.Group, now time.Time) []api.BrokerStatus
 			continue
 		}
 		st := j.brokerStatusLocked(g.Name, k.id, h.addr, api.RoleFormerMaster, now)
-		// The registry's epoch history says which promotion replaced it.
+		// The registry's epoch history says which promotion replaced it; a
+		// broker that led no epoch it remembers (a slave an operator
+		// removed) is no former master.
+		led := false
 		for i := len(g.History) - 2; i >= 0; i-- {
 			if g.History[i].Master == k.id {
 				st.ReplacedAtEpoch, st.ReplacedBy = g.History[i+1].Epoch, g.History[i+1].Master
+				led = true
 				break
 			}
 		}
-		former = append(former, st)
+		if led {
+			former = append(former, st)
+		}
 	}
 	sort.Slice(former, func(a, b int) bool {
 		if former[a].LastHeartbeatAgeMillis != former[b].LastHeartbeatAgeMillis {
