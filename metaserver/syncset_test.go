@@ -2,12 +2,16 @@ package metaserver
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/internal/testlog"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
+	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
@@ -278,5 +282,54 @@ func TestMembersShowTheMastersReport(t *testing.T) {
 	}
 	if s2.InSync || !s2.Reported || s2.AckOffset != 400 || s2.LagBytes != 600 || s2.LagMillis != 7000 {
 		t.Fatalf("s2: %+v", s2)
+	}
+}
+
+// An ALTER_SYNC_SET that comes in while the judge applies a promotion of
+// the group is answered once the promotion is done, refused (the epoch
+// moved), and the set stays as the promotion left it. (That it waits
+// rather than racing the promotion is not shown here: without the wait the
+// test's own Promote usually wins the race too.)
+func TestAlterSyncSetWaitsForAPromotion(t *testing.T) {
+	cfg := Config{ID: "m1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
+		RaftHeartbeatTimeout: 150 * time.Millisecond, RaftElectionTimeout: 150 * time.Millisecond,
+		RaftLeaderLeaseTimeout: 150 * time.Millisecond, Logger: testlog.New("m1"), RaftSecret: testRaftSecret}
+	s := startNodes(t, cfg)[0]
+	testwait.For(t, 20*time.Second, "the node to lead", s.IsLeader)
+	ctx := context.Background()
+	for _, c := range []fsm.Command{
+		&fsm.RegisterBroker{Group: "g1", Role: routing.RoleMaster, Broker: routing.Broker{ID: "m", Addr: "m:1"}},
+		&fsm.RegisterBroker{Group: "g1", Role: routing.RoleSlave, Broker: routing.Broker{ID: "s1", Addr: "s1:1"}},
+		&fsm.JoinSlave{Group: "g1", Broker: routing.Broker{ID: "s2", Addr: "s2:1"}},
+	} {
+		if _, err := s.apply(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, _ := s.fsm.Group("g1")
+
+	// The judge is promoting s1 (as maybePromote marks it).
+	done := make(chan struct{})
+	s.judge.mu.Lock()
+	s.judge.sessionLocked("g1").promoting = done
+	s.judge.mu.Unlock()
+	answered := make(chan error, 1)
+	go func() {
+		_, err := s.alterSyncSet(ctx, api.AlterSyncSetRequest{Group: "g1", Epoch: g.Epoch, Master: "m", ExpectVersion: g.SyncVersion,
+			InSync: []string{"s2"}})
+		answered <- err
+	}()
+	if _, err := s.apply(ctx, &fsm.Promote{Group: "g1", Epoch: g.Epoch, Master: "m", Slave: "s1", Start: 0}); err != nil {
+		t.Fatal(err)
+	}
+	s.judge.mu.Lock()
+	s.judge.sessionLocked("g1").promoting = nil
+	s.judge.mu.Unlock()
+	close(done)
+	if err := <-answered; !errors.Is(err, protocol.ErrConflict) {
+		t.Fatalf("a set change during a promotion: %v, want CONFLICT after it", err)
+	}
+	if g, _ := s.fsm.Group("g1"); g.Master.ID != "s1" || len(g.InSync) != 0 {
+		t.Fatalf("after the promotion: %+v", g)
 	}
 }
