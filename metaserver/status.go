@@ -68,12 +68,18 @@ func (j *judge) membersLocked(g routing.Group, now time.Time) []api.BrokerStatus
 		out = append(out, j.brokerStatusLocked(g.Name, g.Master.ID, g.Master.Addr, string(routing.RoleMaster), now))
 	}
 	var last api.Heartbeat // the master's last report of its slaves
-	if s := j.sessions[g.Name]; s != nil && s.seenMaster && s.last.BrokerID == g.Master.ID {
+	s := j.sessions[g.Name]
+	if s != nil && s.seenMaster && s.last.BrokerID == g.Master.ID {
 		last = s.last
 	}
 	for _, b := range g.Slaves {
 		st := j.brokerStatusLocked(g.Name, b.ID, b.Addr, string(routing.RoleSlave), now)
 		st.InSync = g.IsInSync(b.ID)
+		if s != nil {
+			if h, ok := s.slave(b.ID); ok {
+				st.Broken, st.Waiting = h.hb.Broken, h.hb.Waiting
+			}
+		}
 		for _, r := range last.Replicas {
 			if r.ID == b.ID {
 				st.Reported, st.AckOffset, st.LagBytes, st.LagMillis = true, r.AckOffset, r.LagBytes, r.LagMillis

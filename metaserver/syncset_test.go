@@ -256,11 +256,16 @@ func TestFailoverQuorumCountsOnlyMembersInTheEpoch(t *testing.T) {
 func TestJudgeHearsEverySlave(t *testing.T) {
 	r := newGroupRig(t, nil, []string{"s1", "s2"}, "s2")
 	r.heartbeat(masterAcked(100, 100))
-	r.heartbeat(slaveOf("s1", 100, 100))
+	broken := slaveOf("s1", 100, 100)
+	broken.Broken = "its log is not a prefix"
+	r.heartbeat(broken)
 	r.heartbeat(slaveOf("s2", 100, 100))
 	gi := r.j.info(r.group("g1"), r.clk.Now())
 	if len(gi.Members) != 3 || gi.Members[1].ID != "s1" || gi.Members[2].ID != "s2" || !gi.Members[2].InSync || gi.Members[1].InSync {
 		t.Fatalf("members %+v", gi.Members)
+	}
+	if gi.Members[1].Broken != broken.Broken || gi.Members[2].Broken != "" {
+		t.Fatalf("each slave's own word: %+v", gi.Members)
 	}
 	// Slave is the set's first member: the one-slave fields follow it.
 	if gi.Slave.ID != "s2" || gi.LastSlave.BrokerID != "s2" {

@@ -69,12 +69,13 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				if len(epochs) > 0 {
 					notes = append(notes, []string{gi.Name + " epochs:", strings.Join(epochs, " ")})
 				}
-				if sl := gi.LastSlave; sl.BrokerID == gi.Slave.ID && sl.BrokerID != "" {
+				for _, m := range gi.Members {
 					switch {
-					case sl.Broken != "":
-						notes = append(notes, []string{gi.Name + " slave broken:", sl.Broken})
-					case sl.Waiting != "":
-						notes = append(notes, []string{gi.Name + " slave waiting:", sl.Waiting})
+					case m.Role != string(routing.RoleSlave):
+					case m.Broken != "":
+						notes = append(notes, []string{gi.Name + " slave broken:", m.ID + ": " + m.Broken})
+					case m.Waiting != "":
+						notes = append(notes, []string{gi.Name + " slave waiting:", m.ID + ": " + m.Waiting})
 					}
 				}
 				if o := gi.Resync; o != nil {

@@ -109,6 +109,15 @@ func TestBrokersShowEverySlave(t *testing.T) {
 		t.Fatalf("--json g1: %+v", gi)
 	}
 
+	// A slave's own word (broken, waiting) is a note naming it.
+	if _, err := tb.cl.Heartbeat(context.Background(), api.Heartbeat{Group: "g1", BrokerID: "g1-s2", Addr: "127.0.0.1:12",
+		Role: routing.RoleSlave, Epoch: 1, Waiting: "its master has not confirmed where epoch 1 began"}); err != nil {
+		t.Fatal(err)
+	}
+	if note := rowOf(t, mustCtl(t, tb.meta, "brokers"), "g1 slave waiting:"); !strings.Contains(note, "g1-s2: its master has not confirmed") {
+		t.Fatalf("waiting note %q", note)
+	}
+
 	// Above the minimum: HIGH is refused, and the row says so.
 	mustCtl(t, tb.meta, "broker", "set-group", "g1", "--min-insync", "3")
 	if row := rowOf(t, mustCtl(t, tb.meta, "brokers"), "g1 "); !strings.Contains(row, "2/3 REFUSED") {

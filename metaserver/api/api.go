@@ -168,6 +168,11 @@ type BrokerStatus struct {
 	// Reported is whether the master's last heartbeat reported the slave
 	// (AckOffset and the lags are its).
 	Reported bool `json:"reported,omitempty"`
+	// For a slave, from its own last heartbeat: why it cannot follow its
+	// master (Broken, it needs an operator's resync) or what it waits for
+	// before it can (Waiting); "" when nothing.
+	Broken  string `json:"broken,omitempty"`
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // InitProducerRequest asks the metaserver leader for a producer identity.
