@@ -1,6 +1,7 @@
 package metaserver
 
 import (
+	"fmt"
 	"sort"
 	"time"
 
@@ -76,9 +77,15 @@ func (j *judge) membersLocked(g routing.Group, now time.Time) []api.BrokerStatus
 		st := j.brokerStatusLocked(g.Name, b.ID, b.Addr, string(routing.RoleSlave), now)
 		st.InSync = g.IsInSync(b.ID)
 		if s != nil {
-			if h, ok := s.slave(b.ID); ok {
+			h, heard := s.slave(b.ID)
+			if heard {
 				st.Broken, st.Waiting = h.hb.Broken, h.hb.Waiting
 			}
+			alive := heard && now.Sub(h.at) <= j.cfg.SessionTimeout
+			st.IneligibleReason, st.NotEligible = j.ineligibleLocked(g, s, b.ID, h, alive, len(g.InSync) == 0)
+			st.Eligible = st.IneligibleReason == ""
+		} else {
+			st.IneligibleReason, st.NotEligible = refuseSlaveOut, fmt.Sprintf("the slave %s has not heartbeated since this leader took over", b.ID)
 		}
 		for _, r := range last.Replicas {
 			if r.ID == b.ID {

@@ -288,6 +288,19 @@ func TestMembersShowTheMastersReport(t *testing.T) {
 	if s2.InSync || !s2.Reported || s2.AckOffset != 400 || s2.LagBytes != 600 || s2.LagMillis != 7000 {
 		t.Fatalf("s2: %+v", s2)
 	}
+	// Promotable now, were the master lost: s1 once heard holding what the
+	// master acknowledged; s2 never (outside the set).
+	if s1.Eligible || s1.IneligibleReason != refuseSlaveOut || s2.Eligible || s2.IneligibleReason != refuseNotInSet {
+		t.Fatalf("before the slaves' heartbeats: s1 %+v, s2 %+v", s1, s2)
+	}
+	r.heartbeat(slaveOf("s1", 950, 1000))
+	if s1 := r.j.info(r.group("g1"), r.clk.Now()).Members[1]; s1.Eligible || s1.IneligibleReason != refuseHigh {
+		t.Fatalf("s1 below its acknowledged 1000: %+v", s1)
+	}
+	r.heartbeat(slaveOf("s1", 1000, 1000))
+	if s1 := r.j.info(r.group("g1"), r.clk.Now()).Members[1]; !s1.Eligible || s1.NotEligible != "" {
+		t.Fatalf("s1 caught up: %+v", s1)
+	}
 }
 
 // An ALTER_SYNC_SET that comes in while the judge applies a promotion of

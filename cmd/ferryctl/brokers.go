@@ -48,7 +48,7 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				}
 			}
 			if len(slaves) > 0 {
-				rows = append(rows, []string{""}, []string{"GROUP", "SLAVE", "IN-SYNC", "ACKED", "LAG-BYTES", "LAG-TIME", "SLAVE-HB"})
+				rows = append(rows, []string{""}, []string{"GROUP", "SLAVE", "IN-SYNC", "ACKED", "LAG-BYTES", "LAG-TIME", "SLAVE-HB", "PROMOTABLE"})
 				rows = append(rows, slaves...)
 			}
 			if groups == nil {
@@ -106,8 +106,9 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 }
 
 // slaveRow is one slave of gi in the brokers table: whether it is in the
-// sync set, and what its master last reported of it ("-" when it has
-// not).
+// sync set, what its master last reported of it ("-" when it has not), its
+// last heartbeat, and whether a failover could promote it now (else the
+// reason's word).
 func slaveRow(gi api.GroupInfo, m api.BrokerStatus) []string {
 	inSync := "no"
 	if m.InSync {
@@ -117,7 +118,11 @@ func slaveRow(gi api.GroupInfo, m api.BrokerStatus) []string {
 	if m.Reported {
 		acked, lagBytes, lagTime = fmt.Sprint(m.AckOffset), fmt.Sprint(m.LagBytes), duration(m.LagMillis)
 	}
-	return []string{gi.Name, member(m.ID, m.Addr), inSync, acked, lagBytes, lagTime, heartbeatOf(gi, m)}
+	eligible := "yes"
+	if !m.Eligible {
+		eligible = "no: " + orDash(m.IneligibleReason)
+	}
+	return []string{gi.Name, member(m.ID, m.Addr), inSync, acked, lagBytes, lagTime, heartbeatOf(gi, m), eligible}
 }
 
 // resyncOut is what 'broker resync' prints with --json.

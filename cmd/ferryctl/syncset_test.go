@@ -47,6 +47,12 @@ func (tb *threeBrokers) beat(t *testing.T, ids ...string) routing.Group {
 	var g routing.Group
 	for _, id := range ids {
 		hb := api.Heartbeat{Group: "g1", BrokerID: id, Addr: "127.0.0.1:1" + id[len(id)-1:], Role: routing.RoleSlave, Epoch: 1}
+		if id == "g1-s1" {
+			hb.LogEnd = 5000
+		}
+		if id == "g1-s2" {
+			hb.LogEnd = 1200
+		}
 		if id == "g1-m" {
 			hb.Role, hb.LogEnd, hb.HighAcked = routing.RoleMaster, 5000, 4000
 			hb.Replicas = []api.ReplicaStatus{
@@ -87,25 +93,27 @@ func TestBrokersShowEverySlave(t *testing.T) {
 		t.Fatalf("g1's row %q: want HIGH 2/2 ok", row)
 	}
 	header := rowOf(t, out, "GROUP  SLAVE")
-	if f := strings.Fields(header); strings.Join(f, " ") != "GROUP SLAVE IN-SYNC ACKED LAG-BYTES LAG-TIME SLAVE-HB" {
+	if f := strings.Fields(header); strings.Join(f, " ") != "GROUP SLAVE IN-SYNC ACKED LAG-BYTES LAG-TIME SLAVE-HB PROMOTABLE" {
 		t.Fatalf("slave table header %q", header)
 	}
-	for _, want := range []struct{ slave, fields string }{
-		{"g1-s1", "yes 5000 0 0s"},
-		{"g1-s2", "no 1200 3800 6.5s"},
+	for _, want := range []struct{ slave, fields, promotable string }{
+		{"g1-s1", "yes 5000 0 0s", "yes"},
+		{"g1-s2", "no 1200 3800 6.5s", "no: slave-not-in-sync-set"},
 	} {
 		row := slaveLine(t, out, want.slave)
-		if f := strings.Fields(row); len(f) < 7 || strings.Join(f[3:7], " ") != want.fields || !strings.Contains(row, "ago") {
-			t.Fatalf("slave row %q: want %q and a heartbeat age", row, want.fields)
+		if f := strings.Fields(row); len(f) < 7 || strings.Join(f[3:7], " ") != want.fields || !strings.Contains(row, "ago") ||
+			!strings.HasSuffix(strings.TrimSpace(row), want.promotable) {
+			t.Fatalf("slave row %q: want %q, a heartbeat age and promotable %q", row, want.fields, want.promotable)
 		}
 	}
 
 	gi := brokersJSON(t, tb.meta)["g1"]
 	s2, ok := memberIn(gi, "g1-s2", "slave")
-	if !ok || s2.InSync || s2.AckOffset != 1200 || s2.LagBytes != 3800 || s2.LagMillis != 6500 || !s2.Reported {
+	if !ok || s2.InSync || s2.AckOffset != 1200 || s2.LagBytes != 3800 || s2.LagMillis != 6500 || !s2.Reported ||
+		s2.Eligible || s2.IneligibleReason != "slave-not-in-sync-set" || !strings.Contains(s2.NotEligible, "not in the sync set") {
 		t.Fatalf("--json g1-s2: %+v", gi.Members)
 	}
-	if s1, ok := memberIn(gi, "g1-s1", "slave"); !ok || !s1.InSync || len(gi.Slaves) != 2 || gi.InSync[0] != "g1-s1" {
+	if s1, ok := memberIn(gi, "g1-s1", "slave"); !ok || !s1.InSync || !s1.Eligible || len(gi.Slaves) != 2 || gi.InSync[0] != "g1-s1" {
 		t.Fatalf("--json g1: %+v", gi)
 	}
 

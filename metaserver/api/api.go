@@ -173,6 +173,13 @@ type BrokerStatus struct {
 	// before it can (Waiting); "" when nothing.
 	Broken  string `json:"broken,omitempty"`
 	Waiting string `json:"waiting,omitempty"`
+	// Eligible (a slave) is whether a failover could promote it now, were
+	// its master lost (the margin, the loss limit and the quorum rule
+	// aside); else NotEligible says why, as a word (IneligibleReason, the
+	// failover refusal metric's reason) and a sentence.
+	Eligible         bool   `json:"eligible,omitempty"`
+	IneligibleReason string `json:"ineligible_reason,omitempty"`
+	NotEligible      string `json:"not_eligible,omitempty"`
 }
 
 // InitProducerRequest asks the metaserver leader for a producer identity.
