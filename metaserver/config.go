@@ -52,11 +52,10 @@ type Config struct {
 	// SessionTimeout: a master unheard of for this long makes its group
 	// read-only (heartbeat-lost). Default 10 s.
 	SessionTimeout time.Duration
-	// LagBytes is FailoverMaxLoss's default. LagTime is no longer used: a
-	// slave's lag makes no group read-only (its master drops it from the
-	// sync set after the broker's own lag time, and refuses HIGH messages
-	// while the set is below the group's MinInSync); both are kept so that
-	// older configurations still load. Defaults 64 MiB and 5 s.
+	// LagBytes is FailoverMaxLoss's default. LagTime is how long a member
+	// of a sync set may be not caught up before its master takes it out of
+	// the set (heartbeat replies carry it to the masters). A slave's lag
+	// makes no group read-only. Defaults 64 MiB and 5 s.
 	LagBytes int64
 	LagTime  time.Duration
 	// RecoverHeartbeats is how many healthy master heartbeats in a row make

@@ -56,7 +56,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&admit, "admit-groups", string(metaserver.AdmitAuto), "auto: a broker group that registers takes queues at once; manual: it waits for 'ferryctl broker add-group'")
 	fs.DurationVar(&cfg.SessionTimeout, "session", def.SessionTimeout, "a master unheard of this long makes its group read-only")
 	fs.Int64Var(&cfg.LagBytes, "lag-bytes", def.LagBytes, "the default of -failover-max-loss (a slave's lag makes no group read-only: its master drops it from the sync set)")
-	fs.DurationVar(&cfg.LagTime, "lag-time", def.LagTime, "unused: a slave's lag makes no group read-only (its master drops it from the sync set after the broker's -lag-time)")
+	fs.DurationVar(&cfg.LagTime, "lag-time", def.LagTime, "a member of a sync set not caught up this long leaves it (the masters take it from the heartbeat replies); a slave's lag makes no group read-only")
 	fs.IntVar(&cfg.RecoverHeartbeats, "recover-heartbeats", def.RecoverHeartbeats, "healthy heartbeats in a row that make a group writable again")
 	fs.StringVar(&failover, "failover", "on", "on: promote a lost master's slave; off: keep the group read-only until a person acts")
 	fs.Int64Var(&maxLoss, "failover-max-loss", -1, "most bytes of NORMAL messages a promotion may lose, by the last reports; 0: only a slave that had everything (default: -lag-bytes)")
