@@ -154,6 +154,23 @@ func TestFailoverOnlyFromTheSyncSet(t *testing.T) {
 	}
 }
 
+// A slave that left the sync set while it fell below the group's minimum
+// is eligible (no HIGH message was answered after it left): with the
+// set's only member dead, it is promoted; a slave that never was in the set
+// is not, however far it got.
+func TestFailoverPromotesAnEligibleMember(t *testing.T) {
+	r := newGroupRig(t, nil, []string{"s1", "s2", "s3"}, "s1", "s2")
+	r.mustApply(&fsm.SetGroupPolicy{Group: "g1", MinInSync: 3})
+	r.alter("s1") // s2 leaves: two copies, below three
+	if g := r.group("g1"); strings.Join(g.Eligible, ",") != "s2" {
+		t.Fatalf("eligible %v, want s2", g.Eligible)
+	}
+	r.heartbeat(masterAcked(1000, 600))
+	r.heartbeat(slaveOf("s1", 700, 1000)) // and then nothing from s1
+	r.loseAll(tSession+tMargin+2*tInterval, slaveOf("s2", 800, 1000), slaveOf("s3", 1000, 1000))
+	r.wantMaster("s2", 2)
+}
+
 // With an empty sync set (a group whose master has not added anyone, as a
 // group of one slave before sync sets) any live slave in the epoch is a
 // candidate: the most caught-up.
