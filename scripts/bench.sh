@@ -22,6 +22,9 @@
 #   high       the async shape with HIGH reliability and a slave, as a ratio to NORMAL alone
 #              (the async shape's runs of this invocation; run with async)
 #   normalslave the async shape, NORMAL, with a slave connected: high is printed against it
+#   high2      the async shape with HIGH reliability and two slaves (both in the sync set: every
+#              HIGH message waits for both), printed against high and normalslave2
+#   normalslave2 the async shape, NORMAL, with two slaves connected
 #   queues     the async shape into a topic of 1000 queues and into one of 8, as a ratio
 #   consume    COUNT messages written (async shape), then one member drains them (--consumers 1
 #              --backlog): the rate from its first delivered message to the last, beside
@@ -104,10 +107,12 @@ MASTER_ADDR="127.0.0.1:$((BASE + 3))"
 MASTER_HA="127.0.0.1:$((BASE + 4))"
 SLAVE_ADDR="127.0.0.1:$((BASE + 5))"
 SLAVE_HA="127.0.0.1:$((BASE + 6))"
+SLAVE2_ADDR="127.0.0.1:$((BASE + 10))"
+SLAVE2_HA="127.0.0.1:$((BASE + 11))"
 RAFT="127.0.0.1:$((BASE + 2))"
 NATS_PORT="${NATS_PORT:-$((BASE + 20))}"
 
-ALL_SHAPES=(async async1 sync flushsync high normalslave queues consume consume4 fixedrate roll coldstart)
+ALL_SHAPES=(async async1 sync flushsync high normalslave high2 normalslave2 queues consume consume4 fixedrate roll coldstart)
 NAME=bench.sh
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
@@ -119,7 +124,7 @@ SHAPES=()
 WANT_NATS=0
 for a in "$@"; do
 	case "$a" in
-	async | async1 | sync | flushsync | high | normalslave | queues | consume | consume4 | fixedrate | roll | coldstart) SHAPES+=("$a") ;;
+	async | async1 | sync | flushsync | high | normalslave | high2 | normalslave2 | queues | consume | consume4 | fixedrate | roll | coldstart) SHAPES+=("$a") ;;
 	nats) WANT_NATS=1 ;;
 	-h | --help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "bench.sh: unknown shape $a (${ALL_SHAPES[*]} nats)" >&2; exit 2 ;;
@@ -141,7 +146,7 @@ work_init ferry-bench
 # A client that died of SIGINT or SIGTERM means the user interrupted us.
 sig() { case "$1" in 130 | 143) echo "interrupted (rc=$1)" >&2; exit "$1" ;; esac; }
 
-require_free_ports $((BASE + 1)) $((BASE + 8)) "set FERRY_BENCH_BASE_PORT to a free block of 30 ports"
+require_free_ports $((BASE + 1)) $((BASE + 11)) "set FERRY_BENCH_BASE_PORT to a free block of 30 ports"
 
 META_TLS=() BROKER_TLS=() CTL_TLS=()
 case "$TLS" in
@@ -155,19 +160,20 @@ case "$TLS" in
 esac
 ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "${CTL_TLS[@]}" "$@"; }
 
-# group_ready GROUP SLAVE: GROUP is writable (and with SLAVE=1, its master
-# reports its slave connected).
+# group_ready GROUP SLAVES: GROUP is writable (and with SLAVES > 0, that
+# many slaves are in its sync set: HIGH is taken).
 group_ready() {
 	local out
 	out="$(ctl brokers --json 2>/dev/null)" || return 1
 	# the array's item (lines "  {" to "  }") whose name is GROUP
 	out="$(awk -v g="\"name\": \"$1\"," '/^  \{/ { b = "" } { b = b $0 "\n" } /^  \}/ && index(b, g) { printf "%s", b; exit }' <<<"$out")"
 	grep -q '"state": "RW"' <<<"$out" || return 1
-	[ "$2" = 0 ] || grep -q '"slave_connected": true' <<<"$out"
+	[ "$2" = 0 ] || [ "$(grep -c '"in_sync": true' <<<"$out")" -ge "$2" ]
 }
 
-# start_group GROUP FLUSH SLAVE: a fresh master (and slave) with empty data
-# directories, as broker group GROUP; waits until it takes writes.
+# start_group GROUP FLUSH SLAVES: a fresh master (and 0, 1 or 2 slaves) with
+# empty data directories, as broker group GROUP; waits until it takes
+# writes (and its slaves are in its sync set).
 BROKER_PIDS=()
 SHAPE_ARGS=() # more flags for the master of the shape being run (roll: -segment-size)
 start_group() {
@@ -177,12 +183,19 @@ start_group() {
 	launch "$g-master" "$BIN/ferry-broker" -id "$g-master" -group "$g" -role master -dir "$WORK/data/$g-master" \
 		-addr "$MASTER_ADDR" -ha-addr "$MASTER_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}" "${SHAPE_ARGS[@]}" "${BROKER_TLS[@]}"
 	BROKER_PIDS=("$LAST_PID")
-	if [ "$slave" = 1 ]; then
+	if [ "$slave" -ge 1 ]; then
 		pp=()
 		[ "$PPROF" = 1 ] && pp=(-pprof "127.0.0.1:$((BASE + 8))")
 		wait_until 30 "group $g's master registering" group_ready "$g" 0
 		launch "$g-slave" "$BIN/ferry-broker" -id "$g-slave" -group "$g" -role slave -dir "$WORK/data/$g-slave" \
 			-addr "$SLAVE_ADDR" -ha-addr "$SLAVE_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${pp[@]}" "${BROKER_EXTRA[@]}" "${BROKER_TLS[@]}"
+		BROKER_PIDS+=("$LAST_PID")
+	fi
+	if [ "$slave" -ge 2 ]; then
+		# The third broker joins once the group has its master and first slave.
+		wait_until 30 "group $g's first slave joining its sync set" group_ready "$g" 1
+		launch "$g-slave2" "$BIN/ferry-broker" -id "$g-slave2" -group "$g" -role slave -dir "$WORK/data/$g-slave2" \
+			-addr "$SLAVE2_ADDR" -ha-addr "$SLAVE2_HA" -meta "$META" -flush "$flush" -heartbeat 1s -session 4s "${BROKER_EXTRA[@]}" "${BROKER_TLS[@]}"
 		BROKER_PIDS+=("$LAST_PID")
 	fi
 	wait_until 30 "group $g taking writes" group_ready "$g" "$slave"
@@ -191,7 +204,7 @@ stop_group() {
 	local p
 	for p in "${BROKER_PIDS[@]}"; do stop_pid "$p"; done
 	BROKER_PIDS=()
-	rm -rf "$WORK"/data/g*-master "$WORK"/data/g*-slave
+	rm -rf "$WORK"/data/g*-master "$WORK"/data/g*-slave "$WORK"/data/g*-slave2
 }
 
 # ------------------------------------------------------------------ figures
@@ -244,13 +257,13 @@ bench_run() {
 	local m0 m1 s0=0 s1=0 a0 a1 c0
 	children_cpu
 	m0="$(proc_ticks "${BROKER_PIDS[0]}")" a0="$(procs_ticks "${BROKER_PIDS[@]}" "$META_PID")" c0="$CHILDREN_CPU"
-	[ "$slave" = 1 ] && s0="$(proc_ticks "${BROKER_PIDS[1]}")"
+	[ "$slave" -ge 1 ] && s0="$(proc_ticks "${BROKER_PIDS[1]}")"
 	out="$(timeout --foreground -k 5 "$RUN_TIMEOUT" "$BIN/ferryctl" --meta "$META" --timeout 10s "${CTL_TLS[@]}" --json bench \
 		--topic "$topic" --size "$SIZE" --progress=false "$@" "${prof[@]}" 2>"$WORK/logs/bench.run.err")"
 	rc=$?
 	children_cpu
 	m1="$(proc_ticks "${BROKER_PIDS[0]}")" a1="$(procs_ticks "${BROKER_PIDS[@]}" "$META_PID")"
-	[ "$slave" = 1 ] && s1="$(proc_ticks "${BROKER_PIDS[1]}")"
+	[ "$slave" -ge 1 ] && s1="$(proc_ticks "${BROKER_PIDS[1]}")"
 	[ "$METRICS" = 1 ] && master_counts
 	cat "$WORK/logs/bench.run.err" >>"$WORK/logs/bench.err"
 	echo "$shape run $RUN_NO (rc $rc): ferryctl bench --topic $topic $*" >>"$WORK/logs/bench.out"
@@ -286,7 +299,7 @@ bench_run() {
 	# the shell's children times, over the whole ferryctl bench run.
 	R_CPU="$(awk -v c="$(jnum cpu_seconds "$out")" -v n="$sent" 'BEGIN{ if (c != "" && n > 0) printf "%.2f", c * 1e6 / n; else print "NA" }')"
 	R_BCPU="$(per_msg "$m0" "$m1" 0 "$sent")"
-	[ "$slave" = 1 ] && R_SCPU="$(per_msg "$s0" "$s1" 0 "$sent")"
+	[ "$slave" -ge 1 ] && R_SCPU="$(per_msg "$s0" "$s1" 0 "$sent")"
 	R_TOT="$(per_msg "$a0" "$a1" "$(awk -v a="$c0" -v b="$CHILDREN_CPU" 'BEGIN{ print b - a }')" "$sent")"
 }
 
@@ -340,6 +353,18 @@ run_shapes() {
 			log "normalslave run $r/$RUNS: async shape, NORMAL, with the slave connected, $COUNT msgs"
 			bench_run normalslave async 1 8 "${ASYNC[@]}" --reliability normal
 			rec normalslave
+			log "  $R_RATE msgs/s ($(cpu_log))"
+		fi
+		if has high2 || has normalslave2; then
+			log "high2 run $r/$RUNS: async shape, HIGH, with two slaves in the sync set, $COUNT msgs"
+			bench_run high2 async 2 8 "${ASYNC[@]}" --reliability high
+			rec high2
+			log "  $R_RATE msgs/s ($(cpu_log))"
+		fi
+		if has normalslave2; then
+			log "normalslave2 run $r/$RUNS: async shape, NORMAL, with two slaves connected, $COUNT msgs"
+			bench_run normalslave2 async 2 8 "${ASYNC[@]}" --reliability normal
+			rec normalslave2
 			log "  $R_RATE msgs/s ($(cpu_log))"
 		fi
 		if has queues; then
@@ -463,6 +488,15 @@ report() {
 		v=$(med high)
 		rt=$(ratio "$v" "$(med normalslave)")
 		line high.vs.normalslave msgs/s "$v" "$(runs high)" "ferrymq normalslave (same slave)" "$(med normalslave)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
+	fi
+	if has high2; then
+		v=$(med high2)
+		line high2.slaves.4p.w$WINDOW msgs/s "$v" "$(runs high2)" "ferrymq high (one slave)" "$(med high)" "$(ratio "$v" "$(med high)")" "-" "-"
+		line high2.p99 us "$(med high2.p99)" "$(runs high2.p99)" "ferrymq high p99 (one slave)" "$(med high.p99)" "$(ratio "$(med high2.p99)" "$(med high.p99)")" "-" "-"
+	fi
+	if has normalslave2; then
+		v=$(med high2)
+		line high2.vs.normalslave2 msgs/s "$v" "$(runs high2)" "ferrymq normalslave2 (same slaves)" "$(med normalslave2)" "$(ratio "$v" "$(med normalslave2)")" "-" "-"
 	fi
 	if has queues; then
 		v=$(med q1000)
