@@ -130,6 +130,9 @@ func requests() map[protocol.Code]request {
 		protocol.CodeACLGet:            {onMeta, js(struct{}{})},
 		protocol.CodeAdminAdmitGroup:   {onMeta, js(api.AdmitGroupRequest{Group: "g1"})},
 		protocol.CodeAdminRetireGroup:  {onMeta, js(api.RetireGroupRequest{Group: "g1", DryRun: true})},
+		protocol.CodeAlterSyncSet:      {onMeta, js(api.AlterSyncSetRequest{Group: "no-such-group"})},
+		protocol.CodeAdminGroupPolicy:  {onMeta, js(api.GroupPolicyRequest{Group: "no-such-group"})},
+		protocol.CodeAdminRemoveSlave:  {onMeta, js(api.RemoveSlaveRequest{Group: "no-such-group", Broker: "nobody"})},
 	}
 }
 
@@ -222,6 +225,9 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeACLGet:            {"admin", "cluster"},
 		protocol.CodeAdminAdmitGroup:   {"admin"},
 		protocol.CodeAdminRetireGroup:  {"admin"},
+		protocol.CodeAlterSyncSet:      {"admin", "cluster"},
+		protocol.CodeAdminGroupPolicy:  {"admin"},
+		protocol.CodeAdminRemoveSlave:  {"admin"},
 	}
 	reqs := requests()
 	peers := map[string]ports{}

@@ -137,7 +137,7 @@ func TestFailoverPromotesTheSlaveAndTheOldMasterRejoins(t *testing.T) {
 	testwait.For(t, 10*time.Second, "the registry to hear of the cut", func() bool {
 		return meta.Nodes[0].Failovers().CutBytes == masterEnd-slaveEnd
 	})
-	if groups, err := mcl.Groups(context.Background()); err != nil || !strings.Contains(groups[0].Failover, "g1-master rejoined as the slave and cut") {
+	if groups, err := mcl.Groups(context.Background()); err != nil || !strings.Contains(groups[0].Failover, "g1-master rejoined as a slave and cut") {
 		t.Fatalf("the failover word does not tell the cut: %+v %v", groups, err)
 	}
 	oc := tc.Dial(t, old.Addr())

@@ -122,6 +122,7 @@ func TestSessionNeverWaitsOnAReader(t *testing.T) {
 // only when it is addressed to it.
 func TestViewNamesThisBroker(t *testing.T) {
 	reg := &orderRegistry{group: routing.Group{Name: "g1", Epoch: 2, Master: routing.Broker{ID: "m"}, Slave: routing.Broker{ID: "s"},
+		Slaves: []routing.Broker{{ID: "s"}},
 		Resync: &routing.ResyncOrder{Broker: "s", Seq: 7}}}
 	for _, tc := range []struct {
 		id     string

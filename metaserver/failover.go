@@ -8,13 +8,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
-// Failover: the leader promotes a group's slave when its master is lost.
-// The argument for why no two masters ever acknowledge writes at once, with
-// the timings, is in DESIGN.md ("Failover"). In short:
+// Failover: the leader promotes one of a group's slaves when its master is
+// lost. The argument for why no two masters ever acknowledge writes at
+// once, with the timings, is in DESIGN.md ("Failover"). In short:
 //
 //   - the old master's write lease runs from when it sent its last accepted
 //     heartbeat, for one session by its own monotonic clock, and it
@@ -25,11 +26,17 @@ import (
 //   - the promoted slave takes writes only after it has read the new epoch
 //     in a heartbeat reply, after the promotion committed.
 //
-// The slave is promoted only if it holds every byte the master reported
-// the slave had acknowledged (so no HIGH message acknowledged to a producer
-// is lost), and if what it lacks of the master's log, by the last reports,
-// is at most FailoverMaxLoss bytes (NORMAL messages acknowledged by the
-// master alone).
+// The candidates are the slaves heard within the session, not broken, in
+// the group's epoch, members of the committed sync set (any slave while
+// the set is empty, as a group of one slave before it has one), holding at
+// least what the master last reported as acknowledged: HighAcked, and the
+// slave's own AckOffset among the master's Replicas. So no HIGH message
+// acknowledged to a producer is lost. With an ack quorum of k copies and n
+// members in the set, a quorum-answered message is on k-1 members, so the
+// leader waits until n-k+2 members are heard, alive and in the epoch: one
+// of them holds it. The candidate with the largest log end is promoted
+// (the lowest id on a tie), if what it lacks of the master's log, by the
+// last reports, is at most FailoverMaxLoss bytes (NORMAL messages).
 
 // failoverStats counts the leader's failover decisions, for metrics.
 type failoverStats struct {
@@ -91,13 +98,16 @@ const (
 	refuseEpoch    = "slave-not-in-epoch"
 	refuseHigh     = "slave-missing-acknowledged"
 	refuseLoss     = "slave-too-far-behind"
+	refuseNotInSet = "slave-not-in-sync-set"
+	refuseQuorum   = "sync-set-not-heard"
+	refuseMixed    = "no-eligible-slave" // the slaves are not eligible for different reasons
 	refuseWaiting  = "waiting-for-margin"
 	refuseFailed   = "apply-failed"
 )
 
-// maybePromote promotes g's slave if its master is lost past the margin and
-// the slave qualifies, and records why not otherwise. It reports whether
-// it promoted (the group changed under the caller).
+// maybePromote promotes one of g's slaves if its master is lost past the
+// margin and a slave qualifies, and records why not otherwise. It reports
+// whether it promoted (the group changed under the caller).
 func (j *judge) maybePromote(ctx context.Context, g routing.Group, now time.Time) bool {
 	j.mu.Lock()
 	s := j.sessionLocked(g.Name)
@@ -113,12 +123,11 @@ func (j *judge) maybePromote(ctx context.Context, g routing.Group, now time.Time
 		j.mu.Unlock()
 		return false
 	}
-	reason, note := j.refusalLocked(g, s, now, silent)
-	var loss int64
-	var start int64
+	chosen, reason, note := j.chooseLocked(g, s, now, silent)
+	var loss, start int64
 	if reason == "" {
-		start = s.lastSl.LogEnd
-		loss = max(0, max(s.last.LogEnd, s.lastSl.MasterEnd)-start)
+		start = chosen.LogEnd
+		loss = max(0, max(s.last.LogEnd, chosen.MasterEnd)-start)
 	}
 	changed := note != s.failover
 	s.failover = note
@@ -133,12 +142,13 @@ func (j *judge) maybePromote(ctx context.Context, g routing.Group, now time.Time
 	if reason != "" {
 		if changed && reason != refuseWaiting {
 			j.failovers.refuse(reason)
-			j.log.Warn("not promoting the slave of a group whose master is lost", "group", g.Name, "master", g.Master.ID,
-				"slave", g.Slave.ID, "why", note)
+			j.log.Warn("not promoting a slave of a group whose master is lost", "group", g.Name, "master", g.Master.ID,
+				"slaves", len(g.Slaves), "why", note)
 		}
 		return false
 	}
-	cmd := &fsm.Promote{Group: g.Name, Epoch: g.Epoch, Master: g.Master.ID, Slave: g.Slave.ID, Start: start, At: now.UnixMilli()}
+	next := chosen.BrokerID
+	cmd := &fsm.Promote{Group: g.Name, Epoch: g.Epoch, Master: g.Master.ID, Slave: next, Start: start, At: now.UnixMilli()}
 	_, err := j.apply(ctx, cmd)
 	j.mu.Lock()
 	s.promoting = nil
@@ -146,62 +156,143 @@ func (j *judge) maybePromote(ctx context.Context, g routing.Group, now time.Time
 	defer close(done)
 	if err != nil {
 		j.failovers.refuse(refuseFailed)
-		j.log.Warn("promoting a slave failed", "group", g.Name, "slave", g.Slave.ID, "error", err)
+		j.log.Warn("promoting a slave failed", "group", g.Name, "slave", next, "error", err)
 		return false
 	}
 	j.failovers.promotions.Add(1)
 	j.failovers.lostBytes.Add(loss)
 	j.mu.Lock()
 	// The new master's session starts now: it has one session to heartbeat
-	// (unless a heartbeat of it, as master, already came in since the commit).
-	ns := session{lastMaster: now, lastSlave: now,
+	// (unless a heartbeat of it, as master, already came in since the
+	// commit). The other slaves stay slaves: their last heartbeats stay.
+	ns := session{lastMaster: now, slaves: map[string]*slaveHeard{},
 		failover: fmt.Sprintf(notePromoted+" %s over %s at epoch %d, log offset %d; at least %d bytes lost by the last reports",
-			g.Slave.ID, g.Master.ID, g.Epoch+1, start, loss)}
-	if s.seenMaster && s.last.BrokerID == g.Slave.ID {
+			next, g.Master.ID, g.Epoch+1, start, loss)}
+	for id, h := range s.slaves {
+		if id != next {
+			ns.slaves[id] = h
+		}
+	}
+	if s.seenMaster && s.last.BrokerID == next {
 		ns.lastMaster, ns.seenMaster, ns.last, ns.streak = s.lastMaster, true, s.last, s.streak
 	}
 	*s = ns
 	j.mu.Unlock()
-	j.log.Warn("promoted the slave of a group whose master is lost", "group", g.Name, "new-master", g.Slave.ID,
+	j.log.Warn("promoted a slave of a group whose master is lost", "group", g.Name, "new-master", next,
 		"old-master", g.Master.ID, "epoch", g.Epoch+1, "start", start, "silent", silent,
 		"lost-normal-bytes", loss, "lost-note", "NORMAL messages the old master acknowledged after its slave's copy, by the last reports")
 	return true
 }
 
-// refusalLocked returns why g's slave may not be promoted now ("" if it
-// may), as a metric reason and a sentence.
-func (j *judge) refusalLocked(g routing.Group, s *session, now time.Time, silent time.Duration) (string, string) {
+// chooseLocked returns the slave of g to promote now, by its last
+// heartbeat, or why none may be promoted now, as a metric reason and a
+// sentence. j.mu is held.
+func (j *judge) chooseLocked(g routing.Group, s *session, now time.Time, silent time.Duration) (api.Heartbeat, string, string) {
 	switch {
 	case j.cfg.DisableFailover:
-		return refuseOff, "failover is off: the group stays read-only until its master returns or an operator acts"
-	case g.Slave.ID == "":
-		return refuseNoSlave, "the group has no slave"
+		return api.Heartbeat{}, refuseOff, "failover is off: the group stays read-only until its master returns or an operator acts"
+	case len(g.Slaves) == 0:
+		return api.Heartbeat{}, refuseNoSlave, "the group has no slave"
 	case g.Reasons&routing.Admin != 0:
-		return refuseAdmin, "an operator marked the group read-only"
-	case !s.seenSlave || now.Sub(s.lastSlave) > j.cfg.SessionTimeout || s.lastSl.BrokerID != g.Slave.ID:
-		return refuseSlaveOut, fmt.Sprintf("the slave %s has not heartbeated within a session", g.Slave.ID)
-	case s.lastSl.Broken != "":
-		return refuseBroken, fmt.Sprintf("the slave %s cannot follow its master (%s): it needs an operator's resync", g.Slave.ID, s.lastSl.Broken)
-	case s.lastSl.Epoch != g.Epoch:
+		return api.Heartbeat{}, refuseAdmin, "an operator marked the group read-only"
+	}
+	var (
+		best     api.Heartbeat
+		found    bool
+		reasons  []string // each slave's reason, in the group's order
+		whys     []string
+		inEpoch  int // sync set members heard within the session, not broken, in the epoch
+	)
+	for _, b := range g.Slaves {
+		h, heard := s.slave(b.ID)
+		alive := heard && now.Sub(h.at) <= j.cfg.SessionTimeout
+		if alive && g.IsInSync(b.ID) && h.hb.Broken == "" && h.hb.Epoch == g.Epoch {
+			inEpoch++
+		}
+		reason, why := j.ineligibleLocked(g, s, b.ID, h, alive)
+		if reason != "" {
+			reasons, whys = append(reasons, reason), append(whys, why)
+			continue
+		}
+		if !found || h.hb.LogEnd > best.LogEnd || h.hb.LogEnd == best.LogEnd && b.ID < best.BrokerID {
+			best, found = h.hb, true
+		}
+	}
+	if !found {
+		reason := reasons[0]
+		for _, r := range reasons[1:] {
+			if r != reason {
+				reason = refuseMixed
+			}
+		}
+		if len(whys) == 1 {
+			return api.Heartbeat{}, reason, whys[0]
+		}
+		return api.Heartbeat{}, reason, "no slave may be promoted: " + strings.Join(whys, "; ")
+	}
+	if k, n := g.AckQuorum, len(g.InSync); k > 0 && n > 0 {
+		// A message answered at k copies is on k-1 members of the set: any
+		// n-k+2 of them include one holding it.
+		if need := max(1, n-k+2); inEpoch < need {
+			return api.Heartbeat{}, refuseQuorum, fmt.Sprintf("the group answers HIGH at %d copies: %d of the %d members of the sync set must be heard in epoch %d to be sure one holds every message answered, and %d are",
+				k, need, n, g.Epoch, inEpoch)
+		}
+	}
+	behind := max(s.last.LogEnd, best.MasterEnd) - best.LogEnd
+	if j.cfg.FailoverMaxLoss == NoLoss && behind > 0 || j.cfg.FailoverMaxLoss != NoLoss && behind > j.cfg.FailoverMaxLoss {
+		return api.Heartbeat{}, refuseLoss, fmt.Sprintf("the slave %s, the most caught-up, is %d bytes behind the master's last report, over the failover limit of %d",
+			best.BrokerID, behind, max(j.cfg.FailoverMaxLoss, 0))
+	}
+	if wait := j.cfg.SessionTimeout + j.cfg.FailoverMargin; silent <= wait {
+		return api.Heartbeat{}, refuseWaiting, fmt.Sprintf("the master has been silent %v; promoting %s after %v (session + margin)",
+			silent.Round(time.Millisecond), best.BrokerID, wait)
+	}
+	return best, "", ""
+}
+
+// ineligibleLocked returns why slave id of g, last heard h (alive: within
+// the session), may not be promoted, as a metric reason and a sentence;
+// "" if it may. j.mu is held.
+func (j *judge) ineligibleLocked(g routing.Group, s *session, id string, h *slaveHeard, alive bool) (string, string) {
+	switch {
+	case !g.Promotable(id):
+		return refuseNotInSet, fmt.Sprintf("the slave %s is not in the sync set %v nor eligible %v: it may lack HIGH messages the master acknowledged", id, g.InSync, g.Eligible)
+	case !alive:
+		return refuseSlaveOut, fmt.Sprintf("the slave %s has not heartbeated within a session", id)
+	case h.hb.Broken != "":
+		return refuseBroken, fmt.Sprintf("the slave %s cannot follow its master (%s): it needs an operator's resync", id, h.hb.Broken)
+	case h.hb.Epoch != g.Epoch:
 		// Its log may hold records of an earlier epoch that this one's
 		// master never had (it has not cut back to where this epoch
 		// began), or lack the registry's word on where to cut: promoted,
 		// it would keep them at offsets the others hold differently.
-		why := fmt.Sprintf("the slave %s has not joined epoch %d yet (its log is of epoch %d)", g.Slave.ID, g.Epoch, s.lastSl.Epoch)
-		if s.lastSl.Waiting != "" {
-			why += ": " + s.lastSl.Waiting
+		why := fmt.Sprintf("the slave %s has not joined epoch %d yet (its log is of epoch %d)", id, g.Epoch, h.hb.Epoch)
+		if h.hb.Waiting != "" {
+			why += ": " + h.hb.Waiting
 		}
 		return refuseEpoch, why
-	case s.seenMaster && s.lastSl.LogEnd < s.last.SlaveAckOffset:
-		return refuseHigh, fmt.Sprintf("the slave holds %d bytes but the master last reported it had acknowledged %d: HIGH messages would be lost",
-			s.lastSl.LogEnd, s.last.SlaveAckOffset)
 	}
-	behind := max(s.last.LogEnd, s.lastSl.MasterEnd) - s.lastSl.LogEnd
-	if j.cfg.FailoverMaxLoss == NoLoss && behind > 0 || j.cfg.FailoverMaxLoss != NoLoss && behind > j.cfg.FailoverMaxLoss {
-		return refuseLoss, fmt.Sprintf("the slave is %d bytes behind the master's last report, over the failover limit of %d", behind, max(j.cfg.FailoverMaxLoss, 0))
-	}
-	if wait := j.cfg.SessionTimeout + j.cfg.FailoverMargin; silent <= wait {
-		return refuseWaiting, fmt.Sprintf("the master has been silent %v; promoting after %v (session + margin)", silent.Round(time.Millisecond), wait)
+	if acked := ackedBound(s, id); h.hb.LogEnd < acked {
+		return refuseHigh, fmt.Sprintf("the slave %s holds %d bytes, below the acknowledged %d the master last reported: HIGH messages would be lost",
+			id, h.hb.LogEnd, acked)
 	}
 	return "", ""
+}
+
+// ackedBound is how much of the master's log slave id must hold, by the
+// master's last heartbeat: every HIGH message it answered (HighAcked), what
+// it reported the slave acknowledged (its Replicas), and what the slowest
+// member of the set acknowledged (SlaveAckOffset: every member acknowledged
+// at least that).
+func ackedBound(s *session, id string) int64 {
+	if !s.seenMaster {
+		return 0
+	}
+	bound := max(s.last.HighAcked, s.last.SlaveAckOffset)
+	for _, r := range s.last.Replicas {
+		if r.ID == id {
+			bound = max(bound, r.AckOffset)
+		}
+	}
+	return bound
 }

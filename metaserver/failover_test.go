@@ -197,29 +197,6 @@ func setAdmin(group string) *fsm.SetGroupReasons {
 	return &fsm.SetGroupReasons{Group: group, Set: routing.Admin}
 }
 
-// A slave that just joined (a former master back after a failover) has
-// LagTime to connect and catch up before its lag makes the group
-// read-only; after that, lag counts as it always did.
-func TestJudgeGivesAJoiningSlaveLagTime(t *testing.T) {
-	r := newJudgeRig(t)
-	r.register("g1", routing.RoleMaster)
-	for range tRecover {
-		r.heartbeat(master("g1"))
-	}
-	r.register("g1", routing.RoleSlave)
-	r.heartbeat(slaveHB("g1", 0, 0)) // joins
-	behind := masterHB("g1", 10<<20, 0)
-	behind.LagMillis = tLagTime.Milliseconds() + 1
-	r.clk.Advance(tLagTime - time.Millisecond)
-	if g := r.heartbeat(behind); !g.Writable() {
-		t.Fatalf("a slave joined %v ago made the group %q", tLagTime-time.Millisecond, g.Reasons)
-	}
-	r.clk.Advance(time.Millisecond)
-	if g := r.heartbeat(behind); g.Reasons != routing.SlaveLag {
-		t.Fatalf("a slave still behind LagTime after joining: %q", g.Reasons)
-	}
-}
-
 // A master heartbeating between the judge's decision to promote its slave
 // and the promotion's commit (back from a pause just then) is answered
 // only after the commit, so it never hears that it still leads the old

@@ -78,27 +78,35 @@ func (s *Server) retireGroup(ctx context.Context, req api.RetireGroupRequest) (a
 // may): it heartbeated within the session, or this leader has not led for
 // a session and has not heard it (heartbeats live in its memory only).
 func (j *judge) liveMember(g routing.Group, now time.Time) string {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	for _, b := range []struct {
-		role string
-		br   routing.Broker
-	}{{"master", g.Master}, {"slave", g.Slave}} {
-		if b.br.ID == "" {
-			continue
-		}
-		st := j.brokerStatusLocked(g.Name, b.br.ID, b.br.Addr, b.role, now)
-		switch {
-		case st.Lost:
-		case st.Heard:
-			return fmt.Sprintf("its %s %s heartbeated %s ago, within the session (%s)", b.role, b.br.ID,
-				time.Duration(st.LastHeartbeatAgeMillis)*time.Millisecond, j.cfg.SessionTimeout)
-		default:
-			return fmt.Sprintf("this leader took over %s ago and has not heard its %s %s yet; it can tell only once a session (%s) has passed",
-				now.Sub(j.since).Round(time.Millisecond), b.role, b.br.ID, j.cfg.SessionTimeout)
+	if why := j.brokerLive(g, g.Master.ID, "master", now); why != "" {
+		return why
+	}
+	for _, b := range g.Slaves {
+		if why := j.brokerLive(g, b.ID, "slave", now); why != "" {
+			return why
 		}
 	}
 	return ""
+}
+
+// brokerLive says why g's broker id (of role) may be alive as of now (""
+// if it may not), as liveMember does.
+func (j *judge) brokerLive(g routing.Group, id, role string, now time.Time) string {
+	if id == "" {
+		return ""
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	st := j.brokerStatusLocked(g.Name, id, "", role, now)
+	switch {
+	case st.Lost:
+		return ""
+	case st.Heard:
+		return fmt.Sprintf("its %s %s heartbeated %s ago, within the session (%s)", role, id,
+			time.Duration(st.LastHeartbeatAgeMillis)*time.Millisecond, j.cfg.SessionTimeout)
+	}
+	return fmt.Sprintf("this leader took over %s ago and has not heard its %s %s yet; it can tell only once a session (%s) has passed",
+		now.Sub(j.since).Round(time.Millisecond), role, id, j.cfg.SessionTimeout)
 }
 
 // queueEndsWait bounds the raft write of a heartbeat's queue ends.

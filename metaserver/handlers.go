@@ -51,6 +51,7 @@ func (s *Server) routes() {
 	handle(s, protocol.CodeDeleteGroup, true, s.deleteConsumerGroup)
 	s.authRoutes()
 	s.groupRoutes()
+	s.syncSetRoutes()
 }
 
 func invalid(format string, args ...any) error {
@@ -65,17 +66,18 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 	want := routing.Broker{ID: hb.BrokerID, Addr: hb.Addr, HAAddr: hb.HAAddr}
 	g, ok := s.fsm.Group(hb.Group)
 	role, known := g.RoleOf(hb.BrokerID)
-	if !ok || !known || (role == routing.RoleMaster && g.Master != want) || (role == routing.RoleSlave && g.Slave != want) {
+	slave, _ := g.SlaveByID(hb.BrokerID)
+	if !ok || !known || (role == routing.RoleMaster && g.Master != want) || (role == routing.RoleSlave && slave != want) {
 		// Roles are the registry's: hb.Role is only the broker's preference
-		// when it first joins its group.
-		if _, err := s.apply(ctx, &fsm.RegisterBroker{Group: hb.Group, Role: hb.Role, Broker: want, LogEnd: hb.LogEnd,
-			At: now.UnixMilli(), Pending: s.cfg.AdmitGroups == AdmitManual}); err != nil {
+		// when it first joins its group (a group with a master and a slave
+		// takes it as one more slave).
+		if err := s.register(ctx, g, known, hb, want, now); err != nil {
 			return api.HeartbeatReply{}, err
 		}
 		g, _ = s.fsm.Group(hb.Group)
 		role, _ = g.RoleOf(hb.BrokerID)
 		s.log.Info("broker registered", "group", hb.Group, "role", role, "preferred", hb.Role, "broker", hb.BrokerID,
-			"addr", hb.Addr, "epoch", g.Epoch)
+			"addr", hb.Addr, "epoch", g.Epoch, "slaves", len(g.Slaves))
 	}
 	if promoting := s.judge.heartbeat(hb, now); promoting != nil {
 		// Answer from the registry as the promotion left it (judge.heartbeat).

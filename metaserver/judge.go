@@ -19,12 +19,17 @@ import (
 // state should change:
 //
 //   - no master heartbeat for more than SessionTimeout -> RO(heartbeat-lost);
-//   - the master reports its slave behind by more than LagBytes, or not
-//     caught up for more than LagTime -> RO(slave-lag);
-//   - RecoverHeartbeats healthy master heartbeats in a row clear both;
+//   - RecoverHeartbeats master heartbeats in a row clear it;
 //   - the admin reason is never touched here;
-//   - no master heartbeat for SessionTimeout + FailoverMargin, and the
-//     slave alive and close enough -> promote the slave (failover.go).
+//   - no master heartbeat for SessionTimeout + FailoverMargin, and a slave
+//     eligible (alive, in the sync set, holding every acknowledged HIGH
+//     message, close enough) -> promote the most caught-up (failover.go).
+//
+// A slave's lag makes no group read-only: a master drops a slave that lags
+// from the sync set (ALTER_SYNC_SET) and refuses HIGH messages while the
+// set is below the group's MinInSync, and NORMAL messages are written
+// meanwhile. The judge clears a slave-lag reason left by an earlier
+// version.
 //
 // Heartbeats count for the role the registry gives their broker, not the
 // role the broker claims: a fenced master that comes back speaks as the
@@ -62,27 +67,33 @@ type judge struct {
 
 type session struct {
 	lastMaster time.Time // last master heartbeat; starts at judge.since
-	lastSlave  time.Time
 	seenMaster bool
-	seenSlave  bool
-	streak     int // healthy master heartbeats in a row
-	lagBad     bool
+	streak     int           // master heartbeats in a row, since the last loss
 	last       api.Heartbeat // the master's last heartbeat
-	lastSl     api.Heartbeat // the slave's last heartbeat
-	// slaveID is the slave this session heard, and slaveSince when it
-	// first heard it: a slave that just joined (say a former master coming
-	// back after a failover) has LagTime to connect and catch up before its
-	// lag makes the group read-only.
-	slaveID    string
-	slaveSince time.Time
+	// slaves is each slave's last heartbeat, by broker id, for the slaves
+	// the group names (a slave promoted or removed leaves it).
+	slaves map[string]*slaveHeard
 	// cutNoted is the epoch whose old master's cut is in the failover word.
 	cutNoted uint32
-	// failover is why the group's slave is not being promoted, or what the
+	// failover is why no slave of the group is being promoted, or what the
 	// last promotion did; "" when there is nothing to say.
 	failover string
-	// promoting, while the judge applies a promotion of the group's slave,
-	// is closed when that apply has finished (nil otherwise).
+	// promoting, while the judge applies a promotion of one of the group's
+	// slaves, is closed when that apply has finished (nil otherwise).
 	promoting chan struct{}
+}
+
+// slaveHeard is one slave's last heartbeat and when it came.
+type slaveHeard struct {
+	at time.Time
+	hb api.Heartbeat
+}
+
+// slave returns the last heartbeat of the group's slave id, if the session
+// has one.
+func (s *session) slave(id string) (*slaveHeard, bool) {
+	h, ok := s.slaves[id]
+	return h, ok
 }
 
 func (j *judge) init(cfg Config, f *fsm.FSM, apply func(context.Context, fsm.Command) (*fsm.Result, error), log hclog.Logger) {
@@ -160,7 +171,7 @@ func (j *judge) waitRound(ctx context.Context, at time.Time) error {
 func (j *judge) sessionLocked(group string) *session {
 	s := j.sessions[group]
 	if s == nil {
-		s = &session{lastMaster: j.since, lastSlave: j.since}
+		s = &session{lastMaster: j.since, slaves: map[string]*slaveHeard{}}
 		j.sessions[group] = s
 	}
 	return s
@@ -196,33 +207,24 @@ func (j *judge) heartbeat(hb api.Heartbeat, now time.Time) (promoting <-chan str
 		promoting = s.promoting
 	}
 	if role != routing.RoleMaster {
-		if s.slaveID != hb.BrokerID {
-			s.slaveID, s.slaveSince = hb.BrokerID, now
-		}
 		if c := hb.LastCut; c != nil && c.Epoch == g.Epoch && s.cutNoted != c.Epoch {
 			// The old master rejoined and cut what the failover lost.
 			s.cutNoted = c.Epoch
 			j.failovers.cutBytes.Add(c.Bytes)
-			s.failover += fmt.Sprintf("; %s rejoined as the slave and cut %d bytes (%d records) into %s", hb.BrokerID, c.Bytes, c.Records, c.SideFile)
+			s.failover += fmt.Sprintf("; %s rejoined as a slave and cut %d bytes (%d records) into %s", hb.BrokerID, c.Bytes, c.Records, c.SideFile)
 		}
-		s.lastSlave, s.seenSlave, s.lastSl = now, true, hb
+		for id := range s.slaves {
+			if _, named := g.SlaveByID(id); !named {
+				delete(s.slaves, id) // promoted or removed since it was heard
+			}
+		}
+		s.slaves[hb.BrokerID] = &slaveHeard{at: now, hb: hb}
 		return promoting
 	}
 	if now.Sub(s.lastMaster) > j.cfg.SessionTimeout {
 		s.streak = 0 // heartbeats resumed after a loss: count again from here
 	}
-	joining := s.slaveID == g.Slave.ID && now.Sub(s.slaveSince) < j.cfg.LagTime
-	// A slave that cannot follow because of its own log (it said so within
-	// a session) waits for an operator; its lag does not hold a group with
-	// a live master read-only. HIGH messages are refused meanwhile (the
-	// master has no slave to wait for).
-	broken := s.seenSlave && s.lastSl.BrokerID == g.Slave.ID && s.lastSl.Broken != "" && now.Sub(s.lastSlave) <= j.cfg.SessionTimeout
-	s.lagBad = !joining && !broken && (hb.LagBytes > j.cfg.LagBytes || hb.LagMillis > j.cfg.LagTime.Milliseconds())
-	if s.lagBad && g.Slave.ID != "" {
-		s.streak = 0
-	} else {
-		s.streak++ // a master without a slave lags nobody
-	}
+	s.streak++
 	s.lastMaster, s.seenMaster, s.last = now, true, hb
 	return promoting
 }
@@ -240,7 +242,7 @@ func (j *judge) judgeGroup(ctx context.Context, name string, now time.Time) {
 	j.mu.Lock()
 	s := j.sessionLocked(name)
 	lost := now.Sub(s.lastMaster) > j.cfg.SessionTimeout
-	lagBad, streak := s.lagBad, s.streak
+	streak := s.streak
 	j.mu.Unlock()
 
 	want := g.Reasons
@@ -251,15 +253,9 @@ func (j *judge) judgeGroup(ctx context.Context, name string, now time.Time) {
 	case recovered:
 		want &^= routing.HeartbeatLost
 	}
-	hasSlave := g.Slave.ID != ""
-	switch {
-	case lost:
-		// No fresh word on the slave; keep what we had.
-	case hasSlave && lagBad:
-		want |= routing.SlaveLag
-	case !hasSlave || recovered:
-		want &^= routing.SlaveLag
-	}
+	// A lagging slave leaves the sync set instead (the master's act); a
+	// slave-lag reason from an earlier version goes.
+	want &^= routing.SlaveLag
 	if want == g.Reasons {
 		return
 	}
@@ -278,7 +274,8 @@ func (j *judge) judgeGroup(ctx context.Context, name string, now time.Time) {
 
 // info returns what the judge knows of a group's heartbeats. The master's
 // and the slave's ages are those of the brokers' last heartbeats in any
-// role (a slave promoted a moment ago was heard as the slave).
+// role (a slave promoted a moment ago was heard as a slave); "the slave"
+// is g.Slave, the one slave a reader of one slave sees.
 func (j *judge) info(g routing.Group, now time.Time) api.GroupInfo {
 	gi := api.GroupInfo{Group: g, State: g.Reasons.State(), Reason: g.Reasons.String(),
 		MasterHeartbeatAgeMillis: -1, SlaveHeartbeatAgeMillis: -1, SessionMillis: j.cfg.SessionTimeout.Milliseconds()}
@@ -291,6 +288,9 @@ func (j *judge) info(g routing.Group, now time.Time) api.GroupInfo {
 		case string(routing.RoleMaster):
 			gi.MasterHeartbeatAgeMillis = m.LastHeartbeatAgeMillis
 		case string(routing.RoleSlave):
+			if m.ID != g.Slave.ID {
+				continue
+			}
 			gi.SlaveHeartbeatAgeMillis = m.LastHeartbeatAgeMillis
 		}
 	}
@@ -299,8 +299,8 @@ func (j *judge) info(g routing.Group, now time.Time) api.GroupInfo {
 		if s.seenMaster {
 			gi.Last = s.last
 		}
-		if s.seenSlave {
-			gi.LastSlave = s.lastSl
+		if h, ok := s.slave(g.Slave.ID); ok {
+			gi.LastSlave = h.hb
 		}
 	}
 	return gi

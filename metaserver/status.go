@@ -59,7 +59,7 @@ func (j *judge) noteHeardLocked(g routing.Group, hb api.Heartbeat, now time.Time
 	}
 }
 
-// membersLocked returns g's master and slave (those it has) and then the
+// membersLocked returns g's master and slaves (those it has) and then the
 // former members this leader heard, the maxFormer latest heard first, as
 // of now. j.mu is held.
 func (j *judge) membersLocked(g routing.Group, now time.Time) []api.BrokerStatus {
@@ -67,8 +67,19 @@ func (j *judge) membersLocked(g routing.Group, now time.Time) []api.BrokerStatus
 	if g.Master.ID != "" {
 		out = append(out, j.brokerStatusLocked(g.Name, g.Master.ID, g.Master.Addr, string(routing.RoleMaster), now))
 	}
-	if g.Slave.ID != "" {
-		out = append(out, j.brokerStatusLocked(g.Name, g.Slave.ID, g.Slave.Addr, string(routing.RoleSlave), now))
+	var last api.Heartbeat // the master's last report of its slaves
+	if s := j.sessions[g.Name]; s != nil && s.seenMaster && s.last.BrokerID == g.Master.ID {
+		last = s.last
+	}
+	for _, b := range g.Slaves {
+		st := j.brokerStatusLocked(g.Name, b.ID, b.Addr, string(routing.RoleSlave), now)
+		st.InSync = g.IsInSync(b.ID)
+		for _, r := range last.Replicas {
+			if r.ID == b.ID {
+				st.Reported, st.AckOffset, st.LagBytes, st.LagMillis = true, r.AckOffset, r.LagBytes, r.LagMillis
+			}
+		}
+		out = append(out, st)
 	}
 	var former []api.BrokerStatus
 	for k, h := range j.heard {

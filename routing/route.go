@@ -243,15 +243,16 @@ func (g Group) MinCopies() int {
 // copies a HIGH message needs.
 func (g Group) HighAllowed() bool { return len(g.InSync)+1 >= g.MinCopies() }
 
-// Promotable reports whether slave id may be promoted without losing a
-// HIGH message the master answered: it is in the sync set or eligible, or
-// the group's policy asks for no copy besides the master's (MinCopies 1,
-// with an empty set and nobody eligible).
+// Promotable reports whether slave id holds, by the registry's word,
+// every HIGH message the master answered: it is in the sync set or
+// eligible. With neither (a group whose set never formed, or whose policy
+// asks for the master's copy alone) any slave may be: the failover then
+// judges it by what the master last reported it acknowledged.
 func (g Group) Promotable(id string) bool {
-	if g.IsInSync(id) || slices.Contains(g.Eligible, id) {
+	if len(g.InSync) == 0 && len(g.Eligible) == 0 {
 		return true
 	}
-	return len(g.InSync) == 0 && len(g.Eligible) == 0 && g.MinCopies() <= 1
+	return g.IsInSync(id) || slices.Contains(g.Eligible, id)
 }
 
 // MirrorSlave sets Slave from Slaves and InSync (see Slave).

@@ -109,7 +109,7 @@ type GroupInfo struct {
 	// master is lost, or what the last promotion did ("" if nothing).
 	Failover string `json:"failover,omitempty"`
 	// Members is each broker as the leader's heartbeats show it: the
-	// master, the slave, and then the former masters that a failover took
+	// master, every slave, and then the former masters that a failover took
 	// out of the group (Role "former-master") that this leader heard, so a
 	// dead master stays in view with the age of its last heartbeat.
 	Members []BrokerStatus `json:"members"`
@@ -157,6 +157,17 @@ type BrokerStatus struct {
 	ReplacedAtEpoch uint32 `json:"replaced_at_epoch,omitempty"`
 	// ReplacedBy is, for a former master, the broker promoted over it.
 	ReplacedBy string `json:"replaced_by,omitempty"`
+	// For a slave: whether it is in the group's committed sync set, and
+	// how its master last saw it (its Replicas entry; zero when the
+	// master has not reported it): what it acknowledged, how far behind
+	// it is in bytes, and how long it has not been caught up (0 if it is).
+	InSync    bool  `json:"in_sync,omitempty"`
+	AckOffset int64 `json:"ack_offset,omitempty"`
+	LagBytes  int64 `json:"lag_bytes,omitempty"`
+	LagMillis int64 `json:"lag_millis,omitempty"`
+	// Reported is whether the master's last heartbeat reported the slave
+	// (AckOffset and the lags are its).
+	Reported bool `json:"reported,omitempty"`
 }
 
 // InitProducerRequest asks the metaserver leader for a producer identity.
