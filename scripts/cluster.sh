@@ -619,6 +619,11 @@ failover_demo() {
   wait_for "g1-master to rejoin as the slave" g1_master_rejoined "$promoted"
   ctl brokers
   echo
+  if [ "$SLAVES_N" -gt 1 ]; then
+    echo "== the sync sets after the failover"
+    sync_sets
+    echo
+  fi
 }
 
 case "${1:-}" in
