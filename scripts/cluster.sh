@@ -26,6 +26,8 @@
 #                    metaservers (-session, default 4s), the metaservers' -failover-margin (default
 #                    500ms) and the -lag-time of both (default 5s; a master drops a slave not caught up
 #                    this long from its sync set): Go durations
+#   FERRY_HIGH_WAIT  the brokers' -high-wait (default 3s): how long a master holds a HIGH message for its
+#                    sync set before it answers SLAVE_SYNC_TIMEOUT (the SDK retries it)
 #   FERRY_FLUSH      brokers' flush mode, async or sync (default async)
 #   FERRY_FAILOVER   on (default): the metaservers promote a lost master's slave; off: the group
 #                    stays read-only until its master is back
@@ -78,6 +80,7 @@ HEARTBEAT="${FERRY_HEARTBEAT:-1s}"
 SESSION="${FERRY_SESSION:-4s}"
 MARGIN="${FERRY_FAILOVER_MARGIN:-500ms}"
 LAG_TIME="${FERRY_LAG_TIME:-5s}"
+HIGH_WAIT="${FERRY_HIGH_WAIT:-3s}"
 BIN="$FERRY_HOME/bin"
 PIDS="$FERRY_HOME/pids"
 LOGS="$FERRY_HOME/logs"
@@ -345,7 +348,7 @@ start() {
     mapfile -t authf < <(auth_flags broker)
     launch "$name" "$BIN/ferry-broker" -id "$name" -group "$group" -role "$role" \
       -dir "$FERRY_HOME/data/$name" -addr "127.0.0.1:$(broker_port data "$j")" -ha-addr "127.0.0.1:$(broker_port ha "$j")" \
-      -metrics-addr "127.0.0.1:$(broker_port metrics "$j")" -meta "$META" -flush "$FLUSH" -heartbeat "$HEARTBEAT" -session "$SESSION" -lag-time "$LAG_TIME" "${tlsf[@]}" "${authf[@]}"
+      -metrics-addr "127.0.0.1:$(broker_port metrics "$j")" -meta "$META" -flush "$FLUSH" -heartbeat "$HEARTBEAT" -session "$SESSION" -lag-time "$LAG_TIME" -high-wait "$HIGH_WAIT" "${tlsf[@]}" "${authf[@]}"
   done
   wait_ready
   if [ "$ADMIT" = manual ]; then

@@ -20,16 +20,18 @@ import (
 // The sync-set tests of issue 27, through real processes: one group of
 // three (cluster.sh with FERRY_GROUPS=1 FERRY_SLAVES=2: g1-master,
 // g1-slave, g1-slave2), the model test's short heartbeat, session and
-// failover margin, and a lag time of ssLagTime on the brokers and the
-// metaservers. The group keeps its default MinInSync 2 (the master and one
-// slave). The steps share the cluster, each leaving the group whole for
+// failover margin, a lag time of ssLagTime on the brokers and the
+// metaservers, and a HIGH wait (ssHighWait) shorter than it, so a HIGH
+// message held for a stopped slave is answered SLAVE_SYNC_TIMEOUT before
+// the slave leaves the set. The group keeps its default MinInSync 2 (the
+// master and one slave). The steps share the cluster, each leaving the group whole for
 // the next, and assert what a user relies on:
 //
 //   - SIGSTOP of one slave under HIGH load: the stopped slave leaves the
 //     sync set within the lag time plus a Raft commit (the master's metrics
-//     and the registry agree), HIGH messages are acknowledged meanwhile and
-//     after, every one of them the SDK sent is acknowledged in the end (its
-//     retries of SLAVE_SYNC_TIMEOUT succeed) and stored once; after
+//     and the registry agree); the HIGH messages held for it meanwhile are
+//     answered SLAVE_SYNC_TIMEOUT, the SDK retries them, and every HIGH
+//     message it sent is acknowledged in the end and stored once; after
 //     SIGCONT the slave comes back into the set;
 //   - both slaves stopped: once they left the set, a HIGH send is refused
 //     NOT_ENOUGH_REPLICAS (the SDK reports it) and not stored (the master's
@@ -47,8 +49,9 @@ import (
 // timing); the figures are logged.
 
 const (
-	ssLagTime = 2 * time.Second
-	ssBound   = 30 * time.Second
+	ssLagTime  = 2 * time.Second
+	ssHighWait = time.Second
+	ssBound    = 30 * time.Second
 	// ssLeaveBound is how soon after a slave stops a master must have
 	// dropped it from the committed sync set: the lag time, plus the
 	// master's decision tick, one Raft commit and the poll, with room for a
@@ -61,7 +64,7 @@ var ssSlaves = []string{"g1-slave", "g1-slave2"}
 func TestSyncSetGroupOfThree(t *testing.T) {
 	skipShort(t)
 	started := time.Now()
-	c := startLocalCluster(t, "FERRY_GROUPS=1", "FERRY_SLAVES=2", "FERRY_LAG_TIME="+ssLagTime.String(),
+	c := startLocalCluster(t, "FERRY_GROUPS=1", "FERRY_SLAVES=2", "FERRY_LAG_TIME="+ssLagTime.String(), "FERRY_HIGH_WAIT="+ssHighWait.String(),
 		"FERRY_HEARTBEAT="+modelHeartbeat.String(), "FERRY_SESSION="+modelSession.String(), "FERRY_FAILOVER_MARGIN="+modelMargin.String())
 	waitSyncSet(t, c, "g1-master", ssSlaves, "at the start")
 	cmdlines := map[string][]string{}
@@ -179,8 +182,12 @@ func syncSetStopOneSlave(t *testing.T, c *localCluster) {
 	}
 	longest, _ := l.longestWait(stopped, time.Now())
 	after, _ := c.metrics("g1-master")
-	t.Logf("HIGH while g1-slave2 stopped: the longest wait for an acknowledgement %v; SLAVE_SYNC_TIMEOUT answers %v",
-		longest.Round(time.Millisecond), after["ferrymq_broker_high_timeouts_total"]-before["ferrymq_broker_high_timeouts_total"])
+	timeouts := after["ferrymq_broker_high_timeouts_total"] - before["ferrymq_broker_high_timeouts_total"]
+	t.Logf("HIGH while g1-slave2 stopped: the longest wait for an acknowledgement %v; SLAVE_SYNC_TIMEOUT answers %v; SDK retries %d",
+		longest.Round(time.Millisecond), timeouts, l.p.Stats().Retries)
+	if timeouts == 0 {
+		t.Errorf("no HIGH message was answered SLAVE_SYNC_TIMEOUT while the stopped g1-slave2 was in the set for the lag time %v (high wait %v)", ssLagTime, ssHighWait)
+	}
 
 	c.signal("g1-slave2", syscall.SIGCONT)
 	resumed := time.Now()
