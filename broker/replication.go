@@ -202,6 +202,17 @@ func (r *replication) setGroup(g routing.Group, master string) {
 	r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
 }
 
+// setLagTime sets how long a member may be behind before it leaves the
+// sync set: the cluster's (from the registry), or the broker's own when 0.
+func (r *replication) setLagTime(d time.Duration) {
+	if d <= 0 {
+		d = r.cfg.SlaveLagTime
+	}
+	r.mu.Lock()
+	r.lagTime = d
+	r.mu.Unlock()
+}
+
 // belowMinLocked reports whether the committed set, with the master,
 // holds fewer copies than a HIGH message needs.
 func (r *replication) belowMinLocked() bool { return len(r.set)+1 < r.minCopy }

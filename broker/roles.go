@@ -256,14 +256,15 @@ func (r *roles) reconcile(ctx context.Context, v *groupView) {
 	}
 	switch v.Role {
 	case routing.RoleMaster:
-		r.becomeMaster(g)
+		r.becomeMaster(g, v.LagTime)
 	case routing.RoleSlave:
 		r.becomeSlave(ctx, g)
 	}
 }
 
-func (r *roles) becomeMaster(g routing.Group) {
+func (r *roles) becomeMaster(g routing.Group, lagTime time.Duration) {
 	if rep := r.repl.Load(); rep != nil && r.sess.lease.ready.Load() == g.Epoch {
+		rep.setLagTime(lagTime)
 		rep.setGroup(g, r.id)
 		return
 	}
@@ -302,6 +303,7 @@ func (r *roles) becomeMaster(g routing.Group) {
 		r.replStop = func() { cancel(); <-done }
 		r.repl.Store(rep)
 	}
+	rep.setLagTime(lagTime)
 	rep.setGroup(g, r.id)
 	r.start.Store(start)
 	r.sess.lease.ready.Store(g.Epoch)

@@ -34,6 +34,8 @@ type groupView struct {
 	ResyncSeq uint64
 	// ACLVersion is the version of the registry's permission table.
 	ACLVersion uint64
+	// LagTime is the cluster's lag time (0: the broker's own).
+	LagTime time.Duration
 }
 
 // viewSource is where a part reads the registry's word: subscribe returns a
@@ -194,7 +196,7 @@ func (s *session) beat(ctx context.Context, describe func(*api.Heartbeat)) {
 	if s.lease.renew(sentAt, role == routing.RoleMaster, g.Writable(), g.Epoch, time.Duration(reply.SessionMillis)*time.Millisecond) {
 		s.log.Info("write lease changed", "writable", s.lease.valid(), "role", role, "epoch", g.Epoch, "reasons", g.Reasons.String())
 	}
-	v := &groupView{Group: g, Role: role, ACLVersion: reply.ACLVersion}
+	v := &groupView{Group: g, Role: role, ACLVersion: reply.ACLVersion, LagTime: time.Duration(reply.LagTimeMillis) * time.Millisecond}
 	if o := g.Resync; o != nil && o.Broker == s.id {
 		v.ResyncSeq = o.Seq
 	}

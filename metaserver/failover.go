@@ -197,11 +197,11 @@ func (j *judge) chooseLocked(g routing.Group, s *session, now time.Time, silent 
 		return api.Heartbeat{}, refuseAdmin, "an operator marked the group read-only"
 	}
 	var (
-		best     api.Heartbeat
-		found    bool
-		reasons  []string // each slave's reason, in the group's order
-		whys     []string
-		inEpoch  int // sync set members heard within the session, not broken, in the epoch
+		best    api.Heartbeat
+		found   bool
+		reasons []string // each slave's reason, in the group's order
+		whys    []string
+		inEpoch int // sync set members heard within the session, not broken, in the epoch
 	)
 	for _, b := range g.Slaves {
 		h, heard := s.slave(b.ID)

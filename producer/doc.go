@@ -133,7 +133,8 @@
 //     sooner). The error wraps the last attempt's cause too: ErrConnLost,
 //     ErrUnreachable, or a retriable status such as protocol.ErrReadOnly
 //     (every group of the topic is read-only), protocol.ErrBusy or
-//     protocol.ErrSlaveLagging (a HIGH message and no slave keeping up).
+//     protocol.ErrNotEnoughReplicas (a HIGH message while the group's sync
+//     set holds fewer copies than its minimum).
 //   - ErrFenced: a later instance of this named producer (Identity) has
 //     written to a queue. The producer's held messages and every later send
 //     fail with it; close it.

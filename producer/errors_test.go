@@ -122,7 +122,7 @@ func TestErrorsMatch(t *testing.T) {
 			return send(newProducer(t, c), msg("bad topic", "x"))
 		}, want: []error{protocol.ErrInvalid}},
 		{name: "HIGH without a slave", err: async(newProducer(t, c, short...), &Message{Topic: "t", Body: []byte("x"), Reliability: protocol.High}),
-			want: []error{protocol.ErrSlaveLagging, ErrDeliveryTimeout}},
+			want: []error{protocol.ErrNotEnoughReplicas, ErrDeliveryTimeout}},
 		{name: "read-only group", err: async(newProducer(t, c, short...), msg("ro", "x")),
 			want: []error{protocol.ErrReadOnly, ErrDeliveryTimeout}},
 	}

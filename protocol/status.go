@@ -258,6 +258,9 @@ var (
 	ErrLogDiverged      = &Error{Status: StatusLogDiverged}
 	ErrMemberFenced     = &Error{Status: StatusMemberFenced}
 
+	ErrNotEnoughReplicas            = &Error{Status: StatusNotEnoughReplicas}
+	ErrNotEnoughReplicasAfterAppend = &Error{Status: StatusNotEnoughReplicasAfterAppend}
+
 	// ErrFrameTooLarge marks a frame or header over its cap. It is also a
 	// MESSAGE_TOO_LARGE status when it crosses the wire.
 	ErrFrameTooLarge = errors.New("protocol: frame too large")

@@ -91,6 +91,10 @@ type HeartbeatReply struct {
 	// ACLVersion is the registry's ACL version: a broker whose copy of the
 	// permission table is older fetches the ACL (ACL_GET).
 	ACLVersion uint64 `json:"acl_version,omitempty"`
+	// LagTimeMillis is the metaserver's -lag-time: a member of a sync set
+	// not caught up this long leaves it (one setting for the cluster, as
+	// the session is). 0: the broker's own default.
+	LagTimeMillis int64 `json:"lag_time_ms,omitempty"`
 }
 
 // GroupInfo is a group with what only the leader knows: its heartbeats.

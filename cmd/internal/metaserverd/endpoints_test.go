@@ -233,6 +233,9 @@ var allowedLabels = map[string][]string{
 	"ferrymq_metaserver_consumer_group_generation": {"group"},
 	"ferrymq_metaserver_consumer_queues_waiting":   {"group"},
 	"ferrymq_metaserver_consumer_committed_offset": {"group", "queue", "topic"},
+	"ferrymq_broker_replica_lag_bytes":             {"replica"},
+	"ferrymq_broker_replica_lag_seconds":           {"replica"},
+	"ferrymq_broker_replica_in_sync":               {"replica"},
 }
 
 // labelValues are the values a label may take: a fixed set, or the names of
@@ -243,6 +246,8 @@ func labelValues(metric, label string) []string {
 		return []string{"master", "slave", "broken"}
 	case "state":
 		return []string{"Follower", "Candidate", "Leader", "Shutdown"}
+	case "replica":
+		return []string{liveGroup + "-slave"}
 	case "topic":
 		return []string{liveTopic}
 	case "queue":
@@ -366,7 +371,8 @@ func TestMetricsEndpoints(t *testing.T) {
 			exported[n] = true
 		}
 		if e.name == "slave" {
-			for _, n := range []string{"ferrymq_broker_slave_lag_bytes", "ferrymq_broker_slave_lag_seconds", "ferrymq_broker_slave_connected"} {
+			for _, n := range []string{"ferrymq_broker_slave_lag_bytes", "ferrymq_broker_slave_lag_seconds", "ferrymq_broker_slave_connected",
+				"ferrymq_broker_replica_lag_bytes", "ferrymq_broker_replica_lag_seconds", "ferrymq_broker_replica_in_sync", "ferrymq_broker_takes_high"} {
 				if fams[n] != nil {
 					t.Errorf("the slave exports the master-only %s", n)
 				}
