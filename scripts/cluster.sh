@@ -344,6 +344,11 @@ start() {
     group="${name%%-*}"
     role=slave
     if [ "$name" = "$group-master" ]; then role=master; fi
+    if [ "$j" = $((2 * GROUPS_N + 1)) ]; then
+      # The first extra slave: a newcomer takes its preferred place only while it is free (else
+      # the other), so the extra slaves join once every group has its master and first slave.
+      wait_registered
+    fi
     mapfile -t tlsf < <(tls_flags "$name")
     mapfile -t authf < <(auth_flags broker)
     launch "$name" "$BIN/ferry-broker" -id "$name" -group "$group" -role "$role" \
@@ -360,19 +365,53 @@ start() {
   fi
 }
 
+# registered: each group's master and slave ids in the registry, a line "GROUP MASTER SLAVE" each
+# ("-" for none), from `ferryctl brokers --json` (indented two spaces a level).
+registered() {
+  ctl --timeout 2s brokers --json 2>/dev/null | awk '
+    /^    "name": "/ { if (g != "") print g, m, sl; g = $2; gsub(/[",]/, "", g); m = "-"; sl = "-"; want = "" }
+    /^    "master": \{/ { want = "m" }
+    /^    "slave": \{/ { want = "s" }
+    /^      "id": "/ { id = $2; gsub(/[",]/, "", id); if (want == "m") m = id; if (want == "s") sl = id; want = "" }
+    END { if (g != "") print g, m, sl }'
+}
+
+# wait_registered waits until every group has a master and a slave in the registry.
+wait_registered() {
+  local deadline=$((SECONDS + 60)) out n
+  while [ $SECONDS -lt $deadline ]; do
+    check_alive
+    out="$(registered)"
+    n="$(awk '$2 != "-" && $3 != "-"' <<<"$out" | wc -l)"
+    if [ "$n" = "$GROUPS_N" ]; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "cluster.sh: the groups' masters and first slaves did not register within 60 s; logs are in $LOGS" >&2
+  stop
+  exit 1
+}
+
+# check_alive stops the cluster and exits if a process it started has exited.
+check_alive() {
+  local f
+  for f in "$PIDS"/*.pid; do
+    if ! alive "$f"; then
+      echo "cluster.sh: $(basename "$f" .pid) exited; its log:" >&2
+      tail -n 20 "$LOGS/$(basename "$f" .pid).log" >&2
+      stop
+      exit 1
+    fi
+  done
+}
+
 # wait_ready waits until every group is writable, each master reports a slave connected, and
 # each master takes HIGH messages with every slave of its group in its sync set.
 wait_ready() {
   local deadline=$((SECONDS + 60)) out n ready
   while [ $SECONDS -lt $deadline ]; do
-    for f in "$PIDS"/*.pid; do
-      if ! alive "$f"; then
-        echo "cluster.sh: $(basename "$f" .pid) exited; its log:" >&2
-        tail -n 20 "$LOGS/$(basename "$f" .pid).log" >&2
-        stop
-        exit 1
-      fi
-    done
+    check_alive
     if out="$(ctl --timeout 2s brokers --json 2>/dev/null)" &&
       [ "$(grep -c '"state": "RW"' <<<"$out")" = "$GROUPS_N" ] &&
       [ "$(grep -c '"slave_heartbeat_age_ms": -1' <<<"$out")" = 0 ] &&

@@ -20,11 +20,11 @@ import (
 // The sync-set tests of issue 27, through real processes: one group of
 // three (cluster.sh with FERRY_GROUPS=1 FERRY_SLAVES=2: g1-master,
 // g1-slave, g1-slave2), the model test's short heartbeat, session and
-// failover margin, a lag time of ssLagTime on the brokers and the
-// metaservers, and a HIGH wait (ssHighWait) shorter than it, so a HIGH
-// message held for a stopped slave is answered SLAVE_SYNC_TIMEOUT before
-// the slave leaves the set. The group keeps its default MinInSync 2 (the
-// master and one slave). The steps share the cluster, each leaving the group whole for
+// failover margin, a lag time of ssLagTime (the metaservers' and the
+// brokers' -lag-time), and a HIGH wait (ssHighWait) shorter than it, so a
+// HIGH message held for a stopped slave is answered SLAVE_SYNC_TIMEOUT
+// before the slave leaves the set. The group keeps its default MinInSync 2
+// (the master and one slave). The steps share the cluster, each leaving the group whole for
 // the next, and assert what a user relies on:
 //
 //   - SIGSTOP of one slave under HIGH load: the stopped slave leaves the
@@ -409,4 +409,37 @@ func syncSetKillMaster(t *testing.T, c *localCluster) {
 	normal.lostOK = tailLoss("g1", oldAddr, start, killed)
 	lost := normal.check(c, t.Name()+"/normal")
 	t.Logf("NORMAL: %d acknowledged, %d of them lost in the old master's tail past %d", normal.acked.Load(), len(lost), start)
+}
+
+// TestBrokerLayout holds brokerIndex and brokerPortOf to cluster.sh's
+// header: the masters and first slaves keep their places whatever
+// FERRY_SLAVES is, and the extra slaves follow them, group by group.
+func TestBrokerLayout(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		groups, slaves int
+		j, data        int // data port offset from the base
+	}{
+		{"g1-master", 2, 1, 1, 31},
+		{"g2-slave", 2, 1, 4, 34},
+		{"g1-slave2", 1, 2, 3, 33},
+		{"g1-slave2", 4, 2, 9, 39},
+		{"g2-slave2", 4, 2, 10, 60},
+		{"g4-slave2", 4, 2, 12, 66},
+		{"g2-slave3", 2, 3, 8, 38},
+		{"g4-slave", 4, 2, 8, 38},
+	} {
+		j, ok := brokerIndex(tc.name, tc.groups, tc.slaves)
+		if !ok || j != tc.j || brokerPortOf(0, j, portData) != tc.data {
+			t.Errorf("%s with %d groups of %d slaves: j %d (%v), data port +%d; want j %d, +%d", tc.name, tc.groups, tc.slaves, j, ok, brokerPortOf(0, j, portData), tc.j, tc.data)
+		}
+	}
+	for _, bad := range []string{"g1-slave1", "g1-slave3", "g1-slave02", "g3-master", "g1-slavex"} {
+		if j, ok := brokerIndex(bad, 2, 2); ok {
+			t.Errorf("brokerIndex(%q, 2 groups, 2 slaves) = %d; want no such broker", bad, j)
+		}
+	}
+	if got := clusterSpan(4, 2); got != 69 {
+		t.Errorf("clusterSpan(4 groups, 2 slaves) = %d; want 69 (12 brokers, 3 ports past the ninth each)", got)
+	}
 }
