@@ -38,7 +38,8 @@ import (
 // producer SDK it kills g1's master (host-a) with SIGKILL and waits for the
 // metaservers to promote one of its slaves (the other stays in the sync
 // set); restarts the old master, which rejoins as a slave and enters the
-// set again; cuts host-c
+// set again (g1-slave2 starts once g1 has its master and first slave, as
+// docs/deploy.md says to grow a group); cuts host-c
 // (metaserver m3 and g2's master) off the network and waits for g2's slave
 // on host-d to be promoted; heals, and waits for m3 to catch up and the
 // old g2 master to rejoin as the slave. Then every message the SDK
@@ -88,6 +89,16 @@ func TestMultiHost(t *testing.T) {
 		"FERRY_BROKER_ARGS":     "-heartbeat 1s -session 4s",
 	}
 	procs := map[string]*hostProc{} // by broker or metaserver id
+	// A group's brokers past its first two (g1-slave2) start once the group
+	// has its master and slave: a newcomer takes its preferred place only
+	// while it is free, so a second slave registering before the master
+	// would take the master's.
+	type pending struct {
+		host, name string
+		argv       []string
+	}
+	var later []pending
+	perGroup := map[string]int{}
 	var metaAddrs []string
 	// Each file a unit loads as a credential (the metaservers' raft
 	// secret), the same on every host, as systemd hands it to the unit: a
@@ -130,9 +141,15 @@ func TestMultiHost(t *testing.T) {
 			name = env["FERRY_META_ID"]
 			metaAddrs = strings.Split(env["FERRY_META_ADDRS"], ",")
 		}
+		if g := env["FERRY_GROUP"]; u.instance != "" {
+			if perGroup[g]++; perGroup[g] > 2 {
+				later = append(later, pending{u.host, name, argv})
+				continue
+			}
+		}
 		procs[name] = n.start(t, home, u.host, name, argv)
 	}
-	for _, name := range []string{"m1", "m2", "m3", "g1-master", "g1-slave", "g1-slave2", "g2-master", "g2-slave"} {
+	for _, name := range []string{"m1", "m2", "m3", "g1-master", "g1-slave", "g2-master", "g2-slave"} {
 		if procs[name] == nil {
 			t.Fatalf("deploy/hosts runs no %s (it runs %v)", name, procs)
 		}
@@ -208,8 +225,15 @@ func TestMultiHost(t *testing.T) {
 		}
 	})
 
-	waitSet("g1", []string{"g1-master"}, g1Members, nil, 1, "at the start")
+	waitGroup("g1", "g1-master", "g1-slave", 1, "at the start")
 	waitGroup("g2", "g2-master", "g2-slave", 1, "at the start")
+	for _, p := range later {
+		procs[p.name] = n.start(t, home, p.host, p.name, p.argv)
+	}
+	if procs["g1-slave2"] == nil {
+		t.Fatalf("deploy/hosts runs no g1-slave2 (it runs %v)", procs)
+	}
+	waitSet("g1", []string{"g1-master"}, g1Members, nil, 1, "g1-slave2 started")
 	checkExited()
 	ready := time.Now()
 	t.Logf("cluster ready across the namespaces %v after the build", ready.Sub(built).Round(time.Millisecond))
