@@ -21,7 +21,6 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testlog"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
-	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
@@ -121,7 +120,7 @@ func TestNormalAndHighReplicate(t *testing.T) {
 // lag time and refuses HIGH (one copy is below the minimum of two) while
 // NORMAL is stored; once the slave is back and caught up, HIGH is taken.
 func TestHighWithoutSlave(t *testing.T) {
-	meta := tc.StartMeta(t, 1, func(c *metaserver.Config) { c.LagTime = time.Minute })
+	meta := tc.StartMeta(t, 1, nil)
 	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Slave: true})
 	meta.CreateTopic(t, "high", "g1")
 	c := tc.Dial(t, g.Master.Addr())
@@ -643,7 +642,7 @@ func TestIdempotentSends(t *testing.T) {
 // resent once the slave is back, it is answered with its original offsets
 // when the slave has it, and stored once.
 func TestHighRetryAfterSyncTimeoutIsStoredOnce(t *testing.T) {
-	meta := tc.StartMeta(t, 1, func(c *metaserver.Config) { c.LagTime = time.Minute })
+	meta := tc.StartMeta(t, 1, nil)
 	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Slave: true})
 	meta.CreateTopic(t, "high-once", "g1")
 	c := tc.Dial(t, g.Master.Addr())
@@ -693,7 +692,7 @@ func TestHighRetryAfterSyncTimeoutIsStoredOnce(t *testing.T) {
 // are refused OUT_OF_ORDER_SEQUENCE, even though the commit log has no
 // state for the producer yet; other producers and unstamped messages go on.
 func TestRefusedStampedMessageIsNotOvertaken(t *testing.T) {
-	meta := tc.StartMeta(t, 1, func(c *metaserver.Config) { c.LagTime = time.Minute })
+	meta := tc.StartMeta(t, 1, nil)
 	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{})
 	meta.CreateTopic(t, "gap", "g1")
 	c := tc.Dial(t, g.Master.Addr())

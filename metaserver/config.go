@@ -52,9 +52,10 @@ type Config struct {
 	// SessionTimeout: a master unheard of for this long makes its group
 	// read-only (heartbeat-lost). Default 10 s.
 	SessionTimeout time.Duration
-	// LagBytes and LagTime: a slave behind by more than LagBytes, or not
-	// caught up for LagTime, makes its group read-only (slave-lag).
-	// Defaults 64 MiB and 5 s.
+	// LagBytes is FailoverMaxLoss's default. LagTime is how long a member
+	// of a sync set may be not caught up before its master takes it out of
+	// the set (heartbeat replies carry it to the masters). A slave's lag
+	// makes no group read-only. Defaults 64 MiB and 5 s.
 	LagBytes int64
 	LagTime  time.Duration
 	// RecoverHeartbeats is how many healthy master heartbeats in a row make

@@ -149,6 +149,17 @@ func (j *judge) round(ctx context.Context) {
 	j.mu.Unlock()
 }
 
+// promotingChan returns, while the judge applies a promotion in group, a
+// channel closed when that apply has finished; nil otherwise.
+func (j *judge) promotingChan(group string) <-chan struct{} {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if s := j.sessions[group]; s != nil && s.promoting != nil {
+		return s.promoting
+	}
+	return nil
+}
+
 // waitRound waits until a round that read the clock at or after at has
 // finished, or ctx ends.
 func (j *judge) waitRound(ctx context.Context, at time.Time) error {

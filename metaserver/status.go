@@ -1,6 +1,7 @@
 package metaserver
 
 import (
+	"fmt"
 	"sort"
 	"time"
 
@@ -60,7 +61,7 @@ func (j *judge) noteHeardLocked(g routing.Group, hb api.Heartbeat, now time.Time
 }
 
 // membersLocked returns g's master and slaves (those it has) and then the
-// former members this leader heard, the maxFormer latest heard first, as
+// former masters this leader heard, the maxFormer latest heard first, as
 // of now. j.mu is held.
 func (j *judge) membersLocked(g routing.Group, now time.Time) []api.BrokerStatus {
 	out := []api.BrokerStatus{}
@@ -68,12 +69,24 @@ func (j *judge) membersLocked(g routing.Group, now time.Time) []api.BrokerStatus
 		out = append(out, j.brokerStatusLocked(g.Name, g.Master.ID, g.Master.Addr, string(routing.RoleMaster), now))
 	}
 	var last api.Heartbeat // the master's last report of its slaves
-	if s := j.sessions[g.Name]; s != nil && s.seenMaster && s.last.BrokerID == g.Master.ID {
+	s := j.sessions[g.Name]
+	if s != nil && s.seenMaster && s.last.BrokerID == g.Master.ID {
 		last = s.last
 	}
 	for _, b := range g.Slaves {
 		st := j.brokerStatusLocked(g.Name, b.ID, b.Addr, string(routing.RoleSlave), now)
 		st.InSync = g.IsInSync(b.ID)
+		if s != nil {
+			h, heard := s.slave(b.ID)
+			if heard {
+				st.Broken, st.Waiting = h.hb.Broken, h.hb.Waiting
+			}
+			alive := heard && now.Sub(h.at) <= j.cfg.SessionTimeout
+			st.IneligibleReason, st.NotEligible = j.ineligibleLocked(g, s, b.ID, h, alive)
+			st.Eligible = st.IneligibleReason == ""
+		} else {
+			st.IneligibleReason, st.NotEligible = refuseSlaveOut, fmt.Sprintf("the slave %s has not heartbeated since this leader took over", b.ID)
+		}
 		for _, r := range last.Replicas {
 			if r.ID == b.ID {
 				st.Reported, st.AckOffset, st.LagBytes, st.LagMillis = true, r.AckOffset, r.LagBytes, r.LagMillis
@@ -87,14 +100,20 @@ func (j *judge) membersLocked(g routing.Group, now time.Time) []api.BrokerStatus
 			continue
 		}
 		st := j.brokerStatusLocked(g.Name, k.id, h.addr, api.RoleFormerMaster, now)
-		// The registry's epoch history says which promotion replaced it.
+		// The registry's epoch history says which promotion replaced it; a
+		// broker that led no epoch it remembers (a slave an operator
+		// removed) is no former master.
+		led := false
 		for i := len(g.History) - 2; i >= 0; i-- {
 			if g.History[i].Master == k.id {
 				st.ReplacedAtEpoch, st.ReplacedBy = g.History[i+1].Epoch, g.History[i+1].Master
+				led = true
 				break
 			}
 		}
-		former = append(former, st)
+		if led {
+			former = append(former, st)
+		}
 	}
 	sort.Slice(former, func(a, b int) bool {
 		if former[a].LastHeartbeatAgeMillis != former[b].LastHeartbeatAgeMillis {

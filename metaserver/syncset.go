@@ -57,6 +57,18 @@ func (s *Server) alterSyncSet(ctx context.Context, req api.AlterSyncSetRequest) 
 	if len(req.InSync) > routing.MaxSlaves {
 		return routing.Group{}, invalid("a sync set of %d slaves: a group has at most %d", len(req.InSync), routing.MaxSlaves)
 	}
+	if promoting := s.judge.promotingChan(req.Group); promoting != nil {
+		// The judge chose a slave from the set as it was: let its
+		// promotion commit first (the change is then refused, a new epoch
+		// having begun). A change committed just before the judge marked
+		// the promotion is harmless: the master's lease had run out, so it
+		// answers no HIGH message on the changed set.
+		select {
+		case <-promoting:
+		case <-ctx.Done():
+			return routing.Group{}, ctx.Err()
+		}
+	}
 	before, _ := s.fsm.Group(req.Group)
 	if _, err := s.apply(ctx, &fsm.AlterSyncSet{Group: req.Group, Epoch: req.Epoch, Master: req.Master,
 		ExpectVersion: req.ExpectVersion, InSync: req.InSync, At: s.cfg.Clock.Now().UnixMilli()}); err != nil {

@@ -16,7 +16,7 @@ import (
 func newBrokersCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "brokers",
-		Short: "List the broker groups: members, epoch, state and reasons, heartbeats, lag, idempotent producers and duplicates absorbed, admission (admitted, PENDING, retired), then each group's epoch history and failover word",
+		Short: "List the broker groups: members, epoch, state and reasons, heartbeats, lag, idempotent producers and duplicates absorbed, HIGH copies, admission (admitted, PENDING, retired), then every slave (in the sync set, acknowledged, lag), each group's epoch history and failover word",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
 			groups, err := cl.Groups(ctx)
@@ -25,17 +25,31 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 			}
 			var rows [][]string
 			for _, gi := range groups {
-				reason, state := gi.Reason, gi.State
+				reason, state, high := gi.Reason, gi.State, highWord(gi.Group)
 				if reason == "" {
 					reason = "-"
 				}
 				if gi.Admission == routing.Retired {
-					state = "-" // no brokers: neither takes writes nor refuses them
+					state, high = "-", "-" // no brokers: neither takes writes nor refuses them
 				}
 				rows = append(rows, []string{gi.Name, fmt.Sprint(gi.Epoch), state, reason, member(gi.Master.ID, gi.Master.Addr), member(gi.Slave.ID, gi.Slave.Addr),
 					heartbeat(gi, gi.Master.ID, gi.MasterHeartbeatAgeMillis), heartbeat(gi, gi.Slave.ID, gi.SlaveHeartbeatAgeMillis), fmt.Sprint(gi.Last.LagBytes),
 					(time.Duration(gi.Last.LagMillis) * time.Millisecond).String(), fmt.Sprint(gi.Holders),
-					fmt.Sprint(gi.Last.Producers), fmt.Sprint(gi.Last.Duplicates), admissionWord(gi.Admission)})
+					fmt.Sprint(gi.Last.Producers), fmt.Sprint(gi.Last.Duplicates), high, admissionWord(gi.Admission)})
+			}
+			// Below the groups: every slave, with what its master last
+			// reported of it.
+			var slaves [][]string
+			for _, gi := range groups {
+				for _, m := range gi.Members {
+					if m.Role == string(routing.RoleSlave) {
+						slaves = append(slaves, slaveRow(gi, m))
+					}
+				}
+			}
+			if len(slaves) > 0 {
+				rows = append(rows, []string{""}, []string{"GROUP", "SLAVE", "IN-SYNC", "ACKED", "LAG-BYTES", "LAG-TIME", "SLAVE-HB", "PROMOTABLE"})
+				rows = append(rows, slaves...)
 			}
 			if groups == nil {
 				groups = []api.GroupInfo{}
@@ -55,12 +69,13 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				if len(epochs) > 0 {
 					notes = append(notes, []string{gi.Name + " epochs:", strings.Join(epochs, " ")})
 				}
-				if sl := gi.LastSlave; sl.BrokerID == gi.Slave.ID && sl.BrokerID != "" {
+				for _, m := range gi.Members {
 					switch {
-					case sl.Broken != "":
-						notes = append(notes, []string{gi.Name + " slave broken:", sl.Broken})
-					case sl.Waiting != "":
-						notes = append(notes, []string{gi.Name + " slave waiting:", sl.Waiting})
+					case m.Role != string(routing.RoleSlave):
+					case m.Broken != "":
+						notes = append(notes, []string{gi.Name + " slave broken:", m.ID + ": " + m.Broken})
+					case m.Waiting != "":
+						notes = append(notes, []string{gi.Name + " slave waiting:", m.ID + ": " + m.Waiting})
 					}
 				}
 				if o := gi.Resync; o != nil {
@@ -85,9 +100,29 @@ func newBrokersCommand(g *globalOptions) *cobra.Command {
 				rows = append(rows, []string{""})
 				rows = append(rows, notes...)
 			}
-			return g.printer().print(groups, []string{"GROUP", "EPOCH", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES", "PRODUCERS", "DUPLICATES", "ADMISSION"}, rows)
+			return g.printer().print(groups, []string{"GROUP", "EPOCH", "STATE", "REASONS", "MASTER", "SLAVE", "MASTER-HB", "SLAVE-HB", "LAG-BYTES", "LAG-TIME", "QUEUES", "PRODUCERS", "DUPLICATES", "HIGH", "ADMISSION"}, rows)
 		}),
 	}
+}
+
+// slaveRow is one slave of gi in the brokers table: whether it is in the
+// sync set, what its master last reported of it ("-" when it has not), its
+// last heartbeat, and whether a failover could promote it now (else the
+// reason's word).
+func slaveRow(gi api.GroupInfo, m api.BrokerStatus) []string {
+	inSync := "no"
+	if m.InSync {
+		inSync = "yes"
+	}
+	acked, lagBytes, lagTime := "-", "-", "-"
+	if m.Reported {
+		acked, lagBytes, lagTime = fmt.Sprint(m.AckOffset), fmt.Sprint(m.LagBytes), duration(m.LagMillis)
+	}
+	eligible := "yes"
+	if !m.Eligible {
+		eligible = "no: " + orDash(m.IneligibleReason)
+	}
+	return []string{gi.Name, member(m.ID, m.Addr), inSync, acked, lagBytes, lagTime, heartbeatOf(gi, m), eligible}
 }
 
 // resyncOut is what 'broker resync' prints with --json.
@@ -177,8 +212,8 @@ func formerMaster(gi api.GroupInfo, m api.BrokerStatus) string {
 }
 
 func newBrokerCommand(g *globalOptions) *cobra.Command {
-	cmd := &cobra.Command{Use: "broker", Short: "Change a broker group's state, admit a group, retire a dead one, or have a slave copy its log again"}
-	cmd.AddCommand(newBrokerAddGroupCommand(g), newBrokerRetireGroupCommand(g))
+	cmd := &cobra.Command{Use: "broker", Short: "Change a broker group's state, admit a group, retire a dead one, set how many copies HIGH needs, remove a slave, or have a slave copy its log again"}
+	cmd.AddCommand(newBrokerAddGroupCommand(g), newBrokerRetireGroupCommand(g), newBrokerSetGroupCommand(g), newBrokerRemoveSlaveCommand(g))
 	cmd.AddCommand(&cobra.Command{
 		Use:   "resync BROKER-ID",
 		Short: "Have a slave set its log aside (into its data directory's truncated/) and copy it again from its master",

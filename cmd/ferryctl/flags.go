@@ -346,6 +346,8 @@ var argKinds = map[string]string{
 	"broker resync":       "broker id",
 	"broker add-group":    "broker group",
 	"broker retire-group": "broker group",
+	"broker set-group":    "broker group",
+	"broker remove-slave": "broker id",
 	"group describe":      "consumer group",
 	"group reset-offsets": "consumer group",
 	"group delete":        "consumer group",

@@ -213,6 +213,9 @@ var flagCases = map[string]flagCase{
 
 	"broker retire-group/force":   {[]string{"broker", "retire-group", "g"}, anyBool},
 	"broker retire-group/dry-run": {[]string{"broker", "retire-group", "g"}, anyBool},
+	"broker set-group/min-insync": {[]string{"broker", "set-group", "g"}, intIn(0, 9)},
+	"broker set-group/ack":        {[]string{"broker", "set-group", "g"}, matches(`^(all|quorum:(\+?0*[2-9]))$`)},
+	"broker remove-slave/group":   {[]string{"broker", "remove-slave", "b"}, brokerGroupName},
 
 	"meta status/member-timeout": {[]string{"meta", "status"}, durationIn(10*time.Millisecond, time.Minute)},
 	"meta add-voter/raft-addr":   {[]string{"meta", "add-voter", "m9", "--rpc-addr", "127.0.0.1:2"}, hostPort},
@@ -255,6 +258,8 @@ var argCases = map[string]flagCase{
 	"broker resync":       {[]string{"broker", "resync", "ARG"}, brokerGroupName},
 	"broker add-group":    {[]string{"broker", "add-group", "ARG"}, brokerGroupName},
 	"broker retire-group": {[]string{"broker", "retire-group", "ARG"}, brokerGroupName},
+	"broker set-group":    {[]string{"broker", "set-group", "ARG", "--ack", "all"}, brokerGroupName},
+	"broker remove-slave": {[]string{"broker", "remove-slave", "ARG", "--group", "g"}, brokerGroupName},
 	"meta status":         {nil, nil},
 	"meta add-voter":      {[]string{"meta", "add-voter", "ARG", "--raft-addr", "127.0.0.1:2", "--rpc-addr", "127.0.0.1:3"}, nonEmpty},
 	"meta remove-voter":   {[]string{"meta", "remove-voter", "ARG"}, nonEmpty},

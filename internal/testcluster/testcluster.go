@@ -176,7 +176,8 @@ func (m *Meta) CreateTopic(tb testing.TB, name string, groups ...string) routing
 // are not about it (the SDKs' tests): the 1 s sessions, slave lag times and
 // HIGH waits of MetaConfig and BrokerConfig can turn a group read-only, or
 // refuse HIGH messages, when a run under -race on a busy machine stalls for
-// a second. They set the brokers' defaults for HighWait and SlaveLagTime.
+// a second. They set the brokers' defaults for HighWait and SlaveLagTime
+// (the metaserver's LagTime is the masters' lag time for the sync set).
 func SteadyMeta(c *metaserver.Config) {
 	c.SessionTimeout = 2 * time.Second
 	c.LagTime = time.Minute

@@ -172,6 +172,18 @@ type BrokerStatus struct {
 	// Reported is whether the master's last heartbeat reported the slave
 	// (AckOffset and the lags are its).
 	Reported bool `json:"reported,omitempty"`
+	// For a slave, from its own last heartbeat: why it cannot follow its
+	// master (Broken, it needs an operator's resync) or what it waits for
+	// before it can (Waiting); "" when nothing.
+	Broken  string `json:"broken,omitempty"`
+	Waiting string `json:"waiting,omitempty"`
+	// Eligible (a slave) is whether a failover could promote it now, were
+	// its master lost (the margin, the loss limit and the quorum rule
+	// aside); else NotEligible says why, as a word (IneligibleReason, the
+	// failover refusal metric's reason) and a sentence.
+	Eligible         bool   `json:"eligible,omitempty"`
+	IneligibleReason string `json:"ineligible_reason,omitempty"`
+	NotEligible      string `json:"not_eligible,omitempty"`
 }
 
 // InitProducerRequest asks the metaserver leader for a producer identity.

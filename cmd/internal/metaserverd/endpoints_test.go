@@ -228,6 +228,9 @@ var allowedLabels = map[string][]string{
 	"ferrymq_metaserver_group_writable":            {"group"},
 	"ferrymq_metaserver_group_readonly_reason":     {"group", "reason"},
 	"ferrymq_metaserver_group_epoch":               {"group"},
+	"ferrymq_metaserver_group_sync_set_size":       {"group"},
+	"ferrymq_metaserver_group_min_insync":          {"group"},
+	"ferrymq_metaserver_group_high_allowed":        {"group"},
 	"ferrymq_metaserver_failover_refusals_total":   {"reason"},
 	"ferrymq_metaserver_consumer_group_members":    {"group"},
 	"ferrymq_metaserver_consumer_group_generation": {"group"},
@@ -265,8 +268,9 @@ func labelValues(metric, label string) []string {
 		if metric == "ferrymq_metaserver_group_readonly_reason" {
 			return []string{"heartbeat-lost", "slave-lag", "admin"}
 		}
-		return []string{"failover-off", "no-slave", "slave-not-alive", "admin", "slave-missing-acknowledged",
-			"slave-too-far-behind", "waiting-for-margin", "apply-failed"}
+		return []string{"failover-off", "no-slave", "slave-not-alive", "admin", "slave-broken", "slave-not-in-epoch",
+			"slave-missing-acknowledged", "slave-too-far-behind", "slave-not-in-sync-set", "sync-set-not-heard",
+			"no-eligible-slave", "waiting-for-margin", "apply-failed"}
 	}
 	return nil
 }

@@ -55,8 +55,8 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&cfg.DefaultQueues, "default-queues", def.DefaultQueues, "queues of an auto-created topic")
 	fs.StringVar(&admit, "admit-groups", string(metaserver.AdmitAuto), "auto: a broker group that registers takes queues at once; manual: it waits for 'ferryctl broker add-group'")
 	fs.DurationVar(&cfg.SessionTimeout, "session", def.SessionTimeout, "a master unheard of this long makes its group read-only")
-	fs.Int64Var(&cfg.LagBytes, "lag-bytes", def.LagBytes, "a slave this many bytes behind makes its group read-only")
-	fs.DurationVar(&cfg.LagTime, "lag-time", def.LagTime, "a slave not caught up this long makes its group read-only")
+	fs.Int64Var(&cfg.LagBytes, "lag-bytes", def.LagBytes, "the default of -failover-max-loss (a slave's lag makes no group read-only: its master drops it from the sync set)")
+	fs.DurationVar(&cfg.LagTime, "lag-time", def.LagTime, "a member of a sync set not caught up this long leaves it (the masters take it from the heartbeat replies); a slave's lag makes no group read-only")
 	fs.IntVar(&cfg.RecoverHeartbeats, "recover-heartbeats", def.RecoverHeartbeats, "healthy heartbeats in a row that make a group writable again")
 	fs.StringVar(&failover, "failover", "on", "on: promote a lost master's slave; off: keep the group read-only until a person acts")
 	fs.Int64Var(&maxLoss, "failover-max-loss", -1, "most bytes of NORMAL messages a promotion may lose, by the last reports; 0: only a slave that had everything (default: -lag-bytes)")
@@ -264,6 +264,14 @@ var (
 		[]string{"group", "reason"}, nil)
 	epochDesc = prometheus.NewDesc("ferrymq_metaserver_group_epoch",
 		"The broker group's epoch: it grows by one at every promotion.", []string{"group"}, nil)
+	syncSetDesc = prometheus.NewDesc("ferrymq_metaserver_group_sync_set_size",
+		"Slaves in the broker group's sync set: those its master waits for before it answers a HIGH message.", []string{"group"}, nil)
+	minInSyncDesc = prometheus.NewDesc("ferrymq_metaserver_group_min_insync",
+		"Copies of a HIGH message, the master's counted, the broker group's policy requires (its min in-sync, and at least its ack quorum).",
+		[]string{"group"}, nil)
+	highAllowedDesc = prometheus.NewDesc("ferrymq_metaserver_group_high_allowed",
+		"1 if the broker group's sync set, with its master, holds the copies a HIGH message needs; 0 if HIGH is refused (NORMAL is still written).",
+		[]string{"group"}, nil)
 )
 
 // readOnlyReasons are the reasons routing knows, one bit each.
@@ -281,6 +289,9 @@ func (c groupCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- groupDesc
 	ch <- reasonDesc
 	ch <- epochDesc
+	ch <- syncSetDesc
+	ch <- minInSyncDesc
+	ch <- highAllowedDesc
 }
 
 func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
@@ -293,6 +304,9 @@ func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(reasonDesc, prometheus.GaugeValue, b2f(g.Reasons&r != 0), g.Name, r.String())
 		}
 		ch <- prometheus.MustNewConstMetric(epochDesc, prometheus.GaugeValue, float64(g.Epoch), g.Name)
+		ch <- prometheus.MustNewConstMetric(syncSetDesc, prometheus.GaugeValue, float64(len(g.InSync)), g.Name)
+		ch <- prometheus.MustNewConstMetric(minInSyncDesc, prometheus.GaugeValue, float64(g.MinCopies()), g.Name)
+		ch <- prometheus.MustNewConstMetric(highAllowedDesc, prometheus.GaugeValue, b2f(g.HighAllowed()), g.Name)
 	}
 }
 

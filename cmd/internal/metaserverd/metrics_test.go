@@ -127,3 +127,51 @@ func TestReadOnlyReasonsAreRoutingsReasons(t *testing.T) {
 		t.Fatalf("readOnlyReasons %v", names)
 	}
 }
+
+// TestGroupSyncSetMetrics: a group's sync set size, the copies its policy
+// requires and whether HIGH is allowed follow the registry as the master
+// changes its set and an operator its policy.
+func TestGroupSyncSetMetrics(t *testing.T) {
+	meta := testcluster.StartMeta(t, 1, nil)
+	_, s := meta.Leader()
+	m := cli.NewMetrics()
+	register(m, s)
+	cl := meta.Client(t)
+	ctx := context.Background()
+	for _, hb := range []api.Heartbeat{
+		{Group: "g1", Role: routing.RoleMaster, BrokerID: "g1-master", Addr: "127.0.0.1:11"},
+		{Group: "g1", Role: routing.RoleSlave, BrokerID: "g1-s1", Addr: "127.0.0.1:12"},
+		{Group: "g1", Role: routing.RoleSlave, BrokerID: "g1-s2", Addr: "127.0.0.1:13"},
+	} {
+		if _, err := cl.Heartbeat(ctx, hb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gauge := func(name string) float64 {
+		t.Helper()
+		ms := testmetrics.Gather(t, m.Registry)[name].GetMetric()
+		if len(ms) != 1 || !maps.Equal(testmetrics.Labels(ms[0]), map[string]string{"group": "g1"}) {
+			t.Fatalf("%s: %v, want one series of group g1", name, ms)
+		}
+		return ms[0].GetGauge().GetValue()
+	}
+	want := func(step string, size, minCopies, high float64) {
+		t.Helper()
+		got := [3]float64{gauge("ferrymq_metaserver_group_sync_set_size"), gauge("ferrymq_metaserver_group_min_insync"),
+			gauge("ferrymq_metaserver_group_high_allowed")}
+		if got != [3]float64{size, minCopies, high} {
+			t.Fatalf("%s: sync set size, min in-sync, HIGH allowed = %v, want %v", step, got, [3]float64{size, minCopies, high})
+		}
+	}
+	want("no set", 0, 2, 0)
+	g, _ := s.FSM().Group("g1")
+	if _, err := cl.AlterSyncSet(ctx, api.AlterSyncSetRequest{Group: "g1", Epoch: g.Epoch, Master: "g1-master",
+		ExpectVersion: g.SyncVersion, InSync: []string{"g1-s1", "g1-s2"}}); err != nil {
+		t.Fatal(err)
+	}
+	want("two members", 2, 2, 1)
+	if _, err := cl.SetGroupPolicy(ctx, api.GroupPolicyRequest{Group: "g1", MinInSync: 2, AckQuorum: 4}); err != nil {
+		t.Fatal(err)
+	}
+	want("a quorum of four copies", 2, 4, 0)
+}

@@ -1,0 +1,65 @@
+package fsm
+
+import (
+	"slices"
+	"testing"
+)
+
+// Members that leave the sync set while it falls below the group's minimum
+// become eligible (the master answers no HIGH message below it, so they
+// hold every one it answered); those leaving while it stays at the minimum
+// do not. Eligible members stay promotable, a member back in the set is no
+// longer listed, the set back at the minimum (or a policy it meets) clears
+// the list, and a removed or promoted broker leaves it.
+func TestEligibleMembers(t *testing.T) {
+	f := three(t)
+	mustApply(t, f, &SetGroupPolicy{Group: "g1", MinInSync: 3, At: 2})
+	if err := alter(t, f, "s1", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if g := group(t, f, "g1"); len(g.Eligible) != 0 || !g.HighAllowed() {
+		t.Fatalf("a full set: %+v", g)
+	}
+	if err := alter(t, f, "s1"); err != nil { // two copies: below three
+		t.Fatal(err)
+	}
+	g := group(t, f, "g1")
+	if !slices.Equal(g.Eligible, []string{"s2"}) || g.HighAllowed() || !g.Promotable("s2") || !g.Promotable("s1") {
+		t.Fatalf("s2 left a set falling below the minimum: %+v", g)
+	}
+	if err := alter(t, f); err != nil {
+		t.Fatal(err)
+	}
+	if g = group(t, f, "g1"); !slices.Equal(g.Eligible, []string{"s2", "s1"}) || !g.Promotable("s1") {
+		t.Fatalf("s1 left too: %+v", g)
+	}
+	if err := alter(t, f, "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if g = group(t, f, "g1"); !slices.Equal(g.Eligible, []string{"s1"}) {
+		t.Fatalf("s2 is back in the set: %+v", g)
+	}
+	mustApply(t, f, &SetGroupPolicy{Group: "g1", MinInSync: 2, At: 4}) // the set of one meets two copies
+	if g = group(t, f, "g1"); len(g.Eligible) != 0 || g.Promotable("s1") {
+		t.Fatalf("a policy the set meets: %+v", g)
+	}
+
+	// At the minimum, a member leaving is not eligible.
+	f = three(t)
+	if err := alter(t, f, "s1", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := alter(t, f, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if g = group(t, f, "g1"); len(g.Eligible) != 0 || g.Promotable("s2") {
+		t.Fatalf("s2 left a set that kept its minimum: %+v", g)
+	}
+	if err := alter(t, f); err != nil { // below two: s1 eligible
+		t.Fatal(err)
+	}
+	mustApply(t, f, &RemoveGroupBroker{Group: "g1", Broker: "s1", At: 5})
+	if g = group(t, f, "g1"); len(g.Eligible) != 0 {
+		t.Fatalf("a removed slave stays eligible: %+v", g)
+	}
+}
