@@ -24,8 +24,8 @@
 #   FERRY_HEARTBEAT, FERRY_SESSION, FERRY_FAILOVER_MARGIN, FERRY_LAG_TIME
 #                    the brokers' -heartbeat (default 1s), the session of the brokers and the
 #                    metaservers (-session, default 4s), the metaservers' -failover-margin (default
-#                    500ms) and the -lag-time of both (default 5s; a master drops a slave not caught up
-#                    this long from its sync set): Go durations
+#                    500ms) and -lag-time (default 5s; the metaservers give it to every master, which
+#                    drops a slave not caught up this long from its sync set): Go durations
 #   FERRY_HIGH_WAIT  the brokers' -high-wait (default 3s): how long a master holds a HIGH message for its
 #                    sync set before it answers SLAVE_SYNC_TIMEOUT (the SDK retries it)
 #   FERRY_FLUSH      brokers' flush mode, async or sync (default async)
@@ -353,7 +353,7 @@ start() {
     mapfile -t authf < <(auth_flags broker)
     launch "$name" "$BIN/ferry-broker" -id "$name" -group "$group" -role "$role" \
       -dir "$FERRY_HOME/data/$name" -addr "127.0.0.1:$(broker_port data "$j")" -ha-addr "127.0.0.1:$(broker_port ha "$j")" \
-      -metrics-addr "127.0.0.1:$(broker_port metrics "$j")" -meta "$META" -flush "$FLUSH" -heartbeat "$HEARTBEAT" -session "$SESSION" -lag-time "$LAG_TIME" -high-wait "$HIGH_WAIT" "${tlsf[@]}" "${authf[@]}"
+      -metrics-addr "127.0.0.1:$(broker_port metrics "$j")" -meta "$META" -flush "$FLUSH" -heartbeat "$HEARTBEAT" -session "$SESSION" -high-wait "$HIGH_WAIT" "${tlsf[@]}" "${authf[@]}"
   done
   wait_ready
   if [ "$ADMIT" = manual ]; then

@@ -20,8 +20,8 @@ import (
 // The sync-set tests of issue 27, through real processes: one group of
 // three (cluster.sh with FERRY_GROUPS=1 FERRY_SLAVES=2: g1-master,
 // g1-slave, g1-slave2), the model test's short heartbeat, session and
-// failover margin, a lag time of ssLagTime (the metaservers' and the
-// brokers' -lag-time), and a HIGH wait (ssHighWait) shorter than it, so a
+// failover margin, a lag time of ssLagTime (the metaservers'
+// -lag-time, which heartbeat replies carry to the masters), and a HIGH wait (ssHighWait) shorter than it, so a
 // HIGH message held for a stopped slave is answered SLAVE_SYNC_TIMEOUT
 // before the slave leaves the set. The group keeps its default MinInSync 2
 // (the master and one slave). The steps share the cluster, each leaving the group whole for

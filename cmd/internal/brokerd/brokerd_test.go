@@ -56,7 +56,6 @@ func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
 		{"-session", "-5s", "SessionTimeout"},
 		{"-heartbeat", "-1s", "HeartbeatInterval"},
 		{"-high-wait", "-1s", "HighWait"},
-		{"-lag-time", "-1s", "SlaveLagTime"},
 		{"-flush-interval", "-1ms", "FlushInterval"},
 		{"-retention-check", "-1m", "RetentionCheck"},
 	} {
