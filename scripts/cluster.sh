@@ -110,10 +110,11 @@ for i in "${!BROKERS[@]}"; do
   BROKER_J[${BROKERS[$i]}]=$((i + 1))
 done
 
-# group_brokers G: the names of group G's brokers, its master first.
+# group_brokers G: the names of group G's brokers, one a line, its master first.
 group_brokers() {
   local k
-  echo "$1-master" "$1-slave"
+  echo "$1-master"
+  echo "$1-slave"
   for ((k = 2; k <= SLAVES_N; k++)); do
     echo "$1-slave$k"
   done
@@ -527,8 +528,8 @@ sync_sets() {
     fi
     for b in $(group_brokers "$g"); do
       [ "$b" = "$master" ] && continue
-      lagb="$(metric "$m" "ferrymq_broker_replica_lag_bytes{replica=\"$b\"}")"
-      lags="$(metric "$m" "ferrymq_broker_replica_lag_seconds{replica=\"$b\"}")"
+      lagb="$(metric "$m" "ferrymq_broker_replica_lag_bytes{replica=\"$b\"}" | awk '{ printf "%d", $1 }')"
+      lags="$(metric "$m" "ferrymq_broker_replica_lag_seconds{replica=\"$b\"}" | awk '{ printf "%.3f", $1 }')"
       in="$(metric "$m" "ferrymq_broker_replica_in_sync{replica=\"$b\"}")"
       if [ -z "$in" ]; then
         echo "  $b: not a replica of $master"
