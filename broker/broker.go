@@ -15,6 +15,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/storage"
 )
 
@@ -109,7 +110,7 @@ func New(cfg Config) (*Broker, error) {
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
 	b.routes.store = b.store
 	epochs := &epochState{}
-	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: epochs.local.Load, epochStart: epochs.epochStart, routed: b.routes.routed},
+	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: epochs.local.Load, epochStart: epochs.epochStart, routed: b.routes.routed, readable: b.readableEnd},
 		cfg.Clock, &b.stats, lg.Named("longpoll"))
 	if cfg.ClusterToken != "" {
 		b.acl = newACLCopy(cfg.ClusterToken, b.meta, b.sess, lg.Named("acl"))
@@ -260,6 +261,20 @@ func (b *Broker) describe(hb *api.Heartbeat) {
 	}
 	hb.ResyncDone = b.roles.resyncDone.Load()
 	hb.LastCut = b.roles.lastCut.Load()
+}
+
+// readableEnd is where the broker's reads stop: while it is a slave, at
+// what every member of the sync set held at the master's last report (the
+// registry's word in the heartbeat reply); -1: no limit (a master, or no
+// word).
+func (b *Broker) readableEnd() int64 {
+	if b.roles == nil || b.roles.replication() != nil {
+		return -1
+	}
+	if v := b.sess.latest(); v != nil && v.Role == routing.RoleSlave {
+		return v.ReadableEnd
+	}
+	return -1
 }
 
 // ID is the broker's id.

@@ -129,7 +129,7 @@ func (lp *longPoll) park(rep replier, req protocol.PullRequest, next int64) bool
 	// An append that completed between the caller's look and the parking
 	// saw no parked PULL and woke nobody: look again. (An append after the
 	// parking sees it: parked is written before this read of the log.)
-	if _, cur := lp.store.QueueRange(req.Topic, req.Queue); p.due(cur) {
+	if cur := readableNext(lp.store, req.Topic, req.Queue); p.due(cur) {
 		if lp.take(p) {
 			lp.stats.PullWakeups.Add(1)
 			servePull(lp.store, rep, req)
@@ -313,7 +313,7 @@ func (lp *longPoll) step(now time.Time) (time.Time, bool) {
 	if len(keys) > 0 {
 		nexts := make([]int64, len(keys))
 		for i, k := range keys {
-			_, nexts[i] = lp.store.QueueRange(k.topic, k.queue)
+			nexts[i] = readableNext(lp.store, k.topic, k.queue)
 		}
 		lp.mu.Lock()
 		for i, k := range keys {

@@ -28,6 +28,9 @@ type queueReader interface {
 	// Placed reports whether the broker may answer for a queue its log
 	// holds nothing of (see handlePull).
 	Placed(topic string, queue uint32) bool
+	// ReadableEnd is the log offset reads stop at (a slave's: what every
+	// member of the sync set held at the master's last report); -1: none.
+	ReadableEnd() int64
 }
 
 // pullStore is the commit log with the broker's epochs, as PULL reads it.
@@ -39,6 +42,15 @@ type pullStore struct {
 	// the log continues it at its base, if it moved here). It never waits;
 	// a miss queues a lookup. nil: every queue is.
 	routed func(topic string, queue uint32) bool
+	// readable is ReadableEnd (nil: no limit).
+	readable func() int64
+}
+
+func (s pullStore) ReadableEnd() int64 {
+	if s.readable == nil {
+		return -1
+	}
+	return s.readable()
 }
 
 func (s pullStore) Placed(topic string, queue uint32) bool {
@@ -97,11 +109,24 @@ func handlePull(store queueReader, claim func(uint32) bool, pulls *longPoll, rep
 		return
 	}
 	if req.WaitMillis > 0 && pulls != nil {
-		if _, next := store.QueueRange(req.Topic, req.Queue); req.Offset >= next && pulls.park(rep, req, next) {
+		if next := readableNext(store, req.Topic, req.Queue); req.Offset >= next && pulls.park(rep, req, next) {
 			return
 		}
 	}
 	serveRead(store, rep, req)
+}
+
+// readableNext is the queue's next offset, or where its readable part ends
+// when reads stop short of the log's end (ReadableEnd): a PULL there waits
+// as at the end of the queue.
+func readableNext(store queueReader, topic string, queue uint32) int64 {
+	_, next := store.QueueRange(topic, queue)
+	if limit := store.ReadableEnd(); limit >= 0 {
+		if at, err := store.QueueOffsetAt(topic, queue, limit); err == nil {
+			next = min(next, at)
+		}
+	}
+	return next
 }
 
 // unplaced answers req NO_ROUTE and reports true when it asks for an offset
@@ -183,7 +208,16 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest) (count 
 		}
 	}
 	out := append((*bp)[:0], make([]byte, pullHeaderSize)...) // ReadAppend grows it to what it reads
+	// A slave stops where every member of the sync set held the log at the
+	// master's last report (acknowledgements are at record boundaries).
+	limit, held := store.ReadableEnd(), int64(-1)
 	out, err := store.ReadAppend(out, req.Topic, req.Queue, offset, pullBytes(req), func(dst []byte, e storage.StoredEntry) []byte {
+		if limit >= 0 && e.LogOffset >= limit {
+			if held < 0 {
+				held = e.QueueOffset
+			}
+			return dst
+		}
 		count++
 		offset = e.QueueOffset + 1
 		return protocol.AppendStoredRaw(dst, e.QueueOffset, e.LogOffset, e.StoreTime, e.Payload)
@@ -208,6 +242,9 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest) (count 
 	// never claims less than was returned.
 	if count > 0 {
 		next = max(next, offset)
+	}
+	if held >= 0 {
+		next = min(next, held)
 	}
 	protocol.AppendPullResponseHeader(out[:0], offset, first, next, store.LogEpoch(), count)
 	*bp = out[:0]

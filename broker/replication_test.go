@@ -138,7 +138,7 @@ func (m *memRegistry) group() routing.Group {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	g := m.g
-	g.Slaves, g.InSync = slices.Clone(g.Slaves), slices.Clone(g.InSync)
+	g.Slaves, g.InSync, g.Eligible = slices.Clone(g.Slaves), slices.Clone(g.InSync), slices.Clone(g.Eligible)
 	return g
 }
 
@@ -155,6 +155,18 @@ func (m *memRegistry) alter(_ context.Context, req api.AlterSyncSetRequest) (rou
 	if req.Epoch != m.g.Epoch || req.Master != m.g.Master.ID || req.ExpectVersion != m.g.SyncVersion {
 		m.mu.Unlock()
 		return routing.Group{}, &protocol.Error{Status: protocol.StatusConflict, Message: "moved"}
+	}
+	// Eligible as the FSM keeps it: those leaving a set that falls below
+	// the minimum.
+	if len(req.InSync)+1 >= m.g.MinCopies() {
+		m.g.Eligible = nil
+	} else {
+		for _, id := range m.g.InSync {
+			if !slices.Contains(req.InSync, id) && !slices.Contains(m.g.Eligible, id) {
+				m.g.Eligible = append(m.g.Eligible, id)
+			}
+		}
+		m.g.Eligible = slices.DeleteFunc(m.g.Eligible, func(id string) bool { return slices.Contains(req.InSync, id) })
 	}
 	m.g.InSync = slices.Clone(req.InSync)
 	m.g.SyncVersion++

@@ -36,6 +36,9 @@ type groupView struct {
 	ACLVersion uint64
 	// LagTime is the cluster's lag time (0: the broker's own).
 	LagTime time.Duration
+	// ReadableEnd is where this broker's reads stop while it is a slave
+	// (api.HeartbeatReply.ReadableEnd); -1: no limit.
+	ReadableEnd int64
 }
 
 // viewSource is where a part reads the registry's word: subscribe returns a
@@ -196,7 +199,10 @@ func (s *session) beat(ctx context.Context, describe func(*api.Heartbeat)) {
 	if s.lease.renew(sentAt, role == routing.RoleMaster, g.Writable(), g.Epoch, time.Duration(reply.SessionMillis)*time.Millisecond) {
 		s.log.Info("write lease changed", "writable", s.lease.valid(), "role", role, "epoch", g.Epoch, "reasons", g.Reasons.String())
 	}
-	v := &groupView{Group: g, Role: role, ACLVersion: reply.ACLVersion, LagTime: time.Duration(reply.LagTimeMillis) * time.Millisecond}
+	v := &groupView{Group: g, Role: role, ACLVersion: reply.ACLVersion, LagTime: time.Duration(reply.LagTimeMillis) * time.Millisecond, ReadableEnd: -1}
+	if reply.ReadableEnd != nil {
+		v.ReadableEnd = *reply.ReadableEnd
+	}
 	if o := g.Resync; o != nil && o.Broker == s.id {
 		v.ResyncSeq = o.Seq
 	}

@@ -92,8 +92,12 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 	s.epochWord(ctx, g, role, hb)
 	s.judge.judgeGroup(ctx, hb.Group, now)
 	g, _ = s.fsm.Group(hb.Group)
-	return api.HeartbeatReply{Group: g, SessionMillis: s.cfg.SessionTimeout.Milliseconds(), ACLVersion: s.fsm.ACLVersion(),
-		LagTimeMillis: s.cfg.LagTime.Milliseconds()}, nil
+	reply := api.HeartbeatReply{Group: g, SessionMillis: s.cfg.SessionTimeout.Milliseconds(), ACLVersion: s.fsm.ACLVersion(),
+		LagTimeMillis: s.cfg.LagTime.Milliseconds()}
+	if role == routing.RoleSlave {
+		reply.ReadableEnd = s.judge.readableEnd(g)
+	}
+	return reply, nil
 }
 
 // handleRouteLookup answers a route lookup: the body is the topic name, the

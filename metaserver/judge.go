@@ -283,6 +283,35 @@ func (j *judge) judgeGroup(ctx context.Context, name string, now time.Time) {
 	}
 }
 
+// readableEnd is the log offset every member of g's sync set held at its
+// master's last heartbeat in g's epoch (the lowest acknowledgement the
+// master reported for them), or nil when the set is empty or the judge has
+// no such report.
+func (j *judge) readableEnd(g routing.Group) *int64 {
+	if len(g.InSync) == 0 {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	s := j.sessions[g.Name]
+	if s == nil || !s.seenMaster || s.last.BrokerID != g.Master.ID || s.last.Epoch != g.Epoch {
+		return nil
+	}
+	end, found := int64(0), 0
+	for _, r := range s.last.Replicas {
+		if g.IsInSync(r.ID) {
+			if found == 0 || r.AckOffset < end {
+				end = r.AckOffset
+			}
+			found++
+		}
+	}
+	if found < len(g.InSync) {
+		return nil // the master's report predates a member: no word on it
+	}
+	return &end
+}
+
 // info returns what the judge knows of a group's heartbeats. The master's
 // and the slave's ages are those of the brokers' last heartbeats in any
 // role (a slave promoted a moment ago was heard as a slave); "the slave"

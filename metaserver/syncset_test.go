@@ -368,3 +368,35 @@ func TestAlterSyncSetWaitsForAPromotion(t *testing.T) {
 		t.Fatalf("after the promotion: %+v", g)
 	}
 }
+
+// A slave's heartbeat reply names where its reads stop: the lowest
+// acknowledgement among the sync set's members in the master's last report
+// of this epoch; no limit with an empty set, or while the master's report
+// lacks a member.
+func TestReadableEndIsTheSetsLowestAck(t *testing.T) {
+	r := newGroupRig(t, nil, []string{"s1", "s2", "s3"}, "s1", "s2")
+	if end := r.j.readableEnd(r.group("g1")); end != nil {
+		t.Fatalf("no master report yet: %d", *end)
+	}
+	r.heartbeat(inEpoch1(masterAcked(1000, 300,
+		api.ReplicaStatus{ID: "s1", AckOffset: 500, InSync: true},
+		api.ReplicaStatus{ID: "s2", AckOffset: 300, InSync: true},
+		api.ReplicaStatus{ID: "s3", AckOffset: 100})))
+	if end := r.j.readableEnd(r.group("g1")); end == nil || *end != 300 {
+		t.Fatalf("readable end %v, want 300 (s2's, the lowest of the set; s3 is not in it)", end)
+	}
+	r.heartbeat(inEpoch1(masterAcked(1000, 300, api.ReplicaStatus{ID: "s1", AckOffset: 500, InSync: true})))
+	if end := r.j.readableEnd(r.group("g1")); end != nil {
+		t.Fatalf("a report without s2: %d, want no limit", *end)
+	}
+	r.alter()
+	r.heartbeat(inEpoch1(masterAcked(1000, 300, api.ReplicaStatus{ID: "s1", AckOffset: 500})))
+	if end := r.j.readableEnd(r.group("g1")); end != nil {
+		t.Fatalf("an empty set: %d, want no limit", *end)
+	}
+}
+
+func inEpoch1(hb api.Heartbeat) api.Heartbeat {
+	hb.Epoch = 1
+	return hb
+}

@@ -95,6 +95,12 @@ type HeartbeatReply struct {
 	// not caught up this long leaves it (one setting for the cluster, as
 	// the session is). 0: the broker's own default.
 	LagTimeMillis int64 `json:"lag_time_ms,omitempty"`
+	// ReadableEnd (to a slave) is the log offset every member of its
+	// group's sync set held at its master's last report in this epoch: a
+	// slave serves reads up to it, so a consumer never reads a message a
+	// failover to another member would not have. nil: no limit (an empty
+	// set, or no word from the master in this epoch).
+	ReadableEnd *int64 `json:"readable_end,omitempty"`
 }
 
 // GroupInfo is a group with what only the leader knows: its heartbeats.
