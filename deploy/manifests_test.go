@@ -259,10 +259,40 @@ const raftSecretFlag = "raft-secret-file"
 type composeResult struct {
 	servers     int
 	listenPorts map[int]bool
+	groups      map[string][]string // broker group -> its brokers' preferred roles
 }
 
+// checkGroups checks each broker group's brokers by their preferred roles
+// (group -> one role per broker, the -role flag, master by default): one
+// master and at least one slave, so a failover has a slave to promote.
+// More slaves make a group of three or more.
+func checkGroups(where string, groups map[string][]string) []string {
+	var problems []string
+	for _, g := range slices.Sorted(maps.Keys(groups)) {
+		roles := slices.Sorted(slices.Values(groups[g]))
+		masters := 0
+		slaves := 0
+		for _, r := range roles {
+			switch r {
+			case "master":
+				masters++
+			case "slave":
+				slaves++
+			}
+		}
+		if masters != 1 || slaves < 1 || masters+slaves != len(roles) {
+			problems = append(problems, fmt.Sprintf("%s: group %s: its brokers prefer %v; want one master and the rest (at least one) slaves", where, g, roles))
+		}
+	}
+	return problems
+}
+
+// brokerRole is a broker's preferred role by its parsed flags (-role,
+// master by default).
+func brokerRole(p parsed) string { return cmp.Or(p["role"], "master") }
+
 func (s *servers) checkCompose(name string, data []byte) (composeResult, []string) {
-	res := composeResult{listenPorts: map[int]bool{}}
+	res := composeResult{listenPorts: map[int]bool{}, groups: map[string][]string{}}
 	var f composeFile
 	if err := yaml.Unmarshal(data, &f); err != nil {
 		return res, []string{fmt.Sprintf("%s: %v", name, err)}
@@ -305,6 +335,9 @@ func (s *servers) checkCompose(name string, data []byte) (composeResult, []strin
 		for n := range listen {
 			res.listenPorts[n] = true
 		}
+		if prog == "ferry-broker" {
+			res.groups[p["group"]] = append(res.groups[p["group"]], brokerRole(p))
+		}
 		for _, e := range append(slices.Clone(svc.Expose), svc.Ports...) {
 			// "7101", "7101/tcp" or "HOST:CONTAINER"
 			e = strings.TrimSuffix(e, "/tcp")
@@ -326,6 +359,7 @@ func (s *servers) checkCompose(name string, data []byte) (composeResult, []strin
 	if res.servers == 0 {
 		problems = append(problems, name+": no ferry-metaserver or ferry-broker service")
 	}
+	problems = append(problems, checkGroups(name, res.groups)...)
 	return res, problems
 }
 
@@ -478,10 +512,11 @@ func k8sPodSample(stsName string, i int, fieldPath string) (string, bool) {
 type k8sResult struct {
 	pods        int
 	listenPorts map[int]bool
+	groups      map[string][]string // broker group -> its pods' preferred roles
 }
 
 func (s *servers) checkK8s(files map[string][]byte) (k8sResult, []string) {
-	res := k8sResult{listenPorts: map[int]bool{}}
+	res := k8sResult{listenPorts: map[int]bool{}, groups: map[string][]string{}}
 	var problems []string
 	var objs []located
 	for _, name := range slices.Sorted(maps.Keys(files)) {
@@ -577,7 +612,6 @@ func (s *servers) checkK8s(files map[string][]byte) (k8sResult, []string) {
 			var metricsPort int
 			var metricsScheme string // HTTP, or HTTPS with -tls-cert
 			var peerIDs []string
-			roles := map[string]int{}
 			for i := range replicas {
 				pwhere := fmt.Sprintf("%s pod %s-%d", cwhere, name, i)
 				env := map[string]string{}
@@ -680,15 +714,8 @@ func (s *servers) checkK8s(files map[string][]byte) (k8sResult, []string) {
 						problems = append(problems, fmt.Sprintf("%s: -id %s is not in -peers %v", pwhere, p["id"], ids))
 					}
 				case "ferry-broker":
-					role := p["role"]
-					if role == "" {
-						role = "master" // the flag's default
-					}
-					roles[role]++
+					res.groups[p["group"]] = append(res.groups[p["group"]], brokerRole(p))
 				}
-			}
-			if prog == "ferry-broker" && replicas == 2 && (roles["master"] != 1 || roles["slave"] != 1) {
-				problems = append(problems, fmt.Sprintf("%s: the group's two pods prefer roles %v; want one master and one slave", cwhere, roles))
 			}
 			probes := map[string]*k8sProbe{"readinessProbe": c.ReadinessProbe, "livenessProbe": c.LivenessProbe, "startupProbe": c.StartupProbe}
 			if c.ReadinessProbe == nil || c.LivenessProbe == nil {
@@ -760,6 +787,7 @@ func (s *servers) checkK8s(files map[string][]byte) (k8sResult, []string) {
 			problems = append(problems, fmt.Sprintf("StatefulSet %s has no PodDisruptionBudget", name))
 		}
 	}
+	problems = append(problems, checkGroups("k8s", res.groups)...)
 	return res, problems
 }
 
@@ -1062,11 +1090,7 @@ func (s *servers) checkSystemd(src systemdSources) []string {
 			} else if !slices.Equal(metaAddrs, strings.Split(p["meta"], ",")) {
 				problems = append(problems, where+": -meta differs from another broker's")
 			}
-			role := p["role"]
-			if role == "" {
-				role = "master"
-			}
-			groups[p["group"]] = append(groups[p["group"]], role)
+			groups[p["group"]] = append(groups[p["group"]], brokerRole(p))
 			brokerHosts[p["group"]] = append(brokerHosts[p["group"]], u.host)
 		}
 	}
@@ -1092,13 +1116,15 @@ func (s *servers) checkSystemd(src systemdSources) []string {
 	if len(running) < 3 {
 		problems = append(problems, fmt.Sprintf("the hosts run %d metaservers, want at least 3", len(running)))
 	}
-	for g, roles := range groups {
-		slices.Sort(roles)
-		if !slices.Equal(roles, []string{"master", "slave"}) {
-			problems = append(problems, fmt.Sprintf("group %s: its brokers prefer %v, want a master and a slave", g, roles))
-		}
-		if h := brokerHosts[g]; len(h) == 2 && h[0] == h[1] {
-			problems = append(problems, fmt.Sprintf("group %s: master and slave both on %s", g, h[0]))
+	problems = append(problems, checkGroups("hosts", groups)...)
+	// A host lost takes one broker of a group at most.
+	for _, g := range slices.Sorted(maps.Keys(brokerHosts)) {
+		seen := map[string]bool{}
+		for _, h := range brokerHosts[g] {
+			if seen[h] {
+				problems = append(problems, fmt.Sprintf("group %s: two of its brokers on %s", g, h))
+			}
+			seen[h] = true
 		}
 	}
 	return problems
@@ -1259,8 +1285,18 @@ func TestCompose(t *testing.T) {
 	s := programs(t)
 	res, problems := s.checkCompose("compose.yaml", readFile(t, "compose.yaml"))
 	report(t, problems)
-	if res.servers != 7 {
-		t.Errorf("compose.yaml runs %d servers, want 3 metaservers and 4 brokers", res.servers)
+	if res.servers != 8 {
+		t.Errorf("compose.yaml runs %d servers, want 3 metaservers and 5 brokers", res.servers)
+	}
+	wantGroupsOfThreeAndTwo(t, "compose.yaml", res.groups)
+}
+
+// wantGroupsOfThreeAndTwo checks the layout every deployment file has: g1 a
+// group of three, g2 a master and a slave.
+func wantGroupsOfThreeAndTwo(t *testing.T, where string, groups map[string][]string) {
+	t.Helper()
+	if len(groups) != 2 || len(groups["g1"]) != 3 || len(groups["g2"]) != 2 {
+		t.Errorf("%s: broker groups %v; want g1 a group of three and g2 of two", where, groups)
 	}
 }
 
@@ -1268,9 +1304,10 @@ func TestKubernetes(t *testing.T) {
 	s := programs(t)
 	res, problems := s.checkK8s(k8sFiles(t))
 	report(t, problems)
-	if res.pods != 7 {
-		t.Errorf("the manifests run %d server pods, want 3 metaservers and 2 groups of 2 brokers", res.pods)
+	if res.pods != 8 {
+		t.Errorf("the manifests run %d server pods, want 3 metaservers and the brokers of g1 (3) and g2 (2)", res.pods)
 	}
+	wantGroupsOfThreeAndTwo(t, "k8s", res.groups)
 	// Every file is in the kustomization.
 	var k struct {
 		Resources []string `yaml:"resources"`
@@ -1287,7 +1324,16 @@ func TestKubernetes(t *testing.T) {
 
 func TestSystemd(t *testing.T) {
 	s := programs(t)
-	report(t, s.checkSystemd(systemdFiles(t)))
+	src := systemdFiles(t)
+	report(t, s.checkSystemd(src))
+	units, _ := hostUnits(src)
+	groups := map[string][]string{}
+	for _, u := range units {
+		if u.unit == "ferry-broker@.service" {
+			groups[u.env["FERRY_GROUP"]] = append(groups[u.env["FERRY_GROUP"]], u.env["FERRY_ROLE"])
+		}
+	}
+	wantGroupsOfThreeAndTwo(t, "deploy/hosts", groups)
 }
 
 func TestDockerfile(t *testing.T) {
@@ -1432,6 +1478,24 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"hosts: a peer list that misses a host's address", func(t *testing.T) []string {
 			return s.checkSystemd(withSD("hosts/host-b/host.env", once(t, string(sd["hosts/host-b/host.env"]), "FERRY_HOST=10.0.0.2", "FERRY_HOST=10.0.0.22")))
 		}, "metaserver m2 listens on raft 10.0.0.22:7201"},
+		{"compose: a group of three with two masters", func(t *testing.T) []string {
+			_, p := s.checkCompose("compose.yaml", []byte(once(t, compose, `"-id", "g1-slave2", "-group", "g1", "-role", "slave"`, `"-id", "g1-slave2", "-group", "g1", "-role", "master"`)))
+			return p
+		}, "group g1: its brokers prefer [master master slave]"},
+		{"k8s: a group of three with two masters", func(t *testing.T) []string {
+			_, p := s.checkK8s(withK8s("k8s/broker-g1.yaml", once(t, broker, `ferry-broker-g1-2.json: '{"role": "slave"}'`, `ferry-broker-g1-2.json: '{"role": "master"}'`)))
+			return p
+		}, "group g1: its brokers prefer [master master slave]"},
+		{"k8s: a group without a slave", func(t *testing.T) []string {
+			g2 := string(k8s["k8s/broker-g2.yaml"])
+			_, p := s.checkK8s(withK8s("k8s/broker-g2.yaml", once(t, g2, `ferry-broker-g2-1.json: '{"role": "slave"}'`, `ferry-broker-g2-1.json: '{"role": "master"}'`)))
+			return p
+		}, "group g2: its brokers prefer [master master]"},
+		{"hosts: two brokers of a group on one host", func(t *testing.T) []string {
+			m := withSD("hosts/host-b/broker-g1-slave2.env", string(sd["hosts/host-e/broker-g1-slave2.env"]))
+			delete(m, "hosts/host-e/broker-g1-slave2.env")
+			return s.checkSystemd(m)
+		}, "group g1: two of its brokers on host-b"},
 		{"Dockerfile: a port no server listens on", func(t *testing.T) []string {
 			_, p := checkDockerfile([]byte(once(t, string(readFile(t, "docker/Dockerfile")), "EXPOSE 7401", "EXPOSE 7402")), map[int]bool{7101: true, 7201: true, 7301: true, 7401: true, 7501: true, 7601: true})
 			return p

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cluster.sh: a whole ferrymq cluster on this machine, as real processes on
 # 127.0.0.1: 3 metaservers and 2 broker groups (a master and a slave each;
-# FERRY_GROUPS sets how many).
+# FERRY_GROUPS sets how many groups, FERRY_SLAVES how many slaves each).
 #
 #   scripts/cluster.sh start    build the binaries, start every process, wait until ready
 #   scripts/cluster.sh stop     stop every process this script started, by its PID, all at once
@@ -10,15 +10,24 @@
 #                               consume with a consumer group, show the routes and brokers, read and
 #                               consume messages back, kill g1's master
 #                               and watch its slave take over and the old master rejoin, stop
+#                               (with FERRY_SLAVES > 1 it also shows the sync sets, and the most
+#                               caught-up slave takes over)
 #
 # Environment:
 #   FERRY_HOME       data, logs, PIDs and binaries (default: .cluster in the repository)
 #   FERRY_BASE_PORT  first port of the 60 the cluster uses (default 7100; more past 4 groups, see below)
 #   FERRY_GROUPS     broker groups g1..gN, each a master and a slave (default 2)
+#   FERRY_SLAVES     slaves per group, 1 to 8 (default 1): gN-slave, then gN-slave2, gN-slave3, ...;
+#                    every group's master waits for its sync set (the slaves caught up) before it
+#                    answers a HIGH message, and below the group's MinInSync copies (default 2, the
+#                    master's counted) it refuses HIGH NOT_ENOUGH_REPLICAS
 #   FERRY_HEARTBEAT, FERRY_SESSION, FERRY_FAILOVER_MARGIN, FERRY_LAG_TIME
 #                    the brokers' -heartbeat (default 1s), the session of the brokers and the
 #                    metaservers (-session, default 4s), the metaservers' -failover-margin (default
-#                    500ms) and -lag-time (default 5s): Go durations
+#                    500ms) and -lag-time (default 5s; the metaservers give it to every master, which
+#                    drops a slave not caught up this long from its sync set): Go durations
+#   FERRY_HIGH_WAIT  the brokers' -high-wait (default 3s): how long a master holds a HIGH message for its
+#                    sync set before it answers SLAVE_SYNC_TIMEOUT (the SDK retries it)
 #   FERRY_FLUSH      brokers' flush mode, async or sync (default async)
 #   FERRY_FAILOVER   on (default): the metaservers promote a lost master's slave; off: the group
 #                    stays read-only until its master is back
@@ -46,6 +55,11 @@
 # g1 slave 2, g2 master 3, g2 slave 4, ..., gN slave 2N): data +30+j, HA +40+j, metrics +50+j for
 # j <= 9 (the default 2 groups: data +31..+34, HA +41..+44, metrics +51..+54); from the tenth
 # broker on (FERRY_GROUPS > 4), data +60+3(j-10), HA the port after, metrics the one after that.
+# With FERRY_SLAVES=S > 1 the extra slaves come after all of those, group by group: slave k
+# (2 <= k <= S) of group g is broker j = 2N + (g-1)(S-1) + (k-1), with the same formula, so the
+# masters and first slaves keep their ports whatever S is (FERRY_GROUPS=1 FERRY_SLAVES=2: g1-slave2
+# is j = 3, data +33, HA +43, metrics +53). The cluster spans 60 ports, plus 3 for each broker past
+# the ninth: 60 + 3 * max(0, N(S+1) - 9).
 set -euo pipefail
 # What the script and its processes create is at most 0640 (files) and 0750
 # (directories): logs, PIDs, binaries; the servers keep their data 0600/0700.
@@ -61,10 +75,12 @@ ADMIT="${FERRY_ADMIT_GROUPS:-auto}"
 TLS="${FERRY_TLS:-0}"
 AUTH="${FERRY_AUTH:-0}"
 GROUPS_N="${FERRY_GROUPS:-2}"
+SLAVES_N="${FERRY_SLAVES:-1}"
 HEARTBEAT="${FERRY_HEARTBEAT:-1s}"
 SESSION="${FERRY_SESSION:-4s}"
 MARGIN="${FERRY_FAILOVER_MARGIN:-500ms}"
 LAG_TIME="${FERRY_LAG_TIME:-5s}"
+HIGH_WAIT="${FERRY_HIGH_WAIT:-3s}"
 BIN="$FERRY_HOME/bin"
 PIDS="$FERRY_HOME/pids"
 LOGS="$FERRY_HOME/logs"
@@ -73,10 +89,36 @@ if ! [[ "$GROUPS_N" =~ ^[1-9][0-9]?$ ]]; then
   echo "cluster.sh: FERRY_GROUPS=$GROUPS_N: want 1 to 99" >&2
   exit 2
 fi
+if ! [[ "$SLAVES_N" =~ ^[1-8]$ ]]; then
+  echo "cluster.sh: FERRY_SLAVES=$SLAVES_N: want 1 to 8" >&2
+  exit 2
+fi
+# BROKERS are the brokers' names in port order (see Ports above): each group's master and first
+# slave, then the extra slaves of each group. A name is also the broker's id and its process name.
 BROKERS=()
 for ((i = 1; i <= GROUPS_N; i++)); do
-  BROKERS+=("g$i:master" "g$i:slave")
+  BROKERS+=("g$i-master" "g$i-slave")
 done
+for ((i = 1; i <= GROUPS_N; i++)); do
+  for ((k = 2; k <= SLAVES_N; k++)); do
+    BROKERS+=("g$i-slave$k")
+  done
+done
+# BROKER_J maps a broker's name to its j, its place in BROKERS counted from 1.
+declare -A BROKER_J=()
+for i in "${!BROKERS[@]}"; do
+  BROKER_J[${BROKERS[$i]}]=$((i + 1))
+done
+
+# group_brokers G: the names of group G's brokers, one a line, its master first.
+group_brokers() {
+  local k
+  echo "$1-master"
+  echo "$1-slave"
+  for ((k = 2; k <= SLAVES_N; k++)); do
+    echo "$1-slave$k"
+  done
+}
 
 # broker_port KIND J: the data, ha or metrics port of broker J (1-based, in BROKERS' order).
 broker_port() {
@@ -114,6 +156,48 @@ case "$AUTH" in
 esac
 
 ctl() { "$BIN/ferryctl" --meta "$META" "${CTL_TLS[@]}" "${CTL_AUTH[@]}" "$@"; }
+
+# broker_metrics NAME: broker NAME's Prometheus metrics, as a scrape reads them (HTTPS with ctl's
+# certificate under FERRY_TLS=1, the admin token under FERRY_AUTH=1); fails if it does not answer.
+broker_metrics() {
+  local scheme=http opts=(-sf --max-time 2)
+  if [ "$TLS" = 1 ]; then
+    scheme=https
+    opts+=(--cacert "$TLS_DIR/ca.pem" --cert "$TLS_DIR/ctl.pem" --key "$TLS_DIR/ctl-key.pem")
+  fi
+  if [ "$AUTH" = 1 ]; then
+    opts+=(-H "Authorization: Bearer $(cat "$AUTH_DIR/admin.token")")
+  fi
+  curl "${opts[@]}" "$scheme://127.0.0.1:$(broker_port metrics "${BROKER_J[$1]}")/metrics"
+}
+
+# metric TEXT NAME: the value of series NAME (labels included, as exported) in the metrics TEXT.
+metric() { awk -v n="$2" '$1 == n { print $2; exit }' <<<"$1"; }
+
+# master_of G: the broker of group G whose metrics say it is the master (none if none answers so).
+master_of() {
+  local b m
+  for b in $(group_brokers "$1"); do
+    if m="$(broker_metrics "$b" 2>/dev/null)" && [ "$(metric "$m" ferrymq_broker_is_master)" = 1 ]; then
+      echo "$b"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# takes_high G: group G's master takes HIGH messages (ferrymq_broker_takes_high 1: its sync set
+# holds the copies they need) and every other broker of G is in its sync set.
+takes_high() {
+  local master m b
+  master="$(master_of "$1")" || return 1
+  m="$(broker_metrics "$master" 2>/dev/null)" || return 1
+  [ "$(metric "$m" ferrymq_broker_takes_high)" = 1 ] || return 1
+  for b in $(group_brokers "$1"); do
+    [ "$b" = "$master" ] && continue
+    [ "$(metric "$m" "ferrymq_broker_replica_in_sync{replica=\"$b\"}")" = 1 ] || return 1
+  done
+}
 
 # auth_flags KIND: the authorization flags of a metaserver or a broker (none without FERRY_AUTH=1).
 auth_flags() {
@@ -179,9 +263,7 @@ make_certs() {
     return 0
   fi
   local nodes=() name
-  local spec
-  for spec in meta:m1 meta:m2 meta:m3 "${BROKERS[@]}"; do
-    name="${spec%%:*}-${spec##*:}"
+  for name in meta-m1 meta-m2 meta-m3 "${BROKERS[@]}"; do
     nodes+=(--node "$name=127.0.0.1,localhost")
   done
   echo "TLS: making a CA and certificates in $TLS_DIR"
@@ -191,6 +273,10 @@ make_certs() {
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 build() {
+  if ! command -v curl >/dev/null; then
+    echo "cluster.sh: curl not found: it reads the brokers' metrics to tell when the cluster is ready" >&2
+    exit 1
+  fi
   mkdir -p "$BIN"
   echo "building binaries into $BIN"
   (cd "$ROOT" && go build -o "$BIN/" ./cmd/ferry-metaserver ./cmd/ferry-broker ./cmd/ferryctl)
@@ -253,16 +339,22 @@ start() {
       -metrics-addr "127.0.0.1:$((BASE + 20 + i))" "${auto[@]}" -session "$SESSION" -lag-time "$LAG_TIME" -failover "$FAILOVER" -failover-margin "$MARGIN" -admit-groups "$ADMIT" \
       "${tlsf[@]}" "${authf[@]}" "${raftf[@]}"
   done
-  local j=0 spec group role
-  for spec in "${BROKERS[@]}"; do
-    j=$((j + 1))
-    group="${spec%%:*}"
-    role="${spec##*:}"
-    mapfile -t tlsf < <(tls_flags "$group-$role")
+  local j name group role
+  for name in "${BROKERS[@]}"; do
+    j=${BROKER_J[$name]}
+    group="${name%%-*}"
+    role=slave
+    if [ "$name" = "$group-master" ]; then role=master; fi
+    if [ "$j" = $((2 * GROUPS_N + 1)) ]; then
+      # The first extra slave: a newcomer takes its preferred place only while it is free (else
+      # the other), so the extra slaves join once every group has its master and first slave.
+      wait_registered
+    fi
+    mapfile -t tlsf < <(tls_flags "$name")
     mapfile -t authf < <(auth_flags broker)
-    launch "$group-$role" "$BIN/ferry-broker" -id "$group-$role" -group "$group" -role "$role" \
-      -dir "$FERRY_HOME/data/$group-$role" -addr "127.0.0.1:$(broker_port data $j)" -ha-addr "127.0.0.1:$(broker_port ha $j)" \
-      -metrics-addr "127.0.0.1:$(broker_port metrics $j)" -meta "$META" -flush "$FLUSH" -heartbeat "$HEARTBEAT" -session "$SESSION" "${tlsf[@]}" "${authf[@]}"
+    launch "$name" "$BIN/ferry-broker" -id "$name" -group "$group" -role "$role" \
+      -dir "$FERRY_HOME/data/$name" -addr "127.0.0.1:$(broker_port data "$j")" -ha-addr "127.0.0.1:$(broker_port ha "$j")" \
+      -metrics-addr "127.0.0.1:$(broker_port metrics "$j")" -meta "$META" -flush "$FLUSH" -heartbeat "$HEARTBEAT" -session "$SESSION" -high-wait "$HIGH_WAIT" "${tlsf[@]}" "${authf[@]}"
   done
   wait_ready
   if [ "$ADMIT" = manual ]; then
@@ -274,29 +366,75 @@ start() {
   fi
 }
 
-# wait_ready waits until every group is writable and each master reports its
-# slave connected (so HIGH messages are taken at once).
-wait_ready() {
-  local deadline=$((SECONDS + 60)) out
+# registered: each group's master and slave ids in the registry, a line "GROUP MASTER SLAVE" each
+# ("-" for none), from `ferryctl brokers --json` (indented two spaces a level).
+registered() {
+  ctl --timeout 2s brokers --json 2>/dev/null | awk '
+    /^    "name": "/ { if (g != "") print g, m, sl; g = $2; gsub(/[",]/, "", g); m = "-"; sl = "-"; want = "" }
+    /^    "master": \{/ { want = "m" }
+    /^    "slave": \{/ { want = "s" }
+    /^      "id": "/ { id = $2; gsub(/[",]/, "", id); if (want == "m") m = id; if (want == "s") sl = id; want = "" }
+    END { if (g != "") print g, m, sl }'
+}
+
+# wait_registered waits until every group has a master and a slave in the registry.
+wait_registered() {
+  local deadline=$((SECONDS + 60)) out n
   while [ $SECONDS -lt $deadline ]; do
-    for f in "$PIDS"/*.pid; do
-      if ! alive "$f"; then
-        echo "cluster.sh: $(basename "$f" .pid) exited; its log:" >&2
-        tail -n 20 "$LOGS/$(basename "$f" .pid).log" >&2
-        stop
-        exit 1
-      fi
-    done
+    check_alive
+    out="$(registered)"
+    n="$(awk '$2 != "-" && $3 != "-"' <<<"$out" | wc -l)"
+    if [ "$n" = "$GROUPS_N" ]; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "cluster.sh: the groups' masters and first slaves did not register within 60 s; logs are in $LOGS" >&2
+  stop
+  exit 1
+}
+
+# check_alive stops the cluster and exits if a process it started has exited.
+check_alive() {
+  local f
+  for f in "$PIDS"/*.pid; do
+    if ! alive "$f"; then
+      echo "cluster.sh: $(basename "$f" .pid) exited; its log:" >&2
+      tail -n 20 "$LOGS/$(basename "$f" .pid).log" >&2
+      stop
+      exit 1
+    fi
+  done
+}
+
+# wait_ready waits until every group is writable, each master reports a slave connected, and
+# each master takes HIGH messages with every slave of its group in its sync set.
+wait_ready() {
+  local deadline=$((SECONDS + 60)) out n ready
+  while [ $SECONDS -lt $deadline ]; do
+    check_alive
     if out="$(ctl --timeout 2s brokers --json 2>/dev/null)" &&
       [ "$(grep -c '"state": "RW"' <<<"$out")" = "$GROUPS_N" ] &&
       [ "$(grep -c '"slave_heartbeat_age_ms": -1' <<<"$out")" = 0 ] &&
       [ "$(grep -c '"slave_connected": true' <<<"$out")" = "$GROUPS_N" ]; then
+      ready=1
+      for ((n = 1; n <= GROUPS_N; n++)); do
+        if ! takes_high "g$n"; then
+          ready=0
+          break
+        fi
+      done
+    else
+      ready=0
+    fi
+    if [ "$ready" = 1 ]; then
       echo "cluster ready: metaservers $META${CTL_TLS[*]:+ (TLS: ferryctl ${CTL_TLS[*]})}"
       return 0
     fi
     sleep 0.5
   done
   echo "cluster.sh: the cluster did not become ready within 60 s; logs are in $LOGS" >&2
+  sync_sets >&2 || true
   stop
   exit 1
 }
@@ -369,6 +507,39 @@ status() {
   ctl meta status || true
   echo
   ctl brokers || true
+  echo
+  sync_sets
+}
+
+# sync_sets prints, from each group's master's metrics, whether it takes HIGH messages and each
+# slave's place in its sync set and lag.
+sync_sets() {
+  local n g master m b lagb lags in
+  for ((n = 1; n <= GROUPS_N; n++)); do
+    g="g$n"
+    if ! master="$(master_of "$g")" || ! m="$(broker_metrics "$master" 2>/dev/null)"; then
+      echo "$g: no master answers its metrics"
+      continue
+    fi
+    if [ "$(metric "$m" ferrymq_broker_takes_high)" = 1 ]; then
+      echo "$g: master $master takes HIGH"
+    else
+      echo "$g: master $master refuses HIGH (NOT_ENOUGH_REPLICAS: its sync set is below the group's MinInSync)"
+    fi
+    for b in $(group_brokers "$g"); do
+      [ "$b" = "$master" ] && continue
+      lagb="$(metric "$m" "ferrymq_broker_replica_lag_bytes{replica=\"$b\"}" | awk '{ printf "%d", $1 }')"
+      lags="$(metric "$m" "ferrymq_broker_replica_lag_seconds{replica=\"$b\"}" | awk '{ printf "%.3f", $1 }')"
+      in="$(metric "$m" "ferrymq_broker_replica_in_sync{replica=\"$b\"}")"
+      if [ -z "$in" ]; then
+        echo "  $b: not a replica of $master"
+      elif [ "$in" = 1 ]; then
+        echo "  $b: in the sync set, ${lagb} bytes and ${lags} s behind"
+      else
+        echo "  $b: out of the sync set, ${lagb} bytes and ${lags} s behind"
+      fi
+    done
+  done
 }
 
 demo() {
@@ -411,6 +582,11 @@ demo() {
   echo "== ferryctl brokers"
   ctl brokers
   echo
+  if [ "$SLAVES_N" -gt 1 ]; then
+    echo "== the sync sets, from each master's metrics (ferrymq_broker_takes_high, ferrymq_broker_replica_*)"
+    sync_sets
+    echo
+  fi
   echo "== ferryctl meta status"
   ctl meta status
   echo
@@ -444,31 +620,53 @@ wait_for() {
   done
 }
 
-g1_led_by_slave() { [ "$(g1_column 5)" = g1-slave ] && [ "$(g1_column 3)" = RW ]; }
-g1_master_rejoined() { [ "$(g1_column 7)" = g1-master ] && ctl --timeout 2s brokers --json 2>/dev/null | grep -q '"slave_connected": true'; }
+# g1_led_by_slave: g1 takes writes with one of its slaves as master (with one slave, g1-slave).
+g1_led_by_slave() {
+  local m
+  m="$(g1_column 5)"
+  [ "$m" != g1-master ] && [ "${m#g1-slave}" != "$m" ] && [ "$(g1_column 3)" = RW ]
+}
+
+# g1_master_rejoined NEW: g1-master follows NEW again and is in its sync set.
+g1_master_rejoined() {
+  local m
+  m="$(broker_metrics "$1" 2>/dev/null)" && [ "$(metric "$m" 'ferrymq_broker_replica_in_sync{replica="g1-master"}')" = 1 ]
+}
 
 # failover_demo kills g1's master with SIGKILL, waits for the metaservers to
-# promote its slave, sends through the new master, then restarts the old
-# master with its own command line: it rejoins as the slave.
+# promote its slave (the most caught-up one, with several), sends through the
+# new master, then restarts the old master with its own command line: it
+# rejoins as a slave.
 failover_demo() {
-  local pid start ms args=()
+  local pid start ms args=() promoted slaves
   pid="$(cat "$PIDS/g1-master.pid")"
   mapfile -d '' args <"/proc/$pid/cmdline"
-  echo "== kill -9 g1-master (pid $pid): after the 4 s session and the 500 ms margin, the metaservers promote g1-slave"
+  if [ "$SLAVES_N" = 1 ]; then
+    echo "== kill -9 g1-master (pid $pid): after the 4 s session and the 500 ms margin, the metaservers promote g1-slave"
+  else
+    slaves="$(group_brokers g1 | tail -n +2 | paste -sd, - | sed 's/,/, /g')"
+    echo "== kill -9 g1-master (pid $pid): after the 4 s session and the 500 ms margin, the metaservers promote the most caught-up of $slaves"
+  fi
   start=$(date +%s%N)
   kill -KILL "$pid"
-  wait_for "the promotion of g1-slave" g1_led_by_slave
+  wait_for "the promotion of a slave of g1" g1_led_by_slave
   ms=$((($(date +%s%N) - start) / 1000000))
-  echo "g1 takes writes again, led by g1-slave at epoch $(g1_column 2), $((ms / 1000)).$(printf %03d $((ms % 1000))) s after the kill"
+  promoted="$(g1_column 5)"
+  echo "g1 takes writes again, led by $promoted at epoch $(g1_column 2), $((ms / 1000)).$(printf %03d $((ms % 1000))) s after the kill"
   echo
   echo "== ferryctl send demo --body 'after the failover' --key greeting (the same key, the same queue, its new master)"
   ctl send demo --body 'after the failover' --key greeting
   echo
-  echo "== restart g1-master with its own command line: it rejoins g1 as the slave and copies from g1-slave"
+  echo "== restart g1-master with its own command line: it rejoins g1 as the slave and copies from $promoted"
   launch g1-master "${args[@]}"
-  wait_for "g1-master to rejoin as the slave" g1_master_rejoined
+  wait_for "g1-master to rejoin as the slave" g1_master_rejoined "$promoted"
   ctl brokers
   echo
+  if [ "$SLAVES_N" -gt 1 ]; then
+    echo "== the sync sets after the failover"
+    sync_sets
+    echo
+  fi
 }
 
 case "${1:-}" in

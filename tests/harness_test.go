@@ -69,6 +69,7 @@ type localCluster struct {
 	env    []string
 	base   int
 	groupN int // FERRY_GROUPS: g1..gN
+	slaveN int // FERRY_SLAVES: slaves per group
 	meta   string
 	mc     *client.Client
 	// With FERRY_TLS=1: the client config of cluster.sh's ferryctl
@@ -77,9 +78,11 @@ type localCluster struct {
 	tlsFlags []string
 }
 
-// brokerIndex is a cluster.sh broker's index j: gN-master is 2N-1, gN-slave
-// 2N (its ports: brokerPortOf).
-func brokerIndex(name string, groups int) (int, bool) {
+// brokerIndex is a cluster.sh broker's index j in a cluster of groups with
+// slaves each: gN-master is 2N-1, gN-slave 2N, and gN-slaveK (K >= 2) comes
+// after every master and first slave, group by group (its ports:
+// brokerPortOf).
+func brokerIndex(name string, groups, slaves int) (int, bool) {
 	g, role, ok := strings.Cut(strings.TrimPrefix(name, "g"), "-")
 	n, err := strconv.Atoi(g)
 	if !ok || err != nil || n < 1 || n > groups || !strings.HasPrefix(name, "g") {
@@ -91,7 +94,11 @@ func brokerIndex(name string, groups int) (int, bool) {
 	case "slave":
 		return 2 * n, true
 	}
-	return 0, false
+	k, err := strconv.Atoi(strings.TrimPrefix(role, "slave"))
+	if !strings.HasPrefix(role, "slave") || err != nil || k < 2 || k > slaves || strconv.Itoa(k) != role[len("slave"):] {
+		return 0, false
+	}
+	return 2*groups + (n-1)*(slaves-1) + (k - 1), true
 }
 
 // Broker port kinds, in cluster.sh's order.
@@ -111,8 +118,9 @@ func brokerPortOf(base, j, kind int) int {
 	return base + 60 + 3*(j-10) + kind
 }
 
-// clusterSpan is how many ports from the base a cluster of groups uses.
-func clusterSpan(groups int) int { return 60 + 3*max(0, 2*groups-9) }
+// clusterSpan is how many ports from the base a cluster of groups with
+// slaves each uses.
+func clusterSpan(groups, slaves int) int { return 60 + 3*max(0, groups*(slaves+1)-9) }
 
 // startLocalCluster runs `cluster.sh start` with extra environment
 // (e.g. FERRY_FLUSH=sync) and stops the cluster when the test ends.
@@ -122,16 +130,21 @@ func startLocalCluster(t *testing.T, extraEnv ...string) *localCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	groupN := 2
+	groupN, slaveN := 2, 1
 	for _, e := range extraEnv {
 		if v, ok := strings.CutPrefix(e, "FERRY_GROUPS="); ok {
 			if groupN, err = strconv.Atoi(v); err != nil {
 				t.Fatalf("%s: %v", e, err)
 			}
 		}
+		if v, ok := strings.CutPrefix(e, "FERRY_SLAVES="); ok {
+			if slaveN, err = strconv.Atoi(v); err != nil {
+				t.Fatalf("%s: %v", e, err)
+			}
+		}
 	}
-	base := freeBase(t, clusterSpan(groupN))
-	c := &localCluster{t: t, root: root, home: t.TempDir(), base: base, groupN: groupN}
+	base := freeBase(t, clusterSpan(groupN, slaveN))
+	c := &localCluster{t: t, root: root, home: t.TempDir(), base: base, groupN: groupN, slaveN: slaveN}
 	c.env = append(os.Environ(), "FERRY_HOME="+c.home, fmt.Sprintf("FERRY_BASE_PORT=%d", base))
 	c.env = append(c.env, extraEnv...)
 	c.meta = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", base+1, base+2, base+3)
@@ -166,7 +179,11 @@ func startLocalCluster(t *testing.T, extraEnv ...string) *localCluster {
 // `cluster.sh stop`, which waits for each and kills what is left.
 func (c *localCluster) stopAll() {
 	if c.t.Failed() {
-		for _, name := range []string{"g1-master", "g1-slave"} {
+		names := []string{"g1-master", "g1-slave"}
+		for k := 2; k <= c.slaveN; k++ {
+			names = append(names, fmt.Sprintf("g1-slave%d", k))
+		}
+		for _, name := range names {
 			if b, err := os.ReadFile(filepath.Join(c.home, "logs", name+".log")); err == nil {
 				lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 				c.t.Logf("last lines of %s.log:\n%s", name, strings.Join(lines[max(0, len(lines)-15):], "\n"))
@@ -383,7 +400,7 @@ func (c *localCluster) group(name string) (api.GroupInfo, bool) {
 // portMetrics).
 func (c *localCluster) brokerPort(broker string, kind int) int {
 	c.t.Helper()
-	j, ok := brokerIndex(broker, c.groupN)
+	j, ok := brokerIndex(broker, c.groupN, c.slaveN)
 	if !ok {
 		c.t.Fatalf("no broker %s", broker)
 	}

@@ -163,7 +163,7 @@ func forgeLeader(t *testing.T, c *localCluster, cred forgeCred) {
 // addresses: every port that takes AUTH.
 func (c *localCluster) authAddrs() []string {
 	addrs := strings.Split(c.meta, ",")
-	for j := 1; j <= 2*c.groupN; j++ {
+	for j := 1; j <= c.groupN*(c.slaveN+1); j++ {
 		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", brokerPortOf(c.base, j, portData)))
 	}
 	return addrs
