@@ -31,7 +31,7 @@ func (s *Server) syncSetRoutes() {
 // that the other applies (a place freed, or filled), it is tried once.
 func (s *Server) register(ctx context.Context, g routing.Group, known bool, hb api.Heartbeat, b routing.Broker, now time.Time) error {
 	reg := fsm.Command(&fsm.RegisterBroker{Group: hb.Group, Role: hb.Role, Broker: b, LogEnd: hb.LogEnd,
-		At: now.UnixMilli(), Pending: s.cfg.AdmitGroups == AdmitManual})
+		At: now.UnixMilli(), Pending: s.cfg.AdmitGroups == AdmitManual, MoreSlaves: true})
 	join := fsm.Command(&fsm.JoinSlave{Group: hb.Group, Broker: b, At: now.UnixMilli()})
 	first, then := reg, join
 	if !known && g.Master.ID != "" && len(g.Slaves) > 0 {

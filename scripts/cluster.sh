@@ -346,8 +346,9 @@ start() {
     role=slave
     if [ "$name" = "$group-master" ]; then role=master; fi
     if [ "$j" = $((2 * GROUPS_N + 1)) ]; then
-      # The first extra slave: a newcomer takes its preferred place only while it is free (else
-      # the other), so the extra slaves join once every group has its master and first slave.
+      # The first extra slave: any order works (a slave-preferring newcomer joins as one more
+      # slave), but starting the extra slaves once every group has its master and first slave
+      # keeps the registrations, and the logs, in the order the names say.
       wait_registered
     fi
     mapfile -t tlsf < <(tls_flags "$name")

@@ -73,6 +73,12 @@ type RegisterBroker struct {
 	// group this registration creates wait for AdmitGroup before it takes
 	// queues (groups.go). It never changes an existing group.
 	Pending bool `json:"pending,omitempty"`
+	// MoreSlaves, stamped by leaders that know groups of several slaves,
+	// makes a newcomer that prefers to be a slave join a group that has a
+	// slave already as one more (up to routing.MaxSlaves), even while the
+	// group has no master, instead of taking the master's place. (Entries
+	// written before it replay as they were applied.)
+	MoreSlaves bool `json:"more_slaves,omitempty"`
 }
 
 // Promote makes one of a group's slaves its master in a new epoch: Epoch

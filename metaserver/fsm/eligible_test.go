@@ -3,6 +3,8 @@ package fsm
 import (
 	"slices"
 	"testing"
+
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 // Members that leave the sync set while it falls below the group's minimum
@@ -61,5 +63,30 @@ func TestEligibleMembers(t *testing.T) {
 	mustApply(t, f, &RemoveGroupBroker{Group: "g1", Broker: "s1", At: 5})
 	if g = group(t, f, "g1"); len(g.Eligible) != 0 {
 		t.Fatalf("a removed slave stays eligible: %+v", g)
+	}
+}
+
+// A newcomer preferring to be a slave, in a group that has a slave and no
+// master yet (its master starts last), joins as one more slave when the
+// leader stamps MoreSlaves, and the master's place waits for its master;
+// an entry without the stamp (written before groups had several slaves)
+// replays as it was applied: the newcomer took the master's place.
+func TestSlaveNewcomerWaitsForTheMaster(t *testing.T) {
+	for _, more := range []bool{true, false} {
+		f := New()
+		mustApply(t, f, &RegisterBroker{Group: "g1", Role: routing.RoleSlave, Broker: broker("s2"), At: 1, MoreSlaves: more})
+		mustApply(t, f, &RegisterBroker{Group: "g1", Role: routing.RoleSlave, Broker: broker("s1"), At: 1, MoreSlaves: more})
+		g := group(t, f, "g1")
+		if more {
+			if g.Master.ID != "" || !slices.Equal(ids(g.Slaves), []string{"s2", "s1"}) || g.Epoch != 0 {
+				t.Fatalf("with MoreSlaves: master %q, slaves %v, epoch %d", g.Master.ID, ids(g.Slaves), g.Epoch)
+			}
+			mustApply(t, f, &RegisterBroker{Group: "g1", Role: routing.RoleMaster, Broker: broker("m"), At: 2, MoreSlaves: true})
+			if g = group(t, f, "g1"); g.Master.ID != "m" || g.Epoch != 1 {
+				t.Fatalf("the master registering last: %+v", g)
+			}
+		} else if g.Master.ID != "s1" || !slices.Equal(ids(g.Slaves), []string{"s2"}) {
+			t.Fatalf("without MoreSlaves: master %q, slaves %v", g.Master.ID, ids(g.Slaves))
+		}
 	}
 }

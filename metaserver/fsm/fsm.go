@@ -372,6 +372,8 @@ func (f *FSM) registerBroker(c *RegisterBroker) any {
 		switch {
 		case free(g, c.Role):
 			role = c.Role
+		case c.Role == routing.RoleSlave && c.MoreSlaves && len(g.Slaves) < routing.MaxSlaves:
+			role = routing.RoleSlave
 		case free(g, other):
 			role = other
 		default:
