@@ -326,7 +326,8 @@ func TestRawReplicationIsByteIdentical(t *testing.T) {
 	slave := openLog(t, Config{Dir: t.TempDir(), SegmentSize: 2048})
 	defer slave.Close()
 	for i := range 300 {
-		mustAppend(t, master, []Entry{{Topic: "r", Queue: uint32(i % 3), Payload: payloadFor("r", uint32(i%3), int64(i/3), i%200)}}, false)
+		topic := []string{"r", "s"}[i/5%2] // runs of one topic, then the other: the slave's index keys follow
+		mustAppend(t, master, []Entry{{Topic: topic, Queue: uint32(i % 3), Payload: payloadFor(topic, uint32(i%3), int64(i/3), i%200)}}, false)
 		if i%37 == 0 { // the slave copies while the master writes
 			copyLog(t, master, slave, 700)
 		}
