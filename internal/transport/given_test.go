@@ -12,6 +12,26 @@ import (
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
+// tcpPair is the two ends of a loopback TCP connection, closed at the
+// test's end.
+func tcpPair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if client, err = net.Dial("tcp", ln.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	if server, err = ln.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = server.Close() })
+	return client, server
+}
+
 // A body handed to the writer (putGiven) goes out in its place among the
 // copied and guarded replies of its batch, byte for byte, and its release
 // is called only once all of it was handed to the socket: a buffer given
@@ -22,21 +42,7 @@ import (
 func TestGivenBodiesKeepTheirPlace(t *testing.T) {
 	for _, path := range []string{"writev", "guarded", "tls"} {
 		t.Run(path, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			client, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer client.Close()
-			server, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer server.Close()
+			client, server := tcpPair(t)
 
 			w := newWriter(1<<20, time.Second)
 			w.tls = path == "tls" // writeTLS's chunked writes work on any connection

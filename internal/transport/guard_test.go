@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"io"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,21 +109,7 @@ func TestGuardDecidesAtTheWrite(t *testing.T) {
 func TestGuardChecksWhenWritten(t *testing.T) {
 	for _, path := range []string{"flush", "run", "rest"} {
 		t.Run(path, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			client, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer client.Close()
-			server, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer server.Close()
+			client, server := tcpPair(t)
 
 			var on atomic.Bool
 			on.Store(true)
