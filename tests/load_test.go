@@ -213,6 +213,10 @@ type storedMsg struct {
 	// cut tail (protocol.RecoveredProperty): it lands after what its queue
 	// took meanwhile, the one exception to per-key order.
 	recovered bool
+	// storeTime (unix ms) tells this record from another of the same id
+	// at the same place: a message a failover cut, stored again by the new
+	// master where the old one had it (a producer's retry).
+	storeTime int64
 }
 
 // readAll reads every queue of the topic from its master through PULL, from
@@ -243,7 +247,7 @@ func readAll(t tb, c *localCluster, topic string) [][]storedMsg {
 			}
 			for _, m := range pr.Messages {
 				out[qr.Queue] = append(out[qr.Queue], storedMsg{queue: qr.Queue, offset: m.QueueOffset, id: m.Message.ID,
-					tid: string(m.Message.Body), stamp: m.Message.Producer,
+					tid: string(m.Message.Body), stamp: m.Message.Producer, storeTime: m.StoreTime,
 					recovered: slices.ContainsFunc(m.Message.Properties, func(p protocol.Property) bool { return p.Key == protocol.RecoveredProperty })})
 			}
 			if len(pr.Messages) == 0 {
