@@ -94,10 +94,19 @@ type replication struct {
 	lagTime  time.Duration       // a member not caught up this long leaves the set
 	proposal chan struct{}       // closed when the proposal in flight ends (nil: none)
 	retryAt  time.Time           // no proposal before (after a refused one)
-	confirm  int64               // HIGH messages ending at or below it are answered OK
-	waiters  []highWaiter
-	parked   []parkedFetch
-	closed   bool
+	// unsure: the last proposal (lastReq) may or may not have been taken;
+	// adding and dropping stand until a later set version settles it.
+	unsure  bool
+	lastReq *api.AlterSyncSetRequest
+	// floor is the log's end when this master began to serve: every HIGH
+	// message answered before (by it before a restart, or by an earlier
+	// master) ends at or below it, so a slave joins the set only once it
+	// holds that much.
+	floor   int64
+	confirm int64 // HIGH messages ending at or below it are answered OK
+	waiters []highWaiter
+	parked  []parkedFetch
+	closed  bool
 }
 
 // replica is one slave as the master sees it.
@@ -160,14 +169,29 @@ func newReplication(log masterLog, cfg replConfig, stats *Stats, clock clockwork
 		sess = noSession{}
 	}
 	return &replication{log: log, cfg: cfg, stats: stats, clock: clock, lg: lg, sess: sess,
-		wake: make(chan struct{}, 1), slaves: map[string]*replica{}, minCopy: routing.DefaultMinInSync, lagTime: cfg.SlaveLagTime}
+		wake: make(chan struct{}, 1), slaves: map[string]*replica{}, minCopy: routing.DefaultMinInSync, lagTime: cfg.SlaveLagTime,
+		floor: log.EndOffset()}
 }
 
 // setGroup takes the group as the registry has it: its slaves, its
 // committed sync set and policy, and the epoch this master serves.
 func (r *replication) setGroup(g routing.Group, master string) {
-	now := r.clock.Now()
 	r.mu.Lock()
+	released, refused := r.setGroupLocked(g, master)
+	r.mu.Unlock()
+	r.complete(released, protocol.StatusOK)
+	r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
+}
+
+// setGroupLocked is setGroup with r.mu held; it returns the waiters to
+// answer OK and those to refuse.
+//
+// A change the master proposed is settled by the first group of a later
+// set version it sees: what that set holds is what the registry took (a
+// removal proposed goes on being waited for, and an addition stays waited
+// for, until then, whatever an answer said or did not say).
+func (r *replication) setGroupLocked(g routing.Group, master string) (released, refused []highWaiter) {
+	now := r.clock.Now()
 	r.group, r.master, r.epoch = g.Name, master, g.Epoch
 	slaves := make(map[string]*replica, len(g.Slaves))
 	for _, b := range g.Slaves {
@@ -184,22 +208,24 @@ func (r *replication) setGroup(g routing.Group, master string) {
 		}
 	}
 	if g.SyncVersion >= r.setVer {
+		newer := g.SyncVersion > r.setVer
 		r.set, r.setVer = slices.Clone(g.InSync), g.SyncVersion
-		if r.adding != "" && (slices.Contains(r.set, r.adding) || r.proposal == nil) {
-			r.adding = "" // committed, or its proposal ended without it
+		if newer && r.proposal == nil {
+			// Whatever was proposed is settled: the set says what stands.
+			r.adding, r.dropping, r.unsure = "", "", false
 		}
-		if r.dropping != "" && (!slices.Contains(r.set, r.dropping) || r.proposal == nil) {
+		if slices.Contains(r.set, r.adding) {
+			r.adding = "" // a member now: waited for as one
+		}
+		if r.dropping != "" && !slices.Contains(r.set, r.dropping) {
 			r.dropping = ""
 		}
 	}
 	r.minCopy, r.quorum = g.MinCopies(), g.AckQuorum
 	if r.adding != "" && r.slaves[r.adding] == nil {
-		r.adding = ""
+		r.adding = "" // no longer a slave of the group: the registry took it out of the set too
 	}
-	released, refused := r.settleLocked()
-	r.mu.Unlock()
-	r.complete(released, protocol.StatusOK)
-	r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
+	return r.settleLocked()
 }
 
 // setLagTime sets how long a member may be behind before it leaves the
@@ -224,7 +250,9 @@ func (r *replication) confirmedLocked() int64 {
 		need := r.quorum - 1
 		acks := make([]int64, 0, len(r.set))
 		for _, id := range r.set {
-			if rp := r.slaves[id]; rp != nil && !rp.lost {
+			// A member whose removal is on its way counts for nothing: once
+			// it is committed, the others must hold k-1 copies without it.
+			if rp := r.slaves[id]; rp != nil && !rp.lost && id != r.dropping {
 				acks = append(acks, rp.ack)
 			}
 		}
@@ -750,6 +778,12 @@ func (r *replication) keepSetLocked(now time.Time, end int64) *api.AlterSyncSetR
 	if r.alter == nil || r.proposal != nil || r.closed || r.epoch == 0 || now.Before(r.retryAt) {
 		return nil
 	}
+	if r.unsure {
+		// The last proposal's fate is unknown: send it again, unchanged.
+		// Taken, the set moves; refused, the set has moved: either way a
+		// later group settles it (setGroupLocked).
+		return r.lastReq
+	}
 	req := func(set []string) *api.AlterSyncSetRequest {
 		return &api.AlterSyncSetRequest{Group: r.group, Epoch: r.epoch, Master: r.master, ExpectVersion: r.setVer, InSync: set}
 	}
@@ -762,9 +796,11 @@ func (r *replication) keepSetLocked(now time.Time, end int64) *api.AlterSyncSetR
 			continue
 		}
 		rest := slices.DeleteFunc(slices.Clone(r.set), func(s string) bool { return s == id })
-		if r.quorum > 0 && r.confirmedOver(rest) < r.confirm {
+		if r.quorum > 0 && r.confirmedOver(rest) < r.confirm && !r.allHold(rest, r.confirm) {
 			// Under a quorum the others may not yet hold, k-1 times, what
-			// was answered with this one's copy: it leaves once they do.
+			// was answered with this one's copy: it leaves once they do (or
+			// once every one left holds it, fewer than k-1 of them: the set
+			// is then below the minimum, and HIGH refused).
 			continue
 		}
 		r.dropping = id
@@ -772,8 +808,8 @@ func (r *replication) keepSetLocked(now time.Time, end int64) *api.AlterSyncSetR
 	}
 	for _, id := range slices.Sorted(maps.Keys(r.slaves)) {
 		rp := r.slaves[id]
-		if slices.Contains(r.set, id) || !rp.everSeen || rp.lost || rp.ack < r.confirm {
-			continue
+		if slices.Contains(r.set, id) || !rp.everSeen || rp.lost || rp.ack < max(r.confirm, r.floor) {
+			continue // it must hold what is confirmed, and all this master found in its log
 		}
 		if rp.ack < end && now.Sub(rp.caughtUpAt) > r.lagTime/4 {
 			continue // not caught up: it would hold HIGH messages back
@@ -782,6 +818,16 @@ func (r *replication) keepSetLocked(now time.Time, end int64) *api.AlterSyncSetR
 		return req(append(slices.Clone(r.set), id))
 	}
 	return nil
+}
+
+// allHold reports whether every member ids holds the log up to end.
+func (r *replication) allHold(ids []string, end int64) bool {
+	for _, id := range ids {
+		if rp := r.slaves[id]; rp == nil || rp.lost || rp.ack < end {
+			return false
+		}
+	}
+	return true
 }
 
 // confirmedOver is what a quorum of the members ids holds (see
@@ -810,36 +856,41 @@ func (r *replication) confirmedOver(ids []string) int64 {
 // the group as the next heartbeat shows it.
 func (r *replication) proposeLocked(ctx context.Context, req *api.AlterSyncSetRequest) {
 	done := make(chan struct{})
-	r.proposal = done
+	r.proposal, r.lastReq = done, req
 	r.lg.Info("proposing a sync set", "in-sync", req.InSync, "was", r.set, "version", req.ExpectVersion)
 	go func() {
 		defer close(done)
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		g, err := r.alter(cctx, *req)
 		cancel()
+		var released, refused []highWaiter
 		r.mu.Lock()
 		r.proposal = nil
-		if err != nil {
-			r.adding, r.dropping = "", ""
+		var pe *protocol.Error
+		switch {
+		case err == nil:
+			// Taken under the same hold as the end of the proposal: no
+			// heartbeat's older group can settle it in between.
+			released, refused = r.setGroupLocked(g, req.Master)
+		case errors.As(err, &pe) && (pe.Status == protocol.StatusInvalid || pe.Status == protocol.StatusNotFound || pe.Status == protocol.StatusNotAuthorized):
+			// Refused before anything was applied: nothing to wait for.
+			r.adding, r.dropping, r.unsure = "", "", false
+			r.retryAt = r.clock.Now().Add(time.Second)
+			released, refused = r.settleLocked()
+		default:
+			// Unknown (a lost answer, a leader change) or a moved set
+			// (CONFLICT): it may have been taken. Go on waiting for an
+			// addition and for a removal until a later group settles it.
+			r.unsure = true
 			r.retryAt = r.clock.Now().Add(time.Second)
 		}
 		r.mu.Unlock()
 		if err != nil {
-			r.lg.Warn("the registry did not take the sync set", "in-sync", req.InSync, "error", err)
-			released, refused := r.settle()
-			r.complete(released, protocol.StatusOK)
-			r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
-			return
+			r.lg.Warn("the registry did not confirm the sync set", "in-sync", req.InSync, "error", err)
 		}
-		r.setGroup(g, req.Master)
+		r.complete(released, protocol.StatusOK)
+		r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
 	}()
-}
-
-// settle is settleLocked taking r.mu.
-func (r *replication) settle() (released, refused []highWaiter) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.settleLocked()
 }
 
 // failWaiters answers every HIGH message still waiting with st and refuses

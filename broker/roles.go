@@ -116,6 +116,7 @@ type roles struct {
 
 	repl      atomic.Pointer[replication] // while master
 	alter     alterFunc
+	readable  int64 // the last view's ReadableEnd, owned by the role loop
 	replStop  func()
 	follow    *follower // while slave
 	followEnd func()
@@ -259,6 +260,12 @@ func (r *roles) reconcile(ctx context.Context, v *groupView) {
 		r.becomeMaster(g, v.LagTime)
 	case routing.RoleSlave:
 		r.becomeSlave(ctx, g)
+		if v.ReadableEnd != r.readable {
+			// Reads stop somewhere else now: PULLs parked at the old limit
+			// look again.
+			r.readable = v.ReadableEnd
+			r.pulls.appendedAny()
+		}
 	}
 }
 

@@ -272,7 +272,7 @@ func (j *judge) ineligibleLocked(g routing.Group, s *session, id string, h *slav
 		}
 		return refuseEpoch, why
 	}
-	if acked := ackedBound(s, id); h.hb.LogEnd < acked {
+	if acked := ackedBound(g, s, id); h.hb.LogEnd < acked {
 		return refuseHigh, fmt.Sprintf("the slave %s holds %d bytes, below the acknowledged %d the master last reported: HIGH messages would be lost",
 			id, h.hb.LogEnd, acked)
 	}
@@ -281,14 +281,18 @@ func (j *judge) ineligibleLocked(g routing.Group, s *session, id string, h *slav
 
 // ackedBound is how much of the master's log slave id must hold, by the
 // master's last heartbeat: every HIGH message it answered (HighAcked), what
-// it reported the slave acknowledged (its Replicas), and what the slowest
-// member of the set acknowledged (SlaveAckOffset: every member acknowledged
-// at least that).
-func ackedBound(s *session, id string) int64 {
+// it reported the slave acknowledged (its Replicas), and, for a member of
+// the set, what the slowest member acknowledged (SlaveAckOffset: every
+// member acknowledged at least that; an eligible slave that left the set
+// need not have).
+func ackedBound(g routing.Group, s *session, id string) int64 {
 	if !s.seenMaster {
 		return 0
 	}
-	bound := max(s.last.HighAcked, s.last.SlaveAckOffset)
+	bound := s.last.HighAcked
+	if g.IsInSync(id) || len(g.InSync) == 0 { // (a group without a set: its only slave's)
+		bound = max(bound, s.last.SlaveAckOffset)
+	}
 	for _, r := range s.last.Replicas {
 		if r.ID == id {
 			bound = max(bound, r.AckOffset)

@@ -293,9 +293,16 @@ func (j *judge) readableEnd(g routing.Group) *int64 {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	// Without a report of this epoch's master (just promoted, or a new
+	// leader), reads stop where the epoch began: every member holds that.
+	var start *int64
+	if n := len(g.History); n > 0 && g.History[n-1].Epoch == g.Epoch {
+		at := g.History[n-1].Start
+		start = &at
+	}
 	s := j.sessions[g.Name]
 	if s == nil || !s.seenMaster || s.last.BrokerID != g.Master.ID || s.last.Epoch != g.Epoch {
-		return nil
+		return start
 	}
 	end, found := int64(0), 0
 	for _, r := range s.last.Replicas {
@@ -307,7 +314,7 @@ func (j *judge) readableEnd(g routing.Group) *int64 {
 		}
 	}
 	if found < len(g.InSync) {
-		return nil // the master's report predates a member: no word on it
+		return start // the master's report predates a member: no word on it
 	}
 	return &end
 }

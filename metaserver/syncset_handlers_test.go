@@ -137,6 +137,11 @@ func TestGroupPolicyAndRemoveSlave(t *testing.T) {
 	_, err = cl.SetGroupPolicy(ctx, api.GroupPolicyRequest{Group: "nope", MinInSync: 2})
 	wantStatus(t, "no such group", err, protocol.StatusNotFound)
 
+	// Under a quorum a member of the set is its master's to remove (fsm's
+	// TestQuorumKeepsItsMembers); every member counts from here.
+	if _, err = cl.SetGroupPolicy(ctx, api.GroupPolicyRequest{Group: "g1", MinInSync: 3}); err != nil {
+		t.Fatal(err)
+	}
 	_, err = cl.RemoveSlave(ctx, api.RemoveSlaveRequest{Group: "g1", Broker: "g1-master"})
 	wantStatus(t, "removing the master", err, protocol.StatusConflict)
 	pe := wantStatus(t, "removing a stranger", func() error {

@@ -245,12 +245,15 @@ func (g Group) HighAllowed() bool { return len(g.InSync)+1 >= g.MinCopies() }
 
 // Promotable reports whether slave id holds, by the registry's word,
 // every HIGH message the master answered: it is in the sync set or
-// eligible. With neither (a group whose set never formed, or whose policy
-// asks for the master's copy alone) any slave may be: the failover then
-// judges it by what the master last reported it acknowledged.
+// eligible. With neither, any slave may be only in a group whose set never
+// formed (SyncVersion 0: no HIGH message was answered with a slave's copy)
+// or whose policy asks for the master's copy alone; the failover then
+// judges it by what the master last reported. A set that formed and is
+// empty now (its only member was promoted) promotes nobody until the new
+// master has added a member.
 func (g Group) Promotable(id string) bool {
 	if len(g.InSync) == 0 && len(g.Eligible) == 0 {
-		return true
+		return g.SyncVersion == 0 || g.MinCopies() <= 1
 	}
 	return g.IsInSync(id) || slices.Contains(g.Eligible, id)
 }

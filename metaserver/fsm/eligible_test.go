@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
@@ -88,5 +89,46 @@ func TestSlaveNewcomerWaitsForTheMaster(t *testing.T) {
 		} else if g.Master.ID != "s1" || !slices.Equal(ids(g.Slaves), []string{"s2"}) {
 			t.Fatalf("without MoreSlaves: master %q, slaves %v", g.Master.ID, ids(g.Slaves))
 		}
+	}
+}
+
+// Under an ack quorum a member leaving the set is not eligible (it need
+// not hold every message answered), and an operator cannot remove a member
+// (the failover's count of members to hear from assumes it is there); one
+// outside the set can be removed.
+func TestQuorumKeepsItsMembers(t *testing.T) {
+	f := three(t)
+	mustApply(t, f, &SetGroupPolicy{Group: "g1", MinInSync: 3, AckQuorum: 2, At: 2})
+	if err := alter(t, f, "s1", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := apply(t, f, &RemoveGroupBroker{Group: "g1", Broker: "s2", At: 3})
+	wantErr(t, err, protocol.StatusConflict, "removing a member under a quorum")
+	if err := alter(t, f, "s1"); err != nil { // below three copies
+		t.Fatal(err)
+	}
+	g := group(t, f, "g1")
+	if len(g.Eligible) != 0 || g.Promotable("s2") {
+		t.Fatalf("a member leaving under a quorum became eligible: %+v", g)
+	}
+	mustApply(t, f, &RemoveGroupBroker{Group: "g1", Broker: "s2", At: 4})
+}
+
+// A set that formed and is empty now (its only member was promoted)
+// promotes nobody until the new master adds a member: the old epoch's HIGH
+// messages were on that member alone. A group whose set never formed
+// promotes any slave, as before sets.
+func TestPromotedOnlyMemberLeavesNobodyPromotable(t *testing.T) {
+	f := three(t)
+	if g := group(t, f, "g1"); !g.Promotable("s1") || !g.Promotable("s2") {
+		t.Fatalf("a set that never formed: %+v", g)
+	}
+	if err := alter(t, f, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	g := group(t, f, "g1")
+	mustApply(t, f, &Promote{Group: "g1", Epoch: g.Epoch, Master: "m", Slave: "s1", Start: 10, At: 5})
+	if g = group(t, f, "g1"); g.Promotable("s2") || len(g.InSync) != 0 {
+		t.Fatalf("after promoting the set's only member: %+v", g)
 	}
 }

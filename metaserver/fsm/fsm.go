@@ -444,9 +444,9 @@ func (f *FSM) promote(c *Promote) any {
 	g.Slaves = slices.DeleteFunc(slices.Clone(g.Slaves), func(b routing.Broker) bool { return b.ID == c.Slave })
 	if g.IsInSync(c.Slave) {
 		g.InSync = slices.DeleteFunc(slices.Clone(g.InSync), func(id string) bool { return id == c.Slave })
+		g.SyncVersion++
 	}
 	g.Eligible = slices.DeleteFunc(slices.Clone(g.Eligible), func(id string) bool { return id == c.Slave })
-	g.SyncVersion++
 	g.MirrorSlave()
 	f.newEpoch(g, g.Master.ID, c.Start, c.At, false)
 	g.Reasons &^= routing.HeartbeatLost | routing.SlaveLag

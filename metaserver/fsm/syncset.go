@@ -145,7 +145,9 @@ func (f *FSM) alterSyncSet(c *AlterSyncSet) any {
 			return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("broker %q is named twice", id)}
 		}
 	}
-	if len(c.InSync)+1 >= g.MinCopies() {
+	if len(c.InSync)+1 >= g.MinCopies() || g.AckQuorum > 0 {
+		// At the minimum nobody needs to be eligible; under a quorum a
+		// leaving member need not hold every message answered.
 		g.Eligible = nil
 	} else {
 		// Below the minimum the master answers no HIGH message: those
@@ -198,6 +200,11 @@ func (f *FSM) removeGroupBroker(c *RemoveGroupBroker) any {
 		return &Result{Version: g.Version}
 	case role == routing.RoleMaster:
 		return conflict("broker %s is the master of group %q: stop it, and a failover promotes one of its slaves", c.Broker, c.Group)
+	case g.AckQuorum > 0 && g.IsInSync(c.Broker):
+		// It may hold the only slave copy of messages answered on a quorum:
+		// the failover's count of members to hear from assumes it is there.
+		return conflict("broker %s is in group %q's sync set, which answers HIGH at %d copies: its master takes it out once the others hold what it does",
+			c.Broker, c.Group, g.AckQuorum)
 	}
 	g.Slaves = slices.DeleteFunc(slices.Clone(g.Slaves), func(b routing.Broker) bool { return b.ID == c.Broker })
 	if g.IsInSync(c.Broker) {
