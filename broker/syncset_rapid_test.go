@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/jonboulle/clockwork"
 	"pgregory.net/rapid"
 
@@ -65,8 +64,7 @@ func TestSyncSetModel(t *testing.T) {
 		mem.g.MinInSync = rapid.IntRange(1, 4).Draw(rt, "min")
 		reg := &slowRegistry{mem: mem, pending: make(chan proposal, 1)}
 		log := &modelLog{}
-		repl := newReplication(log, replConfig{HighWait: time.Hour, FetchBytes: 1 << 20, FetchWait: 50 * time.Millisecond,
-			SlaveLagTime: time.Second}, &Stats{}, clock, hclog.NewNullLogger(), nil)
+		repl := modelRepl(log, clock)
 		repl.alter = reg.alter
 		repl.setGroup(mem.group(), testMaster)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -155,13 +153,13 @@ func TestSyncSetModel(t *testing.T) {
 						inFlight.done <- g
 					}
 					inFlight = nil
-					waitIdle(rt, repl)
+					proposalDone(rt, repl)
 				}
 			case 4: // or refuses it
 				if inFlight != nil {
 					close(inFlight.done)
 					inFlight = nil
-					waitIdle(rt, repl)
+					proposalDone(rt, repl)
 				}
 			case 5: // a heartbeat reply brings the committed group
 				repl.setGroup(mem.group(), testMaster)
@@ -172,24 +170,9 @@ func TestSyncSetModel(t *testing.T) {
 		if inFlight != nil {
 			close(inFlight.done)
 		}
-		waitIdle(rt, repl)
+		proposalDone(rt, repl)
 		check("the end")
 	})
-}
-
-// waitIdle waits until the proposal in flight (if any) has ended.
-func waitIdle(rt *rapid.T, r *replication) {
-	r.mu.Lock()
-	p := r.proposal
-	r.mu.Unlock()
-	if p == nil {
-		return
-	}
-	select {
-	case <-p:
-	case <-time.After(10 * time.Second):
-		rt.Fatalf("a proposal did not end")
-	}
 }
 
 // modelLog is a master log of the model: only its end matters.

@@ -27,8 +27,8 @@ func ackFrom(r *replication, id string, end int64) {
 	<-rep
 }
 
-func proposalDone(t *testing.T, r *replication) {
-	t.Helper()
+// proposalDone waits until r's proposal in flight (if any) has ended.
+func proposalDone(t interface{ Fatalf(string, ...any) }, r *replication) {
 	r.mu.Lock()
 	p := r.proposal
 	r.mu.Unlock()
@@ -38,7 +38,7 @@ func proposalDone(t *testing.T, r *replication) {
 	select {
 	case <-p:
 	case <-time.After(5 * time.Second):
-		t.Fatal("a proposal did not end")
+		t.Fatalf("a proposal did not end")
 	}
 }
 
