@@ -238,10 +238,11 @@ func (b *Broker) describe(hb *api.Heartbeat) {
 	*hb = api.Heartbeat{Group: b.cfg.Group, Role: b.cfg.Role, BrokerID: b.cfg.ID, Addr: b.addr, HAAddr: b.haAddr,
 		LogEnd: b.store.EndOffset(), Epoch: b.roles.epochs.local.Load(), Producers: ps.Tracked, Duplicates: ps.Duplicates}
 	if rep := b.roles.replication(); rep != nil {
-		s := rep.state()
+		all := rep.replicas()
+		s := slowest(all)
 		hb.SlaveConnected, hb.SlaveAckOffset, hb.LagBytes, hb.LagMillis = s.Connected, s.AckOffset, s.LagBytes, s.LagTime.Milliseconds()
 		hb.HighAcked = rep.highAcked()
-		for _, s := range rep.replicas() {
+		for _, s := range all {
 			hb.Replicas = append(hb.Replicas, api.ReplicaStatus{ID: s.ID, Connected: s.Connected, AckOffset: s.AckOffset,
 				LagBytes: s.LagBytes, LagMillis: s.LagTime.Milliseconds(), InSync: s.InSync})
 		}

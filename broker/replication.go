@@ -370,10 +370,14 @@ func (r *replication) replicas() []SlaveState {
 
 // state returns the slowest member of the sync set (the slowest slave when
 // the set is empty): what the heartbeat's single-slave fields report.
-func (r *replication) state() SlaveState {
+func (r *replication) state() SlaveState { return slowest(r.replicas()) }
+
+// slowest is the slowest of the sync set's members among all (of every
+// slave when none is in the set): a disconnected one first, then the
+// lowest acknowledgement.
+func slowest(all []SlaveState) SlaveState {
 	var worst SlaveState
 	found := false
-	all := r.replicas()
 	inSet := false
 	for _, s := range all {
 		inSet = inSet || s.InSync
