@@ -101,6 +101,11 @@ func TestNormalAndHighReplicate(t *testing.T) {
 		t.Fatal("the slave's log differs from the master's")
 	}
 	sc := tc.Dial(t, g.Slave.Addr())
+	// A slave's reads stop at what the sync set held at the master's last
+	// report, which comes with a heartbeat reply after the bytes.
+	testwait.For(t, 5*time.Second, "the slave's reads to reach the end", func() bool {
+		return len(tc.PullAll(t, sc, "rep", 0)) == 101 && len(tc.PullAll(t, sc, "rep", 1)) == 101
+	})
 	for q := range uint32(2) {
 		fromMaster, fromSlave := tc.PullAll(t, c, "rep", q), tc.PullAll(t, sc, "rep", q)
 		if len(fromMaster) != 101 || len(fromSlave) != 101 {

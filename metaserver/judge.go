@@ -81,6 +81,13 @@ type session struct {
 	// promoting, while the judge applies a promotion of one of the group's
 	// slaves, is closed when that apply has finished (nil otherwise).
 	promoting chan struct{}
+	// readable is the largest readable end told to the slaves in epoch
+	// readableEpoch: what the set held never shrinks within an epoch (acks
+	// only grow, a shrink raises the minimum, a member joins holding what
+	// HIGH confirmed), so a master report that predates a new member does
+	// not take the slaves' reads back.
+	readable      int64
+	readableEpoch uint32
 }
 
 // slaveHeard is one slave's last heartbeat and when it came.
@@ -301,6 +308,10 @@ func (j *judge) readableEnd(g routing.Group) *int64 {
 		start = &at
 	}
 	s := j.sessions[g.Name]
+	if s != nil && s.readableEpoch == g.Epoch && (start == nil || s.readable > *start) {
+		at := s.readable
+		start = &at
+	}
 	if s == nil || !s.seenMaster || s.last.BrokerID != g.Master.ID || s.last.Epoch != g.Epoch {
 		return start
 	}
@@ -316,6 +327,10 @@ func (j *judge) readableEnd(g routing.Group) *int64 {
 	if found < len(g.InSync) {
 		return start // the master's report predates a member: no word on it
 	}
+	if start != nil && *start > end {
+		return start
+	}
+	s.readable, s.readableEpoch = end, g.Epoch
 	return &end
 }
 
