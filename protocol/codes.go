@@ -24,6 +24,10 @@ const (
 
 	CodeSend Code = 10 // SEND a batch of messages (SendRequest -> SendResponse)
 	CodePull Code = 11 // PULL stored messages of one queue (PullRequest -> PullResponse)
+	// The delayed messages of a broker group (JSON bodies, delay.go).
+	CodeDelayedCancel Code = 12 // cancel a pending delayed message (DelayedRef -> DelayedState)
+	CodeDelayedState  Code = 13 // where a delayed message is: pending, released, cancelled (DelayedRef -> DelayedState)
+	CodeDelayedList   Code = 14 // the pending delayed messages by due time (DelayedListRequest -> DelayedList)
 
 	CodeHAFetch Code = 20 // a slave fetches raw log bytes from its master
 	CodeHAAck   Code = 21 // oneway: a slave tells its master how far it has appended
@@ -75,6 +79,9 @@ var codeNames = map[Code]string{
 	CodeACLGet:            "ACL_GET",
 	CodeSend:              "SEND",
 	CodePull:              "PULL",
+	CodeDelayedCancel:     "DELAYED_CANCEL",
+	CodeDelayedState:      "DELAYED_STATE",
+	CodeDelayedList:       "DELAYED_LIST",
 	CodeHAFetch:           "HA_FETCH",
 	CodeHAAck:             "HA_ACK",
 	CodeRecover:           "RECOVER",

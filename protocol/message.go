@@ -76,6 +76,14 @@ const stampedFlag = 0x80
 // stampSize is the encoding of a stamp: id u64, epoch u16, seq i64.
 const stampSize = 8 + 2 + 8
 
+// scheduleFlag, in the reliability byte, says a schedule follows the stamp
+// (or the timestamp, without one): kind u8, at i64, ref i64.
+const scheduleFlag = 0x40
+
+const scheduleSize = 1 + 8 + 8
+
+const relFlags = stampedFlag | scheduleFlag
+
 // Message is one message as it crosses the wire and as it is stored.
 //
 // Wire encoding:
@@ -83,14 +91,17 @@ const stampSize = 8 + 2 + 8
 //	id          u16 length + bytes
 //	topic       u16 length + bytes
 //	queue       u32
-//	reliability u8; bit 0x80 set: a producer stamp follows the timestamp
+//	reliability u8; bit 0x80 set: a producer stamp follows the timestamp;
+//	            bit 0x40 set: a schedule follows the stamp
 //	timestamp   i64, unix milliseconds
 //	[stamp]     producer id u64, epoch u16, sequence i64 (only with bit 0x80)
+//	[schedule]  kind u8, at i64 (unix milliseconds), ref i64 (only with bit 0x40)
 //	properties  u16 count, then per property: u16 length + key, u16 length + value
 //	body        u32 length + bytes
 //
-// The encoding is canonical: the bit is set exactly when the stamp's
-// producer id is not zero.
+// The encoding is canonical: bit 0x80 is set exactly when the stamp's
+// producer id is not zero, bit 0x40 exactly when the schedule's kind is not
+// ScheduleNone.
 type Message struct {
 	ID          string
 	Topic       string
@@ -98,8 +109,71 @@ type Message struct {
 	Reliability Reliability
 	Timestamp   int64
 	Producer    ProducerStamp
+	Schedule    Schedule // the zero Schedule: an ordinary message
 	Properties  []Property
 	Body        []byte // aliases the decoded buffer
+}
+
+// ScheduleKind says what a message's Schedule makes of it.
+type ScheduleKind uint8
+
+const (
+	// ScheduleNone: an ordinary message.
+	ScheduleNone ScheduleKind = 0
+	// ScheduleDelayed: a message for delivery at Schedule.At, stored
+	// pending in the internal queue DelayTopic(Topic), Queue of the group
+	// that owns its target queue. Ref is -1, or, for a pending record that
+	// retention moved, the log offset of the record it replaces.
+	ScheduleDelayed ScheduleKind = 1
+	// ScheduleReleased: a copy released into its target queue from the
+	// pending record at log offset Ref, due at At (its store time is when
+	// it was released).
+	ScheduleReleased ScheduleKind = 2
+	// ScheduleReleaseMark: written in the pending record's internal queue
+	// right after its released copy (same append): the record at Ref, due
+	// at At, was released; the body is the released record's size (u32).
+	ScheduleReleaseMark ScheduleKind = 3
+	// ScheduleCancelMark: the pending record at Ref, due at At, was
+	// cancelled.
+	ScheduleCancelMark ScheduleKind = 4
+)
+
+func (k ScheduleKind) String() string {
+	switch k {
+	case ScheduleNone:
+		return "none"
+	case ScheduleDelayed:
+		return "delayed"
+	case ScheduleReleased:
+		return "released"
+	case ScheduleReleaseMark:
+		return "release-mark"
+	case ScheduleCancelMark:
+		return "cancel-mark"
+	}
+	return fmt.Sprintf("schedule(%d)", uint8(k))
+}
+
+// Schedule is a message's delivery time and its place in the life of a
+// delayed message (see ScheduleKind).
+type Schedule struct {
+	Kind ScheduleKind
+	At   int64 // unix milliseconds: when the message is (or was) due
+	Ref  int64 // a log offset in the same group's log, or -1 (see the kinds)
+}
+
+// DelayTopicPrefix starts the name of every internal topic that holds
+// pending delayed messages: DelayTopic(t) holds those for topic t, in the
+// queue of the same number, in the group that owns that queue.
+const DelayTopicPrefix = "%DELAY%"
+
+// DelayTopic is the internal topic of topic's pending delayed messages.
+func DelayTopic(topic string) string { return DelayTopicPrefix + topic }
+
+// IsDelayTopic reports whether topic is an internal topic of pending
+// delayed messages, and the topic they are for.
+func IsDelayTopic(topic string) (target string, ok bool) {
+	return strings.CutPrefix(topic, DelayTopicPrefix)
 }
 
 // minMessageSize is the encoding of a message whose strings and body are empty.
@@ -110,6 +184,9 @@ func (m *Message) EncodedSize() int {
 	n := minMessageSize + len(m.ID) + len(m.Topic) + len(m.Body)
 	if !m.Producer.IsZero() {
 		n += stampSize
+	}
+	if m.Schedule.Kind != ScheduleNone {
+		n += scheduleSize
 	}
 	for _, p := range m.Properties {
 		n += 4 + len(p.Key) + len(p.Value)
@@ -141,6 +218,18 @@ func (m *Message) Validate() error {
 	if !m.Producer.IsZero() && m.Producer.Seq < 0 {
 		invalid("negative producer sequence %d", m.Producer.Seq)
 	}
+	switch m.Schedule.Kind {
+	case ScheduleNone:
+	case ScheduleDelayed:
+		if m.Schedule.At <= 0 {
+			invalid("a delayed message needs a delivery time, got %d", m.Schedule.At)
+		}
+	default:
+		invalid("a producer may send only delayed messages, not %v", m.Schedule.Kind)
+	}
+	if _, ok := IsDelayTopic(m.Topic); ok {
+		invalid("topic %q is internal (its prefix %s is reserved)", m.Topic, DelayTopicPrefix)
+	}
 	if len(m.Properties) > MaxProperties {
 		invalid("%d properties over the cap %d", len(m.Properties), MaxProperties)
 	}
@@ -160,15 +249,24 @@ func AppendMessage(dst []byte, m *Message) []byte {
 	dst = appendStr16(dst, clip16(m.ID))
 	dst = appendStr16(dst, clip16(m.Topic))
 	dst = appendU32(dst, m.Queue)
-	if m.Producer.IsZero() {
-		dst = appendU8(dst, uint8(m.Reliability))
-		dst = appendI64(dst, m.Timestamp)
-	} else {
-		dst = appendU8(dst, uint8(m.Reliability)|stampedFlag)
-		dst = appendI64(dst, m.Timestamp)
+	rel := uint8(m.Reliability)
+	if !m.Producer.IsZero() {
+		rel |= stampedFlag
+	}
+	if m.Schedule.Kind != ScheduleNone {
+		rel |= scheduleFlag
+	}
+	dst = appendU8(dst, rel)
+	dst = appendI64(dst, m.Timestamp)
+	if !m.Producer.IsZero() {
 		dst = appendU64(dst, m.Producer.ID)
 		dst = appendU16(dst, m.Producer.Epoch)
 		dst = appendI64(dst, m.Producer.Seq)
+	}
+	if m.Schedule.Kind != ScheduleNone {
+		dst = appendU8(dst, uint8(m.Schedule.Kind))
+		dst = appendI64(dst, m.Schedule.At)
+		dst = appendI64(dst, m.Schedule.Ref)
 	}
 	props := m.Properties
 	if len(props) > 1<<16-1 {
@@ -204,7 +302,7 @@ func (r *reader) message(m *Message) {
 	}
 	m.Queue = r.u32("queue")
 	rel := r.u8("reliability")
-	m.Reliability = Reliability(rel &^ stampedFlag)
+	m.Reliability = Reliability(rel &^ relFlags)
 	if r.err == nil && m.Reliability != Normal && m.Reliability != High {
 		r.fail(fmt.Sprintf("unknown reliability %d", m.Reliability))
 	}
@@ -216,6 +314,15 @@ func (r *reader) message(m *Message) {
 		m.Producer.Seq = r.i64("producer sequence")
 		if r.err == nil && m.Producer.ID == 0 {
 			r.fail("a producer stamp with producer id 0")
+		}
+	}
+	m.Schedule = Schedule{}
+	if rel&scheduleFlag != 0 {
+		m.Schedule.Kind = ScheduleKind(r.u8("schedule kind"))
+		m.Schedule.At = r.i64("schedule time")
+		m.Schedule.Ref = r.i64("schedule reference")
+		if r.err == nil && (m.Schedule.Kind == ScheduleNone || m.Schedule.Kind > ScheduleCancelMark) {
+			r.fail(fmt.Sprintf("unknown schedule kind %d", m.Schedule.Kind))
 		}
 	}
 	n := int(r.u16("property count"))
@@ -244,7 +351,7 @@ func DecodeMessage(b []byte) (Message, error) {
 // Equal reports whether two messages are the same, field by field.
 func (m *Message) Equal(o *Message) bool {
 	return m.ID == o.ID && m.Topic == o.Topic && m.Queue == o.Queue &&
-		m.Reliability == o.Reliability && m.Timestamp == o.Timestamp && m.Producer == o.Producer &&
+		m.Reliability == o.Reliability && m.Timestamp == o.Timestamp && m.Producer == o.Producer && m.Schedule == o.Schedule &&
 		slices.Equal(m.Properties, o.Properties) && string(m.Body) == string(o.Body)
 }
 
@@ -265,6 +372,27 @@ func PeekProducerStamp(raw []byte) (s ProducerStamp, ok bool) {
 	s.Epoch = r.u16("producer epoch")
 	s.Seq = r.i64("producer sequence")
 	return s, r.err == nil && s.ID != 0
+}
+
+// PeekSchedule reads the schedule of one encoded message without decoding
+// the rest; ok is false for a malformed message (the zero Schedule with ok
+// true: an ordinary one).
+func PeekSchedule(raw []byte) (sc Schedule, ok bool) {
+	r := reader{b: raw}
+	r.span(int(r.u16("message id")), "message id")
+	r.span(int(r.u16("topic")), "topic")
+	r.u32("queue")
+	rel := r.u8("reliability")
+	r.i64("timestamp")
+	if rel&stampedFlag != 0 {
+		r.span(stampSize, "producer stamp")
+	}
+	if rel&scheduleFlag != 0 {
+		sc.Kind = ScheduleKind(r.u8("schedule kind"))
+		sc.At = r.i64("schedule time")
+		sc.Ref = r.i64("schedule reference")
+	}
+	return sc, r.err == nil
 }
 
 // RecoveredProperty is the property a message carries when a new master

@@ -46,3 +46,58 @@ func TestProducerStamp(t *testing.T) {
 		t.Fatal("peeked a stamp from a truncated message")
 	}
 }
+
+// A scheduled message round-trips with or without a stamp, its schedule can
+// be read without decoding the rest, an unknown kind is malformed, and a
+// producer may send only delayed messages, never to an internal topic.
+func TestSchedule(t *testing.T) {
+	for _, stamp := range []ProducerStamp{{}, {ID: 7, Epoch: 2, Seq: 99}} {
+		m := Message{ID: "id-1", Topic: "t", Queue: 3, Reliability: High, Timestamp: 42, Producer: stamp,
+			Schedule: Schedule{Kind: ScheduleDelayed, At: 1_800_000_000_000, Ref: -1}, Body: []byte("body")}
+		raw := AppendMessage(nil, &m)
+		if len(raw) != m.EncodedSize() {
+			t.Fatalf("encoded %d bytes, EncodedSize %d", len(raw), m.EncodedSize())
+		}
+		got, err := DecodeMessage(raw)
+		if err != nil || !got.Equal(&m) || got.Reliability != High {
+			t.Fatalf("decoded %+v, %v", got, err)
+		}
+		if sc, ok := PeekSchedule(raw); !ok || sc != m.Schedule {
+			t.Fatalf("peeked %+v %v", sc, ok)
+		}
+		if s, ok := PeekProducerStamp(raw); ok != !stamp.IsZero() || s != stamp {
+			t.Fatalf("peeked stamp %+v %v", s, ok)
+		}
+		if err := m.Validate(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := Message{ID: "id", Topic: "t", Schedule: Schedule{Kind: ScheduleReleased, At: 5, Ref: 9}}
+	raw := AppendMessage(nil, &m)
+	if err := m.Validate(); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a producer's released copy: %v", err)
+	}
+	raw[2+2+2+1+4+1+8] = 9 // the kind
+	if _, err := DecodeMessage(raw); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("unknown kind: %v", err)
+	}
+	for _, bad := range []Message{
+		{ID: "id", Topic: "t", Schedule: Schedule{Kind: ScheduleDelayed}},
+		{ID: "id", Topic: DelayTopic("t")},
+	} {
+		if err := bad.Validate(); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%+v: %v", bad, err)
+		}
+	}
+	if sc, ok := PeekSchedule(AppendMessage(nil, &Message{ID: "x", Topic: "t"})); !ok || sc != (Schedule{}) {
+		t.Fatalf("an ordinary message: %+v %v", sc, ok)
+	}
+	if h, err := ParseHandle("g-1@42"); err != nil || h != (Handle{"g-1", 42}) || h.String() != "g-1@42" {
+		t.Fatalf("handle %+v %v", h, err)
+	}
+	for _, bad := range []string{"", "g1", "@4", "g@-1", "g@x"} {
+		if _, err := ParseHandle(bad); err == nil {
+			t.Fatalf("handle %q parsed", bad)
+		}
+	}
+}

@@ -76,6 +76,9 @@ const (
 	// group's MinInSync while a HIGH message waited for it: the message is
 	// stored on the master and may be on some slaves.
 	StatusNotEnoughReplicasAfterAppend Status = 29
+	// StatusDelayQuota: the topic's pending delayed messages on this broker
+	// group reached the group's quota: nothing was stored.
+	StatusDelayQuota Status = 30
 )
 
 // statusFlags are the columns of the status table.
@@ -143,6 +146,7 @@ var statusTable = [...]statusInfo{
 
 	StatusNotEnoughReplicas:            {"NOT_ENOUGH_REPLICAS", retry},
 	StatusNotEnoughReplicasAfterAppend: {"NOT_ENOUGH_REPLICAS_AFTER_APPEND", retry | fault | maybe},
+	StatusDelayQuota:                   {"DELAY_QUOTA", 0},
 }
 
 // String returns the status's name, e.g. "READ_ONLY".
@@ -260,6 +264,7 @@ var (
 
 	ErrNotEnoughReplicas            = &Error{Status: StatusNotEnoughReplicas}
 	ErrNotEnoughReplicasAfterAppend = &Error{Status: StatusNotEnoughReplicasAfterAppend}
+	ErrDelayQuota                   = &Error{Status: StatusDelayQuota}
 
 	// ErrFrameTooLarge marks a frame or header over its cap. It is also a
 	// MESSAGE_TOO_LARGE status when it crosses the wire.

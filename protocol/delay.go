@@ -1,0 +1,106 @@
+package protocol
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Handle names one stored record: the broker group whose log holds it and
+// its log offset there. A delayed message's SEND result gives the handle of
+// its pending record; DELAYED_STATE tells whether and where it was
+// released, DELAYED_CANCEL cancels it.
+type Handle struct {
+	Group  string
+	Offset int64
+}
+
+// String is the handle as users write it: "GROUP@OFFSET".
+func (h Handle) String() string { return h.Group + "@" + strconv.FormatInt(h.Offset, 10) }
+
+// ParseHandle parses "GROUP@OFFSET".
+func ParseHandle(s string) (Handle, error) {
+	i := strings.LastIndexByte(s, '@')
+	if i <= 0 {
+		return Handle{}, fmt.Errorf("protocol: handle %q: want GROUP@OFFSET", s)
+	}
+	off, err := strconv.ParseInt(s[i+1:], 10, 64)
+	if err != nil || off < 0 {
+		return Handle{}, fmt.Errorf("protocol: handle %q: the offset must be a log offset (a number >= 0)", s)
+	}
+	return Handle{Group: s[:i], Offset: off}, nil
+}
+
+// DelayedRef is the body of DELAYED_CANCEL and DELAYED_STATE: the log
+// offset of a pending record in the broker's group.
+type DelayedRef struct {
+	Offset int64 `json:"offset"`
+}
+
+// The states of a delayed message.
+const (
+	DelayPending   = "pending"   // waiting for its time
+	DelayReleased  = "released"  // appended to its target queue (Released says where)
+	DelayCancelled = "cancelled" // cancelled before its time
+	// DelayMoved: retention was about to delete its segment, so the pending
+	// record was appended again (MovedTo is its new log offset; the handle
+	// follows it).
+	DelayMoved = "moved"
+)
+
+// DelayedState is what a broker knows of one delayed message.
+type DelayedState struct {
+	Offset int64  `json:"offset"` // the pending record's log offset
+	Topic  string `json:"topic"`  // the target topic and queue
+	Queue  uint32 `json:"queue"`
+	ID     string `json:"id"`
+	DueAt  int64  `json:"due_at"` // unix milliseconds
+	State  string `json:"state"`
+	// Released is where the message went, once released.
+	Released *DelayedRelease `json:"released,omitempty"`
+	// MovedTo is the record's new log offset when State is DelayMoved.
+	MovedTo int64 `json:"moved_to,omitempty"`
+	// By is what decided this answer to a cancel: "cancel" when this
+	// request cancelled it; "" otherwise.
+	By string `json:"by,omitempty"`
+}
+
+// DelayedRelease is where a delayed message was released.
+type DelayedRelease struct {
+	QueueOffset int64 `json:"queue_offset"`
+	LogOffset   int64 `json:"log_offset"`
+	At          int64 `json:"at"` // unix milliseconds: its store time
+}
+
+// DelayedListRequest is the body of DELAYED_LIST.
+type DelayedListRequest struct {
+	Topic string `json:"topic,omitempty"` // "": every topic
+	// BucketMillis is the width of the due-time buckets (default 60000).
+	BucketMillis int64 `json:"bucket_millis,omitempty"`
+	Limit        int   `json:"limit,omitempty"` // buckets at most (default 100)
+}
+
+// DelayedList is a broker group's pending delayed messages: how many, when
+// the next is due, and how many are due per bucket of due time (the
+// earliest buckets first).
+type DelayedList struct {
+	Group   string               `json:"group"`
+	Pending int64                `json:"pending"`
+	NextDue int64                `json:"next_due"` // unix milliseconds; 0: none pending
+	Buckets []DelayedBucket      `json:"buckets"`
+	Topics  []DelayedTopicCounts `json:"topics"`
+	Now     int64                `json:"now"` // the broker's clock, unix milliseconds
+}
+
+// DelayedBucket counts the pending messages due in [Start, Start+width).
+type DelayedBucket struct {
+	Start   int64 `json:"start"`
+	Pending int64 `json:"pending"`
+}
+
+// DelayedTopicCounts is one topic's pending delayed messages and quota.
+type DelayedTopicCounts struct {
+	Topic   string `json:"topic"`
+	Pending int64  `json:"pending"`
+	Quota   int64  `json:"quota"`
+}
