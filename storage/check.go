@@ -60,3 +60,35 @@ func (l *Log) RecordAt(at int64) (end int64, crc uint32, err error) {
 	}
 	return at + recordHeaderSize + int64(binary.BigEndian.Uint32(h[:4])), binary.BigEndian.Uint32(h[4:8]), nil
 }
+
+// ReadRecordAt reads the whole record that starts at log offset at, checks
+// it (length, CRC, format) and returns it with a fresh payload. An offset
+// that is not a record boundary gives a *CorruptError (or whatever record
+// its bytes happen to frame: a caller checks what it reads is what it
+// expects); one outside the log gives ErrOutOfRange.
+func (l *Log) ReadRecordAt(at int64) (RecordInfo, error) {
+	end, _, err := l.RecordAt(at)
+	if err != nil {
+		return RecordInfo{}, err
+	}
+	if end <= at || end-at > maxRecordSize {
+		return RecordInfo{}, &CorruptError{Offset: at, Reason: fmt.Sprintf("no record of a sane size starts here (it would end at %d)", end)}
+	}
+	raw, err := l.ReadRaw(at, int(end-at))
+	if err != nil {
+		return RecordInfo{}, err
+	}
+	if int64(len(raw)) < end-at {
+		return RecordInfo{}, &CorruptError{Offset: at, Reason: fmt.Sprintf("read %d bytes of a record of %d", len(raw), end-at)}
+	}
+	rec, err := decodeRecord(raw[:end-at])
+	if err != nil {
+		return RecordInfo{}, &CorruptError{Offset: at, Reason: err.Error()}
+	}
+	return RecordInfo{Offset: at, Size: int(end - at), Topic: rec.Topic, Queue: rec.Queue, QueueOffset: rec.QueueOffset,
+		StoreTime: rec.StoreTime, Payload: rec.Payload, Recovered: rec.Flags&flagRecovered != 0}, nil
+}
+
+// RecordSize is the size in the log of the record an Entry of topic with a
+// payload of payload bytes becomes.
+func RecordSize(topic string, payload int) int { return recordSize(len(topic), payload) }
