@@ -14,11 +14,13 @@ import (
 // Cancel cancels the pending delayed message that h names (a Result's
 // Handle) and returns what became of it: State protocol.DelayCancelled
 // with By "cancel" when this call cancelled it; otherwise what had happened
-// before: released (Released says at which queue offset and when),
-// cancelled by an earlier call (By ""), or moved by retention (MovedTo is
-// the pending record's new log offset: cancel that handle). A cancel whose
-// answer was lost is sent again, so a message this call cancelled may be
-// answered cancelled with By "" (the retry found it cancelled).
+// before: released (Released says at which queue offset and when), or
+// cancelled by an earlier call (By ""). A pending record that retention
+// moved (State protocol.DelayMoved) is followed to its new log offset
+// (MovedTo), up to maxMoves times: the answer is then the new record's
+// (its Offset the new one). A cancel whose answer was lost is sent again,
+// so a message this call cancelled may be answered cancelled with By ""
+// (the retry found it cancelled).
 //
 // The call goes to the master of h's group, found in the producer's routes
 // (a topic it sent to that has a queue in the group), or else in the
@@ -43,6 +45,11 @@ func (c *Client) DelayedState(ctx context.Context, h protocol.Handle) (protocol.
 	return c.delayedCall(ctx, protocol.CodeDelayedState, "delayed state", h)
 }
 
+// maxMoves bounds how many moved pending records a call follows (each
+// move is a retention pass over the record's segment: a long delay sees a
+// few).
+const maxMoves = 64
+
 // delayedCall makes a DELAYED_CANCEL or DELAYED_STATE call (what names it
 // in errors) for h at its group's master, retrying what can be retried.
 func (c *Client) delayedCall(ctx context.Context, code protocol.Code, what string, h protocol.Handle) (protocol.DelayedState, error) {
@@ -63,11 +70,19 @@ func (c *Client) delayedCall(ctx context.Context, code protocol.Code, what strin
 	body, _ := json.Marshal(protocol.DelayedRef{Offset: h.Offset})
 	var lastErr error
 	avoid := "" // a master that answered NOT_MASTER, or could not be reached
+	moves := 0
 	for attempt := 1; ; attempt++ {
 		addr, err := c.groupMaster(ctx, h.Group, avoid)
 		if err == nil {
 			var st protocol.DelayedState
 			st, err = c.callDelayed(ctx, addr, h.Group, code, body)
+			if err == nil && st.State == protocol.DelayMoved && st.MovedTo > st.Offset && moves < maxMoves {
+				// Retention moved the pending record: ask about its new one.
+				moves++
+				body, _ = json.Marshal(protocol.DelayedRef{Offset: st.MovedTo})
+				attempt = 0
+				continue
+			}
 			if err == nil {
 				return st, nil
 			}

@@ -207,7 +207,7 @@ func TestDelayedKeyedOrderThroughRetries(t *testing.T) {
 // NOT_FOUND, of no group NOT_FOUND, a malformed one INVALID; a closed
 // producer answers ErrClosed.
 func TestCancelAndState(t *testing.T) {
-	c, _ := fakeCluster(t, "cx", "g1")
+	c, fakes := fakeCluster(t, "cx", "g1")
 	p := newProducer(t, c)
 	ctx := context.Background()
 	r, err := p.Send(ctx, &Message{Topic: "cx", Body: []byte("later"), DeliverAfter: time.Hour})
@@ -239,6 +239,22 @@ func TestCancelAndState(t *testing.T) {
 		if _, err := other.Cancel(ctx, tc.h); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.h.String()) {
 			t.Errorf("cancel %v: %v, want %v naming the handle", tc.h, err, tc.want)
 		}
+	}
+	// A pending record that retention moved is followed to its new offset.
+	r2, err := p.Send(ctx, &Message{Topic: "cx", Body: []byte("long"), DeliverAfter: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fakes["g1"]
+	f.mu.Lock()
+	moved := *f.delayed[r2.LogOffset]
+	moved.Offset = f.offset.Add(1)
+	f.delayed[moved.Offset] = &moved
+	f.delayed[r2.LogOffset].State, f.delayed[r2.LogOffset].MovedTo = protocol.DelayMoved, moved.Offset
+	f.mu.Unlock()
+	st, err = other.Cancel(ctx, r2.Handle)
+	if err != nil || st.State != protocol.DelayCancelled || st.By != "cancel" || st.Offset != moved.Offset || st.ID != r2.ID {
+		t.Fatalf("cancel of a moved record: %+v, %v: want the record at %d cancelled by this call", st, err, moved.Offset)
 	}
 	_ = other.Close()
 	if _, err := other.DelayedState(ctx, r.Handle); !errors.Is(err, ErrClosed) {
