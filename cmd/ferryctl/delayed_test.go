@@ -1,10 +1,13 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
@@ -59,5 +62,115 @@ func TestDelayedWhere(t *testing.T) {
 		if got := where(tc.st, now); got != tc.want {
 			t.Errorf("where(%+v) = %q, want %q", tc.st, got, tc.want)
 		}
+	}
+}
+
+// delayedSend runs send with args and returns what --json printed.
+func delayedSend(t *testing.T, args ...string) sendJSON {
+	t.Helper()
+	var out sendJSON
+	if err := json.Unmarshal([]byte(mustCtl(t, append(args, "--json")...)), &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// delayedGet runs delayed get --json.
+func delayedGet(t *testing.T, meta, handle string) delayedJSON {
+	t.Helper()
+	var out delayedJSON
+	if err := json.Unmarshal([]byte(mustCtl(t, meta, "delayed", "get", handle, "--json")), &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// End to end: send --after prints a handle; delayed get shows it pending,
+// delayed ls counts it (per group, bucket and topic); cancel cancels a
+// pending one (and says so again as "cancelled before"); once the first is
+// released, get says where and cancel says it was too late (exit 1); a
+// time in the past (--at) is due at once; a handle of nothing is
+// NOT_FOUND.
+func TestDelayedCommands(t *testing.T) {
+	meta := "--meta=" + startCluster(t)
+	mustCtl(t, meta, "topic", "create", "later", "--queues", "2")
+
+	before := time.Now()
+	first := delayedSend(t, meta, "send", "later", "--body", "one", "--after", "3s")
+	if !first.Delayed || first.Handle != fmt.Sprintf("%s@%d", first.Group, first.LogOffset) || first.DueAt < before.Add(3*time.Second).UnixMilli() {
+		t.Fatalf("send --after: %+v", first)
+	}
+	out := mustCtl(t, meta, "send", "later", "--body", "two", "--after", "1h")
+	if !strings.Contains(out, "HANDLE") || !strings.Contains(out, "DUE") || !strings.Contains(out, "@") {
+		t.Fatalf("send --after table:\n%s", out)
+	}
+	second := delayedSend(t, meta, "send", "later", "--body", "three", "--after", "1h", "--key", "k")
+
+	if g := delayedGet(t, meta, first.Handle); g.State != protocol.DelayPending || g.DueAt != first.DueAt || g.ID != first.ID || g.Topic != "later" {
+		t.Fatalf("get of a pending message: %+v", g)
+	}
+	if out := mustCtl(t, meta, "delayed", "get", first.Handle); !strings.Contains(out, "pending") || !strings.Contains(out, "in ") {
+		t.Fatalf("get table:\n%s", out)
+	}
+
+	var lists []protocol.DelayedList
+	if err := json.Unmarshal([]byte(mustCtl(t, meta, "delayed", "ls", "--json", "--bucket", "1h")), &lists); err != nil {
+		t.Fatal(err)
+	}
+	var pending int64
+	for _, l := range lists {
+		pending += l.Pending
+		for _, tp := range l.Topics {
+			if tp.Topic != "later" || tp.Quota <= 0 {
+				t.Fatalf("ls topics %+v", l.Topics)
+			}
+		}
+	}
+	if len(lists) != 2 || pending != 3 {
+		t.Fatalf("ls: %d groups, %d pending; want 2 groups, 3 pending: %+v", len(lists), pending, lists)
+	}
+	out = mustCtl(t, meta, "delayed", "ls", "--group", first.Group, "--topic", "later")
+	if !strings.Contains(out, "NEXT-DUE") || !strings.Contains(out, "DUE-FROM") || !strings.Contains(out, "QUOTA") || !strings.Contains(out, "later") {
+		t.Fatalf("ls table:\n%s", out)
+	}
+	if code, _, errOut := ctl(meta, "delayed", "ls", "--group", "nope"); code != exitError || !strings.Contains(errOut, "NOT_FOUND") {
+		t.Fatalf("ls of no group: exit %d %q", code, errOut)
+	}
+
+	var c delayedJSON
+	if err := json.Unmarshal([]byte(mustCtl(t, meta, "delayed", "cancel", second.Handle, "--json")), &c); err != nil ||
+		c.State != protocol.DelayCancelled || c.Outcome != "cancelled" || c.By != "cancel" {
+		t.Fatalf("cancel: %+v %v", c, err)
+	}
+	if out := mustCtl(t, meta, "delayed", "cancel", second.Handle); !strings.Contains(out, "cancelled before") {
+		t.Fatalf("second cancel:\n%s", out)
+	}
+
+	testwait.For(t, 15*time.Second, "the first message released", func() bool {
+		return delayedGet(t, meta, first.Handle).State == protocol.DelayReleased
+	})
+	g := delayedGet(t, meta, first.Handle)
+	if g.Released == nil || g.Released.At < g.DueAt {
+		t.Fatalf("released: %+v", g)
+	}
+	code, out, errOut := ctl(meta, "delayed", "cancel", first.Handle)
+	if code != exitError || !strings.Contains(out, "released before: not cancelled") || !strings.Contains(errOut, "not cancelled") ||
+		!strings.Contains(errOut, fmt.Sprintf("queue offset %d", g.Released.QueueOffset)) {
+		t.Fatalf("cancel after release: exit %d\n%s%s", code, out, errOut)
+	}
+	read := mustCtl(t, meta, "read", "later", "--queue", fmt.Sprint(first.Queue), "--from", fmt.Sprint(g.Released.QueueOffset), "--limit", "1")
+	if !strings.Contains(read, `"one"`) {
+		t.Fatalf("read at the released offset:\n%s", read)
+	}
+
+	past := delayedSend(t, meta, "send", "later", "--body", "past", "--at", "2020-01-01T00:00:00Z")
+	if !past.Delayed || past.DueAt != time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli() {
+		t.Fatalf("send --at in the past: %+v", past)
+	}
+	testwait.For(t, 15*time.Second, "the message due in the past released", func() bool {
+		return delayedGet(t, meta, past.Handle).State == protocol.DelayReleased
+	})
+	if code, _, errOut := ctl(meta, "delayed", "get", first.Group+"@999999999"); code != exitError || !strings.Contains(errOut, "NOT_FOUND") {
+		t.Fatalf("get of nothing: exit %d %q", code, errOut)
 	}
 }
