@@ -3,6 +3,7 @@ package producer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,7 +25,8 @@ import (
 //
 // The call goes to the master of h's group, found in the producer's routes
 // (a topic it sent to that has a queue in the group), or else in the
-// metaserver's list of groups (which needs the describe permission). It is
+// metaserver's list of groups (which needs the describe permission: a
+// producer without it cancels only in groups its routes name). It is
 // retried while the group has no master, its master changes, or the broker
 // cannot be reached, until ctx ends (DeliveryTimeout if ctx has no
 // deadline). Errors: protocol.ErrNotFound when the group has no pending
@@ -132,17 +134,26 @@ func (c *Client) callDelayed(ctx context.Context, addr, group string, code proto
 
 // groupMaster is the address of a broker group's master: the newest
 // (highest epoch) that the producer's cached routes name, unless that is
-// avoid; else the metaserver's, from its list of groups. An error is a
-// status: NOT_FOUND for a group the metaserver does not know, NO_ROUTE
-// (retriable) while it has no master.
+// avoid (it did not answer as the master: those routes are refreshed);
+// else the metaserver's, from its list of groups, or, when the metaserver
+// refuses that list (no describe permission), the cached one after all.
+// An error is a status: NOT_FOUND for a group the metaserver does not
+// know, NO_ROUTE (retriable) while it has no master.
 func (c *Client) groupMaster(ctx context.Context, group, avoid string) (string, error) {
 	var best routing.QueueRoute
-	c.router.cache.Range(func(_ string, e *clientcore.Entry[*topicPlan]) {
+	var topics []string
+	c.router.cache.Range(func(topic string, e *clientcore.Entry[*topicPlan]) {
 		if !e.Known {
 			return
 		}
 		for _, q := range e.Route.Queues {
-			if q.Group == group && q.Master != "" && (best.Master == "" || q.Epoch > best.Epoch) {
+			if q.Group != group || q.Master == "" {
+				continue
+			}
+			if len(topics) == 0 || topics[len(topics)-1] != topic {
+				topics = append(topics, topic)
+			}
+			if best.Master == "" || q.Epoch > best.Epoch {
 				best = q
 			}
 		}
@@ -150,10 +161,16 @@ func (c *Client) groupMaster(ctx context.Context, group, avoid string) (string, 
 	if best.Master != "" && best.Master != avoid {
 		return best.Master, nil
 	}
+	for _, t := range topics {
+		c.router.refreshSoon(t)
+	}
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
 	defer cancel()
 	groups, err := c.meta.Groups(lctx)
 	if err != nil {
+		if best.Master != "" && errors.Is(err, protocol.ErrNotAuthorized) {
+			return best.Master, nil
+		}
 		return "", metaErr("group lookup", err)
 	}
 	for _, g := range groups {
