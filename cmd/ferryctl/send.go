@@ -113,7 +113,7 @@ delayed get and delayed cancel take.`,
 	f.StringVar(&o.key, "key", "", "message key (picks the queue)")
 	f.StringSliceVar(&o.props, "prop", nil, "a property key=value (repeatable, or comma-separated)")
 	f.StringVar(&o.reliability, "reliability", "normal", "normal or high (answered after the slave has it)")
-	f.StringVar(&o.at, "at", "", "deliver at this time (RFC 3339): a delayed message")
+	f.StringVar(&o.at, "at", "", "deliver at this time: a delayed message")
 	f.DurationVar(&o.after, "after", 0, "deliver this long from now: a delayed message")
 	c := g.checker(f)
 	c.wrap("at", "a time in RFC 3339, e.g. 2026-12-24T09:00:00Z", func(s string) error {
