@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 )
 
 // Delayed and ordinary messages of one queue, interleaved, go out with a
@@ -293,5 +294,30 @@ func TestCancelRetries(t *testing.T) {
 	f.failing.Store(false)
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A cancel answered NOT_MASTER by the master the producer's routes name
+// refreshes those routes and goes to the new master they name (the
+// metaserver, unreachable here, is no help).
+func TestCancelFollowsNewMaster(t *testing.T) {
+	f := startFakeBroker(t, "", "g1")
+	promoted := f.listen(t) // shares the log: a slave promoted with everything
+	rt := newFakeRoutes()
+	rt.set("nm", routing.QueueRoute{Queue: 0, Group: "g1", Master: f.first.addr, Epoch: 1, Writable: true})
+	p := newFakeProducer(t, rt, Linger(0), RetryBackoff(5*time.Millisecond), RequestTimeout(300*time.Millisecond))
+	ctx := context.Background()
+	r, err := p.Send(ctx, &Message{Topic: "nm", Body: []byte("later"), DeliverAfter: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.first.notMaster.Store(true)
+	rt.set("nm", routing.QueueRoute{Queue: 0, Group: "g1", Master: promoted.addr, Epoch: 2, Writable: true})
+	st, err := p.Cancel(ctx, r.Handle)
+	if err != nil || st.State != protocol.DelayCancelled || st.By != "cancel" {
+		t.Fatalf("cancel: %+v, %v", st, err)
+	}
+	if n, m := f.first.delayedCalls.Load(), promoted.delayedCalls.Load(); n != 1 || m != 1 {
+		t.Fatalf("the old master took %d calls and the new one %d, want 1 and 1", n, m)
 	}
 }

@@ -70,7 +70,11 @@ type fakeAddr struct {
 	addr string
 	hang atomic.Int32 // a hangMode
 	reqs atomic.Int64 // SEND requests taken
-	mu   sync.Mutex
+	// notMaster: DELAYED_CANCEL and DELAYED_STATE are answered NOT_MASTER
+	// (a replaced master); delayedCalls counts those taken here.
+	notMaster    atomic.Bool
+	delayedCalls atomic.Int64
+	mu           sync.Mutex
 	// epochs is the group epoch of every SEND taken, in order.
 	epochs []uint32
 }
@@ -310,8 +314,8 @@ func (f *fakeBroker) listen(t *testing.T) *fakeAddr {
 		}
 		reply()
 	})
-	a.srv.Handle(protocol.CodeDelayedCancel, func(r *transport.Request) { f.delayedCall(r, true) })
-	a.srv.Handle(protocol.CodeDelayedState, func(r *transport.Request) { f.delayedCall(r, false) })
+	a.srv.Handle(protocol.CodeDelayedCancel, func(r *transport.Request) { f.delayedCall(a, r, true) })
+	a.srv.Handle(protocol.CodeDelayedState, func(r *transport.Request) { f.delayedCall(a, r, false) })
 	addr, err := a.srv.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -327,9 +331,14 @@ func (f *fakeBroker) listen(t *testing.T) *fakeAddr {
 // delayedCall answers DELAYED_CANCEL (cancel) or DELAYED_STATE as a broker
 // does: NOT_FOUND for a log offset of no pending record; a cancel of a
 // pending one cancels it (By "cancel"), of any other says what it is. While
-// the broker is failing, BUSY.
-func (f *fakeBroker) delayedCall(r *transport.Request, cancel bool) {
+// the broker is failing, BUSY; at an address marked notMaster, NOT_MASTER.
+func (f *fakeBroker) delayedCall(a *fakeAddr, r *transport.Request, cancel bool) {
 	f.delayedCalls.Add(1)
+	a.delayedCalls.Add(1)
+	if a.notMaster.Load() {
+		r.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster, Message: "fake broker replaced"})
+		return
+	}
 	var ref protocol.DelayedRef
 	if err := json.Unmarshal(r.Body, &ref); err != nil {
 		r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: err.Error()})
