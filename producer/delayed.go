@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/clientcore"
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -122,8 +123,13 @@ func (c *Client) callDelayed(ctx context.Context, addr, group string, code proto
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
 	defer cancel()
 	resp, err := conn.Call(cctx, code, body)
-	if err != nil {
-		return protocol.DelayedState{}, sendErr(group, addr, err)
+	switch {
+	case errors.Is(err, transport.ErrClosed):
+		return protocol.DelayedState{}, ofKind(ErrClosed, "group %s at %s: %w", group, addr, err)
+	case errors.Is(err, transport.ErrConnLost):
+		return protocol.DelayedState{}, ofKind(ErrConnLost, "group %s at %s: %w", group, addr, err)
+	case err != nil:
+		return protocol.DelayedState{}, fmt.Errorf("group %s at %s: %w", group, addr, err)
 	}
 	var st protocol.DelayedState
 	if err := json.Unmarshal(resp.Body, &st); err != nil {
