@@ -1,0 +1,331 @@
+package delay
+
+import (
+	"container/heap"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"path/filepath"
+
+	"github.com/ferrymq/ferrymq/storage/vfs"
+)
+
+// An item is one fixed-size record of a bucket file (all integers
+// big-endian): kind u8, 3 bytes 0, queue u32 (the index's number for the
+// delay queue, see the checkpoint), size u32, dueAt i64, at i64 (the log
+// offset of the record it comes from), ref i64 (the entry a resolution
+// resolves, -1 for an entry), CRC32C of the first 36 bytes.
+const itemSize = 40
+
+const (
+	itemEntry     = 1
+	itemReleased  = 2
+	itemCancelled = 3
+	itemMoved     = 4
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+type item struct {
+	kind  uint8
+	qid   uint32
+	size  uint32
+	dueAt int64
+	at    int64
+	ref   int64
+}
+
+func appendItem(dst []byte, it item) []byte {
+	var b [itemSize]byte
+	b[0] = it.kind
+	binary.BigEndian.PutUint32(b[4:], it.qid)
+	binary.BigEndian.PutUint32(b[8:], it.size)
+	binary.BigEndian.PutUint64(b[12:], uint64(it.dueAt))
+	binary.BigEndian.PutUint64(b[20:], uint64(it.at))
+	binary.BigEndian.PutUint64(b[28:], uint64(it.ref))
+	binary.BigEndian.PutUint32(b[36:], crc32.Checksum(b[:36], castagnoli))
+	return append(dst, b[:]...)
+}
+
+func decodeItem(b []byte) (item, bool) {
+	if crc32.Checksum(b[:36], castagnoli) != binary.BigEndian.Uint32(b[36:40]) || b[0] < itemEntry || b[0] > itemMoved {
+		return item{}, false
+	}
+	return item{kind: b[0], qid: binary.BigEndian.Uint32(b[4:]), size: binary.BigEndian.Uint32(b[8:]),
+		dueAt: int64(binary.BigEndian.Uint64(b[12:])), at: int64(binary.BigEndian.Uint64(b[20:])),
+		ref: int64(binary.BigEndian.Uint64(b[28:]))}, true
+}
+
+// Hold says whether a pending entry is claimed.
+const (
+	holdNone    = 0
+	holdClaimed = 1 // by Due, Claim or PendingBefore
+	holdDone    = 2 // released done: its mark is on its way
+)
+
+// ent is one entry of a materialized bucket.
+type ent struct {
+	at, dueAt int64
+	size      int32
+	qid       uint32
+	st        State
+	hold      uint8
+	hidx      int // in its bucket's heap, or -1
+}
+
+type entHeap []*ent
+
+func (h entHeap) Len() int { return len(h) }
+func (h entHeap) Less(i, j int) bool {
+	if h[i].dueAt != h[j].dueAt {
+		return h[i].dueAt < h[j].dueAt
+	}
+	return h[i].at < h[j].at
+}
+func (h entHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].hidx = i
+	h[j].hidx = j
+}
+func (h *entHeap) Push(v any) {
+	e := v.(*ent)
+	e.hidx = len(*h)
+	*h = append(*h, e)
+}
+func (h *entHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	e.hidx = -1
+	return e
+}
+
+// bstate is a bucket's detail in memory: every entry its file holds (with
+// what became of it) and its pending, unclaimed entries in due order.
+type bstate struct {
+	ents map[int64]*ent
+	h    entHeap
+}
+
+func (s *bstate) remove(e *ent) {
+	if e.hidx >= 0 {
+		heap.Remove(&s.h, e.hidx)
+	}
+}
+
+// bucket is one bucket of due time: its counts always, its file's item
+// count, and its detail when materialized (st).
+type bucket struct {
+	id       int64
+	items    int64 // items in its file, written or in buf
+	written  int64 // items written to the file
+	buf      []byte
+	pending  map[uint32]int64 // pending entries per queue number
+	npending int64
+	minAt    int64 // at or below the log offset of every pending entry
+	maxAt    int64 // the largest log offset of its items
+	st       *bstate
+	cached   bool  // materialized for a lookup, outside the window
+	used     int64 // when it was last looked up (a counter), for the cache
+	inHeap   bool  // in the index's heap of unloaded buckets
+	dirty    bool  // written since the last checkpoint
+}
+
+func (b *bucket) addPending(qid uint32, d int64) {
+	if d == 0 {
+		return
+	}
+	if b.pending == nil {
+		b.pending = make(map[uint32]int64, 1)
+	}
+	b.pending[qid] += d
+	if b.pending[qid] == 0 {
+		delete(b.pending, qid)
+	}
+	b.npending += d
+}
+
+type bucketHeap []*bucket
+
+func (h bucketHeap) Len() int           { return len(h) }
+func (h bucketHeap) Less(i, j int) bool { return h[i].id < h[j].id }
+func (h bucketHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *bucketHeap) Push(v any)        { *h = append(*h, v.(*bucket)) }
+func (h *bucketHeap) Pop() any {
+	old := *h
+	b := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return b
+}
+
+// bucketName is the file name of the bucket starting at start (unix
+// milliseconds): 20 decimal digits and ".dly".
+func bucketName(start int64) string { return fmt.Sprintf("%020d.dly", start) }
+
+func (x *Index) bucketPath(b *bucket) string {
+	return filepath.Join(x.cfg.Dir, bucketName(b.id*x.widthMs))
+}
+
+// file returns b's open file, creating it when it does not exist.
+func (x *Index) file(b *bucket) (vfs.File, error) {
+	x.fileUse++
+	if of, ok := x.files[b.id]; ok {
+		of.used = x.fileUse
+		return of.f, nil
+	}
+	path := x.bucketPath(b)
+	f, err := x.fs.OpenRW(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		f, err = x.fs.Create(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("delay: open bucket file %s: %w", path, err)
+	}
+	if len(x.files) >= maxOpenFiles {
+		var oldest int64
+		var ou int64 = -1
+		for id, of := range x.files {
+			if ou < 0 || of.used < ou {
+				oldest, ou = id, of.used
+			}
+		}
+		if err := x.files[oldest].f.Close(); err != nil {
+			x.logger.Warn("close bucket file", "error", err)
+		}
+		delete(x.files, oldest)
+	}
+	x.files[b.id] = &openFile{f: f, used: x.fileUse}
+	return f, nil
+}
+
+const maxOpenFiles = 64
+
+type openFile struct {
+	f    vfs.File
+	used int64
+}
+
+func (x *Index) closeFile(id int64) error {
+	of, ok := x.files[id]
+	if !ok {
+		return nil
+	}
+	delete(x.files, id)
+	return of.f.Close()
+}
+
+// flushBuf writes b's buffered items to its file (page cache only).
+func (x *Index) flushBuf(b *bucket) error {
+	if len(b.buf) == 0 {
+		return nil
+	}
+	f, err := x.file(b)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(b.buf, b.written*itemSize); err != nil {
+		return fmt.Errorf("delay: write bucket file %s: %w", x.bucketPath(b), err)
+	}
+	b.written += int64(len(b.buf) / itemSize)
+	b.buf = b.buf[:0]
+	if !b.dirty {
+		b.dirty = true
+		x.dirty = append(x.dirty, b)
+	}
+	return nil
+}
+
+// readItems reads b's items (the first b.items of its file: what is past
+// them is a torn or stale tail).
+func (x *Index) readItems(b *bucket) ([]item, error) {
+	if err := x.flushBuf(b); err != nil {
+		return nil, err
+	}
+	if b.written == 0 {
+		return nil, nil
+	}
+	f, err := x.file(b)
+	if err != nil {
+		return nil, err
+	}
+	raw := make([]byte, b.written*itemSize)
+	n, err := f.ReadAt(raw, 0)
+	if n < len(raw) {
+		if err == nil {
+			err = fmt.Errorf("short read")
+		}
+		return nil, fmt.Errorf("delay: read bucket file %s (%d of %d bytes): %w", x.bucketPath(b), n, len(raw), err)
+	}
+	items := make([]item, 0, b.written)
+	for off := 0; off < len(raw); off += itemSize {
+		it, ok := decodeItem(raw[off : off+itemSize])
+		if !ok {
+			return nil, fmt.Errorf("%w: bucket file %s: a bad item at %d", ErrCorrupt, x.bucketPath(b), off)
+		}
+		items = append(items, it)
+	}
+	return items, nil
+}
+
+// loadState reads b's file into a fresh bstate: entries below the log's
+// start are gone; an item that appears twice counts once; a claimed
+// entry is the claim's own ent.
+func (x *Index) loadState(b *bucket) (*bstate, error) {
+	items, err := x.readItems(b)
+	if err != nil {
+		return nil, err
+	}
+	st := &bstate{ents: make(map[int64]*ent, len(items))}
+	for _, it := range items {
+		if it.kind != itemEntry || it.at < x.start {
+			continue
+		}
+		if _, dup := st.ents[it.at]; dup {
+			continue
+		}
+		st.ents[it.at] = &ent{at: it.at, dueAt: it.dueAt, size: int32(it.size), qid: it.qid,
+			st: State{Kind: StatePending}, hidx: -1}
+	}
+	for _, it := range items {
+		if it.kind == itemEntry {
+			continue
+		}
+		e := st.ents[it.ref]
+		if e == nil || e.st.Kind != StatePending {
+			continue // a duplicate, or its entry is gone
+		}
+		e.st = resolution(it)
+	}
+	for at, e := range st.ents {
+		if e.st.Kind != StatePending {
+			continue
+		}
+		if c := x.claims[at]; c != nil {
+			st.ents[at] = c
+			continue
+		}
+		st.h = append(st.h, e)
+	}
+	for i, e := range st.h {
+		e.hidx = i
+	}
+	heap.Init(&st.h)
+	return st, nil
+}
+
+func resolution(it item) State {
+	switch it.kind {
+	case itemReleased:
+		return State{Kind: StateReleased, MarkAt: it.at, ReleasedAt: it.at - int64(it.size)}
+	case itemCancelled:
+		return State{Kind: StateCancelled, MarkAt: it.at}
+	default:
+		return State{Kind: StateMoved, MovedTo: it.at}
+	}
+}
+
+func heapInit(h *bucketHeap) { heap.Init(h) }
