@@ -60,6 +60,7 @@ func (x *Index) checkpoint() error {
 	}
 	items := map[*bucket]int64{}
 	pend := map[*bucket]map[uint32]int64{}
+	minAt := map[*bucket]int64{}
 	keep := len(x.journal)
 	for keep > 0 && x.journal[keep-1].at >= f {
 		keep--
@@ -76,6 +77,12 @@ func (x *Index) checkpoint() error {
 			pend[ef.b] = map[uint32]int64{}
 		}
 		pend[ef.b][ef.pq] -= int64(ef.dp)
+		if ef.dp < 0 {
+			// Pending as of f: the bucket's lower bound must cover it.
+			if m, ok := minAt[ef.b]; !ok || ef.ref < m {
+				minAt[ef.b] = ef.ref
+			}
+		}
 	}
 
 	// Buckets wholly below the log's start and W go.
@@ -129,7 +136,11 @@ func (x *Index) checkpoint() error {
 		nb++
 		buf = binary.BigEndian.AppendUint64(buf, uint64(b.id))
 		buf = binary.BigEndian.AppendUint64(buf, uint64(n))
-		buf = binary.BigEndian.AppendUint64(buf, uint64(b.minAt))
+		lo := b.minAt
+		if m, ok := minAt[b]; ok && m < lo {
+			lo = m
+		}
+		buf = binary.BigEndian.AppendUint64(buf, uint64(lo))
 		buf = binary.BigEndian.AppendUint64(buf, uint64(b.maxAt))
 		buf = binary.BigEndian.AppendUint32(buf, uint32(len(counts)))
 		for q, c := range counts {

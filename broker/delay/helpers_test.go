@@ -131,7 +131,11 @@ func check(t tb, x *Index, m *model, topics []string, what string) {
 	t.Helper()
 	pend := m.pending()
 	if got := x.Pending(""); got != int64(len(pend)) {
-		t.Fatalf("%s: Pending(\"\") = %d, want %d", what, got, len(pend))
+		var ms string
+		for _, e := range pend {
+			ms += fmt.Sprint(" ", e.At)
+		}
+		t.Fatalf("%s: Pending(\"\") = %d, want %d (%s)\n%s", what, got, len(pend), ms, x.dump())
 	}
 	for _, tp := range topics {
 		var n int64

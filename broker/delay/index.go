@@ -656,7 +656,8 @@ func (x *Index) applyStart() error {
 	if start <= x.start {
 		return nil
 	}
-	x.start = start
+	// x.start moves last: loadState leaves out what is below it.
+	defer func() { x.start = start }()
 	for _, b := range x.buckets {
 		if b.npending == 0 || b.minAt >= start {
 			continue
