@@ -10,7 +10,7 @@ func (x *Index) dump() string {
 		st, err := x.stateOf(b, false)
 		s += fmt.Sprintf("bucket %d npending %d minAt %d mat %v err %v:", id, b.npending, b.minAt, b.st != nil, err)
 		for at, e := range st.ents {
-			s += fmt.Sprintf(" %d:%d/%d", at, e.st.Kind, e.hold)
+			s += fmt.Sprintf(" %d:%d/%d/h%d", at, e.st.Kind, e.hold, e.hidx)
 		}
 		s += "\n"
 	}

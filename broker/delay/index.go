@@ -800,9 +800,10 @@ func (x *Index) Claim(at, dueAt int64) (e Entry, st State, ok bool, err error) {
 	if en.st.Kind != StatePending || en.hold != holdNone {
 		return x.entry(en), en.st, false, nil
 	}
-	if b != nil && b.st != nil {
+	if b != nil && b.st != nil && b.st.ents[at] == en {
 		b.st.remove(en)
 	}
+	en.hidx = -1
 	en.hold = holdClaimed
 	x.claims[at] = en
 	return x.entry(en), en.st, true, nil
@@ -965,9 +966,10 @@ func (x *Index) PendingBefore(off int64, max int) ([]Entry, error) {
 	}
 	out := make([]Entry, len(cand))
 	for i, e := range cand {
-		if b := x.buckets[x.bucketID(e.dueAt)]; b.st != nil {
+		if b := x.buckets[x.bucketID(e.dueAt)]; b.st != nil && b.st.ents[e.at] == e {
 			b.st.remove(e)
 		}
+		e.hidx = -1 // it may come from a bucket read for this call only
 		e.hold = holdClaimed
 		x.claims[e.at] = e
 		out[i] = x.entry(e)

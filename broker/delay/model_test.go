@@ -103,7 +103,7 @@ func TestModel(t *testing.T) {
 					}
 				}
 				if !slices.Equal(got, want) {
-					rt.Fatalf("Due(%d, %d) = %v, want %v", clk.now.UnixMilli(), max, got, want)
+					rt.Fatalf("Due(%d, %d) = %v, want %v\n%s", clk.now.UnixMilli(), max, got, want, x.dump())
 				}
 				for _, e := range got {
 					if _, st, ok, _ := x.Claim(e.At, e.DueAt); ok || st.Kind != StatePending {
