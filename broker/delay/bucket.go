@@ -202,7 +202,7 @@ func (x *Index) file(b *bucket) (vfs.File, error) {
 	return f, nil
 }
 
-const maxOpenFiles = 64
+const maxOpenFiles = 256
 
 type openFile struct {
 	f    vfs.File

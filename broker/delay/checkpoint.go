@@ -33,10 +33,8 @@ func (x *Index) checkpoint() error {
 	if f < x.w || (f == x.w && x.cpWritten) || f < x.start {
 		return nil
 	}
-	for _, b := range x.touched {
-		if err := x.flushBuf(b); err != nil {
-			return err
-		}
+	if err := x.flushAll(); err != nil {
+		return err
 	}
 	for _, b := range x.dirty {
 		if x.buckets[b.id] != b {

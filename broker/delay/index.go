@@ -93,6 +93,11 @@ type Stats struct {
 // records it holds at once.
 const stepBytes = 32 << 20
 
+// maxBuffered bounds the items a follow buffers in memory before it
+// writes them to their bucket files (it writes them at every checkpoint
+// anyway): one write per bucket per checkpoint rather than per follow.
+const maxBuffered = 4 << 20
+
 // readBytes is how much one queue read asks for.
 const readBytes = 256 << 10
 
@@ -141,7 +146,8 @@ type Index struct {
 	useTick   int64
 	files     map[int64]*openFile
 	fileUse   int64
-	touched   []*bucket
+	touched   []*bucket // buckets with buffered items (maybe written since)
+	bufBytes  int       // about the bytes of buffered items
 	dirty     []*bucket // written since the last checkpoint
 	cpWritten bool      // the checkpoint holds this state's W
 	recs      []rec
@@ -247,6 +253,8 @@ func (x *Index) clear() {
 	x.claims = map[int64]*ent{}
 	x.journal = nil
 	x.dirty = nil
+	x.touched = nil
+	x.bufBytes = 0
 	x.cpWritten = false
 }
 
@@ -419,12 +427,11 @@ func (x *Index) step(to int64) error {
 		}
 	}
 	x.recs = recs[:0]
-	for _, b := range x.touched {
-		if err := x.flushBuf(b); err != nil {
+	if x.bufBytes > maxBuffered {
+		if err := x.flushAll(); err != nil {
 			return err
 		}
 	}
-	x.touched = x.touched[:0]
 	x.pos = to
 	return nil
 }
@@ -468,10 +475,26 @@ func (x *Index) bucketFor(dueAt int64) *bucket {
 	return b
 }
 
+// flushAll writes every bucket's buffered items to its file.
+func (x *Index) flushAll() error {
+	for _, b := range x.touched {
+		if x.buckets[b.id] != b {
+			continue
+		}
+		if err := x.flushBuf(b); err != nil {
+			return err
+		}
+	}
+	x.touched = x.touched[:0]
+	x.bufBytes = 0
+	return nil
+}
+
 func (x *Index) addItem(b *bucket, it item) {
 	if len(b.buf) == 0 {
 		x.touched = append(x.touched, b)
 	}
+	x.bufBytes += itemSize
 	b.buf = appendItem(b.buf, it)
 	b.items++
 	b.maxAt = max(b.maxAt, it.at)
