@@ -12,7 +12,14 @@ import (
 // appended (not timed) and followed, due within the next hour, with a
 // checkpoint (which syncs every bucket file written since the last)
 // every 20k entries.
-func BenchmarkFollow(b *testing.B) {
+func BenchmarkFollow(b *testing.B) { benchFollow(b, 3600_000) }
+
+// BenchmarkFollowFar is BenchmarkFollow with due times spread over 90
+// days: nearly every entry touches a bucket file of its own, which the
+// next checkpoint syncs.
+func BenchmarkFollowFar(b *testing.B) { benchFollow(b, 90*86400_000) }
+
+func benchFollow(b *testing.B, spread int) {
 	dir := b.TempDir()
 	l := openTestLog(b, filepath.Join(dir, "log"), 0)
 	defer l.Close()
@@ -30,7 +37,7 @@ func BenchmarkFollow(b *testing.B) {
 		b.StopTimer()
 		n := min(batch, b.N-done)
 		for i := range n {
-			es[i] = delayedEntry("t", uint32(i%8), now+int64((done+i)*7919%3600_000), -1)
+			es[i] = delayedEntry("t", uint32(i%8), now+int64((done+i)*7919%spread), -1)
 		}
 		appendLog(b, l, true, es[:n]...)
 		clk.now = clk.now.Add(50 * time.Millisecond) // 20k entries/s: a checkpoint every 20 batches
