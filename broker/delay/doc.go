@@ -24,16 +24,72 @@
 // # Files
 //
 // Config.Dir holds bucket files (one per Config.BucketWidth of due time,
-// named by the bucket's start) of fixed-size items {kind, size, dueAt, at,
-// ref, CRC} appended as the index follows the log, and a checkpoint
-// (written to a temporary name, synced, renamed, directory synced): the log
-// offset W up to which every delay record is in the synced bucket files,
-// the next queue offset of every delay queue, and per bucket and per topic
-// the counts as of W. W never passes the log's FlushedOffset. Open loads
-// the checkpoint and follows the log from W to its end; items at or past W
-// found in bucket files are ignored (they are derived again), and an item
-// that appears twice counts once. A missing or bad checkpoint rebuilds the
-// index from the whole log (only the delay queues are read).
+// named by the bucket's start in unix milliseconds, 20 digits, ".dly") of
+// fixed-size items {kind, queue, size, dueAt, at, ref, CRC} (see item in
+// bucket.go) appended as the index follows the log, and a checkpoint
+// (written to a temporary name, synced, renamed, directory synced; see
+// checkpoint.go): the log offset W up to which every delay record is in
+// the synced bucket files, the next queue offset of every delay queue,
+// and per bucket the number of its file's items and its pending entries
+// per queue, as of W. W never passes the log's FlushedOffset. An item's at
+// is the log offset of the record it comes from: an entry is an item of
+// its own; a mark, and a move, is a resolution item naming its entry
+// (ref), in the entry's bucket. Open loads the checkpoint and follows the
+// log from W to its end; it believes only the number of items the
+// checkpoint gives each bucket file: what follows them (items at or past
+// W, which are derived again, or a torn write) is ignored and overwritten.
+// An item that appears twice counts once. A missing or bad checkpoint, or
+// one that covers more log than the log holds (it was truncated meanwhile),
+// rebuilds the index from the whole log (only the delay queues are read).
+//
+// # Following
+//
+// The index follows each delay queue with its own cursor, reading records
+// through the log's queue index (Log.Read), never the whole log. Follow
+// reads every delay queue's records before the log's end, in steps of at
+// most 32 MiB of log, and applies each step's records in log order. Items
+// are buffered in memory and written to their bucket files (the page
+// cache) at the next checkpoint, or sooner when 4 MiB are buffered or a
+// bucket is read. When a checkpoint is due Follow first follows to the
+// flushed offset F (when it is behind), then syncs every bucket file
+// written since the last checkpoint and writes the checkpoint at
+// W = min(F, what it followed): the counts as of W are the counts now less
+// what the records at or past W did, which the index remembers (a few
+// bytes a record) until a checkpoint passes them. A checkpoint costs a
+// sync per bucket file written since the last one.
+//
+// A log cut behind what the index followed makes Follow fail
+// (ErrLogBehind, or storage.ErrReadTruncated when the cut happens under a
+// read): the caller calls Reset, which drops every file and rebuilds.
+// Records below the log's start are gone: their entries are neither
+// pending nor known (StateUnknown), and a bucket file whose items are all
+// below both the start and W is removed at a checkpoint.
+//
+// # Memory
+//
+// Every bucket costs its counts (about 100 bytes); the entries held in
+// memory are those of the loaded buckets: the buckets that start before
+// now + Config.Window, in order, while their entries stay under
+// Config.MaxLoaded (the earliest bucket with pending entries always
+// loads, and Due loads a bucket whose start is due whatever MaxLoaded
+// says), plus at most 4 buckets outside the window that a lookup read
+// (Claim, State, a mark for one of their entries), plus claimed entries.
+// A bucket whose entries are all resolved and whose time has passed is
+// dropped from memory (its file stays until the log's start passes it).
+//
+// # Claims
+//
+// Due, Claim and PendingBefore claim entries; a claimed entry is pending
+// (State says so) but not returned by Due, Claim or PendingBefore, nor by
+// NextDue, until Release. Release(at, true) says the entry's mark (or its
+// moved copy) was appended: the entry stays claimed until Follow applies
+// the mark, which resolves it (whichever comes first, Release or the
+// mark, the outcome is the same).
+//
+// A bucket file item that does not check out within the items the
+// checkpoint counts is an ErrCorrupt error from the call that reads it
+// (Due and NextDue, which return none, log it); a Follow that meets one
+// fails until Reset.
 //
 // The zero value is not usable; Open makes an Index. All methods are safe
 // for concurrent use.
