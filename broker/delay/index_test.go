@@ -278,3 +278,75 @@ func TestUnmarkedTail(t *testing.T) {
 		t.Fatalf("State = %+v", st)
 	}
 }
+
+// TestRetentionDropsGone: entries retention deleted without a move are
+// neither pending nor known any more, loaded or not, and stay so across a
+// reopen and a rebuild.
+func TestRetentionDropsGone(t *testing.T) {
+	dir := t.TempDir()
+	l := openTestLog(t, filepath.Join(dir, "log"), 1024)
+	defer l.Close()
+	clk := &clock{now: time.UnixMilli(1_800_000_000_000)}
+	cfg := Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now}
+	x, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := clk.now.UnixMilli()
+	var pos []storage.Position
+	for i := range 40 {
+		due := now + 1_000 // loaded
+		if i%2 == 1 {
+			due = now + int64(i)*86400_000 // not loaded
+		}
+		pos = append(pos, appendLog(t, l, true, delayedEntry("t", 0, due, -1))...)
+	}
+	if err := x.Follow(); err != nil || x.Pending("t") != 40 {
+		t.Fatalf("follow: %v, pending %d", err, x.Pending("t"))
+	}
+	start, err := l.DeleteBefore(pos[20].LogOffset)
+	if err != nil || start <= pos[0].LogOffset {
+		t.Fatalf("DeleteBefore: start %d, %v", start, err)
+	}
+	gone := 0
+	for _, p := range pos {
+		if p.LogOffset < start {
+			gone++
+		}
+	}
+	check := func(x *Index, what string) {
+		t.Helper()
+		if p := x.Pending("t"); p != int64(40-gone) {
+			t.Fatalf("%s: pending %d, want %d", what, p, 40-gone)
+		}
+		for i, p := range pos {
+			due := now + 1_000
+			if i%2 == 1 {
+				due = now + int64(i)*86400_000
+			}
+			st, err := x.State(p.LogOffset, due)
+			if want := StatePending; err != nil || (st.Kind != want) != (p.LogOffset < start) {
+				t.Fatalf("%s: State of entry %d (at %d, start %d) = %+v, %v", what, i, p.LogOffset, start, st, err)
+			}
+		}
+	}
+	if err := x.Follow(); err != nil {
+		t.Fatal(err)
+	}
+	check(x, "after retention")
+	clk.now = clk.now.Add(2 * time.Second)
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if x, err = Open(cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	check(x, "reopened")
+	y, err := Open(Config{Log: l, Dir: filepath.Join(dir, "rebuilt"), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer y.Close()
+	check(y, "rebuilt")
+}
