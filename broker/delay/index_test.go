@@ -350,3 +350,91 @@ func TestRetentionDropsGone(t *testing.T) {
 	defer y.Close()
 	check(y, "rebuilt")
 }
+
+// TestOpenRefuses: a Config without a log or a directory, or with a
+// negative field, is refused with an error.
+func TestOpenRefuses(t *testing.T) {
+	dir := t.TempDir()
+	l := openTestLog(t, filepath.Join(dir, "log"), 0)
+	defer l.Close()
+	for name, cfg := range map[string]Config{
+		"no log":         {Dir: dir},
+		"no dir":         {Log: l},
+		"negative width": {Log: l, Dir: dir, BucketWidth: -time.Second},
+		"tiny width":     {Log: l, Dir: dir, BucketWidth: time.Microsecond},
+	} {
+		if x, err := Open(cfg); err == nil {
+			x.Close()
+			t.Errorf("%s: Open gave no error", name)
+		}
+	}
+}
+
+// TestConcurrent: a firer (Follow, Due, release appends, Release) and a
+// sender and a reader of states run at once; every entry is released
+// exactly once.
+func TestConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	l := openTestLog(t, filepath.Join(dir, "log"), 1<<20)
+	defer l.Close()
+	now := time.UnixMilli(1_800_000_000_000)
+	x, err := Open(Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	const n = 2000
+	sent := make(chan storage.Position, n)
+	go func() {
+		defer close(sent)
+		for i := range n {
+			p, err := l.Append([]storage.Entry{delayedEntry("t", uint32(i%3), now.UnixMilli()-int64(i%50), -1)}, false)
+			if err != nil {
+				t.Errorf("append: %v", err) // the firer then times out
+				return
+			}
+			sent <- p[0]
+		}
+	}()
+	stop := make(chan struct{})
+	readerDone := make(chan struct{})
+	go func() { // reads states while the firer works
+		defer close(readerDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			x.Pending("")
+			x.NextDue()
+			x.Buckets("", 10*time.Second, 10)
+			x.Stats()
+		}
+	}()
+	seen := map[int64]bool{}
+	deadline := time.Now().Add(time.Minute)
+	for len(seen) < n && time.Now().Before(deadline) {
+		if err := x.Follow(); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range x.Due(now, 64) {
+			if seen[e.At] {
+				t.Fatalf("entry %d released twice", e.At)
+			}
+			seen[e.At] = true
+			appendLog(t, l, false, releaseEntries(e)...)
+			x.Release(e.At, true)
+		}
+	}
+	close(stop)
+	<-readerDone
+	for range sent {
+	}
+	if err := x.Follow(); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != n || x.Pending("") != 0 {
+		t.Fatalf("released %d of %d, %d pending", len(seen), n, x.Pending(""))
+	}
+}
