@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
 	"slices"
 	"sort"
 	"sync"
@@ -273,15 +275,24 @@ func (x *Index) closeFiles() error {
 	return errors.Join(errs...)
 }
 
-// rebuild drops every file and follows the whole log.
+// rebuild drops every file and follows the whole log. The checkpoint goes
+// first (its removal synced): a crash half-way leaves no checkpoint that
+// counts on a removed bucket file.
 func (x *Index) rebuild() error {
 	x.clear()
+	cp := filepath.Join(x.cfg.Dir, checkpointName)
+	if err := x.fs.Remove(cp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delay: remove %s: %w", cp, err)
+	}
+	if err := x.fs.SyncDir(x.cfg.Dir); err != nil {
+		return fmt.Errorf("delay: sync %s: %w", x.cfg.Dir, err)
+	}
 	names, err := x.fs.List(x.cfg.Dir)
 	if err != nil {
 		return fmt.Errorf("delay: list %s: %w", x.cfg.Dir, err)
 	}
 	for _, n := range names {
-		if err := x.fs.Remove(x.cfg.Dir + "/" + n); err != nil {
+		if err := x.fs.Remove(filepath.Join(x.cfg.Dir, n)); err != nil {
 			return fmt.Errorf("delay: remove %s: %w", n, err)
 		}
 	}
