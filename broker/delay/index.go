@@ -240,8 +240,32 @@ func Open(cfg Config) (*Index, error) {
 			x.closeFiles()
 			return nil, err
 		}
+		return x, nil
 	}
+	x.removeStrays()
 	return x, nil
+}
+
+// removeStrays removes the bucket files the index does not know (made
+// after the checkpoint it opened, for records the log no longer holds).
+func (x *Index) removeStrays() {
+	names, err := x.fs.List(x.cfg.Dir)
+	if err != nil {
+		x.logger.Warn("cannot list the delay index directory", "error", err)
+		return
+	}
+	for _, n := range names {
+		var start int64
+		if _, err := fmt.Sscanf(n, "%020d.dly", &start); err != nil || bucketName(start) != n {
+			continue
+		}
+		if _, ok := x.buckets[start/x.widthMs]; ok && start%x.widthMs == 0 {
+			continue
+		}
+		if err := x.fs.Remove(filepath.Join(x.cfg.Dir, n)); err != nil {
+			x.logger.Warn("cannot remove a stray bucket file", "file", n, "error", err)
+		}
+	}
 }
 
 // clear drops the state in memory (not the files).

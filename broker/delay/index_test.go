@@ -127,6 +127,9 @@ func TestReopenIgnoresItemsPastW(t *testing.T) {
 	if p, pt, pu := x.Pending(""), x.Pending("t"), x.Pending("u"); p != 2 || pt != 1 || pu != 1 {
 		t.Fatalf("pending %d (t %d, u %d), want 2 (1, 1)", p, pt, pu)
 	}
+	if _, err := os.Stat(filepath.Join(cfg.Dir, bucketName((now+7*86400_000)/10_000*10_000))); !os.IsNotExist(err) {
+		t.Fatalf("the bucket file of the lost record's entry is still there: %v", err)
+	}
 	if st, _ := x.State(c[0].LogOffset, now+1_000); st.Kind != StateUnknown {
 		t.Fatalf("the lost record's entry is %+v", st)
 	}
