@@ -115,6 +115,10 @@ func TestReopenIgnoresItemsPastW(t *testing.T) {
 		t.Fatalf("pending %d, followed %d: want 4 and still %d", p, x.Stats().Followed, w)
 	}
 	x.crash()
+	far := filepath.Join(cfg.Dir, bucketName((now+7*86400_000)/10_000*10_000))
+	if fi, err := os.Stat(far); err != nil || fi.Size() != itemSize {
+		t.Fatalf("the unflushed entry's bucket file: %v, %v", fi, err)
+	}
 	// The crash takes the unflushed records back; others take their place.
 	if _, err := l.Truncate(w, sideFile(dir, w)); err != nil {
 		t.Fatal(err)
@@ -127,7 +131,7 @@ func TestReopenIgnoresItemsPastW(t *testing.T) {
 	if p, pt, pu := x.Pending(""), x.Pending("t"), x.Pending("u"); p != 2 || pt != 1 || pu != 1 {
 		t.Fatalf("pending %d (t %d, u %d), want 2 (1, 1)", p, pt, pu)
 	}
-	if _, err := os.Stat(filepath.Join(cfg.Dir, bucketName((now+7*86400_000)/10_000*10_000))); !os.IsNotExist(err) {
+	if _, err := os.Stat(far); !os.IsNotExist(err) {
 		t.Fatalf("the bucket file of the lost record's entry is still there: %v", err)
 	}
 	if st, _ := x.State(c[0].LogOffset, now+1_000); st.Kind != StateUnknown {
