@@ -116,13 +116,36 @@ func (s *bstate) remove(e *ent) {
 	}
 }
 
+// store is one file of items: a bucket's own, or a far file.
+type store struct {
+	key     int64  // its key among the open files: a bucket's id, -1-id for a far file
+	name    string // its file name in the index's directory
+	items   int64  // items in its file, written or in buf
+	written int64  // items written to the file
+	buf     []byte
+	dirty   bool // written since the last checkpoint
+	dead    bool // removed
+}
+
+// group is the far file of farMs of due time: the items of its buckets
+// that the index followed while they were more than farMs ahead (and not
+// loaded) go there, so that records due far ahead, spread over many
+// buckets, cost a sync of a few far files at a checkpoint rather than of a
+// file per bucket. A bucket's items are those of its own file and those
+// of its group's far file that fall in it.
+type group struct {
+	store
+	id    int64
+	maxAt int64 // the largest log offset of its items
+}
+
+func farName(start int64) string { return fmt.Sprintf("far-%020d.dly", start) }
+
 // bucket is one bucket of due time: its counts always, its file's item
 // count, and its detail when materialized (st).
 type bucket struct {
+	store
 	id       int64
-	items    int64 // items in its file, written or in buf
-	written  int64 // items written to the file
-	buf      []byte
 	pending  map[uint32]int64 // pending entries per queue number
 	npending int64
 	minAt    int64 // at or below the log offset of every pending entry
@@ -131,7 +154,6 @@ type bucket struct {
 	cached   bool  // materialized for a lookup, outside the window
 	used     int64 // when it was last looked up (a counter), for the cache
 	inHeap   bool  // in the index's heap of unloaded buckets
-	dirty    bool  // written since the last checkpoint
 }
 
 func (b *bucket) addPending(qid uint32, d int64) {
@@ -166,18 +188,16 @@ func (h *bucketHeap) Pop() any {
 // milliseconds): 20 decimal digits and ".dly".
 func bucketName(start int64) string { return fmt.Sprintf("%020d.dly", start) }
 
-func (x *Index) bucketPath(b *bucket) string {
-	return filepath.Join(x.cfg.Dir, bucketName(b.id*x.widthMs))
-}
+func (x *Index) path(s *store) string { return filepath.Join(x.cfg.Dir, s.name) }
 
-// file returns b's open file, creating it when it does not exist.
-func (x *Index) file(b *bucket) (vfs.File, error) {
+// file returns s's open file, creating it when it does not exist.
+func (x *Index) file(s *store) (vfs.File, error) {
 	x.fileUse++
-	if of, ok := x.files[b.id]; ok {
+	if of, ok := x.files[s.key]; ok {
 		of.used = x.fileUse
 		return of.f, nil
 	}
-	path := x.bucketPath(b)
+	path := x.path(s)
 	f, err := x.fs.OpenRW(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		f, err = x.fs.Create(path)
@@ -198,7 +218,7 @@ func (x *Index) file(b *bucket) (vfs.File, error) {
 		}
 		delete(x.files, oldest)
 	}
-	x.files[b.id] = &openFile{f: f, used: x.fileUse}
+	x.files[s.key] = &openFile{f: f, used: x.fileUse}
 	return f, nil
 }
 
@@ -218,60 +238,61 @@ func (x *Index) closeFile(id int64) error {
 	return of.f.Close()
 }
 
-// flushBuf writes b's buffered items to its file (page cache only).
-func (x *Index) flushBuf(b *bucket) error {
-	if len(b.buf) == 0 {
+// flushBuf writes s's buffered items to its file (page cache only).
+func (x *Index) flushBuf(s *store) error {
+	if len(s.buf) == 0 {
 		return nil
 	}
-	f, err := x.file(b)
+	f, err := x.file(s)
 	if err != nil {
 		return err
 	}
-	if _, err := f.WriteAt(b.buf, b.written*itemSize); err != nil {
-		return fmt.Errorf("delay: write bucket file %s: %w", x.bucketPath(b), err)
+	if _, err := f.WriteAt(s.buf, s.written*itemSize); err != nil {
+		return fmt.Errorf("delay: write bucket file %s: %w", x.path(s), err)
 	}
-	b.written += int64(len(b.buf) / itemSize)
-	b.buf = b.buf[:0]
-	if !b.dirty {
-		b.dirty = true
-		x.dirty = append(x.dirty, b)
+	s.written += int64(len(s.buf) / itemSize)
+	s.buf = s.buf[:0]
+	if !s.dirty {
+		s.dirty = true
+		x.dirty = append(x.dirty, s)
 	}
 	return nil
 }
 
-// readItems reads b's items (the first b.items of its file: what is past
-// them is a torn or stale tail).
-func (x *Index) readItems(b *bucket) ([]item, error) {
-	if err := x.flushBuf(b); err != nil {
+// readItems reads s's items (the first s.items of its file: what is past
+// them is a torn or stale tail). gone says everything it holds is below
+// the log's start: a file a crash left removed then reads as what is there.
+func (x *Index) readItems(s *store, gone bool) ([]item, error) {
+	if err := x.flushBuf(s); err != nil {
 		return nil, err
 	}
-	if b.written == 0 {
+	if s.written == 0 {
 		return nil, nil
 	}
-	f, err := x.file(b)
+	f, err := x.file(s)
 	if err != nil {
 		return nil, err
 	}
-	raw := make([]byte, b.written*itemSize)
+	raw := make([]byte, s.written*itemSize)
 	n, err := f.ReadAt(raw, 0)
-	if n < len(raw) && b.npending == 0 && b.maxAt < x.start {
+	if n < len(raw) && gone {
 		// A checkpoint removed the file of a bucket wholly below the log's
 		// start and crashed before the checkpoint that forgets it: what it
 		// held is gone anyway.
 		raw = raw[:n/itemSize*itemSize]
-		b.written = int64(len(raw) / itemSize)
-		b.items = b.written
+		s.written = int64(len(raw) / itemSize)
+		s.items = s.written
 	} else if n < len(raw) {
 		if err == nil {
 			err = fmt.Errorf("short read")
 		}
-		return nil, fmt.Errorf("delay: read bucket file %s (%d of %d bytes): %w", x.bucketPath(b), n, len(raw), err)
+		return nil, fmt.Errorf("delay: read bucket file %s (%d of %d bytes): %w", x.path(s), n, len(raw), err)
 	}
-	items := make([]item, 0, b.written)
+	items := make([]item, 0, s.written)
 	for off := 0; off < len(raw); off += itemSize {
 		it, ok := decodeItem(raw[off : off+itemSize])
 		if !ok {
-			return nil, fmt.Errorf("%w: bucket file %s: a bad item at %d", ErrCorrupt, x.bucketPath(b), off)
+			return nil, fmt.Errorf("%w: bucket file %s: a bad item at %d", ErrCorrupt, x.path(s), off)
 		}
 		items = append(items, it)
 	}
@@ -282,9 +303,20 @@ func (x *Index) readItems(b *bucket) ([]item, error) {
 // start are gone; an item that appears twice counts once; a claimed
 // entry is the claim's own ent.
 func (x *Index) loadState(b *bucket) (*bstate, error) {
-	items, err := x.readItems(b)
+	items, err := x.readItems(&b.store, b.npending == 0 && b.maxAt < x.start)
 	if err != nil {
 		return nil, err
+	}
+	if g := x.groups[x.groupID(b.id)]; g != nil && g.items > 0 {
+		far, err := x.readItems(&g.store, g.maxAt < x.start)
+		if err != nil {
+			return nil, err
+		}
+		for _, it := range far {
+			if x.bucketID(it.dueAt) == b.id {
+				items = append(items, it)
+			}
+		}
 	}
 	st := &bstate{ents: make(map[int64]*ent, len(items))}
 	for _, it := range items {

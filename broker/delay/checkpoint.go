@@ -19,6 +19,8 @@ import (
 //	  file as of W, i64 a lower bound of its pending entries' log offsets,
 //	  i64 the largest log offset of its items, u32 queues, per queue: u32
 //	  number, i64 pending entries as of W
+//	u32 far files, per far file: i64 number (start / its span), u64 items
+//	  as of W, i64 the largest log offset of its items
 //	u32 CRC32C of all that
 const (
 	checkpointName  = "checkpoint"
@@ -36,18 +38,18 @@ func (x *Index) checkpoint() error {
 	if err := x.flushAll(); err != nil {
 		return err
 	}
-	for _, b := range x.dirty {
-		if x.buckets[b.id] != b {
+	for _, st := range x.dirty {
+		if st.dead {
 			continue
 		}
-		file, err := x.file(b)
+		file, err := x.file(st)
 		if err != nil {
 			return err
 		}
 		if err := file.Sync(); err != nil {
-			return fmt.Errorf("delay: sync bucket file %s: %w", x.bucketPath(b), err)
+			return fmt.Errorf("delay: sync bucket file %s: %w", x.path(st), err)
 		}
-		b.dirty = false
+		st.dirty = false
 	}
 	x.dirty = x.dirty[:0]
 
@@ -56,7 +58,7 @@ func (x *Index) checkpoint() error {
 	for i, q := range x.queues {
 		next[i] = q.next
 	}
-	items := map[*bucket]int64{}
+	items := map[*store]int64{}
 	pend := map[*bucket]map[uint32]int64{}
 	minAt := map[*bucket]int64{}
 	keep := len(x.journal)
@@ -64,11 +66,10 @@ func (x *Index) checkpoint() error {
 		keep--
 		ef := x.journal[keep]
 		next[ef.qid] = ef.qoff
-		if ef.b == nil {
-			continue
+		if ef.s != nil {
+			items[ef.s]--
 		}
-		items[ef.b]--
-		if ef.dp == 0 || (ef.dp < 0 && ef.ref < x.start) {
+		if ef.b == nil || ef.dp == 0 || (ef.dp < 0 && ef.ref < x.start) {
 			continue
 		}
 		if pend[ef.b] == nil {
@@ -91,10 +92,24 @@ func (x *Index) checkpoint() error {
 		if err := x.closeFile(id); err != nil {
 			return fmt.Errorf("delay: close bucket file: %w", err)
 		}
-		if err := x.fs.Remove(x.bucketPath(b)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := x.fs.Remove(x.path(&b.store)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("delay: remove bucket file: %w", err)
 		}
+		b.dead = true
 		delete(x.buckets, id)
+	}
+	for gid, g := range x.groups {
+		if g.maxAt >= min(f, x.start) || g.dirty || len(g.buf) > 0 {
+			continue
+		}
+		if err := x.closeFile(g.key); err != nil {
+			return fmt.Errorf("delay: close far file: %w", err)
+		}
+		if err := x.fs.Remove(x.path(&g.store)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("delay: remove far file: %w", err)
+		}
+		g.dead = true
+		delete(x.groups, gid)
 	}
 
 	buf := make([]byte, 0, 64+len(x.queues)*32+len(x.buckets)*48)
@@ -115,7 +130,7 @@ func (x *Index) checkpoint() error {
 	buf = binary.BigEndian.AppendUint32(buf, 0)
 	var nb uint32
 	for _, b := range x.buckets {
-		n := b.items + items[b]
+		n := b.items + items[&b.store]
 		counts := map[uint32]int64{}
 		for q, c := range b.pending {
 			counts[q] = c
@@ -128,8 +143,8 @@ func (x *Index) checkpoint() error {
 				delete(counts, q)
 			}
 		}
-		if n <= 0 && len(counts) == 0 {
-			continue
+		if n <= 0 && len(counts) == 0 && b.maxAt < 0 {
+			continue // no item at all (its items may all be in its far file)
 		}
 		nb++
 		buf = binary.BigEndian.AppendUint64(buf, uint64(b.id))
@@ -147,6 +162,20 @@ func (x *Index) checkpoint() error {
 		}
 	}
 	binary.BigEndian.PutUint32(buf[nAt:], nb)
+	gAt := len(buf)
+	buf = binary.BigEndian.AppendUint32(buf, 0)
+	var ng uint32
+	for _, g := range x.groups {
+		n := g.items + items[&g.store]
+		if n <= 0 {
+			continue
+		}
+		ng++
+		buf = binary.BigEndian.AppendUint64(buf, uint64(g.id))
+		buf = binary.BigEndian.AppendUint64(buf, uint64(n))
+		buf = binary.BigEndian.AppendUint64(buf, uint64(g.maxAt))
+	}
+	binary.BigEndian.PutUint32(buf[gAt:], ng)
 	buf = binary.BigEndian.AppendUint32(buf, crc32.Checksum(buf, castagnoli))
 	if err := x.writeFileDurable(checkpointName, buf); err != nil {
 		return err
@@ -243,7 +272,7 @@ func (x *Index) loadCheckpoint() (ok bool, err error) {
 	}
 	nb := int(r.u32())
 	for i := 0; i < nb && r.ok(); i++ {
-		b := &bucket{id: r.i64()}
+		b := x.newBucket(r.i64())
 		b.items = r.i64()
 		b.written = b.items
 		b.minAt, b.maxAt = r.i64(), r.i64()
@@ -265,6 +294,17 @@ func (x *Index) loadCheckpoint() (ok bool, err error) {
 			b.inHeap = true
 			x.unloaded = append(x.unloaded, b)
 		}
+	}
+	ng := int(r.u32())
+	for i := 0; i < ng && r.ok(); i++ {
+		g := x.newGroup(r.i64())
+		g.items = r.i64()
+		g.written = g.items
+		g.maxAt = r.i64()
+		if x.farMs == 0 || x.groups[g.id] != nil || g.items < 0 {
+			return false, fmt.Errorf("%w: far file %d", errBadCheckpoint, g.id)
+		}
+		x.groups[g.id] = g
 	}
 	if !r.ok() || len(r.b) != 0 {
 		return false, fmt.Errorf("%w: its length does not match its contents", errBadCheckpoint)

@@ -24,19 +24,27 @@
 // # Files
 //
 // Config.Dir holds bucket files (one per Config.BucketWidth of due time,
-// named by the bucket's start in unix milliseconds, 20 digits, ".dly") of
+// named by the bucket's start in unix milliseconds, 20 digits, ".dly") and
+// far files (one per hour of due time, "far-" and the hour's start) of
 // fixed-size items {kind, queue, size, dueAt, at, ref, CRC} (see item in
-// bucket.go) appended as the index follows the log, and a checkpoint
+// bucket.go) appended as the index follows the log. An item goes to its
+// bucket's file, or, when the bucket is not loaded and starts an hour or
+// more after now, to its hour's far file: entries due far ahead, spread
+// over many buckets, then cost a few far files to sync at a checkpoint
+// rather than a file per bucket; a bucket's items are those of its file
+// and those of its far file that fall in it (loading it reads both). With
+// a BucketWidth that does not divide an hour there are no far files. And
+// it holds a checkpoint
 // (written to a temporary name, synced, renamed, directory synced; see
 // checkpoint.go): the log offset W up to which every delay record is in
-// the synced bucket files, the next queue offset of every delay queue,
-// and per bucket the number of its file's items and its pending entries
-// per queue, as of W. W never passes the log's FlushedOffset. An item's at
+// the synced files, the next queue offset of every delay queue, per
+// bucket the number of its file's items and its pending entries per
+// queue, and per far file the number of its items, as of W. W never passes the log's FlushedOffset. An item's at
 // is the log offset of the record it comes from: an entry is an item of
 // its own; a mark, and a move, is a resolution item naming its entry
 // (ref), in the entry's bucket. Open loads the checkpoint and follows the
 // log from W to its end; it believes only the number of items the
-// checkpoint gives each bucket file: what follows them (items at or past
+// checkpoint gives each file: what follows them (items at or past
 // W, which are derived again, or a torn write) is ignored and overwritten.
 // An item that appears twice counts once. A missing or bad checkpoint, or
 // one that covers more log than the log holds (it was truncated meanwhile),
@@ -56,7 +64,8 @@
 // W = min(F, what it followed): the counts as of W are the counts now less
 // what the records at or past W did, which the index remembers (a few
 // bytes a record) until a checkpoint passes them. A checkpoint costs a
-// sync per bucket file written since the last one.
+// sync per file written since the last one, and writes every bucket's
+// counts (about 50 bytes a bucket).
 //
 // A log cut behind what the index followed makes Follow fail
 // (ErrLogBehind, or storage.ErrReadTruncated when the cut happens under a

@@ -95,6 +95,9 @@ type Stats struct {
 	Followed        int64 // W: the log offset the checkpoint covers
 }
 
+// farSpan is the span of due time of a far file (see group).
+const farSpan = time.Hour
+
 // stepBytes bounds the log range one step of a follow reads, and so the
 // records it holds at once.
 const stepBytes = 32 << 20
@@ -141,9 +144,12 @@ type Index struct {
 	w         int64 // the checkpoint's offset
 	start     int64 // the log's start as the index applied it
 	buckets   map[int64]*bucket
-	unloaded  bucketHeap // buckets not materialized (lazily: check on pop)
-	mat       []int64    // ids of the materialized buckets, ascending
-	matEnts   int64      // entries held by materialized buckets
+	groups    map[int64]*group // far files by number (start / farMs)
+	farMs     int64            // the span of a far file; 0: none
+	nowMs     int64            // the time of the follow in progress
+	unloaded  bucketHeap       // buckets not materialized (lazily: check on pop)
+	mat       []int64          // ids of the materialized buckets, ascending
+	matEnts   int64            // entries held by materialized buckets
 	topicPen  map[string]int64
 	total     int64
 	claims    map[int64]*ent
@@ -153,10 +159,10 @@ type Index struct {
 	useTick   int64
 	files     map[int64]*openFile
 	fileUse   int64
-	touched   []*bucket // buckets with buffered items (maybe written since)
-	bufBytes  int       // about the bytes of buffered items
-	dirty     []*bucket // written since the last checkpoint
-	cpWritten bool      // the checkpoint holds this state's W
+	touched   []*store // files with buffered items (maybe written since)
+	bufBytes  int      // about the bytes of buffered items
+	dirty     []*store // written since the last checkpoint
+	cpWritten bool     // the checkpoint holds this state's W
 	recs      []rec
 }
 
@@ -174,7 +180,8 @@ type rec struct {
 type effect struct {
 	at, qoff int64
 	qid      uint32
-	b        *bucket // the bucket it added an item to, or nil
+	s        *store  // the file it added an item to, or nil
+	b        *bucket // the bucket of that item
 	pq       uint32  // the queue number whose pending count changed
 	dp       int8
 	ref      int64 // for a resolution, the entry
@@ -214,6 +221,9 @@ func Open(cfg Config) (*Index, error) {
 	}
 	x := &Index{cfg: cfg, l: cfg.Log, fs: cfg.FS, logger: cfg.Logger.Named("delay"),
 		widthMs: cfg.BucketWidth.Milliseconds(), files: map[int64]*openFile{}}
+	if far := farSpan.Milliseconds(); x.widthMs < far && far%x.widthMs == 0 {
+		x.farMs = far
+	}
 	if err := vfs.MkdirAllDurable(x.fs, cfg.Dir); err != nil {
 		return nil, fmt.Errorf("delay: create %s: %w", cfg.Dir, err)
 	}
@@ -256,10 +266,13 @@ func (x *Index) removeStrays() {
 	}
 	for _, n := range names {
 		var start int64
-		if _, err := fmt.Sscanf(n, "%020d.dly", &start); err != nil || bucketName(start) != n {
+		if _, err := fmt.Sscanf(n, "far-%020d.dly", &start); err == nil && farName(start) == n {
+			if _, ok := x.groups[start/max(x.farMs, 1)]; ok && x.farMs > 0 && start%x.farMs == 0 {
+				continue
+			}
+		} else if _, err := fmt.Sscanf(n, "%020d.dly", &start); err != nil || bucketName(start) != n {
 			continue
-		}
-		if _, ok := x.buckets[start/x.widthMs]; ok && start%x.widthMs == 0 {
+		} else if _, ok := x.buckets[start/x.widthMs]; ok && start%x.widthMs == 0 {
 			continue
 		}
 		if err := x.fs.Remove(filepath.Join(x.cfg.Dir, n)); err != nil {
@@ -276,6 +289,7 @@ func (x *Index) clear() {
 	x.qids = map[queueKey]uint32{}
 	x.pos, x.w, x.start = 0, 0, 0
 	x.buckets = map[int64]*bucket{}
+	x.groups = map[int64]*group{}
 	x.unloaded = nil
 	x.mat = nil
 	x.matEnts = 0
@@ -367,6 +381,7 @@ func (x *Index) follow(now time.Time, forceCP bool) error {
 }
 
 func (x *Index) followLog(now time.Time, forceCP bool) error {
+	x.nowMs = now.UnixMilli()
 	if err := x.applyStart(); err != nil {
 		return err
 	}
@@ -510,19 +525,36 @@ func (x *Index) bucketFor(dueAt int64) *bucket {
 	id := x.bucketID(dueAt)
 	b := x.buckets[id]
 	if b == nil {
-		b = &bucket{id: id, minAt: 1<<63 - 1, maxAt: -1}
+		b = x.newBucket(id)
+		b.minAt, b.maxAt = 1<<63-1, -1
 		x.buckets[id] = b
 	}
 	return b
 }
 
-// flushAll writes every bucket's buffered items to its file.
+func (x *Index) newBucket(id int64) *bucket {
+	return &bucket{store: store{key: id, name: bucketName(id * x.widthMs)}, id: id}
+}
+
+// groupID is the number of the far file of bucket id.
+func (x *Index) groupID(id int64) int64 {
+	if x.farMs == 0 {
+		return -1
+	}
+	return id * x.widthMs / x.farMs
+}
+
+func (x *Index) newGroup(gid int64) *group {
+	return &group{store: store{key: -1 - gid, name: farName(gid * x.farMs)}, id: gid, maxAt: -1}
+}
+
+// flushAll writes every buffered item to its file.
 func (x *Index) flushAll() error {
-	for _, b := range x.touched {
-		if x.buckets[b.id] != b {
+	for _, st := range x.touched {
+		if st.dead {
 			continue
 		}
-		if err := x.flushBuf(b); err != nil {
+		if err := x.flushBuf(st); err != nil {
 			return err
 		}
 	}
@@ -531,14 +563,28 @@ func (x *Index) flushAll() error {
 	return nil
 }
 
-func (x *Index) addItem(b *bucket, it item) {
-	if len(b.buf) == 0 {
-		x.touched = append(x.touched, b)
+// addItem adds it to b: to its own file, or to its far file when b is
+// not loaded and starts farMs or more after now.
+func (x *Index) addItem(b *bucket, it item) *store {
+	s := &b.store
+	if x.farMs > 0 && b.st == nil && b.id*x.widthMs >= x.nowMs+x.farMs {
+		gid := x.groupID(b.id)
+		g := x.groups[gid]
+		if g == nil {
+			g = x.newGroup(gid)
+			x.groups[gid] = g
+		}
+		g.maxAt = max(g.maxAt, it.at)
+		s = &g.store
+	}
+	if len(s.buf) == 0 {
+		x.touched = append(x.touched, s)
 	}
 	x.bufBytes += itemSize
-	b.buf = appendItem(b.buf, it)
-	b.items++
+	s.buf = appendItem(s.buf, it)
+	s.items++
 	b.maxAt = max(b.maxAt, it.at)
+	return s
 }
 
 func (x *Index) apply(r *rec) error {
@@ -560,8 +606,8 @@ func (x *Index) apply(r *rec) error {
 
 func (x *Index) addEntry(r *rec) {
 	b := x.bucketFor(r.sc.At)
-	x.addItem(b, item{kind: itemEntry, qid: r.qid, size: uint32(r.size), dueAt: r.sc.At, at: r.at, ref: -1})
-	ef := effect{at: r.at, qoff: r.qoff, qid: r.qid, b: b, pq: r.qid, ref: -1}
+	s := x.addItem(b, item{kind: itemEntry, qid: r.qid, size: uint32(r.size), dueAt: r.sc.At, at: r.at, ref: -1})
+	ef := effect{at: r.at, qoff: r.qoff, qid: r.qid, s: s, b: b, pq: r.qid, ref: -1}
 	if r.at >= x.start {
 		ef.dp = 1
 		x.count(b, r.qid, 1)
@@ -609,7 +655,7 @@ func (x *Index) resolve(r *rec, kind uint8) error {
 			ef.pq, ef.dp = e.qid, -1
 		}
 	}
-	x.addItem(b, it)
+	ef.s = x.addItem(b, it)
 	x.journal = append(x.journal, ef)
 	return nil
 }

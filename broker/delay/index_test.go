@@ -1,11 +1,15 @@
 package delay
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/ferrymq/ferrymq/storage"
 )
@@ -107,15 +111,16 @@ func TestReopenIgnoresItemsPastW(t *testing.T) {
 		t.Fatalf("the checkpoint covers %d, want the flushed offset %d", w, l.FlushedOffset())
 	}
 	// Not flushed: the index follows them into its files, not its checkpoint.
-	appendLog(t, l, false, delayedEntry("t", 0, now+1_000, -1), delayedEntry("t", 0, now+7*86400_000, -1))
+	lost := appendLog(t, l, false, delayedEntry("t", 0, now+1_000, -1), delayedEntry("t", 0, now+7*86400_000, -1),
+		delayedEntry("t", 0, now+86400_000+1_000, -1)) // due in the hour of a[1]: the same far file
 	if err := x.Follow(); err != nil {
 		t.Fatal(err)
 	}
-	if p := x.Pending(""); p != 4 || x.Stats().Followed != w {
-		t.Fatalf("pending %d, followed %d: want 4 and still %d", p, x.Stats().Followed, w)
+	if p := x.Pending(""); p != 5 || x.Stats().Followed != w {
+		t.Fatalf("pending %d, followed %d: want 5 and still %d", p, x.Stats().Followed, w)
 	}
 	x.crash()
-	far := filepath.Join(cfg.Dir, bucketName((now+7*86400_000)/10_000*10_000))
+	far := filepath.Join(cfg.Dir, farName((now+7*86400_000)/3600_000*3600_000)) // due far ahead: in a far file
 	if fi, err := os.Stat(far); err != nil || fi.Size() != itemSize {
 		t.Fatalf("the unflushed entry's bucket file: %v, %v", fi, err)
 	}
@@ -133,6 +138,9 @@ func TestReopenIgnoresItemsPastW(t *testing.T) {
 	}
 	if _, err := os.Stat(far); !os.IsNotExist(err) {
 		t.Fatalf("the bucket file of the lost record's entry is still there: %v", err)
+	}
+	if st, _ := x.State(lost[2].LogOffset, now+86400_000+1_000); st.Kind != StateUnknown {
+		t.Fatalf("the lost record's entry in a far file is %+v", st)
 	}
 	if st, _ := x.State(c[0].LogOffset, now+1_000); st.Kind != StateUnknown {
 		t.Fatalf("the lost record's entry is %+v", st)
@@ -443,5 +451,67 @@ func TestConcurrent(t *testing.T) {
 	}
 	if len(seen) != n || x.Pending("") != 0 {
 		t.Fatalf("released %d of %d, %d pending", len(seen), n, x.Pending(""))
+	}
+}
+
+// TestCheckpointBehindFollow: a checkpoint written while the index has
+// followed past the flushed offset counts the items of the records before
+// it only (in bucket and far files): after a crash that took the rest
+// back, the items of the lost records are not believed.
+func TestCheckpointBehindFollow(t *testing.T) {
+	dir := t.TempDir()
+	l := openTestLog(t, filepath.Join(dir, "log"), 0)
+	defer l.Close()
+	clk := &clock{now: time.UnixMilli(1_800_000_000_000)}
+	var logged bytes.Buffer
+	cfg := Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: &logged, Level: hclog.Warn})}
+	x, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := clk.now.UnixMilli()
+	day := now + 86400_000
+	kept := appendLog(t, l, false, delayedEntry("t", 0, day, -1), delayedEntry("t", 0, now+1_000, -1))
+	if err := x.Follow(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	w := l.FlushedOffset()
+	appendLog(t, l, false, delayedEntry("t", 0, day+1_000, -1), delayedEntry("t", 0, now+2_000, -1),
+		cancelEntry(Entry{At: kept[0].LogOffset, DueAt: day, Topic: "t"}))
+	if err := x.Follow(); err != nil {
+		t.Fatal(err)
+	}
+	clk.now = clk.now.Add(time.Hour) // a checkpoint is due: at the flushed offset, behind the follow
+	if err := x.Follow(); err != nil {
+		t.Fatal(err)
+	}
+	if got := x.Stats().Followed; got != w {
+		t.Fatalf("the checkpoint covers %d, want %d", got, w)
+	}
+	x.crash()
+	if _, err := l.Truncate(w, sideFile(dir, w)); err != nil {
+		t.Fatal(err)
+	}
+	if x, err = Open(cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	if strings.Contains(logged.String(), "rebuilding") {
+		t.Fatalf("the reopen did not use the checkpoint: %s", logged.String())
+	}
+	if p := x.Pending(""); p != 2 {
+		t.Fatalf("pending %d, want 2", p)
+	}
+	for _, c := range []struct{ at, due int64 }{{w, day + 1_000}, {w, now + 2_000}} {
+		if st, err := x.State(c.at, c.due); err != nil || st.Kind != StateUnknown {
+			t.Fatalf("State of a lost record (%d, due %d) = %+v, %v", c.at, c.due, st, err)
+		}
+	}
+	if st, err := x.State(kept[0].LogOffset, day); err != nil || st.Kind != StatePending {
+		t.Fatalf("the entry whose cancel was lost: %+v, %v", st, err)
 	}
 }
