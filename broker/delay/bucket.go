@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io/fs"
 	"path/filepath"
+	"slices"
 
 	"github.com/ferrymq/ferrymq/storage/vfs"
 )
@@ -118,10 +119,9 @@ func (s *bstate) remove(e *ent) {
 
 // store is one file of items: a bucket's own, or a far file.
 type store struct {
-	key     int64  // its key among the open files: a bucket's id, -1-id for a far file
-	name    string // its file name in the index's directory
-	items   int64  // items in its file, written or in buf
-	written int64  // items written to the file
+	key     int64 // its key among the open files and its name: a bucket's id, -1-id for a far file
+	items   int64 // items in its file, written or in buf
+	written int64 // items written to the file
 	buf     []byte
 	dirty   bool // written since the last checkpoint
 	dead    bool // removed
@@ -141,12 +141,18 @@ type group struct {
 
 func farName(start int64) string { return fmt.Sprintf("far-%020d.dly", start) }
 
+// qcount is a count of one queue's entries.
+type qcount struct {
+	qid uint32
+	n   int64
+}
+
 // bucket is one bucket of due time: its counts always, its file's item
 // count, and its detail when materialized (st).
 type bucket struct {
 	store
 	id       int64
-	pending  map[uint32]int64 // pending entries per queue number
+	pending  []qcount // pending entries per queue number (few: a slice, not a map)
 	npending int64
 	minAt    int64 // at or below the log offset of every pending entry
 	maxAt    int64 // the largest log offset of its items
@@ -160,14 +166,17 @@ func (b *bucket) addPending(qid uint32, d int64) {
 	if d == 0 {
 		return
 	}
-	if b.pending == nil {
-		b.pending = make(map[uint32]int64, 1)
-	}
-	b.pending[qid] += d
-	if b.pending[qid] == 0 {
-		delete(b.pending, qid)
-	}
 	b.npending += d
+	for i := range b.pending {
+		if b.pending[i].qid == qid {
+			b.pending[i].n += d
+			if b.pending[i].n == 0 {
+				b.pending = slices.Delete(b.pending, i, i+1)
+			}
+			return
+		}
+	}
+	b.pending = append(b.pending, qcount{qid, d})
 }
 
 type bucketHeap []*bucket
@@ -188,7 +197,12 @@ func (h *bucketHeap) Pop() any {
 // milliseconds): 20 decimal digits and ".dly".
 func bucketName(start int64) string { return fmt.Sprintf("%020d.dly", start) }
 
-func (x *Index) path(s *store) string { return filepath.Join(x.cfg.Dir, s.name) }
+func (x *Index) path(s *store) string {
+	if s.key >= 0 {
+		return filepath.Join(x.cfg.Dir, bucketName(s.key*x.widthMs))
+	}
+	return filepath.Join(x.cfg.Dir, farName((-1-s.key)*x.farMs))
+}
 
 // file returns s's open file, creating it when it does not exist.
 func (x *Index) file(s *store) (vfs.File, error) {

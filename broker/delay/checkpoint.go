@@ -132,8 +132,8 @@ func (x *Index) checkpoint() error {
 	for _, b := range x.buckets {
 		n := b.items + items[&b.store]
 		counts := map[uint32]int64{}
-		for q, c := range b.pending {
-			counts[q] = c
+		for _, qc := range b.pending {
+			counts[qc.qid] = qc.n
 		}
 		for q, d := range pend[b] {
 			counts[q] += d

@@ -533,7 +533,7 @@ func (x *Index) bucketFor(dueAt int64) *bucket {
 }
 
 func (x *Index) newBucket(id int64) *bucket {
-	return &bucket{store: store{key: id, name: bucketName(id * x.widthMs)}, id: id}
+	return &bucket{store: store{key: id}, id: id}
 }
 
 // groupID is the number of the far file of bucket id.
@@ -545,7 +545,7 @@ func (x *Index) groupID(id int64) int64 {
 }
 
 func (x *Index) newGroup(gid int64) *group {
-	return &group{store: store{key: -1 - gid, name: farName(gid * x.farMs)}, id: gid, maxAt: -1}
+	return &group{store: store{key: -1 - gid}, id: gid, maxAt: -1}
 }
 
 // flushAll writes every buffered item to its file.
@@ -1016,9 +1016,9 @@ func (x *Index) Buckets(topic string, width time.Duration, limit int) []Bucket {
 		if topic == "" {
 			c = b.npending
 		} else {
-			for qid, v := range b.pending {
-				if x.queues[qid].target == topic {
-					c += v
+			for _, qc := range b.pending {
+				if x.queues[qc.qid].target == topic {
+					c += qc.n
 				}
 			}
 		}

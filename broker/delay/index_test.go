@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -20,12 +21,18 @@ func TestBoundedMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("appends 200k records")
 	}
+	for _, width := range []time.Duration{10 * time.Second, time.Hour} {
+		t.Run(width.String(), func(t *testing.T) { testBoundedMemory(t, width) })
+	}
+}
+
+func testBoundedMemory(t *testing.T, width time.Duration) {
 	dir := t.TempDir()
 	l := openTestLog(t, filepath.Join(dir, "log"), 0)
 	defer l.Close()
 	clk := &clock{now: time.UnixMilli(1_800_000_000_000)}
 	x, err := Open(Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now,
-		BucketWidth: time.Hour, Window: 30 * time.Minute})
+		BucketWidth: width, Window: 30 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,8 +53,12 @@ func TestBoundedMemory(t *testing.T) {
 	if err := x.Follow(); err != nil {
 		t.Fatal(err)
 	}
-	share := int64(n) * (time.Hour + 30*time.Minute).Milliseconds() / span
+	share := int64(n) * (width + 30*time.Minute).Milliseconds() / span
 	maxLoaded := 3 * share // the window's buckets, a little over
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	t.Logf("after following %d entries: %+v (at most %d loaded allowed), heap %d MiB", n, x.Stats(), maxLoaded, ms.HeapAlloc>>20)
 	if s := x.Stats(); s.Pending != n || s.Loaded > maxLoaded {
 		t.Fatalf("after following %d entries: %+v, want all pending and at most %d loaded", n, s, maxLoaded)
 	}
@@ -82,6 +93,7 @@ func TestBoundedMemory(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("Due gave %d entries, want the %d due (first %v, want %v)", len(got), len(want), got[:min(5, len(got))], want[:min(5, len(want))])
 	}
+	t.Logf("after releasing the %d due: %+v", len(want), x.Stats())
 	if s := x.Stats(); s.Pending != int64(n-len(want)) || s.Loaded > maxLoaded {
 		t.Fatalf("after the releases: %+v, want %d pending and at most %d loaded", s, n-len(want), maxLoaded)
 	}
