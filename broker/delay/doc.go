@@ -76,8 +76,11 @@
 //
 // # Memory
 //
-// Every bucket costs its counts (about 100 bytes); the entries held in
-// memory are those of the loaded buckets: the buckets that start before
+// Every bucket the index knows costs about 200 bytes (its counts, its
+// file's state; measured with 158k buckets: 200k entries over 30 days in
+// 10 s buckets), whether or not it is loaded, and the checkpoint about 50
+// bytes (a checkpoint of 158k buckets takes about 0.4 s, a reopen 0.2 s).
+// The entries held in memory are those of the loaded buckets: the buckets that start before
 // now + Config.Window, in order, while their entries stay under
 // Config.MaxLoaded (the earliest bucket with pending entries always
 // loads, and Due loads a bucket whose start is due whatever MaxLoaded
