@@ -99,8 +99,8 @@ type Stats struct {
 const farSpan = time.Hour
 
 // stepBytes bounds the log range one step of a follow reads, and so the
-// records it holds at once.
-const stepBytes = 32 << 20
+// records it holds at once (a variable for tests).
+var stepBytes int64 = 32 << 20
 
 // maxBuffered bounds the items a follow buffers in memory before it
 // writes them to their bucket files (it writes them at every checkpoint

@@ -31,6 +31,8 @@ func TestModel(t *testing.T) {
 		cfg := Config{Log: l, Dir: filepath.Join(base, "delay"), Now: clk.Now,
 			MaxLoaded:       rapid.IntRange(1, 40).Draw(rt, "maxLoaded"),
 			CheckpointEvery: time.Duration(rapid.IntRange(1, 5000).Draw(rt, "cpEveryMs")) * time.Millisecond}
+		defer func(old int64) { stepBytes = old }(stepBytes)
+		stepBytes = rapid.SampledFrom([]int64{150, 1000, 32 << 20}).Draw(rt, "stepBytes")
 		x, err := Open(cfg)
 		if err != nil {
 			rt.Fatalf("open: %v", err)
