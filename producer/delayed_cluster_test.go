@@ -2,10 +2,13 @@ package producer
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -70,6 +73,7 @@ func TestDelayedThroughBroker(t *testing.T) {
 	if rel.Released == nil || rel.Released.At < rel.DueAt || rel.DueAt != soon.DueAt.UnixMilli() {
 		t.Fatalf("released state %+v: want released at or after due %v", rel, soon.DueAt.UnixMilli())
 	}
+	t.Logf("released %dms after due", rel.Released.At-rel.DueAt)
 	tc := testcluster.Dial(t, c.Master("g1").Addr())
 	msgs := testcluster.PullAll(t, tc, "later", 0)
 	var bodies []string
@@ -143,5 +147,60 @@ func TestDelayedKeyedReleaseOrder(t *testing.T) {
 	}
 	if d != n || m != n {
 		t.Fatalf("%d released and %d ordinary, want %d of each", d, m, n)
+	}
+}
+
+// Through a real broker: a delay beyond the broker's maximum is refused
+// INVALID (not clamped), and past the topic's quota of pending messages
+// DELAY_QUOTA, both at once (not retried); ordinary messages still go,
+// and a cancel frees room in the quota.
+func TestDelayedLimitsThroughBroker(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Opts{Groups: []string{"g1"}, MetaEdit: testcluster.SteadyMeta, BrokerEdit: func(cfg *broker.Config) {
+		testcluster.SteadyBroker(cfg)
+		cfg.DelayQuota = 2
+	}})
+	c.Meta.CreateTopic(t, "lim", "g1")
+	p := newProducer(t, c, Linger(0))
+	ctx := context.Background()
+	if _, err := p.Send(ctx, &Message{Topic: "lim", Body: []byte("far"), DeliverAfter: 91 * 24 * time.Hour}); !errors.Is(err, protocol.ErrInvalid) {
+		t.Fatalf("91 days: %v, want INVALID", err)
+	}
+	first, err := p.Send(ctx, &Message{Topic: "lim", Body: []byte("a"), DeliverAfter: 89 * 24 * time.Hour})
+	if err != nil {
+		t.Fatalf("89 days: %v", err)
+	}
+	if _, err := p.Send(ctx, &Message{Topic: "lim", Body: []byte("b"), DeliverAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Send(ctx, &Message{Topic: "lim", Body: []byte("c"), DeliverAfter: time.Hour}); !errors.Is(err, protocol.ErrDelayQuota) {
+		t.Fatalf("past the quota: %v, want DELAY_QUOTA", err)
+	}
+	if _, err := p.Send(ctx, &Message{Topic: "lim", Body: []byte("now")}); err != nil {
+		t.Fatalf("an ordinary message past the quota: %v", err)
+	}
+	if st, err := p.Cancel(ctx, first.Handle); err != nil || st.State != protocol.DelayCancelled {
+		t.Fatalf("cancel: %+v %v", st, err)
+	}
+	// The broker's count follows its log: the cancel mark is counted soon
+	// after the cancel is answered.
+	tc := testcluster.Dial(t, c.Master("g1").Addr())
+	cancelled := time.Now()
+	testwait.For(t, 10*time.Second, "the broker to count one pending message", func() bool {
+		resp, err := tc.Call(ctx, protocol.CodeDelayedList, []byte(`{"topic":"lim"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var l protocol.DelayedList
+		if err := json.Unmarshal(resp.Body, &l); err != nil {
+			t.Fatal(err)
+		}
+		return l.Pending == 1
+	})
+	t.Logf("the quota counted the cancel %v after its answer", time.Since(cancelled))
+	if _, err := p.Send(ctx, &Message{Topic: "lim", Body: []byte("d"), DeliverAfter: time.Hour}); err != nil {
+		t.Fatalf("after a cancel freed room: %v", err)
+	}
+	if s := p.Stats(); s.Retries != 0 || s.OutOfOrder != 0 {
+		t.Fatalf("stats %+v: refusals were retried, or a refused delayed message left a gap", s)
 	}
 }
