@@ -89,7 +89,9 @@ func (c *Client) delayedCall(ctx context.Context, code protocol.Code, what strin
 			if err == nil {
 				return st, nil
 			}
-			avoid = addr
+			if protocol.StatusOf(err).RefreshesRoute() || clientcore.KindOf(err) == clientcore.KindUnreachable {
+				avoid = addr // not the master, or not answering: look again
+			}
 		}
 		lastErr = err
 		switch {
