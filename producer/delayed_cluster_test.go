@@ -204,3 +204,30 @@ func TestDelayedLimitsThroughBroker(t *testing.T) {
 		t.Fatalf("stats %+v: refusals were retried, or a refused delayed message left a gap", s)
 	}
 }
+
+// A HIGH delayed message in a group with a slave: stored pending once the
+// slave has it, cancelled (the cancel answered once the slave holds its
+// mark), and a HIGH one released as HIGH.
+func TestDelayedHighThroughBroker(t *testing.T) {
+	c := start(t, true, "g1")
+	c.Meta.CreateTopic(t, "hi", "g1")
+	p := newProducer(t, c, Linger(0))
+	ctx := context.Background()
+	gone, err := p.Send(ctx, &Message{Topic: "hi", Body: []byte("gone"), Reliability: protocol.High, DeliverAfter: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := p.Cancel(ctx, gone.Handle); err != nil || st.State != protocol.DelayCancelled || st.By != "cancel" {
+		t.Fatalf("cancel of a HIGH message: %+v %v", st, err)
+	}
+	kept, err := p.Send(ctx, &Message{Topic: "hi", Body: []byte("kept"), Reliability: protocol.High, DeliverAfter: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := released(t, p, kept.Handle, 10*time.Second)
+	tc := testcluster.Dial(t, c.Master("g1").Addr())
+	m := pull(t, tc, Result{Topic: "hi", Queue: kept.Queue, QueueOffset: rel.Released.QueueOffset})
+	if string(m.Body) != "kept" || m.Reliability != protocol.High || m.Schedule.Ref != kept.Handle.Offset {
+		t.Fatalf("released %+v", m)
+	}
+}
