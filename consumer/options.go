@@ -348,18 +348,22 @@ func RetrySchedule(ds ...time.Duration) Opt {
 // PropRetry set), and once out of retries it is dead-lettered as without
 // the option.
 //
-// The trade-off: per-queue order no longer holds for failed messages. A
-// message delivered again comes after messages that were stored after it
-// in its queue (those the group handled while it waited); messages that
-// never fail keep their order. The default (holding the queue) keeps
+// The trade-off: per-queue order, and so per-key order, no longer holds
+// for failed messages. A message delivered again comes after messages that
+// were stored after it in its queue, its key's included (those the group
+// handled while it waited); messages that never fail keep their order
+// among themselves. The default (holding the queue) keeps
 // order, at the price of a queue that handles nothing while one of its
 // messages waits: with a 1 s first retry and 0.5% of calls failing once, a
 // queue handles about 200 messages a second however fast its handler is.
 // With this option a failure costs the queue one SEND of the retry.
 //
 // A retry is stored once (its id and producer stamp are kept across its
-// own send attempts); a retry that cannot be stored is tried again, and
-// its queue waits meanwhile. As with any handler call, a message whose
+// own send attempts), as a NORMAL message: it survives what an
+// acknowledged NORMAL message survives. A retry that cannot be stored is
+// tried again, and its queue waits meanwhile; one the broker refuses for
+// good (a RetryAt past its maximum delay) is dead-lettered with the
+// refusal. As with any handler call, a message whose
 // retry was stored but whose offset was not committed before its queue
 // moved (a rebalance, a crash) is delivered twice: once from its queue,
 // once from the retry topic. Every member of a group must give this option

@@ -515,3 +515,27 @@ func TestPollRefusesNonBlockingRetries(t *testing.T) {
 		t.Fatalf("Poll: %v", err)
 	}
 }
+
+// TestRetryTopicReadFromItsStart: the retry topic is read from its oldest
+// message whatever StartFrom says, so a retry stored before the member
+// took its queue is not skipped; the group's topics start as asked.
+func TestRetryTopicReadFromItsStart(t *testing.T) {
+	fb := newFakeBrokers()
+	fb.add("t", 0, "old")
+	fb.addMsg(protocol.Message{ID: "r1", Topic: "%RETRY%grp", Queue: 0, Timestamp: 1, Body: []byte("retried"),
+		Schedule: protocol.Schedule{Kind: protocol.ScheduleReleased, At: 1, Ref: 0},
+		Properties: []protocol.Property{{Key: PropRetryTopic, Value: "t"}, {Key: PropRetryQueue, Value: "0"},
+			{Key: PropRetryOffset, Value: "0"}, {Key: PropRetryID, Value: "id-retried"}, {Key: PropRetryDeliveries, Value: "1"}}})
+	co := newFakeCoord(map[string]int{"t": 1, "%RETRY%grp": 1})
+	c := fakeConsumer(t, fb, co, 1, NonBlockingRetries(), StartFrom(Latest))
+	rec := newRecorder()
+	runIn(t, c, rec.handler("c"))
+	waitFor(t, 5*time.Second, "the retry handled, t's start committed", func() bool {
+		return rec.count() == 1 && co.offset("%RETRY%grp", 0) == 1 && co.offset("t", 0) == 1
+	})
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.seen["retried"] != 1 || rec.seen["old"] != 0 {
+		t.Errorf("handled %v: want the retry, and not t's message stored before the start", rec.seen)
+	}
+}
