@@ -360,8 +360,9 @@ func RetrySchedule(ds ...time.Duration) Opt {
 //
 // A retry is stored once (its id and producer stamp are kept across its
 // own send attempts), as a NORMAL message: it survives what an
-// acknowledged NORMAL message survives. A retry that cannot be stored is
-// tried again, and its queue waits meanwhile; one the broker refuses for
+// acknowledged NORMAL message survives. A retry that cannot be stored (a
+// broker unreachable, the retry topic's delay quota full) is tried again,
+// and its queue waits meanwhile; one the broker refuses for
 // good (a RetryAt past its maximum delay) is dead-lettered with the
 // refusal. As with any handler call, a message whose
 // retry was stored but whose offset was not committed before its queue

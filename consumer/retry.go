@@ -148,8 +148,7 @@ func (c *Consumer) asOriginal(m *Message) *Message {
 // storeRetry stores m (as the handler saw it, whose delivery failed with
 // cause) in the group's retry topic as a delayed message due at due,
 // retrying until it is stored or the part stops (false). A retry the broker
-// refuses for good (a time past its maximum delay) is dead-lettered
-// instead.
+// refuses for good (refusedForGood) is dead-lettered instead.
 func (c *Consumer) storeRetry(p *part, m *Message, due time.Time, cause error, log interface {
 	Warn(string, ...any)
 }) bool {
@@ -193,7 +192,7 @@ func (c *Consumer) storeRetry(p *part, m *Message, due time.Time, cause error, l
 		if p.ctx.Err() != nil {
 			return false
 		}
-		if !clientcore.Retriable(err) && !errors.Is(err, ErrClosed) {
+		if refusedForGood(err) {
 			log.Warn("the retry topic refuses the retry: sending it to the dead-letter topic", "topic", c.cfg.retryTopic,
 				"offset", m.Offset, "due", due, "err", err)
 			if !c.deadLetter(p, m, fmt.Errorf("retry refused: %w (the delivery's error: %w)", err, cause), log) {
@@ -208,6 +207,18 @@ func (c *Consumer) storeRetry(p *part, m *Message, due time.Time, cause error, l
 		}
 		backoff = min(2*backoff, limit)
 	}
+}
+
+// refusedForGood reports whether a broker refused a retry as it is
+// (INVALID: a time past its maximum delay; MESSAGE_TOO_LARGE), so trying it
+// again cannot succeed. Anything else is tried again, a full DELAY_QUOTA
+// included: the queue waits, as it would without NonBlockingRetries.
+func refusedForGood(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	st := protocol.StatusOf(err)
+	return st == protocol.StatusInvalid || st == protocol.StatusMessageTooLarge
 }
 
 // cutError is err's text cut to maxErrorProp bytes.

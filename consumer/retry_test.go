@@ -402,9 +402,9 @@ func mapsEqual(a, b map[string]string) bool {
 	return true
 }
 
-// TestNonBlockingRetryStoredOnce: a retry whose store fails is tried again
-// with the same message (its id, and the stamp the sender gave it), its
-// queue waiting meanwhile; one the broker refuses for good (a delay past
+// TestNonBlockingRetryStoredOnce: a retry whose store fails (the retry
+// topic's delay quota is full) is tried again with the same message (its
+// id, and the stamp the sender gave it), its queue waiting meanwhile; one the broker refuses for good (a delay past
 // its maximum) is dead-lettered with the refusal.
 func TestNonBlockingRetryStoredOnce(t *testing.T) {
 	fb := newFakeBrokers()
@@ -424,7 +424,7 @@ func TestNonBlockingRetryStoredOnce(t *testing.T) {
 			if m.Producer.ID == 0 {
 				m.Producer = protocol.ProducerStamp{ID: 7, Seq: 3} // as the sender stamps it
 			}
-			return &protocol.Error{Status: protocol.StatusTimeout, Message: "no answer"}
+			return &protocol.Error{Status: protocol.StatusDelayQuota, Message: "quota full"}
 		}
 		return nil
 	}
