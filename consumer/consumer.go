@@ -193,8 +193,11 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 	}
 	if cfg.nonBlocking {
 		cfg.retryTopic = protocol.RetryPrefix + group
-		if len(cfg.retryTopic) > protocol.MaxTopicLen {
-			errs = append(errs, fmt.Errorf("consumer: NonBlockingRetries: retry topic %q over %d bytes (a shorter group name)", cfg.retryTopic, protocol.MaxTopicLen))
+		// Its retries are stored pending under the internal topic
+		// protocol.DelayTopic(retry topic), which must fit too.
+		if len(protocol.DelayTopic(cfg.retryTopic)) > protocol.MaxTopicLen {
+			errs = append(errs, fmt.Errorf("consumer: NonBlockingRetries: the retry topic %q is too long: group names of at most %d bytes have one",
+				cfg.retryTopic, protocol.MaxTopicLen-len(protocol.DelayTopic(protocol.RetryPrefix))))
 		} else if !seen[cfg.retryTopic] {
 			uniq = append(uniq, cfg.retryTopic)
 			sort.Strings(uniq)

@@ -369,8 +369,9 @@ func RetrySchedule(ds ...time.Duration) Opt {
 // moved (a rebalance, a crash) is delivered twice: once from its queue,
 // once from the retry topic. Every member of a group must give this option
 // or none (they subscribe the same topics). It applies to Run and
-// RunBatch; Poll, which has no retries, refuses it. The retry topic's name
-// ("%RETRY%" and the group) must fit in 255 bytes.
+// RunBatch; Poll, which has no retries, refuses it. The group's name must
+// be at most 241 bytes (its retries' pending records are stored under the
+// internal topic "%DELAY%%RETRY%" and the group, at most 255 bytes).
 func NonBlockingRetries() Opt { return optFunc(func(c *config) { c.nonBlocking = true }) }
 
 // DeadLetterTopic names the topic that messages out of retries go to.

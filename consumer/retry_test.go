@@ -84,7 +84,8 @@ func TestRetryScheduleRefused(t *testing.T) {
 			[]string{"RetrySchedule's wait 2 (0s) must be positive", "RetrySchedule's wait 3 (-1s) must be positive"}},
 		{"too long", "grp", []Opt{RetrySchedule(make([]time.Duration, 2000)...)}, []string{"over the cap 1024"}},
 		{"RetryBackoff still checked", "grp", []Opt{RetryBackoff(0, time.Second)}, []string{"RetryBackoff 0s must be positive"}},
-		{"retry topic name", strings.Repeat("g", protocol.MaxTopicLen), []Opt{NonBlockingRetries()}, []string{"NonBlockingRetries: retry topic", "over 255 bytes"}},
+		{"retry topic name", strings.Repeat("g", 242), []Opt{NonBlockingRetries()},
+			[]string{"NonBlockingRetries: the retry topic", "group names of at most 241 bytes"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := New(c.group, []string{"t"}, append([]Opt{withCoordinator(newFakeCoord(nil)), withRouter(fakeRouter{1}),
@@ -99,8 +100,15 @@ func TestRetryScheduleRefused(t *testing.T) {
 			}
 		})
 	}
-	// A RetrySchedule replaces a bad RetryBackoff given before it.
+	// A RetrySchedule replaces a bad RetryBackoff given before it; the
+	// longest group name with a retry topic is taken.
 	newFake(t, RetryBackoff(0, 0), RetrySchedule(time.Second))
+	c, err := New(strings.Repeat("g", 241), []string{"t"}, withCoordinator(newFakeCoord(nil)), withRouter(fakeRouter{1}),
+		withPuller(newFakeBrokers()), withDeadLetterer(&fakeDLQ{}), NonBlockingRetries())
+	if err != nil {
+		t.Fatalf("a group of 241 bytes: %v", err)
+	}
+	_ = c.Close()
 }
 
 // advanceUntil moves clk by step until cond holds (10 s of real time at
