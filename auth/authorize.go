@@ -65,6 +65,12 @@ var rules = map[protocol.Code]need{
 	protocol.CodeAuth: needAny,
 
 	protocol.CodeSend: needProduce,
+	// A delayed message is cancelled by who may send to its topic, and
+	// looked up by them or by describe; the pending messages of a group
+	// are listed by describe.
+	protocol.CodeDelayedCancel: needProduce,
+	protocol.CodeDelayedState:  needProduce | needDescribe,
+	protocol.CodeDelayedList:   needDescribe,
 	// PULL names no group: a consumer of any group may read the topic.
 	protocol.CodePull: needConsumeTopics,
 

@@ -77,6 +77,17 @@ var expect = map[string][]allow{
 		{Target{Topics: []string{"orders", "orders.eu"}}, []string{"admin", "prodAll"}},
 		{Target{}, append([]string{"admin"}, producers...)},
 	},
+	// Who may send to a topic cancels its delayed messages; they and
+	// describe look one up; describe lists them.
+	"DELAYED_CANCEL": {
+		{Topic("orders"), []string{"admin", "prodExact", "prodAll", "mixed"}},
+		{Topic("payments"), []string{"admin", "prodAll"}},
+	},
+	"DELAYED_STATE": {
+		{Topic("orders"), []string{"admin", "describe", "prodExact", "prodAll", "mixed"}},
+		{Topic("payments"), []string{"admin", "describe", "prodAll"}},
+	},
+	"DELAYED_LIST": describeOnly,
 	"PULL": {
 		{Topic("orders"), []string{"admin", "consBilling", "consAll", "consBoth"}},
 		{Topic("orders.eu"), []string{"admin", "consPrefix", "consAll", "consBoth", "mixed"}},

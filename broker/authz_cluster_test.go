@@ -97,10 +97,15 @@ func onHA(p ports) *transport.Client   { return p.ha }
 func requests() map[protocol.Code]request {
 	msg := tc.Msg("orders", 0, protocol.Normal, "x")
 	return map[protocol.Code]request{
-		protocol.CodeIdentify:          {onMeta, nil},
-		protocol.CodeAuth:              {onMeta, nil}, // sent with the peer's own token below
-		protocol.CodeSend:              {onData, protocol.AppendSendRequest(nil, 0, []protocol.Message{msg})},
-		protocol.CodePull:              {onData, protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "orders", MaxBytes: 1024})},
+		protocol.CodeIdentify: {onMeta, nil},
+		protocol.CodeAuth:     {onMeta, nil}, // sent with the peer's own token below
+		protocol.CodeSend:     {onData, protocol.AppendSendRequest(nil, 0, []protocol.Message{msg})},
+		protocol.CodePull:     {onData, protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "orders", MaxBytes: 1024})},
+		// Past the log's end: NOT_FOUND once the principal may send to (or
+		// describe) some topic; the record's own topic is checked after.
+		protocol.CodeDelayedCancel:     {onData, js(protocol.DelayedRef{Offset: 1 << 40})},
+		protocol.CodeDelayedState:      {onData, js(protocol.DelayedRef{Offset: 1 << 40})},
+		protocol.CodeDelayedList:       {onData, js(protocol.DelayedListRequest{})},
 		protocol.CodeHAFetch:           {onHA, protocol.AppendHAFetchRequest(nil, &protocol.HAFetchRequest{BrokerID: "nobody", MaxBytes: 1024})},
 		protocol.CodeHAAck:             {onHA, protocol.AppendHAAck(nil, &protocol.HAAck{BrokerID: "nobody"})},
 		protocol.CodeRecover:           {onHA, protocol.AppendRecoverRequest(nil, &protocol.RecoverRequest{Epoch: 99, BrokerID: "nobody"})},
@@ -196,6 +201,9 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeAuth:              all,
 		protocol.CodeSend:              {"admin", "prod"},
 		protocol.CodePull:              {"admin", "cons"},
+		protocol.CodeDelayedCancel:     {"admin", "prod", "other"},
+		protocol.CodeDelayedState:      {"admin", "desc", "prod", "other"},
+		protocol.CodeDelayedList:       {"admin", "desc"},
 		protocol.CodeHAFetch:           {"admin", "cluster"},
 		protocol.CodeHAAck:             {"admin", "cluster"},
 		protocol.CodeRecover:           {"admin", "cluster"},

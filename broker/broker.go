@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/broker/delay"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -41,13 +43,16 @@ import (
 //   - sender (send.go): the send path; on a slave it refuses SENDs.
 //   - endpoints (endpoints.go): every request code, with its authorization
 //     check, on the data and HA servers from package transport.
-//   - retainer (below): deletes old segments.
+//   - delayer (delayed.go): the delayed messages: the timer index
+//     (package delay) on both roles; firing, cancels and moves as master.
+//   - retainer (below): deletes old segments (moving pending delayed
+//     messages out of them first).
 //
 // Goroutines: the data server's and the HA server's, from package
 // transport; the heartbeat loop; the route refresher and the route watch;
 // the long-poll loop; the ACL copy's fetcher; the tail handover;
 // the role loop and, under it, the replication loop (master) or the
-// follower (slave); the retention loop if enabled. The
+// follower (slave); the delayer; the retention loop if enabled. The
 // commit log has its writer and flusher. Close stops all of them, in an
 // order that answers every request already read.
 type Broker struct {
@@ -65,6 +70,7 @@ type Broker struct {
 	routes *routeCache
 	send   *sender
 	pulls  *longPoll
+	delays *delayer
 	roles  *roles
 	acl    *aclCopy      // nil: authorization off
 	gates  [2]*auth.Gate // by port; nil: authorization off
@@ -120,7 +126,16 @@ func New(cfg Config) (*Broker, error) {
 		_ = b.shutdown()
 		return nil, err
 	}
+	idx, err := delay.Open(delay.Config{Log: b.store, Dir: filepath.Join(cfg.Dir, delayDir), FS: cfg.FS, Now: cfg.Clock.Now,
+		Logger: lg.Named("delay")})
+	if err != nil {
+		_ = b.shutdown()
+		return nil, fmt.Errorf("broker: open the timer index: %w", err)
+	}
+	b.delays = newDelayer(cfg, idx, b.store, b.roles, &b.sess.lease, b.pulls, &b.stats, lg.Named("delayer"))
+	b.roles.cut = b.delays.truncated
 	b.send = newSender(cfg, b.store, b.sess, b.routes, b.roles.replication, b.pulls, &b.stats, lg)
+	b.send.delays = b.delays
 
 	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
 	if err := b.listen(); err != nil {
@@ -212,6 +227,7 @@ func (b *Broker) start() {
 		b.goFunc(b.acl.run)
 	}
 	b.goFunc(b.roles.run)
+	b.goFunc(b.delays.run)
 	if b.handover != nil {
 		b.goFunc(b.handover.run)
 	}
@@ -219,7 +235,8 @@ func (b *Broker) start() {
 	b.goFunc(b.routes.run)
 	b.goFunc(func(ctx context.Context) { b.routes.watch(ctx, b.meta, b.cfg.ID) })
 	if b.cfg.RetentionBytes > 0 {
-		r := &retainer{log: b.store, keep: b.cfg.RetentionBytes, every: b.cfg.RetentionCheck, clock: b.cfg.Clock, lg: b.log.Named("retention")}
+		r := &retainer{log: b.store, keep: b.cfg.RetentionBytes, every: b.cfg.RetentionCheck, clock: b.cfg.Clock, lg: b.log.Named("retention"),
+			pending: b.delays.retainFrom}
 		b.goFunc(r.run)
 	}
 }
@@ -370,6 +387,11 @@ func (b *Broker) shutdown() error {
 		_ = b.ha.Close()
 	}
 	_ = b.meta.Close()
+	if b.delays != nil {
+		if err := b.delays.idx.Close(); err != nil {
+			b.log.Warn("closing the timer index", "error", err)
+		}
+	}
 	if err := b.store.Close(); err != nil {
 		return fmt.Errorf("broker: close commit log: %w", err)
 	}
@@ -391,6 +413,10 @@ type retainer struct {
 	every time.Duration
 	clock clockwork.Clock
 	lg    hclog.Logger
+	// pending moves (master) or keeps (slave) the pending delayed messages
+	// before a log offset: it returns the offset retention may delete
+	// before (nil: delete up to it).
+	pending func(ctx context.Context, before int64) int64
 }
 
 func (r *retainer) run(ctx context.Context) {
@@ -406,7 +432,14 @@ func (r *retainer) run(ctx context.Context) {
 		if end-r.log.StartOffset() <= r.keep {
 			continue
 		}
-		if _, err := r.log.DeleteBefore(end - r.keep); err != nil {
+		before := end - r.keep
+		if r.pending != nil {
+			before = r.pending(ctx, before)
+		}
+		if before <= r.log.StartOffset() {
+			continue
+		}
+		if _, err := r.log.DeleteBefore(before); err != nil {
 			r.lg.Warn("retention failed", "error", err)
 		}
 	}

@@ -95,6 +95,17 @@ type Config struct {
 	// delivery timeout). Default 1 h.
 	RecoverWindow time.Duration
 
+	// MaxDelay bounds how far ahead a delayed message may be due (by the
+	// broker's clock when it arrives): a later one is refused INVALID,
+	// never clamped. Default 90 days.
+	MaxDelay time.Duration
+	// DelayQuota bounds the pending delayed messages of one topic in this
+	// group: past it a delayed message gets DELAY_QUOTA. Default 10 million.
+	DelayQuota int64
+	// DelayTick is how often the master fires due delayed messages (and
+	// the slave follows its index). Default 10 ms.
+	DelayTick time.Duration
+
 	// MaxInflightRequests and MaxInflightBytes bound the SEND requests (and
 	// their bytes) being processed across the broker; past them a request
 	// gets BUSY. Defaults 8192 and 256 MiB.
@@ -170,6 +181,15 @@ func (c Config) withDefaults() Config {
 	if c.RecoverWindow <= 0 {
 		c.RecoverWindow = time.Hour
 	}
+	if c.MaxDelay <= 0 {
+		c.MaxDelay = 90 * 24 * time.Hour
+	}
+	if c.DelayQuota <= 0 {
+		c.DelayQuota = 10_000_000
+	}
+	if c.DelayTick <= 0 {
+		c.DelayTick = 10 * time.Millisecond
+	}
 	if c.MaxInflightRequests <= 0 {
 		c.MaxInflightRequests = 8192
 	}
@@ -209,6 +229,7 @@ func (c Config) Validate() error {
 		{"FlushInterval", c.FlushInterval}, {"RetentionCheck", c.RetentionCheck}, {"HeartbeatInterval", c.HeartbeatInterval},
 		{"SessionTimeout", c.SessionTimeout}, {"HighWait", c.HighWait}, {"SlaveLagTime", c.SlaveLagTime}, {"HAFetchWait", c.HAFetchWait},
 		{"WriteTimeout", c.WriteTimeout}, {"ProducerIdle", c.ProducerIdle}, {"RecoverWindow", c.RecoverWindow},
+		{"MaxDelay", c.MaxDelay}, {"DelayTick", c.DelayTick},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("broker: %s must not be negative, got %v", d.name, d.v))
@@ -222,6 +243,7 @@ func (c Config) Validate() error {
 	negative("MaxInflightBytes", c.MaxInflightBytes)
 	negative("MaxInflightPerConn", int64(c.MaxInflightPerConn))
 	negative("Workers", int64(c.Workers))
+	negative("DelayQuota", c.DelayQuota)
 	d := c.withDefaults()
 	if d.HeartbeatInterval >= d.SessionTimeout {
 		errs = append(errs, fmt.Errorf("broker: HeartbeatInterval (%v) must be shorter than SessionTimeout (%v), or one lost heartbeat fences the broker",

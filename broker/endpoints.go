@@ -101,6 +101,35 @@ func byTarget[T any](decode func([]byte) (T, error), target func(T) auth.Target,
 	}}
 }
 
+// byRecordTopic serves a request that names a record of the log (a delayed
+// message's handle) rather than a topic: the code's rule must first allow
+// the principal some topic (nothing is read for a stranger), then the
+// record is read and the rule checked against its topic.
+func byRecordTopic(read func([]byte) (pendingRecord, error), serve func(*transport.Request, pendingRecord)) access {
+	return access{wrap: func(acl *aclCopy, code protocol.Code) transport.Handler {
+		return func(r *transport.Request) {
+			if acl != nil {
+				if err := acl.check(r, code, auth.Target{}); err != nil {
+					r.ReplyError(err)
+					return
+				}
+			}
+			p, err := read(r.Body)
+			if err != nil {
+				r.ReplyError(err)
+				return
+			}
+			if acl != nil {
+				if err := acl.check(r, code, auth.Topic(p.msg.Topic)); err != nil {
+					r.ReplyError(err)
+					return
+				}
+			}
+			serve(r, p)
+		}
+	}}
+}
+
 // endpoints lists every request code the broker serves. The handlers read
 // the broker's parts when called, not here.
 func (b *Broker) endpoints() []endpoint {
@@ -112,6 +141,9 @@ func (b *Broker) endpoints() []endpoint {
 			access: byTarget(protocol.DecodePullRequest, pullTarget, func(r *transport.Request, q protocol.PullRequest) {
 				handlePull(b.pulls.store, b.sess.claim, b.pulls, r, q)
 			})},
+		{port: dataPort, code: protocol.CodeDelayedCancel, access: byRecordTopic(b.decodeDelayedRef, b.handleDelayedCancel)},
+		{port: dataPort, code: protocol.CodeDelayedState, access: byRecordTopic(b.decodeDelayedRef, b.handleDelayedState)},
+		{port: dataPort, code: protocol.CodeDelayedList, access: byPrincipal(b.handleDelayedList)},
 		{port: dataPort, code: protocol.CodeIdentify, access: open(b.handleIdentify)},
 		{port: dataPort, code: protocol.CodeAuth, access: open(b.handleAuth)},
 

@@ -196,8 +196,8 @@ func (lp *longPoll) appended(msgs []protocol.Message, good []int, pos []storage.
 	var last pullKey
 	lp.mu.Lock()
 	for j, i := range good {
-		if pos[j].Err != nil || pos[j].Duplicate {
-			continue
+		if pos[j].Err != nil || pos[j].Duplicate || msgs[i].Schedule.Kind == protocol.ScheduleDelayed {
+			continue // nothing new to read in the queue (a delayed message is pending elsewhere)
 		}
 		k := pullKey{msgs[i].Topic, msgs[i].Queue}
 		if j > 0 && k == last {

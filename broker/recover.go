@@ -112,6 +112,7 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 	}
 	var resp protocol.RecoverResponse
 	var entries []storage.Entry
+	notDelayed := 0
 	for _, ri := range recs {
 		m, err := protocol.DecodeMessage(ri.Payload)
 		if err != nil {
@@ -120,6 +121,13 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 		}
 		if held[m.ID] {
 			resp.Duplicates++
+			continue
+		}
+		if k := m.Schedule.Kind; k != protocol.ScheduleNone && k != protocol.ScheduleDelayed {
+			// A release (its copy and mark) or a cancel mark names a pending
+			// record by its offset in the old master's log: this log's own
+			// index decides what is pending here, and releases it once.
+			notDelayed++
 			continue
 		}
 		payload := ri.Payload
@@ -150,7 +158,7 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 	b.stats.Recovered.Add(int64(resp.Stored))
 	b.stats.RecoverDuplicates.Add(int64(resp.Duplicates))
 	b.log.Info("appended again the records a failover cut from a former master", "from", q.BrokerID, "epoch", q.Epoch,
-		"records", len(recs), "stored", resp.Stored, "held-already", resp.Duplicates, "log-end", resp.End)
+		"records", len(recs), "stored", resp.Stored, "held-already", resp.Duplicates, "delayed-releases-and-cancels-left", notDelayed, "log-end", resp.End)
 	return resp, nil
 }
 

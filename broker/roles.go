@@ -124,7 +124,14 @@ type roles struct {
 	masterEnd atomic.Int64 // the master's log end in the follower's last answer
 	// start is where the epoch this broker leads began, as its disk
 	// records it (-1 while it is not master, or the start is unknown).
-	start      atomic.Int64
+	start atomic.Int64
+	// takeoverTail is where the log's last record began when this broker
+	// last took over as master, before it took a write (-1: none): the
+	// delayer checks it for a release whose mark a crash or a failover cut.
+	takeoverTail atomic.Int64
+	// cut is told when the log was cut back (the delayer rebuilds its
+	// index); nil: nobody.
+	cut        func()
 	lastCut    atomic.Pointer[api.Cut]
 	resyncDone atomic.Uint64 // the Seq of the last resync order carried out
 	state      atomic.Pointer[RoleState]
@@ -161,6 +168,7 @@ func newRoles(cfg Config, log roleLog, sess *session, epochs *epochState, pulls 
 		views: sess.subscribe(), diverged: make(chan error, 1)}
 	r.setState(RoleState{Kind: RoleStarting})
 	r.start.Store(-1)
+	r.takeoverTail.Store(-1)
 	h, err := loadEpochs(r.dir)
 	if err != nil {
 		return nil, err
@@ -299,6 +307,10 @@ func (r *roles) becomeMaster(g routing.Group, lagTime time.Duration) {
 	}
 	rep := r.repl.Load()
 	if rep == nil {
+		r.takeoverTail.Store(-1)
+		if at, _, ok, err := r.log.LastRecord(); err == nil && ok {
+			r.takeoverTail.Store(at) // no SEND is taken before r.repl is set below
+		}
 		rep = newReplication(r.log, r.replCfg, r.stats, r.clock, r.partLog.Named("replication"), r.sess)
 		rep.alter = r.alter
 		ctx, cancel := context.WithCancel(context.Background())
@@ -364,6 +376,7 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 				return
 			}
 			r.releaseParkedPulls() // a queue's next offset may have gone back under them
+			r.logCut()
 			r.stats.Truncations.Add(1)
 			r.stats.TruncatedBytes.Add(res.To - res.From)
 			r.lastCut.Store(&api.Cut{Epoch: g.Epoch, Bytes: res.To - res.From, Records: res.Records, SideFile: res.SideFile})
@@ -406,6 +419,13 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 	r.lg.Info("following the master", "epoch", g.Epoch, "master", g.Master.ID, "ha-addr", addr, "log-end", r.log.EndOffset())
 }
 
+// logCut tells whoever keeps state derived from the log that it was cut.
+func (r *roles) logCut() {
+	if r.cut != nil {
+		r.cut()
+	}
+}
+
 // followerDiverged is the follower's report that the master refused its log
 // (LOG_DIVERGED); it never blocks, and run makes the broker broken.
 func (r *roles) followerDiverged(err error) {
@@ -431,6 +451,7 @@ func (r *roles) resync(v *groupView, seq uint64) {
 			return
 		}
 		r.releaseParkedPulls()
+		r.logCut()
 		h := r.hist.joined(g, g.Epoch, nil)
 		if err := h.save(r.dir); err != nil {
 			r.setBroken(fmt.Sprintf("the resync could not record the epochs: %v", err))

@@ -40,9 +40,13 @@ type sender struct {
 	// master: a SEND then gets NOT_MASTER.
 	repl  func() *replication
 	pulls *longPoll // wakes the PULLs parked on queues that got messages (nil: none)
-	stats *Stats
-	clock clockwork.Clock
-	lg    hclog.Logger
+	// delays checks delayed messages against the maximum delay and the
+	// topics' quotas, and is told when some were stored (nil: none are
+	// taken).
+	delays *delayer
+	stats  *Stats
+	clock  clockwork.Clock
+	lg     hclog.Logger
 
 	// Broker-wide bounds on SEND requests in flight and their bytes; past
 	// them a request is refused whole with BUSY.
@@ -240,7 +244,7 @@ func (s *sender) handle(rep sendReplier, req sendRequest) {
 	if len(good) > 0 {
 		entries := make([]storage.Entry, len(good))
 		for j, i := range good {
-			entries[j] = storage.Entry{Topic: msgs[i].Topic, Queue: msgs[i].Queue, Payload: raws[i],
+			entries[j] = storage.Entry{Topic: storedTopic(&msgs[i]), Queue: msgs[i].Queue, Payload: raws[i],
 				Producer: storage.ProducerStamp(msgs[i].Producer)}
 		}
 		repl := checks.repl
@@ -252,6 +256,17 @@ func (s *sender) handle(rep sendReplier, req sendRequest) {
 	}
 	sb.done1()
 	sb.drop()
+}
+
+// storedTopic is the topic m is stored under: its own, or for a delayed
+// message the internal topic of its pending records (the producer's
+// sequences of delayed messages to a queue are their own, apart from its
+// ordinary ones, so the deduplication state stays per stored queue).
+func storedTopic(m *protocol.Message) string {
+	if m.Schedule.Kind == protocol.ScheduleDelayed {
+		return protocol.DelayTopic(m.Topic)
+	}
+	return m.Topic
 }
 
 // appended completes the stored messages of a batch. It runs on the
@@ -268,7 +283,7 @@ func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Mess
 		}
 		return
 	}
-	var stored, bytes int64
+	var stored, bytes, delayed int64
 	for j, i := range good {
 		p := pos[j]
 		if p.Err != nil {
@@ -284,6 +299,9 @@ func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Mess
 		} else {
 			stored++
 			bytes += int64(len(msgs[i].Body))
+			if msgs[i].Schedule.Kind == protocol.ScheduleDelayed {
+				delayed++
+			}
 		}
 		if msgs[i].Reliability == protocol.High && p.End >= 0 {
 			awaitSlave(repl, sb, i, p.End, res)
@@ -293,6 +311,10 @@ func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Mess
 	}
 	s.stats.MessagesIn.Add(stored)
 	s.stats.BytesIn.Add(bytes)
+	if delayed > 0 {
+		s.stats.DelayedIn.Add(delayed)
+		s.delays.appended()
+	}
 	repl.notify()
 	s.pulls.appended(msgs, good, pos)
 }
@@ -377,7 +399,7 @@ func (c *batchCheck) dropAfterRefused(msgs []protocol.Message, good []int, sb *s
 	g := 0
 	for i := range msgs {
 		m := &msgs[i]
-		k := stampKey{m.Producer.ID, m.Topic, m.Queue}
+		k := stampKey{m.Producer.ID, storedTopic(m), m.Queue}
 		passed := g < len(good) && good[g] == i
 		if passed {
 			g++
@@ -435,6 +457,11 @@ func (c *batchCheck) checkOne(m *protocol.Message) protocol.Status {
 	if !c.s.routes.routed(m.Topic, m.Queue) {
 		c.s.stats.NoRoute.Add(1)
 		return protocol.StatusNoRoute
+	}
+	if m.Schedule.Kind == protocol.ScheduleDelayed {
+		if st := c.s.delays.admit(m); st != protocol.StatusOK {
+			return st
+		}
 	}
 	if m.Reliability == protocol.High {
 		if !c.lagKnown {

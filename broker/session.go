@@ -69,6 +69,9 @@ type session struct {
 	log      hclog.Logger
 
 	lease writeLease
+	// skew is the registry leader's clock minus this broker's, as of the
+	// last heartbeat reply (nanoseconds; within half a round trip).
+	skew atomic.Int64
 	// kicks asks for a heartbeat now (capacity 1): the broker learned
 	// something the registry may have news about (a client's newer epoch, a
 	// slave it does not know fetching in its epoch).
@@ -193,6 +196,13 @@ func (s *session) beat(ctx context.Context, describe func(*api.Heartbeat)) {
 		s.log.Info("heartbeats accepted again")
 	}
 	s.failing = false
+	if reply.NowMillis > 0 {
+		// The leader read its clock between sending and receiving: its
+		// reading against the middle of the round trip.
+		recvAt := s.clock.Now()
+		mid := sentAt.Add(recvAt.Sub(sentAt) / 2)
+		s.skew.Store(int64(time.UnixMilli(reply.NowMillis).Sub(mid)))
+	}
 	g := reply.Group
 	role, _ := g.RoleOf(s.id)
 	s.fast = !g.Writable() || role == ""

@@ -49,6 +49,16 @@ type Stats struct {
 	TailsHandedOver       atomic.Int64 // as former master: cut tails handed to the new master whole
 	TailRecordsHandedOver atomic.Int64 // as former master: records of those tails
 
+	// Delayed messages (delayed.go).
+	DelayedIn          atomic.Int64 // delayed messages stored pending
+	DelayedFired       atomic.Int64 // released into their target queues
+	DelayedCancelled   atomic.Int64 // cancelled by a client
+	DelayedMoved       atomic.Int64 // appended again before retention deleted their segment
+	DelayedUnreadable  atomic.Int64 // pending records that could not be read when due (cancelled, counted here)
+	DelayedRefused     atomic.Int64 // delayed messages refused: beyond the maximum delay or over a quota
+	DelayedLateness    prometheus.Histogram
+	DelayedFireBatches atomic.Int64 // appends of released messages
+
 	// Long-polling PULL (longpoll.go).
 	PullsParked   atomic.Int64 // PULLs parked now (a gauge)
 	PullWakeups   atomic.Int64 // parked PULLs answered because their queue grew
@@ -63,6 +73,11 @@ func (s *Stats) initHistograms() {
 	s.SendDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ferrymq_broker_send_duration_seconds",
 		Help:    "Time from reading a SEND request to answering it, per request (a batch of messages).",
+		Buckets: LatencyBuckets,
+	})
+	s.DelayedLateness = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ferrymq_broker_delayed_lateness_seconds",
+		Help:    "Time from a delayed message's due time to its release into its target queue (never negative: none is released early).",
 		Buckets: LatencyBuckets,
 	})
 	s.FlushDuration = prometheus.NewHistogram(prometheus.HistogramOpts{

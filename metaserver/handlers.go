@@ -93,7 +93,7 @@ func (s *Server) heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heartbeat
 	s.judge.judgeGroup(ctx, hb.Group, now)
 	g, _ = s.fsm.Group(hb.Group)
 	reply := api.HeartbeatReply{Group: g, SessionMillis: s.cfg.SessionTimeout.Milliseconds(), ACLVersion: s.fsm.ACLVersion(),
-		LagTimeMillis: s.cfg.LagTime.Milliseconds()}
+		LagTimeMillis: s.cfg.LagTime.Milliseconds(), NowMillis: s.cfg.Clock.Now().UnixMilli()}
 	if role == routing.RoleSlave {
 		reply.ReadableEnd = s.judge.readableEnd(g)
 	}

@@ -101,6 +101,10 @@ type HeartbeatReply struct {
 	// failover to another member would not have. nil: no limit (an empty
 	// set, or no word from the master in this epoch).
 	ReadableEnd *int64 `json:"readable_end,omitempty"`
+	// NowMillis is the leader's clock when it answered (unix
+	// milliseconds): a broker compares it with its own (the clock that
+	// decides when delayed messages are due) and exports the difference.
+	NowMillis int64 `json:"now_ms,omitempty"`
 }
 
 // GroupInfo is a group with what only the leader knows: its heartbeats.

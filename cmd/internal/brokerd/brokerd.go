@@ -48,6 +48,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.ProducerIdle, "producer-idle", 7*24*time.Hour, "forget an idempotent producer's sequences in a queue after this long without its messages")
 	fs.Int64Var(&cfg.Pretouch, "pretouch", 0, "write zeros this many bytes ahead of the commit log's writer, so appends land on pages the file has (0: 8 MiB with -flush async, off with sync; -1: off)")
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 10*time.Second, "close a connection that read none of its answers for this long")
+	fs.DurationVar(&cfg.MaxDelay, "max-delay", 90*24*time.Hour, "refuse (INVALID) a delayed message due further ahead than this")
+	fs.Int64Var(&cfg.DelayQuota, "delay-quota", 10_000_000, "refuse (DELAY_QUOTA) a delayed message when its topic has this many pending in the group")
+	fs.DurationVar(&cfg.DelayTick, "delay-tick", 10*time.Millisecond, "how often the master releases due delayed messages")
 	fs.StringVar(&failoverTail, "failover-tail", "recover", "what a former master does with the records a failover cut from its log (NORMAL messages it acknowledged that its slave never copied): recover (hand them to the new master, which stores each again once, flagged) or discard (keep them in truncated/ for the operator only)")
 	sf.Register(fs, false)
 	if err := cli.Parse(fs, args); err != nil {
@@ -120,7 +123,15 @@ func register(m *cli.Metrics, b *broker.Broker, dir string) {
 	m.CounterFunc("ferrymq_broker_bytes_in_total", "Message body bytes stored.", f(&st.BytesIn))
 	m.CounterFunc("ferrymq_broker_messages_refused_total", "Messages answered with a non-OK status.", f(&st.Refused))
 	m.CounterFunc("ferrymq_broker_no_route_total", "Messages answered NO_ROUTE: the broker's route cache did not route their queue here (yet).", f(&st.NoRoute))
-	m.Registry.MustRegister(st.SendDuration, st.FlushDuration)
+	m.Registry.MustRegister(st.SendDuration, st.FlushDuration, st.DelayedLateness)
+	m.GaugeFunc("ferrymq_broker_clock_skew_seconds", "The metaserver leader's clock minus this broker's, at the last heartbeat (within half a round trip): delayed messages are due by the broker's clock, so a master whose clock is behind releases them late, ahead early.",
+		func() float64 { return b.ClockSkew().Seconds() })
+	m.CounterFunc("ferrymq_broker_delayed_in_total", "Delayed messages stored pending.", f(&st.DelayedIn))
+	m.CounterFunc("ferrymq_broker_delayed_fired_total", "Delayed messages released into their target queues.", f(&st.DelayedFired))
+	m.CounterFunc("ferrymq_broker_delayed_cancelled_total", "Delayed messages cancelled by a client before their time.", f(&st.DelayedCancelled))
+	m.CounterFunc("ferrymq_broker_delayed_moved_total", "Pending delayed messages appended again before retention deleted their segment.", f(&st.DelayedMoved))
+	m.CounterFunc("ferrymq_broker_delayed_unreadable_total", "Due delayed messages whose pending record could not be read (cancelled, and logged): should stay 0.", f(&st.DelayedUnreadable))
+	m.CounterFunc("ferrymq_broker_delayed_refused_total", "Delayed messages refused: due beyond -max-delay, or over their topic's -delay-quota.", f(&st.DelayedRefused))
 	m.CounterFunc("ferrymq_broker_high_acked_total", "HIGH messages confirmed by the slave.", f(&st.HighAcked))
 	m.CounterFunc("ferrymq_broker_high_timeouts_total", "HIGH messages answered SLAVE_SYNC_TIMEOUT.", f(&st.HighTimeouts))
 	m.GaugeFunc("ferrymq_broker_producers_tracked", "Idempotent (producer, queue) pairs whose sequences the broker remembers.",
@@ -164,7 +175,7 @@ func register(m *cli.Metrics, b *broker.Broker, dir string) {
 	m.CounterFunc("ferrymq_broker_pulls_expired_total", "Parked PULLs answered when their wait passed.", f(&st.PullsExpired))
 	m.CounterFunc("ferrymq_broker_pulls_released_total", "Parked PULLs answered at once because the broker stepped down or cut its log.", f(&st.PullsReleased))
 	m.CounterFunc("ferrymq_broker_pulls_overflow_total", "PULLs answered at once, empty, because too many were parked.", f(&st.PullsOverflow))
-	m.Registry.MustRegister(roleCollector{b}, queueCollector{b}, diskCollector{dir})
+	m.Registry.MustRegister(roleCollector{b}, queueCollector{b}, diskCollector{dir}, delayedCollector{b})
 }
 
 // roleCollector exports the broker's role and the gauges that only mean
@@ -296,4 +307,31 @@ func ready(b *broker.Broker) error {
 		return fmt.Errorf("not ready: %s", st)
 	}
 	return errors.New("not ready: the metaserver has not named this broker master or slave yet")
+}
+
+// delayedCollector exports the pending delayed messages by how soon they
+// are due, and when the next one is.
+type delayedCollector struct{ b *broker.Broker }
+
+var (
+	delayedPendingDesc = prometheus.NewDesc("ferrymq_broker_delayed_pending",
+		"Delayed messages pending in this broker's log, by how soon they are due (within 1m, 1h, 1d, or later; each series counts only its own span).",
+		[]string{"due"}, nil)
+	delayedNextDueDesc = prometheus.NewDesc("ferrymq_broker_delayed_next_due_seconds",
+		"Seconds until the earliest pending delayed message is due (negative: overdue by that much); absent when none is pending.", nil, nil)
+)
+
+func (c delayedCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- delayedPendingDesc
+	ch <- delayedNextDueDesc
+}
+
+func (c delayedCollector) Collect(ch chan<- prometheus.Metric) {
+	d := c.b.Delayed()
+	for _, h := range d.ByHorizon {
+		ch <- prometheus.MustNewConstMetric(delayedPendingDesc, prometheus.GaugeValue, float64(h.Pending), h.Label)
+	}
+	if d.NextDue != nil {
+		ch <- prometheus.MustNewConstMetric(delayedNextDueDesc, prometheus.GaugeValue, d.NextDue.Sub(d.Now).Seconds())
+	}
 }

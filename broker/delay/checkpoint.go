@@ -1,0 +1,353 @@
+package delay
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"path/filepath"
+)
+
+// The checkpoint file, "checkpoint" (all integers big-endian):
+//
+//	magic "FYDC", u16 version 1, u16 0, i64 bucket width (ms), i64 W,
+//	  i64 the log's start as the index applied it
+//	u32 queues, per queue (its index is its number in items): u16 topic
+//	  length, the delay topic, u32 queue, i64 next queue offset as of W
+//	u32 buckets, per bucket: i64 number (start / width), u64 items in its
+//	  file as of W, i64 a lower bound of its pending entries' log offsets,
+//	  i64 the largest log offset of its items, u32 queues, per queue: u32
+//	  number, i64 pending entries as of W
+//	u32 far files, per far file: i64 number (start / its span), u64 items
+//	  as of W, i64 the largest log offset of its items
+//	u32 CRC32C of all that
+const (
+	checkpointName  = "checkpoint"
+	checkpointMagic = "FYDC"
+)
+
+// checkpoint syncs the bucket files and writes the checkpoint at
+// W = min(the log's flushed offset, what the index followed), undoing
+// from the counts what the records past W did (the journal).
+func (x *Index) checkpoint() error {
+	f := min(x.l.FlushedOffset(), x.pos)
+	if f < x.w || (f == x.w && x.cpWritten) || f < x.start {
+		return nil
+	}
+	if err := x.flushAll(); err != nil {
+		return err
+	}
+	for _, st := range x.dirty {
+		if st.dead {
+			continue
+		}
+		file, err := x.file(st)
+		if err != nil {
+			return err
+		}
+		if err := file.Sync(); err != nil {
+			return fmt.Errorf("delay: sync bucket file %s: %w", x.path(st), err)
+		}
+		st.dirty = false
+	}
+	x.dirty = x.dirty[:0]
+
+	// The state as of f: undo the effects of the records at or past it.
+	next := make([]int64, len(x.queues))
+	for i, q := range x.queues {
+		next[i] = q.next
+	}
+	items := map[*store]int64{}
+	pend := map[*bucket]map[uint32]int64{}
+	minAt := map[*bucket]int64{}
+	keep := len(x.journal)
+	for keep > 0 && x.journal[keep-1].at >= f {
+		keep--
+		ef := x.journal[keep]
+		next[ef.qid] = ef.qoff
+		if ef.s != nil {
+			items[ef.s]--
+		}
+		if ef.b == nil || ef.dp == 0 || (ef.dp < 0 && ef.ref < x.start) {
+			continue
+		}
+		if pend[ef.b] == nil {
+			pend[ef.b] = map[uint32]int64{}
+		}
+		pend[ef.b][ef.pq] -= int64(ef.dp)
+		if ef.dp < 0 {
+			// Pending as of f: the bucket's lower bound must cover it.
+			if m, ok := minAt[ef.b]; !ok || ef.ref < m {
+				minAt[ef.b] = ef.ref
+			}
+		}
+	}
+
+	// Buckets wholly below the log's start and W go.
+	for id, b := range x.buckets {
+		if b.npending != 0 || b.st != nil || b.maxAt >= min(f, x.start) || b.dirty || len(b.buf) > 0 {
+			continue
+		}
+		if err := x.closeFile(id); err != nil {
+			return fmt.Errorf("delay: close bucket file: %w", err)
+		}
+		if err := x.fs.Remove(x.path(&b.store)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("delay: remove bucket file: %w", err)
+		}
+		b.dead = true
+		delete(x.buckets, id)
+	}
+	for gid, g := range x.groups {
+		if g.maxAt >= min(f, x.start) || g.dirty || len(g.buf) > 0 {
+			continue
+		}
+		if err := x.closeFile(g.key); err != nil {
+			return fmt.Errorf("delay: close far file: %w", err)
+		}
+		if err := x.fs.Remove(x.path(&g.store)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("delay: remove far file: %w", err)
+		}
+		g.dead = true
+		delete(x.groups, gid)
+	}
+
+	buf := make([]byte, 0, 64+len(x.queues)*32+len(x.buckets)*48)
+	buf = append(buf, checkpointMagic...)
+	buf = binary.BigEndian.AppendUint16(buf, 1)
+	buf = binary.BigEndian.AppendUint16(buf, 0)
+	buf = binary.BigEndian.AppendUint64(buf, uint64(x.widthMs))
+	buf = binary.BigEndian.AppendUint64(buf, uint64(f))
+	buf = binary.BigEndian.AppendUint64(buf, uint64(x.start))
+	buf = binary.BigEndian.AppendUint32(buf, uint32(len(x.queues)))
+	for i, q := range x.queues {
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(q.topic)))
+		buf = append(buf, q.topic...)
+		buf = binary.BigEndian.AppendUint32(buf, q.queue)
+		buf = binary.BigEndian.AppendUint64(buf, uint64(next[i]))
+	}
+	nAt := len(buf)
+	buf = binary.BigEndian.AppendUint32(buf, 0)
+	var nb uint32
+	for _, b := range x.buckets {
+		n := b.items + items[&b.store]
+		counts := map[uint32]int64{}
+		for _, qc := range b.pending {
+			counts[qc.qid] = qc.n
+		}
+		for q, d := range pend[b] {
+			counts[q] += d
+		}
+		for q, c := range counts {
+			if c == 0 {
+				delete(counts, q)
+			}
+		}
+		if n <= 0 && len(counts) == 0 && b.maxAt < 0 {
+			continue // no item at all (its items may all be in its far file)
+		}
+		nb++
+		buf = binary.BigEndian.AppendUint64(buf, uint64(b.id))
+		buf = binary.BigEndian.AppendUint64(buf, uint64(n))
+		lo := b.minAt
+		if m, ok := minAt[b]; ok && m < lo {
+			lo = m
+		}
+		buf = binary.BigEndian.AppendUint64(buf, uint64(lo))
+		buf = binary.BigEndian.AppendUint64(buf, uint64(b.maxAt))
+		buf = binary.BigEndian.AppendUint32(buf, uint32(len(counts)))
+		for q, c := range counts {
+			buf = binary.BigEndian.AppendUint32(buf, q)
+			buf = binary.BigEndian.AppendUint64(buf, uint64(c))
+		}
+	}
+	binary.BigEndian.PutUint32(buf[nAt:], nb)
+	gAt := len(buf)
+	buf = binary.BigEndian.AppendUint32(buf, 0)
+	var ng uint32
+	for _, g := range x.groups {
+		n := g.items + items[&g.store]
+		if n <= 0 {
+			continue
+		}
+		ng++
+		buf = binary.BigEndian.AppendUint64(buf, uint64(g.id))
+		buf = binary.BigEndian.AppendUint64(buf, uint64(n))
+		buf = binary.BigEndian.AppendUint64(buf, uint64(g.maxAt))
+	}
+	binary.BigEndian.PutUint32(buf[gAt:], ng)
+	buf = binary.BigEndian.AppendUint32(buf, crc32.Checksum(buf, castagnoli))
+	if err := x.writeFileDurable(checkpointName, buf); err != nil {
+		return err
+	}
+	x.w = f
+	x.cpWritten = true
+	x.journal = append(x.journal[:0], x.journal[keep:]...)
+	return nil
+}
+
+// writeFileDurable writes name in the index's directory: to a temporary
+// name, synced, renamed, the directory synced (which also makes the names
+// of new bucket files durable).
+func (x *Index) writeFileDurable(name string, data []byte) error {
+	path := filepath.Join(x.cfg.Dir, name)
+	tmp := path + ".tmp"
+	if err := x.fs.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delay: remove %s: %w", tmp, err)
+	}
+	f, err := x.fs.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("delay: create %s: %w", tmp, err)
+	}
+	_, err = f.WriteAt(data, 0)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("delay: write %s: %w", tmp, err)
+	}
+	if err := x.fs.Rename(tmp, path); err != nil {
+		return fmt.Errorf("delay: rename %s: %w", tmp, err)
+	}
+	if err := x.fs.SyncDir(x.cfg.Dir); err != nil {
+		return fmt.Errorf("delay: sync %s: %w", x.cfg.Dir, err)
+	}
+	return nil
+}
+
+var errBadCheckpoint = errors.New("delay: bad checkpoint")
+
+// loadCheckpoint reads the checkpoint into the (clear) index: ok false
+// when there is none or it cannot be used (err then says why).
+func (x *Index) loadCheckpoint() (ok bool, err error) {
+	path := filepath.Join(x.cfg.Dir, checkpointName)
+	f, err := x.fs.OpenRW(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("delay: open %s: %w", path, err)
+	}
+	defer f.Close()
+	size, err := f.Size()
+	if err != nil {
+		return false, fmt.Errorf("delay: size of %s: %w", path, err)
+	}
+	if size < 44 || size > 1<<32 {
+		return false, fmt.Errorf("%w: %d bytes", errBadCheckpoint, size)
+	}
+	buf := make([]byte, size)
+	if n, err := f.ReadAt(buf, 0); n < len(buf) {
+		return false, fmt.Errorf("delay: read %s: %w", path, err)
+	}
+	body := buf[:len(buf)-4]
+	if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(buf[len(buf)-4:]) || string(body[:4]) != checkpointMagic ||
+		binary.BigEndian.Uint16(body[4:]) != 1 {
+		return false, fmt.Errorf("%w: its CRC or header does not check out", errBadCheckpoint)
+	}
+	r := cpReader{b: body[8:]}
+	if w := r.i64(); w != x.widthMs {
+		return false, fmt.Errorf("delay: the checkpoint's bucket width %d ms is not the configured %d ms", w, x.widthMs)
+	}
+	w, start := r.i64(), r.i64()
+	if end := x.l.EndOffset(); w > end {
+		return false, fmt.Errorf("%w: it covers the log to %d, the log ends at %d", ErrLogBehind, w, end)
+	}
+	nq := int(r.u32())
+	for i := 0; i < nq && r.ok(); i++ {
+		topic := string(r.bytes(int(r.u16())))
+		queue := uint32(r.u32())
+		next := r.i64()
+		id := x.queueID(topic, queue)
+		if int(id) != i {
+			return false, fmt.Errorf("%w: queue %s/%d twice", errBadCheckpoint, topic, queue)
+		}
+		x.queues[id].next = next
+		if _, lnext := x.l.QueueRange(topic, queue); lnext < next {
+			return false, fmt.Errorf("%w: queue %s/%d was followed to %d, the log's ends at %d", ErrLogBehind, topic, queue, next, lnext)
+		}
+	}
+	nb := int(r.u32())
+	for i := 0; i < nb && r.ok(); i++ {
+		b := x.newBucket(r.i64())
+		b.items = r.i64()
+		b.written = b.items
+		b.minAt, b.maxAt = r.i64(), r.i64()
+		nc := int(r.u32())
+		for j := 0; j < nc && r.ok(); j++ {
+			q, c := uint32(r.u32()), r.i64()
+			if int(q) >= len(x.queues) || c < 0 {
+				return false, fmt.Errorf("%w: a count of queue %d", errBadCheckpoint, q)
+			}
+			b.addPending(q, c)
+			x.topicPen[x.queues[q].target] += c
+			x.total += c
+		}
+		if x.buckets[b.id] != nil || b.items < 0 {
+			return false, fmt.Errorf("%w: bucket %d", errBadCheckpoint, b.id)
+		}
+		x.buckets[b.id] = b
+		if b.npending > 0 {
+			b.inHeap = true
+			x.unloaded = append(x.unloaded, b)
+		}
+	}
+	ng := int(r.u32())
+	for i := 0; i < ng && r.ok(); i++ {
+		g := x.newGroup(r.i64())
+		g.items = r.i64()
+		g.written = g.items
+		g.maxAt = r.i64()
+		if x.farMs == 0 || x.groups[g.id] != nil || g.items < 0 {
+			return false, fmt.Errorf("%w: far file %d", errBadCheckpoint, g.id)
+		}
+		x.groups[g.id] = g
+	}
+	if !r.ok() || len(r.b) != 0 {
+		return false, fmt.Errorf("%w: its length does not match its contents", errBadCheckpoint)
+	}
+	heapInit(&x.unloaded)
+	x.w, x.pos, x.start, x.cpWritten = w, w, start, true
+	return true, nil
+}
+
+type cpReader struct {
+	b   []byte
+	bad bool
+}
+
+func (r *cpReader) ok() bool { return !r.bad }
+
+func (r *cpReader) bytes(n int) []byte {
+	if r.bad || len(r.b) < n {
+		r.bad = true
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *cpReader) u16() uint16 {
+	if b := r.bytes(2); b != nil {
+		return binary.BigEndian.Uint16(b)
+	}
+	return 0
+}
+
+func (r *cpReader) u32() uint32 {
+	if b := r.bytes(4); b != nil {
+		return binary.BigEndian.Uint32(b)
+	}
+	return 0
+}
+
+func (r *cpReader) i64() int64 {
+	if b := r.bytes(8); b != nil {
+		return int64(binary.BigEndian.Uint64(b))
+	}
+	return 0
+}

@@ -1,0 +1,521 @@
+package broker
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/ferrymq/ferrymq/broker/delay"
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/storage"
+)
+
+// delayer keeps this broker's delayed messages: it admits them on the send
+// path (the maximum delay, the topics' quotas), follows the timer index
+// (package delay) on both roles, and while this broker is the writable
+// master fires what is due, cancels, and moves pending records out of
+// retention's way. One goroutine (run) does all of the writing, so a fire,
+// a cancel and a move of the same record are decided one after another,
+// each against the index as the log holds it: a record is released,
+// cancelled or moved once.
+//
+// Firing appends, in one append, the released copy to the target queue and
+// its release mark to the pending record's queue, the copy first. A crash
+// or a failover can cut between the two only at the log's end: the copy
+// is then the log's last record when a broker takes over as master, and
+// repair writes the missing mark before anything fires.
+type delayer struct {
+	group string
+	idx   *delay.Index
+	log   *storage.Log
+	roles *roles
+	lease *writeLease
+	pulls *longPoll
+	stats *Stats
+	clock clockwork.Clock
+	lg    hclog.Logger
+
+	maxDelay time.Duration
+	quota    int64
+	tick     time.Duration
+
+	wake chan struct{} // capacity 1: delayed messages were stored
+	reqs chan *delayReq
+	cut  atomic.Bool // the log was cut back (a truncation): rebuild the index first
+
+	lastRep *replication // run's: the replication repair last ran for
+	warned  string       // run's: the last warning, logged once
+}
+
+// delayDir, in the broker's directory, holds the timer index's files.
+const delayDir = "delay"
+
+// fireBatch is the most due messages released in one append.
+const fireBatch = 256
+
+// delayReq is a cancel or a move, carried out by run.
+type delayReq struct {
+	cancel *pendingRecord // a cancel of this record
+	before int64          // else: move what is pending before this log offset
+	done   chan delayAnswer
+}
+
+type delayAnswer struct {
+	state protocol.DelayedState
+	end   int64 // the log end the answer's append reached (-1: none)
+	high  bool
+	err   error
+}
+
+// pendingRecord is a pending record read back from the log.
+type pendingRecord struct {
+	at  int64
+	msg protocol.Message
+}
+
+func newDelayer(cfg Config, idx *delay.Index, log *storage.Log, roles *roles, lease *writeLease, pulls *longPoll, stats *Stats, lg hclog.Logger) *delayer {
+	return &delayer{group: cfg.Group, idx: idx, log: log, roles: roles, lease: lease, pulls: pulls, stats: stats, clock: cfg.Clock, lg: lg,
+		maxDelay: cfg.MaxDelay, quota: cfg.DelayQuota, tick: cfg.DelayTick,
+		wake: make(chan struct{}, 1), reqs: make(chan *delayReq)}
+}
+
+// admit checks a delayed message on the send path: its time within the
+// maximum delay (by this broker's clock; a time in the past is due now),
+// and its topic under its quota of pending messages (as the index last
+// followed the log: a batch in flight may pass it by its size).
+func (d *delayer) admit(m *protocol.Message) protocol.Status {
+	if d == nil {
+		return protocol.StatusInvalid
+	}
+	if len(protocol.DelayTopic(m.Topic)) > protocol.MaxTopicLen {
+		return protocol.StatusInvalid // its internal topic's name would not fit: topics of delayed messages are 7 shorter
+	}
+	if m.Schedule.At > d.clock.Now().Add(d.maxDelay).UnixMilli() {
+		d.stats.DelayedRefused.Add(1)
+		return protocol.StatusInvalid
+	}
+	if d.idx.Pending(m.Topic) >= d.quota {
+		d.stats.DelayedRefused.Add(1)
+		return protocol.StatusDelayQuota
+	}
+	return protocol.StatusOK
+}
+
+// appended tells run that delayed messages were stored (some may be due
+// at once). It never blocks: it runs on the commit log's writer.
+func (d *delayer) appended() {
+	if d == nil {
+		return
+	}
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// truncated tells run that the log was cut back: the index is rebuilt
+// before anything else.
+func (d *delayer) truncated() {
+	d.cut.Store(true)
+	d.appended()
+}
+
+// run follows the index every tick, and as master fires, cancels and
+// moves, until ctx ends.
+func (d *delayer) run(ctx context.Context) {
+	t := d.clock.NewTicker(d.tick)
+	defer t.Stop()
+	for {
+		var req *delayReq
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.Chan():
+		case <-d.wake:
+		case req = <-d.reqs:
+		}
+		err := d.step()
+		if req != nil {
+			d.serve(req, err)
+		}
+	}
+}
+
+// errNotWritableMaster answers a cancel or a move on a broker that may not
+// write delayed records.
+var errNotWritableMaster = &protocol.Error{Status: protocol.StatusNotMaster, Message: "this broker is not its group's writable master"}
+
+// step brings the index up to the log and, as the writable master, fires
+// what is due. It returns why this broker may not write delayed records
+// now (nil: it may).
+func (d *delayer) step() error {
+	if d.cut.Load() {
+		if err := d.idx.Reset(); err != nil {
+			d.warn("cannot rebuild the timer index after the log was cut", err)
+			return &protocol.Error{Status: protocol.StatusStoreError, Message: "the timer index: " + err.Error()}
+		}
+		d.cut.Store(false)
+	}
+	if err := d.idx.Follow(); err != nil {
+		if errors.Is(err, storage.ErrReadTruncated) {
+			d.cut.Store(true)
+		}
+		d.warn("cannot follow the log into the timer index", err)
+		return &protocol.Error{Status: protocol.StatusStoreError, Message: "the timer index: " + err.Error()}
+	}
+	rep := d.roles.replication()
+	if rep == nil || !d.lease.valid() {
+		d.lastRep = nil // a later takeover repairs again
+		return errNotWritableMaster
+	}
+	if rep != d.lastRep {
+		if err := d.repair(); err != nil {
+			d.warn("cannot check the log's last record for a release without its mark", err)
+			return &protocol.Error{Status: protocol.StatusStoreError, Message: "the timer index: " + err.Error()}
+		}
+		d.lastRep = rep
+	}
+	d.fire(rep)
+	return nil
+}
+
+func (d *delayer) warn(msg string, err error) {
+	if s := msg + ": " + err.Error(); s != d.warned {
+		d.warned = s
+		d.lg.Warn(msg, "error", err)
+	}
+}
+
+// repair writes the release mark of a released copy that is the last
+// record of the log this broker took over (the mark did not make it).
+func (d *delayer) repair() error {
+	at := d.roles.takeoverTail.Load()
+	if at < 0 {
+		return nil
+	}
+	ri, err := d.log.ReadRecordAt(at)
+	if err != nil {
+		if errors.Is(err, storage.ErrOutOfRange) {
+			return nil // retention took it, or the log is empty
+		}
+		return err
+	}
+	m, err := protocol.DecodeMessage(ri.Payload)
+	if err != nil || m.Schedule.Kind != protocol.ScheduleReleased || ri.Topic != m.Topic {
+		return nil
+	}
+	e, _, ok, err := d.idx.Claim(m.Schedule.Ref, m.Schedule.At)
+	if err != nil || !ok {
+		return err // marked already, or not pending: nothing to repair
+	}
+	mark := releaseMark(&m, e.At, ri.Size)
+	_, err = d.log.Append([]storage.Entry{{Topic: protocol.DelayTopic(e.Topic), Queue: e.Queue, Payload: mark}}, false)
+	d.idx.Release(e.At, err == nil)
+	if err == nil {
+		d.lg.Info("marked a release that a crash or a failover left without its mark", "pending-record", e.At, "released", at)
+	}
+	return err
+}
+
+// fire releases what is due, a batch per append, earliest first.
+func (d *delayer) fire(rep *replication) {
+	for range 64 { // then run serves requests and follows again
+		now := d.clock.Now()
+		due := d.idx.Due(now, fireBatch)
+		if len(due) == 0 {
+			return
+		}
+		entries := make([]storage.Entry, 0, 2*len(due))
+		released := make([]protocol.Message, 0, len(due))
+		for _, e := range due {
+			rec, err := d.readPending(e.At)
+			if err != nil {
+				// A pending record that cannot be read cannot be released:
+				// it is cancelled, so it is not tried forever, and counted.
+				d.lg.Error("a due delayed message cannot be read; it is cancelled", "pending-record", e.At, "topic", e.Topic, "queue", e.Queue, "error", err)
+				d.stats.DelayedUnreadable.Add(1)
+				m := protocol.Message{Topic: e.Topic, Queue: e.Queue, Schedule: protocol.Schedule{At: e.DueAt}}
+				entries = append(entries, storage.Entry{Topic: protocol.DelayTopic(e.Topic), Queue: e.Queue, Payload: cancelMark(&m, e.At)})
+				continue
+			}
+			cp := rec.msg
+			cp.Producer = protocol.ProducerStamp{}
+			cp.Schedule = protocol.Schedule{Kind: protocol.ScheduleReleased, At: rec.msg.Schedule.At, Ref: e.At}
+			payload := protocol.AppendMessage(nil, &cp)
+			entries = append(entries,
+				storage.Entry{Topic: cp.Topic, Queue: cp.Queue, Payload: payload},
+				storage.Entry{Topic: protocol.DelayTopic(cp.Topic), Queue: cp.Queue,
+					Payload: releaseMark(&rec.msg, e.At, storage.RecordSize(cp.Topic, len(payload)))})
+			released = append(released, cp)
+		}
+		pos, err := d.log.Append(entries, false)
+		for _, e := range due {
+			d.idx.Release(e.At, err == nil)
+		}
+		if err != nil {
+			d.warn("cannot append released delayed messages; they stay pending", err)
+			return
+		}
+		at := d.clock.Now()
+		for _, e := range due {
+			d.stats.DelayedLateness.Observe(max(at.Sub(time.UnixMilli(e.DueAt)), 0).Seconds())
+		}
+		d.stats.DelayedFired.Add(int64(len(released)))
+		d.stats.DelayedFireBatches.Add(1)
+		d.wakeReaders(released, entries, pos)
+		rep.notify()
+	}
+}
+
+// wakeReaders wakes the PULLs parked on the queues that got released
+// copies (every other entry of an append, the marks between them).
+func (d *delayer) wakeReaders(released []protocol.Message, entries []storage.Entry, pos []storage.Position) {
+	good := make([]int, 0, len(released))
+	ps := make([]storage.Position, 0, len(released))
+	r := 0
+	for j, e := range entries {
+		if _, internal := protocol.IsDelayTopic(e.Topic); !internal {
+			good = append(good, r)
+			ps = append(ps, pos[j])
+			r++
+		}
+	}
+	d.pulls.appended(released, good, ps)
+}
+
+// readPending reads the pending record at log offset at and checks it is
+// one.
+func (d *delayer) readPending(at int64) (pendingRecord, error) {
+	ri, err := d.log.ReadRecordAt(at)
+	if err != nil {
+		return pendingRecord{}, err
+	}
+	m, err := protocol.DecodeMessage(ri.Payload)
+	if err != nil {
+		return pendingRecord{}, fmt.Errorf("the record at %d is not a message: %w", at, err)
+	}
+	if m.Schedule.Kind != protocol.ScheduleDelayed || ri.Topic != protocol.DelayTopic(m.Topic) || ri.Queue != m.Queue {
+		return pendingRecord{}, &protocol.Error{Status: protocol.StatusNotFound,
+			Message: fmt.Sprintf("the record at log offset %d is not a delayed message", at)}
+	}
+	return pendingRecord{at: at, msg: m}, nil
+}
+
+// releaseMark encodes the mark that says the pending record at of m was
+// released as a record of size bytes, right before the mark.
+func releaseMark(m *protocol.Message, at int64, size int) []byte {
+	mk := protocol.Message{ID: m.ID, Topic: m.Topic, Queue: m.Queue, Reliability: m.Reliability, Timestamp: m.Timestamp,
+		Schedule: protocol.Schedule{Kind: protocol.ScheduleReleaseMark, At: m.Schedule.At, Ref: at},
+		Body:     binary.BigEndian.AppendUint32(nil, uint32(size))}
+	return protocol.AppendMessage(nil, &mk)
+}
+
+// cancelMark encodes the mark that says the pending record at of m was
+// cancelled.
+func cancelMark(m *protocol.Message, at int64) []byte {
+	mk := protocol.Message{ID: m.ID, Topic: m.Topic, Queue: m.Queue, Reliability: m.Reliability, Timestamp: m.Timestamp,
+		Schedule: protocol.Schedule{Kind: protocol.ScheduleCancelMark, At: m.Schedule.At, Ref: at}}
+	return protocol.AppendMessage(nil, &mk)
+}
+
+// serve carries out a cancel or a move on run's goroutine; notNow is why
+// this broker may not write delayed records now (nil: it may).
+func (d *delayer) serve(req *delayReq, notNow error) {
+	if notNow != nil {
+		req.done <- delayAnswer{end: -1, err: notNow}
+		return
+	}
+	if req.cancel != nil {
+		req.done <- d.cancel(req.cancel)
+		return
+	}
+	req.done <- d.move(req.before)
+}
+
+// cancel claims the pending record and appends its cancel mark; a record
+// no longer pending is answered with what became of it.
+func (d *delayer) cancel(p *pendingRecord) delayAnswer {
+	due := p.msg.Schedule.At
+	_, _, ok, err := d.idx.Claim(p.at, due)
+	if err != nil {
+		return delayAnswer{end: -1, err: err}
+	}
+	if !ok {
+		st, err := d.describe(p)
+		return delayAnswer{state: st, end: -1, err: err}
+	}
+	pos, err := d.log.Append([]storage.Entry{{Topic: protocol.DelayTopic(p.msg.Topic), Queue: p.msg.Queue, Payload: cancelMark(&p.msg, p.at)}}, false)
+	d.idx.Release(p.at, err == nil)
+	if err != nil {
+		return delayAnswer{end: -1, err: &protocol.Error{Status: statusOfStoreError(err), Message: err.Error()}}
+	}
+	d.stats.DelayedCancelled.Add(1)
+	if rep := d.roles.replication(); rep != nil {
+		rep.notify()
+	}
+	st := d.stateOf(p)
+	st.State, st.By = protocol.DelayCancelled, "cancel"
+	return delayAnswer{state: st, end: pos[0].End, high: p.msg.Reliability == protocol.High}
+}
+
+// move appends again every record pending before the log offset before,
+// as a moved record that replaces it (the same message, due at the same
+// time: its handle follows), so retention may delete its segment.
+func (d *delayer) move(before int64) delayAnswer {
+	for {
+		es, err := d.idx.PendingBefore(before, fireBatch)
+		if err != nil || len(es) == 0 {
+			return delayAnswer{end: -1, err: err}
+		}
+		entries := make([]storage.Entry, 0, len(es))
+		for _, e := range es {
+			rec, err := d.readPending(e.At)
+			if err != nil {
+				d.lg.Error("a pending delayed message cannot be read to move it before retention; it is cancelled", "pending-record", e.At, "error", err)
+				d.stats.DelayedUnreadable.Add(1)
+				m := protocol.Message{Topic: e.Topic, Queue: e.Queue, Schedule: protocol.Schedule{At: e.DueAt}}
+				entries = append(entries, storage.Entry{Topic: protocol.DelayTopic(e.Topic), Queue: e.Queue, Payload: cancelMark(&m, e.At)})
+				continue
+			}
+			mv := rec.msg
+			mv.Producer = protocol.ProducerStamp{} // its producer's sequences stay with the record retention deletes
+			mv.Schedule.Ref = e.At
+			entries = append(entries, storage.Entry{Topic: protocol.DelayTopic(mv.Topic), Queue: mv.Queue, Payload: protocol.AppendMessage(nil, &mv)})
+		}
+		_, err = d.log.Append(entries, false)
+		for _, e := range es {
+			d.idx.Release(e.At, err == nil)
+		}
+		if err != nil {
+			return delayAnswer{end: -1, err: err}
+		}
+		d.stats.DelayedMoved.Add(int64(len(es)))
+		if err := d.idx.Follow(); err != nil {
+			return delayAnswer{end: -1, err: err}
+		}
+	}
+}
+
+// call hands req to run and waits for its answer.
+func (d *delayer) call(ctx context.Context, req *delayReq) delayAnswer {
+	req.done = make(chan delayAnswer, 1)
+	select {
+	case d.reqs <- req:
+	case <-ctx.Done():
+		return delayAnswer{end: -1, err: ctx.Err()}
+	}
+	select {
+	case a := <-req.done:
+		return a
+	case <-ctx.Done():
+		return delayAnswer{end: -1, err: ctx.Err()}
+	}
+}
+
+// stateOf is what p is, without its fate.
+func (d *delayer) stateOf(p *pendingRecord) protocol.DelayedState {
+	return protocol.DelayedState{Offset: p.at, Topic: p.msg.Topic, Queue: p.msg.Queue, ID: p.msg.ID, DueAt: p.msg.Schedule.At}
+}
+
+// describe tells what became of the pending record p: pending, released
+// (and where: the released copy's queue offset and store time), cancelled
+// or moved.
+func (d *delayer) describe(p *pendingRecord) (protocol.DelayedState, error) {
+	st := d.stateOf(p)
+	s, err := d.idx.State(p.at, p.msg.Schedule.At)
+	if err != nil {
+		return st, err
+	}
+	switch s.Kind {
+	case delay.StatePending:
+		st.State = protocol.DelayPending
+	case delay.StateCancelled:
+		st.State = protocol.DelayCancelled
+	case delay.StateMoved:
+		st.State, st.MovedTo = protocol.DelayMoved, s.MovedTo
+	case delay.StateReleased:
+		st.State = protocol.DelayReleased
+		rel := &protocol.DelayedRelease{LogOffset: s.ReleasedAt, QueueOffset: -1}
+		if ri, err := d.log.ReadRecordAt(s.ReleasedAt); err == nil {
+			rel.QueueOffset, rel.At = ri.QueueOffset, ri.StoreTime
+		}
+		st.Released = rel
+	default:
+		return st, &protocol.Error{Status: protocol.StatusNotFound,
+			Message: fmt.Sprintf("the timer index has no delayed message at log offset %d (before the log's start, or not followed yet)", p.at)}
+	}
+	return st, nil
+}
+
+// retainFrom is retention's question before it deletes the log before
+// offset before: as the writable master, the delayed messages pending
+// there are moved (appended again) first; otherwise, or when they could not
+// be, retention stops at the earliest of them, which the master moves (the
+// slave gets the moved copies and their marks by replication).
+func (d *delayer) retainFrom(ctx context.Context, before int64) int64 {
+	if a := d.call(ctx, &delayReq{before: before}); a.err == nil {
+		return before
+	}
+	es, err := d.idx.PendingBefore(before, 1<<20)
+	if err != nil {
+		d.lg.Warn("retention cannot tell which delayed messages are pending; it deletes nothing", "error", err)
+		return d.log.StartOffset()
+	}
+	for _, e := range es {
+		before = min(before, e.At)
+		d.idx.Release(e.At, false)
+	}
+	return before
+}
+
+// DelayedSummary is what a broker's metrics say of its pending delayed
+// messages.
+type DelayedSummary struct {
+	Now       time.Time
+	NextDue   *time.Time // nil: none pending
+	ByHorizon []DelayedHorizon
+}
+
+// DelayedHorizon counts the pending messages due in one span: "1m" (before
+// a minute from now, overdue ones included), "1h", "1d" (from the span
+// before it on), "later".
+type DelayedHorizon struct {
+	Label   string
+	Pending int64
+}
+
+// ClockSkew is the registry leader's clock minus this broker's, as the last
+// heartbeat reply showed it (within half a round trip): delayed messages
+// are due by this broker's clock.
+func (b *Broker) ClockSkew() time.Duration { return time.Duration(b.sess.skew.Load()) }
+
+// Delayed summarises the pending delayed messages for the metrics.
+func (b *Broker) Delayed() DelayedSummary {
+	idx := b.delays.idx
+	now := b.cfg.Clock.Now()
+	s := DelayedSummary{Now: now}
+	if next, ok := idx.NextDue(); ok {
+		t := time.UnixMilli(next)
+		s.NextDue = &t
+	}
+	total := idx.Pending("")
+	within := func(h time.Duration, width time.Duration) int64 {
+		var n int64
+		limit := int(h/width) + 2
+		for _, bk := range idx.Buckets("", width, limit) {
+			if bk.Start < now.Add(h).UnixMilli() {
+				n += bk.Pending
+			}
+		}
+		return n
+	}
+	m, h, d := within(time.Minute, 10*time.Second), within(time.Hour, time.Minute), within(24*time.Hour, time.Hour)
+	s.ByHorizon = []DelayedHorizon{{"1m", m}, {"1h", max(h-m, 0)}, {"1d", max(d-h, 0)}, {"later", max(total-d, 0)}}
+	return s
+}
