@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferrymq/ferrymq/consumer"
@@ -108,13 +109,13 @@ func ExampleNonBlockingRetries() {
 	defer c.Close()
 
 	runCtx, cancel := context.WithCancel(ctx)
-	handled := 0
+	var handled atomic.Int32 // the retry topic's queue is handled concurrently with the others
 	err = c.Run(runCtx, func(ctx context.Context, m *consumer.Message) error {
 		fmt.Printf("%s: %s (offset %d, delivery %d)\n", m.Topic, m.Body, m.Offset, m.Deliveries)
 		if string(m.Body) == "order 0" && m.Deliveries == 1 {
 			return consumer.RetryAfter(200*time.Millisecond, errors.New("the bank is busy"))
 		}
-		if handled++; handled == 3 {
+		if handled.Add(1) == 3 {
 			cancel()
 		}
 		return nil

@@ -167,13 +167,18 @@ func (c *Consumer) storeRetry(p *part, m *Message, due time.Time, cause error, l
 		props[PropRetrySeq] = strconv.FormatInt(m.Seq, 10)
 	}
 	props[PropRetryDeliveries] = strconv.Itoa(m.Deliveries)
+	// Due in whole milliseconds, rounded up: never before due.
+	at := due.UnixMilli()
+	if due.After(time.UnixMilli(at)) {
+		at++
+	}
 	// Built once, like a dead letter: its retries carry its id and, once
 	// sent, its stamp, so it is stored once.
 	rm := &protocol.Message{
 		ID:         c.dlqPrefix + "-" + strconv.FormatUint(c.dlqIDs.Add(1), 36),
 		Topic:      c.cfg.retryTopic,
 		Timestamp:  m.Timestamp.UnixMilli(),
-		Schedule:   protocol.Schedule{Kind: protocol.ScheduleDelayed, At: max(due.UnixMilli(), 1), Ref: -1},
+		Schedule:   protocol.Schedule{Kind: protocol.ScheduleDelayed, At: max(at, 1), Ref: -1},
 		Body:       m.Body,
 		Properties: clientcore.Properties(props, m.Key),
 	}

@@ -69,7 +69,7 @@ func TestNonBlockingRetriesCluster(t *testing.T) {
 		waitFor(t, 60*time.Second, "every message handled and the poison dead-lettered", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
-			return len(handled) == n-2 && len(calls[500]) == 3 && len(calls[1501]) == 3
+			return len(handled) == n-2 && len(calls[500]) == 3 && len(calls[1501]) == 3 && c.Stats().DeadLetters == 2
 		})
 		mu.Lock()
 		defer mu.Unlock()
