@@ -337,41 +337,43 @@ func RetrySchedule(ds ...time.Duration) Opt {
 
 // NonBlockingRetries has a failed message wait for its retry outside its
 // queue, so the messages after it are not held back: the message is stored
-// as a delayed message, due at its retry's time, in the group's retry
+// as a delayed message, due at its retry's time (the schedule's, or the
+// handler's RetryAt; rounded up to the millisecond), in the group's retry
 // topic ("%RETRY%" followed by the group; created on first use when the
 // metaserver auto-creates topics, like the dead-letter topic), and its
 // queue moves on at once (its offset is committed past it). The group
-// consumes its retry topic besides its topics: when the broker releases
-// the retry, it is handed to the handler as the original message (its
-// Topic, Queue, Offset, ID, Key, Properties, producer stamp, StoreTime and
-// Timestamp restored, Deliveries counted on from the failed delivery,
-// PropRetry set), and once out of retries it is dead-lettered as without
-// the option.
+// consumes its retry topic besides its topics, its queues like any other:
+// when the broker releases a retry (never before it is due), it is handed
+// to the handler as the original message (its Topic, Queue, Offset, ID,
+// Key, Properties, producer stamp, StoreTime and Timestamp restored,
+// Deliveries counted on from the failed delivery, PropRetry set), and once
+// out of retries it is dead-lettered as without the option.
 //
 // The trade-off: per-queue order, and so per-key order, no longer holds
-// for failed messages. A message delivered again comes after messages that
-// were stored after it in its queue, its key's included (those the group
-// handled while it waited); messages that never fail keep their order
-// among themselves. The default (holding the queue) keeps
-// order, at the price of a queue that handles nothing while one of its
-// messages waits: with a 1 s first retry and 0.5% of calls failing once, a
-// queue handles about 200 messages a second however fast its handler is.
-// With this option a failure costs the queue one SEND of the retry.
+// for failed messages. A message delivered again comes after the messages
+// stored after it in its queue that the group handled while it waited,
+// its key's included; messages that never fail keep their order among
+// themselves. The default (holding the queue) keeps order, at the price of
+// a queue that handles nothing while one of its messages waits: with a 1 s
+// first retry and 0.5% of calls failing once, a queue handles about 200
+// messages a second however fast its handler is. With this option a
+// failure costs its queue one SEND of the retry.
 //
 // A retry is stored once (its id and producer stamp are kept across its
 // own send attempts), as a NORMAL message: it survives what an
 // acknowledged NORMAL message survives. A retry that cannot be stored (a
 // broker unreachable, the retry topic's delay quota full) is tried again,
-// and its queue waits meanwhile; one the broker refuses for
-// good (a RetryAt past its maximum delay) is dead-lettered with the
-// refusal. As with any handler call, a message whose
-// retry was stored but whose offset was not committed before its queue
-// moved (a rebalance, a crash) is delivered twice: once from its queue,
-// once from the retry topic. Every member of a group must give this option
-// or none (they subscribe the same topics). It applies to Run and
-// RunBatch; Poll, which has no retries, refuses it. The group's name must
-// be at most 241 bytes (its retries' pending records are stored under the
-// internal topic "%DELAY%%RETRY%" and the group, at most 255 bytes).
+// and its queue waits meanwhile; one the broker refuses for good (a
+// RetryAt past its maximum delay) is dead-lettered with the refusal. As
+// with any handler call, a message whose retry was stored but whose offset
+// was not committed before its queue moved (a rebalance, a crash) is
+// delivered twice: once from its queue, once from the retry topic.
+//
+// Every member of a group must give this option or none (they subscribe
+// the same topics). It applies to Run and RunBatch; Poll, which has no
+// retries, refuses it. The group's name must be at most 241 bytes (its
+// retries' pending records are stored under the internal topic
+// "%DELAY%%RETRY%" followed by the group, at most 255 bytes).
 func NonBlockingRetries() Opt { return optFunc(func(c *config) { c.nonBlocking = true }) }
 
 // DeadLetterTopic names the topic that messages out of retries go to.
