@@ -50,6 +50,16 @@ type Message struct {
 	// its queue took since the failover, the one exception to per-key order.
 	// Properties holds its origin under protocol.RecoveredProperty.
 	Recovered bool
+	// DueAt is set on a delayed message (sent with the producer's
+	// DeliverAt or DeliverAfter): when it was due, to the millisecond.
+	// ReleasedAt is when its broker released it into the queue (its
+	// StoreTime), never before DueAt by the broker's clock; the difference
+	// is how late it was released. DelayedHandle names the pending record
+	// it was released from (the Handle its producer's Result gave). All
+	// three are zero on any other message.
+	DueAt         time.Time
+	ReleasedAt    time.Time
+	DelayedHandle protocol.Handle
 
 	part *part // the queue it came from
 	size int64 // what it counts against the prefetch budget

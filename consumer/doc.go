@@ -97,6 +97,17 @@
 // and not committed is. Every member of the group must give the option or
 // none; Poll, which has no retries, refuses it.
 //
+// # Delayed messages
+//
+// A delayed message (sent with the producer's DeliverAt or DeliverAfter)
+// waits pending in its broker group and is read like any other once the
+// broker releases it into its queue, at its due time or later: it takes
+// its queue offset then, so it comes after what the queue took before its
+// release. Message.DueAt says when it was due, Message.ReleasedAt when it
+// was released (its StoreTime; ReleasedAt minus DueAt is how late), and
+// Message.DelayedHandle names the pending record it came from (the
+// producer's Result.Handle). They are zero on any other message.
+//
 // # Fetching
 //
 // Every queue the member holds has a fetcher: a PULL to the queue's master

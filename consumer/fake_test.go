@@ -49,6 +49,16 @@ func (f *fakeBrokers) add(topic string, queue uint32, bodies ...string) {
 	f.changed = make(chan struct{})
 }
 
+// addMessage appends a message as given (a released delayed message, say).
+func (f *fakeBrokers) addMessage(m protocol.Message) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := qkey{m.Topic, m.Queue}
+	f.logs[k] = append(f.logs[k], m)
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
 func (f *fakeBrokers) setDown(addr string, down bool) {
 	f.mu.Lock()
 	f.down[addr] = down

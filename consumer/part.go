@@ -411,7 +411,7 @@ func (p *part) fetch(pos int64) {
 				continue // never: a PULL answers from its offset on
 			}
 			m := &slab[i]
-			toMessage(m, &msgs[i], p)
+			toMessage(m, &msgs[i], p, group)
 			size += m.size
 			p.buf = append(p.buf, m)
 			pos = msgs[i].QueueOffset + 1
@@ -502,8 +502,9 @@ func (m *movedQueue) Error() string {
 	return fmt.Sprintf("the queue moved to group %s, which took it up at offset %d", m.group, m.base)
 }
 
-// toMessage converts a stored message into m.
-func toMessage(m *Message, sm *protocol.StoredMessage, p *part) {
+// toMessage converts a stored message, read from the broker group group,
+// into m.
+func toMessage(m *Message, sm *protocol.StoredMessage, p *part, group string) {
 	pm := &sm.Message
 	*m = Message{
 		Topic: pm.Topic, Queue: pm.Queue, Offset: sm.QueueOffset, ID: pm.ID, Body: pm.Body,
@@ -513,6 +514,10 @@ func toMessage(m *Message, sm *protocol.StoredMessage, p *part) {
 	}
 	if m.Topic == "" {
 		m.Topic, m.Queue = p.key.topic, p.key.queue
+	}
+	if sc := pm.Schedule; sc.Kind == protocol.ScheduleReleased {
+		m.DueAt, m.ReleasedAt = time.UnixMilli(sc.At), m.StoreTime
+		m.DelayedHandle = protocol.Handle{Group: group, Offset: sc.Ref}
 	}
 	for _, pr := range pm.Properties {
 		if pr.Key == "key" {

@@ -6,10 +6,14 @@ import (
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
-// qkey names a queue.
+// qkey names a queue, or, with delayed, the internal queue of its pending
+// delayed messages (protocol.DelayTopic(topic), the same queue number, in
+// the same group): the broker keeps a producer's sequences of that queue
+// apart from the queue's own, so a sink keeps a line for each.
 type qkey struct {
-	topic string
-	queue uint32
+	topic   string
+	queue   uint32
+	delayed bool
 }
 
 // line is one queue's waiting records, in order. Records that keep their
@@ -45,7 +49,7 @@ type run struct {
 // carries reports whether rec is one of the batch's records.
 func (b *batch) carries(rec *record) bool {
 	for _, rn := range b.runs {
-		if rn.ln.key == (qkey{rec.msg.Topic, rec.msg.Queue}) && slices.Contains(rn.recs, rec) {
+		if rn.ln.key == rec.lineKey() && slices.Contains(rn.recs, rec) {
 			return true
 		}
 	}

@@ -27,6 +27,8 @@ import (
 // sync-1: Send one at a time (p50/p99 per message). async-*: SendAsync with
 // batching, then Flush (p50/p99 from send to promise). idem-on (the
 // default) stamps messages and the broker checks them; idem-off does not.
+// *-delayed: every message is due in an hour, stored pending in its
+// queue's internal queue (the timer index takes each too).
 func BenchmarkProduce(b *testing.B) {
 	cases := []struct {
 		name  string
@@ -35,13 +37,16 @@ func BenchmarkProduce(b *testing.B) {
 		flush storage.FlushMode
 		slave bool
 		idem  bool
+		delay bool // every message delayed by an hour: stored pending
 	}{
-		{"sync-1/normal/idem-on", false, protocol.Normal, storage.FlushAsync, false, true},
-		{"sync-1/normal/idem-off", false, protocol.Normal, storage.FlushAsync, false, false},
-		{"async/normal/idem-on", true, protocol.Normal, storage.FlushAsync, false, true},
-		{"async/normal/idem-off", true, protocol.Normal, storage.FlushAsync, false, false},
-		{"async/normal-flush-sync", true, protocol.Normal, storage.FlushSync, false, true},
-		{"async/high", true, protocol.High, storage.FlushAsync, true, true},
+		{"sync-1/normal/idem-on", false, protocol.Normal, storage.FlushAsync, false, true, false},
+		{"sync-1/normal/idem-off", false, protocol.Normal, storage.FlushAsync, false, false, false},
+		{"async/normal/idem-on", true, protocol.Normal, storage.FlushAsync, false, true, false},
+		{"async/normal/idem-off", true, protocol.Normal, storage.FlushAsync, false, false, false},
+		{"async/normal-flush-sync", true, protocol.Normal, storage.FlushSync, false, true, false},
+		{"async/high", true, protocol.High, storage.FlushAsync, true, true, false},
+		{"async/normal/delayed", true, protocol.Normal, storage.FlushAsync, false, true, true},
+		{"sync-1/normal/delayed", false, protocol.Normal, storage.FlushAsync, false, true, true},
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
@@ -56,6 +61,10 @@ func BenchmarkProduce(b *testing.B) {
 			p := newProducer(b, c, MaxBuffered(50_000, 256<<20), Idempotence(tc.idem))
 			ctx := context.Background()
 			body := make([]byte, 1024)
+			var after time.Duration
+			if tc.delay {
+				after = time.Hour
+			}
 			lat := make([]time.Duration, b.N)
 			b.SetBytes(1024)
 			b.ResetTimer()
@@ -63,7 +72,7 @@ func BenchmarkProduce(b *testing.B) {
 			if !tc.async {
 				for i := range b.N {
 					t0 := time.Now()
-					if _, err := p.Send(ctx, &Message{Topic: "bench", Body: body, Reliability: tc.rel}); err != nil {
+					if _, err := p.Send(ctx, &Message{Topic: "bench", Body: body, Reliability: tc.rel, DeliverAfter: after}); err != nil {
 						b.Fatal(err)
 					}
 					lat[i] = time.Since(t0)
@@ -71,7 +80,7 @@ func BenchmarkProduce(b *testing.B) {
 			} else {
 				for i := range b.N {
 					t0 := time.Now()
-					p.SendAsync(ctx, &Message{Topic: "bench", Body: body, Reliability: tc.rel}, func(_ Result, err error) {
+					p.SendAsync(ctx, &Message{Topic: "bench", Body: body, Reliability: tc.rel, DeliverAfter: after}, func(_ Result, err error) {
 						if err != nil {
 							b.Error(err)
 						}

@@ -139,7 +139,14 @@ type keyGate struct {
 	waiting []*record
 }
 
-func gateKey(rec *record) string { return rec.msg.Topic + "\x00" + rec.key }
+// gateKey is the gate of rec's key: delayed messages of a key have their
+// own, as they have their own sequence space (see qkey).
+func gateKey(rec *record) string {
+	if rec.delayed() {
+		return rec.msg.Topic + "\x00" + rec.key + "\x00delayed"
+	}
+	return rec.msg.Topic + "\x00" + rec.key
+}
 
 // pass reports whether rec may be dispatched now; if not, it waits in its
 // key's gate.

@@ -90,6 +90,24 @@
 // (ProducerID, Epoch, Seq). Stats also counts retries, out-of-order answers
 // and identities taken.
 //
+// # Delayed messages
+//
+// A message with DeliverAt or DeliverAfter is a delayed one: the master of
+// the group that owns the queue it is sent to stores it at once, pending,
+// in the queue's internal queue of pending messages
+// (protocol.DelayTopic(topic), the same queue number, in the same group),
+// replicated as its Reliability says, and releases it into the queue at
+// its due time or later, never before. Its Result's Handle names the
+// pending record (group and log offset); Cancel cancels it until it is
+// released, and DelayedState says whether and where it was. The broker
+// checks a delayed message's stamp in that internal queue, so the
+// producer keeps a sequence space per queue for its delayed messages apart
+// from the queue's own: each is ordered, retried and rewound as above, as
+// if it were another queue. A key's delayed messages are stored pending in
+// send order, and the broker releases those due at the same time in the
+// order it stored them, so they keep their key's order among themselves;
+// there is no order between a key's delayed and ordinary messages.
+//
 // # Failover
 //
 // When a broker group's master is replaced (the metaserver promotes its
@@ -149,4 +167,9 @@
 //   - context.Canceled or context.DeadlineExceeded when the context ended
 //     while the message waited for buffer room or for its next attempt (the
 //     last attempt's cause, if any, is wrapped too).
+//
+// Cancel and DelayedState give ErrClosed, a status that is not retriable
+// (protocol.ErrNotFound: no pending record at the handle; protocol.ErrInvalid,
+// protocol.ErrNotAuthorized), or the context's error wrapping the last
+// attempt's retriable cause (ErrConnLost, ErrUnreachable, a status).
 package producer

@@ -49,3 +49,30 @@ func Example() {
 	// stored in queue 0 at offset 0
 	// flushed
 }
+
+// Example_delayed sends a message for delivery in an hour and cancels it.
+func Example_delayed() {
+	metaAddr, stop := testcluster.ForExample()
+	defer stop()
+
+	p, err := producer.New(sdk.MetaAddrs(metaAddr))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+
+	res, err := p.Send(ctx, &producer.Message{Topic: "reminders", Body: []byte("call back"), DeliverAfter: time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("delayed:", res.Delayed)
+	st, err := p.Cancel(ctx, res.Handle)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(st.State, "by", st.By)
+	// Output:
+	// delayed: true
+	// cancelled by cancel
+}

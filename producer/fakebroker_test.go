@@ -2,6 +2,8 @@ package producer
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,7 +33,8 @@ import (
 // them if hang says so.
 //
 // Stamped messages go through a model of the broker's dedupe, per
-// (producer, topic, queue): a new epoch (or a producer not seen) must start
+// (producer, topic, queue), a delayed message's topic being its internal
+// one (protocol.DelayTopic): a new epoch (or a producer not seen) must start
 // at sequence 0, a lower epoch is PRODUCER_FENCED, a sequence already stored
 // is DUPLICATE with the original offsets, one past the next is
 // OUT_OF_ORDER_SEQUENCE. inject, if set, decides a message's answer first.
@@ -55,6 +58,10 @@ type fakeBroker struct {
 	dedupe   map[dedupeKey]*dedupeState
 	offset   atomic.Int64
 	held     []func() // answers of hung requests, sent at cleanup
+	// delayed is every pending record stored, by log offset, and what
+	// became of it (DELAYED_CANCEL and DELAYED_STATE answer from it).
+	delayed      map[int64]*protocol.DelayedState
+	delayedCalls atomic.Int64 // DELAYED_CANCEL and DELAYED_STATE calls taken
 }
 
 // fakeAddr is one address of a fake broker.
@@ -63,7 +70,11 @@ type fakeAddr struct {
 	addr string
 	hang atomic.Int32 // a hangMode
 	reqs atomic.Int64 // SEND requests taken
-	mu   sync.Mutex
+	// notMaster: DELAYED_CANCEL and DELAYED_STATE are answered NOT_MASTER
+	// (a replaced master); delayedCalls counts those taken here.
+	notMaster    atomic.Bool
+	delayedCalls atomic.Int64
+	mu           sync.Mutex
 	// epochs is the group epoch of every SEND taken, in order.
 	epochs []uint32
 }
@@ -122,7 +133,15 @@ func (f *fakeBroker) receivedCopy() []protocol.Message {
 func (f *fakeBroker) storedIn(topic string, queue uint32) []protocol.Message {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]protocol.Message(nil), f.stored[qkey{topic, queue}]...)
+	return append([]protocol.Message(nil), f.stored[qkey{topic: topic, queue: queue}]...)
+}
+
+// pendingIn is the delayed messages stored pending for a queue (in its
+// internal queue, protocol.DelayTopic(topic)), in order.
+func (f *fakeBroker) pendingIn(topic string, queue uint32) []protocol.Message {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]protocol.Message(nil), f.stored[qkey{topic: topic, queue: queue, delayed: true}]...)
 }
 
 // apply runs one message through the model and the injection. Under mu.
@@ -138,9 +157,15 @@ func (f *fakeBroker) apply(m protocol.Message, offset *atomic.Int64) protocol.Se
 		return protocol.SendResult{Status: st, QueueOffset: -1, LogOffset: -1}
 	}
 	res := protocol.SendResult{Status: protocol.StatusOK}
-	k := qkey{m.Topic, m.Queue}
+	// A delayed message is stored pending in its queue's internal queue,
+	// and deduplicated there, apart from the queue's own messages.
+	delayed := m.Schedule.Kind == protocol.ScheduleDelayed
+	k := qkey{topic: m.Topic, queue: m.Queue, delayed: delayed}
 	if p := m.Producer; !p.IsZero() {
 		dk := dedupeKey{p.ID, m.Topic, m.Queue}
+		if delayed {
+			dk.topic = protocol.DelayTopic(m.Topic)
+		}
 		ds := f.dedupe[dk]
 		switch {
 		case ds != nil && p.Epoch < ds.epoch:
@@ -165,6 +190,10 @@ func (f *fakeBroker) apply(m protocol.Message, offset *atomic.Int64) protocol.Se
 		res.QueueOffset = int64(len(f.stored[k]))
 		res.LogOffset = offset.Add(1)
 		f.stored[k] = append(f.stored[k], m)
+		if delayed {
+			f.delayed[res.LogOffset] = &protocol.DelayedState{Offset: res.LogOffset, Topic: m.Topic, Queue: m.Queue, ID: m.ID,
+				DueAt: m.Schedule.At, State: protocol.DelayPending}
+		}
 		f.msgs.Add(1)
 	}
 	if mode == storeThen {
@@ -186,7 +215,8 @@ func bodyStatus(body []byte, prefix string) (protocol.Status, bool) {
 func startFakeBroker(t *testing.T, meta string, group string) *fakeBroker {
 	t.Helper()
 	f := &fakeBroker{stop: make(chan struct{}), done: make(chan struct{}),
-		attempts: map[string]int{}, stored: map[qkey][]protocol.Message{}, dedupe: map[dedupeKey]*dedupeState{}}
+		attempts: map[string]int{}, stored: map[qkey][]protocol.Message{}, dedupe: map[dedupeKey]*dedupeState{},
+		delayed: map[int64]*protocol.DelayedState{}}
 	f.first = f.listen(t)
 	f.srv = f.first.srv
 	t.Cleanup(func() {
@@ -284,6 +314,8 @@ func (f *fakeBroker) listen(t *testing.T) *fakeAddr {
 		}
 		reply()
 	})
+	a.srv.Handle(protocol.CodeDelayedCancel, func(r *transport.Request) { f.delayedCall(a, r, true) })
+	a.srv.Handle(protocol.CodeDelayedState, func(r *transport.Request) { f.delayedCall(a, r, false) })
 	addr, err := a.srv.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -294,6 +326,48 @@ func (f *fakeBroker) listen(t *testing.T) *fakeAddr {
 		_ = a.srv.Close()
 	})
 	return a
+}
+
+// delayedCall answers DELAYED_CANCEL (cancel) or DELAYED_STATE as a broker
+// does: NOT_FOUND for a log offset of no pending record; a cancel of a
+// pending one cancels it (By "cancel"), of any other says what it is. While
+// the broker is failing, BUSY; at an address marked notMaster, NOT_MASTER.
+func (f *fakeBroker) delayedCall(a *fakeAddr, r *transport.Request, cancel bool) {
+	f.delayedCalls.Add(1)
+	a.delayedCalls.Add(1)
+	if a.notMaster.Load() {
+		r.ReplyError(&protocol.Error{Status: protocol.StatusNotMaster, Message: "fake broker replaced"})
+		return
+	}
+	var ref protocol.DelayedRef
+	if err := json.Unmarshal(r.Body, &ref); err != nil {
+		r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: err.Error()})
+		return
+	}
+	if f.failing.Load() {
+		r.ReplyError(&protocol.Error{Status: protocol.StatusBusy, Message: "fake broker failing"})
+		return
+	}
+	f.mu.Lock()
+	st := f.delayed[ref.Offset]
+	var out protocol.DelayedState
+	if st != nil {
+		st.By = ""
+		if cancel && st.State == protocol.DelayPending {
+			st.State = protocol.DelayCancelled
+			out = *st
+			out.By = "cancel"
+		} else {
+			out = *st
+		}
+	}
+	f.mu.Unlock()
+	if st == nil {
+		r.ReplyError(&protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("no pending record at log offset %d", ref.Offset)})
+		return
+	}
+	body, _ := json.Marshal(out)
+	_ = r.Reply(body)
 }
 
 // releaseHeld answers the hung requests: NOT_MASTER, as a master that woke

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/transport"
@@ -26,6 +27,21 @@ type Message struct {
 	Properties  map[string]string
 	Body        []byte
 	Reliability protocol.Reliability
+	// DeliverAt and DeliverAfter make the message a delayed one: the broker
+	// stores it at once, pending, and releases it into its queue (where
+	// consumers read it) at DeliverAt, or DeliverAfter from when Send or
+	// SendAsync is called (by the producer's clock). Give at most one: both,
+	// a negative DeliverAfter or a DeliverAt before 1970 is refused with
+	// protocol.ErrInvalid before anything is sent. A time in the past is
+	// due at once; a delay beyond the broker's maximum (default 90 days) is
+	// refused with protocol.ErrInvalid, and a topic whose pending messages
+	// reached the group's quota with protocol.ErrDelayQuota. The zero
+	// values send an ordinary message. A delayed message may be cancelled
+	// until it is released (Client.Cancel with Result.Handle). Delayed
+	// messages of one key are released in send order among those due at
+	// the same time.
+	DeliverAt    time.Time
+	DeliverAfter time.Duration
 }
 
 // Result is where a message was stored.
@@ -54,6 +70,18 @@ type Result struct {
 	ProducerID uint64
 	Epoch      uint16
 	Seq        int64
+
+	// Handle names the stored record: Group and LogOffset (Offset -1 for a
+	// duplicate whose original the broker no longer knows). For a delayed
+	// message it names the pending record, which Client.Cancel and
+	// Client.DelayedState take; QueueOffset is then its offset in the
+	// internal queue of pending messages, not in Queue (the message gets
+	// its offset in Queue when it is released).
+	Handle protocol.Handle
+	// Delayed: the message was sent with DeliverAt or DeliverAfter; DueAt
+	// is when it is due (to the millisecond), the zero time otherwise.
+	Delayed bool
+	DueAt   time.Time
 }
 
 // Client is a producer. It is safe for concurrent use. Its parts: buf

@@ -64,6 +64,11 @@ func newRecord(ctx context.Context, m *Message, id string, cfg *config, promise 
 	if len(m.Properties) > 0 || m.Key != "" {
 		rec.msg.Properties = clientcore.Properties(m.Properties, m.Key)
 	}
+	sc, err := schedule(m, cfg.clock.Now())
+	if err != nil {
+		return nil, fmt.Errorf("producer: message to %q: %w", m.Topic, err)
+	}
+	rec.msg.Schedule = sc
 	if err := rec.msg.Validate(); err != nil {
 		return nil, fmt.Errorf("producer: message to %q: %w", m.Topic, err)
 	}
@@ -80,6 +85,46 @@ func newRecord(ctx context.Context, m *Message, id string, cfg *config, promise 
 		rec.deadline = dl
 	}
 	return rec, nil
+}
+
+// schedule is the Schedule of m: a delayed one at DeliverAt, or at
+// DeliverAfter from now (the producer's clock), or none; an error (of
+// status INVALID) when both are set, DeliverAfter is negative, or the time
+// is not after 1970.
+func schedule(m *Message, now time.Time) (protocol.Schedule, error) {
+	invalid := func(format string, args ...any) error {
+		return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf(format, args...)}
+	}
+	var at time.Time
+	switch {
+	case !m.DeliverAt.IsZero() && m.DeliverAfter != 0:
+		return protocol.Schedule{}, invalid("give DeliverAt or DeliverAfter, not both (DeliverAt %v, DeliverAfter %v)",
+			m.DeliverAt.Format(time.RFC3339Nano), m.DeliverAfter)
+	case m.DeliverAfter < 0:
+		return protocol.Schedule{}, invalid("DeliverAfter %v is negative", m.DeliverAfter)
+	case m.DeliverAfter > 0:
+		at = now.Add(m.DeliverAfter)
+	case !m.DeliverAt.IsZero():
+		at = m.DeliverAt
+	default:
+		return protocol.Schedule{}, nil
+	}
+	ms := at.UnixMilli()
+	if ms <= 0 {
+		return protocol.Schedule{}, invalid("delivery time %v is not after 1970-01-01T00:00:00Z", at.Format(time.RFC3339Nano))
+	}
+	return protocol.Schedule{Kind: protocol.ScheduleDelayed, At: ms, Ref: -1}, nil
+}
+
+// delayed reports whether the record is a delayed message: it goes to its
+// queue's internal queue of pending messages, DelayTopic(topic), whose
+// sequences are the producer's apart from the queue's own.
+func (r *record) delayed() bool { return r.msg.Schedule.Kind == protocol.ScheduleDelayed }
+
+// lineKey is the line (and sequence space) of the record: its queue, or
+// for a delayed message that queue's internal queue of pending messages.
+func (r *record) lineKey() qkey {
+	return qkey{topic: r.msg.Topic, queue: r.msg.Queue, delayed: r.delayed()}
 }
 
 // messageID appends the producer's next message id (prefix, '-', n in

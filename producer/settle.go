@@ -336,7 +336,12 @@ func (s *sink) succeed(rec *record, res protocol.SendResult, addr string) {
 		s.stats.add(sdkmetrics.ProducerDuplicates)
 	}
 	st := rec.msg.Producer
-	s.done = append(s.done, ended{rec: rec, res: Result{ID: rec.msg.ID, Topic: rec.msg.Topic, Queue: rec.msg.Queue,
+	r := Result{ID: rec.msg.ID, Topic: rec.msg.Topic, Queue: rec.msg.Queue,
 		QueueOffset: res.QueueOffset, LogOffset: res.LogOffset, Group: s.group, Broker: addr,
-		Duplicate: dup, PossibleDuplicate: rec.possibleDup, ProducerID: st.ID, Epoch: st.Epoch, Seq: st.Seq}})
+		Duplicate: dup, PossibleDuplicate: rec.possibleDup, ProducerID: st.ID, Epoch: st.Epoch, Seq: st.Seq,
+		Handle: protocol.Handle{Group: s.group, Offset: res.LogOffset}}
+	if rec.delayed() {
+		r.Delayed, r.DueAt = true, time.UnixMilli(rec.msg.Schedule.At)
+	}
+	s.done = append(s.done, ended{rec: rec, res: r})
 }

@@ -104,7 +104,7 @@ func TestSettle(t *testing.T) {
 			if tc.readOnly {
 				s.writable, s.slave, s.addr, s.epoch = false, "", tc.master, tc.epoch
 			}
-			ln := &line{key: qkey{"t", 0}, gen: 1, next: int64(len(tc.recs)), busy: true}
+			ln := &line{key: qkey{topic: "t"}, gen: 1, next: int64(len(tc.recs)), busy: true}
 			rn := run{ln: ln, gen: 1}
 			since := clk.Now()
 			for i, r := range tc.recs {

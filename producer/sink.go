@@ -164,7 +164,7 @@ func (s *sink) unlock() {
 func (s *sink) add(rec *record, urgent, caller bool) {
 	s.mu.Lock()
 	s.see(rec.view)
-	k := qkey{rec.msg.Topic, rec.msg.Queue}
+	k := rec.lineKey()
 	ln := s.lines[k]
 	if ln == nil {
 		ln = &line{key: k}

@@ -577,6 +577,24 @@ demo() {
   echo "== ferryctl send demo --body 'hello, ferrymq' --key greeting"
   ctl send demo --body 'hello, ferrymq' --key greeting
   echo
+  echo "== ferryctl send demo --body 'hello, later' --after 2s (a delayed message: stored now, pending; its handle names it)"
+  ctl send demo --body 'hello, later' --key later --after 2s | tee "$FERRY_HOME/delayed.out"
+  local handle
+  handle="$(awk 'NR == 2 { print $4 }' "$FERRY_HOME/delayed.out")"
+  echo
+  echo "== ferryctl delayed ls (pending per minute of due time, per topic)"
+  ctl delayed ls
+  echo
+  echo "== waiting for its time; then ferryctl delayed get $handle (where it was released)"
+  wait_for "the release of delayed message $handle" delayed_released "$handle"
+  ctl delayed get "$handle"
+  echo
+  local queue offset
+  queue="$(awk 'NR == 2 { print $3 }' "$FERRY_HOME/delayed.out")"
+  offset="$(ctl --json delayed get "$handle" | sed -n 's/.*"queue_offset": *\([0-9]*\).*/\1/p')"
+  echo "== ferryctl read demo --queue $queue --from $offset --limit 1 (the released message)"
+  ctl read demo --queue "$queue" --from "$offset" --limit 1
+  echo
   echo "== ferryctl routes demo"
   ctl routes demo
   echo
@@ -604,6 +622,9 @@ demo() {
     failover_demo
   fi
 }
+
+# delayed_released HANDLE: the delayed message HANDLE names was released.
+delayed_released() { ctl --json delayed get "$1" 2>/dev/null | grep -q '"state": *"released"'; }
 
 # g1_column N: field N of g1's row in `ferryctl brokers` (2 epoch, 3 state, 5 master id, 7 slave id).
 g1_column() { ctl --timeout 2s brokers 2>/dev/null | awk -v n="$1" '$1 == "g1" { print $n; exit }'; }

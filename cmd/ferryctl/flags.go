@@ -310,6 +310,8 @@ func checkArgs(cmd *cobra.Command, args []string) error {
 			err = checkBrokerGroup(a)
 		case "broker id":
 			err = checkBrokerID(a)
+		case "handle":
+			err = checkHandle(a)
 		}
 		if err != nil {
 			return usageError{fmt.Errorf("%s: %w", path, err)}
@@ -351,4 +353,6 @@ var argKinds = map[string]string{
 	"group describe":      "consumer group",
 	"group reset-offsets": "consumer group",
 	"group delete":        "consumer group",
+	"delayed get":         "handle",
+	"delayed cancel":      "handle",
 }

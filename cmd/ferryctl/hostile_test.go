@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/protocol"
 )
 
 // What the tests below expect of a command line.
@@ -150,6 +151,14 @@ var flagCases = map[string]flagCase{
 	"send/key":         {[]string{"send", "t", "--body", "b"}, anything},
 	"send/prop":        {[]string{"send", "t", "--body", "b"}, matches(`^[^=,]+=[^,]*$`)},
 	"send/reliability": {[]string{"send", "t", "--body", "b"}, words("normal", "high", "NORMAL", "HIGH")},
+	// No hostile value is an RFC 3339 time.
+	"send/at":    {[]string{"send", "t", "--body", "b"}, rfc3339},
+	"send/after": {[]string{"send", "t", "--body", "b"}, durationIn(0, math.MaxInt64)},
+
+	"delayed ls/group":  {[]string{"delayed", "ls"}, brokerGroupName},
+	"delayed ls/topic":  {[]string{"delayed", "ls"}, topicName},
+	"delayed ls/bucket": {[]string{"delayed", "ls"}, durationIn(time.Second, 366*24*time.Hour)},
+	"delayed ls/limit":  {[]string{"delayed", "ls"}, intIn(1, 1000)},
 
 	"bench/topic":            {[]string{"bench"}, topicName},
 	"bench/queues":           {[]string{"bench"}, intIn(1, 4096)},
@@ -264,6 +273,9 @@ var argCases = map[string]flagCase{
 	"meta add-voter":      {[]string{"meta", "add-voter", "ARG", "--raft-addr", "127.0.0.1:2", "--rpc-addr", "127.0.0.1:3"}, nonEmpty},
 	"meta remove-voter":   {[]string{"meta", "remove-voter", "ARG"}, nonEmpty},
 	"send":                {[]string{"send", "ARG", "--body", "b"}, topicName},
+	"delayed ls":          {nil, nil},
+	"delayed get":         {[]string{"delayed", "get", "ARG"}, handle},
+	"delayed cancel":      {[]string{"delayed", "cancel", "ARG"}, handle},
 	"read":                {[]string{"read", "ARG"}, topicName},
 	"truncated":           {[]string{"truncated", "ARG"}, missingFile},
 	"bench":               {nil, nil},
@@ -316,7 +328,25 @@ func missingFile(v string) int {
 	return exitError
 }
 
-var hostileArgs = []string{"", "主题-ü", strings.Repeat("a", 300), "ok-name", "a b", "x\x00y"}
+var hostileArgs = []string{"", "主题-ü", strings.Repeat("a", 300), "ok-name", "a b", "x\x00y",
+	"g1@12", "g1@-1", "@5", "g1@", "g1@x", "a b@3", "g1@99999999999999999999"}
+
+// rfc3339: a time in RFC 3339 after 1970.
+func rfc3339(v string) int {
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil && t.UnixMilli() > 0 {
+		return wantNetwork
+	}
+	return wantUsage
+}
+
+// handle: GROUP@OFFSET, a broker group name and a log offset.
+func handle(v string) int {
+	h, err := protocol.ParseHandle(v)
+	if err != nil || brokerGroupName(h.Group) != wantNetwork {
+		return wantUsage
+	}
+	return wantNetwork
+}
 
 // leafCommands walks the command tree: every runnable command by its path
 // after "ferryctl", and its flags (the global ones under "").

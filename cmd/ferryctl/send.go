@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,6 +21,8 @@ type sendOptions struct {
 	key         string
 	props       []string
 	reliability string
+	at          string        // --at, RFC 3339 (checked when parsed)
+	after       time.Duration // --after
 }
 
 // sendJSON is what send --json prints.
@@ -38,6 +41,14 @@ type sendJSON struct {
 	ProducerID        uint64 `json:"producer_id"`
 	Epoch             uint16 `json:"epoch"`
 	Seq               int64  `json:"seq"`
+	// Handle names the stored record, GROUP@LOG-OFFSET: for a delayed
+	// message the pending one (delayed get and delayed cancel take it).
+	Handle string `json:"handle"`
+	// Delayed: sent with --at or --after; DueAt (unix milliseconds) is when
+	// it is due. QueueOffset is then its offset in the internal queue of
+	// pending messages.
+	Delayed bool  `json:"delayed,omitempty"`
+	DueAt   int64 `json:"due_at,omitempty"`
 }
 
 func newSendCommand(g *globalOptions) *cobra.Command {
@@ -47,12 +58,22 @@ func newSendCommand(g *globalOptions) *cobra.Command {
 		Short: "Send one message and print where it was stored",
 		Long: `Send one message and print where it was stored. The body is --body B,
 the contents of --body-file FILE, or stdin with --body -; it must not be
-empty and may be at most 4 MiB (protocol.MaxMessageSize).`,
+empty and may be at most 4 MiB (protocol.MaxMessageSize).
+
+With --at TIME (RFC 3339, e.g. 2026-12-24T09:00:00Z) or --after DUR (e.g.
+30m), the message is a delayed one: stored now, pending, and released into
+its queue at that time (--after counts from now; a time in the past is due
+at once). It prints the handle of the pending record (GROUP@OFFSET), which
+delayed get and delayed cancel take.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rel, err := protocol.ParseReliability(o.reliability)
 			if err != nil {
 				return usageError{err}
+			}
+			deliverAt, err := o.deliverAt(cmd, time.Now())
+			if err != nil {
+				return err
 			}
 			props := map[string]string{}
 			for _, kv := range o.props {
@@ -69,12 +90,19 @@ empty and may be at most 4 MiB (protocol.MaxMessageSize).`,
 				return usageError{err}
 			}
 			defer p.Close()
-			r, err := p.Send(cmd.Context(), &producer.Message{Topic: args[0], Key: o.key, Properties: props, Body: body, Reliability: rel})
+			r, err := p.Send(cmd.Context(), &producer.Message{Topic: args[0], Key: o.key, Properties: props, Body: body, Reliability: rel,
+				DeliverAt: deliverAt})
 			if err != nil {
 				return err
 			}
 			out := sendJSON{ID: r.ID, Topic: r.Topic, Queue: r.Queue, QueueOffset: r.QueueOffset, LogOffset: r.LogOffset, Group: r.Group,
-				Broker: r.Broker, Duplicate: r.Duplicate, PossibleDuplicate: r.PossibleDuplicate, ProducerID: r.ProducerID, Epoch: r.Epoch, Seq: r.Seq}
+				Broker: r.Broker, Duplicate: r.Duplicate, PossibleDuplicate: r.PossibleDuplicate, ProducerID: r.ProducerID, Epoch: r.Epoch, Seq: r.Seq,
+				Handle: r.Handle.String(), Delayed: r.Delayed}
+			if r.Delayed {
+				out.DueAt = r.DueAt.UnixMilli()
+				return g.printer().print(out, []string{"ID", "TOPIC", "QUEUE", "HANDLE", "DUE", "BROKER"},
+					[][]string{{r.ID, r.Topic, fmt.Sprint(r.Queue), r.Handle.String(), formatMillis(out.DueAt), r.Broker}})
+			}
 			return g.printer().print(out, []string{"ID", "TOPIC", "QUEUE", "QUEUE-OFFSET", "LOG-OFFSET", "GROUP", "BROKER"},
 				[][]string{{r.ID, r.Topic, fmt.Sprint(r.Queue), fmt.Sprint(r.QueueOffset), fmt.Sprint(r.LogOffset), r.Group, r.Broker}})
 		},
@@ -85,7 +113,21 @@ empty and may be at most 4 MiB (protocol.MaxMessageSize).`,
 	f.StringVar(&o.key, "key", "", "message key (picks the queue)")
 	f.StringSliceVar(&o.props, "prop", nil, "a property key=value (repeatable, or comma-separated)")
 	f.StringVar(&o.reliability, "reliability", "normal", "normal or high (answered after the slave has it)")
+	f.StringVar(&o.at, "at", "", "deliver at this time: a delayed message")
+	f.DurationVar(&o.after, "after", 0, "deliver this long from now: a delayed message")
 	c := g.checker(f)
+	c.wrap("at", "a time in RFC 3339, e.g. 2026-12-24T09:00:00Z", func(s string) error {
+		if t, err := time.Parse(time.RFC3339Nano, s); err != nil || t.UnixMilli() <= 0 {
+			return errWant
+		}
+		return nil
+	})
+	c.wrap("after", "a duration of 0s or more, e.g. 30m", func(s string) error {
+		if d, err := time.ParseDuration(s); err != nil || d < 0 {
+			return errWant
+		}
+		return nil
+	})
 	c.name("body-file", "a file name", func(s string) error {
 		if s == "" {
 			return errors.New("want a file name")
@@ -128,6 +170,21 @@ empty and may be at most 4 MiB (protocol.MaxMessageSize).`,
 		return nil
 	})
 	return cmd
+}
+
+// deliverAt is the delivery time --at or --after (from now) gives, the
+// zero time for neither; both is a usage error.
+func (o *sendOptions) deliverAt(cmd *cobra.Command, now time.Time) (time.Time, error) {
+	at, after := cmd.Flags().Changed("at"), cmd.Flags().Changed("after")
+	switch {
+	case at && after:
+		return time.Time{}, usageError{errors.New("give only one of --at and --after")}
+	case at:
+		return time.Parse(time.RFC3339Nano, o.at) // checked when parsed
+	case after:
+		return now.Add(o.after), nil
+	}
+	return time.Time{}, nil
 }
 
 // readBody returns the body that --body or --body-file gives: exactly one

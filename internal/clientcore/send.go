@@ -94,6 +94,16 @@ type queueKey struct {
 	queue uint32
 }
 
+// seqKey is the sequence space of m in queue: the queue's, or for a
+// delayed message the queue's internal queue of pending messages
+// (protocol.DelayTopic), where the broker checks its stamp.
+func seqKey(m *protocol.Message, queue uint32) queueKey {
+	if m.Schedule.Kind == protocol.ScheduleDelayed {
+		return queueKey{protocol.DelayTopic(m.Topic), queue}
+	}
+	return queueKey{m.Topic, queue}
+}
+
 // NewSender returns a sender.
 func NewSender(cfg SenderConfig) *Sender {
 	if cfg.RequestTimeout <= 0 {
@@ -130,7 +140,7 @@ func (s *Sender) Send(ctx context.Context, m *protocol.Message, key string) (pro
 					// The stamp may be stored: its sequence never goes to
 					// another message (a gap, if it was not, takes a new
 					// identity).
-					s.next[queueKey{m.Topic, m.Queue}] = m.Producer.Seq + 1
+					s.next[seqKey(m, m.Queue)] = m.Producer.Seq + 1
 				}
 				return protocol.SendResult{}, fmt.Errorf("%w (last attempt: %w)", ctx.Err(), lastErr)
 			case <-t.C:
@@ -152,12 +162,12 @@ func (s *Sender) Send(ctx context.Context, m *protocol.Message, key string) (pro
 				continue
 			}
 			m.Queue = q.Queue
-			m.Producer = protocol.ProducerStamp{ID: s.id, Epoch: s.epoch, Seq: s.next[queueKey{m.Topic, q.Queue}]}
+			m.Producer = protocol.ProducerStamp{ID: s.id, Epoch: s.epoch, Seq: s.next[seqKey(m, q.Queue)]}
 			stamped = true
 		}
 		res, err := s.call(ctx, q, m)
 		if err == nil {
-			if k := (queueKey{m.Topic, m.Queue}); m.Producer.ID == s.id && m.Producer.Seq >= s.next[k] {
+			if k := (seqKey(m, m.Queue)); m.Producer.ID == s.id && m.Producer.Seq >= s.next[k] {
 				s.next[k] = m.Producer.Seq + 1
 			}
 			return res, nil
@@ -180,7 +190,7 @@ func (s *Sender) Send(ctx context.Context, m *protocol.Message, key string) (pro
 			}
 		default:
 			if maybe {
-				s.next[queueKey{m.Topic, m.Queue}] = m.Producer.Seq + 1
+				s.next[seqKey(m, m.Queue)] = m.Producer.Seq + 1
 			}
 			return protocol.SendResult{}, err
 		}

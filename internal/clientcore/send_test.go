@@ -3,6 +3,8 @@ package clientcore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,13 +16,14 @@ import (
 
 // dedupeBroker stores SENDs with the broker's dedupe rules for one queue (a
 // known stamp is a DUPLICATE, a fresh producer takes any sequence, a gap is
-// OUT_OF_ORDER_SEQUENCE), and answers each attempt as answer says: after
+// OUT_OF_ORDER_SEQUENCE; a delayed message's stamps are checked apart, as
+// in its queue's internal queue), and answers each attempt as answer says: after
 // storing (a TIMEOUT then is an answer lost), or instead.
 type dedupeBroker struct {
 	mu      sync.Mutex
 	stored  []protocol.Message
-	next    map[uint64]int64 // per producer id: the next sequence
-	known   map[protocol.ProducerStamp]bool
+	next    map[spaceKey]int64 // per producer id and space: the next sequence
+	known   map[stampIn]bool
 	seen    []protocol.ProducerStamp // every attempt's stamp
 	answer  func(attempt int) (st protocol.Status, store bool)
 	attempt int
@@ -28,7 +31,7 @@ type dedupeBroker struct {
 
 func startDedupeBroker(t *testing.T, answer func(attempt int) (protocol.Status, bool)) (*dedupeBroker, string) {
 	t.Helper()
-	b := &dedupeBroker{next: map[uint64]int64{}, known: map[protocol.ProducerStamp]bool{}, answer: answer}
+	b := &dedupeBroker{next: map[spaceKey]int64{}, known: map[stampIn]bool{}, answer: answer}
 	srv := transport.NewServer(transport.ServerConfig{})
 	srv.Handle(protocol.CodeSend, func(r *transport.Request) {
 		_, msgs, err := protocol.DecodeSendRequest(r.Body, nil)
@@ -55,16 +58,29 @@ func (b *dedupeBroker) send(m protocol.Message) protocol.SendResult {
 		return protocol.SendResult{Status: st}
 	}
 	p := m.Producer
-	switch next, ok := b.next[p.ID]; {
-	case b.known[p]:
+	delayed := m.Schedule.Kind == protocol.ScheduleDelayed
+	switch next, ok := b.next[spaceKey{p.ID, delayed}]; {
+	case b.known[stampIn{p, delayed}]:
 		return protocol.SendResult{Status: protocol.StatusDuplicate}
 	case ok && p.Seq != next:
 		return protocol.SendResult{Status: protocol.StatusOutOfOrderSequence}
 	}
-	b.known[p] = true
-	b.next[p.ID] = p.Seq + 1
+	b.known[stampIn{p, delayed}] = true
+	b.next[spaceKey{p.ID, delayed}] = p.Seq + 1
 	b.stored = append(b.stored, m)
 	return protocol.SendResult{Status: st, QueueOffset: int64(len(b.stored) - 1)}
+}
+
+// spaceKey is a producer's sequence space in the queue: its own, or the
+// delayed messages'.
+type spaceKey struct {
+	id      uint64
+	delayed bool
+}
+
+type stampIn struct {
+	stamp   protocol.ProducerStamp
+	delayed bool
 }
 
 func newTestSender(t *testing.T, addr string, ids *int) *Sender {
@@ -158,5 +174,28 @@ func TestSenderNeverReusesAMaybeStoredSequence(t *testing.T) {
 					res.Status, len(b.stored), last.Body, ids, tc.wantStored, tc.wantIDs)
 			}
 		})
+	}
+}
+
+// Delayed messages take their own sequences in a queue, apart from the
+// queue's ordinary ones: interleaved, each kind goes 0, 1, ... and each is
+// stored (none is taken for a duplicate of the other kind's).
+func TestSenderDelayedSequenceSpace(t *testing.T) {
+	b, addr := startDedupeBroker(t, func(int) (protocol.Status, bool) { return protocol.StatusOK, true })
+	ids := 0
+	s := newTestSender(t, addr, &ids)
+	delayed := protocol.Schedule{Kind: protocol.ScheduleDelayed, At: time.Now().Add(time.Hour).UnixMilli(), Ref: -1}
+	for i, sc := range []protocol.Schedule{{}, delayed, {}, delayed} {
+		res, err := s.Send(context.Background(), &protocol.Message{ID: fmt.Sprint("x-", i), Topic: "dlq", Schedule: sc, Body: []byte("b")}, "")
+		if err != nil || res.Status != protocol.StatusOK {
+			t.Fatalf("send %d: %v %v", i, res.Status, err)
+		}
+	}
+	var seqs []int64
+	for _, m := range b.stored {
+		seqs = append(seqs, m.Producer.Seq)
+	}
+	if !slices.Equal(seqs, []int64{0, 0, 1, 1}) {
+		t.Fatalf("stored sequences %v, want 0 0 1 1", seqs)
 	}
 }
