@@ -345,8 +345,9 @@ func RetrySchedule(ds ...time.Duration) Opt {
 // consumes its retry topic besides its topics, its queues like any other:
 // when the broker releases a retry (never before it is due), it is handed
 // to the handler as the original message (its Topic, Queue, Offset, ID,
-// Key, Properties, producer stamp, StoreTime and Timestamp restored,
-// Deliveries counted on from the failed delivery, PropRetry set), and once
+// Key, Properties, producer stamp, StoreTime and Timestamp restored, and
+// for a delayed original its DueAt, ReleasedAt and DelayedHandle;
+// Deliveries counted on from the failed delivery; PropRetry set), and once
 // out of retries it is dead-lettered as without the option.
 //
 // The trade-off: per-queue order, and so per-key order, no longer holds

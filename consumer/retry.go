@@ -72,11 +72,16 @@ const (
 	PropRetryProducer   = "RETRY_ORIGIN_PRODUCER"   // the producer stamp's id (absent: unstamped)
 	PropRetrySeq        = "RETRY_ORIGIN_SEQ"        // the producer stamp's sequence
 	PropRetryDeliveries = "RETRY_DELIVERIES"        // deliveries before it was stored
+	// A delayed original's DueAt and ReleasedAt (unix milliseconds) and
+	// DelayedHandle ("GROUP@OFFSET"); absent for any other.
+	PropRetryDueAt      = "RETRY_ORIGIN_DUE_AT"
+	PropRetryReleasedAt = "RETRY_ORIGIN_RELEASED_AT"
+	PropRetryHandle     = "RETRY_ORIGIN_HANDLE"
 )
 
 // retryProps are the properties the consumer takes off a retry.
 var retryProps = []string{PropRetryTopic, PropRetryQueue, PropRetryOffset, PropRetryID, PropRetryStoreTime,
-	PropRetryProducer, PropRetrySeq, PropRetryDeliveries}
+	PropRetryProducer, PropRetrySeq, PropRetryDeliveries, PropRetryDueAt, PropRetryReleasedAt, PropRetryHandle}
 
 // errPollNonBlocking is Poll's answer with NonBlockingRetries.
 var errPollNonBlocking = errors.New("consumer: NonBlockingRetries works with Run and RunBatch: Poll has no retries")
@@ -132,6 +137,17 @@ func (c *Consumer) asOriginal(m *Message) *Message {
 		v.ProducerID = id
 		v.Seq, _ = strconv.ParseInt(pr[PropRetrySeq], 10, 64)
 	}
+	// The retry's own release is not the original's.
+	v.DueAt, v.ReleasedAt, v.DelayedHandle = time.Time{}, time.Time{}, protocol.Handle{}
+	if ms, err := strconv.ParseInt(pr[PropRetryDueAt], 10, 64); err == nil {
+		v.DueAt = time.UnixMilli(ms)
+	}
+	if ms, err := strconv.ParseInt(pr[PropRetryReleasedAt], 10, 64); err == nil {
+		v.ReleasedAt = time.UnixMilli(ms)
+	}
+	if h, err := protocol.ParseHandle(pr[PropRetryHandle]); err == nil {
+		v.DelayedHandle = h
+	}
 	n, _ := strconv.Atoi(pr[PropRetryDeliveries])
 	v.Deliveries = max(n, 0) + 1
 	v.Properties = make(map[string]string, len(pr))
@@ -167,6 +183,11 @@ func (c *Consumer) storeRetry(p *part, m *Message, due time.Time, cause error, l
 		props[PropRetrySeq] = strconv.FormatInt(m.Seq, 10)
 	}
 	props[PropRetryDeliveries] = strconv.Itoa(m.Deliveries)
+	if !m.DueAt.IsZero() {
+		props[PropRetryDueAt] = strconv.FormatInt(m.DueAt.UnixMilli(), 10)
+		props[PropRetryReleasedAt] = strconv.FormatInt(m.ReleasedAt.UnixMilli(), 10)
+		props[PropRetryHandle] = m.DelayedHandle.String()
+	}
 	// Due in whole milliseconds, rounded up: never before due.
 	at := due.UnixMilli()
 	if due.After(time.UnixMilli(at)) {

@@ -299,9 +299,13 @@ func TestNonBlockingRetries(t *testing.T) {
 	fb := newFakeBrokers()
 	stored := time.Now().Add(-time.Minute).UnixMilli()
 	for i, b := range []string{"a", "bad", "c"} {
-		fb.addMsg(protocol.Message{ID: "id-" + b, Topic: "t", Queue: 0, Timestamp: stored - 5, Body: []byte(b),
+		m := protocol.Message{ID: "id-" + b, Topic: "t", Queue: 0, Timestamp: stored - 5, Body: []byte(b),
 			Producer:   protocol.ProducerStamp{ID: 42, Epoch: 1, Seq: int64(i)},
-			Properties: []protocol.Property{{Key: "color", Value: "red"}, {Key: "key", Value: "k-" + b}}})
+			Properties: []protocol.Property{{Key: "color", Value: "red"}, {Key: "key", Value: "k-" + b}}}
+		if b == "bad" { // a delayed message, released into t
+			m.Schedule = protocol.Schedule{Kind: protocol.ScheduleReleased, At: stored - 100, Ref: 9}
+		}
+		fb.addMsg(m)
 	}
 	co := newFakeCoord(map[string]int{"t": 1, "%RETRY%grp": 1})
 	clk := clockwork.NewFakeClock()
@@ -331,7 +335,8 @@ func TestNonBlockingRetries(t *testing.T) {
 	r := retries[0]
 	want := map[string]string{"color": "red", PropRetryTopic: "t", PropRetryQueue: "0", PropRetryOffset: "1", PropRetryID: "id-bad",
 		PropRetryStoreTime: r.Properties[PropRetryStoreTime], PropRetryProducer: "42", PropRetrySeq: "1", PropRetryDeliveries: "1",
-		PropRetry: "delivery 1 failed", "key": "k-bad"}
+		PropRetry: "delivery 1 failed", "key": "k-bad", PropRetryDueAt: fmt.Sprint(stored - 100),
+		PropRetryReleasedAt: r.Properties[PropRetryReleasedAt], PropRetryHandle: "g@9"}
 	if !mapsEqual(r.Properties, want) || r.Properties[PropRetryStoreTime] == "" || r.Key != "k-bad" || string(r.Body) != "bad" {
 		t.Errorf("retry %+v, want properties %v", r, want)
 	}
@@ -351,7 +356,8 @@ func TestNonBlockingRetries(t *testing.T) {
 	first, again := ms[0], ms[1]
 	if again.Topic != "t" || again.Queue != 0 || again.Offset != 1 || again.ID != "id-bad" || again.Key != "k-bad" ||
 		again.ProducerID != 42 || again.Seq != 1 || again.Deliveries != 2 || !again.Timestamp.Equal(first.Timestamp) ||
-		!again.StoreTime.Equal(first.StoreTime) || again.Recovered {
+		!again.StoreTime.Equal(first.StoreTime) || again.Recovered || !again.DueAt.Equal(time.UnixMilli(stored-100)) ||
+		!again.ReleasedAt.Equal(first.ReleasedAt) || again.DelayedHandle != (protocol.Handle{Group: "g", Offset: 9}) {
 		t.Errorf("retry handed as %+v, want the original %+v with 2 deliveries", again, first)
 	}
 	if want := map[string]string{"color": "red", PropRetry: "delivery 1 failed"}; !mapsEqual(again.Properties, want) {
@@ -541,14 +547,22 @@ func TestRetryTopicReadFromItsStart(t *testing.T) {
 			{Key: PropRetryOffset, Value: "0"}, {Key: PropRetryID, Value: "id-retried"}, {Key: PropRetryDeliveries, Value: "1"}}})
 	co := newFakeCoord(map[string]int{"t": 1, "%RETRY%grp": 1})
 	c := fakeConsumer(t, fb, co, 1, NonBlockingRetries(), StartFrom(Latest))
-	rec := newRecorder()
-	runIn(t, c, rec.handler("c"))
-	waitFor(t, 5*time.Second, "the retry handled, t's start committed", func() bool {
-		return rec.count() == 1 && co.offset("%RETRY%grp", 0) == 1 && co.offset("t", 0) == 1
+	rec := &calls{clk: clockwork.NewRealClock()}
+	runIn(t, c, func(ctx context.Context, m *Message) error {
+		rec.add(m)
+		return nil
 	})
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if rec.seen["retried"] != 1 || rec.seen["old"] != 0 {
-		t.Errorf("handled %v: want the retry, and not t's message stored before the start", rec.seen)
+	waitFor(t, 5*time.Second, "the retry handled, t's start committed", func() bool {
+		return rec.n() == 1 && co.offset("%RETRY%grp", 0) == 1 && co.offset("t", 0) == 1
+	})
+	got, _ := rec.of("retried")
+	if rec.n() != 1 || len(got) != 1 {
+		t.Fatalf("handled %v: want the retry, and not t's message stored before the start", rec.got)
+	}
+	// Its original was not a delayed message: the retry's own release is
+	// not shown as its.
+	if m := got[0]; m.Topic != "t" || m.ID != "id-retried" || m.Deliveries != 2 || !m.DueAt.IsZero() || !m.ReleasedAt.IsZero() ||
+		m.DelayedHandle != (protocol.Handle{}) {
+		t.Errorf("the retry handed as %+v", m)
 	}
 }
