@@ -28,6 +28,8 @@ type benchOptions struct {
 	duration    time.Duration
 	deliveryTO  time.Duration
 	reliability string
+	delay       time.Duration
+	deliverAt   string
 	mode        string
 	window      int
 	linger      time.Duration
@@ -42,6 +44,7 @@ type benchOptions struct {
 	consumeWait time.Duration
 	cpuProfile  string
 	memProfile  string
+	at          time.Time // --deliver-at, parsed
 }
 
 func newBenchCommand(g *globalOptions) *cobra.Command {
@@ -65,6 +68,14 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 			if err != nil {
 				return usageError{err}
 			}
+			if cmd.Flags().Changed("deliver-at") {
+				if o.delay > 0 {
+					return usageError{fmt.Errorf("--delay and --deliver-at: give one")}
+				}
+				if o.at, err = time.Parse(time.RFC3339Nano, o.deliverAt); err != nil {
+					return usageError{fmt.Errorf("--deliver-at %q: want an RFC 3339 time such as 2026-12-06T09:00:00Z", o.deliverAt)}
+				}
+			}
 			res, err := runBench(cmd.Context(), g, o, rel)
 			if err != nil {
 				return err
@@ -87,6 +98,8 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&o.duration, "duration", 0, "stop after this long (default: when --count messages are sent)")
 	f.DurationVar(&o.deliveryTO, "delivery-timeout", 30*time.Second, "a message not acknowledged this long after its send fails (the producer's DeliveryTimeout)")
 	f.StringVar(&o.reliability, "reliability", "normal", "normal or high")
+	f.DurationVar(&o.delay, "delay", 0, "send delayed messages, each due this long after its send (0: ordinary messages)")
+	f.StringVar(&o.deliverAt, "deliver-at", "", "send delayed messages all due at this time (RFC 3339)")
 	f.StringVar(&o.mode, "mode", "async", "sync (one message at a time per producer) or async (--window in flight per producer)")
 	f.IntVar(&o.window, "window", 1000, "async: messages in flight per producer")
 	f.DurationVar(&o.linger, "linger", 2*time.Millisecond, "producer linger")
@@ -110,6 +123,7 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	c.durationRange("duration", time.Millisecond, maxBenchTime)
 	c.durationRange("delivery-timeout", time.Millisecond, time.Hour)
 	c.oneOf("reliability", "normal", "high")
+	c.durationRange("delay", 0, 90*24*time.Hour)
 	c.oneOf("mode", "sync", "async")
 	c.intRange("window", 1, maxWindow)
 	c.durationRange("linger", 0, maxLinger)
@@ -202,7 +216,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		MetaAddrs: g.addrs(), TLS: g.tls.config, Token: g.token, CallTimeout: g.timeout,
 		Topic: o.topic, Queues: o.queues, Producers: o.producers, Size: o.size,
 		Count: o.count, Duration: o.duration, Rate: o.rate, Mode: loadgen.Mode(o.mode), Window: o.window,
-		Reliability: rel, DeliveryTimeout: o.deliveryTO, Linger: o.linger, BatchBytes: o.batchBytes,
+		Reliability: rel, DeliverAfter: o.delay, DeliverAt: o.at, DeliveryTimeout: o.deliveryTO, Linger: o.linger, BatchBytes: o.batchBytes,
 		MaxInflight: o.inflight, Idempotence: o.idempotence,
 		Consumers: o.consumers, Group: o.group, Backlog: o.backlog, ConsumeWait: o.consumeWait, QueueEnds: queueEnds,
 		CPUProfile: o.cpuProfile, MemProfile: o.memProfile,

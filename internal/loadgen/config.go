@@ -61,7 +61,12 @@ type Config struct {
 
 	// The producers' options: DeliveryTimeout and Linger as the SDK's;
 	// BatchBytes and MaxInflight 0 for the SDK's defaults.
-	Reliability     protocol.Reliability
+	Reliability protocol.Reliability
+	// DeliverAfter, when above 0, sends delayed messages due this long
+	// after each send; DeliverAt, when set, sends delayed messages all due
+	// at that instant. At most one of them.
+	DeliverAfter    time.Duration
+	DeliverAt       time.Time
 	DeliveryTimeout time.Duration
 	Linger          time.Duration
 	BatchBytes      int
@@ -123,6 +128,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Size < 0 {
 		add("size %d is negative", c.Size)
+	}
+	if c.DeliverAfter < 0 || c.DeliverAfter > 0 && !c.DeliverAt.IsZero() {
+		add("deliver-after %v: want 0 or more, and not with a deliver-at time", c.DeliverAfter)
 	}
 	if c.Count < 0 {
 		add("count %d is negative", c.Count)
