@@ -350,8 +350,8 @@ func waitAllReleased(t *testing.T, c *localCluster, broker string, want int, tim
 	}
 }
 
-// latenessFigures logs p50, p99 and max of StoreTime - due over copies,
-// and over those due in [from, to) when given.
+// latenessFigures is p50, p99, p99.9 and max of StoreTime - due over
+// copies.
 func latenessFigures(copies []releasedCopy) string {
 	if len(copies) == 0 {
 		return "none"
@@ -487,6 +487,38 @@ func delayedCall(ctx context.Context, cl *transport.Client, code protocol.Code, 
 	return st, nil
 }
 
+// cancelAll cancels each of sent at addr and fails the test unless each
+// answer says this cancel did it.
+func cancelAll(t *testing.T, addr string, sent []delayedSent, when string) {
+	t.Helper()
+	cl := transport.NewClient(addr, transport.ClientConfig{})
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, s := range sent {
+		st, err := delayedCall(ctx, cl, protocol.CodeDelayedCancel, s.handle)
+		if err != nil || st.State != protocol.DelayCancelled || st.By != "cancel" || st.ID != s.id {
+			t.Fatalf("cancel of %s@%d %s: %+v, %v; want cancelled by this cancel", s.id, s.handle, when, st, err)
+		}
+	}
+}
+
+// expectStates asks DELAYED_STATE of each of sent at addr and fails the
+// test unless each is in state.
+func expectStates(t *testing.T, addr string, sent []delayedSent, state, what string) {
+	t.Helper()
+	cl := transport.NewClient(addr, transport.ClientConfig{})
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, s := range sent {
+		st, err := delayedCall(ctx, cl, protocol.CodeDelayedState, s.handle)
+		if err != nil || st.State != state || st.ID != s.id || st.DueAt != s.due || st.By != "" {
+			t.Errorf("lookup of %s@%d (%s): %+v, %v; want %s", s.id, s.handle, what, st, err, state)
+		}
+	}
+}
+
 // waitFired waits until broker has fired at least n, and returns its
 // figures as last read.
 func waitFired(t *testing.T, c *localCluster, broker string, n int, why string) delayedMetrics {
@@ -516,8 +548,9 @@ func dueBefore(sent []delayedSent, at time.Time) int {
 // releases, and restarts it with its own command line (failover off, so the
 // same broker takes over its own log): every acknowledged message is
 // released exactly once, none early; the first incarnation's releases and
-// the second's add up to the messages; nothing stays pending; and a lookup
-// of each message names where it went, those released before the kill too.
+// the second's add up to the messages; nothing stays pending; a lookup of
+// each message names where it went, those released before the kill too;
+// and a message cancelled before the kill stays cancelled.
 func TestDelayedExactlyOnceKill9(t *testing.T) {
 	c, master := startDelayedCluster(t, "FERRY_FAILOVER=off")
 	args := c.cmdline(master)
@@ -529,6 +562,15 @@ func TestDelayedExactlyOnceKill9(t *testing.T) {
 	}
 	t.Logf("PLAN: %d delayed messages (%d HIGH) due from %s over %v; the busiest second %s holds %d",
 		p.n, p.highN, p.t0.Format("15:04:05"), p.window, p.busy.Format("15:04:05"), p.busyN)
+	// And a few due in an hour, half of them cancelled before the kill.
+	far := make([]protocol.Message, 20)
+	for i := range far {
+		far[i] = protocol.Message{ID: fmt.Sprintf("k9-far-%02d", i), Topic: delayedTopic, Queue: uint32(i % delayedQueues),
+			Reliability: []protocol.Reliability{protocol.Normal, protocol.High}[i%2], Timestamp: time.Now().UnixMilli(), Body: []byte("far"),
+			Schedule: protocol.Schedule{Kind: protocol.ScheduleDelayed, At: time.Now().Add(time.Hour).UnixMilli(), Ref: -1}}
+	}
+	farSent := sendDelayed(t, c.addr(master), far)
+	cancelAll(t, c.addr(master), farSent[:10], "before the kill")
 
 	// Kill in the busiest second, once a quarter of it was released.
 	before := dueBefore(sent, p.busy)
@@ -541,6 +583,12 @@ func TestDelayedExactlyOnceKill9(t *testing.T) {
 	c.waitWritable("g1", 60*time.Second, "after the restart of "+master)
 	back := time.Now()
 	t.Logf("RESTARTED: %s writable again %v after the kill", master, back.Sub(killed).Round(time.Millisecond))
+
+	// The cancels held, the others are pending still, and cancel now.
+	expectStates(t, c.addr(master), farSent[:10], protocol.DelayCancelled, "cancelled before the kill, after the restart")
+	expectStates(t, c.addr(master), farSent[10:], protocol.DelayPending, "due in an hour, after the restart")
+	cancelAll(t, c.addr(master), farSent[10:], "after the restart")
+	expectStates(t, c.addr(master), farSent, protocol.DelayCancelled, "cancelled")
 
 	waitAllReleased(t, c, master, len(sent), p.window+2*time.Minute)
 	got := readReleased(t, c.addr(master), master)
