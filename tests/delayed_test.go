@@ -833,15 +833,6 @@ func (r *releaseTail) stop() map[string][]releasedCopy {
 	return r.seen
 }
 
-// skipDelayBug skips a test that fails on a known broker bug, unless
-// FERRY_DELAY_BUGS=1 asks to run it (to see the bug, or that it is fixed).
-func skipDelayBug(t *testing.T, bug string) {
-	t.Helper()
-	if os.Getenv("FERRY_DELAY_BUGS") != "1" {
-		t.Skip("skipped for a known broker bug (FERRY_DELAY_BUGS=1 runs it): " + bug)
-	}
-}
-
 // TestDelayedCancelRacesFire sends delayed messages all due at the same
 // instant a little ahead, and cancels each of them from other goroutines
 // at times spread around that instant: for each message exactly one of the
@@ -849,9 +840,11 @@ func skipDelayBug(t *testing.T, bug string) {
 // cancel answered "cancelled" by this call never has a copy in the target
 // queue; one answered "released" names the queue offset of the copy, which
 // holds that message). A lookup afterwards agrees.
+//
+// A known broker bug makes one cancel in a run answer "pending" (see the
+// t.Skip at the end): the test then checks everything else and skips,
+// naming it; FERRY_DELAY_BUGS=1 makes it fail instead.
 func TestDelayedCancelRacesFire(t *testing.T) {
-	skipDelayBug(t, "a DELAYED_CANCEL served right after the delayer released its message, before the timer index followed "+
-		"the release mark, is answered \"pending\" (neither cancelled nor released; a lookup later says released)")
 	c, master := startDelayedCluster(t)
 	const n = 3000
 	due := time.Now().Add(4 * time.Second).Truncate(100 * time.Millisecond)
@@ -923,6 +916,7 @@ func TestDelayedCancelRacesFire(t *testing.T) {
 		t.Errorf("the cancels did not race the release: %d won, %d lost (cancels spread over %v from %v before the due time)", len(cancelled), len(released), spread, due.Sub(from))
 	}
 
+	var pendingBug string // the known bug below, seen
 	waitAllReleased(t, c, master, len(released)+len(pending), time.Minute)
 	got := readReleased(t, c.addr(master), master)
 	// A cancel answered "pending" said neither: what became of the message?
@@ -933,7 +927,10 @@ func TestDelayedCancelRacesFire(t *testing.T) {
 			what = append(what, fmt.Sprintf("%s@%d: cancel answered pending; %d copies in its queue %v; a lookup now says %s (released %+v, err %v)",
 				sent[i].id, sent[i].handle, len(got[sent[i].id]), got[sent[i].id], st.State, st.Released, err))
 		}
-		t.Errorf("%d cancels were answered %q, neither cancelled nor released: %s", len(pending), protocol.DelayPending, strings.Join(what, "; "))
+		pendingBug = fmt.Sprintf("%d cancels were answered %q, neither cancelled nor released: %s", len(pending), protocol.DelayPending, strings.Join(what, "; "))
+		if os.Getenv("FERRY_DELAY_BUGS") == "1" {
+			t.Error(pendingBug)
+		}
 		released = append(released, pending...) // checked below as released, which the lookup says they were
 		for _, i := range pending {
 			if st, err := delayedCall(ctx, cl, protocol.CodeDelayedState, sent[i].handle); err == nil {
@@ -951,6 +948,8 @@ func TestDelayedCancelRacesFire(t *testing.T) {
 		s, rel := sent[i], answers[i].Released
 		cps := got[s.id]
 		switch {
+		case rel == nil:
+			wrong = append(wrong, fmt.Sprintf("%s: answered %+v, which names no release", s.id, answers[i]))
 		case len(cps) != 1:
 			wrong = append(wrong, fmt.Sprintf("%s answered released, %d copies in its queue", s.id, len(cps)))
 		case cps[0].queue != s.queue || cps[0].queueOffset != rel.QueueOffset || cps[0].logOffset != rel.LogOffset || cps[0].ref != s.handle:
@@ -986,5 +985,11 @@ func TestDelayedCancelRacesFire(t *testing.T) {
 		if err != nil || st.State != answers[i].State || st.By != "" {
 			t.Errorf("lookup of %s after the race: %+v, %v; the cancel answered %s", sent[i].id, st, err, answers[i].State)
 		}
+	}
+	if pendingBug != "" && !t.Failed() {
+		// Every other check passed: skipped, naming the bug, until it is
+		// fixed (FERRY_DELAY_BUGS=1 fails on it instead).
+		t.Skip("known broker bug: a DELAYED_CANCEL served right after the delayer released its message, before the timer index " +
+			"followed the release mark, is answered \"pending\" (neither cancelled nor released; a lookup later says released): " + pendingBug)
 	}
 }
