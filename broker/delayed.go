@@ -49,8 +49,9 @@ type delayer struct {
 	reqs chan *delayReq
 	cut  atomic.Bool // the log was cut back (a truncation): rebuild the index first
 
-	lastRep *replication // run's: the replication repair last ran for
-	warned  string       // run's: the last warning, logged once
+	lastRep   *replication // run's: the replication repair last ran for
+	lastReset time.Time    // run's: when the index was last rebuilt
+	warned    string       // run's: the last warning, logged once
 }
 
 // delayDir, in the broker's directory, holds the timer index's files.
@@ -68,8 +69,10 @@ type delayReq struct {
 
 type delayAnswer struct {
 	state protocol.DelayedState
-	end   int64 // the log end the answer's append reached (-1: none)
-	high  bool
+	end   int64        // the log end the answer's append reached (-1: none)
+	high  bool         // the cancel mark of a HIGH message: wait for the sync set
+	rep   *replication // the replication the mark was appended under
+	keep  int64        // a move: retention may delete the log before this offset
 	err   error
 }
 
@@ -155,19 +158,8 @@ var errNotWritableMaster = &protocol.Error{Status: protocol.StatusNotMaster, Mes
 // what is due. It returns why this broker may not write delayed records
 // now (nil: it may).
 func (d *delayer) step() error {
-	if d.cut.Load() {
-		if err := d.idx.Reset(); err != nil {
-			d.warn("cannot rebuild the timer index after the log was cut", err)
-			return &protocol.Error{Status: protocol.StatusStoreError, Message: "the timer index: " + err.Error()}
-		}
-		d.cut.Store(false)
-	}
-	if err := d.idx.Follow(); err != nil {
-		if errors.Is(err, storage.ErrReadTruncated) {
-			d.cut.Store(true)
-		}
-		d.warn("cannot follow the log into the timer index", err)
-		return &protocol.Error{Status: protocol.StatusStoreError, Message: "the timer index: " + err.Error()}
+	if err := d.follow(); err != nil {
+		return err
 	}
 	rep := d.roles.replication()
 	if rep == nil || !d.lease.valid() {
@@ -175,6 +167,12 @@ func (d *delayer) step() error {
 		return errNotWritableMaster
 	}
 	if rep != d.lastRep {
+		// Taken over since the last step: the follower, stopped before the
+		// replication was set, may have appended releases after the follow
+		// above; follow them before anything is decided.
+		if err := d.follow(); err != nil {
+			return err
+		}
 		if err := d.repair(); err != nil {
 			d.warn("cannot check the log's last record for a release without its mark", err)
 			return &protocol.Error{Status: protocol.StatusStoreError, Message: "the timer index: " + err.Error()}
@@ -183,6 +181,42 @@ func (d *delayer) step() error {
 	}
 	d.fire(rep)
 	return nil
+}
+
+// resetBackoff is the least time between two rebuilds of the timer index
+// after it failed.
+const resetBackoff = time.Second
+
+// follow brings the index up to the log. An index that failed (a cut log,
+// a failed write or read of its files) is rebuilt from the log, at most
+// once per resetBackoff: it is derived state, so a rebuild is always safe.
+func (d *delayer) follow() error {
+	if d.cut.Swap(false) {
+		now := d.clock.Now()
+		if now.Sub(d.lastReset) < resetBackoff {
+			d.cut.Store(true)
+			return &protocol.Error{Status: protocol.StatusStoreError, Message: "the timer index is being rebuilt"}
+		}
+		d.lastReset = now
+		if err := d.idx.Reset(); err != nil {
+			d.cut.Store(true)
+			d.warn("cannot rebuild the timer index", err)
+			return &protocol.Error{Status: protocol.StatusStoreError, Message: "the timer index: " + err.Error()}
+		}
+		d.lg.Info("rebuilt the timer index from the log")
+	}
+	if err := d.idx.Follow(); err != nil {
+		d.cut.Store(true) // rebuilt at the next step
+		d.warn("cannot follow the log into the timer index; it is rebuilt from the log", err)
+		return &protocol.Error{Status: protocol.StatusStoreError, Message: "the timer index: " + err.Error()}
+	}
+	return nil
+}
+
+// writable reports whether this broker may still append delayed records
+// under rep: rep is still its replication, and the write lease holds.
+func (d *delayer) writable(rep *replication) bool {
+	return rep != nil && d.roles.replication() == rep && d.lease.valid()
 }
 
 func (d *delayer) warn(msg string, err error) {
@@ -226,6 +260,9 @@ func (d *delayer) repair() error {
 // fire releases what is due, a batch per append, earliest first.
 func (d *delayer) fire(rep *replication) {
 	for range 64 { // then run serves requests and follows again
+		if !d.writable(rep) {
+			return // a master that lost its lease or stepped down fires nothing
+		}
 		now := d.clock.Now()
 		due := d.idx.Due(now, fireBatch)
 		if len(due) == 0 {
@@ -233,17 +270,17 @@ func (d *delayer) fire(rep *replication) {
 		}
 		entries := make([]storage.Entry, 0, 2*len(due))
 		released := make([]protocol.Message, 0, len(due))
-		for _, e := range due {
+		marked := make([]bool, len(due)) // a record is appended that resolves it
+		for i, e := range due {
 			rec, err := d.readPending(e.At)
 			if err != nil {
-				// A pending record that cannot be read cannot be released:
-				// it is cancelled, so it is not tried forever, and counted.
-				d.lg.Error("a due delayed message cannot be read; it is cancelled", "pending-record", e.At, "topic", e.Topic, "queue", e.Queue, "error", err)
-				d.stats.DelayedUnreadable.Add(1)
-				m := protocol.Message{Topic: e.Topic, Queue: e.Queue, Schedule: protocol.Schedule{At: e.DueAt}}
-				entries = append(entries, storage.Entry{Topic: protocol.DelayTopic(e.Topic), Queue: e.Queue, Payload: cancelMark(&m, e.At)})
+				if !d.unreadable(e, err, &entries) {
+					continue // tried again later (or gone with its segment)
+				}
+				marked[i] = true
 				continue
 			}
+			marked[i] = true
 			cp := rec.msg
 			cp.Producer = protocol.ProducerStamp{}
 			cp.Schedule = protocol.Schedule{Kind: protocol.ScheduleReleased, At: rec.msg.Schedule.At, Ref: e.At}
@@ -254,9 +291,13 @@ func (d *delayer) fire(rep *replication) {
 					Payload: releaseMark(&rec.msg, e.At, storage.RecordSize(cp.Topic, len(payload)))})
 			released = append(released, cp)
 		}
-		pos, err := d.log.Append(entries, false)
-		for _, e := range due {
-			d.idx.Release(e.At, err == nil)
+		var pos []storage.Position
+		var err error
+		if len(entries) > 0 {
+			pos, err = d.log.Append(entries, false)
+		}
+		for i, e := range due {
+			d.idx.Release(e.At, err == nil && marked[i])
 		}
 		if err != nil {
 			d.warn("cannot append released delayed messages; they stay pending", err)
@@ -271,6 +312,24 @@ func (d *delayer) fire(rep *replication) {
 		d.wakeReaders(released, entries, pos)
 		rep.notify()
 	}
+}
+
+// unreadable handles a due (or moving) pending record e that could not be
+// read: one that is not a delayed message at all (its bytes say so) gets a
+// cancel mark appended to entries, counted and logged, and unreadable
+// returns true; one that failed to read (an I/O error, or a segment
+// retention deleted: the index then drops it) stays pending, and false.
+func (d *delayer) unreadable(e delay.Entry, err error, entries *[]storage.Entry) bool {
+	var pe *protocol.Error
+	if !errors.As(err, &pe) || pe.Status != protocol.StatusNotFound {
+		d.warn("cannot read a pending delayed message; it stays pending", err)
+		return false
+	}
+	d.lg.Error("a pending record is not a delayed message; it is cancelled", "pending-record", e.At, "topic", e.Topic, "queue", e.Queue, "error", err)
+	d.stats.DelayedUnreadable.Add(1)
+	m := protocol.Message{Topic: e.Topic, Queue: e.Queue, Schedule: protocol.Schedule{At: e.DueAt}}
+	*entries = append(*entries, storage.Entry{Topic: protocol.DelayTopic(e.Topic), Queue: e.Queue, Payload: cancelMark(&m, e.At)})
+	return true
 }
 
 // wakeReaders wakes the PULLs parked on the queues that got released
@@ -298,7 +357,8 @@ func (d *delayer) readPending(at int64) (pendingRecord, error) {
 	}
 	m, err := protocol.DecodeMessage(ri.Payload)
 	if err != nil {
-		return pendingRecord{}, fmt.Errorf("the record at %d is not a message: %w", at, err)
+		return pendingRecord{}, &protocol.Error{Status: protocol.StatusNotFound,
+			Message: fmt.Sprintf("the record at log offset %d is not a message: %v", at, err)}
 	}
 	if m.Schedule.Kind != protocol.ScheduleDelayed || ri.Topic != protocol.DelayTopic(m.Topic) || ri.Queue != m.Queue {
 		return pendingRecord{}, &protocol.Error{Status: protocol.StatusNotFound,
@@ -328,6 +388,10 @@ func cancelMark(m *protocol.Message, at int64) []byte {
 // this broker may not write delayed records now (nil: it may).
 func (d *delayer) serve(req *delayReq, notNow error) {
 	if notNow != nil {
+		if req.cancel == nil && d.idx != nil {
+			req.done <- d.keepFrom(req.before) // a slave, or no lease: keep what is pending
+			return
+		}
 		req.done <- delayAnswer{end: -1, err: notNow}
 		return
 	}
@@ -336,6 +400,21 @@ func (d *delayer) serve(req *delayReq, notNow error) {
 		return
 	}
 	req.done <- d.move(req.before)
+}
+
+// keepFrom is where retention must stop when it cannot move what is
+// pending before before: at the earliest pending record (claimed ones
+// included: run has none claimed between its steps).
+func (d *delayer) keepFrom(before int64) delayAnswer {
+	es, err := d.idx.PendingBefore(before, 1<<20)
+	if err != nil {
+		return delayAnswer{end: -1, err: err}
+	}
+	for _, e := range es {
+		before = min(before, e.At)
+		d.idx.Release(e.At, false)
+	}
+	return delayAnswer{end: -1, keep: before}
 }
 
 // cancel claims the pending record and appends its cancel mark; a record
@@ -350,18 +429,21 @@ func (d *delayer) cancel(p *pendingRecord) delayAnswer {
 		st, err := d.describe(p)
 		return delayAnswer{state: st, end: -1, err: err}
 	}
+	rep := d.roles.replication()
+	if !d.writable(rep) {
+		d.idx.Release(p.at, false)
+		return delayAnswer{end: -1, err: errNotWritableMaster}
+	}
 	pos, err := d.log.Append([]storage.Entry{{Topic: protocol.DelayTopic(p.msg.Topic), Queue: p.msg.Queue, Payload: cancelMark(&p.msg, p.at)}}, false)
 	d.idx.Release(p.at, err == nil)
 	if err != nil {
 		return delayAnswer{end: -1, err: &protocol.Error{Status: statusOfStoreError(err), Message: err.Error()}}
 	}
 	d.stats.DelayedCancelled.Add(1)
-	if rep := d.roles.replication(); rep != nil {
-		rep.notify()
-	}
+	rep.notify()
 	st := d.stateOf(p)
 	st.State, st.By = protocol.DelayCancelled, "cancel"
-	return delayAnswer{state: st, end: pos[0].End, high: p.msg.Reliability == protocol.High}
+	return delayAnswer{state: st, end: pos[0].End, high: p.msg.Reliability == protocol.High, rep: rep}
 }
 
 // move appends again every record pending before the log offset before,
@@ -369,33 +451,48 @@ func (d *delayer) cancel(p *pendingRecord) delayAnswer {
 // time: its handle follows), so retention may delete its segment.
 func (d *delayer) move(before int64) delayAnswer {
 	for {
+		rep := d.roles.replication()
+		if !d.writable(rep) {
+			return d.keepFrom(before)
+		}
 		es, err := d.idx.PendingBefore(before, fireBatch)
-		if err != nil || len(es) == 0 {
+		if err != nil {
 			return delayAnswer{end: -1, err: err}
 		}
+		if len(es) == 0 {
+			return delayAnswer{end: -1, keep: before}
+		}
 		entries := make([]storage.Entry, 0, len(es))
-		for _, e := range es {
+		marked := make([]bool, len(es))
+		keep := before
+		for i, e := range es {
 			rec, err := d.readPending(e.At)
 			if err != nil {
-				d.lg.Error("a pending delayed message cannot be read to move it before retention; it is cancelled", "pending-record", e.At, "error", err)
-				d.stats.DelayedUnreadable.Add(1)
-				m := protocol.Message{Topic: e.Topic, Queue: e.Queue, Schedule: protocol.Schedule{At: e.DueAt}}
-				entries = append(entries, storage.Entry{Topic: protocol.DelayTopic(e.Topic), Queue: e.Queue, Payload: cancelMark(&m, e.At)})
+				if marked[i] = d.unreadable(e, err, &entries); !marked[i] {
+					keep = min(keep, e.At) // not moved: its segment stays
+				}
 				continue
 			}
+			marked[i] = true
 			mv := rec.msg
 			mv.Producer = protocol.ProducerStamp{} // its producer's sequences stay with the record retention deletes
 			mv.Schedule.Ref = e.At
 			entries = append(entries, storage.Entry{Topic: protocol.DelayTopic(mv.Topic), Queue: mv.Queue, Payload: protocol.AppendMessage(nil, &mv)})
 		}
-		_, err = d.log.Append(entries, false)
-		for _, e := range es {
-			d.idx.Release(e.At, err == nil)
+		if len(entries) > 0 {
+			_, err = d.log.Append(entries, false)
+		}
+		for i, e := range es {
+			d.idx.Release(e.At, err == nil && marked[i])
 		}
 		if err != nil {
 			return delayAnswer{end: -1, err: err}
 		}
-		d.stats.DelayedMoved.Add(int64(len(es)))
+		rep.notify()
+		d.stats.DelayedMoved.Add(int64(len(entries)))
+		if keep < before {
+			return delayAnswer{end: -1, keep: keep}
+		}
 		if err := d.idx.Follow(); err != nil {
 			return delayAnswer{end: -1, err: err}
 		}
@@ -466,19 +563,12 @@ func (d *delayer) describe(p *pendingRecord) (protocol.DelayedState, error) {
 // be, retention stops at the earliest of them, which the master moves (the
 // slave gets the moved copies and their marks by replication).
 func (d *delayer) retainFrom(ctx context.Context, before int64) int64 {
-	if a := d.call(ctx, &delayReq{before: before}); a.err == nil {
-		return before
-	}
-	es, err := d.idx.PendingBefore(before, 1<<20)
-	if err != nil {
-		d.lg.Warn("retention cannot tell which delayed messages are pending; it deletes nothing", "error", err)
+	a := d.call(ctx, &delayReq{before: before})
+	if a.err != nil {
+		d.lg.Warn("retention cannot tell which delayed messages are pending; it deletes nothing", "error", a.err)
 		return d.log.StartOffset()
 	}
-	for _, e := range es {
-		before = min(before, e.At)
-		d.idx.Release(e.At, false)
-	}
-	return before
+	return a.keep
 }
 
 // DelayedSummary is what a broker's metrics say of its pending delayed

@@ -59,20 +59,24 @@ func (b *Broker) handleDelayedCancel(r *transport.Request, p pendingRecord) {
 		return
 	}
 	if a.high && a.end >= 0 {
-		if rep := b.roles.replication(); rep != nil {
-			done := make(chan protocol.Status, 1)
-			rep.await(a.end, func(st protocol.Status) { done <- st })
-			select {
-			case st := <-done:
-				if st != protocol.StatusOK {
-					r.ReplyError(&protocol.Error{Status: st, Message: "the cancel mark is stored on the master; its copies were not confirmed"})
-					return
-				}
-			case <-ctx.Done():
-				r.ReplyError(&protocol.Error{Status: protocol.StatusTimeout, Message: "the cancel mark is stored on the master; its copies were not confirmed in time"})
+		done := make(chan protocol.Status, 1)
+		a.rep.await(a.end, func(st protocol.Status) { done <- st })
+		select {
+		case st := <-done:
+			if st != protocol.StatusOK {
+				r.ReplyError(&protocol.Error{Status: st, Message: "the cancel mark is stored on the master; its copies were not confirmed"})
 				return
 			}
+		case <-ctx.Done():
+			r.ReplyError(&protocol.Error{Status: protocol.StatusTimeout, Message: "the cancel mark is stored on the master; its copies were not confirmed in time"})
+			return
 		}
+	}
+	if a.rep != nil && !b.delays.writable(a.rep) {
+		// Stepped down (or the lease ran out) before the answer: the mark may
+		// be cut when this broker rejoins, as an unacknowledged SEND is.
+		r.ReplyError(&protocol.Error{Status: protocol.StatusLeaseLost, Message: "the cancel mark is stored, but this broker stopped being the writable master before answering"})
+		return
 	}
 	replyJSON(r, a.state)
 }

@@ -113,6 +113,7 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 	var resp protocol.RecoverResponse
 	var entries []storage.Entry
 	notDelayed := 0
+	delayedIDs := map[string]struct{}{} // delayed messages of this batch: a pending record and its move are one
 	for _, ri := range recs {
 		m, err := protocol.DecodeMessage(ri.Payload)
 		if err != nil {
@@ -131,6 +132,25 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 			continue
 		}
 		payload := ri.Payload
+		if m.Schedule.Kind == protocol.ScheduleDelayed && m.Schedule.Ref >= 0 {
+			if m.Schedule.Ref < q.Cut {
+				// Retention's move of a record both logs hold: this log's
+				// own index decides what became of that one.
+				notDelayed++
+				continue
+			}
+			// The move of a record that was in the cut tail too: pending
+			// here as itself, once (the first of the two is taken).
+			m.Schedule.Ref = -1
+			payload = protocol.AppendMessage(nil, &m)
+		}
+		if m.Schedule.Kind == protocol.ScheduleDelayed {
+			if _, twice := delayedIDs[m.ID]; twice {
+				resp.Duplicates++
+				continue
+			}
+			delayedIDs[m.ID] = struct{}{}
+		}
 		if len(m.Properties) < protocol.MaxProperties {
 			m.Properties = append(m.Properties, protocol.Property{Key: protocol.RecoveredProperty, Value: fmt.Sprintf("%d@%d", q.Epoch-1, ri.Offset)})
 			if p := protocol.AppendMessage(nil, &m); len(p) <= protocol.MaxFrameSize-1024 {
@@ -158,7 +178,7 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 	b.stats.Recovered.Add(int64(resp.Stored))
 	b.stats.RecoverDuplicates.Add(int64(resp.Duplicates))
 	b.log.Info("appended again the records a failover cut from a former master", "from", q.BrokerID, "epoch", q.Epoch,
-		"records", len(recs), "stored", resp.Stored, "held-already", resp.Duplicates, "delayed-releases-and-cancels-left", notDelayed, "log-end", resp.End)
+		"records", len(recs), "stored", resp.Stored, "held-already", resp.Duplicates, "delayed-marks-and-moves-left", notDelayed, "log-end", resp.End)
 	return resp, nil
 }
 

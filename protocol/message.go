@@ -224,6 +224,10 @@ func (m *Message) Validate() error {
 		if m.Schedule.At <= 0 {
 			invalid("a delayed message needs a delivery time, got %d", m.Schedule.At)
 		}
+		if m.Schedule.Ref != -1 {
+			// Only a broker's move names the record it replaces.
+			invalid("a delayed message's schedule reference must be -1, got %d", m.Schedule.Ref)
+		}
 	default:
 		invalid("a producer may send only delayed messages, not %v", m.Schedule.Kind)
 	}
