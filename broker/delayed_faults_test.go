@@ -129,3 +129,39 @@ func TestDelayedIndexWriteErrorRebuilds(t *testing.T) {
 	}
 	testwait.For(t, 15*time.Second, "the message to be released after the failed write", func() bool { return len(released(t, c, "later", 0)) == 1 })
 }
+
+// A message pending in a segment that retention deletes is moved first
+// (appended again, due at the same time) and released once, on time.
+func TestDelayedSurvivesRetention(t *testing.T) {
+	meta := tc.StartMeta(t, 1, nil)
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Edit: func(c *broker.Config) {
+		c.SegmentSize, c.RetentionBytes, c.RetentionCheck = 64<<10, 256<<10, 20*time.Millisecond
+	}})
+	meta.CreateTopic(t, "later", "g1", "g1")
+	c := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, c, "later", 0)
+
+	due := time.Now().Add(3 * time.Second)
+	m := delayedMsg("later", 0, protocol.Normal, "kept", due)
+	res := tc.Send(t, c, []protocol.Message{m})
+	if res[0].Status != protocol.StatusOK {
+		t.Fatal(res[0].Status)
+	}
+	body := strings.Repeat("x", 4000)
+	testwait.For(t, 20*time.Second, "retention to delete the segment that held the pending record", func() bool {
+		batch := make([]protocol.Message, 16)
+		for i := range batch {
+			batch[i] = tc.Msg("later", 1, protocol.Normal, body)
+		}
+		tc.Send(t, c, batch)
+		return g.Master.Store().StartOffset() > res[0].LogOffset
+	})
+	if g.Master.Stats().DelayedMoved.Load() < 1 {
+		t.Fatal("the segment was deleted, but nothing was moved")
+	}
+	testwait.For(t, 20*time.Second, "the moved message to be released", func() bool { return len(released(t, c, "later", 0)) >= 1 })
+	got := released(t, c, "later", 0)
+	if len(got) != 1 || got[0].Message.ID != m.ID || got[0].StoreTime < m.Schedule.At || string(got[0].Message.Body) != "kept" {
+		t.Fatalf("released %+v, want the message once, not before %d", got, m.Schedule.At)
+	}
+}
