@@ -48,7 +48,7 @@ budget() {
 budget_report() {
 	local k used b n
 	n="${NATS[nats.js.default.pub_async]:-}"
-	for k in async async1 sync flushsync high normalslave q1000 q8 consume consume4 fixedrate roll; do
+	for k in async async1 sync flushsync high normalslave delayed q1000 q8 consume consume4 fixedrate roll; do
 		[ -n "${VALS[$k.tot]:-}" ] || continue
 		used=$(med "$k.tot") b=$(budget "$k")
 		printf 'BUDGET %-12s %8s %8s %s\n' "$k" "$used" "$b" \
