@@ -163,17 +163,6 @@ case "$TLS" in
 esac
 ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "${CTL_TLS[@]}" "$@"; }
 
-# group_ready GROUP SLAVES: GROUP is writable (and with SLAVES > 0, that
-# many slaves are in its sync set: HIGH is taken).
-group_ready() {
-	local out
-	out="$(ctl brokers --json 2>/dev/null)" || return 1
-	# the array's item (lines "  {" to "  }") whose name is GROUP
-	out="$(awk -v g="\"name\": \"$1\"," '/^  \{/ { b = "" } { b = b $0 "\n" } /^  \}/ && index(b, g) { printf "%s", b; exit }' <<<"$out")"
-	grep -q '"state": "RW"' <<<"$out" || return 1
-	[ "$2" = 0 ] || [ "$(grep -c '"in_sync": true' <<<"$out")" -ge "$2" ]
-}
-
 # start_group GROUP FLUSH SLAVES: a fresh master (and 0, 1 or 2 slaves) with
 # empty data directories, as broker group GROUP; waits until it takes
 # writes (and its slaves are in its sync set).
@@ -212,12 +201,6 @@ stop_group() {
 
 # ------------------------------------------------------------------ figures
 declare -A VALS=()
-# jnum KEY JSON: a number field of ferryctl's JSON output.
-jnum() { sed -n "s/^ *\"$1\": *\([-0-9.eE+]*\),*$/\1/p" <<<"$2" | head -1; }
-median() {
-	printf '%s\n' "$@" | grep -E '^[0-9.eE+-]+$' | sort -g |
-		awk '{a[NR]=$1} END{ if (NR==0) print "NA"; else if (NR%2) print a[(NR+1)/2]; else printf "%.6g\n", (a[NR/2]+a[NR/2+1])/2 }'
-}
 add() { VALS[$1]+="${2:-NA} "; }
 # shellcheck disable=SC2086 # the runs are words
 med() { median ${VALS[$1]:-}; }
