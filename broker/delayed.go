@@ -429,6 +429,13 @@ func (d *delayer) stateOf(p *pendingRecord) protocol.DelayedState {
 func (d *delayer) describe(p *pendingRecord) (protocol.DelayedState, error) {
 	st := d.stateOf(p)
 	s, err := d.idx.State(p.at, p.msg.Schedule.At)
+	if err == nil && s.Kind == delay.StatePending {
+		// Released or cancelled since the index last followed the log (its
+		// mark is appended, not yet read back): follow, and ask again.
+		if err = d.idx.Follow(); err == nil {
+			s, err = d.idx.State(p.at, p.msg.Schedule.At)
+		}
+	}
 	if err != nil {
 		return st, err
 	}

@@ -119,15 +119,15 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 			return protocol.RecoverResponse{}, &protocol.Error{Status: protocol.StatusInvalid,
 				Message: fmt.Sprintf("the record at log offset %d holds no message: %v", ri.Offset, err)}
 		}
-		if held[m.ID] {
-			resp.Duplicates++
-			continue
-		}
 		if k := m.Schedule.Kind; k != protocol.ScheduleNone && k != protocol.ScheduleDelayed {
 			// A release (its copy and mark) or a cancel mark names a pending
 			// record by its offset in the old master's log: this log's own
 			// index decides what is pending here, and releases it once.
 			notDelayed++
+			continue
+		}
+		if held[m.ID] {
+			resp.Duplicates++
 			continue
 		}
 		payload := ri.Payload

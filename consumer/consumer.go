@@ -201,12 +201,25 @@ func New(group string, topics []string, opts ...Opt) (*Consumer, error) {
 	if len(cfg.deadLetter) > protocol.MaxTopicLen {
 		errs = append(errs, fmt.Errorf("consumer: dead-letter topic %q over %d bytes", cfg.deadLetter, protocol.MaxTopicLen))
 	}
+	if cfg.nonBlocking {
+		cfg.retryTopic = protocol.RetryPrefix + group
+		// Its retries are stored pending under the internal topic
+		// protocol.DelayTopic(retry topic), which must fit too.
+		if len(protocol.DelayTopic(cfg.retryTopic)) > protocol.MaxTopicLen {
+			errs = append(errs, fmt.Errorf("consumer: NonBlockingRetries: the retry topic %q is too long: group names of at most %d bytes have one",
+				cfg.retryTopic, protocol.MaxTopicLen-len(protocol.DelayTopic(protocol.RetryPrefix))))
+		} else if !seen[cfg.retryTopic] {
+			uniq = append(uniq, cfg.retryTopic)
+			sort.Strings(uniq)
+		}
+	}
 	if err := cfg.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	cfg.retryWaits = cfg.waits()
 	c := &Consumer{
 		cfg: cfg, group: group, topics: uniq,
 		parts: map[qkey]*part{}, lastWork: map[qkey]chan struct{}{},
@@ -313,6 +326,9 @@ func (c *Consumer) fail(err error) {
 // not marked. Poll style has no retries and no dead letters: a message
 // never marked is delivered again only after a rebalance or a restart.
 func (c *Consumer) Poll(ctx context.Context) ([]*Message, error) {
+	if c.cfg.nonBlocking {
+		return nil, errPollNonBlocking
+	}
 	if !c.mode.CompareAndSwap(int32(modeNone), int32(modePoll)) && mode(c.mode.Load()) != modePoll {
 		return nil, ErrBusy
 	}
@@ -425,7 +441,7 @@ func (c *Consumer) start(ctx context.Context) error {
 	}
 	for _, t := range c.topics {
 		cctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
-		_, err := c.route(cctx, t)
+		err := c.checkTopic(cctx, t)
 		cancel()
 		if err != nil {
 			return metaErr(fmt.Sprintf("route of %q", t), err)
@@ -541,8 +557,9 @@ type Stats struct {
 	Rebalances, Heartbeats, Rewinds int64
 	// HandlerErrors counts failed deliveries (Panics of them panicked),
 	// Redeliveries the deliveries after a failure, DeadLetters the messages
-	// sent to the dead-letter topic.
-	HandlerErrors, Panics, Redeliveries, DeadLetters int64
+	// sent to the dead-letter topic, RetriesStored the messages stored in
+	// the retry topic (NonBlockingRetries).
+	HandlerErrors, Panics, Redeliveries, DeadLetters, RetriesStored int64
 }
 
 // QueueStats is one queue the member holds.
@@ -564,7 +581,7 @@ type QueueStats struct {
 type counters struct {
 	fetches, fetchErrors, fromSlave, messages        atomic.Int64
 	commits, commitErrors, rebalances, heartbeats    atomic.Int64
-	rewinds                                          atomic.Int64
+	rewinds, retriesStored                           atomic.Int64
 	handlerErrors, panics, redeliveries, deadLetters atomic.Int64
 }
 
@@ -592,7 +609,7 @@ func (c *Consumer) Stats() Stats {
 	st := &c.stats
 	s.Fetches, s.FetchErrors, s.FromSlave, s.Messages = st.fetches.Load(), st.fetchErrors.Load(), st.fromSlave.Load(), st.messages.Load()
 	s.Commits, s.CommitErrors, s.Rebalances, s.Heartbeats = st.commits.Load(), st.commitErrors.Load(), st.rebalances.Load(), st.heartbeats.Load()
-	s.Rewinds = st.rewinds.Load()
+	s.Rewinds, s.RetriesStored = st.rewinds.Load(), st.retriesStored.Load()
 	s.HandlerErrors, s.Panics, s.Redeliveries, s.DeadLetters = st.handlerErrors.Load(), st.panics.Load(), st.redeliveries.Load(), st.deadLetters.Load()
 	return s
 }

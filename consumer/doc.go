@@ -58,14 +58,44 @@
 // Run hands one queue's messages to the handler one at a time, in offset
 // order; different queues are handled concurrently (one goroutine per
 // queue). A handler that returns an error, or panics (recovered, logged,
-// counted in Stats), has its message delivered again after RetryBackoff
-// (1 s, doubling up to 30 s), and its queue waits meanwhile, so order holds.
-// After MaxRetries redeliveries (16, RocketMQ's default) the message goes
-// to the dead-letter topic (DeadLetterTopic, "%DLQ%" followed by the group)
-// with its key, body and properties, plus PropOriginTopic,
-// PropOriginQueue, PropOriginOffset, PropOriginID, PropError (the last
-// error) and PropDeliveries, and the queue moves on. A dead letter that
-// cannot be stored is retried; its queue waits.
+// counted in Stats), has its message delivered again after a wait, and its
+// queue waits meanwhile, so order holds. The waits are RetryBackoff's (1 s,
+// doubling up to 30 s) or a RetrySchedule's (for example 1 s, 5 s, 30 s,
+// 5 min: the n-th retry waits the n-th entry, and every retry past the
+// list the last one). A handler that returns RetryAt(t) or RetryAfter(d)
+// (wrapping its cause, if any) chooses the next delivery's time itself;
+// that delivery counts toward MaxRetries all the same. After MaxRetries
+// redeliveries (16, RocketMQ's default) the message goes to the dead-letter
+// topic (DeadLetterTopic, "%DLQ%" followed by the group) with its key, body
+// and properties, plus PropOriginTopic, PropOriginQueue, PropOriginOffset,
+// PropOriginID, PropError (the last error) and PropDeliveries, and the
+// queue moves on. A dead letter that cannot be stored is retried; its
+// queue waits.
+//
+// # Retries that do not hold the queue
+//
+// Holding a queue while one of its messages waits keeps the queue's order,
+// and costs its throughput: with a 1 s first retry and 0.5% of handler
+// calls failing once, a queue handles about 200 messages a second, however
+// fast its handler. NonBlockingRetries trades order for throughput: a
+// failed message is stored as a delayed message, due at its retry's time,
+// in the group's retry topic ("%RETRY%" followed by the group, created on
+// first use like the dead-letter topic), with its origin (PropRetryTopic,
+// PropRetryQueue, PropRetryOffset, PropRetryID, its store time and producer
+// stamp) and its deliveries so far, and its queue moves on at once. The
+// retry is stored once: its id and its stamp are kept across its own send
+// attempts, and its queue waits while it cannot be stored. The group
+// consumes its retry topic with its other topics; the broker releases a
+// retry into it when it is due, and the member hands it to the handler as
+// the original message (its topic, queue, offset, id, key, properties,
+// stamp and times restored, Deliveries counted on, PropRetry holding the
+// failed delivery's error). Out of retries it is dead-lettered as the
+// original. What changes: a failed message comes back after messages
+// stored after it in its queue, and a message whose retry was stored but
+// whose offset was not committed before its queue moved is delivered
+// twice (from its queue and from the retry topic), as any message handled
+// and not committed is. Every member of the group must give the option or
+// none; Poll, which has no retries, refuses it.
 //
 // # Delayed messages
 //
@@ -107,6 +137,8 @@
 //   - ErrRebalanced (and protocol.ErrStaleGeneration): Commit or Close found
 //     the group in a newer generation; nothing was committed.
 //   - The context's error when it ended first.
+//
+// Poll returns an error with NonBlockingRetries (Poll style has no retries).
 //
 // Fetch failures, heartbeat failures and handler failures are not returned:
 // they are retried, logged (sdk.Logger) and counted (Stats).

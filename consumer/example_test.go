@@ -2,8 +2,11 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
+	"sync/atomic"
+	"time"
 
 	"github.com/ferrymq/ferrymq/consumer"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
@@ -52,4 +55,77 @@ func Example() {
 	// orders: order 0 (queue 0, offset 0, key customer-7)
 	// orders: order 1 (queue 0, offset 1, key customer-7)
 	// orders: order 2 (queue 0, offset 2, key customer-7)
+}
+
+// ExampleRetryAfter: a handler chooses when its message comes back; other
+// failures wait the retry schedule's steps.
+func ExampleRetryAfter() {
+	c, err := consumer.New("billing", []string{"orders"}, sdk.MetaAddrs("10.0.0.1:7400"),
+		consumer.RetrySchedule(time.Second, 5*time.Second, 30*time.Second, 5*time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	err = c.Run(context.Background(), func(ctx context.Context, m *consumer.Message) error {
+		err := bill(ctx, m.Body)
+		var busy *rateLimited
+		if errors.As(err, &busy) {
+			return consumer.RetryAfter(busy.wait, err) // the bank said when
+		}
+		return err // nil: processed; otherwise 1 s, 5 s, 30 s, then every 5 min
+	})
+	log.Print(err)
+}
+
+type rateLimited struct{ wait time.Duration }
+
+func (r *rateLimited) Error() string { return "rate limited" }
+
+func bill(ctx context.Context, body []byte) error { return nil }
+
+// ExampleNonBlockingRetries: a failed message waits for its retry in the
+// group's retry topic, so the messages after it in its queue are not held
+// back; it comes back as the original, after them.
+func ExampleNonBlockingRetries() {
+	metaAddr, stop := testcluster.ForExample()
+	defer stop()
+	ctx := context.Background()
+
+	p, err := producer.New(sdk.MetaAddrs(metaAddr))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
+	for i := range 3 {
+		if _, err := p.Send(ctx, &producer.Message{Topic: "orders", Key: "customer-7", Body: fmt.Appendf(nil, "order %d", i)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	c, err := consumer.New("billing", []string{"orders"}, sdk.MetaAddrs(metaAddr), consumer.NonBlockingRetries())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	runCtx, cancel := context.WithCancel(ctx)
+	var handled atomic.Int32 // the retry topic's queue is handled concurrently with the others
+	err = c.Run(runCtx, func(ctx context.Context, m *consumer.Message) error {
+		fmt.Printf("%s: %s (offset %d, delivery %d)\n", m.Topic, m.Body, m.Offset, m.Deliveries)
+		if string(m.Body) == "order 0" && m.Deliveries == 1 {
+			return consumer.RetryAfter(200*time.Millisecond, errors.New("the bank is busy"))
+		}
+		if handled.Add(1) == 3 {
+			cancel()
+		}
+		return nil
+	})
+	if err != context.Canceled {
+		log.Fatal(err)
+	}
+	// Output:
+	// orders: order 0 (offset 0, delivery 1)
+	// orders: order 1 (offset 1, delivery 1)
+	// orders: order 2 (offset 2, delivery 1)
+	// orders: order 0 (offset 0, delivery 2)
 }

@@ -125,17 +125,24 @@ func (r fakeRouter) RouteExisting(ctx context.Context, topic string) (routing.Ro
 	return rt, nil
 }
 
-// fakeDLQ records dead letters.
+// fakeDLQ records dead letters (and retries, NonBlockingRetries's).
 type fakeDLQ struct {
 	mu   sync.Mutex
 	msgs []deadLetter
+	// fail, when set, answers an attempt (recorded in tries) instead of
+	// storing it, when it returns an error.
+	fail  func(m *protocol.Message) error
+	tries []deadLetter
 }
 
-// deadLetter is a dead letter as sent.
+// deadLetter is a dead letter (or a retry) as sent.
 type deadLetter struct {
-	Topic, Key string
-	Properties map[string]string
-	Body       []byte
+	ID, Topic, Key string
+	Properties     map[string]string
+	Body           []byte
+	Timestamp      int64
+	Schedule       protocol.Schedule
+	msg            *protocol.Message
 }
 
 func (d *fakeDLQ) DeadLetter(ctx context.Context, m *protocol.Message, key string) error {
@@ -145,8 +152,28 @@ func (d *fakeDLQ) DeadLetter(ctx context.Context, m *protocol.Message, key strin
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.msgs = append(d.msgs, deadLetter{Topic: m.Topic, Key: key, Properties: props, Body: m.Body})
+	dl := deadLetter{ID: m.ID, Topic: m.Topic, Key: key, Properties: props, Body: m.Body, Timestamp: m.Timestamp, Schedule: m.Schedule, msg: m}
+	d.tries = append(d.tries, dl)
+	if d.fail != nil {
+		if err := d.fail(m); err != nil {
+			return err
+		}
+	}
+	d.msgs = append(d.msgs, dl)
 	return nil
+}
+
+// sent returns what was stored in topic.
+func (d *fakeDLQ) sent(topic string) []deadLetter {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []deadLetter
+	for _, m := range d.msgs {
+		if m.Topic == topic {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // fakeConsumer is a consumer of fake brokers and a fake coordinator.

@@ -75,20 +75,37 @@ func (c *Consumer) work(p *part, prev <-chan struct{}, done chan struct{}) {
 }
 
 // deliver hands msgs to the handler until it succeeds or they are out of
-// retries (then dead-lettered), and marks them processed. It returns false
+// retries (then dead-lettered), and marks them processed. With
+// NonBlockingRetries a failure stores the messages in the retry topic
+// instead of waiting, and marks them processed at once. It returns false
 // when the part or the consumer stopped first.
 func (c *Consumer) deliver(p *part, msgs []*Message) bool {
 	log := p.log
+	first, last := msgs[0].Offset, msgs[len(msgs)-1].Offset
+	// Messages of the retry topic are handed as the originals they retry.
+	for i, m := range msgs {
+		if v := c.asOriginal(m); v != nil {
+			msgs[i] = v
+			c.stats.redeliveries.Add(1)
+		}
+	}
 	for {
 		err := c.call(p, msgs, log)
 		if err == nil {
-			p.done(msgs[0].Offset, msgs[len(msgs)-1].Offset)
+			p.done(first, last)
 			return true
 		}
 		if p.hctx.Err() != nil || p.ctx.Err() != nil {
 			return false // revoked or closing: not processed, delivered again later
 		}
 		c.stats.handlerErrors.Add(1)
+		if c.cfg.nonBlocking {
+			if !c.retryLater(p, msgs, err, log) {
+				return false
+			}
+			p.done(first, last)
+			return true
+		}
 		n := msgs[0].Deliveries
 		if n > c.cfg.maxRetries {
 			log.Warn("handler failed: out of retries, sending to the dead-letter topic", "offset", msgs[0].Offset,
@@ -99,12 +116,13 @@ func (c *Consumer) deliver(p *part, msgs []*Message) bool {
 				}
 				c.stats.deadLetters.Add(1)
 			}
-			p.done(msgs[0].Offset, msgs[len(msgs)-1].Offset)
+			p.done(first, last)
 			return true
 		}
-		d := c.backoff(n)
+		due := c.retryDue(n, err)
+		d := due.Sub(c.cfg.clock.Now())
 		log.Debug("handler failed: delivering again", "offset", msgs[0].Offset, "deliveries", n, "in", d, "err", err)
-		if !wait(p.hctx, c.cfg.clock, d) || p.ctx.Err() != nil {
+		if d > 0 && !wait(p.hctx, c.cfg.clock, d) || p.ctx.Err() != nil || p.hctx.Err() != nil {
 			return false
 		}
 		for _, m := range msgs {
@@ -114,13 +132,40 @@ func (c *Consumer) deliver(p *part, msgs []*Message) bool {
 	}
 }
 
+// retryLater stores each of msgs, whose delivery failed with err, in the
+// retry topic (NonBlockingRetries), or in the dead-letter topic when it is
+// out of retries. It returns false when the part stopped first.
+func (c *Consumer) retryLater(p *part, msgs []*Message, err error, log interface {
+	Warn(string, ...any)
+	Debug(string, ...any)
+}) bool {
+	var due time.Time
+	for _, m := range msgs {
+		n := m.Deliveries
+		if n > c.cfg.maxRetries {
+			log.Warn("handler failed: out of retries, sending to the dead-letter topic", "offset", m.Offset,
+				"deliveries", n, "topic", c.cfg.deadLetter, "err", err)
+			if !c.deadLetter(p, m, err, log) {
+				return false
+			}
+			c.stats.deadLetters.Add(1)
+			continue
+		}
+		if due.IsZero() {
+			due = c.retryDue(n, err) // one time for the batch
+		}
+		log.Debug("handler failed: storing a retry", "offset", m.Offset, "deliveries", n, "due", due, "err", err)
+		if !c.storeRetry(p, m, due, err, log) {
+			return false
+		}
+	}
+	return true
+}
+
 // backoff is the wait before the delivery after the n-th.
 func (c *Consumer) backoff(n int) time.Duration {
-	d := c.cfg.retryBackoff
-	for i := 1; i < n && d < c.cfg.maxRetryBackoff; i++ {
-		d *= 2
-	}
-	return min(d, c.cfg.maxRetryBackoff)
+	ws := c.cfg.retryWaits
+	return ws[min(max(n-1, 0), len(ws)-1)]
 }
 
 // call runs the handler, turning a panic into an error.
@@ -146,10 +191,7 @@ func (c *Consumer) deadLetter(p *part, m *Message, cause error, log interface {
 	for k, v := range m.Properties {
 		props[k] = v
 	}
-	errText := cause.Error()
-	if len(errText) > maxErrorProp {
-		errText = errText[:maxErrorProp]
-	}
+	errText := cutError(cause)
 	props[PropOriginTopic] = m.Topic
 	props[PropOriginQueue] = strconv.FormatUint(uint64(m.Queue), 10)
 	props[PropOriginOffset] = strconv.FormatInt(m.Offset, 10)
@@ -166,7 +208,7 @@ func (c *Consumer) deadLetter(p *part, m *Message, cause error, log interface {
 		Body:       m.Body,
 		Properties: clientcore.Properties(props, m.Key),
 	}
-	backoff := c.cfg.retryBackoff
+	backoff, limit := c.storeBackoff()
 	for {
 		ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
 		err := dl.Validate()
@@ -184,6 +226,6 @@ func (c *Consumer) deadLetter(p *part, m *Message, cause error, log interface {
 		if !wait(p.ctx, c.cfg.clock, backoff) {
 			return false
 		}
-		backoff = min(2*backoff, c.cfg.maxRetryBackoff)
+		backoff = min(2*backoff, limit)
 	}
 }

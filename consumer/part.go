@@ -264,6 +264,13 @@ func (p *part) fetch(pos int64) {
 	// The answers' messages are decoded into dec's memory: each answer's
 	// are turned into Messages before the next PULL.
 	var dec protocol.PullDecoder
+	// The group's retry topic starts at its oldest message whatever
+	// StartFrom says: a retry stored before the member took its queue is
+	// not skipped.
+	start := c.cfg.start
+	if p.key.topic == c.cfg.retryTopic {
+		start = Earliest
+	}
 	for p.ctx.Err() == nil {
 		// Wait for room in the share.
 		p.mu.Lock()
@@ -289,7 +296,7 @@ func (p *part) fetch(pos int64) {
 			MaxBytes: uint32(min(max(want, 1), ask)), WaitMillis: uint32(c.cfg.pollWait / time.Millisecond)}
 		if !resolved {
 			req.WaitMillis = 0 // the queue's range is wanted at once
-			if c.cfg.start == Latest {
+			if start == Latest {
 				req.MaxBytes = 1 // and only its range
 			}
 		}
@@ -360,7 +367,7 @@ func (p *part) fetch(pos int64) {
 		switch {
 		case !resolved:
 			resolved = true
-			if c.cfg.start == Latest {
+			if start == Latest {
 				pos, msgs = resp.MaxOffset, nil
 			} else {
 				pos = resp.MinOffset
@@ -368,7 +375,7 @@ func (p *part) fetch(pos int64) {
 			if len(p.buf) == 0 && len(p.pending) == 0 {
 				p.delivered = pos
 			}
-			log.Debug("no committed offset: starting", "from", c.cfg.start, "offset", pos)
+			log.Debug("no committed offset: starting", "from", start, "offset", pos)
 		case pos < resp.MinOffset:
 			if !clampedLogged {
 				log.Warn("offset before the queue's oldest message (deleted by retention, or the queue moved to another broker group): starting from the oldest",

@@ -172,6 +172,21 @@ func TestDelayedLimitsThroughBroker(t *testing.T) {
 	if _, err := p.Send(ctx, &Message{Topic: "lim", Body: []byte("b"), DeliverAfter: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
+	// The quota is checked against the pending count as the broker's index
+	// last followed its log (within a tick).
+	tc := testcluster.Dial(t, c.Master("g1").Addr())
+	pending := func() int64 {
+		resp, err := tc.Call(ctx, protocol.CodeDelayedList, []byte(`{"topic":"lim"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var l protocol.DelayedList
+		if err := json.Unmarshal(resp.Body, &l); err != nil {
+			t.Fatal(err)
+		}
+		return l.Pending
+	}
+	testwait.For(t, 10*time.Second, "the broker to count two pending messages", func() bool { return pending() == 2 })
 	if _, err := p.Send(ctx, &Message{Topic: "lim", Body: []byte("c"), DeliverAfter: time.Hour}); !errors.Is(err, protocol.ErrDelayQuota) {
 		t.Fatalf("past the quota: %v, want DELAY_QUOTA", err)
 	}
@@ -183,19 +198,8 @@ func TestDelayedLimitsThroughBroker(t *testing.T) {
 	}
 	// The broker's count follows its log: the cancel mark is counted soon
 	// after the cancel is answered.
-	tc := testcluster.Dial(t, c.Master("g1").Addr())
 	cancelled := time.Now()
-	testwait.For(t, 10*time.Second, "the broker to count one pending message", func() bool {
-		resp, err := tc.Call(ctx, protocol.CodeDelayedList, []byte(`{"topic":"lim"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var l protocol.DelayedList
-		if err := json.Unmarshal(resp.Body, &l); err != nil {
-			t.Fatal(err)
-		}
-		return l.Pending == 1
-	})
+	testwait.For(t, 10*time.Second, "the broker to count one pending message", func() bool { return pending() == 1 })
 	t.Logf("the quota counted the cancel %v after its answer", time.Since(cancelled))
 	if _, err := p.Send(ctx, &Message{Topic: "lim", Body: []byte("d"), DeliverAfter: time.Hour}); err != nil {
 		t.Fatalf("after a cancel freed room: %v", err)

@@ -9,7 +9,7 @@ import (
 
 // TopicNameChars are the characters a topic name may hold besides the
 // letters a-z, A-Z and the digits: '%' is for system topics such as a
-// consumer group's dead letters, %DLQ%GROUP.
+// consumer group's dead letters, %DLQ%GROUP, and its retries, %RETRY%GROUP.
 const TopicNameChars = "._-%"
 
 // ValidateTopic checks a topic name: 1 to MaxTopicLen bytes, each a
@@ -20,13 +20,19 @@ func ValidateTopic(t string) error {
 }
 
 // DeadLetterPrefix begins a consumer group's dead-letter topic,
-// DeadLetterPrefix + GROUP: the only topic names with '%' in them.
-const DeadLetterPrefix = "%DLQ%"
+// DeadLetterPrefix + GROUP, and RetryPrefix its retry topic, RetryPrefix +
+// GROUP (the delayed retries of a group whose consumers do not hold a queue
+// for a failed message): with the internal DelayTopicPrefix, the only topic
+// names with '%' in them.
+const (
+	DeadLetterPrefix = "%DLQ%"
+	RetryPrefix      = "%RETRY%"
+)
 
 // ValidateNewTopic checks the name of a topic to be created: ValidateTopic,
 // and besides, no name of dots alone ("." and ".." name directories
-// elsewhere) and no '%' but in the system's DeadLetterPrefix followed by a
-// name without '%'. Topics that exist keep working under ValidateTopic,
+// elsewhere) and no '%' but in the system's DeadLetterPrefix or RetryPrefix
+// followed by a name without '%'. Topics that exist keep working under ValidateTopic,
 // which every request checks.
 func ValidateNewTopic(t string) error {
 	if err := ValidateTopic(t); err != nil {
@@ -35,11 +41,14 @@ func ValidateNewTopic(t string) error {
 	if strings.Trim(t, ".") == "" {
 		return fmt.Errorf("topic name %q is only dots; a topic name needs a letter, a digit, '_' or '-'", t)
 	}
-	if rest, ok := strings.CutPrefix(t, DeadLetterPrefix); ok && rest != "" && !strings.Contains(rest, "%") {
-		return nil
+	for _, prefix := range []string{DeadLetterPrefix, RetryPrefix} {
+		if rest, ok := strings.CutPrefix(t, prefix); ok && rest != "" && !strings.Contains(rest, "%") {
+			return nil
+		}
 	}
 	if strings.Contains(t, "%") {
-		return fmt.Errorf("topic name %q: '%%' is reserved for the system's topics: a consumer group's dead letters, %sGROUP", clipName(t), DeadLetterPrefix)
+		return fmt.Errorf("topic name %q: '%%' is reserved for the system's topics: a consumer group's dead letters, %sGROUP, and its retries, %sGROUP",
+			clipName(t), DeadLetterPrefix, RetryPrefix)
 	}
 	return nil
 }

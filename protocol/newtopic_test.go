@@ -6,7 +6,8 @@ import (
 )
 
 // TestValidateNewTopic: a topic to be created has no name of dots alone
-// and no '%' but in a dead-letter topic's prefix, %DLQ%GROUP; each refusal
+// and no '%' but in a dead-letter topic's prefix, %DLQ%GROUP, or a retry
+// topic's, %RETRY%GROUP; each refusal
 // says why.
 func TestValidateNewTopic(t *testing.T) {
 	for _, c := range []struct{ name, want string }{
@@ -17,6 +18,9 @@ func TestValidateNewTopic(t *testing.T) {
 		{"%DLQ%", "reserved"},
 		{"%DLQ%a%b", "reserved"},
 		{"%dlq%billing", "reserved"},
+		{"%RETRY%", "reserved"},
+		{"%RETRY%a%b", "reserved"},
+		{"%DELAY%orders", "reserved"},
 		{"bad name", "not allowed"},
 	} {
 		err := ValidateNewTopic(c.name)
@@ -24,7 +28,7 @@ func TestValidateNewTopic(t *testing.T) {
 			t.Errorf("ValidateNewTopic(%q) = %v; want an error saying %q", c.name, err, c.want)
 		}
 	}
-	for _, ok := range []string{"orders", "a..b", ".hidden", "%DLQ%billing", "%DLQ%billing.eu-1"} {
+	for _, ok := range []string{"orders", "a..b", ".hidden", "%DLQ%billing", "%DLQ%billing.eu-1", "%RETRY%billing"} {
 		if err := ValidateNewTopic(ok); err != nil {
 			t.Errorf("ValidateNewTopic(%q) = %v", ok, err)
 		}

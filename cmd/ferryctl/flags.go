@@ -188,7 +188,7 @@ func (c checker) name(name, want string, fn func(string) error) {
 // Names.
 
 const (
-	topicWant = "a topic name: 1 to 255 letters, digits, '.', '_', '-' ('%' only in a dead-letter topic, %DLQ%GROUP)"
+	topicWant = "a topic name: 1 to 255 letters, digits, '.', '_', '-' ('%' only in a group's dead-letter or retry topic, %DLQ%GROUP or %RETRY%GROUP)"
 	groupWant = "a consumer group name: 1 to 255 letters, digits, '.', '_', '-'"
 )
 

@@ -239,6 +239,7 @@ var allowedLabels = map[string][]string{
 	"ferrymq_broker_replica_lag_bytes":             {"replica"},
 	"ferrymq_broker_replica_lag_seconds":           {"replica"},
 	"ferrymq_broker_replica_in_sync":               {"replica"},
+	"ferrymq_broker_delayed_pending":               {"due"},
 }
 
 // labelValues are the values a label may take: a fixed set, or the names of
@@ -247,6 +248,8 @@ func labelValues(metric, label string) []string {
 	switch label {
 	case "role":
 		return []string{"master", "slave", "broken"}
+	case "due":
+		return []string{"1m", "1h", "1d", "later"}
 	case "state":
 		return []string{"Follower", "Candidate", "Leader", "Shutdown"}
 	case "replica":
