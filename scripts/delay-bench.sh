@@ -136,7 +136,14 @@ stop_master() {
 }
 
 # metrics: the master's /metrics into M (empty when it does not answer).
-metrics() { M="$(curl -s -m 2 "$METRICS_URL" 2>/dev/null)"; }
+# metrics [SECS]: the master's /metrics into M (empty when it does not
+# answer within SECS, 2 by default); METRICS_MS, how long it took.
+metrics() {
+	local t0
+	t0="$(date +%s%N)"
+	M="$(curl -s -m "${1:-2}" "$METRICS_URL" 2>/dev/null)"
+	METRICS_MS=$((($(date +%s%N) - t0) / 1000000))
+}
 # mval NAME: the value of series NAME (exact, labels included) in M.
 mval() { awk -v n="$1" '$1 == n { print $2; exit }' <<<"$M"; }
 # fired: the master's fired_total now (M is set only in the caller's
@@ -177,7 +184,7 @@ qbucket() {
 			}
 		}' <<<"$M"
 }
-ms() { awk -v s="$1" 'BEGIN{ if (s ~ /^>/ || s == "NA") print s; else printf "%.1f", s * 1000 }'; }
+ms() { awk -v s="$1" 'BEGIN{ if (s == "NA") print s; else if (s ~ /^>/) printf ">%g", substr(s, 2) * 1000; else printf "%.1f", s * 1000 }'; }
 
 # wait_fired N SECS: polls fired_total every 100 ms until it reaches N or
 # SECS pass; FIRED_AT (ns) is when it was seen reaching N (empty if not).
@@ -297,17 +304,19 @@ memory_run() {
 	local n="$1" idle idle_anon rss hwm anon file args
 	next
 	args=(--mode async --producers 4 --window 1000 --size "$MEM_SIZE" --count "$n" --delay 1h --delay-spread 2136h)
-	CMDS[mem]="ferryctl bench --mode async --producers 4 --window 1000 --size $MEM_SIZE --count N --delay 1h --delay-spread 2136h (master -delay-quota $((n + 1)))"
-	# The topic's quota of pending messages (-delay-quota, 10M by default) is raised to hold n.
-	fresh "$G" "$T" -delay-quota "$((n + 1))"
+	CMDS[mem]="ferryctl bench --mode async --producers 4 --window 1000 --size $MEM_SIZE --count N --delay 1h --delay-spread 2136h (master -delay-quota 2N)"
+	# The topic's quota of pending messages (-delay-quota, 10M by default) is
+	# raised well above n: at n+1, 742 of 20M sends were refused DELAY_QUOTA.
+	fresh "$G" "$T" -delay-quota "$((2 * n))"
 	sleep "$MEM_SETTLE"
 	idle="$(rss_kib "$MASTER_PID" VmRSS)" idle_anon="$(rss_kib "$MASTER_PID" RssAnon)"
 	if sendbench "$T" "${args[@]}" && [ "${B_ERRS:-1}" = 0 ]; then
 		sleep "$MEM_SETTLE"
 		rss="$(rss_kib "$MASTER_PID" VmRSS)" hwm="$(rss_kib "$MASTER_PID" VmHWM)"
 		anon="$(rss_kib "$MASTER_PID" RssAnon)" file="$(rss_kib "$MASTER_PID" RssFile)"
-		metrics
+		metrics 120
 		local pend heap
+		add "mem.$n.scrape" "$METRICS_MS"
 		heap="$(awk '$1 == "go_memstats_heap_inuse_bytes" { printf "%.1f", $2 / 1048576 }' <<<"$M")"
 		add "mem.$n.heap" "$heap"
 		pend="$(awk '/^ferrymq_broker_delayed_pending\{/ { s += $2 } END { print s + 0 }' <<<"$M")"
@@ -318,7 +327,7 @@ memory_run() {
 		add "mem.$n.rate" "$B_RATE"
 		add "mem.$n.anon" "$(awk -v k="$anon" -v i="$idle_anon" 'BEGIN{ printf "%.1f", (k - i) / 1024 }')"
 		add "mem.$n.file" "$(awk -v k="$file" 'BEGIN{ printf "%.1f", k / 1024 }')"
-		log "  $B_SENT sent at $B_RATE msgs/s, $pend pending; VmRSS idle $((idle / 1024)) MiB, with them $((rss / 1024)) MiB (+$(((rss - idle) / 1024)); RssAnon +$(((anon - idle_anon) / 1024)), RssFile $((file / 1024)); Go heap in use $heap MiB), peak VmHWM $((hwm / 1024)) MiB; data $(du -sh "$WORK/data/$G-master" | cut -f1)"
+		log "  $B_SENT sent at $B_RATE msgs/s, $pend pending; VmRSS idle $((idle / 1024)) MiB, with them $((rss / 1024)) MiB (+$(((rss - idle) / 1024)); RssAnon +$(((anon - idle_anon) / 1024)), RssFile $((file / 1024)); Go heap in use $heap MiB; /metrics answered in $METRICS_MS ms), peak VmHWM $((hwm / 1024)) MiB; data $(du -sh "$WORK/data/$G-master" | cut -f1)"
 	else
 		log "  run not counted"
 	fi
@@ -389,7 +398,7 @@ report() {
 		line mem.idle MiB "$(med mem.idle)" "$(runs mem.idle)" "-" "-" "VmRSS of an idle master (one per run below)"
 		for n in $MEM_COUNTS $MEM_ONCE; do
 			v=$(med "mem.$n")
-			line "mem.$n.above_idle" MiB "$v" "$(runs "mem.$n")" "<=64" "$(verdict "$v" "<=" 64)" "VmRSS $(med "mem.$n.rss") MiB; of it RssAnon +$(med "mem.$n.anon") MiB above idle, RssFile $(med "mem.$n.file") MiB (mapped log); Go heap in use $(med "mem.$n.heap") MiB; peak above idle $(med "mem.$n.hwm") MiB; sent at $(med "mem.$n.rate") msgs/s"
+			line "mem.$n.above_idle" MiB "$v" "$(runs "mem.$n")" "<=64" "$(verdict "$v" "<=" 64)" "VmRSS $(med "mem.$n.rss") MiB; of it RssAnon +$(med "mem.$n.anon") MiB above idle, RssFile $(med "mem.$n.file") MiB (mapped log); Go heap in use $(med "mem.$n.heap") MiB; /metrics answered in $(med "mem.$n.scrape") ms; peak above idle $(med "mem.$n.hwm") MiB; sent at $(med "mem.$n.rate") msgs/s"
 		done
 		echo "NOTE memory: ${CMDS[mem]:-}"
 	fi
