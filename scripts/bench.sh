@@ -27,7 +27,7 @@
 #   normalslave2 the async shape, NORMAL, with two slaves connected
 #   delayed    the async shape with --delay 1h (every message a delayed one, stored pending; none
 #              falls due during the run), as a ratio to the async shape's runs of this invocation
-#              (run with async, interleaved with its runs)
+#              (it runs the async shape too, its runs interleaved with those)
 #   queues     the async shape into a topic of 1000 queues and into one of 8, as a ratio
 #   consume    COUNT messages written (async shape), then one member drains them (--consumers 1
 #              --backlog): the rate from its first delivered message to the last, beside
