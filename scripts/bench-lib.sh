@@ -1,6 +1,25 @@
 # bench-lib.sh: bench.sh's CPU accounting, its BUDGET lines and its
-# coldstart shape, sourced by bench.sh after lib.sh; it uses bench.sh's globals
+# coldstart shape, and what delay-bench.sh shares with it (group_ready,
+# jnum, median), sourced by either after lib.sh; it uses the script's globals
 # (BIN, WORK, META, ctl, start_group, stop_group, BROKER_PIDS, ...).
+
+# group_ready GROUP SLAVES: GROUP is writable (and with SLAVES > 0, that
+# many slaves are in its sync set: HIGH is taken).
+group_ready() {
+	local out
+	out="$(ctl brokers --json 2>/dev/null)" || return 1
+	# the array's item (lines "  {" to "  }") whose name is GROUP
+	out="$(awk -v g="\"name\": \"$1\"," '/^  \{/ { b = "" } { b = b $0 "\n" } /^  \}/ && index(b, g) { printf "%s", b; exit }' <<<"$out")"
+	grep -q '"state": "RW"' <<<"$out" || return 1
+	[ "$2" = 0 ] || [ "$(grep -c '"in_sync": true' <<<"$out")" -ge "$2" ]
+}
+
+# jnum KEY JSON: a number field of ferryctl's JSON output.
+jnum() { sed -n "s/^ *\"$1\": *\([-0-9.eE+]*\),*$/\1/p" <<<"$2" | head -1; }
+median() {
+	printf '%s\n' "$@" | grep -E '^[0-9.eE+-]+$' | sort -g |
+		awk '{a[NR]=$1} END{ if (NR==0) print "NA"; else if (NR%2) print a[(NR+1)/2]; else printf "%.6g\n", (a[NR/2]+a[NR/2+1])/2 }'
+}
 
 # proc_ticks PID: the CPU time (user and system, clock ticks) of PID so far,
 # from /proc (empty where there is none).
@@ -48,7 +67,7 @@ budget() {
 budget_report() {
 	local k used b n
 	n="${NATS[nats.js.default.pub_async]:-}"
-	for k in async async1 sync flushsync high normalslave q1000 q8 consume consume4 fixedrate roll; do
+	for k in async async1 sync flushsync high normalslave delayed q1000 q8 consume consume4 fixedrate roll; do
 		[ -n "${VALS[$k.tot]:-}" ] || continue
 		used=$(med "$k.tot") b=$(budget "$k")
 		printf 'BUDGET %-12s %8s %8s %s\n' "$k" "$used" "$b" \

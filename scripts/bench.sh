@@ -25,6 +25,9 @@
 #   high2      the async shape with HIGH reliability and two slaves (both in the sync set: every
 #              HIGH message waits for both), printed against high and normalslave2
 #   normalslave2 the async shape, NORMAL, with two slaves connected
+#   delayed    the async shape with --delay 1h (every message a delayed one, stored pending; none
+#              falls due during the run), as a ratio to the async shape's runs of this invocation
+#              (it runs the async shape too, its runs interleaved with those)
 #   queues     the async shape into a topic of 1000 queues and into one of 8, as a ratio
 #   consume    COUNT messages written (async shape), then one member drains them (--consumers 1
 #              --backlog): the rate from its first delivered message to the last, beside
@@ -112,7 +115,7 @@ SLAVE2_HA="127.0.0.1:$((BASE + 11))"
 RAFT="127.0.0.1:$((BASE + 2))"
 NATS_PORT="${NATS_PORT:-$((BASE + 20))}"
 
-ALL_SHAPES=(async async1 sync flushsync high normalslave high2 normalslave2 queues consume consume4 fixedrate roll coldstart)
+ALL_SHAPES=(async async1 sync flushsync high normalslave high2 normalslave2 delayed queues consume consume4 fixedrate roll coldstart)
 NAME=bench.sh
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
@@ -124,7 +127,7 @@ SHAPES=()
 WANT_NATS=0
 for a in "$@"; do
 	case "$a" in
-	async | async1 | sync | flushsync | high | normalslave | high2 | normalslave2 | queues | consume | consume4 | fixedrate | roll | coldstart) SHAPES+=("$a") ;;
+	async | async1 | sync | flushsync | high | normalslave | high2 | normalslave2 | delayed | queues | consume | consume4 | fixedrate | roll | coldstart) SHAPES+=("$a") ;;
 	nats) WANT_NATS=1 ;;
 	-h | --help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "bench.sh: unknown shape $a (${ALL_SHAPES[*]} nats)" >&2; exit 2 ;;
@@ -159,17 +162,6 @@ case "$TLS" in
 *) die "TLS=$TLS: want 0 or 1" ;;
 esac
 ctl() { "$BIN/ferryctl" --meta "$META" --timeout 5s "${CTL_TLS[@]}" "$@"; }
-
-# group_ready GROUP SLAVES: GROUP is writable (and with SLAVES > 0, that
-# many slaves are in its sync set: HIGH is taken).
-group_ready() {
-	local out
-	out="$(ctl brokers --json 2>/dev/null)" || return 1
-	# the array's item (lines "  {" to "  }") whose name is GROUP
-	out="$(awk -v g="\"name\": \"$1\"," '/^  \{/ { b = "" } { b = b $0 "\n" } /^  \}/ && index(b, g) { printf "%s", b; exit }' <<<"$out")"
-	grep -q '"state": "RW"' <<<"$out" || return 1
-	[ "$2" = 0 ] || [ "$(grep -c '"in_sync": true' <<<"$out")" -ge "$2" ]
-}
 
 # start_group GROUP FLUSH SLAVES: a fresh master (and 0, 1 or 2 slaves) with
 # empty data directories, as broker group GROUP; waits until it takes
@@ -209,12 +201,6 @@ stop_group() {
 
 # ------------------------------------------------------------------ figures
 declare -A VALS=()
-# jnum KEY JSON: a number field of ferryctl's JSON output.
-jnum() { sed -n "s/^ *\"$1\": *\([-0-9.eE+]*\),*$/\1/p" <<<"$2" | head -1; }
-median() {
-	printf '%s\n' "$@" | grep -E '^[0-9.eE+-]+$' | sort -g |
-		awk '{a[NR]=$1} END{ if (NR==0) print "NA"; else if (NR%2) print a[(NR+1)/2]; else printf "%.6g\n", (a[NR/2]+a[NR/2+1])/2 }'
-}
 add() { VALS[$1]+="${2:-NA} "; }
 # shellcheck disable=SC2086 # the runs are words
 med() { median ${VALS[$1]:-}; }
@@ -319,7 +305,7 @@ cpu_log() { echo "CPU per message: ferryctl bench $R_CPU µs, master $R_BCPU µs
 run_shapes() {
 	local r
 	for r in $(seq "$RUNS"); do
-		if has async || has high; then
+		if has async || has high || has delayed; then
 			log "async run $r/$RUNS: 4 producers, window $WINDOW, flush=async, $COUNT msgs"
 			bench_run async async 0 8 "${ASYNC[@]}"
 			rec async
@@ -365,6 +351,12 @@ run_shapes() {
 			log "normalslave2 run $r/$RUNS: async shape, NORMAL, with two slaves connected, $COUNT msgs"
 			bench_run normalslave2 async 2 8 "${ASYNC[@]}" --reliability normal
 			rec normalslave2
+			log "  $R_RATE msgs/s ($(cpu_log))"
+		fi
+		if has delayed; then
+			log "delayed run $r/$RUNS: async shape, every message delayed 1h (--delay 1h), $COUNT msgs"
+			bench_run delayed async 0 8 "${ASYNC[@]}" --delay 1h
+			rec delayed
 			log "  $R_RATE msgs/s ($(cpu_log))"
 		fi
 		if has queues; then
@@ -450,7 +442,7 @@ runs() { local v="${VALS[$1]:-}"; v="${v% }"; echo "${v// /,}"; }
 report() {
 	local v n rt
 	echo "# $(date -u +%FT%TZ) commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?") nproc=$(nproc) RUNS=$RUNS COUNT=$COUNT SYNC_COUNT=$SYNC_COUNT size=$SIZE B TLS=$TLS"
-	if has async || has high; then
+	if has async || has high || has delayed; then
 		v=$(med async) n="${NATS[nats.js.default.pub_async]:-}"
 		rt=$(ratio "$v" "$n")
 		line async.4p.w$WINDOW msgs/s "$v" "$(runs async)" nats.js.default.pub_async "${n:--}" "$rt" ">=5x" "$(verdict "$rt" ">=" 5)"
@@ -497,6 +489,12 @@ report() {
 	if has normalslave2; then
 		v=$(med high2)
 		line high2.vs.normalslave2 msgs/s "$v" "$(runs high2)" "ferrymq normalslave2 (same slaves)" "$(med normalslave2)" "$(ratio "$v" "$(med normalslave2)")" "-" "-"
+	fi
+	if has delayed; then
+		v=$(med delayed)
+		rt=$(ratio "$v" "$(med async)")
+		line delayed.1h.4p.w$WINDOW msgs/s "$v" "$(runs delayed)" "ferrymq async.4p.w$WINDOW (same runs)" "$(med async)" "$rt" ">=0.9x" "$(verdict "$rt" ">=" 0.9)"
+		echo "NOTE delayed: CPU per message (medians) ferryctl bench $(med delayed.cpu) µs, broker $(med delayed.bcpu) µs, every ferrymq process $(med delayed.tot) µs; async: $(med async.cpu), $(med async.bcpu), $(med async.tot) µs"
 	fi
 	if has queues; then
 		v=$(med q1000)

@@ -29,6 +29,7 @@ type benchOptions struct {
 	deliveryTO  time.Duration
 	reliability string
 	delay       time.Duration
+	delaySpread time.Duration
 	deliverAt   string
 	mode        string
 	window      int
@@ -64,6 +65,12 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 			if o.linger >= o.deliveryTO {
 				return usageError{fmt.Errorf("--linger %v must be shorter than --delivery-timeout %v", o.linger, o.deliveryTO)}
 			}
+			if o.delaySpread > 0 && o.delay == 0 && !cmd.Flags().Changed("deliver-at") {
+				return usageError{fmt.Errorf("--delay-spread needs --delay")}
+			}
+			if o.delay+o.delaySpread > maxBenchDelay {
+				return usageError{fmt.Errorf("--delay %v plus --delay-spread %v: want at most %v in all", o.delay, o.delaySpread, maxBenchDelay)}
+			}
 			rel, err := protocol.ParseReliability(o.reliability)
 			if err != nil {
 				return usageError{err}
@@ -71,6 +78,9 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 			if cmd.Flags().Changed("deliver-at") {
 				if o.delay > 0 {
 					return usageError{fmt.Errorf("--delay and --deliver-at: give one")}
+				}
+				if o.delaySpread > 0 {
+					return usageError{fmt.Errorf("--delay-spread and --deliver-at: the spread is added to --delay")}
 				}
 				if o.at, err = time.Parse(time.RFC3339Nano, o.deliverAt); err != nil {
 					return usageError{fmt.Errorf("--deliver-at %q: want an RFC 3339 time such as 2026-12-06T09:00:00Z", o.deliverAt)}
@@ -99,6 +109,7 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&o.deliveryTO, "delivery-timeout", 30*time.Second, "a message not acknowledged this long after its send fails (the producer's DeliveryTimeout)")
 	f.StringVar(&o.reliability, "reliability", "normal", "normal or high")
 	f.DurationVar(&o.delay, "delay", 0, "send delayed messages, each due this long after its send (0: ordinary messages)")
+	f.DurationVar(&o.delaySpread, "delay-spread", 0, "with --delay, add to each message's delay a uniformly random duration below this (messages due over a span)")
 	f.StringVar(&o.deliverAt, "deliver-at", "", "send delayed messages all due at this time (RFC 3339)")
 	f.StringVar(&o.mode, "mode", "async", "sync (one message at a time per producer) or async (--window in flight per producer)")
 	f.IntVar(&o.window, "window", 1000, "async: messages in flight per producer")
@@ -123,7 +134,8 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	c.durationRange("duration", time.Millisecond, maxBenchTime)
 	c.durationRange("delivery-timeout", time.Millisecond, time.Hour)
 	c.oneOf("reliability", "normal", "high")
-	c.durationRange("delay", 0, 90*24*time.Hour)
+	c.durationRange("delay", 0, maxBenchDelay)
+	c.durationRange("delay-spread", 0, maxBenchDelay)
 	c.oneOf("mode", "sync", "async")
 	c.intRange("window", 1, maxWindow)
 	c.durationRange("linger", 0, maxLinger)
@@ -146,6 +158,10 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	c.name("memprofile", "a file name", notEmpty)
 	return cmd
 }
+
+// maxBenchDelay is the longest --delay, and --delay plus --delay-spread:
+// the broker's default -max-delay.
+const maxBenchDelay = 90 * 24 * time.Hour
 
 // minRate is the lowest --rate other than 0 (unpaced): one message in
 // about 17 minutes.
@@ -216,7 +232,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		MetaAddrs: g.addrs(), TLS: g.tls.config, Token: g.token, CallTimeout: g.timeout,
 		Topic: o.topic, Queues: o.queues, Producers: o.producers, Size: o.size,
 		Count: o.count, Duration: o.duration, Rate: o.rate, Mode: loadgen.Mode(o.mode), Window: o.window,
-		Reliability: rel, DeliverAfter: o.delay, DeliverAt: o.at, DeliveryTimeout: o.deliveryTO, Linger: o.linger, BatchBytes: o.batchBytes,
+		Reliability: rel, DeliverAfter: o.delay, DelaySpread: o.delaySpread, DeliverAt: o.at, DeliveryTimeout: o.deliveryTO, Linger: o.linger, BatchBytes: o.batchBytes,
 		MaxInflight: o.inflight, Idempotence: o.idempotence,
 		Consumers: o.consumers, Group: o.group, Backlog: o.backlog, ConsumeWait: o.consumeWait, QueueEnds: queueEnds,
 		CPUProfile: o.cpuProfile, MemProfile: o.memProfile,

@@ -29,3 +29,27 @@ func TestBenchRateBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchDelaySpreadUsage: --delay-spread is refused before any network
+// call without --delay, with --deliver-at, and when the delay and the
+// spread together could pass the broker's default -max-delay (90 days);
+// within them it is taken.
+func TestBenchDelaySpreadUsage(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int
+		says string
+	}{
+		{[]string{"--delay-spread", "1h"}, exitUsage, "--delay-spread needs --delay"},
+		{[]string{"--delay", "1s", "--delay-spread", "1h", "--deliver-at", "2030-01-01T00:00:00Z"}, exitUsage, "--delay and --deliver-at: give one"},
+		{[]string{"--delay-spread", "1h", "--deliver-at", "2030-01-01T00:00:00Z"}, exitUsage, "--delay-spread and --deliver-at"},
+		{[]string{"--delay", "1h", "--delay-spread", "2160h"}, exitUsage, "--delay 1h0m0s plus --delay-spread 2160h0m0s: want at most 2160h0m0s in all"},
+		{[]string{"--delay", "1h", "--delay-spread", "2159h"}, wantNetwork, ""},
+	} {
+		args := append([]string{"--meta", nowhere, "--timeout", "1s", "bench", "--count", "1"}, c.args...)
+		code, _, errOut := ctl(args...)
+		if code != c.want || !strings.Contains(errOut, c.says) {
+			t.Errorf("bench %v: exit %d, %q; want exit %d saying %q", c.args, code, errOut, c.want, c.says)
+		}
+	}
+}

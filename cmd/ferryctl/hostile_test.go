@@ -172,6 +172,7 @@ var flagCases = map[string]flagCase{
 	"bench/window":           {[]string{"bench"}, intIn(1, 1e6)},
 	"bench/linger":           {[]string{"bench"}, durationIn(0, time.Second)},
 	"bench/delay":            {[]string{"bench"}, durationIn(0, 90*24*time.Hour)},
+	"bench/delay-spread":     {[]string{"bench", "--delay", "1m"}, durationIn(0, 90*24*time.Hour-time.Minute)},
 	"bench/deliver-at":       {[]string{"bench"}, rfc3339},
 	"bench/batch-bytes":      {[]string{"bench"}, intIn(0, 16<<20-18-8)},
 	"bench/max-inflight":     {[]string{"bench"}, intIn(0, 1024)},

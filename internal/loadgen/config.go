@@ -64,9 +64,13 @@ type Config struct {
 	Reliability protocol.Reliability
 	// DeliverAfter, when above 0, sends delayed messages due this long
 	// after each send; DeliverAt, when set, sends delayed messages all due
-	// at that instant. At most one of them.
+	// at that instant. At most one of them. DelaySpread, with
+	// DeliverAfter, adds to each message's delay a uniformly random
+	// duration in [0, DelaySpread), so that a run's messages fall due over
+	// a span rather than at one offset from their sends.
 	DeliverAfter    time.Duration
 	DeliverAt       time.Time
+	DelaySpread     time.Duration
 	DeliveryTimeout time.Duration
 	Linger          time.Duration
 	BatchBytes      int
@@ -131,6 +135,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DeliverAfter < 0 || c.DeliverAfter > 0 && !c.DeliverAt.IsZero() {
 		add("deliver-after %v: want 0 or more, and not with a deliver-at time", c.DeliverAfter)
+	}
+	if c.DelaySpread < 0 || c.DelaySpread > 0 && c.DeliverAfter == 0 {
+		add("delay spread %v: want 0 or more, and only with a deliver-after delay", c.DelaySpread)
 	}
 	if c.Count < 0 {
 		add("count %d is negative", c.Count)

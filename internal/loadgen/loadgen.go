@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"runtime/pprof"
 	"sync"
@@ -201,13 +202,15 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(i)))
+			delay := func() time.Duration { return spreadDelay(o.DeliverAfter, o.DelaySpread, rnd) }
 			var n int64
 			if o.Mode == Sync {
 				for pace(n) && more() {
 					n++
 					t0 := time.Now()
 					_, err := p.Send(ctx, &producer.Message{Topic: o.Topic, Body: stamped(), Reliability: o.Reliability,
-						DeliverAfter: o.DeliverAfter, DeliverAt: o.DeliverAt})
+						DeliverAfter: delay(), DeliverAt: o.DeliverAt})
 					record(i, t0, err)
 				}
 				return
@@ -224,6 +227,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 				n++
 				t0 := time.Now()
 				m.Body = stamped()
+				m.DeliverAfter = delay()
 				pending.Add(1)
 				p.SendAsync(ctx, m, func(_ producer.Result, err error) {
 					record(i, t0, err)
@@ -374,4 +378,13 @@ func repeat(c byte, n int) string {
 		b[i] = c
 	}
 	return string(b)
+}
+
+// spreadDelay is a message's delay: after, plus a uniformly random
+// duration in [0, spread) drawn from rnd when spread is above 0.
+func spreadDelay(after, spread time.Duration, rnd *rand.Rand) time.Duration {
+	if spread <= 0 {
+		return after
+	}
+	return after + time.Duration(rnd.Int64N(int64(spread)))
 }

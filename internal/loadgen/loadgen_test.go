@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -33,14 +34,14 @@ func config(meta, topic string) Config {
 // TestValidate: a config that cannot run is refused before any network
 // call, with every problem named at once, as a *ConfigError.
 func TestValidate(t *testing.T) {
-	c := Config{Mode: "fast", Linger: time.Second, DeliveryTimeout: time.Second, Backlog: true, Rate: -1}
+	c := Config{Mode: "fast", Linger: time.Second, DeliveryTimeout: time.Second, Backlog: true, Rate: -1, DelaySpread: -time.Second}
 	res, err := Run(context.Background(), c)
 	var ce *ConfigError
 	if !errors.As(err, &ce) || res.Sent != 0 {
 		t.Fatalf("Run of an invalid config: %+v, %v; want a *ConfigError", res, err)
 	}
 	for _, want := range []string{"no metaserver address", "no topic", "0 queues", "0 producers", "the run would not end",
-		"rate -1", `mode "fast"`, "linger 1s must be shorter", "a backlog run needs consumers", "a backlog run needs QueueEnds"} {
+		"rate -1", "delay spread -1s", `mode "fast"`, "linger 1s must be shorter", "a backlog run needs consumers", "a backlog run needs QueueEnds"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("%q does not say %q", err, want)
 		}
@@ -48,6 +49,39 @@ func TestValidate(t *testing.T) {
 	ok := config("127.0.0.1:1", "t")
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("a valid config: %v", err)
+	}
+	spread := ok
+	spread.DelaySpread = time.Hour
+	if err := spread.Validate(); err == nil || !strings.Contains(err.Error(), "only with a deliver-after delay") {
+		t.Errorf("a spread without a delay: %v; want it refused", err)
+	}
+	spread.DeliverAfter = time.Minute
+	if err := spread.Validate(); err != nil {
+		t.Errorf("a spread with a delay: %v", err)
+	}
+}
+
+// TestSpreadDelay: with a spread, every delay lies in [after,
+// after+spread) and the draws cover the span (each tenth of it is hit);
+// without one the delay is after.
+func TestSpreadDelay(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	if d := spreadDelay(time.Minute, 0, rnd); d != time.Minute {
+		t.Fatalf("no spread: %v, want 1m", d)
+	}
+	after, spread := time.Minute, 10*time.Second
+	var tenths [10]int
+	for range 10000 {
+		d := spreadDelay(after, spread, rnd)
+		if d < after || d >= after+spread {
+			t.Fatalf("delay %v outside [%v, %v)", d, after, after+spread)
+		}
+		tenths[(d-after)*10/spread]++
+	}
+	for i, n := range tenths {
+		if n < 800 { // ~1000 each
+			t.Errorf("tenth %d of the spread drawn %d times in 10000: %v", i, n, tenths)
+		}
 	}
 }
 
