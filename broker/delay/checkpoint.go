@@ -7,6 +7,8 @@ import (
 	"hash/crc32"
 	"io/fs"
 	"path/filepath"
+	"slices"
+	"time"
 )
 
 // The checkpoint file, "checkpoint" (all integers big-endian):
@@ -27,29 +29,146 @@ const (
 	checkpointMagic = "FYDC"
 )
 
-// checkpoint syncs the bucket files and writes the checkpoint at
-// W = min(the log's flushed offset, what the index followed), undoing
-// from the counts what the records past W did (the journal).
+// A cpJob is a checkpoint taken under the index's lock (snapshot) and
+// written outside it (write): the files to sync, then the checkpoint's
+// bytes.
+type cpJob struct {
+	w     int64    // the offset it covers
+	syncs []*store // the files written since the last checkpoint, synced before it is written
+	paths []string // their names, taken under the lock
+	data  []byte   // the checkpoint file
+	began time.Time
+	err   error
+}
+
+// checkpoint writes the checkpoint now, under the lock (Open, Close,
+// rebuild): it waits for one in flight first.
 func (x *Index) checkpoint() error {
-	f := min(x.l.FlushedOffset(), x.pos)
-	if f < x.w || (f == x.w && x.cpWritten) || f < x.start {
-		return nil
+	x.waitCheckpoint()
+	if x.broken != nil {
+		return x.broken
 	}
-	if err := x.flushAll(); err != nil {
+	job, err := x.snapshot()
+	if err != nil || job == nil {
 		return err
 	}
+	x.writeJob(job)
+	return x.finish(job)
+}
+
+// startCheckpoint takes a checkpoint's snapshot under the lock and writes
+// it in a goroutine of its own, without the lock (Follow): Due, Claim and
+// the rest wait only for the snapshot. At most one is in flight.
+func (x *Index) startCheckpoint() error {
+	if x.cpBusy != nil {
+		return nil
+	}
+	job, err := x.snapshot()
+	if err != nil || job == nil {
+		return err
+	}
+	done := make(chan struct{})
+	x.cpBusy = done
+	go func() {
+		defer close(done)
+		x.writeJob(job)
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		x.cpBusy = nil
+		if err := x.finish(job); err != nil {
+			x.logger.Error("cannot write the delay index checkpoint", "error", err)
+			if x.broken == nil {
+				x.broken = err
+			}
+		}
+	}()
+	return nil
+}
+
+// waitCheckpoint waits (the lock released meanwhile) until no checkpoint
+// is in flight.
+func (x *Index) waitCheckpoint() {
+	for x.cpBusy != nil {
+		ch := x.cpBusy
+		x.mu.Unlock()
+		<-ch
+		x.mu.Lock()
+	}
+}
+
+// writeJob syncs the job's files (through handles of its own: the
+// index's open files may be closed meanwhile) and then writes the
+// checkpoint. It holds no lock: only the job's own state is used.
+func (x *Index) writeJob(job *cpJob) {
+	for _, path := range job.paths {
+		if err := x.syncPath(path); err != nil {
+			job.err = err
+			return
+		}
+	}
+	job.err = x.writeFileDurable(checkpointName, job.data)
+}
+
+func (x *Index) syncPath(path string) error {
+	f, err := x.fs.OpenRW(path)
+	if err != nil {
+		return fmt.Errorf("delay: open bucket file %s: %w", path, err)
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("delay: sync bucket file %s: %w", path, err)
+	}
+	return nil
+}
+
+// finish records a written job (under the lock): W moves, the journal
+// forgets the records before it. A job that failed leaves its files
+// dirty (the next checkpoint syncs them again) and is returned.
+func (x *Index) finish(job *cpJob) error {
+	if job.err != nil {
+		for _, st := range job.syncs {
+			if !st.dead && !st.dirty {
+				st.dirty = true
+				x.dirty = append(x.dirty, st)
+			}
+		}
+		return job.err
+	}
+	x.w = job.w
+	x.cpWritten = true
+	keep := 0
+	for keep < len(x.journal) && x.journal[keep].at < job.w {
+		keep++
+	}
+	x.journal = append(x.journal[:0], x.journal[keep:]...)
+	x.cpTook = time.Since(job.began)
+	return nil
+}
+
+// snapshot takes what a checkpoint at W = min(the log's flushed offset,
+// what the index followed) writes, undoing from the counts what the
+// records past W did (the journal): the buffered items written to their
+// files (the page cache), the files to sync, the checkpoint's bytes. nil:
+// nothing new to write.
+func (x *Index) snapshot() (*cpJob, error) {
+	began := time.Now()
+	f := min(x.l.FlushedOffset(), x.pos)
+	if f < x.w || (f == x.w && x.cpWritten) || f < x.start {
+		return nil, nil
+	}
+	if err := x.flushAll(); err != nil {
+		return nil, err
+	}
+	job := &cpJob{w: f, began: began}
 	for _, st := range x.dirty {
 		if st.dead {
 			continue
 		}
-		file, err := x.file(st)
-		if err != nil {
-			return err
-		}
-		if err := file.Sync(); err != nil {
-			return fmt.Errorf("delay: sync bucket file %s: %w", x.path(st), err)
-		}
 		st.dirty = false
+		job.syncs = append(job.syncs, st)
 	}
 	x.dirty = x.dirty[:0]
 
@@ -59,12 +178,10 @@ func (x *Index) checkpoint() error {
 		next[i] = q.next
 	}
 	items := map[*store]int64{}
-	pend := map[*bucket]map[uint32]int64{}
+	pend := map[*bucket][]qcount{}
 	minAt := map[*bucket]int64{}
-	keep := len(x.journal)
-	for keep > 0 && x.journal[keep-1].at >= f {
-		keep--
-		ef := x.journal[keep]
+	for k := len(x.journal) - 1; k >= 0 && x.journal[k].at >= f; k-- {
+		ef := x.journal[k]
 		next[ef.qid] = ef.qoff
 		if ef.s != nil {
 			items[ef.s]--
@@ -72,10 +189,7 @@ func (x *Index) checkpoint() error {
 		if ef.b == nil || ef.dp == 0 || (ef.dp < 0 && ef.ref < x.start) {
 			continue
 		}
-		if pend[ef.b] == nil {
-			pend[ef.b] = map[uint32]int64{}
-		}
-		pend[ef.b][ef.pq] -= int64(ef.dp)
+		pend[ef.b] = addCount(pend[ef.b], ef.pq, -int64(ef.dp))
 		if ef.dp < 0 {
 			// Pending as of f: the bucket's lower bound must cover it.
 			if m, ok := minAt[ef.b]; !ok || ef.ref < m {
@@ -90,10 +204,10 @@ func (x *Index) checkpoint() error {
 			continue
 		}
 		if err := x.closeFile(id); err != nil {
-			return fmt.Errorf("delay: close bucket file: %w", err)
+			return nil, fmt.Errorf("delay: close bucket file: %w", err)
 		}
 		if err := x.fs.Remove(x.path(&b.store)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("delay: remove bucket file: %w", err)
+			return nil, fmt.Errorf("delay: remove bucket file: %w", err)
 		}
 		b.dead = true
 		delete(x.buckets, id)
@@ -103,13 +217,18 @@ func (x *Index) checkpoint() error {
 			continue
 		}
 		if err := x.closeFile(g.key); err != nil {
-			return fmt.Errorf("delay: close far file: %w", err)
+			return nil, fmt.Errorf("delay: close far file: %w", err)
 		}
 		if err := x.fs.Remove(x.path(&g.store)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("delay: remove far file: %w", err)
+			return nil, fmt.Errorf("delay: remove far file: %w", err)
 		}
 		g.dead = true
 		delete(x.groups, gid)
+	}
+	for _, st := range job.syncs {
+		if !st.dead {
+			job.paths = append(job.paths, x.path(st))
+		}
 	}
 
 	buf := make([]byte, 0, 64+len(x.queues)*32+len(x.buckets)*48)
@@ -129,18 +248,14 @@ func (x *Index) checkpoint() error {
 	nAt := len(buf)
 	buf = binary.BigEndian.AppendUint32(buf, 0)
 	var nb uint32
+	var counts []qcount
 	for _, b := range x.buckets {
 		n := b.items + items[&b.store]
-		counts := map[uint32]int64{}
-		for _, qc := range b.pending {
-			counts[qc.qid] = qc.n
-		}
-		for q, d := range pend[b] {
-			counts[q] += d
-		}
-		for q, c := range counts {
-			if c == 0 {
-				delete(counts, q)
+		counts = b.pending
+		if d, ok := pend[b]; ok {
+			counts = slices.Clone(b.pending)
+			for _, qc := range d {
+				counts = addCount(counts, qc.qid, qc.n)
 			}
 		}
 		if n <= 0 && len(counts) == 0 && b.maxAt < 0 {
@@ -156,9 +271,9 @@ func (x *Index) checkpoint() error {
 		buf = binary.BigEndian.AppendUint64(buf, uint64(lo))
 		buf = binary.BigEndian.AppendUint64(buf, uint64(b.maxAt))
 		buf = binary.BigEndian.AppendUint32(buf, uint32(len(counts)))
-		for q, c := range counts {
-			buf = binary.BigEndian.AppendUint32(buf, q)
-			buf = binary.BigEndian.AppendUint64(buf, uint64(c))
+		for _, qc := range counts {
+			buf = binary.BigEndian.AppendUint32(buf, qc.qid)
+			buf = binary.BigEndian.AppendUint64(buf, uint64(qc.n))
 		}
 	}
 	binary.BigEndian.PutUint32(buf[nAt:], nb)
@@ -176,14 +291,25 @@ func (x *Index) checkpoint() error {
 		buf = binary.BigEndian.AppendUint64(buf, uint64(g.maxAt))
 	}
 	binary.BigEndian.PutUint32(buf[gAt:], ng)
-	buf = binary.BigEndian.AppendUint32(buf, crc32.Checksum(buf, castagnoli))
-	if err := x.writeFileDurable(checkpointName, buf); err != nil {
-		return err
+	job.data = binary.BigEndian.AppendUint32(buf, crc32.Checksum(buf, castagnoli))
+	return job, nil
+}
+
+// addCount adds d to qid's count in cs, dropping a count that comes to 0.
+func addCount(cs []qcount, qid uint32, d int64) []qcount {
+	if d == 0 {
+		return cs
 	}
-	x.w = f
-	x.cpWritten = true
-	x.journal = append(x.journal[:0], x.journal[keep:]...)
-	return nil
+	for i := range cs {
+		if cs[i].qid == qid {
+			cs[i].n += d
+			if cs[i].n == 0 {
+				cs = slices.Delete(cs, i, i+1)
+			}
+			return cs
+		}
+	}
+	return append(cs, qcount{qid, d})
 }
 
 // writeFileDurable writes name in the index's directory: to a temporary
@@ -283,8 +409,10 @@ func (x *Index) loadCheckpoint() (ok bool, err error) {
 				return false, fmt.Errorf("%w: a count of queue %d", errBadCheckpoint, q)
 			}
 			b.addPending(q, c)
+			x.penMu.Lock()
 			x.topicPen[x.queues[q].target] += c
 			x.total += c
+			x.penMu.Unlock()
 		}
 		if x.buckets[b.id] != nil || b.items < 0 {
 			return false, fmt.Errorf("%w: bucket %d", errBadCheckpoint, b.id)

@@ -150,12 +150,14 @@ type Index struct {
 	unloaded  bucketHeap       // buckets not materialized (lazily: check on pop)
 	mat       []int64          // ids of the materialized buckets, ascending
 	matEnts   int64            // entries held by materialized buckets
+	penMu     sync.Mutex       // guards topicPen and total (Pending never waits on mu)
 	topicPen  map[string]int64
 	total     int64
 	claims    map[int64]*ent
 	journal   []effect // what the records since W did, for a checkpoint at an earlier offset
 	lastCP    time.Time
 	cpTook    time.Duration // how long the last checkpoint took (real time)
+	cpBusy    chan struct{} // closed when the checkpoint in flight is written; nil: none
 	useTick   int64
 	files     map[int64]*openFile
 	fileUse   int64
@@ -293,8 +295,10 @@ func (x *Index) clear() {
 	x.unloaded = nil
 	x.mat = nil
 	x.matEnts = 0
+	x.penMu.Lock()
 	x.topicPen = map[string]int64{}
 	x.total = 0
+	x.penMu.Unlock()
 	x.claims = map[int64]*ent{}
 	x.journal = nil
 	x.dirty = nil
@@ -348,6 +352,7 @@ func (x *Index) Close() error {
 		return nil
 	}
 	x.closed = true
+	x.waitCheckpoint()
 	var err error
 	if x.broken == nil {
 		err = x.checkpoint()
@@ -389,17 +394,20 @@ func (x *Index) followLog(now time.Time, forceCP bool) error {
 	if end < x.pos {
 		return fmt.Errorf("%w (it followed to %d, the log ends at %d)", ErrLogBehind, x.pos, end)
 	}
-	if forceCP || now.Sub(x.lastCP) >= max(x.cfg.CheckpointEvery, 20*x.cpTook) {
-		began := time.Now()
+	if forceCP || (x.cpBusy == nil && now.Sub(x.lastCP) >= max(x.cfg.CheckpointEvery, 20*x.cpTook)) {
 		if f := x.l.FlushedOffset(); f > x.pos {
 			if err := x.advance(min(f, end)); err != nil {
 				return err
 			}
 		}
-		if err := x.checkpoint(); err != nil {
+		cp := x.startCheckpoint
+		if forceCP {
+			cp = x.checkpoint
+		}
+		if err := cp(); err != nil {
 			return err
 		}
-		x.lastCP, x.cpTook = now, time.Since(began)
+		x.lastCP = now
 	}
 	return x.advance(end)
 }
@@ -629,8 +637,10 @@ func (x *Index) addEntry(r *rec) {
 
 func (x *Index) count(b *bucket, qid uint32, d int64) {
 	b.addPending(qid, d)
+	x.penMu.Lock()
 	x.topicPen[x.queues[qid].target] += d
 	x.total += d
+	x.penMu.Unlock()
 }
 
 // resolve applies a mark (or a move) to the entry it names.
@@ -989,8 +999,8 @@ func (x *Index) NextDue() (dueAt int64, ok bool) {
 
 // Pending counts the pending entries of topic ("" all).
 func (x *Index) Pending(topic string) int64 {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.penMu.Lock()
+	defer x.penMu.Unlock()
 	if topic == "" {
 		return x.total
 	}
@@ -1126,6 +1136,10 @@ func (x *Index) Reset() error {
 	if x.closed {
 		return ErrClosed
 	}
+	x.waitCheckpoint()
+	if x.closed {
+		return ErrClosed
+	}
 	return x.rebuild()
 }
 
@@ -1133,5 +1147,8 @@ func (x *Index) Reset() error {
 func (x *Index) Stats() Stats {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return Stats{Pending: x.total, Loaded: x.matEnts, Buckets: len(x.buckets), Followed: x.w}
+	x.penMu.Lock()
+	total := x.total
+	x.penMu.Unlock()
+	return Stats{Pending: total, Loaded: x.matEnts, Buckets: len(x.buckets), Followed: x.w}
 }
