@@ -38,6 +38,7 @@ type cpJob struct {
 	paths []string // their names, taken under the lock
 	data  []byte   // the checkpoint file
 	began time.Time
+	took  time.Duration // the snapshot's and the write's time (not the wait for the lock after)
 	err   error
 }
 
@@ -103,10 +104,12 @@ func (x *Index) writeJob(job *cpJob) {
 	for _, path := range job.paths {
 		if err := x.syncPath(path); err != nil {
 			job.err = err
+			job.took = time.Since(job.began)
 			return
 		}
 	}
 	job.err = x.writeFileDurable(checkpointName, job.data)
+	job.took = time.Since(job.began)
 }
 
 func (x *Index) syncPath(path string) error {
@@ -143,8 +146,13 @@ func (x *Index) finish(job *cpJob) error {
 	for keep < len(x.journal) && x.journal[keep].at < job.w {
 		keep++
 	}
-	x.journal = append(x.journal[:0], x.journal[keep:]...)
-	x.cpTook = time.Since(job.began)
+	if rest := len(x.journal) - keep; cap(x.journal) > 4096 && rest < cap(x.journal)/4 {
+		// A follow of many records left a large array: let it go.
+		x.journal = append(make([]effect, 0, 2*rest), x.journal[keep:]...)
+	} else {
+		x.journal = append(x.journal[:0], x.journal[keep:]...)
+	}
+	x.cpTook = job.took
 	return nil
 }
 

@@ -400,16 +400,37 @@ func (x *Index) followLog(now time.Time, forceCP bool) error {
 				return err
 			}
 		}
-		cp := x.startCheckpoint
-		if forceCP {
-			cp = x.checkpoint
-		}
-		if err := cp(); err != nil {
+		if err := x.checkpointNow(forceCP); err != nil {
 			return err
 		}
 		x.lastCP = now
 	}
-	return x.advance(end)
+	for x.pos < end {
+		if err := x.step(min(end, x.pos+stepBytes)); err != nil {
+			return err
+		}
+		if len(x.journal) > maxJournal {
+			// A long follow (a rebuild, a backlog): a checkpoint lets the
+			// journal of the records before it go.
+			if err := x.checkpointNow(forceCP); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// maxJournal is the journal's length past which a follow writes a
+// checkpoint between steps.
+const maxJournal = 1 << 18
+
+// checkpointNow writes the checkpoint under the lock (wait), or starts
+// it.
+func (x *Index) checkpointNow(wait bool) error {
+	if wait {
+		return x.checkpoint()
+	}
+	return x.startCheckpoint()
 }
 
 // advance applies the delay records before to, a step of at most
@@ -491,6 +512,9 @@ func (x *Index) step(to int64) error {
 		}
 	}
 	x.recs = recs[:0]
+	if cap(recs) > 4096 {
+		x.recs = nil // a step of many records: not kept
+	}
 	if x.bufBytes > maxBuffered {
 		if err := x.flushAll(); err != nil {
 			return err

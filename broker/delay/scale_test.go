@@ -87,6 +87,7 @@ func benchScale(b *testing.B, n int, spread int64) {
 		b.Fatal(err)
 	}
 	took := time.Since(began)
+	x.checkpointWritten() // one the follow started
 	heap := int64(heapInUse()) - int64(base)
 	if p := x.Pending(""); p != int64(n) {
 		b.Fatalf("pending %d, want %d", p, n)
@@ -112,7 +113,7 @@ func benchScale(b *testing.B, n int, spread int64) {
 		}
 	}()
 	mu.Lock()
-	clk.now = clk.now.Add(time.Second) // a checkpoint is due
+	clk.now = clk.now.Add(time.Minute) // a checkpoint is due
 	mu.Unlock()
 	cpBegan := time.Now()
 	if err := x.Follow(); err != nil {
