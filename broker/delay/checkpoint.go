@@ -22,8 +22,16 @@ import (
 //	  i64 the largest log offset of its items, u32 queues, per queue: u32
 //	  number, i64 pending entries as of W
 //	u32 far files, per far file: i64 number (start / its span), u64 items
-//	  as of W, i64 the largest log offset of its items
+//	  as of W, i64 the largest log offset of its items, u8 1 when its
+//	  group is split, i64 a lower bound of its pending entries' log
+//	  offsets, u32 queues, per queue: u32 number, i64 pending entries as
+//	  of W (a group not split counts its span's entries; see group), u32
+//	  buckets, per bucket of its span with pending entries (not split):
+//	  u32 its place in the span, u32 pending entries as of W
 //	u32 CRC32C of all that
+//
+// Version 1 had no split flag and counts after a far file's maximum: its
+// groups are split.
 const (
 	checkpointName  = "checkpoint"
 	checkpointMagic = "FYDC"
@@ -186,22 +194,42 @@ func (x *Index) snapshot() (*cpJob, error) {
 		next[i] = q.next
 	}
 	items := map[*store]int64{}
-	pend := map[*bucket][]qcount{}
-	minAt := map[*bucket]int64{}
+	pend := map[*counts][]qcount{}
+	minAt := map[*counts]int64{}
+	fine := map[*group][]uint32{} // the fine counts as of f, of the groups the undo changes
 	for k := len(x.journal) - 1; k >= 0 && x.journal[k].at >= f; k-- {
 		ef := x.journal[k]
 		next[ef.qid] = ef.qoff
 		if ef.s != nil {
 			items[ef.s]--
 		}
-		if ef.b == nil || ef.dp == 0 || (ef.dp < 0 && ef.ref < x.start) {
+		var c *counts
+		switch {
+		case ef.b != nil:
+			c = &ef.b.counts
+		case ef.g != nil && !ef.g.split:
+			c = &ef.g.counts
+			if ef.dp > 0 {
+				fc, ok := fine[ef.g]
+				if !ok {
+					fc = slices.Clone(ef.g.fine)
+					fine[ef.g] = fc
+				}
+				fc[ef.bid-ef.g.id*x.farMs/x.widthMs]--
+			}
+		case ef.g != nil:
+			if b := x.buckets[ef.bid]; b != nil {
+				c = &b.counts // split since
+			}
+		}
+		if c == nil || ef.dp == 0 || (ef.dp < 0 && ef.ref < x.start) {
 			continue
 		}
-		pend[ef.b] = addCount(pend[ef.b], ef.pq, -int64(ef.dp))
+		pend[c] = addCount(pend[c], ef.pq, -int64(ef.dp))
 		if ef.dp < 0 {
 			// Pending as of f: the bucket's lower bound must cover it.
-			if m, ok := minAt[ef.b]; !ok || ef.ref < m {
-				minAt[ef.b] = ef.ref
+			if m, ok := minAt[c]; !ok || ef.ref < m {
+				minAt[c] = ef.ref
 			}
 		}
 	}
@@ -241,7 +269,7 @@ func (x *Index) snapshot() (*cpJob, error) {
 
 	buf := make([]byte, 0, 64+len(x.queues)*32+len(x.buckets)*48)
 	buf = append(buf, checkpointMagic...)
-	buf = binary.BigEndian.AppendUint16(buf, 1)
+	buf = binary.BigEndian.AppendUint16(buf, 2)
 	buf = binary.BigEndian.AppendUint16(buf, 0)
 	buf = binary.BigEndian.AppendUint64(buf, uint64(x.widthMs))
 	buf = binary.BigEndian.AppendUint64(buf, uint64(f))
@@ -260,7 +288,7 @@ func (x *Index) snapshot() (*cpJob, error) {
 	for _, b := range x.buckets {
 		n := b.items + items[&b.store]
 		counts = b.pending
-		if d, ok := pend[b]; ok {
+		if d, ok := pend[&b.counts]; ok {
 			counts = slices.Clone(b.pending)
 			for _, qc := range d {
 				counts = addCount(counts, qc.qid, qc.n)
@@ -273,7 +301,7 @@ func (x *Index) snapshot() (*cpJob, error) {
 		buf = binary.BigEndian.AppendUint64(buf, uint64(b.id))
 		buf = binary.BigEndian.AppendUint64(buf, uint64(n))
 		lo := b.minAt
-		if m, ok := minAt[b]; ok && m < lo {
+		if m, ok := minAt[&b.counts]; ok && m < lo {
 			lo = m
 		}
 		buf = binary.BigEndian.AppendUint64(buf, uint64(lo))
@@ -297,6 +325,43 @@ func (x *Index) snapshot() (*cpJob, error) {
 		buf = binary.BigEndian.AppendUint64(buf, uint64(g.id))
 		buf = binary.BigEndian.AppendUint64(buf, uint64(n))
 		buf = binary.BigEndian.AppendUint64(buf, uint64(g.maxAt))
+		split := byte(0)
+		if g.split {
+			split = 1
+		}
+		buf = append(buf, split)
+		counts = g.pending
+		if d, ok := pend[&g.counts]; ok {
+			counts = slices.Clone(g.pending)
+			for _, qc := range d {
+				counts = addCount(counts, qc.qid, qc.n)
+			}
+		}
+		lo := g.minAt
+		if m, ok := minAt[&g.counts]; ok && m < lo {
+			lo = m
+		}
+		buf = binary.BigEndian.AppendUint64(buf, uint64(lo))
+		buf = binary.BigEndian.AppendUint32(buf, uint32(len(counts)))
+		for _, qc := range counts {
+			buf = binary.BigEndian.AppendUint32(buf, qc.qid)
+			buf = binary.BigEndian.AppendUint64(buf, uint64(qc.n))
+		}
+		fc, ok := fine[g]
+		if !ok {
+			fc = g.fine
+		}
+		nAt := len(buf)
+		buf = binary.BigEndian.AppendUint32(buf, 0)
+		var nf uint32
+		for i, c := range fc {
+			if c > 0 {
+				nf++
+				buf = binary.BigEndian.AppendUint32(buf, uint32(i))
+				buf = binary.BigEndian.AppendUint32(buf, c)
+			}
+		}
+		binary.BigEndian.PutUint32(buf[nAt:], nf)
 	}
 	binary.BigEndian.PutUint32(buf[gAt:], ng)
 	job.data = binary.BigEndian.AppendUint32(buf, crc32.Checksum(buf, castagnoli))
@@ -379,9 +444,10 @@ func (x *Index) loadCheckpoint() (ok bool, err error) {
 	}
 	body := buf[:len(buf)-4]
 	if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(buf[len(buf)-4:]) || string(body[:4]) != checkpointMagic ||
-		binary.BigEndian.Uint16(body[4:]) != 1 {
+		(binary.BigEndian.Uint16(body[4:]) != 1 && binary.BigEndian.Uint16(body[4:]) != 2) {
 		return false, fmt.Errorf("%w: its CRC or header does not check out", errBadCheckpoint)
 	}
+	version := binary.BigEndian.Uint16(body[4:])
 	r := cpReader{b: body[8:]}
 	if w := r.i64(); w != x.widthMs {
 		return false, fmt.Errorf("delay: the checkpoint's bucket width %d ms is not the configured %d ms", w, x.widthMs)
@@ -437,6 +503,35 @@ func (x *Index) loadCheckpoint() (ok bool, err error) {
 		g.items = r.i64()
 		g.written = g.items
 		g.maxAt = r.i64()
+		g.split = true
+		if version >= 2 {
+			if sb := r.bytes(1); sb != nil {
+				g.split = sb[0] == 1
+			}
+			g.minAt = r.i64()
+			nc := int(r.u32())
+			for j := 0; j < nc && r.ok(); j++ {
+				q, c := uint32(r.u32()), r.i64()
+				if int(q) >= len(x.queues) || c < 0 || (g.split && c != 0) {
+					return false, fmt.Errorf("%w: a count of queue %d", errBadCheckpoint, q)
+				}
+				x.count(&g.counts, q, c)
+			}
+			nf := int(r.u32())
+			for j := 0; j < nf && r.ok(); j++ {
+				i, c := r.u32(), r.u32()
+				if x.farMs == 0 || int64(i) >= x.farMs/x.widthMs || g.split {
+					return false, fmt.Errorf("%w: a bucket count of far file %d", errBadCheckpoint, g.id)
+				}
+				if g.fine == nil {
+					g.fine = make([]uint32, x.farMs/x.widthMs)
+				}
+				g.fine[i] = c
+			}
+			if !g.split {
+				x.nextSplit = min(x.nextSplit, g.id)
+			}
+		}
 		if x.farMs == 0 || x.groups[g.id] != nil || g.items < 0 {
 			return false, fmt.Errorf("%w: far file %d", errBadCheckpoint, g.id)
 		}
@@ -444,6 +539,11 @@ func (x *Index) loadCheckpoint() (ok bool, err error) {
 	}
 	if !r.ok() || len(r.b) != 0 {
 		return false, fmt.Errorf("%w: its length does not match its contents", errBadCheckpoint)
+	}
+	for _, g := range x.groups {
+		if !g.split && x.anyBucketIn(g.id) {
+			return false, fmt.Errorf("%w: far file %d is not split and a bucket of it is", errBadCheckpoint, g.id)
+		}
 	}
 	heapInit(&x.unloaded)
 	x.w, x.pos, x.start, x.cpWritten = w, w, start, true
