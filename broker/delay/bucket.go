@@ -173,12 +173,12 @@ type counts struct {
 type bucket struct {
 	store
 	counts
-	id       int64
-	maxAt    int64 // the largest log offset of its items
-	st       *bstate
-	cached   bool  // materialized for a lookup, outside the window
-	used     int64 // when it was last looked up (a counter), for the cache
-	inHeap   bool  // in the index's heap of unloaded buckets
+	id     int64
+	maxAt  int64 // the largest log offset of its items
+	st     *bstate
+	cached bool  // materialized for a lookup, outside the window
+	used   int64 // when it was last looked up (a counter), for the cache
+	inHeap bool  // in the index's heap of unloaded buckets
 }
 
 func (b *counts) addPending(qid uint32, d int64) {
