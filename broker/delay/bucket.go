@@ -285,6 +285,9 @@ func (x *Index) flushBuf(s *store) error {
 	}
 	s.written += int64(len(s.buf) / itemSize)
 	s.buf = s.buf[:0]
+	if cap(s.buf) > 4<<10 {
+		s.buf = nil // not kept: the files are many
+	}
 	if !s.dirty {
 		s.dirty = true
 		x.dirty = append(x.dirty, s)

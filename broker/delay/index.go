@@ -416,7 +416,16 @@ func (x *Index) followLog(now time.Time, forceCP bool) error {
 		}
 		if len(x.journal) > maxJournal {
 			// A long follow (a rebuild, a backlog): a checkpoint lets the
-			// journal of the records before it go.
+			// journal of the records before it go. The one in flight
+			// first (the lock is let go meanwhile: all before x.pos is
+			// applied).
+			x.waitCheckpoint()
+			if x.closed {
+				return ErrClosed
+			}
+			if x.broken != nil {
+				return x.broken
+			}
 			if err := x.checkpointNow(forceCP); err != nil {
 				return err
 			}
