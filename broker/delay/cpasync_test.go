@@ -2,6 +2,7 @@ package delay
 
 import (
 	"encoding/binary"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -167,4 +168,47 @@ func TestPendingDoesNotWaitForTheLock(t *testing.T) {
 			t.Errorf("Pending = %d, %d, want 1, 1", p, pt)
 		}
 	})
+}
+
+// TestCheckpointSyncFails: a checkpoint whose bucket file does not sync
+// is not written (W stays), the next Follow returns the error, and after
+// Reset the index is whole again and its next checkpoint covers the log.
+func TestCheckpointSyncFails(t *testing.T) {
+	dir := t.TempDir()
+	l := openTestLog(t, filepath.Join(dir, "log"), 0)
+	defer l.Close()
+	efs := vfs.NewErrorFS(vfs.Default)
+	clk := &clock{now: time.UnixMilli(1_800_000_000_000)}
+	cfg := Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now, FS: efs}
+	x, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	now := clk.now.UnixMilli()
+	old := checkpointW(t, cfg.Dir)
+	appendLog(t, l, true, delayedEntry("t", 0, now+5_000, -1), delayedEntry("t", 0, now+86400_000, -1))
+	rule := vfs.Fail(vfs.OpSync).Path("*.dly")
+	efs.Inject(rule)
+	clk.now = clk.now.Add(time.Hour) // a checkpoint is due
+	if err := x.Follow(); err != nil {
+		t.Fatal(err) // it is written in the background
+	}
+	x.checkpointWritten()
+	if rule.Fired() == 0 {
+		t.Fatal("no bucket file was synced")
+	}
+	if w := checkpointW(t, cfg.Dir); w != old || x.Stats().Followed != old {
+		t.Fatalf("a checkpoint whose files did not sync covers %d (Stats %d), want still %d", w, x.Stats().Followed, old)
+	}
+	if err := x.Follow(); err == nil || !errors.Is(err, vfs.ErrInjected) {
+		t.Fatalf("Follow after the failed checkpoint: %v, want the sync's error", err)
+	}
+	efs.Drop(rule)
+	if err := x.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	if w, f := checkpointW(t, cfg.Dir), l.FlushedOffset(); w != f || x.Pending("") != 2 {
+		t.Fatalf("after Reset: checkpoint at %d (want %d), %d pending", w, f, x.Pending(""))
+	}
 }
