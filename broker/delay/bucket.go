@@ -133,10 +133,23 @@ type store struct {
 // buckets, cost a sync of a few far files at a checkpoint rather than of a
 // file per bucket. A bucket's items are those of its own file and those
 // of its group's far file that fall in it.
+//
+// A group is split or not. Not split, no bucket of its span has a struct
+// of its own: every item of its span is in its far file and its counts
+// are those of its whole span (what the index knows of entries due more
+// than farMs ahead costs a group, not a bucket each). Split (when its
+// span comes within farMs, or a Config.Window, of now, or a lookup or a
+// mark needs one of its buckets), its buckets have their structs and
+// their counts, made from its far file, and its own counts are zero.
 type group struct {
 	store
+	counts
 	id    int64
 	maxAt int64 // the largest log offset of its items
+	split bool
+	// fine counts, not split, the pending entries of each bucket of its
+	// span (nil: none): Buckets answers from it for any width.
+	fine []uint32
 }
 
 func farName(start int64) string { return fmt.Sprintf("far-%020d.dly", start) }
@@ -147,22 +160,28 @@ type qcount struct {
 	n   int64
 }
 
+// counts are the pending entries of a bucket, or of the span of a group
+// that is not split.
+type counts struct {
+	pending  []qcount // pending entries per queue number (few: a slice, not a map)
+	npending int64
+	minAt    int64 // at or below the log offset of every pending entry
+}
+
 // bucket is one bucket of due time: its counts always, its file's item
 // count, and its detail when materialized (st).
 type bucket struct {
 	store
-	id       int64
-	pending  []qcount // pending entries per queue number (few: a slice, not a map)
-	npending int64
-	minAt    int64 // at or below the log offset of every pending entry
-	maxAt    int64 // the largest log offset of its items
-	st       *bstate
-	cached   bool  // materialized for a lookup, outside the window
-	used     int64 // when it was last looked up (a counter), for the cache
-	inHeap   bool  // in the index's heap of unloaded buckets
+	counts
+	id     int64
+	maxAt  int64 // the largest log offset of its items
+	st     *bstate
+	cached bool  // materialized for a lookup, outside the window
+	used   int64 // when it was last looked up (a counter), for the cache
+	inHeap bool  // in the index's heap of unloaded buckets
 }
 
-func (b *bucket) addPending(qid uint32, d int64) {
+func (b *counts) addPending(qid uint32, d int64) {
 	if d == 0 {
 		return
 	}
@@ -266,6 +285,9 @@ func (x *Index) flushBuf(s *store) error {
 	}
 	s.written += int64(len(s.buf) / itemSize)
 	s.buf = s.buf[:0]
+	if cap(s.buf) > 4<<10 {
+		s.buf = nil // not kept: the files are many
+	}
 	if !s.dirty {
 		s.dirty = true
 		x.dirty = append(x.dirty, s)

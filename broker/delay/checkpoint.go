@@ -7,6 +7,8 @@ import (
 	"hash/crc32"
 	"io/fs"
 	"path/filepath"
+	"slices"
+	"time"
 )
 
 // The checkpoint file, "checkpoint" (all integers big-endian):
@@ -20,36 +22,169 @@ import (
 //	  i64 the largest log offset of its items, u32 queues, per queue: u32
 //	  number, i64 pending entries as of W
 //	u32 far files, per far file: i64 number (start / its span), u64 items
-//	  as of W, i64 the largest log offset of its items
+//	  as of W, i64 the largest log offset of its items, u8 1 when its
+//	  group is split, i64 a lower bound of its pending entries' log
+//	  offsets, u32 queues, per queue: u32 number, i64 pending entries as
+//	  of W (a group not split counts its span's entries; see group), u32
+//	  buckets, per bucket of its span with pending entries (not split):
+//	  u32 its place in the span, u32 pending entries as of W
 //	u32 CRC32C of all that
+//
+// Version 1 had no split flag and counts after a far file's maximum: its
+// groups are split.
 const (
 	checkpointName  = "checkpoint"
 	checkpointMagic = "FYDC"
 )
 
-// checkpoint syncs the bucket files and writes the checkpoint at
-// W = min(the log's flushed offset, what the index followed), undoing
-// from the counts what the records past W did (the journal).
+// A cpJob is a checkpoint taken under the index's lock (snapshot) and
+// written outside it (write): the files to sync, then the checkpoint's
+// bytes.
+type cpJob struct {
+	w     int64    // the offset it covers
+	syncs []*store // the files written since the last checkpoint, synced before it is written
+	paths []string // their names, taken under the lock
+	data  []byte   // the checkpoint file
+	began time.Time
+	took  time.Duration // the snapshot's and the write's time (not the wait for the lock after)
+	err   error
+}
+
+// checkpoint writes the checkpoint now, under the lock (Open, Close,
+// rebuild): it waits for one in flight first.
 func (x *Index) checkpoint() error {
-	f := min(x.l.FlushedOffset(), x.pos)
-	if f < x.w || (f == x.w && x.cpWritten) || f < x.start {
-		return nil
+	x.waitCheckpoint()
+	if x.broken != nil {
+		return x.broken
 	}
-	if err := x.flushAll(); err != nil {
+	job, err := x.snapshot()
+	if err != nil || job == nil {
 		return err
 	}
+	x.writeJob(job)
+	return x.finish(job)
+}
+
+// startCheckpoint takes a checkpoint's snapshot under the lock and writes
+// it in a goroutine of its own, without the lock (Follow): Due, Claim and
+// the rest wait only for the snapshot. At most one is in flight.
+func (x *Index) startCheckpoint() error {
+	if x.cpBusy != nil {
+		return nil
+	}
+	job, err := x.snapshot()
+	if err != nil || job == nil {
+		return err
+	}
+	done := make(chan struct{})
+	x.cpBusy = done
+	go func() {
+		defer close(done)
+		x.writeJob(job)
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		x.cpBusy = nil
+		if err := x.finish(job); err != nil {
+			x.logger.Error("cannot write the delay index checkpoint", "error", err)
+			if x.broken == nil {
+				x.broken = err
+			}
+		}
+	}()
+	return nil
+}
+
+// waitCheckpoint waits (the lock released meanwhile) until no checkpoint
+// is in flight.
+func (x *Index) waitCheckpoint() {
+	for x.cpBusy != nil {
+		ch := x.cpBusy
+		x.mu.Unlock()
+		<-ch
+		x.mu.Lock()
+	}
+}
+
+// writeJob syncs the job's files (through handles of its own: the
+// index's open files may be closed meanwhile) and then writes the
+// checkpoint. It holds no lock: only the job's own state is used.
+func (x *Index) writeJob(job *cpJob) {
+	for _, path := range job.paths {
+		if err := x.syncPath(path); err != nil {
+			job.err = err
+			job.took = time.Since(job.began)
+			return
+		}
+	}
+	job.err = x.writeFileDurable(checkpointName, job.data)
+	job.took = time.Since(job.began)
+}
+
+func (x *Index) syncPath(path string) error {
+	f, err := x.fs.OpenRW(path)
+	if err != nil {
+		return fmt.Errorf("delay: open bucket file %s: %w", path, err)
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("delay: sync bucket file %s: %w", path, err)
+	}
+	return nil
+}
+
+// finish records a written job (under the lock): W moves, the journal
+// forgets the records before it. A job that failed leaves its files
+// dirty (the next checkpoint syncs them again) and is returned.
+func (x *Index) finish(job *cpJob) error {
+	if job.err != nil {
+		for _, st := range job.syncs {
+			if !st.dead && !st.dirty {
+				st.dirty = true
+				x.dirty = append(x.dirty, st)
+			}
+		}
+		return job.err
+	}
+	x.w = job.w
+	x.cpWritten = true
+	keep := 0
+	for keep < len(x.journal) && x.journal[keep].at < job.w {
+		keep++
+	}
+	if rest := len(x.journal) - keep; cap(x.journal) > 4096 && rest < cap(x.journal)/4 {
+		// A follow of many records left a large array: let it go.
+		x.journal = append(make([]effect, 0, 2*rest), x.journal[keep:]...)
+	} else {
+		x.journal = append(x.journal[:0], x.journal[keep:]...)
+	}
+	x.cpTook = job.took
+	return nil
+}
+
+// snapshot takes what a checkpoint at W = min(the log's flushed offset,
+// what the index followed) writes, undoing from the counts what the
+// records past W did (the journal): the buffered items written to their
+// files (the page cache), the files to sync, the checkpoint's bytes. nil:
+// nothing new to write.
+func (x *Index) snapshot() (*cpJob, error) {
+	began := time.Now()
+	f := min(x.l.FlushedOffset(), x.pos)
+	if f < x.w || (f == x.w && x.cpWritten) || f < x.start {
+		return nil, nil
+	}
+	if err := x.flushAll(); err != nil {
+		return nil, err
+	}
+	job := &cpJob{w: f, began: began}
 	for _, st := range x.dirty {
 		if st.dead {
 			continue
 		}
-		file, err := x.file(st)
-		if err != nil {
-			return err
-		}
-		if err := file.Sync(); err != nil {
-			return fmt.Errorf("delay: sync bucket file %s: %w", x.path(st), err)
-		}
 		st.dirty = false
+		job.syncs = append(job.syncs, st)
 	}
 	x.dirty = x.dirty[:0]
 
@@ -59,27 +194,42 @@ func (x *Index) checkpoint() error {
 		next[i] = q.next
 	}
 	items := map[*store]int64{}
-	pend := map[*bucket]map[uint32]int64{}
-	minAt := map[*bucket]int64{}
-	keep := len(x.journal)
-	for keep > 0 && x.journal[keep-1].at >= f {
-		keep--
-		ef := x.journal[keep]
+	pend := map[*counts][]qcount{}
+	minAt := map[*counts]int64{}
+	fine := map[*group][]uint32{} // the fine counts as of f, of the groups the undo changes
+	for k := len(x.journal) - 1; k >= 0 && x.journal[k].at >= f; k-- {
+		ef := x.journal[k]
 		next[ef.qid] = ef.qoff
 		if ef.s != nil {
 			items[ef.s]--
 		}
-		if ef.b == nil || ef.dp == 0 || (ef.dp < 0 && ef.ref < x.start) {
+		var c *counts
+		switch {
+		case ef.b != nil:
+			c = &ef.b.counts
+		case ef.g != nil && !ef.g.split:
+			c = &ef.g.counts
+			if ef.dp > 0 {
+				fc, ok := fine[ef.g]
+				if !ok {
+					fc = slices.Clone(ef.g.fine)
+					fine[ef.g] = fc
+				}
+				fc[ef.bid-ef.g.id*x.farMs/x.widthMs]--
+			}
+		case ef.g != nil:
+			if b := x.buckets[ef.bid]; b != nil {
+				c = &b.counts // split since
+			}
+		}
+		if c == nil || ef.dp == 0 || (ef.dp < 0 && ef.ref < x.start) {
 			continue
 		}
-		if pend[ef.b] == nil {
-			pend[ef.b] = map[uint32]int64{}
-		}
-		pend[ef.b][ef.pq] -= int64(ef.dp)
+		pend[c] = addCount(pend[c], ef.pq, -int64(ef.dp))
 		if ef.dp < 0 {
 			// Pending as of f: the bucket's lower bound must cover it.
-			if m, ok := minAt[ef.b]; !ok || ef.ref < m {
-				minAt[ef.b] = ef.ref
+			if m, ok := minAt[c]; !ok || ef.ref < m {
+				minAt[c] = ef.ref
 			}
 		}
 	}
@@ -90,10 +240,10 @@ func (x *Index) checkpoint() error {
 			continue
 		}
 		if err := x.closeFile(id); err != nil {
-			return fmt.Errorf("delay: close bucket file: %w", err)
+			return nil, fmt.Errorf("delay: close bucket file: %w", err)
 		}
 		if err := x.fs.Remove(x.path(&b.store)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("delay: remove bucket file: %w", err)
+			return nil, fmt.Errorf("delay: remove bucket file: %w", err)
 		}
 		b.dead = true
 		delete(x.buckets, id)
@@ -103,18 +253,23 @@ func (x *Index) checkpoint() error {
 			continue
 		}
 		if err := x.closeFile(g.key); err != nil {
-			return fmt.Errorf("delay: close far file: %w", err)
+			return nil, fmt.Errorf("delay: close far file: %w", err)
 		}
 		if err := x.fs.Remove(x.path(&g.store)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("delay: remove far file: %w", err)
+			return nil, fmt.Errorf("delay: remove far file: %w", err)
 		}
 		g.dead = true
 		delete(x.groups, gid)
 	}
+	for _, st := range job.syncs {
+		if !st.dead {
+			job.paths = append(job.paths, x.path(st))
+		}
+	}
 
 	buf := make([]byte, 0, 64+len(x.queues)*32+len(x.buckets)*48)
 	buf = append(buf, checkpointMagic...)
-	buf = binary.BigEndian.AppendUint16(buf, 1)
+	buf = binary.BigEndian.AppendUint16(buf, 2)
 	buf = binary.BigEndian.AppendUint16(buf, 0)
 	buf = binary.BigEndian.AppendUint64(buf, uint64(x.widthMs))
 	buf = binary.BigEndian.AppendUint64(buf, uint64(f))
@@ -129,18 +284,14 @@ func (x *Index) checkpoint() error {
 	nAt := len(buf)
 	buf = binary.BigEndian.AppendUint32(buf, 0)
 	var nb uint32
+	var counts []qcount
 	for _, b := range x.buckets {
 		n := b.items + items[&b.store]
-		counts := map[uint32]int64{}
-		for _, qc := range b.pending {
-			counts[qc.qid] = qc.n
-		}
-		for q, d := range pend[b] {
-			counts[q] += d
-		}
-		for q, c := range counts {
-			if c == 0 {
-				delete(counts, q)
+		counts = b.pending
+		if d, ok := pend[&b.counts]; ok {
+			counts = slices.Clone(b.pending)
+			for _, qc := range d {
+				counts = addCount(counts, qc.qid, qc.n)
 			}
 		}
 		if n <= 0 && len(counts) == 0 && b.maxAt < 0 {
@@ -150,15 +301,15 @@ func (x *Index) checkpoint() error {
 		buf = binary.BigEndian.AppendUint64(buf, uint64(b.id))
 		buf = binary.BigEndian.AppendUint64(buf, uint64(n))
 		lo := b.minAt
-		if m, ok := minAt[b]; ok && m < lo {
+		if m, ok := minAt[&b.counts]; ok && m < lo {
 			lo = m
 		}
 		buf = binary.BigEndian.AppendUint64(buf, uint64(lo))
 		buf = binary.BigEndian.AppendUint64(buf, uint64(b.maxAt))
 		buf = binary.BigEndian.AppendUint32(buf, uint32(len(counts)))
-		for q, c := range counts {
-			buf = binary.BigEndian.AppendUint32(buf, q)
-			buf = binary.BigEndian.AppendUint64(buf, uint64(c))
+		for _, qc := range counts {
+			buf = binary.BigEndian.AppendUint32(buf, qc.qid)
+			buf = binary.BigEndian.AppendUint64(buf, uint64(qc.n))
 		}
 	}
 	binary.BigEndian.PutUint32(buf[nAt:], nb)
@@ -174,16 +325,64 @@ func (x *Index) checkpoint() error {
 		buf = binary.BigEndian.AppendUint64(buf, uint64(g.id))
 		buf = binary.BigEndian.AppendUint64(buf, uint64(n))
 		buf = binary.BigEndian.AppendUint64(buf, uint64(g.maxAt))
+		split := byte(0)
+		if g.split {
+			split = 1
+		}
+		buf = append(buf, split)
+		counts = g.pending
+		if d, ok := pend[&g.counts]; ok {
+			counts = slices.Clone(g.pending)
+			for _, qc := range d {
+				counts = addCount(counts, qc.qid, qc.n)
+			}
+		}
+		lo := g.minAt
+		if m, ok := minAt[&g.counts]; ok && m < lo {
+			lo = m
+		}
+		buf = binary.BigEndian.AppendUint64(buf, uint64(lo))
+		buf = binary.BigEndian.AppendUint32(buf, uint32(len(counts)))
+		for _, qc := range counts {
+			buf = binary.BigEndian.AppendUint32(buf, qc.qid)
+			buf = binary.BigEndian.AppendUint64(buf, uint64(qc.n))
+		}
+		fc, ok := fine[g]
+		if !ok {
+			fc = g.fine
+		}
+		nAt := len(buf)
+		buf = binary.BigEndian.AppendUint32(buf, 0)
+		var nf uint32
+		for i, c := range fc {
+			if c > 0 {
+				nf++
+				buf = binary.BigEndian.AppendUint32(buf, uint32(i))
+				buf = binary.BigEndian.AppendUint32(buf, c)
+			}
+		}
+		binary.BigEndian.PutUint32(buf[nAt:], nf)
 	}
 	binary.BigEndian.PutUint32(buf[gAt:], ng)
-	buf = binary.BigEndian.AppendUint32(buf, crc32.Checksum(buf, castagnoli))
-	if err := x.writeFileDurable(checkpointName, buf); err != nil {
-		return err
+	job.data = binary.BigEndian.AppendUint32(buf, crc32.Checksum(buf, castagnoli))
+	return job, nil
+}
+
+// addCount adds d to qid's count in cs, dropping a count that comes to 0.
+func addCount(cs []qcount, qid uint32, d int64) []qcount {
+	if d == 0 {
+		return cs
 	}
-	x.w = f
-	x.cpWritten = true
-	x.journal = append(x.journal[:0], x.journal[keep:]...)
-	return nil
+	for i := range cs {
+		if cs[i].qid == qid {
+			cs[i].n += d
+			if cs[i].n == 0 {
+				cs = slices.Delete(cs, i, i+1)
+			}
+			return cs
+		}
+	}
+	return append(cs, qcount{qid, d})
 }
 
 // writeFileDurable writes name in the index's directory: to a temporary
@@ -245,9 +444,10 @@ func (x *Index) loadCheckpoint() (ok bool, err error) {
 	}
 	body := buf[:len(buf)-4]
 	if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(buf[len(buf)-4:]) || string(body[:4]) != checkpointMagic ||
-		binary.BigEndian.Uint16(body[4:]) != 1 {
+		(binary.BigEndian.Uint16(body[4:]) != 1 && binary.BigEndian.Uint16(body[4:]) != 2) {
 		return false, fmt.Errorf("%w: its CRC or header does not check out", errBadCheckpoint)
 	}
+	version := binary.BigEndian.Uint16(body[4:])
 	r := cpReader{b: body[8:]}
 	if w := r.i64(); w != x.widthMs {
 		return false, fmt.Errorf("delay: the checkpoint's bucket width %d ms is not the configured %d ms", w, x.widthMs)
@@ -283,8 +483,10 @@ func (x *Index) loadCheckpoint() (ok bool, err error) {
 				return false, fmt.Errorf("%w: a count of queue %d", errBadCheckpoint, q)
 			}
 			b.addPending(q, c)
+			x.penMu.Lock()
 			x.topicPen[x.queues[q].target] += c
 			x.total += c
+			x.penMu.Unlock()
 		}
 		if x.buckets[b.id] != nil || b.items < 0 {
 			return false, fmt.Errorf("%w: bucket %d", errBadCheckpoint, b.id)
@@ -301,6 +503,35 @@ func (x *Index) loadCheckpoint() (ok bool, err error) {
 		g.items = r.i64()
 		g.written = g.items
 		g.maxAt = r.i64()
+		g.split = true
+		if version >= 2 {
+			if sb := r.bytes(1); sb != nil {
+				g.split = sb[0] == 1
+			}
+			g.minAt = r.i64()
+			nc := int(r.u32())
+			for j := 0; j < nc && r.ok(); j++ {
+				q, c := uint32(r.u32()), r.i64()
+				if int(q) >= len(x.queues) || c < 0 || (g.split && c != 0) {
+					return false, fmt.Errorf("%w: a count of queue %d", errBadCheckpoint, q)
+				}
+				x.count(&g.counts, q, c)
+			}
+			nf := int(r.u32())
+			for j := 0; j < nf && r.ok(); j++ {
+				i, c := r.u32(), r.u32()
+				if x.farMs == 0 || int64(i) >= x.farMs/x.widthMs || g.split {
+					return false, fmt.Errorf("%w: a bucket count of far file %d", errBadCheckpoint, g.id)
+				}
+				if g.fine == nil {
+					g.fine = make([]uint32, x.farMs/x.widthMs)
+				}
+				g.fine[i] = c
+			}
+			if !g.split {
+				x.nextSplit = min(x.nextSplit, g.id)
+			}
+		}
 		if x.farMs == 0 || x.groups[g.id] != nil || g.items < 0 {
 			return false, fmt.Errorf("%w: far file %d", errBadCheckpoint, g.id)
 		}
@@ -308,6 +539,11 @@ func (x *Index) loadCheckpoint() (ok bool, err error) {
 	}
 	if !r.ok() || len(r.b) != 0 {
 		return false, fmt.Errorf("%w: its length does not match its contents", errBadCheckpoint)
+	}
+	for _, g := range x.groups {
+		if !g.split && x.anyBucketIn(g.id) {
+			return false, fmt.Errorf("%w: far file %d is not split and a bucket of it is", errBadCheckpoint, g.id)
+		}
 	}
 	heapInit(&x.unloaded)
 	x.w, x.pos, x.start, x.cpWritten = w, w, start, true

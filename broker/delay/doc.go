@@ -59,13 +59,20 @@
 // are buffered in memory and written to their bucket files (the page
 // cache) at the next checkpoint, or sooner when 4 MiB are buffered or a
 // bucket is read. When a checkpoint is due Follow first follows to the
-// flushed offset F (when it is behind), then syncs every bucket file
-// written since the last checkpoint and writes the checkpoint at
-// W = min(F, what it followed): the counts as of W are the counts now less
-// what the records at or past W did, which the index remembers (a few
-// bytes a record) until a checkpoint passes them. A checkpoint costs a
-// sync per file written since the last one, and writes every bucket's
-// counts (about 50 bytes a bucket).
+// flushed offset F (when it is behind), then, under the index's lock,
+// writes the buffered items to their files and takes a snapshot: the
+// files written since the last checkpoint and the checkpoint's bytes at
+// W = min(F, what it followed) (the counts as of W are the counts now less
+// what the records at or past W did, which the index remembers, a few
+// bytes a record, until a checkpoint passes them). A goroutine of its own
+// then, without the lock, syncs those files and only then writes the
+// checkpoint; W moves when it is written. One checkpoint is in flight at
+// a time; Close and Reset wait for it, and one that fails breaks the
+// index (Follow returns its error until Reset). A follow of many records
+// (a rebuild, a backlog) writes a checkpoint between its steps when the
+// journal passes 256k records. A checkpoint costs a sync per file written
+// since the last one, and writes every bucket's and group's counts (about
+// 50 bytes each) under the lock.
 //
 // A log cut behind what the index followed makes Follow fail
 // (ErrLogBehind, or storage.ErrReadTruncated when the cut happens under a
@@ -76,10 +83,27 @@
 //
 // # Memory
 //
+// Entries due more than an hour (the span of a far file) ahead are
+// counted per far file, by its group: pending entries per queue, and per
+// bucket of its span (a u32 each, for Buckets), not per bucket: a group
+// costs about 1.6 KiB whatever it holds, so what is known of entries due
+// far ahead costs memory by the hour of due time, not by the bucket or
+// the entry (90 days: 2160 groups, about 3.5 MiB). A group is split, its
+// buckets given their structs and counts from its far file (one read of
+// it), when its span comes within an hour (or Config.Window) of now, or
+// when a lookup (Claim, State), a mark or a move names an entry of it,
+// or retention or PendingBefore reach its entries; it then stays split.
+// Buckets, for a group not split, reads its far file only for a topic
+// and a width under an hour, and only while its buckets can still be
+// among the first limit. Pending counts are under a lock of their own:
+// Pending never waits for the index's lock, which Follow and Due hold
+// over disk reads.
+//
 // Every bucket the index knows costs about 200 bytes (its counts, its
-// file's state; measured with 158k buckets: 200k entries over 30 days in
-// 10 s buckets), whether or not it is loaded, and the checkpoint about 50
-// bytes (a checkpoint of 158k buckets takes about 0.4 s, a reopen 0.2 s).
+// file's state), whether or not it is loaded, and the checkpoint about 50
+// bytes; with far files (a BucketWidth that divides an hour) the buckets
+// that have one are those within about an hour of now, those split by a
+// lookup, and those before now not yet dropped.
 // The entries held in memory are those of the loaded buckets: the buckets that start before
 // now + Config.Window, in order, while their entries stay under
 // Config.MaxLoaded (the earliest bucket with pending entries always

@@ -6,7 +6,15 @@ package delay
 func (x *Index) crash() {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.waitCheckpoint()
 	_ = x.flushAll()
 	x.closed = true
 	_ = x.closeFiles()
+}
+
+// checkpointWritten waits until no checkpoint is in flight.
+func (x *Index) checkpointWritten() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.waitCheckpoint()
 }

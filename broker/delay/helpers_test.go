@@ -89,6 +89,9 @@ type mEntry struct {
 // became of it.
 type model struct {
 	entries map[int64]*mEntry
+	// noLookups: check does not ask State of every entry (a lookup
+	// splits the group of a far entry; without them groups stay whole).
+	noLookups bool
 }
 
 func (m *model) pending() []*mEntry {
@@ -164,6 +167,9 @@ func check(t tb, x *Index, m *model, topics []string, what string) {
 		t.Fatalf("%s: NextDue = %d %v, want %d", what, due, ok, pend[0].DueAt)
 	}
 	for at, e := range m.entries {
+		if m.noLookups {
+			break
+		}
 		st, err := x.State(at, e.DueAt)
 		if err != nil {
 			t.Fatalf("%s: State(%d): %v", what, at, err)

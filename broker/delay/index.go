@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -146,16 +147,19 @@ type Index struct {
 	buckets   map[int64]*bucket
 	groups    map[int64]*group // far files by number (start / farMs)
 	farMs     int64            // the span of a far file; 0: none
+	nextSplit int64            // at or below the number of every group not split (math.MaxInt64: none)
 	nowMs     int64            // the time of the follow in progress
 	unloaded  bucketHeap       // buckets not materialized (lazily: check on pop)
 	mat       []int64          // ids of the materialized buckets, ascending
 	matEnts   int64            // entries held by materialized buckets
+	penMu     sync.Mutex       // guards topicPen and total (Pending never waits on mu)
 	topicPen  map[string]int64
 	total     int64
 	claims    map[int64]*ent
 	journal   []effect // what the records since W did, for a checkpoint at an earlier offset
 	lastCP    time.Time
 	cpTook    time.Duration // how long the last checkpoint took (real time)
+	cpBusy    chan struct{} // closed when the checkpoint in flight is written; nil: none
 	useTick   int64
 	files     map[int64]*openFile
 	fileUse   int64
@@ -182,6 +186,8 @@ type effect struct {
 	qid      uint32
 	s        *store  // the file it added an item to, or nil
 	b        *bucket // the bucket of that item
+	g        *group  // or, when its group was not split, its group
+	bid      int64   // then the number of its bucket
 	pq       uint32  // the queue number whose pending count changed
 	dp       int8
 	ref      int64 // for a resolution, the entry
@@ -290,11 +296,14 @@ func (x *Index) clear() {
 	x.pos, x.w, x.start = 0, 0, 0
 	x.buckets = map[int64]*bucket{}
 	x.groups = map[int64]*group{}
+	x.nextSplit = math.MaxInt64
 	x.unloaded = nil
 	x.mat = nil
 	x.matEnts = 0
+	x.penMu.Lock()
 	x.topicPen = map[string]int64{}
 	x.total = 0
+	x.penMu.Unlock()
 	x.claims = map[int64]*ent{}
 	x.journal = nil
 	x.dirty = nil
@@ -348,6 +357,7 @@ func (x *Index) Close() error {
 		return nil
 	}
 	x.closed = true
+	x.waitCheckpoint()
 	var err error
 	if x.broken == nil {
 		err = x.checkpoint()
@@ -389,19 +399,52 @@ func (x *Index) followLog(now time.Time, forceCP bool) error {
 	if end < x.pos {
 		return fmt.Errorf("%w (it followed to %d, the log ends at %d)", ErrLogBehind, x.pos, end)
 	}
-	if forceCP || now.Sub(x.lastCP) >= max(x.cfg.CheckpointEvery, 20*x.cpTook) {
-		began := time.Now()
+	if forceCP || (x.cpBusy == nil && now.Sub(x.lastCP) >= max(x.cfg.CheckpointEvery, 20*x.cpTook)) {
 		if f := x.l.FlushedOffset(); f > x.pos {
 			if err := x.advance(min(f, end)); err != nil {
 				return err
 			}
 		}
-		if err := x.checkpoint(); err != nil {
+		if err := x.checkpointNow(forceCP); err != nil {
 			return err
 		}
-		x.lastCP, x.cpTook = now, time.Since(began)
+		x.lastCP = now
 	}
-	return x.advance(end)
+	for x.pos < end {
+		if err := x.step(min(end, x.pos+stepBytes)); err != nil {
+			return err
+		}
+		if len(x.journal) > maxJournal {
+			// A long follow (a rebuild, a backlog): a checkpoint lets the
+			// journal of the records before it go. The one in flight
+			// first (the lock is let go meanwhile: all before x.pos is
+			// applied).
+			x.waitCheckpoint()
+			if x.closed {
+				return ErrClosed
+			}
+			if x.broken != nil {
+				return x.broken
+			}
+			if err := x.checkpointNow(forceCP); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// maxJournal is the journal's length past which a follow writes a
+// checkpoint between steps.
+const maxJournal = 1 << 18
+
+// checkpointNow writes the checkpoint under the lock (wait), or starts
+// it.
+func (x *Index) checkpointNow(wait bool) error {
+	if wait {
+		return x.checkpoint()
+	}
+	return x.startCheckpoint()
 }
 
 // advance applies the delay records before to, a step of at most
@@ -483,6 +526,9 @@ func (x *Index) step(to int64) error {
 		}
 	}
 	x.recs = recs[:0]
+	if cap(recs) > 4096 {
+		x.recs = nil // a step of many records: not kept
+	}
 	if x.bufBytes > maxBuffered {
 		if err := x.flushAll(); err != nil {
 			return err
@@ -521,15 +567,179 @@ func (x *Index) bucketID(dueAt int64) int64 {
 	return dueAt / x.widthMs
 }
 
-func (x *Index) bucketFor(dueAt int64) *bucket {
+func (x *Index) bucketFor(dueAt int64) (*bucket, error) {
 	id := x.bucketID(dueAt)
 	b := x.buckets[id]
+	if b == nil {
+		if err := x.splitFor(id); err != nil {
+			return nil, err
+		}
+		b = x.buckets[id]
+	}
 	if b == nil {
 		b = x.newBucket(id)
 		b.minAt, b.maxAt = 1<<63-1, -1
 		x.buckets[id] = b
 	}
-	return b
+	return b, nil
+}
+
+// splitFor splits the group of bucket id, when it is not split.
+func (x *Index) splitFor(id int64) error {
+	if g := x.groups[x.groupID(id)]; g != nil && !g.split {
+		return x.splitGroup(g)
+	}
+	return nil
+}
+
+// splitGroup gives each bucket of g's span its struct and its counts,
+// from g's far file.
+func (x *Index) splitGroup(g *group) error {
+	items, err := x.readItems(&g.store, g.npending == 0 && g.maxAt < x.start)
+	if err != nil {
+		return err
+	}
+	byID := map[int64][]item{}
+	for _, it := range items {
+		id := x.bucketID(it.dueAt)
+		byID[id] = append(byID[id], it)
+	}
+	for id, its := range byID {
+		b := x.newBucket(id)
+		b.minAt, b.maxAt = 1<<63-1, -1
+		pend := map[int64]uint32{} // pending entries: their queue
+		for _, it := range its {
+			b.maxAt = max(b.maxAt, it.at)
+			if it.kind == itemEntry && it.at >= x.start {
+				pend[it.at] = it.qid
+			}
+		}
+		for _, it := range its {
+			if it.kind != itemEntry {
+				delete(pend, it.ref)
+			}
+		}
+		for at, qid := range pend {
+			b.addPending(qid, 1)
+			g.addPending(qid, -1)
+			b.minAt = min(b.minAt, at)
+		}
+		x.buckets[id] = b
+		if b.npending > 0 {
+			b.inHeap = true
+			heap.Push(&x.unloaded, b)
+		}
+	}
+	if g.npending != 0 {
+		// Not what the follow counted: the far file's items are what is
+		// believed.
+		x.logger.Warn("a far file's counts do not match what the index counted", "far-file", farName(g.id*x.farMs), "difference", g.npending)
+		for _, qc := range slices.Clone(g.pending) {
+			x.count(&g.counts, qc.qid, -qc.n)
+		}
+	}
+	g.split = true
+	g.counts = counts{minAt: 1<<63 - 1}
+	g.fine = nil
+	return nil
+}
+
+// farCounts reads g's far file: the pending entries of topic ("" all) of
+// each bucket of its span.
+func (x *Index) farCounts(g *group, topic string) (map[int64]int64, error) {
+	items, err := x.readItems(&g.store, g.npending == 0 && g.maxAt < x.start)
+	if err != nil {
+		return nil, err
+	}
+	pend := map[int64]item{}
+	for _, it := range items {
+		if it.kind == itemEntry && it.at >= x.start {
+			pend[it.at] = it
+		}
+	}
+	for _, it := range items {
+		if it.kind != itemEntry {
+			delete(pend, it.ref)
+		}
+	}
+	out := map[int64]int64{}
+	for _, it := range pend {
+		if topic == "" || x.queues[it.qid].target == topic {
+			out[x.bucketID(it.dueAt)]++
+		}
+	}
+	return out, nil
+}
+
+// splitDue splits the groups whose span starts before horizon.
+func (x *Index) splitDue(horizon int64) error {
+	for x.farMs > 0 && x.nextSplit != math.MaxInt64 && x.nextSplit*x.farMs < horizon {
+		if g := x.groups[x.nextSplit]; g != nil && !g.split {
+			if err := x.splitGroup(g); err != nil {
+				return err
+			}
+		}
+		x.nextSplit = math.MaxInt64
+		for gid, g := range x.groups {
+			if !g.split {
+				x.nextSplit = min(x.nextSplit, gid)
+			}
+		}
+	}
+	return nil
+}
+
+// anyBucketIn reports whether a bucket of group gid's span has a struct.
+func (x *Index) anyBucketIn(gid int64) bool {
+	n := x.farMs / x.widthMs
+	for id := gid * n; id < (gid+1)*n; id++ {
+		if x.buckets[id] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// addFar adds the entry r, due more than farMs ahead with no bucket
+// struct, to its group when that group is not split: ok false when it is.
+func (x *Index) addFar(r *rec) bool {
+	id := x.bucketID(r.sc.At)
+	if x.farMs == 0 || x.buckets[id] != nil || id*x.widthMs < x.nowMs+x.farMs {
+		return false
+	}
+	gid := x.groupID(id)
+	g := x.groups[gid]
+	if g == nil {
+		g = x.newGroup(gid)
+		g.split = x.anyBucketIn(gid)
+		x.groups[gid] = g
+		if !g.split {
+			x.nextSplit = min(x.nextSplit, gid)
+		}
+	}
+	if g.split {
+		return false
+	}
+	s := &g.store
+	if len(s.buf) == 0 {
+		x.touched = append(x.touched, s)
+	}
+	x.bufBytes += itemSize
+	s.buf = appendItem(s.buf, item{kind: itemEntry, qid: r.qid, size: uint32(r.size), dueAt: r.sc.At, at: r.at, ref: -1})
+	s.items++
+	g.maxAt = max(g.maxAt, r.at)
+	ef := effect{at: r.at, qoff: r.qoff, qid: r.qid, s: s, g: g, bid: id, pq: r.qid, ref: -1}
+	if r.at >= x.start {
+		ef.dp = 1
+		x.count(&g.counts, r.qid, 1)
+		g.minAt = min(g.minAt, r.at)
+		if g.fine == nil {
+			g.fine = make([]uint32, x.farMs/x.widthMs)
+		}
+		g.fine[id-gid*x.farMs/x.widthMs]++
+	}
+	x.journal = append(x.journal, ef)
+	return true
 }
 
 func (x *Index) newBucket(id int64) *bucket {
@@ -545,7 +755,7 @@ func (x *Index) groupID(id int64) int64 {
 }
 
 func (x *Index) newGroup(gid int64) *group {
-	return &group{store: store{key: -1 - gid}, id: gid, maxAt: -1}
+	return &group{store: store{key: -1 - gid}, counts: counts{minAt: 1<<63 - 1}, id: gid, maxAt: -1}
 }
 
 // flushAll writes every buffered item to its file.
@@ -572,6 +782,7 @@ func (x *Index) addItem(b *bucket, it item) *store {
 		g := x.groups[gid]
 		if g == nil {
 			g = x.newGroup(gid)
+			g.split = true // b has its struct
 			x.groups[gid] = g
 		}
 		g.maxAt = max(g.maxAt, it.at)
@@ -590,7 +801,9 @@ func (x *Index) addItem(b *bucket, it item) *store {
 func (x *Index) apply(r *rec) error {
 	switch r.sc.Kind {
 	case protocol.ScheduleDelayed:
-		x.addEntry(r)
+		if err := x.addEntry(r); err != nil {
+			return err
+		}
 		if r.sc.Ref >= 0 {
 			return x.resolve(r, itemMoved)
 		}
@@ -604,13 +817,19 @@ func (x *Index) apply(r *rec) error {
 	return nil
 }
 
-func (x *Index) addEntry(r *rec) {
-	b := x.bucketFor(r.sc.At)
+func (x *Index) addEntry(r *rec) error {
+	if x.addFar(r) {
+		return nil
+	}
+	b, err := x.bucketFor(r.sc.At)
+	if err != nil {
+		return err
+	}
 	s := x.addItem(b, item{kind: itemEntry, qid: r.qid, size: uint32(r.size), dueAt: r.sc.At, at: r.at, ref: -1})
 	ef := effect{at: r.at, qoff: r.qoff, qid: r.qid, s: s, b: b, pq: r.qid, ref: -1}
 	if r.at >= x.start {
 		ef.dp = 1
-		x.count(b, r.qid, 1)
+		x.count(&b.counts, r.qid, 1)
 		b.minAt = min(b.minAt, r.at)
 		if b.st != nil {
 			if _, dup := b.st.ents[r.at]; !dup {
@@ -625,17 +844,23 @@ func (x *Index) addEntry(r *rec) {
 		}
 	}
 	x.journal = append(x.journal, ef)
+	return nil
 }
 
-func (x *Index) count(b *bucket, qid uint32, d int64) {
+func (x *Index) count(b *counts, qid uint32, d int64) {
 	b.addPending(qid, d)
+	x.penMu.Lock()
 	x.topicPen[x.queues[qid].target] += d
 	x.total += d
+	x.penMu.Unlock()
 }
 
 // resolve applies a mark (or a move) to the entry it names.
 func (x *Index) resolve(r *rec, kind uint8) error {
-	b := x.bucketFor(r.sc.At)
+	b, err := x.bucketFor(r.sc.At)
+	if err != nil {
+		return err
+	}
 	ef := effect{at: r.at, qoff: r.qoff, qid: r.qid, b: b, ref: r.sc.Ref}
 	it := item{kind: kind, qid: r.qid, dueAt: r.sc.At, at: r.at, ref: r.sc.Ref}
 	if kind == itemReleased {
@@ -651,7 +876,7 @@ func (x *Index) resolve(r *rec, kind uint8) error {
 			st.remove(e)
 			e.hold = holdNone
 			delete(x.claims, e.at)
-			x.count(b, e.qid, -1)
+			x.count(&b.counts, e.qid, -1)
 			ef.pq, ef.dp = e.qid, -1
 		}
 	}
@@ -723,6 +948,9 @@ func (x *Index) evictCache(keep *bucket) {
 // MaxLoaded allows) and drops the past ones fully resolved.
 func (x *Index) adjust(now int64) {
 	limit := now + x.cfg.Window.Milliseconds()
+	if err := x.splitDue(max(limit, now+x.farMs)); err != nil {
+		x.logger.Error("cannot read a far file of the delay index", "error", err)
+	}
 	for i := 0; i < len(x.mat); {
 		b := x.buckets[x.mat[i]]
 		if b.npending == 0 && (b.id+1)*x.widthMs <= now {
@@ -768,6 +996,13 @@ func (x *Index) applyStart() error {
 	}
 	// x.start moves last: loadState leaves out what is below it.
 	defer func() { x.start = start }()
+	for _, g := range x.groups {
+		if !g.split && g.npending > 0 && g.minAt < start {
+			if err := x.splitGroup(g); err != nil {
+				return err
+			}
+		}
+	}
 	for _, b := range x.buckets {
 		if b.npending == 0 || b.minAt >= start {
 			continue
@@ -785,7 +1020,7 @@ func (x *Index) applyStart() error {
 				continue
 			}
 			if e.st.Kind == StatePending {
-				x.count(b, e.qid, -1)
+				x.count(&b.counts, e.qid, -1)
 				delete(x.claims, at)
 			}
 			if b.st != nil {
@@ -882,6 +1117,9 @@ func (x *Index) lookup(at, dueAt int64) (*ent, *bucket, error) {
 	if c := x.claims[at]; c != nil && c.dueAt == dueAt {
 		return c, x.buckets[x.bucketID(dueAt)], nil
 	}
+	if err := x.splitFor(x.bucketID(dueAt)); err != nil {
+		return nil, nil, err
+	}
 	b := x.buckets[x.bucketID(dueAt)]
 	if b == nil {
 		return nil, nil, nil
@@ -973,6 +1211,20 @@ func (x *Index) NextDue() (dueAt int64, ok bool) {
 			}
 		}
 		u := x.firstUnloaded()
+		// The earliest group not split with pending entries.
+		var fg *group
+		for _, g := range x.groups {
+			if !g.split && g.npending > 0 && (fg == nil || g.id < fg.id) {
+				fg = g
+			}
+		}
+		if fg != nil && (best == nil || best.dueAt >= fg.id*x.farMs) && (u == nil || u.id*x.widthMs >= fg.id*x.farMs) {
+			if err := x.splitGroup(fg); err != nil {
+				x.logger.Error("cannot read a far file of the delay index", "far-file", farName(fg.id*x.farMs), "error", err)
+				return fg.id * x.farMs, true
+			}
+			continue
+		}
 		if u == nil || (best != nil && best.dueAt < u.id*x.widthMs) {
 			if best == nil {
 				return 0, false
@@ -989,8 +1241,8 @@ func (x *Index) NextDue() (dueAt int64, ok bool) {
 
 // Pending counts the pending entries of topic ("" all).
 func (x *Index) Pending(topic string) int64 {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.penMu.Lock()
+	defer x.penMu.Unlock()
 	if topic == "" {
 		return x.total
 	}
@@ -1026,6 +1278,65 @@ func (x *Index) Buckets(topic string, width time.Duration, limit int) []Bucket {
 			sums[id/n*n*x.widthMs] += c
 		}
 	}
+	// The groups not split, in order: from their counts when each falls
+	// in one bucket of width, from their fine counts (topic "") or their
+	// far files (a topic) else, until limit buckets come before them.
+	var gs []*group
+	for _, g := range x.groups {
+		if !g.split && g.npending > 0 {
+			gs = append(gs, g)
+		}
+	}
+	slices.SortFunc(gs, func(a, b *group) int { return int(sign(a.id - b.id)) })
+	span := n * x.widthMs
+	nf := x.farMs / x.widthMs
+groups:
+	for _, g := range gs {
+		gstart := g.id * x.farMs
+		switch {
+		case (span%x.farMs == 0) || topic == "":
+			if span%x.farMs == 0 {
+				c := g.npending
+				if topic != "" {
+					c = 0
+					for _, qc := range g.pending {
+						if x.queues[qc.qid].target == topic {
+							c += qc.n
+						}
+					}
+				}
+				if c > 0 {
+					sums[gstart/span*span] += c
+				}
+				continue
+			}
+			for i, c := range g.fine {
+				if c > 0 {
+					sums[(g.id*nf+int64(i))/n*span] += int64(c)
+				}
+			}
+		default:
+			if limit >= 0 {
+				before := 0
+				for s := range sums {
+					if s+span <= gstart {
+						before++
+					}
+				}
+				if before >= limit {
+					break groups
+				}
+			}
+			cs, err := x.farCounts(g, topic)
+			if err != nil {
+				x.logger.Error("cannot read a far file of the delay index", "far-file", farName(gstart), "error", err)
+				continue
+			}
+			for id, c := range cs {
+				sums[id/n*span] += c
+			}
+		}
+	}
 	out := make([]Bucket, 0, len(sums))
 	for s, c := range sums {
 		out = append(out, Bucket{Start: s, Pending: c})
@@ -1048,6 +1359,13 @@ func (x *Index) PendingBefore(off int64, max int) ([]Entry, error) {
 	}
 	if x.broken != nil {
 		return nil, x.broken
+	}
+	for _, g := range x.groups {
+		if !g.split && g.npending > 0 && g.minAt < off {
+			if err := x.splitGroup(g); err != nil {
+				return nil, err
+			}
+		}
 	}
 	var cand []*ent
 	for _, b := range x.buckets {
@@ -1126,6 +1444,10 @@ func (x *Index) Reset() error {
 	if x.closed {
 		return ErrClosed
 	}
+	x.waitCheckpoint()
+	if x.closed {
+		return ErrClosed
+	}
 	return x.rebuild()
 }
 
@@ -1133,5 +1455,8 @@ func (x *Index) Reset() error {
 func (x *Index) Stats() Stats {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return Stats{Pending: x.total, Loaded: x.matEnts, Buckets: len(x.buckets), Followed: x.w}
+	x.penMu.Lock()
+	total := x.total
+	x.penMu.Unlock()
+	return Stats{Pending: total, Loaded: x.matEnts, Buckets: len(x.buckets), Followed: x.w}
 }

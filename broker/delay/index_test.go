@@ -118,6 +118,7 @@ func TestReopenIgnoresItemsPastW(t *testing.T) {
 	if err := x.Follow(); err != nil {
 		t.Fatal(err)
 	}
+	x.checkpointWritten()
 	w := x.Stats().Followed
 	if w != l.FlushedOffset() {
 		t.Fatalf("the checkpoint covers %d, want the flushed offset %d", w, l.FlushedOffset())
@@ -501,6 +502,7 @@ func TestCheckpointBehindFollow(t *testing.T) {
 	if err := x.Follow(); err != nil {
 		t.Fatal(err)
 	}
+	x.checkpointWritten()
 	if got := x.Stats().Followed; got != w {
 		t.Fatalf("the checkpoint covers %d, want %d", got, w)
 	}

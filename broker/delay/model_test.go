@@ -221,8 +221,11 @@ func TestModel(t *testing.T) {
 				}
 			}
 			follow()
+			m.noLookups = rapid.IntRange(0, 3).Draw(rt, "noLookups") > 0
 			check(rt, x, m, topics, fmt.Sprintf("step %d", i))
 		}
+		m.noLookups = false
+		check(rt, x, m, topics, "the end")
 		// The index rebuilt from the log alone says the same.
 		y, err := Open(Config{Log: l, Dir: filepath.Join(base, "rebuilt"), Now: clk.Now})
 		if err != nil {
