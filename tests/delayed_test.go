@@ -60,13 +60,13 @@ type delayedPlan struct {
 	highN    int // HIGH messages (the rest are NORMAL)
 }
 
-// newDelayedPlan is the load of FERRY_DELAY_N messages (default 8,000) due
-// over FERRY_DELAY_WINDOW (default 8 s), starting far enough ahead that
+// newDelayedPlan is the load of FERRY_DELAY_N messages (default 4,000) due
+// over FERRY_DELAY_WINDOW (default 6 s), starting far enough ahead that
 // they are all sent before the busiest second (in the middle of the
 // window, holding 40% of them).
 func newDelayedPlan(t *testing.T) delayedPlan {
 	t.Helper()
-	p := delayedPlan{n: 8_000, window: 8 * time.Second}
+	p := delayedPlan{n: 4_000, window: 6 * time.Second}
 	if v := os.Getenv("FERRY_DELAY_N"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 100 {
@@ -842,7 +842,7 @@ func (r *releaseTail) stop() map[string][]releasedCopy {
 // holds that message). A lookup afterwards agrees.
 func TestDelayedCancelRacesFire(t *testing.T) {
 	c, master := startDelayedCluster(t)
-	const n = 3000
+	const n = 1500
 	due := time.Now().Add(4 * time.Second).Truncate(100 * time.Millisecond)
 	msgs := make([]protocol.Message, n)
 	for i := range msgs {
