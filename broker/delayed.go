@@ -388,7 +388,7 @@ func cancelMark(m *protocol.Message, at int64) []byte {
 // this broker may not write delayed records now (nil: it may).
 func (d *delayer) serve(req *delayReq, notNow error) {
 	if notNow != nil {
-		if req.cancel == nil && d.idx != nil {
+		if req.cancel == nil {
 			req.done <- d.keepFrom(req.before) // a slave, or no lease: keep what is pending
 			return
 		}

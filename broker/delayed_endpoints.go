@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -139,9 +140,9 @@ func asProtocolError(err error) error {
 		return pe
 	}
 	switch {
-	case err == context.DeadlineExceeded:
+	case errors.Is(err, context.DeadlineExceeded):
 		return &protocol.Error{Status: protocol.StatusTimeout, Message: "the delayer did not answer in time"}
-	case err == context.Canceled:
+	case errors.Is(err, context.Canceled):
 		return &protocol.Error{Status: protocol.StatusShuttingDown, Message: "the broker is shutting down"}
 	}
 	return &protocol.Error{Status: protocol.StatusInternal, Message: err.Error()}

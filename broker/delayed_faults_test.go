@@ -33,6 +33,18 @@ func releasedAfterProbe(t *testing.T, c *transport.Client, topic string, queue u
 	})
 }
 
+// timesReleased counts the released copies of message id in topic/queue.
+func timesReleased(t *testing.T, c *transport.Client, topic string, queue uint32, id string) int {
+	t.Helper()
+	n := 0
+	for _, m := range released(t, c, topic, queue) {
+		if m.Message.ID == id {
+			n++
+		}
+	}
+	return n
+}
+
 // A delayed SEND names no other record: one whose schedule names another
 // pending record (as only a broker's move may) is refused INVALID, so a
 // producer of one topic cannot resolve another topic's message.
@@ -96,13 +108,7 @@ func TestDelayedRecoveredMoveNotReleasedTwice(t *testing.T) {
 		t.Fatalf("recovered %+v %v: the move of a record both logs hold was stored", rr, err)
 	}
 	releasedAfterProbe(t, c, "later", 0, time.Now())
-	n := 0
-	for _, m := range released(t, c, "later", 0) {
-		if m.Message.ID == p.ID {
-			n++
-		}
-	}
-	if n != 1 {
+	if n := timesReleased(t, c, "later", 0, p.ID); n != 1 {
 		t.Fatalf("P released %d times in one log after a recovered move", n)
 	}
 }

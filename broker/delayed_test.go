@@ -274,22 +274,10 @@ func TestDelayedReleaseWithoutItsMark(t *testing.T) {
 	if st.Released.LogOffset != pos[0].LogOffset {
 		t.Fatalf("released at %d, want the copy at %d", st.Released.LogOffset, pos[0].LogOffset)
 	}
-	// A message due after it is released (the firer takes the earliest
-	// first): by then it was not released a second time.
-	probe := delayedMsg("later", 0, protocol.Normal, "probe", time.UnixMilli(m.Schedule.At+1))
-	if r := tc.Send(t, c, []protocol.Message{probe}); r[0].Status != protocol.StatusOK {
-		t.Fatal(r[0].Status)
-	}
-	testwait.For(t, 10*time.Second, "a message due after it to be released", func() bool {
-		return slices.ContainsFunc(released(t, c, "later", 0), func(r protocol.StoredMessage) bool { return r.Message.ID == probe.ID })
-	})
-	n := 0
-	for _, r := range released(t, c, "later", 0) {
-		if r.Message.ID == m.ID {
-			n++
-		}
-	}
-	if n != 1 {
+	// A message due after it is released: by then it was not released a
+	// second time.
+	releasedAfterProbe(t, c, "later", 0, time.UnixMilli(m.Schedule.At+1))
+	if n := timesReleased(t, c, "later", 0, m.ID); n != 1 {
 		t.Fatalf("message released %d times, want once", n)
 	}
 }
