@@ -107,9 +107,8 @@ func TestNormalAndHighReplicate(t *testing.T) {
 		return len(tc.PullAll(t, sc, "rep", 0)) == 101 && len(tc.PullAll(t, sc, "rep", 1)) == 101
 	})
 	for q := range uint32(2) {
-		fromMaster, fromSlave := tc.PullAll(t, c, "rep", q), tc.PullAll(t, sc, "rep", q)
-		if len(fromMaster) != 101 || len(fromSlave) != 101 {
-			t.Fatalf("queue %d: %d messages on the master, %d on the slave, want 101 (100 and a probe)", q, len(fromMaster), len(fromSlave))
+		if fromMaster := tc.PullAll(t, c, "rep", q); len(fromMaster) != 101 {
+			t.Fatalf("queue %d: %d messages on the master, want 101 (100 and a probe)", q, len(fromMaster))
 		}
 	}
 	if g.Master.Stats().HighAcked.Load() != 100 {
