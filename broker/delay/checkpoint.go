@@ -151,15 +151,10 @@ func (x *Index) finish(job *cpJob) error {
 	x.w = job.w
 	x.cpWritten = true
 	keep := 0
-	for keep < len(x.journal) && x.journal[keep].at < job.w {
+	for keep < x.journal.len() && x.journal.at(keep).at < job.w {
 		keep++
 	}
-	if rest := len(x.journal) - keep; cap(x.journal) > 4096 && rest < cap(x.journal)/4 {
-		// A follow of many records left a large array: let it go.
-		x.journal = append(make([]effect, 0, 2*rest), x.journal[keep:]...)
-	} else {
-		x.journal = append(x.journal[:0], x.journal[keep:]...)
-	}
+	x.journal.drop(keep)
 	x.cpTook = job.took
 	return nil
 }
@@ -197,8 +192,8 @@ func (x *Index) snapshot() (*cpJob, error) {
 	pend := map[*counts][]qcount{}
 	minAt := map[*counts]int64{}
 	fine := map[*group][]uint32{} // the fine counts as of f, of the groups the undo changes
-	for k := len(x.journal) - 1; k >= 0 && x.journal[k].at >= f; k-- {
-		ef := x.journal[k]
+	for k := x.journal.len() - 1; k >= 0 && x.journal.at(k).at >= f; k-- {
+		ef := x.journal.at(k)
 		next[ef.qid] = ef.qoff
 		if ef.s != nil {
 			items[ef.s]--

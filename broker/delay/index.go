@@ -156,7 +156,8 @@ type Index struct {
 	topicPen  map[string]int64
 	total     int64
 	claims    map[int64]*ent
-	journal   []effect // what the records since W did, for a checkpoint at an earlier offset
+	journal   journal // what the records since W did, for a checkpoint at an earlier offset
+	rbuf      []byte  // the buffer of the log reads (their records live only while read)
 	lastCP    time.Time
 	cpTook    time.Duration // how long the last checkpoint took (real time)
 	cpBusy    chan struct{} // closed when the checkpoint in flight is written; nil: none
@@ -305,7 +306,7 @@ func (x *Index) clear() {
 	x.total = 0
 	x.penMu.Unlock()
 	x.claims = map[int64]*ent{}
-	x.journal = nil
+	x.journal.reset()
 	x.dirty = nil
 	x.touched = nil
 	x.bufBytes = 0
@@ -414,7 +415,7 @@ func (x *Index) followLog(now time.Time, forceCP bool) error {
 		if err := x.step(min(end, x.pos+stepBytes)); err != nil {
 			return err
 		}
-		if len(x.journal) > maxJournal {
+		if x.journal.len() > maxJournal {
 			// A long follow (a rebuild, a backlog): a checkpoint lets the
 			// journal of the records before it go. The one in flight
 			// first (the lock is let go meanwhile: all before x.pos is
@@ -479,9 +480,20 @@ func (x *Index) step(to int64) error {
 		if qst.next < lq.first {
 			qst.next = lq.first // retention deleted them: they are gone
 		}
-	read:
-		for qst.next < lq.next {
-			es, err := x.l.Read(lq.topic, lq.queue, qst.next, readBytes)
+		for done := false; !done && qst.next < lq.next; {
+			got := 0
+			buf, err := x.l.ReadAppend(x.rbuf[:0], lq.topic, lq.queue, qst.next, readBytes, func(dst []byte, e storage.StoredEntry) []byte {
+				got++
+				if done = done || e.LogOffset >= to; done {
+					return dst
+				}
+				recs = append(recs, x.decodeRec(lq.topic, qid, e))
+				qst.next = e.QueueOffset + 1
+				return dst
+			})
+			if cap(buf) <= 2*readBytes {
+				x.rbuf = buf[:0] // kept: the buffer of every read
+			}
 			if errors.Is(err, storage.ErrOutOfRange) {
 				if first, _ := x.l.QueueRange(lq.topic, lq.queue); first > qst.next {
 					qst.next = first
@@ -491,31 +503,8 @@ func (x *Index) step(to int64) error {
 			if err != nil {
 				return fmt.Errorf("delay: read %s/%d at %d: %w", lq.topic, lq.queue, qst.next, err)
 			}
-			if len(es) == 0 {
+			if got == 0 {
 				break
-			}
-			for _, e := range es {
-				if e.LogOffset >= to {
-					break read
-				}
-				r := rec{at: e.LogOffset, qoff: e.QueueOffset, qid: qid,
-					size: int32(storage.RecordSize(lq.topic, len(e.Payload)))}
-				if sc, ok := protocol.PeekSchedule(e.Payload); ok {
-					r.sc = sc
-					if sc.Kind == protocol.ScheduleReleaseMark {
-						m, err := protocol.DecodeMessage(e.Payload)
-						if err != nil || len(m.Body) != 4 {
-							r.sc.Kind = protocol.ScheduleNone
-							x.logger.Warn("a release mark without its size", "log-offset", e.LogOffset)
-						} else {
-							r.relSize = binary.BigEndian.Uint32(m.Body)
-						}
-					}
-				} else {
-					x.logger.Warn("an undecodable delay record", "log-offset", e.LogOffset)
-				}
-				recs = append(recs, r)
-				qst.next = e.QueueOffset + 1
 			}
 		}
 	}
@@ -536,6 +525,28 @@ func (x *Index) step(to int64) error {
 	}
 	x.pos = to
 	return nil
+}
+
+// decodeRec reads what the index keeps of the delay record e of topic
+// (queue number qid).
+func (x *Index) decodeRec(topic string, qid uint32, e storage.StoredEntry) rec {
+	r := rec{at: e.LogOffset, qoff: e.QueueOffset, qid: qid, size: int32(storage.RecordSize(topic, len(e.Payload)))}
+	sc, ok := protocol.PeekSchedule(e.Payload)
+	if !ok {
+		x.logger.Warn("an undecodable delay record", "log-offset", e.LogOffset)
+		return r
+	}
+	r.sc = sc
+	if sc.Kind == protocol.ScheduleReleaseMark {
+		m, err := protocol.DecodeMessage(e.Payload)
+		if err != nil || len(m.Body) != 4 {
+			r.sc.Kind = protocol.ScheduleNone
+			x.logger.Warn("a release mark without its size", "log-offset", e.LogOffset)
+		} else {
+			r.relSize = binary.BigEndian.Uint32(m.Body)
+		}
+	}
+	return r
 }
 
 func sign(v int64) int64 {
@@ -738,7 +749,7 @@ func (x *Index) addFar(r *rec) bool {
 		}
 		g.fine[id-gid*x.farMs/x.widthMs]++
 	}
-	x.journal = append(x.journal, ef)
+	x.journal.add(ef)
 	return true
 }
 
@@ -812,7 +823,7 @@ func (x *Index) apply(r *rec) error {
 	case protocol.ScheduleCancelMark:
 		return x.resolve(r, itemCancelled)
 	default:
-		x.journal = append(x.journal, effect{at: r.at, qoff: r.qoff, qid: r.qid})
+		x.journal.add(effect{at: r.at, qoff: r.qoff, qid: r.qid})
 	}
 	return nil
 }
@@ -843,7 +854,7 @@ func (x *Index) addEntry(r *rec) error {
 			heap.Push(&x.unloaded, b)
 		}
 	}
-	x.journal = append(x.journal, ef)
+	x.journal.add(ef)
 	return nil
 }
 
@@ -881,7 +892,7 @@ func (x *Index) resolve(r *rec, kind uint8) error {
 		}
 	}
 	ef.s = x.addItem(b, it)
-	x.journal = append(x.journal, ef)
+	x.journal.add(ef)
 	return nil
 }
 
