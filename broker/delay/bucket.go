@@ -271,6 +271,19 @@ func (x *Index) closeFile(id int64) error {
 	return of.f.Close()
 }
 
+// buffer adds it to s's items waiting to be written.
+func (x *Index) buffer(s *store, it item) {
+	if len(s.buf) == 0 {
+		x.touched = append(x.touched, s)
+		if cap(s.buf) == 0 {
+			s.buf, x.spareBuf = x.spareBuf, nil
+		}
+	}
+	x.bufBytes += itemSize
+	s.buf = appendItem(s.buf, it)
+	s.items++
+}
+
 // flushBuf writes s's buffered items to its file (page cache only).
 func (x *Index) flushBuf(s *store) error {
 	if len(s.buf) == 0 {
@@ -286,7 +299,13 @@ func (x *Index) flushBuf(s *store) error {
 	s.written += int64(len(s.buf) / itemSize)
 	s.buf = s.buf[:0]
 	if cap(s.buf) > 4<<10 {
-		s.buf = nil // not kept: the files are many
+		// Not kept (the files are many), but the largest is kept for
+		// the next file to buffer items: a busy one grows its buffer
+		// again and again otherwise.
+		if cap(s.buf) > cap(x.spareBuf) {
+			x.spareBuf = s.buf
+		}
+		s.buf = nil
 	}
 	if !s.dirty {
 		s.dirty = true

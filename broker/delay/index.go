@@ -157,6 +157,7 @@ type Index struct {
 	total     int64
 	claims    map[int64]*ent
 	journal   journal // what the records since W did, for a checkpoint at an earlier offset
+	spareBuf  []byte  // a buffer for the items of the next store to buffer some (see flushBuf)
 	rbuf      []byte  // the buffer of the log reads (their records live only while read)
 	lastCP    time.Time
 	cpTook    time.Duration // how long the last checkpoint took (real time)
@@ -169,6 +170,8 @@ type Index struct {
 	dirty     []*store // written since the last checkpoint
 	cpWritten bool     // the checkpoint holds this state's W
 	recs      []rec
+	scratch   []rec // for mergeRuns
+	runs      []int
 }
 
 // rec is one delay record read by a step.
@@ -473,8 +476,9 @@ func (x *Index) step(to int64) error {
 			qs = append(qs, q{topic, queue, first, next})
 		}
 	})
-	recs := x.recs[:0]
+	recs, runs := x.recs[:0], x.runs[:0]
 	for _, lq := range qs {
+		runs = append(runs, len(recs))
 		qid := x.queueID(lq.topic, lq.queue)
 		qst := x.queues[qid]
 		if qst.next < lq.first {
@@ -508,7 +512,8 @@ func (x *Index) step(to int64) error {
 			}
 		}
 	}
-	slices.SortFunc(recs, func(a, b rec) int { return int(sign(a.at - b.at)) })
+	recs, x.scratch = mergeRuns(recs, runs, x.scratch)
+	x.runs = runs[:0]
 	for i := range recs {
 		if err := x.apply(&recs[i]); err != nil {
 			return err
@@ -516,7 +521,7 @@ func (x *Index) step(to int64) error {
 	}
 	x.recs = recs[:0]
 	if cap(recs) > 4096 {
-		x.recs = nil // a step of many records: not kept
+		x.recs, x.scratch = nil, nil // a step of many records: not kept
 	}
 	if x.bufBytes > maxBuffered {
 		if err := x.flushAll(); err != nil {
@@ -547,6 +552,43 @@ func (x *Index) decodeRec(topic string, qid uint32, e storage.StoredEntry) rec {
 		}
 	}
 	return r
+}
+
+// mergeRuns sorts recs by log offset, given that it is runs of sorted
+// records (one per queue read) starting at the indexes runs: merged two
+// by two (a queue's records are in log order, so this is much cheaper
+// than a sort). It returns the sorted records (in recs or scratch) and
+// the other buffer.
+func mergeRuns(recs []rec, runs []int, scratch []rec) (sorted, spare []rec) {
+	runs = append(runs, len(recs))
+	for len(runs) > 2 {
+		scratch = slices.Grow(scratch[:0], len(recs))[:len(recs)]
+		merged := runs[:0]
+		for i := 0; i+1 < len(runs); i += 2 {
+			lo, mid, hi := runs[i], runs[i+1], len(recs)
+			if i+2 < len(runs) {
+				hi = runs[i+2]
+			}
+			merged = append(merged, lo)
+			a, b, k := lo, mid, lo
+			for a < mid && b < hi {
+				if recs[b].at < recs[a].at {
+					scratch[k] = recs[b]
+					b++
+				} else {
+					scratch[k] = recs[a]
+					a++
+				}
+				k++
+			}
+			k += copy(scratch[k:], recs[a:mid])
+			copy(scratch[k:], recs[b:hi])
+		}
+		merged = append(merged, len(recs))
+		recs, scratch = scratch, recs
+		runs = merged
+	}
+	return recs, scratch
 }
 
 func sign(v int64) int64 {
@@ -732,12 +774,7 @@ func (x *Index) addFar(r *rec) bool {
 		return false
 	}
 	s := &g.store
-	if len(s.buf) == 0 {
-		x.touched = append(x.touched, s)
-	}
-	x.bufBytes += itemSize
-	s.buf = appendItem(s.buf, item{kind: itemEntry, qid: r.qid, size: uint32(r.size), dueAt: r.sc.At, at: r.at, ref: -1})
-	s.items++
+	x.buffer(s, item{kind: itemEntry, qid: r.qid, size: uint32(r.size), dueAt: r.sc.At, at: r.at, ref: -1})
 	g.maxAt = max(g.maxAt, r.at)
 	ef := effect{at: r.at, qoff: r.qoff, qid: r.qid, s: s, g: g, bid: id, pq: r.qid, ref: -1}
 	if r.at >= x.start {
@@ -799,12 +836,7 @@ func (x *Index) addItem(b *bucket, it item) *store {
 		g.maxAt = max(g.maxAt, it.at)
 		s = &g.store
 	}
-	if len(s.buf) == 0 {
-		x.touched = append(x.touched, s)
-	}
-	x.bufBytes += itemSize
-	s.buf = appendItem(s.buf, it)
-	s.items++
+	x.buffer(s, it)
 	b.maxAt = max(b.maxAt, it.at)
 	return s
 }
