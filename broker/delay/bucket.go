@@ -275,9 +275,7 @@ func (x *Index) closeFile(id int64) error {
 func (x *Index) buffer(s *store, it item) {
 	if len(s.buf) == 0 {
 		x.touched = append(x.touched, s)
-		if cap(s.buf) == 0 {
-			s.buf, x.spareBuf = x.spareBuf, nil
-		}
+		s.buf, x.spareBuf = x.spareBuf, nil
 	}
 	x.bufBytes += itemSize
 	s.buf = appendItem(s.buf, it)
@@ -297,16 +295,13 @@ func (x *Index) flushBuf(s *store) error {
 		return fmt.Errorf("delay: write bucket file %s: %w", x.path(s), err)
 	}
 	s.written += int64(len(s.buf) / itemSize)
-	s.buf = s.buf[:0]
-	if cap(s.buf) > 4<<10 {
-		// Not kept (the files are many), but the largest is kept for
-		// the next file to buffer items: a busy one grows its buffer
-		// again and again otherwise.
-		if cap(s.buf) > cap(x.spareBuf) {
-			x.spareBuf = s.buf
-		}
-		s.buf = nil
+	// Not kept (the files are many: 8 MiB of small buffers with 1M
+	// entries spread over 89 days), but the largest is kept for the next
+	// store to buffer items: a busy one grows its buffer again otherwise.
+	if cap(s.buf) > cap(x.spareBuf) {
+		x.spareBuf = s.buf[:0]
 	}
+	s.buf = nil
 	if !s.dirty {
 		s.dirty = true
 		x.dirty = append(x.dirty, s)

@@ -150,6 +150,7 @@ func (x *Index) finish(job *cpJob) error {
 	}
 	x.w = job.w
 	x.cpWritten = true
+	x.cpBuf = job.data[:0] // for the next checkpoint's bytes
 	keep := 0
 	for keep < x.journal.len() && x.journal.at(keep).at < job.w {
 		keep++
@@ -262,7 +263,8 @@ func (x *Index) snapshot() (*cpJob, error) {
 		}
 	}
 
-	buf := make([]byte, 0, 64+len(x.queues)*32+len(x.buckets)*48)
+	buf := slices.Grow(x.cpBuf[:0], 64+len(x.queues)*32+len(x.buckets)*48)
+	x.cpBuf = nil // the job's until it is written
 	buf = append(buf, checkpointMagic...)
 	buf = binary.BigEndian.AppendUint16(buf, 2)
 	buf = binary.BigEndian.AppendUint16(buf, 0)

@@ -100,8 +100,14 @@ type Stats struct {
 const farSpan = time.Hour
 
 // stepBytes bounds the log range one step of a follow reads, and so the
-// records it holds at once (a variable for tests).
-var stepBytes int64 = 32 << 20
+// records it holds at once: 4 MiB of 100-byte messages is about 25k
+// records (a variable for tests).
+var stepBytes int64 = 4 << 20
+
+// keepRecs is the most records whose buffers a follow keeps for the next
+// step (a busy master's every step fills them; dropped, they made most of
+// the garbage a follow left).
+const keepRecs = 1 << 15
 
 // maxBuffered bounds the items a follow buffers in memory before it
 // writes them to their bucket files (it writes them at every checkpoint
@@ -158,7 +164,8 @@ type Index struct {
 	claims    map[int64]*ent
 	journal   journal // what the records since W did, for a checkpoint at an earlier offset
 	spareBuf  []byte  // a buffer for the items of the next store to buffer some (see flushBuf)
-	rbuf      []byte  // the buffer of the log reads (their records live only while read)
+	rbuf      []byte  // the buffer of the log reads
+	cpBuf     []byte  // for a checkpoint's bytes (a checkpoint of every bucket of 90 days is 6 MB) (their records live only while read)
 	lastCP    time.Time
 	cpTook    time.Duration // how long the last checkpoint took (real time)
 	cpBusy    chan struct{} // closed when the checkpoint in flight is written; nil: none
@@ -520,7 +527,7 @@ func (x *Index) step(to int64) error {
 		}
 	}
 	x.recs = recs[:0]
-	if cap(recs) > 4096 {
+	if cap(recs) > keepRecs || cap(x.scratch) > keepRecs {
 		x.recs, x.scratch = nil, nil // a step of many records: not kept
 	}
 	if x.bufBytes > maxBuffered {
