@@ -1,10 +1,12 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -271,8 +273,9 @@ func (d *delayer) fire(rep *replication) {
 		entries := make([]storage.Entry, 0, 2*len(due))
 		released := make([]protocol.Message, 0, len(due))
 		marked := make([]bool, len(due)) // a record is appended that resolves it
+		recs, errs := d.readPendings(due)
 		for i, e := range due {
-			rec, err := d.readPending(e.At)
+			rec, err := recs[i], errs[i]
 			if err != nil {
 				if !d.unreadable(e, err, &entries) {
 					continue // tried again later (or gone with its segment)
@@ -355,6 +358,56 @@ func (d *delayer) readPending(at int64) (pendingRecord, error) {
 	if err != nil {
 		return pendingRecord{}, err
 	}
+	return pendingOf(ri)
+}
+
+// readPendings is readPending of every entry of due, with one read for
+// each run of them close together in the log (a due batch was mostly
+// sent together: a read per record cost more than the bytes between).
+func (d *delayer) readPendings(due []delay.Entry) ([]pendingRecord, []error) {
+	recs, errs := make([]pendingRecord, len(due)), make([]error, len(due))
+	order := make([]int, len(due))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(due[a].At, due[b].At) })
+	for k := 0; k < len(order); {
+		first := due[order[k]]
+		end, n := first.At+int64(first.Size), 1
+		for k+n < len(order) {
+			e := due[order[k+n]]
+			if e.At < end || e.At-end > pendingGap || e.At+int64(e.Size)-first.At > pendingRead {
+				break
+			}
+			end, n = e.At+int64(e.Size), n+1
+		}
+		raw, err := d.log.ReadRaw(first.At, int(end-first.At))
+		for _, i := range order[k : k+n] {
+			e := due[i]
+			if off := int(e.At - first.At); err == nil && e.Size > 0 && off+e.Size <= len(raw) {
+				if ri, derr := storage.DecodeRecord(raw[off:off+e.Size], e.At); derr == nil {
+					recs[i], errs[i] = pendingOf(ri)
+					continue
+				}
+			}
+			// Past a segment's end, or not what the index says: read alone.
+			recs[i], errs[i] = d.readPending(e.At)
+		}
+		k += n
+	}
+	return recs, errs
+}
+
+// A run of pending records read at once has gaps of at most pendingGap
+// bytes and spans at most pendingRead.
+const (
+	pendingGap  = 16 << 10
+	pendingRead = 1 << 20
+)
+
+// pendingOf checks that ri is a pending delayed record.
+func pendingOf(ri storage.RecordInfo) (pendingRecord, error) {
+	at := ri.Offset
 	m, err := protocol.DecodeMessage(ri.Payload)
 	if err != nil {
 		return pendingRecord{}, &protocol.Error{Status: protocol.StatusNotFound,

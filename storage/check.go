@@ -81,11 +81,18 @@ func (l *Log) ReadRecordAt(at int64) (RecordInfo, error) {
 	if int64(len(raw)) < end-at {
 		return RecordInfo{}, &CorruptError{Offset: at, Reason: fmt.Sprintf("read %d bytes of a record of %d", len(raw), end-at)}
 	}
-	rec, err := decodeRecord(raw[:end-at])
+	return DecodeRecord(raw[:end-at], at)
+}
+
+// DecodeRecord checks (length, CRC, format) and decodes the record that
+// raw holds whole, as ReadRaw returns them, at log offset at. Its Payload
+// is raw's bytes.
+func DecodeRecord(raw []byte, at int64) (RecordInfo, error) {
+	rec, err := decodeRecord(raw)
 	if err != nil {
 		return RecordInfo{}, &CorruptError{Offset: at, Reason: err.Error()}
 	}
-	return RecordInfo{Offset: at, Size: int(end - at), Topic: rec.Topic, Queue: rec.Queue, QueueOffset: rec.QueueOffset,
+	return RecordInfo{Offset: at, Size: len(raw), Topic: rec.Topic, Queue: rec.Queue, QueueOffset: rec.QueueOffset,
 		StoreTime: rec.StoreTime, Payload: rec.Payload, Recovered: rec.Flags&flagRecovered != 0}, nil
 }
 

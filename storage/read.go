@@ -88,7 +88,10 @@ func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxByte
 	if err != nil || len(locs) == 0 {
 		return dst, err
 	}
-	// Runs of adjacent records in one segment become one read.
+	// Runs of records in one segment at most readGap apart become one
+	// read: a queue's records are rarely adjacent when producers send to
+	// many queues, and a pread per record cost more than the bytes
+	// between them (those read in gaps stay under maxBytes in all).
 	l.mu.RLock()
 	if l.closed {
 		l.mu.RUnlock()
@@ -103,7 +106,7 @@ func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxByte
 		return dst, fmt.Errorf("%w: queue offset %d was deleted by retention meanwhile", ErrOutOfRange, offset)
 	}
 	var spans []span
-	total := 0
+	total, gaps := 0, 0
 	for i, lc := range locs {
 		seg, segEnd, ok := l.segmentFor(lc.pos)
 		// An entry read from a chunk file may be damaged: it must name a
@@ -121,8 +124,11 @@ func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxByte
 			}
 			return dst, &CorruptError{Offset: lc.pos, Segment: l.cfg.Dir, Reason: reason}
 		}
-		if last := len(spans) - 1; last >= 0 && spans[last].seg == seg && spans[last].at+int64(spans[last].n) == lc.pos {
-			spans[last].n += lc.size
+		if last := len(spans) - 1; last >= 0 && spans[last].seg == seg && mergeable(spans[last].at+int64(spans[last].n), lc.pos, gaps, maxBytes) {
+			gap := int(lc.pos - spans[last].at - int64(spans[last].n))
+			gaps += gap
+			total += gap
+			spans[last].n += gap + lc.size
 			spans[last].count++
 		} else {
 			spans = append(spans, span{seg: seg.acquire(), at: lc.pos, n: lc.size, first: i, count: 1})
@@ -155,10 +161,11 @@ func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxByte
 	}
 	read := 0
 	for _, sp := range spans {
-		b := buf[:sp.n]
+		sb := buf[:sp.n]
 		buf = buf[sp.n:]
-		at := sp.at
 		for range sp.count {
+			at := locs[read].pos
+			b := sb[at-sp.at:]
 			// A bad record found through a chunk file may be a bad chunk.
 			corrupt := func(reason string) error {
 				if c := locs[read].chunk; c != nil {
@@ -184,11 +191,19 @@ func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxByte
 			dst = emit(dst, StoredEntry{QueueOffset: rec.QueueOffset, LogOffset: at, StoreTime: rec.StoreTime, Payload: rec.Payload,
 				Recovered: rec.Flags&flagRecovered != 0})
 			read++
-			at += int64(n)
-			b = b[n:]
 		}
 	}
 	return dst, nil
+}
+
+// readGap is the most bytes between two records of a queue that one read
+// takes in passing.
+const readGap = 4 << 10
+
+// mergeable says whether a record at pos joins a read that ends at end,
+// the reads' gaps so far being gaps bytes of a read of maxBytes.
+func mergeable(end, pos int64, gaps, maxBytes int) bool {
+	return pos == end || pos > end && pos-end <= readGap && gaps+int(pos-end) <= maxBytes
 }
 
 // ReadRaw returns whole records from log offset offset (which must be a
