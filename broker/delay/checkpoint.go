@@ -150,7 +150,9 @@ func (x *Index) finish(job *cpJob) error {
 	}
 	x.w = job.w
 	x.cpWritten = true
-	x.cpBuf = job.data[:0] // for the next checkpoint's bytes
+	if cap(job.data) <= 1<<20 {
+		x.cpBuf = job.data[:0] // for the next checkpoint's bytes (a large one is not kept)
+	}
 	keep := 0
 	for keep < x.journal.len() && x.journal.at(keep).at < job.w {
 		keep++

@@ -164,8 +164,9 @@ type Index struct {
 	claims    map[int64]*ent
 	journal   journal // what the records since W did, for a checkpoint at an earlier offset
 	spareBuf  []byte  // a buffer for the items of the next store to buffer some (see flushBuf)
+	cpAdded   int64   // journal.added at the last checkpoint
 	rbuf      []byte  // the buffer of the log reads
-	cpBuf     []byte  // for a checkpoint's bytes (a checkpoint of every bucket of 90 days is 6 MB) (their records live only while read)
+	cpBuf     []byte  // for a checkpoint's bytes (their records live only while read)
 	lastCP    time.Time
 	cpTook    time.Duration // how long the last checkpoint took (real time)
 	cpBusy    chan struct{} // closed when the checkpoint in flight is written; nil: none
@@ -425,11 +426,12 @@ func (x *Index) followLog(now time.Time, forceCP bool) error {
 		if err := x.step(min(end, x.pos+stepBytes)); err != nil {
 			return err
 		}
-		if x.journal.len() > maxJournal {
-			// A long follow (a rebuild, a backlog): a checkpoint lets the
-			// journal of the records before it go. The one in flight
-			// first (the lock is let go meanwhile: all before x.pos is
-			// applied).
+		x.trimJournal()
+		if x.journal.added-x.cpAdded > maxJournal {
+			// A long follow (a rebuild, a backlog): a checkpoint keeps
+			// what it did so far, and lets the journal of the records
+			// before it go. The one in flight first (the lock is let go
+			// meanwhile: all before x.pos is applied).
 			x.waitCheckpoint()
 			if x.closed {
 				return ErrClosed
@@ -445,13 +447,24 @@ func (x *Index) followLog(now time.Time, forceCP bool) error {
 	return nil
 }
 
-// maxJournal is the journal's length past which a follow writes a
+// trimJournal forgets the effects no checkpoint will undo: those before
+// the log's flushed offset (and x.pos), the lowest a checkpoint is taken
+// at from now on (both only grow until a Reset). Unflushed records are
+// what the journal holds then, not all since the last checkpoint (which
+// can be seconds apart when a checkpoint syncs many files).
+func (x *Index) trimJournal() {
+	f := min(x.l.FlushedOffset(), x.pos)
+	x.journal.drop(sort.Search(x.journal.len(), func(i int) bool { return x.journal.at(i).at >= f }))
+}
+
+// maxJournal is how many records a follow applies before it writes a
 // checkpoint between steps.
 const maxJournal = 1 << 18
 
 // checkpointNow writes the checkpoint under the lock (wait), or starts
 // it.
 func (x *Index) checkpointNow(wait bool) error {
+	x.cpAdded = x.journal.added
 	if wait {
 		return x.checkpoint()
 	}

@@ -9,6 +9,7 @@ type journal struct {
 	blocks [][]effect // every block but the last is full
 	head   int        // effects of blocks[0] already dropped
 	n      int        // effects held
+	added  int64      // effects ever added
 	spare  [][]effect // emptied blocks, for reuse
 }
 
@@ -33,6 +34,7 @@ func (j *journal) add(ef effect) {
 	}
 	j.blocks[last] = append(j.blocks[last], ef)
 	j.n++
+	j.added++
 }
 
 // at is the i-th effect held, 0 <= i < len().
@@ -63,5 +65,5 @@ func (j *journal) drop(k int) {
 	}
 }
 
-// reset forgets every effect and the spare blocks.
-func (j *journal) reset() { *j = journal{} }
+// reset forgets every effect and the spare blocks (added stays).
+func (j *journal) reset() { *j = journal{added: j.added} }
