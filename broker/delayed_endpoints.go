@@ -23,6 +23,15 @@ func (b *Broker) decodeDelayedRef(body []byte) (pendingRecord, error) {
 	if err := json.Unmarshal(body, &ref); err != nil {
 		return pendingRecord{}, &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("delayed message reference: %v", err)}
 	}
+	if ref.Offset >= 0 && ref.Offset < b.store.StartOffset() && ref.DueAt > 0 {
+		// Deleted by retention: if the record was moved first, the index
+		// knows where to (by its due time, which the handle carries).
+		if to, ok, err := b.delays.idx.MovedTo(ref.Offset, ref.DueAt); err != nil {
+			return pendingRecord{}, asProtocolError(err)
+		} else if ok {
+			ref.Offset = to
+		}
+	}
 	if ref.Offset < 0 || ref.Offset >= b.store.EndOffset() || ref.Offset < b.store.StartOffset() {
 		return pendingRecord{}, &protocol.Error{Status: protocol.StatusNotFound,
 			Message: fmt.Sprintf("log offset %d is outside group %s's log [%d, %d)", ref.Offset, b.cfg.Group, b.store.StartOffset(), b.store.EndOffset())}

@@ -137,7 +137,9 @@ func TestDelayedIndexWriteErrorRebuilds(t *testing.T) {
 }
 
 // A message pending in a segment that retention deletes is moved first
-// (appended again, due at the same time) and released once, on time.
+// (appended again, due at the same time) and released once, on time; one
+// due later is cancelled through its first handle after that segment is
+// gone (the handle's due time finds where it was moved).
 func TestDelayedSurvivesRetention(t *testing.T) {
 	meta := tc.StartMeta(t, 1, nil)
 	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Edit: func(c *broker.Config) {
@@ -149,9 +151,10 @@ func TestDelayedSurvivesRetention(t *testing.T) {
 
 	due := time.Now().Add(3 * time.Second)
 	m := delayedMsg("later", 0, protocol.Normal, "kept", due)
-	res := tc.Send(t, c, []protocol.Message{m})
-	if res[0].Status != protocol.StatusOK {
-		t.Fatal(res[0].Status)
+	gone := delayedMsg("later", 0, protocol.Normal, "cancelled", due.Add(time.Hour))
+	res := tc.Send(t, c, []protocol.Message{m, gone})
+	if res[0].Status != protocol.StatusOK || res[1].Status != protocol.StatusOK {
+		t.Fatal(res[0].Status, res[1].Status)
 	}
 	body := strings.Repeat("x", 4000)
 	testwait.For(t, 20*time.Second, "retention to delete the segment that held the pending record", func() bool {
@@ -165,9 +168,23 @@ func TestDelayedSurvivesRetention(t *testing.T) {
 	if g.Master.Stats().DelayedMoved.Load() < 1 {
 		t.Fatal("the segment was deleted, but nothing was moved")
 	}
+	var st protocol.DelayedState
+	oldRef := protocol.DelayedRef{Offset: res[1].LogOffset, DueAt: gone.Schedule.At}
+	if err := callDelayed(t, c, protocol.CodeDelayedState, protocol.DelayedRef{Offset: oldRef.Offset}, &st); protocol.StatusOf(err) != protocol.StatusNotFound {
+		t.Fatalf("the deleted record's state without its due time: %+v %v, want NOT_FOUND", st, err)
+	}
+	if err := callDelayed(t, c, protocol.CodeDelayedCancel, oldRef, &st); err != nil || st.State != protocol.DelayCancelled || st.Offset <= oldRef.Offset {
+		t.Fatalf("cancel through the first handle: %+v %v, want cancelled at the moved record", st, err)
+	}
 	testwait.For(t, 20*time.Second, "the moved message to be released", func() bool { return len(released(t, c, "later", 0)) >= 1 })
 	got := released(t, c, "later", 0)
 	if len(got) != 1 || got[0].Message.ID != m.ID || got[0].StoreTime < m.Schedule.At || string(got[0].Message.Body) != "kept" {
+		t.Fatalf("released %+v, want the message once, not before %d", got, m.Schedule.At)
+	}
+	if err := callDelayed(t, c, protocol.CodeDelayedState, oldRef, &st); err != nil || st.State != protocol.DelayCancelled {
+		t.Fatalf("the cancelled message's state through its first handle: %+v %v", st, err)
+	}
+	if len(got) != 1 {
 		t.Fatalf("released %+v, want the message once, not before %d", got, m.Schedule.At)
 	}
 }

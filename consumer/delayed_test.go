@@ -34,7 +34,7 @@ func TestReleasedMessageTimes(t *testing.T) {
 		t.Fatalf("an ordinary message: DueAt %v ReleasedAt %v DelayedHandle %v, want all zero", plain.DueAt, plain.ReleasedAt, plain.DelayedHandle)
 	}
 	if !late.DueAt.Equal(due) || !late.ReleasedAt.Equal(late.StoreTime) || late.ReleasedAt.IsZero() ||
-		late.DelayedHandle != (protocol.Handle{Group: "g", Offset: 42}) {
+		late.DelayedHandle != (protocol.Handle{Group: "g", Offset: 42, DueAt: due.UnixMilli()}) {
 		t.Fatalf("a released message: DueAt %v ReleasedAt %v (stored %v) DelayedHandle %v, want due %v, released when stored, g@42",
 			late.DueAt, late.ReleasedAt, late.StoreTime, late.DelayedHandle, due)
 	}

@@ -517,7 +517,7 @@ func toMessage(m *Message, sm *protocol.StoredMessage, p *part, group string) {
 	}
 	if sc := pm.Schedule; sc.Kind == protocol.ScheduleReleased {
 		m.DueAt, m.ReleasedAt = time.UnixMilli(sc.At), m.StoreTime
-		m.DelayedHandle = protocol.Handle{Group: group, Offset: sc.Ref}
+		m.DelayedHandle = protocol.Handle{Group: group, Offset: sc.Ref, DueAt: sc.At}
 	}
 	for _, pr := range pm.Properties {
 		if pr.Key == "key" {

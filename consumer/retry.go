@@ -73,7 +73,7 @@ const (
 	PropRetrySeq        = "RETRY_ORIGIN_SEQ"        // the producer stamp's sequence
 	PropRetryDeliveries = "RETRY_DELIVERIES"        // deliveries before it was stored
 	// A delayed original's DueAt and ReleasedAt (unix milliseconds) and
-	// DelayedHandle ("GROUP@OFFSET"); absent for any other.
+	// DelayedHandle ("GROUP@OFFSET/DUE"); absent for any other.
 	PropRetryDueAt      = "RETRY_ORIGIN_DUE_AT"
 	PropRetryReleasedAt = "RETRY_ORIGIN_RELEASED_AT"
 	PropRetryHandle     = "RETRY_ORIGIN_HANDLE"

@@ -336,7 +336,7 @@ func TestNonBlockingRetries(t *testing.T) {
 	want := map[string]string{"color": "red", PropRetryTopic: "t", PropRetryQueue: "0", PropRetryOffset: "1", PropRetryID: "id-bad",
 		PropRetryStoreTime: r.Properties[PropRetryStoreTime], PropRetryProducer: "42", PropRetrySeq: "1", PropRetryDeliveries: "1",
 		PropRetry: "delivery 1 failed", "key": "k-bad", PropRetryDueAt: fmt.Sprint(stored - 100),
-		PropRetryReleasedAt: r.Properties[PropRetryReleasedAt], PropRetryHandle: "g@9"}
+		PropRetryReleasedAt: r.Properties[PropRetryReleasedAt], PropRetryHandle: fmt.Sprintf("g@9/%d", stored-100)}
 	if !mapsEqual(r.Properties, want) || r.Properties[PropRetryStoreTime] == "" || r.Key != "k-bad" || string(r.Body) != "bad" {
 		t.Errorf("retry %+v, want properties %v", r, want)
 	}
@@ -357,7 +357,7 @@ func TestNonBlockingRetries(t *testing.T) {
 	if again.Topic != "t" || again.Queue != 0 || again.Offset != 1 || again.ID != "id-bad" || again.Key != "k-bad" ||
 		again.ProducerID != 42 || again.Seq != 1 || again.Deliveries != 2 || !again.Timestamp.Equal(first.Timestamp) ||
 		!again.StoreTime.Equal(first.StoreTime) || again.Recovered || !again.DueAt.Equal(time.UnixMilli(stored-100)) ||
-		!again.ReleasedAt.Equal(first.ReleasedAt) || again.DelayedHandle != (protocol.Handle{Group: "g", Offset: 9}) {
+		!again.ReleasedAt.Equal(first.ReleasedAt) || again.DelayedHandle != (protocol.Handle{Group: "g", Offset: 9, DueAt: stored - 100}) {
 		t.Errorf("retry handed as %+v, want the original %+v with 2 deliveries", again, first)
 	}
 	if want := map[string]string{"color": "red", PropRetry: "delivery 1 failed"}; !mapsEqual(again.Properties, want) {

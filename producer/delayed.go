@@ -70,7 +70,7 @@ func (c *Client) delayedCall(ctx context.Context, code protocol.Code, what strin
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.deliveryTimeout)
 		defer cancel()
 	}
-	body, _ := json.Marshal(protocol.DelayedRef{Offset: h.Offset})
+	body, _ := json.Marshal(protocol.DelayedRef{Offset: h.Offset, DueAt: h.DueAt})
 	var lastErr error
 	avoid := "" // a master that answered NOT_MASTER, or could not be reached
 	moves := 0
@@ -82,7 +82,7 @@ func (c *Client) delayedCall(ctx context.Context, code protocol.Code, what strin
 			if err == nil && st.State == protocol.DelayMoved && st.MovedTo > st.Offset && moves < maxMoves {
 				// Retention moved the pending record: ask about its new one.
 				moves++
-				body, _ = json.Marshal(protocol.DelayedRef{Offset: st.MovedTo})
+				body, _ = json.Marshal(protocol.DelayedRef{Offset: st.MovedTo, DueAt: h.DueAt})
 				attempt = 0
 				continue
 			}

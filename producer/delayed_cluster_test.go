@@ -51,7 +51,7 @@ func TestDelayedThroughBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !dropped.Delayed || dropped.Handle != (protocol.Handle{Group: "g1", Offset: dropped.LogOffset}) ||
+	if !dropped.Delayed || dropped.Handle != (protocol.Handle{Group: "g1", Offset: dropped.LogOffset, DueAt: dropped.DueAt.UnixMilli()}) ||
 		dropped.DueAt.Before(sent.Add(time.Second).Truncate(time.Millisecond)) {
 		t.Fatalf("delayed result %+v", dropped)
 	}

@@ -68,7 +68,11 @@ func TestDelayedSendStampsAndHandles(t *testing.T) {
 		}
 		seqs[delayed]++
 		r := results[body]
-		if r.Handle != (protocol.Handle{Group: "g1", Offset: r.LogOffset}) || r.LogOffset <= 0 {
+		wantDue := int64(0)
+		if delayed {
+			wantDue = due
+		}
+		if r.Handle != (protocol.Handle{Group: "g1", Offset: r.LogOffset, DueAt: wantDue}) || r.LogOffset <= 0 {
 			t.Errorf("%s: handle %v, log offset %d", body, r.Handle, r.LogOffset)
 		}
 		if r.Delayed != delayed || delayed && !r.DueAt.Equal(time.UnixMilli(due)) || !delayed && !r.DueAt.IsZero() {

@@ -73,8 +73,9 @@ type Result struct {
 
 	// Handle names the stored record: Group and LogOffset (Offset -1 for a
 	// duplicate whose original the broker no longer knows). For a delayed
-	// message it names the pending record, which Client.Cancel and
-	// Client.DelayedState take; QueueOffset is then its offset in the
+	// message it names the pending record and its due time, which
+	// Client.Cancel and Client.DelayedState take (they find the message
+	// after retention moved it); QueueOffset is then its offset in the
 	// internal queue of pending messages, not in Queue (the message gets
 	// its offset in Queue when it is released).
 	Handle protocol.Handle

@@ -342,6 +342,7 @@ func (s *sink) succeed(rec *record, res protocol.SendResult, addr string) {
 		Handle: protocol.Handle{Group: s.group, Offset: res.LogOffset}}
 	if rec.delayed() {
 		r.Delayed, r.DueAt = true, time.UnixMilli(rec.msg.Schedule.At)
+		r.Handle.DueAt = rec.msg.Schedule.At
 	}
 	s.done = append(s.done, ended{rec: rec, res: r})
 }

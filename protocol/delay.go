@@ -8,33 +8,51 @@ import (
 
 // Handle names one stored record: the broker group whose log holds it and
 // its log offset there. A delayed message's SEND result gives the handle of
-// its pending record; DELAYED_STATE tells whether and where it was
-// released, DELAYED_CANCEL cancels it.
+// its pending record, with its due time: DELAYED_STATE tells whether and
+// where it was released, DELAYED_CANCEL cancels it, and the due time lets
+// both find it after retention moved it and deleted the segment the
+// offset names.
 type Handle struct {
 	Group  string
 	Offset int64
+	DueAt  int64 // a delayed message's due time, unix milliseconds; 0: not given
 }
 
-// String is the handle as users write it: "GROUP@OFFSET".
-func (h Handle) String() string { return h.Group + "@" + strconv.FormatInt(h.Offset, 10) }
+// String is the handle as users write it: "GROUP@OFFSET", and a delayed
+// message's "GROUP@OFFSET/DUE" (DUE in unix milliseconds).
+func (h Handle) String() string {
+	s := h.Group + "@" + strconv.FormatInt(h.Offset, 10)
+	if h.DueAt > 0 {
+		s += "/" + strconv.FormatInt(h.DueAt, 10)
+	}
+	return s
+}
 
-// ParseHandle parses "GROUP@OFFSET".
+// ParseHandle parses "GROUP@OFFSET" and "GROUP@OFFSET/DUE".
 func ParseHandle(s string) (Handle, error) {
 	i := strings.LastIndexByte(s, '@')
 	if i <= 0 {
-		return Handle{}, fmt.Errorf("protocol: handle %q: want GROUP@OFFSET", s)
+		return Handle{}, fmt.Errorf("protocol: handle %q: want GROUP@OFFSET or GROUP@OFFSET/DUE", s)
 	}
-	off, err := strconv.ParseInt(s[i+1:], 10, 64)
+	offs, dues, hasDue := strings.Cut(s[i+1:], "/")
+	off, err := strconv.ParseInt(offs, 10, 64)
 	if err != nil || off < 0 {
 		return Handle{}, fmt.Errorf("protocol: handle %q: the offset must be a log offset (a number >= 0)", s)
 	}
-	return Handle{Group: s[:i], Offset: off}, nil
+	h := Handle{Group: s[:i], Offset: off}
+	if hasDue {
+		if h.DueAt, err = strconv.ParseInt(dues, 10, 64); err != nil || h.DueAt <= 0 {
+			return Handle{}, fmt.Errorf("protocol: handle %q: the due time must be unix milliseconds (a number > 0)", s)
+		}
+	}
+	return h, nil
 }
 
 // DelayedRef is the body of DELAYED_CANCEL and DELAYED_STATE: the log
 // offset of a pending record in the broker's group.
 type DelayedRef struct {
 	Offset int64 `json:"offset"`
+	DueAt  int64 `json:"due_at,omitempty"` // the handle's due time: finds a record retention moved
 }
 
 // The states of a delayed message.

@@ -92,10 +92,13 @@ func TestSchedule(t *testing.T) {
 	if sc, ok := PeekSchedule(AppendMessage(nil, &Message{ID: "x", Topic: "t"})); !ok || sc != (Schedule{}) {
 		t.Fatalf("an ordinary message: %+v %v", sc, ok)
 	}
-	if h, err := ParseHandle("g-1@42"); err != nil || h != (Handle{"g-1", 42}) || h.String() != "g-1@42" {
+	if h, err := ParseHandle("g-1@42"); err != nil || h != (Handle{Group: "g-1", Offset: 42}) || h.String() != "g-1@42" {
 		t.Fatalf("handle %+v %v", h, err)
 	}
-	for _, bad := range []string{"", "g1", "@4", "g@-1", "g@x"} {
+	if h, err := ParseHandle("g-1@42/1765000000000"); err != nil || h != (Handle{"g-1", 42, 1765000000000}) || h.String() != "g-1@42/1765000000000" {
+		t.Fatalf("a delayed message's handle %+v %v", h, err)
+	}
+	for _, bad := range []string{"", "g1", "@4", "g@-1", "g@x", "g@4/", "g@4/0", "g@4/x", "g@4/-5"} {
 		if _, err := ParseHandle(bad); err == nil {
 			t.Fatalf("handle %q parsed", bad)
 		}

@@ -107,8 +107,17 @@ func (h *entHeap) Pop() any {
 // bstate is a bucket's detail in memory: every entry its file holds (with
 // what became of it) and its pending, unclaimed entries in due order.
 type bstate struct {
-	ents map[int64]*ent
-	h    entHeap
+	ents  map[int64]*ent
+	h     entHeap
+	moved map[int64]int64 // a moved entry's old log offset -> its new one (nil: none)
+}
+
+// move records that the entry at from was appended again at to.
+func (s *bstate) move(from, to int64) {
+	if s.moved == nil {
+		s.moved = map[int64]int64{}
+	}
+	s.moved[from] = to
 }
 
 func (s *bstate) remove(e *ent) {
@@ -382,6 +391,9 @@ func (x *Index) loadState(b *bucket) (*bstate, error) {
 	for _, it := range items {
 		if it.kind == itemEntry {
 			continue
+		}
+		if it.kind == itemMoved {
+			st.move(it.ref, it.at) // kept after its entry is gone: its handle finds the new one
 		}
 		e := st.ents[it.ref]
 		if e == nil || e.st.Kind != StatePending {

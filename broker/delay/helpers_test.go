@@ -89,6 +89,9 @@ type mEntry struct {
 // became of it.
 type model struct {
 	entries map[int64]*mEntry
+	// gone are the moved entries retention deleted: MovedTo still finds
+	// where their messages are.
+	gone map[int64]*mEntry
 	// noLookups: check does not ask State of every entry (a lookup
 	// splits the group of a far entry; without them groups stay whole).
 	noLookups bool
@@ -176,6 +179,25 @@ func check(t tb, x *Index, m *model, topics []string, what string) {
 		}
 		if st != e.st {
 			t.Fatalf("%s: State(%d, due %d) = %+v, want %+v", what, at, e.DueAt, st, e.st)
+		}
+	}
+	for at, e := range m.gone {
+		to := e.st.MovedTo
+		for {
+			n := m.entries[to]
+			if n == nil {
+				n = m.gone[to]
+			}
+			if n == nil || n.st.Kind != StateMoved {
+				break
+			}
+			to = n.st.MovedTo
+		}
+		if m.entries[to] == nil || m.noLookups {
+			continue // the newest record is gone too (its bucket may be)
+		}
+		if got, ok, err := x.MovedTo(at, e.DueAt); err != nil || !ok || got != to {
+			t.Fatalf("%s: MovedTo(%d, due %d) = %d %v %v, want %d", what, at, e.DueAt, got, ok, err, to)
 		}
 	}
 	if s := x.Stats(); s.Pending != int64(len(pend)) {

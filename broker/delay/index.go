@@ -943,6 +943,9 @@ func (x *Index) resolve(r *rec, kind uint8) error {
 			ef.pq, ef.dp = e.qid, -1
 		}
 	}
+	if kind == itemMoved && b.st != nil {
+		b.st.move(r.sc.Ref, r.at)
+	}
 	ef.s = x.addItem(b, it)
 	x.journal.add(ef)
 	return nil
@@ -1246,6 +1249,43 @@ func (x *Index) Release(at int64, done bool) {
 
 // State tells what became of the entry at (at, dueAt): a lookup reads its
 // bucket from disk when it is not loaded.
+// MovedTo follows the moves of the entry that was at log offset at, due
+// at dueAt (retention appended it again, perhaps more than once): the log
+// offset of its newest record, and false when the index knows of no move
+// of it. Unlike State it answers after the segments of the older records
+// were deleted, for as long as the entry's bucket is kept.
+func (x *Index) MovedTo(at, dueAt int64) (int64, bool, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.closed {
+		return 0, false, ErrClosed
+	}
+	if x.broken != nil {
+		return 0, false, x.broken
+	}
+	id := x.bucketID(dueAt)
+	if err := x.splitFor(id); err != nil {
+		return 0, false, err
+	}
+	b := x.buckets[id]
+	if b == nil {
+		return 0, false, nil
+	}
+	st, err := x.stateOf(b, true)
+	if err != nil {
+		return 0, false, err
+	}
+	to, ok := st.moved[at]
+	for hops := 0; ok && hops < 1<<10; hops++ {
+		next, again := st.moved[to]
+		if !again || next <= to {
+			break
+		}
+		to = next
+	}
+	return to, ok, nil
+}
+
 func (x *Index) State(at, dueAt int64) (State, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()

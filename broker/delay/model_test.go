@@ -39,7 +39,7 @@ func TestModel(t *testing.T) {
 		}
 		defer func() { x.Close() }()
 		topics := []string{"a", "b"}
-		m := &model{entries: map[int64]*mEntry{}}
+		m := &model{entries: map[int64]*mEntry{}, gone: map[int64]*mEntry{}}
 		var records []int64 // every record's log offset
 		follow := func() {
 			if err := x.Follow(); err != nil {
@@ -177,8 +177,11 @@ func TestModel(t *testing.T) {
 					if err != nil {
 						rt.Fatalf("DeleteBefore: %v", err)
 					}
-					for at := range m.entries {
+					for at, e := range m.entries {
 						if at < start {
+							if e.st.Kind == StateMoved {
+								m.gone[at] = e
+							}
 							delete(m.entries, at)
 						}
 					}
@@ -208,6 +211,11 @@ func TestModel(t *testing.T) {
 					rt.Fatalf("truncate at %d: %v", cut, err)
 				}
 				records = slices.DeleteFunc(records, func(at int64) bool { return at >= cut })
+				for at, e := range m.gone {
+					if e.st.MovedTo >= cut {
+						delete(m.gone, at) // its message is lost with the cut
+					}
+				}
 				for at, e := range m.entries {
 					switch {
 					case at >= cut:

@@ -46,8 +46,10 @@ func newDelayedCommand(g *globalOptions) *cobra.Command {
 		Use:   "delayed",
 		Short: "List, look up and cancel delayed messages",
 		Long: `List, look up and cancel delayed messages (send --at or --after). A delayed
-message is named by its handle, GROUP@OFFSET: the broker group that holds its
-pending record and that record's log offset, as send prints it.`,
+message is named by its handle, GROUP@OFFSET/DUE: the broker group that holds
+its pending record, that record's log offset and the due time (unix
+milliseconds, which finds the message after retention moved it), as send
+prints it.`,
 	}
 	cmd.AddCommand(newDelayedLsCommand(g), newDelayedGetCommand(g), newDelayedCancelCommand(g))
 	return cmd
@@ -169,8 +171,8 @@ func newDelayedGetCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "get HANDLE",
 		Short: "Print what became of a delayed message: pending, released (where), cancelled",
-		Long: `Print what became of the delayed message HANDLE (GROUP@OFFSET, as send --at or
---after prints it): pending (and when it is due), released (at which queue
+		Long: `Print what became of the delayed message HANDLE (GROUP@OFFSET/DUE, as send --at
+or --after prints it): pending (and when it is due), released (at which queue
 offset, when, and how late), or cancelled. It asks the group's master.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -183,8 +185,8 @@ func newDelayedCancelCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "cancel HANDLE",
 		Short: "Cancel a pending delayed message",
-		Long: `Cancel the pending delayed message HANDLE (GROUP@OFFSET, as send --at or --after
-prints it) at its group's master, and print what happened: cancelled by this
+		Long: `Cancel the pending delayed message HANDLE (GROUP@OFFSET/DUE, as send --at or
+--after prints it) at its group's master, and print what happened: cancelled by this
 call, cancelled before, or released before it could be (at which queue offset
 and when). A message released before is not cancelled: that exits 1.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
@@ -221,7 +223,7 @@ func (g *globalOptions) onDelayed(cmd *cobra.Command, arg string, cancel bool) e
 	if err != nil {
 		return err
 	}
-	out := delayedJSON{Handle: protocol.Handle{Group: h.Group, Offset: st.Offset}.String(), DelayedState: st}
+	out := delayedJSON{Handle: protocol.Handle{Group: h.Group, Offset: st.Offset, DueAt: st.DueAt}.String(), DelayedState: st}
 	header := []string{"HANDLE", "TOPIC", "QUEUE", "ID", "DUE", "STATE", "WHERE"}
 	row := []string{out.Handle, st.Topic, fmt.Sprint(st.Queue), st.ID, formatMillis(st.DueAt), st.State, where(st, time.Now())}
 	var result error
@@ -296,8 +298,8 @@ func formatMillis(ms int64) string {
 	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z")
 }
 
-// checkHandle checks a handle argument: GROUP@OFFSET with a broker group
-// name and a log offset.
+// checkHandle checks a handle argument: GROUP@OFFSET[/DUE] with a broker
+// group name, a log offset and a due time.
 func checkHandle(s string) error {
 	h, err := protocol.ParseHandle(s)
 	if err != nil {

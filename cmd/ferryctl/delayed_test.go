@@ -97,7 +97,7 @@ func TestDelayedCommands(t *testing.T) {
 
 	before := time.Now()
 	first := delayedSend(t, meta, "send", "later", "--body", "one", "--after", "3s")
-	if !first.Delayed || first.Handle != fmt.Sprintf("%s@%d", first.Group, first.LogOffset) || first.DueAt < before.Add(3*time.Second).UnixMilli() {
+	if !first.Delayed || first.Handle != fmt.Sprintf("%s@%d/%d", first.Group, first.LogOffset, first.DueAt) || first.DueAt < before.Add(3*time.Second).UnixMilli() {
 		t.Fatalf("send --after: %+v", first)
 	}
 	out := mustCtl(t, meta, "send", "later", "--body", "two", "--after", "1h")

@@ -342,7 +342,7 @@ func rfc3339(v string) int {
 	return wantUsage
 }
 
-// handle: GROUP@OFFSET, a broker group name and a log offset.
+// handle: GROUP@OFFSET[/DUE], a broker group name, a log offset and a due time.
 func handle(v string) int {
 	h, err := protocol.ParseHandle(v)
 	if err != nil || brokerGroupName(h.Group) != wantNetwork {

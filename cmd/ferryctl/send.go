@@ -63,7 +63,7 @@ empty and may be at most 4 MiB (protocol.MaxMessageSize).
 With --at TIME (RFC 3339, e.g. 2026-12-24T09:00:00Z) or --after DUR (e.g.
 30m), the message is a delayed one: stored now, pending, and released into
 its queue at that time (--after counts from now; a time in the past is due
-at once). It prints the handle of the pending record (GROUP@OFFSET), which
+at once). It prints the handle of the pending record (GROUP@OFFSET/DUE), which
 delayed get and delayed cancel take.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
