@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -530,6 +531,9 @@ func (d *delayer) move(before int64) delayAnswer {
 			mv := rec.msg
 			mv.Producer = protocol.ProducerStamp{} // its producer's sequences stay with the record retention deletes
 			mv.Schedule.Ref = e.At
+			if protocol.DelayedOrigin(&mv) < 0 {
+				mv.Properties = append(slices.Clone(mv.Properties), protocol.Property{Key: protocol.DelayedOriginProperty, Value: strconv.FormatInt(e.At, 10)})
+			}
 			entries = append(entries, storage.Entry{Topic: protocol.DelayTopic(mv.Topic), Queue: mv.Queue, Payload: protocol.AppendMessage(nil, &mv)})
 		}
 		if len(entries) > 0 {

@@ -181,6 +181,9 @@ func TestDelayedSurvivesRetention(t *testing.T) {
 	if len(got) != 1 || got[0].Message.ID != m.ID || got[0].StoreTime < m.Schedule.At || string(got[0].Message.Body) != "kept" {
 		t.Fatalf("released %+v, want the message once, not before %d", got, m.Schedule.At)
 	}
+	if o := protocol.DelayedOrigin(&got[0].Message); o != res[0].LogOffset {
+		t.Fatalf("the released copy names its first pending record %d, want %d (its handle's)", o, res[0].LogOffset)
+	}
 	if err := callDelayed(t, c, protocol.CodeDelayedState, oldRef, &st); err != nil || st.State != protocol.DelayCancelled {
 		t.Fatalf("the cancelled message's state through its first handle: %+v %v", st, err)
 	}

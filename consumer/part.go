@@ -518,6 +518,9 @@ func toMessage(m *Message, sm *protocol.StoredMessage, p *part, group string) {
 	if sc := pm.Schedule; sc.Kind == protocol.ScheduleReleased {
 		m.DueAt, m.ReleasedAt = time.UnixMilli(sc.At), m.StoreTime
 		m.DelayedHandle = protocol.Handle{Group: group, Offset: sc.Ref, DueAt: sc.At}
+		if o := protocol.DelayedOrigin(pm); o >= 0 {
+			m.DelayedHandle.Offset = o // moved by retention: the first record, as the producer's handle
+		}
 	}
 	for _, pr := range pm.Properties {
 		if pr.Key == "key" {

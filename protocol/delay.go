@@ -122,3 +122,22 @@ type DelayedTopicCounts struct {
 	Pending int64  `json:"pending"`
 	Quota   int64  `json:"quota"`
 }
+
+// DelayedOriginProperty is the property a pending record retention moved
+// carries: the log offset of the message's first pending record (its
+// handle's), kept by every later move and by its release, so that the
+// handle finds the message however often it moved and a consumer's
+// DelayedHandle is the producer's.
+const DelayedOriginProperty = "%delayed-origin"
+
+// DelayedOrigin returns the DelayedOriginProperty of m, or -1.
+func DelayedOrigin(m *Message) int64 {
+	for _, p := range m.Properties {
+		if p.Key == DelayedOriginProperty {
+			if v, err := strconv.ParseInt(p.Value, 10, 64); err == nil && v >= 0 {
+				return v
+			}
+		}
+	}
+	return -1
+}

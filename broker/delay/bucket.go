@@ -112,12 +112,13 @@ type bstate struct {
 	moved map[int64]int64 // a moved entry's old log offset -> its new one (nil: none)
 }
 
-// move records that the entry at from was appended again at to.
+// move records that the entry at from was appended again at to (or, for
+// an origin, that its newest move is at to: the largest wins).
 func (s *bstate) move(from, to int64) {
 	if s.moved == nil {
 		s.moved = map[int64]int64{}
 	}
-	s.moved[from] = to
+	s.moved[from] = max(s.moved[from], to)
 }
 
 func (s *bstate) remove(e *ent) {
@@ -379,6 +380,9 @@ func (x *Index) loadState(b *bucket) (*bstate, error) {
 	}
 	st := &bstate{ents: make(map[int64]*ent, len(items))}
 	for _, it := range items {
+		if it.kind == itemEntry && it.ref >= 0 {
+			st.move(it.ref, it.at) // a moved record, from its origin
+		}
 		if it.kind != itemEntry || it.at < x.start {
 			continue
 		}
@@ -396,8 +400,8 @@ func (x *Index) loadState(b *bucket) (*bstate, error) {
 			st.move(it.ref, it.at) // kept after its entry is gone: its handle finds the new one
 		}
 		e := st.ents[it.ref]
-		if e == nil || e.st.Kind != StatePending {
-			continue // a duplicate, or its entry is gone
+		if e == nil || e.st.Kind != StatePending || !names(it, e) {
+			continue // a duplicate, its entry is gone, or it names another
 		}
 		e.st = resolution(it)
 	}
@@ -417,6 +421,11 @@ func (x *Index) loadState(b *bucket) (*bstate, error) {
 	heap.Init(&st.h)
 	return st, nil
 }
+
+// names says whether the mark or move it is of the entry e: the same
+// queue and due time as well as the log offset (a record that names an
+// offset it does not describe resolves nothing; resolveItems too).
+func names(it item, e *ent) bool { return it.qid == e.qid && it.dueAt == e.dueAt }
 
 func resolution(it item) State {
 	switch it.kind {

@@ -43,6 +43,16 @@ func delayedEntry(topic string, queue uint32, dueAt, ref int64) storage.Entry {
 		Payload: encode(topic, queue, protocol.Schedule{Kind: protocol.ScheduleDelayed, At: dueAt, Ref: ref}, []byte("body"))}
 }
 
+// movedEntry is what retention's move of the pending record at ref
+// appends: the message again, naming ref, with its origin (the first
+// pending record) as a property.
+func movedEntry(topic string, queue uint32, dueAt, ref, origin int64) storage.Entry {
+	m := protocol.Message{ID: "m", Topic: topic, Queue: queue, Timestamp: 1, Body: []byte("body"),
+		Schedule:   protocol.Schedule{Kind: protocol.ScheduleDelayed, At: dueAt, Ref: ref},
+		Properties: []protocol.Property{{Key: protocol.DelayedOriginProperty, Value: fmt.Sprint(origin)}}}
+	return storage.Entry{Topic: protocol.DelayTopic(topic), Queue: queue, Payload: protocol.AppendMessage(nil, &m)}
+}
+
 // releaseEntries is what the broker appends to release the entry e: the
 // released copy and the release mark, in one append.
 func releaseEntries(e Entry) []storage.Entry {
@@ -82,7 +92,8 @@ func (c *clock) Now() time.Time { return c.now }
 // mEntry is the model's entry.
 type mEntry struct {
 	Entry
-	st State
+	st     State
+	origin int64 // the first pending record of its message (its own offset unless moved)
 }
 
 // model is what the index must say: every entry the log holds and what
@@ -197,7 +208,7 @@ func check(t tb, x *Index, m *model, topics []string, what string) {
 			continue // the newest record is gone too (its bucket may be)
 		}
 		if got, ok, err := x.MovedTo(at, e.DueAt); err != nil || !ok || got != to {
-			t.Fatalf("%s: MovedTo(%d, due %d) = %d %v %v, want %d", what, at, e.DueAt, got, ok, err, to)
+			t.Fatalf("%s: MovedTo(%d, due %d) = %d %v %v, want %d\n%s", what, at, e.DueAt, got, ok, err, to, x.dump())
 		}
 	}
 	if s := x.Stats(); s.Pending != int64(len(pend)) {

@@ -189,6 +189,7 @@ type rec struct {
 	size     int32
 	sc       protocol.Schedule
 	relSize  uint32
+	origin   int64 // a moved record's first pending record (its handle), else -1
 }
 
 // effect is what one record did, undone to write a checkpoint at an
@@ -555,13 +556,21 @@ func (x *Index) step(to int64) error {
 // decodeRec reads what the index keeps of the delay record e of topic
 // (queue number qid).
 func (x *Index) decodeRec(topic string, qid uint32, e storage.StoredEntry) rec {
-	r := rec{at: e.LogOffset, qoff: e.QueueOffset, qid: qid, size: int32(storage.RecordSize(topic, len(e.Payload)))}
+	r := rec{at: e.LogOffset, qoff: e.QueueOffset, qid: qid, size: int32(storage.RecordSize(topic, len(e.Payload))), origin: -1}
 	sc, ok := protocol.PeekSchedule(e.Payload)
 	if !ok {
 		x.logger.Warn("an undecodable delay record", "log-offset", e.LogOffset)
 		return r
 	}
 	r.sc = sc
+	if sc.Kind == protocol.ScheduleDelayed && sc.Ref >= 0 {
+		// A move (rare): its origin is in its properties; the first move's
+		// is the record it moves.
+		r.origin = sc.Ref
+		if m, err := protocol.DecodeMessage(e.Payload); err == nil && protocol.DelayedOrigin(&m) >= 0 {
+			r.origin = protocol.DelayedOrigin(&m)
+		}
+	}
 	if sc.Kind == protocol.ScheduleReleaseMark {
 		m, err := protocol.DecodeMessage(e.Payload)
 		if err != nil || len(m.Body) != 4 {
@@ -680,21 +689,17 @@ func (x *Index) splitGroup(g *group) error {
 	for id, its := range byID {
 		b := x.newBucket(id)
 		b.minAt, b.maxAt = 1<<63-1, -1
-		pend := map[int64]uint32{} // pending entries: their queue
+		pend := map[int64]item{} // pending entries
 		for _, it := range its {
 			b.maxAt = max(b.maxAt, it.at)
 			if it.kind == itemEntry && it.at >= x.start {
-				pend[it.at] = it.qid
+				pend[it.at] = it
 			}
 		}
-		for _, it := range its {
-			if it.kind != itemEntry {
-				delete(pend, it.ref)
-			}
-		}
-		for at, qid := range pend {
-			b.addPending(qid, 1)
-			g.addPending(qid, -1)
+		resolveItems(pend, its)
+		for at, it := range pend {
+			b.addPending(it.qid, 1)
+			g.addPending(it.qid, -1)
 			b.minAt = min(b.minAt, at)
 		}
 		x.buckets[id] = b
@@ -717,6 +722,16 @@ func (x *Index) splitGroup(g *group) error {
 	return nil
 }
 
+// resolveItems deletes from pend (entries by log offset) those a mark or
+// move of items names.
+func resolveItems(pend map[int64]item, items []item) {
+	for _, it := range items {
+		if e, ok := pend[it.ref]; ok && it.kind != itemEntry && it.qid == e.qid && it.dueAt == e.dueAt {
+			delete(pend, it.ref)
+		}
+	}
+}
+
 // farCounts reads g's far file: the pending entries of topic ("" all) of
 // each bucket of its span.
 func (x *Index) farCounts(g *group, topic string) (map[int64]int64, error) {
@@ -730,11 +745,7 @@ func (x *Index) farCounts(g *group, topic string) (map[int64]int64, error) {
 			pend[it.at] = it
 		}
 	}
-	for _, it := range items {
-		if it.kind != itemEntry {
-			delete(pend, it.ref)
-		}
-	}
+	resolveItems(pend, items)
 	out := map[int64]int64{}
 	for _, it := range pend {
 		if topic == "" || x.queues[it.qid].target == topic {
@@ -794,7 +805,7 @@ func (x *Index) addFar(r *rec) bool {
 		return false
 	}
 	s := &g.store
-	x.buffer(s, item{kind: itemEntry, qid: r.qid, size: uint32(r.size), dueAt: r.sc.At, at: r.at, ref: -1})
+	x.buffer(s, item{kind: itemEntry, qid: r.qid, size: uint32(r.size), dueAt: r.sc.At, at: r.at, ref: r.origin})
 	g.maxAt = max(g.maxAt, r.at)
 	ef := effect{at: r.at, qoff: r.qoff, qid: r.qid, s: s, g: g, bid: id, pq: r.qid, ref: -1}
 	if r.at >= x.start {
@@ -888,7 +899,10 @@ func (x *Index) addEntry(r *rec) error {
 	if err != nil {
 		return err
 	}
-	s := x.addItem(b, item{kind: itemEntry, qid: r.qid, size: uint32(r.size), dueAt: r.sc.At, at: r.at, ref: -1})
+	s := x.addItem(b, item{kind: itemEntry, qid: r.qid, size: uint32(r.size), dueAt: r.sc.At, at: r.at, ref: r.origin})
+	if r.origin >= 0 && b.st != nil {
+		b.st.move(r.origin, r.at)
+	}
 	ef := effect{at: r.at, qoff: r.qoff, qid: r.qid, s: s, b: b, pq: r.qid, ref: -1}
 	if r.at >= x.start {
 		ef.dp = 1
@@ -934,7 +948,7 @@ func (x *Index) resolve(r *rec, kind uint8) error {
 		if err != nil {
 			return err
 		}
-		if e := st.ents[r.sc.Ref]; e != nil && e.st.Kind == StatePending {
+		if e := st.ents[r.sc.Ref]; e != nil && e.st.Kind == StatePending && names(it, e) {
 			e.st = resolution(it)
 			st.remove(e)
 			e.hold = holdNone

@@ -529,3 +529,48 @@ func TestCheckpointBehindFollow(t *testing.T) {
 		t.Fatalf("the entry whose cancel was lost: %+v, %v", st, err)
 	}
 }
+
+// TestMarkNamesItsEntry: a mark that names an entry's log offset but not
+// its queue or due time resolves nothing (loaded or read from its file,
+// and after a rebuild); the right one does.
+func TestMarkNamesItsEntry(t *testing.T) {
+	dir := t.TempDir()
+	l := openTestLog(t, filepath.Join(dir, "log"), 0)
+	defer l.Close()
+	clk := &clock{now: time.UnixMilli(1_800_000_000_000)}
+	x, err := Open(Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	now := clk.now.UnixMilli()
+	near := delayedEntry("t", 2, now+1000, -1)      // loaded
+	far := delayedEntry("t", 2, now+48*3600000, -1) // in its far file
+	p := appendLog(t, l, true, near, far)
+	for i, due := range []int64{now + 1000, now + 48*3600000} {
+		e := Entry{At: p[i].LogOffset, DueAt: due, Topic: "t", Queue: 2}
+		otherQueue, otherDue := e, e
+		otherQueue.Queue = 3
+		otherDue.DueAt++
+		appendLog(t, l, true, cancelEntry(otherQueue), cancelEntry(otherDue))
+		if err := x.Follow(); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := x.State(e.At, e.DueAt); err != nil || st.Kind != StatePending {
+			t.Fatalf("entry %d after marks of another queue and due time: %+v %v, want pending", i, st, err)
+		}
+	}
+	if err := x.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	if got := x.Pending("t"); got != 2 {
+		t.Fatalf("after a rebuild %d pending, want 2", got)
+	}
+	appendLog(t, l, true, cancelEntry(Entry{At: p[0].LogOffset, DueAt: now + 1000, Topic: "t", Queue: 2}))
+	if err := x.Follow(); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := x.State(p[0].LogOffset, now+1000); st.Kind != StateCancelled {
+		t.Fatalf("after its own cancel mark: %+v", st)
+	}
+}

@@ -83,7 +83,7 @@ func TestModel(t *testing.T) {
 				}
 				for j, p := range appendLog(rt, l, flush, es...) {
 					ms[j].At, ms[j].Size = p.LogOffset, int(p.End-p.LogOffset)
-					m.entries[p.LogOffset] = &mEntry{Entry: ms[j], st: State{Kind: StatePending}}
+					m.entries[p.LogOffset] = &mEntry{Entry: ms[j], st: State{Kind: StatePending}, origin: p.LogOffset}
 					records = append(records, p.LogOffset)
 				}
 			case 3: // follow
@@ -164,11 +164,12 @@ func TestModel(t *testing.T) {
 					rt.Fatalf("PendingBefore(%d, %d) = %v, want %v", off, max, got, want)
 				}
 				for _, e := range got {
-					pos := appendLog(rt, l, flush, delayedEntry(e.Topic, e.Queue, e.DueAt, e.At))
+					origin := m.entries[e.At].origin
+					pos := appendLog(rt, l, flush, movedEntry(e.Topic, e.Queue, e.DueAt, e.At, origin))
 					x.Release(e.At, true)
 					m.entries[e.At].st = State{Kind: StateMoved, MovedTo: pos[0].LogOffset}
 					ne := Entry{At: pos[0].LogOffset, Size: int(pos[0].End - pos[0].LogOffset), DueAt: e.DueAt, Topic: e.Topic, Queue: e.Queue}
-					m.entries[ne.At] = &mEntry{Entry: ne, st: State{Kind: StatePending}}
+					m.entries[ne.At] = &mEntry{Entry: ne, st: State{Kind: StatePending}, origin: origin}
 					records = append(records, ne.At)
 				}
 				// Retention deletes (also what was not moved: it is gone).
