@@ -170,7 +170,7 @@ func (x *Index) finish(job *cpJob) error {
 func (x *Index) snapshot() (*cpJob, error) {
 	began := time.Now()
 	f := min(x.l.FlushedOffset(), x.pos)
-	if f < x.w || (f == x.w && x.cpWritten) || f < x.start {
+	if f < x.w || (f == x.w && x.cpWritten) || f < x.start || f < x.trimmed {
 		return nil, nil
 	}
 	if err := x.flushAll(); err != nil {

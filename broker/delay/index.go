@@ -165,6 +165,7 @@ type Index struct {
 	journal   journal // what the records since W did, for a checkpoint at an earlier offset
 	spareBuf  []byte  // a buffer for the items of the next store to buffer some (see flushBuf)
 	cpAdded   int64   // journal.added at the last checkpoint
+	trimmed   int64   // the journal holds every effect at or past it: no checkpoint below it
 	rbuf      []byte  // the buffer of the log reads
 	cpBuf     []byte  // for a checkpoint's bytes (their records live only while read)
 	lastCP    time.Time
@@ -319,6 +320,7 @@ func (x *Index) clear() {
 	x.penMu.Unlock()
 	x.claims = map[int64]*ent{}
 	x.journal.reset()
+	x.trimmed = 0
 	x.dirty = nil
 	x.touched = nil
 	x.bufBytes = 0
@@ -455,6 +457,7 @@ func (x *Index) followLog(now time.Time, forceCP bool) error {
 // can be seconds apart when a checkpoint syncs many files).
 func (x *Index) trimJournal() {
 	f := min(x.l.FlushedOffset(), x.pos)
+	x.trimmed = max(x.trimmed, f) // a Truncate can take the flushed offset below it
 	x.journal.drop(sort.Search(x.journal.len(), func(i int) bool { return x.journal.at(i).at >= f }))
 }
 
