@@ -1264,8 +1264,6 @@ func (x *Index) Release(at int64, done bool) {
 	}
 }
 
-// State tells what became of the entry at (at, dueAt): a lookup reads its
-// bucket from disk when it is not loaded.
 // MovedTo follows the moves of the entry that was at log offset at, due
 // at dueAt (retention appended it again, perhaps more than once): the log
 // offset of its newest record, and false when the index knows of no move
@@ -1303,6 +1301,8 @@ func (x *Index) MovedTo(at, dueAt int64) (int64, bool, error) {
 	return to, ok, nil
 }
 
+// State tells what became of the entry at (at, dueAt): a lookup reads its
+// bucket from disk when it is not loaded.
 func (x *Index) State(at, dueAt int64) (State, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()

@@ -30,7 +30,8 @@ func TestMovedToAfterReset(t *testing.T) {
 			appendLog(t, l, true, storage.Entry{Topic: "other", Queue: 0, Payload: []byte(strings.Repeat("x", 400))})
 		}
 	}
-	move := func(at int64) int64 {
+	var first int64
+	move := func(at int64) int64 { // as the broker moves: naming the previous record and the first
 		t.Helper()
 		if err := x.Follow(); err != nil {
 			t.Fatal(err)
@@ -38,11 +39,11 @@ func TestMovedToAfterReset(t *testing.T) {
 		if _, _, ok, err := x.Claim(at, due); !ok || err != nil {
 			t.Fatalf("claim %d: %v %v", at, ok, err)
 		}
-		p := appendLog(t, l, true, delayedEntry("t", 0, due, at))[0]
+		p := appendLog(t, l, true, movedEntry("t", 0, due, at, first))[0]
 		x.Release(at, true)
 		return p.LogOffset
 	}
-	first := appendLog(t, l, true, delayedEntry("t", 0, due, -1))[0].LogOffset
+	first = appendLog(t, l, true, delayedEntry("t", 0, due, -1))[0].LogOffset
 	filler()
 	second := move(first)
 	filler()
