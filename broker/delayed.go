@@ -99,7 +99,7 @@ func (d *delayer) admit(m *protocol.Message) protocol.Status {
 	if d == nil {
 		return protocol.StatusInvalid
 	}
-	if len(protocol.DelayTopic(m.Topic)) > protocol.MaxTopicLen {
+	if len(protocol.DelayTopicPrefix)+len(m.Topic) > protocol.MaxTopicLen {
 		return protocol.StatusInvalid // its internal topic's name would not fit: topics of delayed messages are 7 shorter
 	}
 	if m.Schedule.At > d.clock.Now().Add(d.maxDelay).UnixMilli() {

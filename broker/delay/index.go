@@ -160,6 +160,7 @@ type Index struct {
 	matEnts   int64            // entries held by materialized buckets
 	penMu     sync.Mutex       // guards topicPen and total (Pending never waits on mu)
 	topicPen  map[string]int64
+	penDelta  []int64 // by queue number: changes not yet in topicPen (see publishPending)
 	total     int64
 	claims    map[int64]*ent
 	journal   journal // what the records since W did, for a checkpoint at an earlier offset
@@ -318,6 +319,7 @@ func (x *Index) clear() {
 	x.topicPen = map[string]int64{}
 	x.total = 0
 	x.penMu.Unlock()
+	x.penDelta = nil
 	x.claims = map[int64]*ent{}
 	x.journal.reset()
 	x.trimmed = 0
@@ -397,6 +399,7 @@ func (x *Index) Follow() error {
 
 func (x *Index) follow(now time.Time, forceCP bool) error {
 	err := x.followLog(now, forceCP)
+	x.publishPending()
 	if err != nil {
 		x.broken = err
 		return err
@@ -718,6 +721,7 @@ func (x *Index) splitGroup(g *group) error {
 		for _, qc := range slices.Clone(g.pending) {
 			x.count(&g.counts, qc.qid, -qc.n)
 		}
+		x.publishPending()
 	}
 	g.split = true
 	g.counts = counts{minAt: 1<<63 - 1}
@@ -929,9 +933,24 @@ func (x *Index) addEntry(r *rec) error {
 
 func (x *Index) count(b *counts, qid uint32, d int64) {
 	b.addPending(qid, d)
+	if int(qid) >= len(x.penDelta) {
+		x.penDelta = append(x.penDelta, make([]int64, int(qid)+1-len(x.penDelta))...)
+	}
+	x.penDelta[qid] += d
+}
+
+// publishPending applies the counts' changes since the last call to what
+// Pending reads: once a follow, not once a record (a send's admission
+// reads them).
+func (x *Index) publishPending() {
 	x.penMu.Lock()
-	x.topicPen[x.queues[qid].target] += d
-	x.total += d
+	for qid, d := range x.penDelta {
+		if d != 0 {
+			x.topicPen[x.queues[qid].target] += d
+			x.total += d
+			x.penDelta[qid] = 0
+		}
+	}
 	x.penMu.Unlock()
 }
 
