@@ -287,6 +287,9 @@ func (d *delayer) fire(rep *replication) {
 			marked[i] = true
 			cp := rec.msg
 			cp.Producer = protocol.ProducerStamp{}
+			if rec.msg.Schedule.Ref < 0 {
+				cp.Properties = withoutOrigin(cp.Properties) // not moved: whatever it says is no origin
+			}
 			cp.Schedule = protocol.Schedule{Kind: protocol.ScheduleReleased, At: rec.msg.Schedule.At, Ref: e.At}
 			payload := protocol.AppendMessage(nil, &cp)
 			entries = append(entries,
@@ -421,6 +424,17 @@ func pendingOf(ri storage.RecordInfo) (pendingRecord, error) {
 	return pendingRecord{at: at, msg: m}, nil
 }
 
+// withoutOrigin is props without protocol.DelayedOriginProperty (props
+// itself when it has none: the common case costs no copy).
+func withoutOrigin(props []protocol.Property) []protocol.Property {
+	if !slices.ContainsFunc(props, isOrigin) {
+		return props
+	}
+	return slices.DeleteFunc(slices.Clone(props), isOrigin)
+}
+
+func isOrigin(p protocol.Property) bool { return p.Key == protocol.DelayedOriginProperty }
+
 // releaseMark encodes the mark that says the pending record at of m was
 // released as a record of size bytes, right before the mark.
 func releaseMark(m *protocol.Message, at int64, size int) []byte {
@@ -530,10 +544,22 @@ func (d *delayer) move(before int64) delayAnswer {
 			marked[i] = true
 			mv := rec.msg
 			mv.Producer = protocol.ProducerStamp{} // its producer's sequences stay with the record retention deletes
-			mv.Schedule.Ref = e.At
-			if protocol.DelayedOrigin(&mv) < 0 {
-				mv.Properties = append(slices.Clone(mv.Properties), protocol.Property{Key: protocol.DelayedOriginProperty, Value: strconv.FormatInt(e.At, 10)})
+			// Its origin: the record it moves, unless that is a move itself,
+			// whose origin it keeps (as the index reads it: a move without
+			// the property, from before it, names its origin by its Ref). A
+			// first record's property is no origin: a retry's copy of a
+			// released message, a recovered move, a producer's own.
+			origin := e.At
+			if rec.msg.Schedule.Ref >= 0 {
+				origin = rec.msg.Schedule.Ref
+				if o := protocol.DelayedOrigin(&rec.msg); o >= 0 {
+					origin = o
+				}
 			}
+			mv.Schedule.Ref = e.At
+			props := withoutOrigin(mv.Properties)
+			mv.Properties = append(props[:len(props):len(props)], // a copy: rec's stay as read
+				protocol.Property{Key: protocol.DelayedOriginProperty, Value: strconv.FormatInt(origin, 10)})
 			entries = append(entries, storage.Entry{Topic: protocol.DelayTopic(mv.Topic), Queue: mv.Queue, Payload: protocol.AppendMessage(nil, &mv)})
 		}
 		if len(entries) > 0 {
