@@ -28,7 +28,9 @@ type Message struct {
 	ID     string
 	// Key is the producer's key (the property "key"); it is not repeated in
 	// Properties.
-	Key        string
+	Key string
+	// Tag is the producer's tag ("" none).
+	Tag        string
 	Properties map[string]string
 	Body       []byte
 	// StoreTime is when the broker stored it; Timestamp is when the

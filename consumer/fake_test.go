@@ -137,12 +137,12 @@ type fakeDLQ struct {
 
 // deadLetter is a dead letter (or a retry) as sent.
 type deadLetter struct {
-	ID, Topic, Key string
-	Properties     map[string]string
-	Body           []byte
-	Timestamp      int64
-	Schedule       protocol.Schedule
-	msg            *protocol.Message
+	ID, Topic, Key, Tag string
+	Properties          map[string]string
+	Body                []byte
+	Timestamp           int64
+	Schedule            protocol.Schedule
+	msg                 *protocol.Message
 }
 
 func (d *fakeDLQ) DeadLetter(ctx context.Context, m *protocol.Message, key string) error {
@@ -152,7 +152,7 @@ func (d *fakeDLQ) DeadLetter(ctx context.Context, m *protocol.Message, key strin
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	dl := deadLetter{ID: m.ID, Topic: m.Topic, Key: key, Properties: props, Body: m.Body, Timestamp: m.Timestamp, Schedule: m.Schedule, msg: m}
+	dl := deadLetter{ID: m.ID, Topic: m.Topic, Key: key, Tag: m.Tag, Properties: props, Body: m.Body, Timestamp: m.Timestamp, Schedule: m.Schedule, msg: m}
 	d.tries = append(d.tries, dl)
 	if d.fail != nil {
 		if err := d.fail(m); err != nil {

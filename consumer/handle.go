@@ -205,6 +205,7 @@ func (c *Consumer) deadLetter(p *part, m *Message, cause error, log interface {
 		ID:         c.dlqPrefix + "-" + strconv.FormatUint(c.dlqIDs.Add(1), 36),
 		Topic:      c.cfg.deadLetter,
 		Timestamp:  time.Now().UnixMilli(),
+		Tag:        m.Tag,
 		Body:       m.Body,
 		Properties: clientcore.Properties(props, m.Key),
 	}

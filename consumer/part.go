@@ -507,7 +507,7 @@ func (m *movedQueue) Error() string {
 func toMessage(m *Message, sm *protocol.StoredMessage, p *part, group string) {
 	pm := &sm.Message
 	*m = Message{
-		Topic: pm.Topic, Queue: pm.Queue, Offset: sm.QueueOffset, ID: pm.ID, Body: pm.Body,
+		Topic: pm.Topic, Queue: pm.Queue, Offset: sm.QueueOffset, ID: pm.ID, Tag: pm.Tag, Body: pm.Body,
 		StoreTime: time.UnixMilli(sm.StoreTime), Timestamp: time.UnixMilli(pm.Timestamp),
 		ProducerID: pm.Producer.ID, Seq: pm.Producer.Seq,
 		part: p, size: int64(24 + pm.EncodedSize()),

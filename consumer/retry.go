@@ -200,6 +200,7 @@ func (c *Consumer) storeRetry(p *part, m *Message, due time.Time, cause error, l
 		Topic:      c.cfg.retryTopic,
 		Timestamp:  m.Timestamp.UnixMilli(),
 		Schedule:   protocol.Schedule{Kind: protocol.ScheduleDelayed, At: max(at, 1), Ref: -1},
+		Tag:        m.Tag,
 		Body:       m.Body,
 		Properties: clientcore.Properties(props, m.Key),
 	}

@@ -299,7 +299,7 @@ func TestNonBlockingRetries(t *testing.T) {
 	fb := newFakeBrokers()
 	stored := time.Now().Add(-time.Minute).UnixMilli()
 	for i, b := range []string{"a", "bad", "c"} {
-		m := protocol.Message{ID: "id-" + b, Topic: "t", Queue: 0, Timestamp: stored - 5, Body: []byte(b),
+		m := protocol.Message{ID: "id-" + b, Topic: "t", Queue: 0, Timestamp: stored - 5, Body: []byte(b), Tag: "tag-" + b,
 			Producer:   protocol.ProducerStamp{ID: 42, Epoch: 1, Seq: int64(i)},
 			Properties: []protocol.Property{{Key: "color", Value: "red"}, {Key: "key", Value: "k-" + b}}}
 		if b == "bad" { // a delayed message, released into t
@@ -337,7 +337,7 @@ func TestNonBlockingRetries(t *testing.T) {
 		PropRetryStoreTime: r.Properties[PropRetryStoreTime], PropRetryProducer: "42", PropRetrySeq: "1", PropRetryDeliveries: "1",
 		PropRetry: "delivery 1 failed", "key": "k-bad", PropRetryDueAt: fmt.Sprint(stored - 100),
 		PropRetryReleasedAt: r.Properties[PropRetryReleasedAt], PropRetryHandle: fmt.Sprintf("g@9/%d", stored-100)}
-	if !mapsEqual(r.Properties, want) || r.Properties[PropRetryStoreTime] == "" || r.Key != "k-bad" || string(r.Body) != "bad" {
+	if !mapsEqual(r.Properties, want) || r.Properties[PropRetryStoreTime] == "" || r.Key != "k-bad" || string(r.Body) != "bad" || r.Tag != "tag-bad" {
 		t.Errorf("retry %+v, want properties %v", r, want)
 	}
 	_, badAt := rec.of("bad")
@@ -354,7 +354,7 @@ func TestNonBlockingRetries(t *testing.T) {
 	advanceUntil(t, clk, c, 20*time.Millisecond, "bad's second delivery", func() bool { ms, _ := rec.of("bad"); return len(ms) == 2 })
 	ms, badAt := rec.of("bad")
 	first, again := ms[0], ms[1]
-	if again.Topic != "t" || again.Queue != 0 || again.Offset != 1 || again.ID != "id-bad" || again.Key != "k-bad" ||
+	if again.Topic != "t" || again.Queue != 0 || again.Offset != 1 || again.ID != "id-bad" || again.Key != "k-bad" || again.Tag != "tag-bad" ||
 		again.ProducerID != 42 || again.Seq != 1 || again.Deliveries != 2 || !again.Timestamp.Equal(first.Timestamp) ||
 		!again.StoreTime.Equal(first.StoreTime) || again.Recovered || !again.DueAt.Equal(time.UnixMilli(stored-100)) ||
 		!again.ReleasedAt.Equal(first.ReleasedAt) || again.DelayedHandle != (protocol.Handle{Group: "g", Offset: 9, DueAt: stored - 100}) {
@@ -378,7 +378,7 @@ func TestNonBlockingRetries(t *testing.T) {
 	advanceUntil(t, clk, c, 20*time.Millisecond, "the dead letter", func() bool { return len(dlq.sent("%DLQ%grp")) == 1 })
 	dl := dlq.sent("%DLQ%grp")[0]
 	if dl.Properties[PropOriginTopic] != "t" || dl.Properties[PropOriginOffset] != "1" || dl.Properties[PropOriginID] != "id-bad" ||
-		dl.Properties[PropDeliveries] != "3" || dl.Properties[PropError] != "delivery 3 failed" || dl.Key != "k-bad" || dl.Properties["color"] != "red" {
+		dl.Properties[PropDeliveries] != "3" || dl.Properties[PropError] != "delivery 3 failed" || dl.Key != "k-bad" || dl.Tag != "tag-bad" || dl.Properties["color"] != "red" {
 		t.Errorf("dead letter %+v", dl)
 	}
 	for k := range dl.Properties {

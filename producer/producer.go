@@ -23,7 +23,10 @@ type Message struct {
 	// property "key". One key's messages are stored in send order: a keyed
 	// message that fails waits for its queue (unless MoveKeyedOnFailure),
 	// and the key's later messages wait behind it.
-	Key         string
+	Key string
+	// Tag is the message's one tag (1 to 64 letters, digits or "._-:/"),
+	// which consumer groups can filter on; "" none.
+	Tag         string
 	Properties  map[string]string
 	Body        []byte
 	Reliability protocol.Reliability

@@ -59,6 +59,7 @@ func newRecord(ctx context.Context, m *Message, id string, cfg *config, promise 
 		Topic:       m.Topic,
 		Reliability: m.Reliability,
 		Timestamp:   now.UnixMilli(),
+		Tag:         m.Tag,
 		Body:        m.Body,
 	}
 	if len(m.Properties) > 0 || m.Key != "" {

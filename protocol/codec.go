@@ -38,6 +38,9 @@ type reader struct {
 	// lastTopic lets consecutive messages of one topic share its string
 	// (a batch is usually one topic): one allocation per batch, not per message.
 	lastTopic string
+	// tags are the tags met so far (up to maxTags), shared the same way:
+	// a batch holds a few.
+	tags []string
 	// skipID makes message check a message id's span without copying it
 	// into a string (the caller fills the ids in, one allocation per batch).
 	skipID bool
@@ -76,6 +79,23 @@ func (r *reader) fixed(n int, what string) []byte {
 	v := r.b[:n:n]
 	r.b = r.b[n:]
 	return v
+}
+
+// maxTags is how many distinct tags a reader keeps to share their strings.
+const maxTags = 8
+
+// tag returns t as a string, one the reader made before when it can.
+func (r *reader) tag(t []byte) string {
+	for _, s := range r.tags {
+		if s == string(t) {
+			return s
+		}
+	}
+	s := string(t)
+	if len(r.tags) < maxTags {
+		r.tags = append(r.tags, s)
+	}
+	return s
 }
 
 func (r *reader) u8(what string) uint8   { return r.fixed(1, what)[0] }

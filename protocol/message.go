@@ -45,6 +45,7 @@ const (
 	MaxTopicLen    = 255
 	MaxProperties  = 256
 	MaxPropertyLen = 4096 // key or value
+	MaxTagLen      = 64
 )
 
 // Property is one key/value of a message's properties. Properties keep their
@@ -82,7 +83,11 @@ const scheduleFlag = 0x40
 
 const scheduleSize = 1 + 8 + 8
 
-const relFlags = stampedFlag | scheduleFlag
+// tagFlag, in the reliability byte, says a tag follows the schedule (or
+// what comes before it): u8 length (1 to MaxTagLen) + bytes.
+const tagFlag = 0x20
+
+const relFlags = stampedFlag | scheduleFlag | tagFlag
 
 // Message is one message as it crosses the wire and as it is stored.
 //
@@ -92,16 +97,17 @@ const relFlags = stampedFlag | scheduleFlag
 //	topic       u16 length + bytes
 //	queue       u32
 //	reliability u8; bit 0x80 set: a producer stamp follows the timestamp;
-//	            bit 0x40 set: a schedule follows the stamp
+//	            bit 0x40 set: a schedule follows the stamp; bit 0x20: a tag
 //	timestamp   i64, unix milliseconds
 //	[stamp]     producer id u64, epoch u16, sequence i64 (only with bit 0x80)
 //	[schedule]  kind u8, at i64 (unix milliseconds), ref i64 (only with bit 0x40)
+//	[tag]       u8 length + bytes (only with bit 0x20)
 //	properties  u16 count, then per property: u16 length + key, u16 length + value
 //	body        u32 length + bytes
 //
 // The encoding is canonical: bit 0x80 is set exactly when the stamp's
 // producer id is not zero, bit 0x40 exactly when the schedule's kind is not
-// ScheduleNone.
+// ScheduleNone, bit 0x20 exactly when the tag is not empty.
 type Message struct {
 	ID          string
 	Topic       string
@@ -110,6 +116,7 @@ type Message struct {
 	Timestamp   int64
 	Producer    ProducerStamp
 	Schedule    Schedule // the zero Schedule: an ordinary message
+	Tag         string   // one tag (ValidateTag), which consumer groups filter on; "" none
 	Properties  []Property
 	Body        []byte // aliases the decoded buffer
 }
@@ -188,6 +195,9 @@ func (m *Message) EncodedSize() int {
 	if m.Schedule.Kind != ScheduleNone {
 		n += scheduleSize
 	}
+	if m.Tag != "" {
+		n += 1 + len(m.Tag)
+	}
 	for _, p := range m.Properties {
 		n += 4 + len(p.Key) + len(p.Value)
 	}
@@ -234,6 +244,11 @@ func (m *Message) Validate() error {
 	if _, ok := IsDelayTopic(m.Topic); ok {
 		invalid("topic %q is internal (its prefix %s is reserved)", m.Topic, DelayTopicPrefix)
 	}
+	if m.Tag != "" {
+		if err := ValidateTag(m.Tag); err != nil {
+			invalid("%v", err)
+		}
+	}
 	if len(m.Properties) > MaxProperties {
 		invalid("%d properties over the cap %d", len(m.Properties), MaxProperties)
 	}
@@ -260,6 +275,13 @@ func AppendMessage(dst []byte, m *Message) []byte {
 	if m.Schedule.Kind != ScheduleNone {
 		rel |= scheduleFlag
 	}
+	tag := m.Tag
+	if len(tag) > 255 {
+		tag = tag[:255]
+	}
+	if tag != "" {
+		rel |= tagFlag
+	}
 	dst = appendU8(dst, rel)
 	dst = appendI64(dst, m.Timestamp)
 	if !m.Producer.IsZero() {
@@ -271,6 +293,10 @@ func AppendMessage(dst []byte, m *Message) []byte {
 		dst = appendU8(dst, uint8(m.Schedule.Kind))
 		dst = appendI64(dst, m.Schedule.At)
 		dst = appendI64(dst, m.Schedule.Ref)
+	}
+	if tag != "" {
+		dst = appendU8(dst, uint8(len(tag)))
+		dst = append(dst, tag...)
 	}
 	props := m.Properties
 	if len(props) > 1<<16-1 {
@@ -329,6 +355,14 @@ func (r *reader) message(m *Message) {
 			r.fail(fmt.Sprintf("unknown schedule kind %d", m.Schedule.Kind))
 		}
 	}
+	m.Tag = ""
+	if rel&tagFlag != 0 {
+		t := r.span(int(r.u8("tag length")), "tag")
+		if r.err == nil && len(t) == 0 {
+			r.fail("an empty tag behind the tag bit")
+		}
+		m.Tag = r.tag(t)
+	}
 	n := int(r.u16("property count"))
 	m.Properties = nil
 	if n > 0 && r.need(4*n, "properties") {
@@ -354,7 +388,7 @@ func DecodeMessage(b []byte) (Message, error) {
 
 // Equal reports whether two messages are the same, field by field.
 func (m *Message) Equal(o *Message) bool {
-	return m.ID == o.ID && m.Topic == o.Topic && m.Queue == o.Queue &&
+	return m.ID == o.ID && m.Topic == o.Topic && m.Queue == o.Queue && m.Tag == o.Tag &&
 		m.Reliability == o.Reliability && m.Timestamp == o.Timestamp && m.Producer == o.Producer && m.Schedule == o.Schedule &&
 		slices.Equal(m.Properties, o.Properties) && string(m.Body) == string(o.Body)
 }

@@ -53,6 +53,17 @@ func ValidateNewTopic(t string) error {
 	return nil
 }
 
+// TagChars are the characters a tag may hold besides the letters a-z,
+// A-Z and the digits (a filter expression separates tags with spaces,
+// "||", "&&", "!" and parentheses).
+const TagChars = "._-:/"
+
+// ValidateTag checks a message's tag: 1 to MaxTagLen bytes, each a letter
+// a-z or A-Z, a digit, or one of TagChars.
+func ValidateTag(t string) error {
+	return ValidateName("tag", t, MaxTagLen, TagChars)
+}
+
 // ValidateServerName checks a broker's id or its group's name (what names
 // the kind in the error, "broker id"): 1 to 255 bytes of printable
 // characters and no spaces.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -17,6 +18,10 @@ func sampleMessages() []Message {
 		{ID: "m-3", Topic: "t", Queue: 1<<32 - 1, Body: nil},
 		{ID: "m-4", Topic: "orders", Queue: 2, Reliability: High, Timestamp: 5,
 			Producer: ProducerStamp{ID: 1 << 40, Epoch: 3, Seq: 12345}, Body: []byte("stamped")},
+		{ID: "m-5", Topic: "orders", Queue: 1, Timestamp: 6, Tag: "paid", Body: []byte("tagged")},
+		{ID: "m-6", Topic: "orders", Queue: 1, Timestamp: 7, Producer: ProducerStamp{ID: 9, Seq: 1},
+			Schedule: Schedule{Kind: ScheduleDelayed, At: 1 << 41, Ref: -1}, Tag: strings.Repeat("t", MaxTagLen),
+			Properties: []Property{{"key", "k"}}, Body: []byte("all of it")},
 	}
 }
 
@@ -225,6 +230,9 @@ func TestMessageValidate(t *testing.T) {
 		{"bad topic byte", func(m *Message) { m.Topic = "a/b" }, ErrInvalid},
 		{"bad reliability", func(m *Message) { m.Reliability = 7 }, ErrInvalid},
 		{"empty property key", func(m *Message) { m.Properties = []Property{{"", "v"}} }, ErrInvalid},
+		{"long tag", func(m *Message) { m.Tag = strings.Repeat("t", MaxTagLen+1) }, ErrInvalid},
+		{"tag with a space", func(m *Message) { m.Tag = "a b" }, ErrInvalid},
+		{"tag with ||", func(m *Message) { m.Tag = "a||b" }, ErrInvalid},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -141,6 +141,7 @@ type PullDecoder struct {
 	ids   []byte   // the ids of the messages decoded, end to end
 	lens  []uint16 // and their lengths
 	topic string   // the last message's topic, shared by the next ones of that topic
+	tags  []string // tags met, shared by the next messages with one of them
 }
 
 // Decode decodes a PULL response body. Message bodies alias b; the
@@ -148,7 +149,7 @@ type PullDecoder struct {
 // decoder's: valid until its next Decode.
 func (d *PullDecoder) Decode(b []byte) (PullResponse, error) {
 	var p PullResponse
-	r := reader{b: b, skipID: true, lastTopic: d.topic}
+	r := reader{b: b, skipID: true, lastTopic: d.topic, tags: d.tags}
 	p.NextOffset = r.i64("next offset")
 	p.MinOffset = r.i64("min offset")
 	p.MaxOffset = r.i64("max offset")
@@ -177,7 +178,7 @@ func (d *PullDecoder) Decode(b []byte) (PullResponse, error) {
 			lens = append(lens, uint16(idLen))
 			r.message(&sm.Message)
 		}
-		d.ids, d.lens, d.topic = ids, lens, r.lastTopic
+		d.ids, d.lens, d.topic, d.tags = ids, lens, r.lastTopic, r.tags
 		if r.err == nil {
 			all := string(ids)
 			for i, l := range lens {

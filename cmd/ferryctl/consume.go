@@ -33,6 +33,7 @@ type consumedJSON struct {
 	Offset     int64             `json:"offset"`
 	ID         string            `json:"id"`
 	Key        string            `json:"key,omitempty"`
+	Tag        string            `json:"tag,omitempty"`
 	Properties map[string]string `json:"properties,omitempty"`
 	StoreTime  time.Time         `json:"store_time"`
 	Timestamp  time.Time         `json:"timestamp"`
@@ -133,7 +134,7 @@ func consume(ctx context.Context, c *consumer.Consumer, g *globalOptions, count 
 			msgs = msgs[:count-n] // the rest are not marked: the group gets them again
 		}
 		if !g.json && !header {
-			fmt.Fprintf(g.out, "%-5s %-10s %-24s %-12s %-23s %s\n", "QUEUE", "OFFSET", "ID", "KEY", "STORED", "BODY")
+			fmt.Fprintf(g.out, "%-5s %-10s %-24s %-12s %-12s %-23s %s\n", "QUEUE", "OFFSET", "ID", "KEY", "TAG", "STORED", "BODY")
 			header = true
 		}
 		for _, m := range msgs {
@@ -152,7 +153,7 @@ func consume(ctx context.Context, c *consumer.Consumer, g *globalOptions, count 
 
 func printConsumed(w io.Writer, asJSON bool, m *consumer.Message) error {
 	if asJSON {
-		return json.NewEncoder(w).Encode(consumedJSON{Topic: m.Topic, Queue: m.Queue, Offset: m.Offset, ID: m.ID, Key: m.Key,
+		return json.NewEncoder(w).Encode(consumedJSON{Topic: m.Topic, Queue: m.Queue, Offset: m.Offset, ID: m.ID, Key: m.Key, Tag: m.Tag,
 			Properties: m.Properties, StoreTime: m.StoreTime, Timestamp: m.Timestamp, ProducerID: m.ProducerID, Seq: m.Seq,
 			Deliveries: m.Deliveries, Body: string(m.Body)})
 	}
@@ -160,7 +161,7 @@ func printConsumed(w io.Writer, asJSON bool, m *consumer.Message) error {
 	if len(body) > 60 {
 		body = body[:57] + "..."
 	}
-	_, err := fmt.Fprintf(w, "%-5d %-10d %-24s %-12s %-23s %q\n", m.Queue, m.Offset, m.ID, orDash(m.Key),
+	_, err := fmt.Fprintf(w, "%-5d %-10d %-24s %-12s %-12s %-23s %q\n", m.Queue, m.Offset, m.ID, orDash(m.Key), orDash(m.Tag),
 		m.StoreTime.Local().Format("2006-01-02 15:04:05.000"), body)
 	return err
 }

@@ -40,6 +40,23 @@ func TestConsume(t *testing.T) {
 			t.Fatalf("queue %d committed %d, sent %d", q.Queue, q.Committed, per[q.Queue])
 		}
 	}
+	// A tag goes with its message (send --tag), shown by consume.
+	mustCtl(t, meta, "send", "orders", "--body", "tagged", "--tag", "paid")
+	var tagged consumedJSON
+	for _, l := range strings.Split(strings.TrimSpace(mustCtl(t, meta, "consume", "orders", "--group", "tags", "--timeout", "1s", "--json")), "\n") {
+		var m consumedJSON // fresh: Unmarshal keeps the fields a line omits
+		if err := json.Unmarshal([]byte(l), &m); err == nil && m.Body == "tagged" {
+			tagged = m
+		} else if err == nil && m.Tag != "" {
+			t.Fatalf("an untagged message consumed with tag %q", m.Tag)
+		}
+	}
+	if tagged.Tag != "paid" {
+		t.Fatalf("the tagged message consumed as %+v", tagged)
+	}
+	if code, _, errOut := ctl(meta, "send", "orders", "--body", "x", "--tag", "a b"); code != exitUsage || !strings.Contains(errOut, "tag") {
+		t.Fatalf("send --tag 'a b': exit %d %q", code, errOut)
+	}
 	// A new group from latest sees nothing of what is there.
 	if out = mustCtl(t, meta, "consume", "orders", "--group", "c2", "--from", "latest", "--timeout", "500ms"); strings.Contains(out, `"m`) {
 		t.Fatalf("--from latest:\n%s", out)

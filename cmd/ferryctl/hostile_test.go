@@ -149,6 +149,7 @@ var flagCases = map[string]flagCase{
 	// A file that is not there is a usage error.
 	"send/body-file":   {[]string{"send", "t"}, func(string) int { return wantUsage }},
 	"send/key":         {[]string{"send", "t", "--body", "b"}, anything},
+	"send/tag":         {[]string{"send", "t", "--body", "b"}, matches(`^[A-Za-z0-9._:/-]{1,64}$`)},
 	"send/prop":        {[]string{"send", "t", "--body", "b"}, matches(`^[^=,]+=[^,]*$`)},
 	"send/reliability": {[]string{"send", "t", "--body", "b"}, words("normal", "high", "NORMAL", "HIGH")},
 	// No hostile value is an RFC 3339 time.

@@ -19,6 +19,7 @@ type sendOptions struct {
 	body        string
 	bodyFile    string
 	key         string
+	tag         string
 	props       []string
 	reliability string
 	at          string        // --at, RFC 3339 (checked when parsed)
@@ -90,7 +91,7 @@ delayed get and delayed cancel take.`,
 				return usageError{err}
 			}
 			defer p.Close()
-			r, err := p.Send(cmd.Context(), &producer.Message{Topic: args[0], Key: o.key, Properties: props, Body: body, Reliability: rel,
+			r, err := p.Send(cmd.Context(), &producer.Message{Topic: args[0], Key: o.key, Tag: o.tag, Properties: props, Body: body, Reliability: rel,
 				DeliverAt: deliverAt})
 			if err != nil {
 				return err
@@ -111,6 +112,7 @@ delayed get and delayed cancel take.`,
 	f.StringVar(&o.body, "body", "", "message body; - reads it from stdin")
 	f.StringVar(&o.bodyFile, "body-file", "", "read the message body from this file")
 	f.StringVar(&o.key, "key", "", "message key (picks the queue)")
+	f.StringVar(&o.tag, "tag", "", "message tag, which consumer groups can filter on")
 	f.StringSliceVar(&o.props, "prop", nil, "a property key=value (repeatable, or comma-separated)")
 	f.StringVar(&o.reliability, "reliability", "normal", "normal or high (answered after the slave has it)")
 	f.StringVar(&o.at, "at", "", "deliver at this time: a delayed message")
@@ -134,6 +136,7 @@ delayed get and delayed cancel take.`,
 		}
 		return nil
 	})
+	c.name("tag", fmt.Sprintf("1 to %d letters, digits or %q", protocol.MaxTagLen, protocol.TagChars), protocol.ValidateTag)
 	c.name("key", fmt.Sprintf("at most %d bytes", protocol.MaxPropertyLen), func(s string) error {
 		if len(s) > protocol.MaxPropertyLen {
 			return fmt.Errorf("a key of %d bytes is over the cap %d", len(s), protocol.MaxPropertyLen)
