@@ -1,0 +1,485 @@
+package protocol
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Filter is a consumer group's subscription expression over a message's
+// tag and properties, parsed by ParseFilter. Grammar (keywords in any
+// case, && || ! the same as AND OR NOT):
+//
+//	expr       = or
+//	or         = and { ("||" | "OR") and }
+//	and        = unary { ("&&" | "AND") unary }
+//	unary      = ("!" | "NOT") unary | primary
+//	primary    = "(" expr ")" | "*" | TAG | comparison
+//	comparison = NAME op literal | NAME ["NOT"] "IN" "(" literal { "," literal } ")"
+//	           | NAME "IS" ["NOT"] "NULL"
+//	op         = "=" | "!=" | "<>" | "<" | "<=" | ">" | ">="
+//	literal    = 'text' (a quote inside doubled: 'it''s') | number
+//
+// A bare word is a tag (ValidateTag's characters): it holds when the
+// message's tag is that word; "*" holds for every message. A word
+// followed by an operator, IN or IS is a property name (letters, digits,
+// "_", "." and "-", not starting with a digit). A comparison with a
+// number compares numerically and is unknown when the property is not a
+// number; with text it compares the text. A missing property makes a
+// comparison unknown, and unknown follows SQL: NOT unknown is unknown,
+// false AND unknown is false, true OR unknown is true; a message matches
+// only when the whole expression is true. So `region = 'eu'` does not
+// match a message without the property "region", and neither does
+// `NOT region = 'eu'`; `region IS NULL` does.
+type Filter struct {
+	src  string
+	root *fnode
+}
+
+// MaxFilterLen bounds a filter expression's text.
+const MaxFilterLen = 4096
+
+// fnode is one node of a parsed filter.
+type fnode struct {
+	op    fop
+	a, b  *fnode // and, or: both; not: a
+	tag   string // tag
+	name  string // comparisons, in, null
+	cmp   string // comparison operator
+	lits  []flit // the literal(s) compared with
+	isNot bool   // NOT IN, IS NOT NULL
+}
+
+type fop uint8
+
+const (
+	fAll fop = iota
+	fTag
+	fAnd
+	fOr
+	fNot
+	fCmp
+	fIn
+	fNull
+)
+
+// flit is a literal: text, or a number.
+type flit struct {
+	text  string
+	num   float64
+	isNum bool
+}
+
+// tri is a truth value of SQL's three.
+type tri int8
+
+const (
+	unknown tri = iota
+	no
+	yes
+)
+
+// ParseFilter parses a filter expression (see Filter). An empty or blank
+// one is refused: the filter that takes everything is "*".
+func ParseFilter(s string) (*Filter, error) {
+	if len(s) > MaxFilterLen {
+		return nil, fmt.Errorf("filter of %d bytes over the cap %d", len(s), MaxFilterLen)
+	}
+	p := &fparser{src: s}
+	if err := p.lex(); err != nil {
+		return nil, err
+	}
+	if len(p.toks) == 0 {
+		return nil, fmt.Errorf(`empty filter (the filter of every message is "*")`)
+	}
+	root, err := p.or(0)
+	if err != nil {
+		return nil, err
+	}
+	if p.i < len(p.toks) {
+		return nil, p.errAt(p.toks[p.i], "unexpected "+p.toks[p.i].text)
+	}
+	return &Filter{src: s, root: root}, nil
+}
+
+// String is the expression as it was parsed.
+func (f *Filter) String() string { return f.src }
+
+// Match says whether a message with tag tag (possibly "") and properties
+// prop (ok false: absent) is one the filter takes.
+func (f *Filter) Match(tag string, prop func(name string) (string, bool)) bool {
+	return f.root.eval(tag, prop) == yes
+}
+
+func (n *fnode) eval(tag string, prop func(string) (string, bool)) tri {
+	switch n.op {
+	case fAll:
+		return yes
+	case fTag:
+		return truth(tag == n.tag)
+	case fNot:
+		switch n.a.eval(tag, prop) {
+		case yes:
+			return no
+		case no:
+			return yes
+		}
+		return unknown
+	case fAnd:
+		a := n.a.eval(tag, prop)
+		if a == no {
+			return no
+		}
+		b := n.b.eval(tag, prop)
+		if b == no {
+			return no
+		}
+		if a == yes && b == yes {
+			return yes
+		}
+		return unknown
+	case fOr:
+		a := n.a.eval(tag, prop)
+		if a == yes {
+			return yes
+		}
+		b := n.b.eval(tag, prop)
+		if b == yes {
+			return yes
+		}
+		if a == no && b == no {
+			return no
+		}
+		return unknown
+	case fNull:
+		_, ok := prop(n.name)
+		return truth(ok == n.isNot)
+	}
+	v, ok := prop(n.name)
+	if !ok {
+		return unknown
+	}
+	if n.op == fIn {
+		r := no
+		for _, l := range n.lits {
+			if c, ok := compare(v, l); ok && c == 0 {
+				r = yes
+				break
+			} else if !ok {
+				r = unknown
+			}
+		}
+		if n.isNot && r != unknown {
+			r = yes + no - r
+		}
+		return r
+	}
+	c, ok := compare(v, n.lits[0])
+	if !ok {
+		return unknown
+	}
+	switch n.cmp {
+	case "=":
+		return truth(c == 0)
+	case "!=", "<>":
+		return truth(c != 0)
+	case "<":
+		return truth(c < 0)
+	case "<=":
+		return truth(c <= 0)
+	case ">":
+		return truth(c > 0)
+	default: // ">="
+		return truth(c >= 0)
+	}
+}
+
+func truth(b bool) tri {
+	if b {
+		return yes
+	}
+	return no
+}
+
+// compare compares a property's value with a literal: numerically for a
+// number literal (not ok when the value is not a number), else as text.
+func compare(v string, l flit) (int, bool) {
+	if !l.isNum {
+		return strings.Compare(v, l.text), true
+	}
+	x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || x != x { // NaN compares with nothing
+		return 0, false
+	}
+	switch {
+	case x < l.num:
+		return -1, true
+	case x > l.num:
+		return 1, true
+	}
+	return 0, true
+}
+
+// A token of a filter expression.
+type ftok struct {
+	kind byte // 'w' word, 's' text literal, 'n' number, 'p' punctuation
+	text string
+	lit  flit
+	at   int // byte offset in the expression
+}
+
+type fparser struct {
+	src  string
+	toks []ftok
+	i    int
+}
+
+func (p *fparser) errAt(t ftok, msg string) error {
+	return fmt.Errorf("filter %q: %s at byte %d", clipName(p.src), msg, t.at)
+}
+
+func (p *fparser) lex() error {
+	s := p.src
+	for i := 0; i < len(s); {
+		c := s[i]
+		switch {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			i++
+		case c == '\'':
+			var b strings.Builder
+			j := i + 1
+			for {
+				if j >= len(s) {
+					return fmt.Errorf("filter %q: text from byte %d has no closing quote", clipName(s), i)
+				}
+				if s[j] == '\'' {
+					if j+1 < len(s) && s[j+1] == '\'' {
+						b.WriteByte('\'')
+						j += 2
+						continue
+					}
+					break
+				}
+				b.WriteByte(s[j])
+				j++
+			}
+			p.toks = append(p.toks, ftok{kind: 's', text: s[i : j+1], lit: flit{text: b.String()}, at: i})
+			i = j + 1
+		case strings.HasPrefix(s[i:], "||") || strings.HasPrefix(s[i:], "&&") || strings.HasPrefix(s[i:], "!=") ||
+			strings.HasPrefix(s[i:], "<>") || strings.HasPrefix(s[i:], "<=") || strings.HasPrefix(s[i:], ">="):
+			p.toks = append(p.toks, ftok{kind: 'p', text: s[i : i+2], at: i})
+			i += 2
+		case strings.IndexByte("()!=<>,*", c) >= 0:
+			p.toks = append(p.toks, ftok{kind: 'p', text: s[i : i+1], at: i})
+			i++
+		case isWordByte(c) || c == '+':
+			j := i + 1
+			for j < len(s) && isWordByte(s[j]) {
+				j++
+			}
+			w := s[i:j]
+			if n, err := strconv.ParseFloat(w, 64); err == nil && (c == '-' || c == '+' || c == '.' || c >= '0' && c <= '9') && n == n {
+				p.toks = append(p.toks, ftok{kind: 'n', text: w, lit: flit{num: n, isNum: true}, at: i})
+			} else {
+				p.toks = append(p.toks, ftok{kind: 'w', text: w, at: i})
+			}
+			i = j
+		default:
+			return fmt.Errorf("filter %q: character %q at byte %d is not allowed", clipName(s), rune(c), i)
+		}
+	}
+	return nil
+}
+
+// isWordByte: the bytes of a tag, a property name or a number.
+func isWordByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte(TagChars, c) >= 0
+}
+
+// maxFilterDepth bounds nesting, so that a hostile expression cannot
+// exhaust the stack.
+const maxFilterDepth = 64
+
+func (p *fparser) peek() (ftok, bool) {
+	if p.i < len(p.toks) {
+		return p.toks[p.i], true
+	}
+	return ftok{}, false
+}
+
+// keyword says whether t is the word kw (any case) or its symbol.
+func keyword(t ftok, kw, sym string) bool {
+	return t.kind == 'w' && strings.EqualFold(t.text, kw) || sym != "" && t.kind == 'p' && t.text == sym
+}
+
+func (p *fparser) or(depth int) (*fnode, error) {
+	a, err := p.and(depth)
+	if err != nil {
+		return nil, err
+	}
+	for t, ok := p.peek(); ok && keyword(t, "OR", "||"); t, ok = p.peek() {
+		p.i++
+		b, err := p.and(depth)
+		if err != nil {
+			return nil, err
+		}
+		a = &fnode{op: fOr, a: a, b: b}
+	}
+	return a, nil
+}
+
+func (p *fparser) and(depth int) (*fnode, error) {
+	a, err := p.unary(depth)
+	if err != nil {
+		return nil, err
+	}
+	for t, ok := p.peek(); ok && keyword(t, "AND", "&&"); t, ok = p.peek() {
+		p.i++
+		b, err := p.unary(depth)
+		if err != nil {
+			return nil, err
+		}
+		a = &fnode{op: fAnd, a: a, b: b}
+	}
+	return a, nil
+}
+
+func (p *fparser) unary(depth int) (*fnode, error) {
+	if depth > maxFilterDepth {
+		return nil, fmt.Errorf("filter %q: nested deeper than %d", clipName(p.src), maxFilterDepth)
+	}
+	t, ok := p.peek()
+	if !ok {
+		return nil, fmt.Errorf("filter %q: ends where a tag, a comparison or ( is wanted", clipName(p.src))
+	}
+	if keyword(t, "NOT", "!") {
+		p.i++
+		a, err := p.unary(depth + 1)
+		if err != nil {
+			return nil, err
+		}
+		return &fnode{op: fNot, a: a}, nil
+	}
+	return p.primary(depth)
+}
+
+func (p *fparser) primary(depth int) (*fnode, error) {
+	t, _ := p.peek()
+	p.i++
+	switch {
+	case t.kind == 'p' && t.text == "(":
+		n, err := p.or(depth + 1)
+		if err != nil {
+			return nil, err
+		}
+		if c, ok := p.peek(); !ok || c.kind != 'p' || c.text != ")" {
+			return nil, fmt.Errorf("filter %q: the ( at byte %d is not closed", clipName(p.src), t.at)
+		}
+		p.i++
+		return n, nil
+	case t.kind == 'p' && t.text == "*":
+		return &fnode{op: fAll}, nil
+	case t.kind == 'n': // a tag that reads as a number (a property name cannot)
+		if err := ValidateTag(t.text); err != nil {
+			return nil, p.errAt(t, err.Error())
+		}
+		return &fnode{op: fTag, tag: t.text}, nil
+	case t.kind != 'w' || isReserved(t.text):
+		return nil, p.errAt(t, fmt.Sprintf("%s where a tag, a comparison or ( is wanted", t.text))
+	}
+	next, ok := p.peek()
+	switch {
+	case ok && next.kind == 'p' && strings.Contains(" = != <> < <= > >= ", " "+next.text+" "):
+		if err := checkPropName(p, t); err != nil {
+			return nil, err
+		}
+		p.i++
+		l, err := p.literal()
+		if err != nil {
+			return nil, err
+		}
+		return &fnode{op: fCmp, name: t.text, cmp: next.text, lits: []flit{l}}, nil
+	case ok && (keyword(next, "IN", "") || keyword(next, "NOT", "")):
+		if err := checkPropName(p, t); err != nil {
+			return nil, err
+		}
+		n := &fnode{op: fIn, name: t.text}
+		if keyword(next, "NOT", "") {
+			p.i++
+			if in, ok := p.peek(); !ok || !keyword(in, "IN", "") {
+				return nil, p.errAt(next, "NOT after a property name wants IN")
+			}
+			n.isNot = true
+		}
+		p.i++
+		if o, ok := p.peek(); !ok || o.kind != 'p' || o.text != "(" {
+			return nil, fmt.Errorf("filter %q: IN wants a list in parentheses after %s", clipName(p.src), t.text)
+		}
+		p.i++
+		for {
+			l, err := p.literal()
+			if err != nil {
+				return nil, err
+			}
+			n.lits = append(n.lits, l)
+			c, ok := p.peek()
+			if ok && c.kind == 'p' && c.text == "," {
+				p.i++
+				continue
+			}
+			if !ok || c.kind != 'p' || c.text != ")" {
+				return nil, fmt.Errorf("filter %q: the IN list after %s is not closed", clipName(p.src), t.text)
+			}
+			p.i++
+			return n, nil
+		}
+	case ok && keyword(next, "IS", ""):
+		if err := checkPropName(p, t); err != nil {
+			return nil, err
+		}
+		p.i++
+		n := &fnode{op: fNull, name: t.text}
+		if c, ok := p.peek(); ok && keyword(c, "NOT", "") {
+			p.i++
+			n.isNot = true
+		}
+		if c, ok := p.peek(); !ok || !keyword(c, "NULL", "") {
+			return nil, fmt.Errorf("filter %q: IS wants NULL or NOT NULL after %s", clipName(p.src), t.text)
+		}
+		p.i++
+		return n, nil
+	}
+	if err := ValidateTag(t.text); err != nil {
+		return nil, p.errAt(t, err.Error())
+	}
+	return &fnode{op: fTag, tag: t.text}, nil
+}
+
+func isReserved(w string) bool {
+	for _, k := range []string{"AND", "OR", "NOT", "IN", "IS", "NULL"} {
+		if strings.EqualFold(w, k) {
+			return true
+		}
+	}
+	return false
+}
+
+func checkPropName(p *fparser, t ftok) error {
+	c := t.text[0]
+	if c >= '0' && c <= '9' || c == '-' || c == '.' || strings.ContainsAny(t.text, ":/") {
+		return p.errAt(t, fmt.Sprintf("%q is not a property name (letters, digits, _ . -, not starting with a digit)", t.text))
+	}
+	return nil
+}
+
+func (p *fparser) literal() (flit, error) {
+	t, ok := p.peek()
+	if !ok || t.kind != 's' && t.kind != 'n' {
+		if !ok {
+			return flit{}, fmt.Errorf("filter %q: ends where 'text' or a number is wanted", clipName(p.src))
+		}
+		return flit{}, p.errAt(t, fmt.Sprintf("%s where 'text' or a number is wanted", t.text))
+	}
+	p.i++
+	return t.lit, nil
+}

@@ -1,0 +1,306 @@
+package protocol
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// expr is a filter expression the test builds, printed for ParseFilter and
+// judged by its own evaluator (SQL's three truth values as *bool).
+type expr struct {
+	kind  string // tag all and or not cmp in notin null notnull
+	tag   string
+	a, b  *expr
+	name  string
+	op    string
+	lits  []string // as written
+	nums  []float64
+	isNum bool
+}
+
+var (
+	testTags  = []string{"A", "b-1", "paid", "x.y:z/w", "7"}
+	testProps = []string{"region", "amount", "n_1"}
+	testTexts = []string{"eu", "us", "it's", "", "10"}
+	testNums  = []float64{-5, 0, 10, 100.5}
+)
+
+func genExpr(t *rapid.T, depth int) *expr {
+	kinds := []string{"tag", "all", "cmp", "in", "notin", "null", "notnull"}
+	if depth < 4 {
+		kinds = append(kinds, "and", "or", "not", "and", "or", "not")
+	}
+	e := &expr{kind: rapid.SampledFrom(kinds).Draw(t, "kind")}
+	switch e.kind {
+	case "tag":
+		e.tag = rapid.SampledFrom(testTags).Draw(t, "tag")
+	case "and", "or":
+		e.a, e.b = genExpr(t, depth+1), genExpr(t, depth+1)
+	case "not":
+		e.a = genExpr(t, depth+1)
+	case "cmp", "in", "notin", "null", "notnull":
+		e.name = rapid.SampledFrom(testProps).Draw(t, "prop")
+		e.op = rapid.SampledFrom([]string{"=", "!=", "<>", "<", "<=", ">", ">="}).Draw(t, "op")
+		e.isNum = rapid.Bool().Draw(t, "num")
+		n := 1
+		if e.kind == "in" || e.kind == "notin" {
+			n = rapid.IntRange(1, 3).Draw(t, "lits")
+		}
+		for range n {
+			if e.isNum {
+				v := rapid.SampledFrom(testNums).Draw(t, "numlit")
+				e.nums = append(e.nums, v)
+				e.lits = append(e.lits, strconv.FormatFloat(v, 'g', -1, 64))
+			} else {
+				v := rapid.SampledFrom(testTexts).Draw(t, "textlit")
+				e.lits = append(e.lits, "'"+strings.ReplaceAll(v, "'", "''")+"'")
+				e.nums = append(e.nums, 0)
+			}
+		}
+	}
+	return e
+}
+
+// String prints e with every operator spelled one of its ways and full
+// parentheses, so the printed text has e's structure.
+func (e *expr) print(t *rapid.T) string {
+	pick := func(a, b string) string { return rapid.SampledFrom([]string{a, b}).Draw(t, "spelling") }
+	switch e.kind {
+	case "tag":
+		return e.tag
+	case "all":
+		return "*"
+	case "and":
+		return "(" + e.a.print(t) + " " + pick("&&", "and") + " " + e.b.print(t) + ")"
+	case "or":
+		return "(" + e.a.print(t) + " " + pick("||", "OR") + " " + e.b.print(t) + ")"
+	case "not":
+		return pick("!", "NOT ") + e.a.print(t)
+	case "cmp":
+		return e.name + " " + e.op + " " + e.lits[0]
+	case "in":
+		return e.name + " IN (" + strings.Join(e.lits, ", ") + ")"
+	case "notin":
+		return e.name + " not in (" + strings.Join(e.lits, ",") + ")"
+	case "null":
+		return e.name + " IS NULL"
+	default:
+		return e.name + " is not null"
+	}
+}
+
+func lit(text string, num float64, isNum bool) func(v string) *int {
+	return func(v string) *int {
+		if isNum {
+			x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return nil
+			}
+			c := 0
+			if x < num {
+				c = -1
+			} else if x > num {
+				c = 1
+			}
+			return &c
+		}
+		c := strings.Compare(v, text)
+		return &c
+	}
+}
+
+// judge is the model: nil is unknown.
+func (e *expr) judge(tag string, props map[string]string) *bool {
+	b := func(v bool) *bool { return &v }
+	switch e.kind {
+	case "tag":
+		return b(tag == e.tag)
+	case "all":
+		return b(true)
+	case "not":
+		if a := e.a.judge(tag, props); a != nil {
+			return b(!*a)
+		}
+		return nil
+	case "and", "or":
+		a, c := e.a.judge(tag, props), e.b.judge(tag, props)
+		short := e.kind == "or" // the value that decides
+		if a != nil && *a == short || c != nil && *c == short {
+			return b(short)
+		}
+		if a == nil || c == nil {
+			return nil
+		}
+		return b(!short)
+	case "null", "notnull":
+		_, ok := props[e.name]
+		return b(ok == (e.kind == "notnull"))
+	}
+	v, ok := props[e.name]
+	if !ok {
+		return nil
+	}
+	cmpWith := func(i int) *int {
+		text := ""
+		if !e.isNum {
+			text, _ = strconv.Unquote(`"` + strings.ReplaceAll(strings.Trim(e.lits[i], "'"), "''", "'") + `"`)
+		}
+		return lit(text, e.nums[i], e.isNum)(v)
+	}
+	if e.kind == "cmp" {
+		c := cmpWith(0)
+		if c == nil {
+			return nil
+		}
+		switch e.op {
+		case "=":
+			return b(*c == 0)
+		case "!=", "<>":
+			return b(*c != 0)
+		case "<":
+			return b(*c < 0)
+		case "<=":
+			return b(*c <= 0)
+		case ">":
+			return b(*c > 0)
+		}
+		return b(*c >= 0)
+	}
+	var r *bool = b(false)
+	for i := range e.lits {
+		c := cmpWith(i)
+		if c == nil {
+			r = nil
+			continue
+		}
+		if *c == 0 {
+			r = b(true)
+			break
+		}
+	}
+	if r != nil && e.kind == "notin" {
+		return b(!*r)
+	}
+	return r
+}
+
+// TestFilterMatchesTheModel: any expression of the grammar, printed in any
+// of its spellings, parses, and matches exactly the messages the model
+// says are true (tags, properties present or not, numbers and text).
+func TestFilterMatchesTheModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		e := genExpr(t, 0)
+		src := e.print(t)
+		f, err := ParseFilter(src)
+		if err != nil {
+			t.Fatalf("ParseFilter(%q): %v", src, err)
+		}
+		if f.String() != src {
+			t.Fatalf("String() = %q, want %q", f.String(), src)
+		}
+		for range 8 {
+			tag := rapid.SampledFrom(append([]string{""}, testTags...)).Draw(t, "msg tag")
+			props := map[string]string{}
+			for _, p := range testProps {
+				if rapid.Bool().Draw(t, "has "+p) {
+					props[p] = rapid.SampledFrom([]string{"eu", "us", "it's", "", "10", "100.5", "-5", " 0 ", "x1"}).Draw(t, p)
+				}
+			}
+			want := e.judge(tag, props)
+			got := f.Match(tag, func(n string) (string, bool) { v, ok := props[n]; return v, ok })
+			if got != (want != nil && *want) {
+				t.Fatalf("%s on tag %q props %v: Match %v, model %v", src, tag, props, got, fmtTri(want))
+			}
+		}
+	})
+}
+
+func fmtTri(b *bool) string {
+	if b == nil {
+		return "unknown"
+	}
+	return fmt.Sprint(*b)
+}
+
+func TestFilterExamples(t *testing.T) {
+	props := func(kv ...string) func(string) (string, bool) {
+		return func(n string) (string, bool) {
+			for i := 0; i+1 < len(kv); i += 2 {
+				if kv[i] == n {
+					return kv[i+1], true
+				}
+			}
+			return "", false
+		}
+	}
+	cases := []struct {
+		expr  string
+		tag   string
+		props func(string) (string, bool)
+		want  bool
+	}{
+		{"A || B", "A", props(), true},
+		{"A || B", "C", props(), false},
+		{"A || B", "", props(), false},
+		{"*", "", props(), true},
+		{"!A", "", props(), true},
+		{"(A || B) && region = 'eu'", "B", props("region", "eu"), true},
+		{"(A || B) && region = 'eu'", "B", props(), false},
+		{"NOT region = 'eu'", "", props(), false}, // unknown stays unknown
+		{"region IS NULL", "", props(), true},
+		{"amount > 100", "", props("amount", "150"), true},
+		{"amount > 100", "", props("amount", "99.5"), false},
+		{"amount > 100", "", props("amount", "lots"), false},
+		{"amount > 100 OR A", "A", props("amount", "lots"), true},
+		{"region IN ('eu', 'uk')", "", props("region", "uk"), true},
+		{"region NOT IN ('eu', 'uk')", "", props("region", "us"), true},
+		{"name = 'it''s'", "", props("name", "it's"), true},
+		{"7 || 8", "7", props(), true},
+		// AND binds tighter than OR, NOT tighter than AND.
+		{"A || B && region = 'eu'", "A", props(), true},
+		{"A || B AND region = 'eu'", "B", props(), false},
+		{"!A && B", "B", props(), true},
+		{"NOT A AND A", "A", props(), false},
+	}
+	for _, c := range cases {
+		f, err := ParseFilter(c.expr)
+		if err != nil {
+			t.Fatalf("ParseFilter(%q): %v", c.expr, err)
+		}
+		if got := f.Match(c.tag, c.props); got != c.want {
+			t.Errorf("%q on tag %q: %v, want %v", c.expr, c.tag, got, c.want)
+		}
+	}
+}
+
+func TestFilterRefuses(t *testing.T) {
+	for _, bad := range []string{
+		"", "   ", "A ||", "|| A", "A B", "(A", "A)", "region =", "region = eu", "= 'x'", "'text'",
+		"region IN ()", "region IN ('a'", "region IS", "region IS NOT", "a NOT b", "AND", "NOT",
+		"1x = 3", "a:b = 1", "A # B", "region = 'open", strings.Repeat("(", 200) + "A" + strings.Repeat(")", 200),
+		strings.Repeat("!", 100) + "A", strings.Repeat("A || ", 1000) + "A",
+	} {
+		if f, err := ParseFilter(bad); err == nil {
+			t.Errorf("ParseFilter(%.40q) = %v, want an error", bad, f)
+		}
+	}
+}
+
+// FuzzParseFilter: no input panics or hangs the parser; what parses
+// matches without panicking.
+func FuzzParseFilter(f *testing.F) {
+	for _, s := range []string{"A || B", "(a && !b) OR region = 'eu'", "amount >= -5.5", "x IN ('a','b')", "y IS NOT NULL", "*"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		flt, err := ParseFilter(s)
+		if err != nil {
+			return
+		}
+		flt.Match("A", func(string) (string, bool) { return "1", true })
+	})
+}
