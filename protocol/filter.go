@@ -2,8 +2,10 @@ package protocol
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Filter is a consumer group's subscription expression over a message's
@@ -34,6 +36,8 @@ import (
 type Filter struct {
 	src  string
 	root *fnode
+	once sync.Once
+	cand candidates
 }
 
 // MaxFilterLen bounds a filter expression's text.
@@ -482,4 +486,101 @@ func (p *fparser) literal() (flit, error) {
 	}
 	p.i++
 	return t.lit, nil
+}
+
+// TagFingerprint is what a broker's queue index keeps of a message's tag
+// so that a filter can skip messages without reading them: two of 32 bits
+// set by the tag's hash (no bit for no tag). Two tags share a fingerprint
+// with odds of about 1 in 496.
+func TagFingerprint(tag string) uint32 {
+	if tag == "" {
+		return 0
+	}
+	h := uint64(14695981039346656037) // FNV-1a
+	for i := 0; i < len(tag); i++ {
+		h ^= uint64(tag[i])
+		h *= 1099511628211
+	}
+	a, b := uint32(h&31), uint32(h>>5&31)
+	if b == a {
+		b = (a + 1 + uint32(h>>10)%31) & 31
+	}
+	return 1<<a | 1<<b
+}
+
+// candidates is what the filter needs of a tag: the fingerprints of the
+// tags a matching message can have, or every tag (anyTag). A message whose
+// fingerprint is not among them cannot match, whatever its properties.
+type candidates struct {
+	anyTag bool
+	fps    []uint32
+}
+
+// Candidate says whether a message whose tag has fingerprint fp may match:
+// false only when it cannot (true does not promise a match: Match
+// decides, on the whole message).
+func (f *Filter) Candidate(fp uint32) bool {
+	c := f.cands()
+	if c.anyTag {
+		return true
+	}
+	for _, x := range c.fps {
+		if x == fp {
+			return true
+		}
+	}
+	return false
+}
+
+// SkipsByTag says whether Candidate ever says false: a filter over tags,
+// not one that any tag can match (a property comparison, a NOT, "*").
+func (f *Filter) SkipsByTag() bool { return !f.cands().anyTag }
+
+func (f *Filter) cands() candidates {
+	f.once.Do(func() { f.cand = f.root.cands() })
+	return f.cand
+}
+
+// cands is the tags a message n holds for has: a tag names one; AND keeps
+// what both allow; OR either; anything else (NOT, properties, "*") allows
+// every tag.
+func (n *fnode) cands() candidates {
+	switch n.op {
+	case fTag:
+		return candidates{fps: []uint32{TagFingerprint(n.tag)}}
+	case fOr:
+		a, b := n.a.cands(), n.b.cands()
+		if a.anyTag || b.anyTag {
+			return candidates{anyTag: true}
+		}
+		return candidates{fps: union(a.fps, b.fps)}
+	case fAnd:
+		a, b := n.a.cands(), n.b.cands()
+		switch {
+		case a.anyTag:
+			return b
+		case b.anyTag:
+			return a
+		}
+		var both []uint32
+		for _, x := range a.fps {
+			for _, y := range b.fps {
+				if x == y {
+					both = union(both, []uint32{x})
+				}
+			}
+		}
+		return candidates{fps: both}
+	}
+	return candidates{anyTag: true}
+}
+
+func union(a, b []uint32) []uint32 {
+	out := append([]uint32(nil), a...)
+	for _, y := range b {
+		if !slices.Contains(out, y) {
+			out = append(out, y)
+		}
+	}
+	return out
 }

@@ -215,6 +215,9 @@ func TestFilterMatchesTheModel(t *testing.T) {
 			if got != (want != nil && *want) {
 				t.Fatalf("%s on tag %q props %v: Match %v, model %v", src, tag, props, got, fmtTri(want))
 			}
+			if got && !f.Candidate(TagFingerprint(tag)) {
+				t.Fatalf("%s matches tag %q props %v, but its fingerprint %#x is no candidate", src, tag, props, TagFingerprint(tag))
+			}
 		}
 	})
 }
@@ -303,4 +306,48 @@ func FuzzParseFilter(f *testing.F) {
 		}
 		flt.Match("A", func(string) (string, bool) { return "1", true })
 	})
+}
+
+// TestFilterSkipsByFingerprint: a filter over tags skips, by fingerprint
+// alone, all but a few of the messages with other tags (about 1 in 496
+// shares a fingerprint); one that any tag can match skips nothing.
+func TestFilterSkipsByFingerprint(t *testing.T) {
+	f, err := ParseFilter("(A || B) && amount > 5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.SkipsByTag() || !f.Candidate(TagFingerprint("A")) || !f.Candidate(TagFingerprint("B")) || f.Candidate(TagFingerprint("")) {
+		t.Fatalf("A || B: skips by tag %v, A %v, B %v, untagged %v", f.SkipsByTag(),
+			f.Candidate(TagFingerprint("A")), f.Candidate(TagFingerprint("B")), f.Candidate(0))
+	}
+	passed := 0
+	for i := range 10000 {
+		if f.Candidate(TagFingerprint(fmt.Sprintf("tag-%d", i))) {
+			passed++
+		}
+	}
+	if passed > 100 { // 2 in 496 expected: about 40
+		t.Fatalf("%d of 10000 other tags are candidates", passed)
+	}
+	for _, all := range []string{"*", "!A", "region = 'eu'", "A || region = 'eu'"} {
+		if f, _ := ParseFilter(all); f.SkipsByTag() || !f.Candidate(0) || !f.Candidate(TagFingerprint("zz")) {
+			t.Fatalf("%q skips by tag", all)
+		}
+	}
+	if f, _ := ParseFilter("A && B"); !f.SkipsByTag() || f.Candidate(TagFingerprint("A")) && TagFingerprint("A") != TagFingerprint("B") {
+		t.Fatal("A && B (no message has both tags) takes tag A")
+	}
+	for i := range 1000 {
+		if fp := TagFingerprint(fmt.Sprint(i)); bitsSet(fp) != 2 {
+			t.Fatalf("fingerprint %#x of %d has %d bits", fp, i, bitsSet(fp))
+		}
+	}
+}
+
+func bitsSet(x uint32) int {
+	n := 0
+	for ; x != 0; x &= x - 1 {
+		n++
+	}
+	return n
 }
