@@ -30,6 +30,7 @@ type benchOptions struct {
 	reliability string
 	delay       time.Duration
 	delaySpread time.Duration
+	tag         string
 	deliverAt   string
 	mode        string
 	window      int
@@ -109,6 +110,7 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&o.deliveryTO, "delivery-timeout", 30*time.Second, "a message not acknowledged this long after its send fails (the producer's DeliveryTimeout)")
 	f.StringVar(&o.reliability, "reliability", "normal", "normal or high")
 	f.DurationVar(&o.delay, "delay", 0, "send delayed messages, each due this long after its send (0: ordinary messages)")
+	f.StringVar(&o.tag, "tag", "", "tag every message with this tag")
 	f.DurationVar(&o.delaySpread, "delay-spread", 0, "with --delay, add to each message's delay a uniformly random duration below this (messages due over a span)")
 	f.StringVar(&o.deliverAt, "deliver-at", "", "send delayed messages all due at this time (RFC 3339)")
 	f.StringVar(&o.mode, "mode", "async", "sync (one message at a time per producer) or async (--window in flight per producer)")
@@ -136,6 +138,7 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	c.oneOf("reliability", "normal", "high")
 	c.durationRange("delay", 0, maxBenchDelay)
 	c.durationRange("delay-spread", 0, maxBenchDelay)
+	c.name("tag", fmt.Sprintf("1 to %d letters, digits or %q", protocol.MaxTagLen, protocol.TagChars), protocol.ValidateTag)
 	c.oneOf("mode", "sync", "async")
 	c.intRange("window", 1, maxWindow)
 	c.durationRange("linger", 0, maxLinger)
@@ -232,7 +235,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		MetaAddrs: g.addrs(), TLS: g.tls.config, Token: g.token, CallTimeout: g.timeout,
 		Topic: o.topic, Queues: o.queues, Producers: o.producers, Size: o.size,
 		Count: o.count, Duration: o.duration, Rate: o.rate, Mode: loadgen.Mode(o.mode), Window: o.window,
-		Reliability: rel, DeliverAfter: o.delay, DelaySpread: o.delaySpread, DeliverAt: o.at, DeliveryTimeout: o.deliveryTO, Linger: o.linger, BatchBytes: o.batchBytes,
+		Reliability: rel, DeliverAfter: o.delay, DelaySpread: o.delaySpread, DeliverAt: o.at, Tag: o.tag, DeliveryTimeout: o.deliveryTO, Linger: o.linger, BatchBytes: o.batchBytes,
 		MaxInflight: o.inflight, Idempotence: o.idempotence,
 		Consumers: o.consumers, Group: o.group, Backlog: o.backlog, ConsumeWait: o.consumeWait, QueueEnds: queueEnds,
 		CPUProfile: o.cpuProfile, MemProfile: o.memProfile,

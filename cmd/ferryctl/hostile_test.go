@@ -174,6 +174,7 @@ var flagCases = map[string]flagCase{
 	"bench/linger":           {[]string{"bench"}, durationIn(0, time.Second)},
 	"bench/delay":            {[]string{"bench"}, durationIn(0, 90*24*time.Hour)},
 	"bench/delay-spread":     {[]string{"bench", "--delay", "1m"}, durationIn(0, 90*24*time.Hour-time.Minute)},
+	"bench/tag":              {[]string{"bench"}, matches(`^[A-Za-z0-9._:/-]{1,64}$`)},
 	"bench/deliver-at":       {[]string{"bench"}, rfc3339},
 	"bench/batch-bytes":      {[]string{"bench"}, intIn(0, 16<<20-18-8)},
 	"bench/max-inflight":     {[]string{"bench"}, intIn(0, 1024)},

@@ -71,6 +71,7 @@ type Config struct {
 	DeliverAfter    time.Duration
 	DeliverAt       time.Time
 	DelaySpread     time.Duration
+	Tag             string // every message's tag ("" none)
 	DeliveryTimeout time.Duration
 	Linger          time.Duration
 	BatchBytes      int
@@ -138,6 +139,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DelaySpread < 0 || c.DelaySpread > 0 && c.DeliverAfter == 0 {
 		add("delay spread %v: want 0 or more, and only with a deliver-after delay", c.DelaySpread)
+	}
+	if c.Tag != "" && protocol.ValidateTag(c.Tag) != nil {
+		add("tag: %v", protocol.ValidateTag(c.Tag))
 	}
 	if c.Count < 0 {
 		add("count %d is negative", c.Count)

@@ -209,7 +209,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 				for pace(n) && more() {
 					n++
 					t0 := time.Now()
-					_, err := p.Send(ctx, &producer.Message{Topic: o.Topic, Body: stamped(), Reliability: o.Reliability,
+					_, err := p.Send(ctx, &producer.Message{Topic: o.Topic, Tag: o.Tag, Body: stamped(), Reliability: o.Reliability,
 						DeliverAfter: delay(), DeliverAt: o.DeliverAt})
 					record(i, t0, err)
 				}
@@ -222,7 +222,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 			// has returned. One Message serves every send: SendAsync copies
 			// what it needs before it returns.
 			var pending sync.WaitGroup
-			m := &producer.Message{Topic: o.Topic, Reliability: o.Reliability, DeliverAfter: o.DeliverAfter, DeliverAt: o.DeliverAt}
+			m := &producer.Message{Topic: o.Topic, Tag: o.Tag, Reliability: o.Reliability, DeliverAfter: o.DeliverAfter, DeliverAt: o.DeliverAt}
 			for pace(n) && more() {
 				n++
 				t0 := time.Now()
