@@ -136,11 +136,10 @@ func TestDelayedIndexWriteErrorRebuilds(t *testing.T) {
 	testwait.For(t, 15*time.Second, "the message to be released after the failed write", func() bool { return len(released(t, c, "later", 0)) == 1 })
 }
 
-// A message pending in a segment that retention deletes is moved first
-// (appended again, due at the same time) and released once, on time; one
-// due later is cancelled through its first handle after that segment is
-// gone (the handle's due time finds where it was moved).
-func TestDelayedSurvivesRetention(t *testing.T) {
+// retentionGroup starts group g1 of one master whose retention deletes
+// 64 KiB segments past 256 KiB, with topic "later" (queues 0 and 1), and a
+// connection to it with queue 0's route warm.
+func retentionGroup(t *testing.T) (*tc.Group, *transport.Client) {
 	meta := tc.StartMeta(t, 1, nil)
 	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Edit: func(c *broker.Config) {
 		c.SegmentSize, c.RetentionBytes, c.RetentionCheck = 64<<10, 256<<10, 20*time.Millisecond
@@ -148,6 +147,30 @@ func TestDelayedSurvivesRetention(t *testing.T) {
 	meta.CreateTopic(t, "later", "g1", "g1")
 	c := tc.Dial(t, g.Master.Addr())
 	warmRoute(t, c, "later", 0)
+	return g, c
+}
+
+// retainPast sends ordinary messages to "later"/1 until retention has
+// deleted the segment holding log offset off.
+func retainPast(t *testing.T, g *tc.Group, c *transport.Client, off int64) {
+	t.Helper()
+	body := strings.Repeat("x", 4000)
+	testwait.For(t, 20*time.Second, "retention to delete the segment that held the pending records", func() bool {
+		batch := make([]protocol.Message, 16)
+		for i := range batch {
+			batch[i] = tc.Msg("later", 1, protocol.Normal, body)
+		}
+		tc.Send(t, c, batch)
+		return g.Master.Store().StartOffset() > off
+	})
+}
+
+// A message pending in a segment that retention deletes is moved first
+// (appended again, due at the same time) and released once, on time; one
+// due later is cancelled through its first handle after that segment is
+// gone (the handle's due time finds where it was moved).
+func TestDelayedSurvivesRetention(t *testing.T) {
+	g, c := retentionGroup(t)
 
 	due := time.Now().Add(3 * time.Second)
 	m := delayedMsg("later", 0, protocol.Normal, "kept", due)
@@ -156,15 +179,7 @@ func TestDelayedSurvivesRetention(t *testing.T) {
 	if res[0].Status != protocol.StatusOK || res[1].Status != protocol.StatusOK {
 		t.Fatal(res[0].Status, res[1].Status)
 	}
-	body := strings.Repeat("x", 4000)
-	testwait.For(t, 20*time.Second, "retention to delete the segment that held the pending record", func() bool {
-		batch := make([]protocol.Message, 16)
-		for i := range batch {
-			batch[i] = tc.Msg("later", 1, protocol.Normal, body)
-		}
-		tc.Send(t, c, batch)
-		return g.Master.Store().StartOffset() > res[0].LogOffset
-	})
+	retainPast(t, g, c, res[0].LogOffset)
 	if g.Master.Stats().DelayedMoved.Load() < 1 {
 		t.Fatal("the segment was deleted, but nothing was moved")
 	}

@@ -2,11 +2,9 @@ package broker_test
 
 import (
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/protocol"
 
@@ -23,13 +21,7 @@ import (
 // another message's in the same bucket, finds the wrong message through
 // that message's handle after retention.
 func TestDelayedOriginOfAFirstRecordIgnored(t *testing.T) {
-	meta := tc.StartMeta(t, 1, nil)
-	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Edit: func(c *broker.Config) {
-		c.SegmentSize, c.RetentionBytes, c.RetentionCheck = 64<<10, 256<<10, 20*time.Millisecond
-	}})
-	meta.CreateTopic(t, "later", "g1", "g1")
-	c := tc.Dial(t, g.Master.Addr())
-	warmRoute(t, c, "later", 0)
+	g, c := retentionGroup(t)
 
 	// Released without a move: its copy names no origin.
 	soon := delayedMsg("later", 0, protocol.Normal, "soon", time.Now().Add(100*time.Millisecond))
@@ -56,15 +48,7 @@ func TestDelayedOriginOfAFirstRecordIgnored(t *testing.T) {
 	if or[0].Status != protocol.StatusOK {
 		t.Fatal(or[0].Status)
 	}
-	body := strings.Repeat("x", 4000)
-	testwait.For(t, 20*time.Second, "retention to delete the segment that held the pending records", func() bool {
-		batch := make([]protocol.Message, 16)
-		for i := range batch {
-			batch[i] = tc.Msg("later", 1, protocol.Normal, body)
-		}
-		tc.Send(t, c, batch)
-		return g.Master.Store().StartOffset() > or[0].LogOffset
-	})
+	retainPast(t, g, c, or[0].LogOffset)
 	var st protocol.DelayedState
 	if err := callDelayed(t, c, protocol.CodeDelayedState, protocol.DelayedRef{Offset: vr[0].LogOffset, DueAt: victim.Schedule.At}, &st); err != nil ||
 		st.ID != victim.ID || st.State != protocol.DelayPending {

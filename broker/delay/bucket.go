@@ -400,7 +400,7 @@ func (x *Index) loadState(b *bucket) (*bstate, error) {
 			st.move(it.ref, it.at) // kept after its entry is gone: its handle finds the new one
 		}
 		e := st.ents[it.ref]
-		if e == nil || e.st.Kind != StatePending || !names(it, e) {
+		if e == nil || e.st.Kind != StatePending || !names(it, e.qid, e.dueAt) {
 			continue // a duplicate, its entry is gone, or it names another
 		}
 		e.st = resolution(it)
@@ -422,10 +422,10 @@ func (x *Index) loadState(b *bucket) (*bstate, error) {
 	return st, nil
 }
 
-// names says whether the mark or move it is of the entry e: the same
-// queue and due time as well as the log offset (a record that names an
-// offset it does not describe resolves nothing; resolveItems too).
-func names(it item, e *ent) bool { return it.qid == e.qid && it.dueAt == e.dueAt }
+// names says whether the mark or move it is of the entry it names by log
+// offset, whose queue number and due time are qid and dueAt (a record that
+// names an offset it does not describe resolves nothing).
+func names(it item, qid uint32, dueAt int64) bool { return it.qid == qid && it.dueAt == dueAt }
 
 func resolution(it item) State {
 	switch it.kind {

@@ -147,15 +147,7 @@ func TestCheckpointDoesNotBlock(t *testing.T) {
 // answers while the index's lock is held, as Follow and Due hold it over
 // their disk reads.
 func TestPendingDoesNotWaitForTheLock(t *testing.T) {
-	dir := t.TempDir()
-	l := openTestLog(t, filepath.Join(dir, "log"), 0)
-	defer l.Close()
-	clk := &clock{now: time.UnixMilli(1_800_000_000_000)}
-	x, err := Open(Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close()
+	_, l, clk, x := testIndex(t, 0)
 	appendLog(t, l, true, delayedEntry("t", 0, clk.now.UnixMilli()+60_000, -1))
 	if err := x.Follow(); err != nil {
 		t.Fatal(err)

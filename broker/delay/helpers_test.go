@@ -216,6 +216,23 @@ func check(t tb, x *Index, m *model, topics []string, what string) {
 	}
 }
 
+// testIndex opens an index on a fresh log (segments of segSize, 0: the
+// default) in a temporary directory dir, at a fake clock; both close when
+// the test ends.
+func testIndex(t *testing.T, segSize int64) (dir string, l *storage.Log, clk *clock, x *Index) {
+	t.Helper()
+	dir = t.TempDir()
+	l = openTestLog(t, filepath.Join(dir, "log"), segSize)
+	t.Cleanup(func() { l.Close() })
+	clk = &clock{now: time.UnixMilli(1_800_000_000_000)}
+	x, err := Open(Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close() })
+	return dir, l, clk, x
+}
+
 func removeAll(t tb, dir string) {
 	t.Helper()
 	if err := os.RemoveAll(dir); err != nil {

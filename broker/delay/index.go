@@ -573,8 +573,10 @@ func (x *Index) decodeRec(topic string, qid uint32, e storage.StoredEntry) rec {
 		// A move (rare): its origin is in its properties; the first move's
 		// is the record it moves.
 		r.origin = sc.Ref
-		if m, err := protocol.DecodeMessage(e.Payload); err == nil && protocol.DelayedOrigin(&m) >= 0 {
-			r.origin = protocol.DelayedOrigin(&m)
+		if m, err := protocol.DecodeMessage(e.Payload); err == nil {
+			if o := protocol.DelayedOrigin(&m); o >= 0 {
+				r.origin = o
+			}
 		}
 	}
 	if sc.Kind == protocol.ScheduleReleaseMark {
@@ -733,7 +735,7 @@ func (x *Index) splitGroup(g *group) error {
 // move of items names.
 func resolveItems(pend map[int64]item, items []item) {
 	for _, it := range items {
-		if e, ok := pend[it.ref]; ok && it.kind != itemEntry && it.qid == e.qid && it.dueAt == e.dueAt {
+		if e, ok := pend[it.ref]; ok && it.kind != itemEntry && names(it, e.qid, e.dueAt) {
 			delete(pend, it.ref)
 		}
 	}
@@ -970,7 +972,7 @@ func (x *Index) resolve(r *rec, kind uint8) error {
 		if err != nil {
 			return err
 		}
-		if e := st.ents[r.sc.Ref]; e != nil && e.st.Kind == StatePending && names(it, e) {
+		if e := st.ents[r.sc.Ref]; e != nil && e.st.Kind == StatePending && names(it, e.qid, e.dueAt) {
 			e.st = resolution(it)
 			st.remove(e)
 			e.hold = holdNone

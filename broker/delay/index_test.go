@@ -239,15 +239,7 @@ func TestTornBucketTail(t *testing.T) {
 // TestTruncatedUnderFollow: a log cut behind what the index followed
 // makes Follow fail until Reset, which rebuilds it.
 func TestTruncatedUnderFollow(t *testing.T) {
-	dir := t.TempDir()
-	l := openTestLog(t, filepath.Join(dir, "log"), 0)
-	defer l.Close()
-	clk := &clock{now: time.UnixMilli(1_800_000_000_000)}
-	x, err := Open(Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close()
+	dir, l, clk, x := testIndex(t, 0)
 	now := clk.now.UnixMilli()
 	p := appendLog(t, l, true, delayedEntry("t", 0, now, -1), delayedEntry("t", 0, now, -1))
 	if err := x.Follow(); err != nil || x.Pending("") != 2 {
@@ -270,15 +262,7 @@ func TestTruncatedUnderFollow(t *testing.T) {
 // TestUnmarkedTail: a released copy at the log's end whose mark is
 // missing names its entry; with the mark it names nothing.
 func TestUnmarkedTail(t *testing.T) {
-	dir := t.TempDir()
-	l := openTestLog(t, filepath.Join(dir, "log"), 0)
-	defer l.Close()
-	clk := &clock{now: time.UnixMilli(1_800_000_000_000)}
-	x, err := Open(Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close()
+	_, l, clk, x := testIndex(t, 0)
 	now := clk.now.UnixMilli()
 	appendLog(t, l, true, delayedEntry("t", 2, now, -1))
 	if err := x.Follow(); err != nil {
@@ -534,15 +518,7 @@ func TestCheckpointBehindFollow(t *testing.T) {
 // its queue or due time resolves nothing (loaded or read from its file,
 // and after a rebuild); the right one does.
 func TestMarkNamesItsEntry(t *testing.T) {
-	dir := t.TempDir()
-	l := openTestLog(t, filepath.Join(dir, "log"), 0)
-	defer l.Close()
-	clk := &clock{now: time.UnixMilli(1_800_000_000_000)}
-	x, err := Open(Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close()
+	_, l, clk, x := testIndex(t, 0)
 	now := clk.now.UnixMilli()
 	near := delayedEntry("t", 2, now+1000, -1)      // loaded
 	far := delayedEntry("t", 2, now+48*3600000, -1) // in its far file

@@ -4,7 +4,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ferrymq/ferrymq/storage"
 )
@@ -15,15 +14,7 @@ import (
 // Reset (what a failover's truncation makes the broker call) and in an
 // index rebuilt from the log.
 func TestMovedToAfterReset(t *testing.T) {
-	dir := t.TempDir()
-	l := openTestLog(t, filepath.Join(dir, "log"), 1024)
-	defer l.Close()
-	clk := &clock{now: time.UnixMilli(1_800_000_000_000)}
-	x, err := Open(Config{Log: l, Dir: filepath.Join(dir, "delay"), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { x.Close() }()
+	dir, l, clk, x := testIndex(t, 1024)
 	due := clk.now.UnixMilli() + 3_600_000
 	filler := func() { // a segment's worth of other records
 		for range 3 {
