@@ -109,6 +109,80 @@ func ParseFilter(s string) (*Filter, error) {
 // String is the expression as it was parsed.
 func (f *Filter) String() string { return f.src }
 
+// Canonical is the expression in one spelling: keywords AND OR NOT IN IS
+// NULL in capitals, one space between tokens, parentheses only where
+// precedence needs them, numbers in plain decimal. Two expressions that
+// differ only in spelling have the same canonical form, so a registry can
+// tell whether two members ask for the same filter; ParseFilter of it
+// gives the same filter.
+func (f *Filter) Canonical() string {
+	var b strings.Builder
+	f.root.print(&b)
+	return b.String()
+}
+
+// print writes n canonically: an OR inside an AND, and an AND or an OR
+// under a NOT, in parentheses (AND and OR are associative in SQL's logic
+// too, so A AND (B AND C) is written as (A AND B) AND C is).
+func (n *fnode) print(b *strings.Builder) {
+	sub := func(c *fnode, paren bool) {
+		if paren {
+			b.WriteByte('(')
+		}
+		c.print(b)
+		if paren {
+			b.WriteByte(')')
+		}
+	}
+	switch n.op {
+	case fAll:
+		b.WriteByte('*')
+	case fTag:
+		b.WriteString(n.tag)
+	case fNot:
+		b.WriteString("NOT ")
+		sub(n.a, n.a.op == fAnd || n.a.op == fOr)
+	case fAnd:
+		sub(n.a, n.a.op == fOr)
+		b.WriteString(" AND ")
+		sub(n.b, n.b.op == fOr)
+	case fOr:
+		sub(n.a, false)
+		b.WriteString(" OR ")
+		sub(n.b, false)
+	case fNull:
+		b.WriteString(n.name + " IS ")
+		if n.isNot {
+			b.WriteString("NOT ")
+		}
+		b.WriteString("NULL")
+	case fCmp:
+		b.WriteString(n.name + " " + n.cmp + " ")
+		n.lits[0].print(b)
+	case fIn:
+		b.WriteString(n.name)
+		if n.isNot {
+			b.WriteString(" NOT")
+		}
+		b.WriteString(" IN (")
+		for i, l := range n.lits {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			l.print(b)
+		}
+		b.WriteByte(')')
+	}
+}
+
+func (l flit) print(b *strings.Builder) {
+	if l.isNum {
+		b.WriteString(strconv.FormatFloat(l.num, 'f', -1, 64))
+		return
+	}
+	b.WriteString("'" + strings.ReplaceAll(l.text, "'", "''") + "'")
+}
+
 // Match says whether a message with tag tag (possibly "") and properties
 // prop (ok false: absent) is one the filter takes.
 func (f *Filter) Match(tag string, prop func(name string) (string, bool)) bool {

@@ -202,6 +202,16 @@ func TestFilterMatchesTheModel(t *testing.T) {
 		if f.String() != src {
 			t.Fatalf("String() = %q, want %q", f.String(), src)
 		}
+		// Another spelling has the same canonical form, which parses to
+		// itself and matches as the model says (below).
+		other, err := ParseFilter(e.print(t))
+		if err != nil || other.Canonical() != f.Canonical() {
+			t.Fatalf("%q and another spelling %q: canonical %q and %q (%v)", src, other, f.Canonical(), other.Canonical(), err)
+		}
+		canon, err := ParseFilter(f.Canonical())
+		if err != nil || canon.Canonical() != f.Canonical() {
+			t.Fatalf("canonical %q of %q does not parse to itself: %v", f.Canonical(), src, err)
+		}
 		for range 16 {
 			tag := rapid.SampledFrom(append([]string{""}, testTags...)).Draw(t, "msg tag")
 			props := map[string]string{}
@@ -214,6 +224,9 @@ func TestFilterMatchesTheModel(t *testing.T) {
 			got := f.Match(tag, func(n string) (string, bool) { v, ok := props[n]; return v, ok })
 			if got != (want != nil && *want) {
 				t.Fatalf("%s on tag %q props %v: Match %v, model %v", src, tag, props, got, fmtTri(want))
+			}
+			if c := canon.Match(tag, func(n string) (string, bool) { v, ok := props[n]; return v, ok }); c != got {
+				t.Fatalf("canonical %s on tag %q props %v: Match %v, the expression %v", canon.Canonical(), tag, props, c, got)
 			}
 			if got && !f.Candidate(TagFingerprint(tag)) {
 				t.Fatalf("%s matches tag %q props %v, but its fingerprint %#x is no candidate", src, tag, props, TagFingerprint(tag))
@@ -276,6 +289,25 @@ func TestFilterExamples(t *testing.T) {
 		}
 		if got := f.Match(c.tag, c.props); got != c.want {
 			t.Errorf("%q on tag %q: %v, want %v", c.expr, c.tag, got, c.want)
+		}
+	}
+}
+
+func TestFilterCanonical(t *testing.T) {
+	for src, want := range map[string]string{
+		"A||B":                              "A OR B",
+		"a || b && !c":                      "a OR b AND NOT c",
+		"(a || b) and not (c or d)":         "(a OR b) AND NOT (c OR d)",
+		"x in ( 'a','b' ) or y is not null": "x IN ('a', 'b') OR y IS NOT NULL",
+		"amount>=100.50 && n <> 'it''s'":    "amount >= 100.5 AND n <> 'it''s'",
+		"*":                                 "*",
+	} {
+		f, err := ParseFilter(src)
+		if err != nil {
+			t.Fatalf("ParseFilter(%q): %v", src, err)
+		}
+		if got := f.Canonical(); got != want {
+			t.Errorf("Canonical(%q) = %q, want %q", src, got, want)
 		}
 	}
 }
