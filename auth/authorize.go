@@ -110,9 +110,11 @@ var rules = map[protocol.Code]need{
 	protocol.CodeConsumerHeartbeat: needConsumeGroup,
 	protocol.CodeCommitOffsets:     needConsumeGroup,
 	protocol.CodeConsumerGroups:    needDescribe | needConsumeGroupNamed,
-	// Moving a group's offsets, or deleting it, is an operator's act.
-	protocol.CodeResetOffsets: 0,
-	protocol.CodeDeleteGroup:  0,
+	// Moving a group's offsets, deleting it, or changing what it
+	// receives is an operator's act.
+	protocol.CodeResetOffsets:   0,
+	protocol.CodeDeleteGroup:    0,
+	protocol.CodeSetGroupFilter: 0,
 
 	// The ACL: only admin changes or lists it; the brokers read it (names
 	// and permissions, and whose the tokens presented to them are) for

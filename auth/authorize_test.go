@@ -132,6 +132,7 @@ var expect = map[string][]allow{
 	"ROUTE_WATCH":      clusterOnly,
 	"RECOVER":          clusterOnly,
 	"DELETE_GROUP":     adminOnly,
+	"SET_GROUP_FILTER": adminOnly,
 	"ADMIN_RESYNC":     adminOnly,
 
 	"ADMIN_ADMIT_GROUP":  adminOnly,

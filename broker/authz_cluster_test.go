@@ -129,7 +129,8 @@ func requests() map[protocol.Code]request {
 		protocol.CodeConsumerGroups:    {onMeta, js(api.ConsumerGroupsRequest{Group: "billing"})},
 		protocol.CodeResetOffsets:      {onMeta, js(api.ResetOffsetsRequest{Group: "no-such-group"})},
 		protocol.CodeDeleteGroup:       {onMeta, js(api.DeleteGroupRequest{Group: "no-such-group"})},
-		protocol.CodeAdminACLSet:       {onMeta, js(api.ACLSetRequest{})}, // INVALID (no name)
+		protocol.CodeSetGroupFilter:    {onMeta, js(api.SetGroupFilterRequest{Group: "billing", Filter: "A ||"})}, // INVALID
+		protocol.CodeAdminACLSet:       {onMeta, js(api.ACLSetRequest{})},                                         // INVALID (no name)
 		protocol.CodeAdminACLRemove:    {onMeta, js(api.ACLRemoveRequest{Name: "absent"})},
 		protocol.CodeAdminACLList:      {onMeta, js(struct{}{})},
 		protocol.CodeACLGet:            {onMeta, js(struct{}{})},
@@ -227,6 +228,7 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeConsumerGroups:    {"admin", "desc", "cons", "other"}, // other: consume:payments:* names every group
 		protocol.CodeResetOffsets:      {"admin"},
 		protocol.CodeDeleteGroup:       {"admin"},
+		protocol.CodeSetGroupFilter:    {"admin"},
 		protocol.CodeAdminACLSet:       {"admin"},
 		protocol.CodeAdminACLRemove:    {"admin"},
 		protocol.CodeAdminACLList:      {"admin"},

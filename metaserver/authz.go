@@ -180,6 +180,8 @@ func targetOf(req any) auth.Target {
 		return auth.Target{Topics: offsetTopics(q.Offsets), Group: q.Group}
 	case api.ConsumerGroupsRequest:
 		return auth.Target{Group: q.Group}
+	case api.SetGroupFilterRequest:
+		return auth.Target{Group: q.Group}
 	}
 	return auth.Target{}
 }

@@ -243,6 +243,9 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 	if err := s.fsm.CheckBound(hb.Group, hb.Member, who); err != nil {
 		return api.ConsumerHeartbeatReply{}, err
 	}
+	if hb.Filter, err = canonicalFilter(hb.Filter); err != nil {
+		return api.ConsumerHeartbeatReply{}, err
+	}
 	if hb.Incarnation != 0 {
 		return s.cooperativeHeartbeat(ctx, hb, session)
 	}
@@ -273,7 +276,7 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 	if m := g.Members[hb.Member]; m == nil || !slices.Equal(m.Topics, topics) || m.SessionMillis != session.Milliseconds() ||
 		m.Principal == "" && who != "" {
 		res, err := s.apply(ctx, &fsm.JoinGroup{Group: hb.Group, Member: hb.Member, Topics: topics,
-			SessionMillis: session.Milliseconds(), At: now.UnixMilli(), Principal: who})
+			SessionMillis: session.Milliseconds(), At: now.UnixMilli(), Principal: who, Filter: hb.Filter})
 		if err != nil {
 			if m == nil {
 				s.consumers.forget(k)
@@ -288,6 +291,7 @@ func (s *Server) consumerHeartbeat(ctx context.Context, hb api.ConsumerHeartbeat
 	}
 	var queues []fsm.QueueOffset
 	reply.Generation, queues = s.fsm.MemberQueues(hb.Group, hb.Member)
+	reply.Filter = s.fsm.GroupFilter(hb.Group)
 	for _, q := range queues {
 		reply.Assignment = append(reply.Assignment, api.QueueAssignment{Topic: q.Topic, Queue: q.Queue, Committed: q.Offset,
 			CommittedEpoch: q.Epoch, EpochGroup: q.EpochGroup})
@@ -441,7 +445,7 @@ func (s *Server) consumerGroupInfo(g fsm.ConsumerGroup, now time.Time) api.Consu
 		topics = append(topics, o.Topic)
 	}
 	gi := api.ConsumerGroupInfo{Name: g.Name, Generation: g.Generation, Topics: fsm.NormalizeTopics(topics),
-		Members: []api.ConsumerMemberInfo{}, Offsets: toAPIOffsets(committed)}
+		Members: []api.ConsumerMemberInfo{}, Offsets: toAPIOffsets(committed), Filter: g.Filter, FilterBy: g.FilterBy}
 	c := &s.consumers
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -459,6 +463,41 @@ func (s *Server) consumerGroupInfo(g fsm.ConsumerGroup, now time.Time) api.Consu
 		gi.Members = append(gi.Members, mi)
 	}
 	return gi
+}
+
+// canonicalFilter is a filter's canonical form ("" stays ""), or INVALID
+// with what is wrong with it.
+func canonicalFilter(expr string) (string, error) {
+	if expr == "" {
+		return "", nil
+	}
+	f, err := protocol.ParseFilter(expr)
+	if err != nil {
+		return "", invalid("%v", err)
+	}
+	return f.Canonical(), nil
+}
+
+// setGroupFilter sets the filter of the messages a group receives; its
+// members take it from their next heartbeat.
+func (s *Server) setGroupFilter(ctx context.Context, req api.SetGroupFilterRequest) (api.ConsumerGroupInfo, error) {
+	if err := fsm.ValidateConsumerName("group", req.Group); err != nil {
+		return api.ConsumerGroupInfo{}, invalid("%v", err)
+	}
+	if req.Filter == "" {
+		return api.ConsumerGroupInfo{}, invalid(`a filter is needed ("*" for every message)`)
+	}
+	filter, err := canonicalFilter(req.Filter)
+	if err != nil {
+		return api.ConsumerGroupInfo{}, err
+	}
+	now := s.cfg.Clock.Now()
+	if _, err := s.apply(ctx, &fsm.SetGroupFilter{Group: req.Group, Filter: filter, Principal: principalOf(ctx), At: now.UnixMilli()}); err != nil {
+		return api.ConsumerGroupInfo{}, err
+	}
+	s.log.Info("consumer group filter set", "group", req.Group, "filter", filter, "principal", principalOf(ctx))
+	g, _ := s.fsm.ConsumerGroup(req.Group)
+	return s.consumerGroupInfo(g, now), nil
 }
 
 // resetOffsets sets a group's offsets, only when the registry has no member

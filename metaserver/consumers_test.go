@@ -385,3 +385,47 @@ func TestOffsetsSurviveRestartFromSnapshot(t *testing.T) {
 		t.Fatalf("b after the restart: %+v", b2)
 	}
 }
+
+// TestGroupFilterThroughTheServer: a member's filter is taken in canonical
+// form, every reply names the group's, a member asking for another is
+// refused with the reason, and set-filter changes it for the members
+// already in (from their next heartbeat) as describe shows.
+func TestGroupFilterThroughTheServer(t *testing.T) {
+	_, cl, _, _ := consumerMeta(t, 2)
+	ctx := context.Background()
+	withFilter := func(f string) func(*api.ConsumerHeartbeat) {
+		return func(hb *api.ConsumerHeartbeat) { hb.Filter = f }
+	}
+	if r := join(t, cl, "cg", "a", withFilter("A||B")); r.Filter != "A OR B" {
+		t.Fatalf("the first member's reply names filter %q, want the canonical A OR B", r.Filter)
+	}
+	if r := join(t, cl, "cg", "b", withFilter("A or  B")); r.Filter != "A OR B" {
+		t.Fatalf("a member of the same filter spelled otherwise: %q", r.Filter)
+	}
+	_, err := cl.ConsumerHeartbeat(ctx, api.ConsumerHeartbeat{Group: "cg", Member: "c", Topics: []string{"orders"}, Filter: "C"})
+	if !errors.Is(err, &protocol.Error{Status: protocol.StatusInvalid}) || !strings.Contains(err.Error(), "A OR B") {
+		t.Fatalf("a member asking for another filter: %v", err)
+	}
+	_, err = cl.ConsumerHeartbeat(ctx, api.ConsumerHeartbeat{Group: "cg", Member: "c", Topics: []string{"orders"}, Filter: "A ||"})
+	if !errors.Is(err, &protocol.Error{Status: protocol.StatusInvalid}) {
+		t.Fatalf("a filter that does not parse: %v", err)
+	}
+	gi, err := cl.SetGroupFilter(ctx, "cg", "region = 'eu'")
+	if err != nil || gi.Filter != "region = 'eu'" || !strings.HasPrefix(gi.FilterBy, "set-filter") {
+		t.Fatalf("set-filter: %+v, %v", gi, err)
+	}
+	// a heartbeats with its old filter: it stays and learns the new one.
+	if r := join(t, cl, "cg", "a", withFilter("A||B")); r.Filter != "region = 'eu'" {
+		t.Fatalf("a member's heartbeat after set-filter names %q", r.Filter)
+	}
+	if _, err := cl.SetGroupFilter(ctx, "cg", ""); !errors.Is(err, &protocol.Error{Status: protocol.StatusInvalid}) {
+		t.Fatalf("set-filter with no filter: %v", err)
+	}
+	// "*" is every message: members name no filter in their PULLs.
+	if _, err := cl.SetGroupFilter(ctx, "cg", "*"); err != nil {
+		t.Fatal(err)
+	}
+	if r := join(t, cl, "cg", "b", nil); r.Filter != "" {
+		t.Fatalf(`after set-filter "*", the reply names %q`, r.Filter)
+	}
+}

@@ -49,6 +49,7 @@ func (s *Server) routes() {
 	handle(s, protocol.CodeConsumerGroups, true, s.consumerGroups)
 	handle(s, protocol.CodeResetOffsets, true, s.resetOffsets)
 	handle(s, protocol.CodeDeleteGroup, true, s.deleteConsumerGroup)
+	handle(s, protocol.CodeSetGroupFilter, true, s.setGroupFilter)
 	s.authRoutes()
 	s.groupRoutes()
 	s.syncSetRoutes()

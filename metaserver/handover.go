@@ -87,7 +87,7 @@ func (s *Server) cooperativeHeartbeat(ctx context.Context, hb api.ConsumerHeartb
 		m.Principal == "" && who != "" {
 		res, err := s.apply(ctx, &fsm.JoinMember{Group: hb.Group, Member: hb.Member, Incarnation: hb.Incarnation, Topics: topics,
 			SessionMillis: session.Milliseconds(), JoinWindowMillis: max(s.cfg.ConsumerJoinWindow, 0).Milliseconds(), At: now.UnixMilli(),
-			Principal: who})
+			Principal: who, Filter: hb.Filter})
 		if err != nil {
 			if m == nil {
 				s.consumers.forgetInc(incKey{k, hb.Incarnation})
@@ -124,6 +124,7 @@ func (s *Server) cooperativeHeartbeat(ctx context.Context, hb api.ConsumerHeartb
 func (s *Server) heldQueues(group, member string, inc uint64, now time.Time, reply *api.ConsumerHeartbeatReply) {
 	gen, held, waiting, release, joinUntil := s.fsm.HeldQueues(group, member, inc)
 	reply.Generation, reply.Waiting = gen, waiting
+	reply.Filter = s.fsm.GroupFilter(group)
 	for _, q := range held {
 		reply.Assignment = append(reply.Assignment, api.QueueAssignment{Topic: q.Topic, Queue: q.Queue, Committed: q.Offset,
 			CommittedEpoch: q.Epoch, EpochGroup: q.EpochGroup})

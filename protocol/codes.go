@@ -56,6 +56,7 @@ const (
 	CodeConsumerGroups    Code = 52 // the consumer groups: members, assignments, committed offsets
 	CodeResetOffsets      Code = 53 // an admin sets a group's offsets; only with no live members
 	CodeDeleteGroup       Code = 54 // an admin removes a consumer group with no live members
+	CodeSetGroupFilter    Code = 55 // an admin sets the filter of the messages a consumer group receives
 
 	// The access control list (6x, metaserver; JSON bodies, metaserver/api).
 	CodeAdminACLSet    Code = 60 // create or replace a principal (leader)
@@ -96,6 +97,7 @@ var codeNames = map[Code]string{
 	CodeConsumerGroups:    "CONSUMER_GROUPS",
 	CodeResetOffsets:      "RESET_OFFSETS",
 	CodeDeleteGroup:       "DELETE_GROUP",
+	CodeSetGroupFilter:    "SET_GROUP_FILTER",
 	CodeAdminTopics:       "ADMIN_TOPICS",
 	CodeAdminCreateTopic:  "ADMIN_CREATE_TOPIC",
 	CodeAdminAddQueues:    "ADMIN_ADD_QUEUES",

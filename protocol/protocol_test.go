@@ -180,6 +180,16 @@ func TestPullRoundTrip(t *testing.T) {
 	if err != nil || got != req {
 		t.Fatalf("got %+v, %v; want %+v", got, err, req)
 	}
+	req.Filter = "A || B"
+	got, err = DecodePullRequest(AppendPullRequest(nil, &req))
+	if err != nil || got != req {
+		t.Fatalf("with a filter: got %+v, %v; want %+v", got, err, req)
+	}
+	long := req
+	long.Filter = strings.Repeat("A", MaxFilterLen+1)
+	if _, err := DecodePullRequest(AppendPullRequest(nil, &long)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a filter over the cap: %v", err)
+	}
 	neg := req
 	neg.Offset = -1
 	if _, err := DecodePullRequest(AppendPullRequest(nil, &neg)); !errors.Is(err, ErrMalformed) {

@@ -17,6 +17,10 @@ import (
 //	wait ms    u32, how long the broker may hold a PULL that finds nothing
 //	           at offset, answering as soon as a message arrives (a long
 //	           poll; 0 answers at once)
+//	filter     u16 length + bytes, optional (absent: every message): the
+//	           reader's consumer group's filter (Filter), at most
+//	           MaxFilterLen bytes; the broker answers only the messages it
+//	           matches, and its next offset passes the others
 type PullRequest struct {
 	Topic      string
 	Queue      uint32
@@ -24,6 +28,7 @@ type PullRequest struct {
 	MaxBytes   uint32
 	Epoch      uint32
 	WaitMillis uint32
+	Filter     string
 }
 
 // AppendPullRequest appends p's encoding.
@@ -33,7 +38,11 @@ func AppendPullRequest(dst []byte, p *PullRequest) []byte {
 	dst = appendI64(dst, p.Offset)
 	dst = appendU32(dst, p.MaxBytes)
 	dst = appendU32(dst, p.Epoch)
-	return appendU32(dst, p.WaitMillis)
+	dst = appendU32(dst, p.WaitMillis)
+	if p.Filter != "" {
+		dst = appendStr16(dst, clip16(p.Filter))
+	}
+	return dst
 }
 
 // DecodePullRequest decodes a PULL request body.
@@ -46,6 +55,13 @@ func DecodePullRequest(b []byte) (PullRequest, error) {
 	p.MaxBytes = r.u32("max bytes")
 	p.Epoch = r.u32("epoch")
 	p.WaitMillis = r.u32("wait millis")
+	if len(r.b) > 0 {
+		if n := r.u16("filter"); n == 0 || int(n) > MaxFilterLen {
+			r.fail(fmt.Sprintf("filter of %d bytes: 1 to %d, or none at all", n, MaxFilterLen))
+		} else {
+			p.Filter = string(r.span(int(n), "filter"))
+		}
+	}
 	if err := r.done("pull request"); err != nil {
 		return PullRequest{}, err
 	}

@@ -47,6 +47,11 @@ type ConsumerHeartbeat struct {
 	// Released are queues the member was asked to let go and stopped: its
 	// last handler call of each returned and its offset was committed.
 	Released []QueueRef `json:"released,omitempty"`
+	// Filter is the filter (protocol.Filter) the member asks for when it
+	// joins ("": none, it takes the group's). A joining member asking for
+	// another filter than the group's is refused INVALID, unless the group
+	// has none yet and no other member: then it becomes the group's.
+	Filter string `json:"filter,omitempty"`
 }
 
 // QueueRef names one queue of a topic.
@@ -73,6 +78,9 @@ type ConsumerHeartbeatReply struct {
 	// it stops them (or, if it never took them, has nothing to stop) and
 	// reports them Released.
 	Release []QueueRef `json:"release,omitempty"`
+	// Filter is the group's filter, which the member names in its PULLs
+	// ("": every message). It can change between heartbeats (set-filter).
+	Filter string `json:"filter,omitempty"`
 }
 
 // QueueAssignment is one queue a member consumes in a generation, with the
@@ -130,6 +138,14 @@ type DeleteGroupRequest struct {
 	Group string `json:"group"`
 }
 
+// SetGroupFilterRequest sets the filter (protocol.Filter; "*": every
+// message) of the messages a consumer group receives, creating the group
+// if it does not exist. Its members take it from their next heartbeat.
+type SetGroupFilterRequest struct {
+	Group  string `json:"group"`
+	Filter string `json:"filter"`
+}
+
 // CommitReply acknowledges a commit once it is in the registry.
 type CommitReply struct {
 	Generation uint64 `json:"generation"`
@@ -149,6 +165,10 @@ type ConsumerGroupInfo struct {
 	Members    []ConsumerMemberInfo `json:"members"`
 	// Offsets are the committed offsets, by topic and queue.
 	Offsets []QueueOffset `json:"offsets"`
+	// Filter is the group's filter in canonical form ("": every message),
+	// and FilterBy who set it (see fsm.ConsumerGroup).
+	Filter   string `json:"filter,omitempty"`
+	FilterBy string `json:"filter_by,omitempty"`
 }
 
 // ConsumerMemberInfo is one member of a group.

@@ -485,6 +485,12 @@ func (c *Client) DeleteConsumerGroup(ctx context.Context, group string) error {
 	return err
 }
 
+// SetGroupFilter sets the filter ("*": every message) of the messages a
+// consumer group receives; its members take it from their next heartbeat.
+func (c *Client) SetGroupFilter(ctx context.Context, group, filter string) (api.ConsumerGroupInfo, error) {
+	return decode[api.ConsumerGroupInfo](c.call(ctx, protocol.CodeSetGroupFilter, api.SetGroupFilterRequest{Group: group, Filter: filter}, true))
+}
+
 // ResetOffsets sets a group's committed offsets; a group with live members
 // gets protocol.ErrGroupActive (leader).
 func (c *Client) ResetOffsets(ctx context.Context, req api.ResetOffsetsRequest) (api.ConsumerGroupInfo, error) {

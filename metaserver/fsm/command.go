@@ -240,6 +240,8 @@ func Decode(b []byte) (Command, error) {
 		c = &SettleGroup{}
 	case TypeDeleteGroup:
 		c = &DeleteGroup{}
+	case TypeSetGroupFilter:
+		c = &SetGroupFilter{}
 	case TypeJoinGroup:
 		c = &JoinGroup{}
 	case TypeLeaveGroup:

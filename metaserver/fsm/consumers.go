@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -55,6 +56,13 @@ type ConsumerGroup struct {
 	// JoinUntil (unix ms, 0: closed) is the end of the join window of a
 	// group that had no member: joins wait for it (SettleGroup).
 	JoinUntil int64 `json:"join_until,omitempty"`
+	// Filter is the canonical filter (protocol.Filter) of the messages the
+	// group receives, "*" or "" (none set yet) for every message. Every
+	// member receives by it: see admitFilter.
+	Filter string `json:"filter,omitempty"`
+	// FilterBy says who set Filter: "member M" (the first member, asking
+	// for it) or "set-filter" (and by whom); "" while none is set.
+	FilterBy string `json:"filter_by,omitempty"`
 }
 
 // ConsumerMember is one member of a consumer group.
@@ -101,6 +109,9 @@ type JoinGroup struct {
 	// Principal is who asks ("": no one to check, authorization is off);
 	// the same in every command that acts as a member (CheckBound).
 	Principal string `json:"principal,omitempty"`
+	// Filter is the canonical filter the member asks for ("": none, it
+	// takes the group's); see admitFilter.
+	Filter string `json:"filter,omitempty"`
 }
 
 // LeaveGroup removes a member: the next generation, with a new assignment.
@@ -158,6 +169,87 @@ func NormalizeTopics(topics []string) []string {
 	out := slices.Clone(topics)
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// Filters. A group receives the messages its filter matches, every member
+// the same: a member with another filter would silently lose the messages
+// its queues' other filter skips (RocketMQ's trap). A joining member may
+// ask for a filter: the group's (or none) is admitted; another is refused,
+// except when the group has no filter yet and no other member, when it
+// becomes the group's. Only SetGroupFilter changes a group's filter once
+// set; members take a changed one from their next heartbeat. Members
+// already in the group are not checked again (they follow the group's).
+
+// admitFilter checks the filter a member joining g asks for, and sets the
+// group's when it may.
+func (g *ConsumerGroup) admitFilter(member, filter string) error {
+	if filter == "" || filter == g.Filter || filter == "*" && g.Filter == "" {
+		return nil
+	}
+	others := len(g.Members)
+	if g.Members[member] != nil {
+		others--
+	}
+	if g.FilterBy == "" && others == 0 {
+		g.Filter, g.FilterBy = filter, "member "+member
+		return nil
+	}
+	has := g.Filter
+	if has == "" {
+		has = "*"
+	}
+	return invalidErr("consumer group %q receives the messages of the filter %q (set by %s), and member %q asks for %q: every member of a group receives the same messages "+
+		"(change the group's filter with ferryctl group set-filter, or consume in another group)", g.Name, has, cmp.Or(g.FilterBy, "its first members"), member, filter)
+}
+
+// SetGroupFilter sets the filter of the messages a consumer group receives,
+// creating the group if it does not exist. Filter is canonical
+// (protocol.Filter.Canonical; "*" for every message).
+type SetGroupFilter struct {
+	Group     string `json:"group"`
+	Filter    string `json:"filter"`
+	Principal string `json:"principal,omitempty"`
+	At        int64  `json:"at"`
+}
+
+func (SetGroupFilter) Type() CommandType { return TypeSetGroupFilter }
+
+// TypeSetGroupFilter is SetGroupFilter's command type.
+const TypeSetGroupFilter CommandType = 29
+
+func (f *FSM) setGroupFilter(c *SetGroupFilter) any {
+	if err := ValidateConsumerName("group", c.Group); err != nil {
+		return invalidErr("%v", err)
+	}
+	if err := checkFilter(c.Filter); err != nil {
+		return err
+	}
+	g := f.consumerGroup(c.Group, true)
+	by := "set-filter"
+	if c.Principal != "" {
+		by += " by " + c.Principal
+	}
+	if g.Filter == c.Filter && g.FilterBy == by {
+		return &Result{Generation: g.Generation}
+	}
+	g.Filter, g.FilterBy = c.Filter, by
+	return &Result{Changed: true, Generation: g.Generation}
+}
+
+// checkFilter refuses a filter that is not in canonical form (the servers
+// make it so before they propose a command).
+func checkFilter(filter string) error {
+	if filter == "" {
+		return nil
+	}
+	f, err := protocol.ParseFilter(filter)
+	if err != nil {
+		return invalidErr("%v", err)
+	}
+	if f.Canonical() != filter {
+		return invalidErr("filter %q is not in canonical form %q", filter, f.Canonical())
+	}
+	return nil
 }
 
 // Member binding. With authorization on, a member is bound to the
@@ -317,7 +409,15 @@ func (f *FSM) joinGroup(c *JoinGroup) any {
 			return err
 		}
 	}
+	if err := checkFilter(c.Filter); err != nil {
+		return err
+	}
 	g := f.consumerGroup(c.Group, true)
+	if g.Members[c.Member] == nil {
+		if err := g.admitFilter(c.Member, c.Filter); err != nil {
+			return err
+		}
+	}
 	if m := g.Members[c.Member]; m != nil && slices.Equal(m.Topics, topics) {
 		bind := m.Principal == "" && c.Principal != ""
 		if m.SessionMillis == c.SessionMillis && !bind {
@@ -555,6 +655,17 @@ func AssignQueues(n int, prev []string, subs []string) []string {
 		load[best]++
 	}
 	return out
+}
+
+// GroupFilter is the filter a consumer group's members name in their
+// PULLs: its canonical filter, "" for every message.
+func (f *FSM) GroupFilter(name string) string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if g := f.s.ConsumerGroups[name]; g != nil && g.Filter != "*" {
+		return g.Filter
+	}
+	return ""
 }
 
 // ConsumerGroup returns a copy of a consumer group, and whether it exists.

@@ -273,6 +273,8 @@ func TestDecodeConsumerCommands(t *testing.T) {
 		&LeaveGroup{Group: "g", Member: "m", ExpectGeneration: 3, At: 4},
 		&CommitOffsets{Group: "g", Member: "m", Generation: 5, Offsets: []QueueOffset{{Topic: "t", Queue: 1, Offset: 2}}},
 		&ResetOffsets{Group: "g", Offsets: []QueueOffset{{Topic: "t", Queue: 1, Offset: 2}}, At: 6},
+		&JoinGroup{Group: "g", Member: "m", Topics: []string{"t"}, Filter: "A OR B"},
+		&SetGroupFilter{Group: "g", Filter: "A", Principal: "p", At: 7},
 	} {
 		if c.Type()&IgnoreUnknown != 0 || c.Type() < 12 {
 			t.Fatalf("%T has type %d", c, c.Type())

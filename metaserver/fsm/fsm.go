@@ -313,6 +313,8 @@ func (f *FSM) apply(c Command) any {
 		return f.settleGroup(c)
 	case *DeleteGroup:
 		return f.deleteGroup(c)
+	case *SetGroupFilter:
+		return f.setGroupFilter(c)
 	case *JoinGroup:
 		return f.joinGroup(c)
 	case *LeaveGroup:

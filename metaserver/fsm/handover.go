@@ -74,6 +74,7 @@ type JoinMember struct {
 	JoinWindowMillis int64    `json:"join_window_ms,omitempty"`
 	At               int64    `json:"at"`
 	Principal        string   `json:"principal,omitempty"` // who asks (member binding: JoinGroup)
+	Filter           string   `json:"filter,omitempty"`    // the filter it asks for (JoinGroup)
 }
 
 // LeaveMember is LeaveGroup with one owner at a time: the member's queues
@@ -151,6 +152,9 @@ func (f *FSM) joinMember(c *JoinMember) any {
 			return err
 		}
 	}
+	if err := checkFilter(c.Filter); err != nil {
+		return err
+	}
 	g := f.consumerGroup(c.Group, true)
 	g.Cooperative = true
 	m := g.Members[c.Member]
@@ -158,6 +162,11 @@ func (f *FSM) joinMember(c *JoinMember) any {
 		return memberFenced("member %q of consumer group %q was replaced by a newer instance", c.Member, c.Group)
 	}
 	newer := m != nil && c.Incarnation > m.Incarnation
+	if m == nil || newer {
+		if err := g.admitFilter(c.Member, c.Filter); err != nil {
+			return err
+		}
+	}
 	if m != nil && !newer && slices.Equal(m.Topics, topics) {
 		bind := m.Principal == "" && c.Principal != ""
 		if m.SessionMillis == c.SessionMillis && !bind {
