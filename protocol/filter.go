@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unsafe"
 )
 
 // Filter is a consumer group's subscription expression over a message's
@@ -657,4 +658,58 @@ func union(a, b []uint32) []uint32 {
 		}
 	}
 	return out
+}
+
+// MatchEncoded is Match on one encoded message (as AppendMessage writes it
+// and a broker stores it), reading only its tag and, when the filter asks,
+// its properties: a broker judges the messages it reads without decoding
+// them. A malformed message matches, so that its reader sees the error
+// rather than lose the message.
+func (f *Filter) MatchEncoded(raw []byte) bool {
+	r := reader{b: raw}
+	r.span(int(r.u16("message id")), "message id")
+	r.span(int(r.u16("topic")), "topic")
+	r.u32("queue")
+	rel := r.u8("reliability")
+	r.i64("timestamp")
+	if rel&stampedFlag != 0 {
+		r.span(stampSize, "producer stamp")
+	}
+	if rel&scheduleFlag != 0 {
+		r.span(scheduleSize, "schedule")
+	}
+	var tag []byte
+	if rel&tagFlag != 0 {
+		tag = r.span(int(r.u8("tag length")), "tag")
+	}
+	props := r.b
+	n := int(r.u16("property count"))
+	if r.err != nil {
+		return true
+	}
+	props = props[2:]
+	prop := func(name string) (string, bool) {
+		p := reader{b: props}
+		for range n {
+			k := p.span(int(p.u16("property key")), "property key")
+			v := p.span(int(p.u16("property value")), "property value")
+			if p.err != nil {
+				return "", false
+			}
+			if string(k) == name {
+				return unsafeString(v), true
+			}
+		}
+		return "", false
+	}
+	return f.Match(unsafeString(tag), prop)
+}
+
+// unsafeString views b as a string without a copy: for the tag and values
+// MatchEncoded hands the filter, which compares them and keeps none.
+func unsafeString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
 }

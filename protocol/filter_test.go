@@ -2,6 +2,8 @@ package protocol
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -228,6 +230,14 @@ func TestFilterMatchesTheModel(t *testing.T) {
 			if c := canon.Match(tag, func(n string) (string, bool) { v, ok := props[n]; return v, ok }); c != got {
 				t.Fatalf("canonical %s on tag %q props %v: Match %v, the expression %v", canon.Canonical(), tag, props, c, got)
 			}
+			m := Message{ID: "id", Topic: "t", Tag: tag, Body: []byte("body"), Producer: ProducerStamp{ID: 1, Seq: 2},
+				Schedule: Schedule{Kind: ScheduleDelayed, At: 1}}
+			for _, k := range slices.Sorted(maps.Keys(props)) {
+				m.Properties = append(m.Properties, Property{Key: k, Value: props[k]})
+			}
+			if e := f.MatchEncoded(AppendMessage(nil, &m)); e != got {
+				t.Fatalf("%s on the encoded message of tag %q props %v: %v, Match %v", src, tag, props, e, got)
+			}
 			if got && !f.Candidate(TagFingerprint(tag)) {
 				t.Fatalf("%s matches tag %q props %v, but its fingerprint %#x is no candidate", src, tag, props, TagFingerprint(tag))
 			}
@@ -382,4 +392,26 @@ func bitsSet(x uint32) int {
 		n++
 	}
 	return n
+}
+
+// BenchmarkMatchEncoded: what judging one stored message costs a broker,
+// for a filter of tags and for one that reads a property.
+func BenchmarkMatchEncoded(b *testing.B) {
+	m := Message{ID: "0123456789abcdef", Topic: "orders", Tag: "TagB", Body: make([]byte, 1024),
+		Properties: []Property{{Key: "region", Value: "eu"}, {Key: "amount", Value: "150"}}}
+	raw := AppendMessage(nil, &m)
+	for _, expr := range []string{"TagA || TagB", "(TagA || TagB) AND region = 'eu' AND amount > 100"} {
+		f, err := ParseFilter(expr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(strings.Fields(expr)[0], func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if !f.MatchEncoded(raw) {
+					b.Fatal("no match")
+				}
+			}
+		})
+	}
 }
