@@ -667,21 +667,7 @@ func union(a, b []uint32) []uint32 {
 // rather than lose the message.
 func (f *Filter) MatchEncoded(raw []byte) bool {
 	r := reader{b: raw}
-	r.span(int(r.u16("message id")), "message id")
-	r.span(int(r.u16("topic")), "topic")
-	r.u32("queue")
-	rel := r.u8("reliability")
-	r.i64("timestamp")
-	if rel&stampedFlag != 0 {
-		r.span(stampSize, "producer stamp")
-	}
-	if rel&scheduleFlag != 0 {
-		r.span(scheduleSize, "schedule")
-	}
-	var tag []byte
-	if rel&tagFlag != 0 {
-		tag = r.span(int(r.u8("tag length")), "tag")
-	}
+	tag := r.peekTag()
 	props := r.b
 	n := int(r.u16("property count"))
 	if r.err != nil {
@@ -712,4 +698,35 @@ func unsafeString(b []byte) string {
 		return ""
 	}
 	return unsafe.String(&b[0], len(b))
+}
+
+// peekTag reads an encoded message up to its tag and returns the tag
+// (nil: none), leaving r at its properties.
+func (r *reader) peekTag() []byte {
+	r.span(int(r.u16("message id")), "message id")
+	r.span(int(r.u16("topic")), "topic")
+	r.u32("queue")
+	rel := r.u8("reliability")
+	r.i64("timestamp")
+	if rel&stampedFlag != 0 {
+		r.span(stampSize, "producer stamp")
+	}
+	if rel&scheduleFlag != 0 {
+		r.span(scheduleSize, "schedule")
+	}
+	if rel&tagFlag == 0 {
+		return nil
+	}
+	return r.span(int(r.u8("tag length")), "tag")
+}
+
+// EncodedTagFingerprint is TagFingerprint of one encoded message's tag (0
+// for none or a malformed message): what a broker's queue index keeps.
+func EncodedTagFingerprint(raw []byte) uint32 {
+	r := reader{b: raw}
+	tag := r.peekTag()
+	if r.err != nil {
+		return 0
+	}
+	return TagFingerprint(unsafeString(tag))
 }

@@ -235,6 +235,9 @@ func TestFilterMatchesTheModel(t *testing.T) {
 			for _, k := range slices.Sorted(maps.Keys(props)) {
 				m.Properties = append(m.Properties, Property{Key: k, Value: props[k]})
 			}
+			if fp := EncodedTagFingerprint(AppendMessage(nil, &m)); fp != TagFingerprint(tag) {
+				t.Fatalf("the encoded message of tag %q has fingerprint %#x, its tag %#x", tag, fp, TagFingerprint(tag))
+			}
 			if e := f.MatchEncoded(AppendMessage(nil, &m)); e != got {
 				t.Fatalf("%s on the encoded message of tag %q props %v: %v, Match %v", src, tag, props, e, got)
 			}
