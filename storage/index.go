@@ -61,7 +61,7 @@ func (q *queueIndex) partFor(qo int64) int {
 func (q *queueIndex) entryAt(qo int64) (indexEntry, error) {
 	if qo >= q.base {
 		i := qo - q.base
-		return indexEntry{pos: q.pos[i], size: q.size[i], fp: q.fp[i]}, nil
+		return indexEntry{pos: q.pos[i], size: q.size[i]}, nil
 	}
 	p := &q.parts[q.partFor(qo)]
 	e, err := p.readEntries(qo-p.firstQO, 1)

@@ -182,7 +182,6 @@ func (c *indexChunk) readAt(b []byte, off int64) error {
 type indexEntry struct {
 	pos  int64
 	size int32
-	fp   uint32
 }
 
 // readEntries reads n entries of part p from its i-th on.
@@ -194,7 +193,7 @@ func (p *indexPart) readEntries(i, n int64) ([]indexEntry, error) {
 	out := make([]indexEntry, n)
 	for j := range out {
 		e := b[j*indexEntrySize:]
-		out[j] = indexEntry{pos: int64(binary.BigEndian.Uint64(e)), size: int32(binary.BigEndian.Uint32(e[8:])), fp: binary.BigEndian.Uint32(e[12:])}
+		out[j] = indexEntry{pos: int64(binary.BigEndian.Uint64(e)), size: int32(binary.BigEndian.Uint32(e[8:]))}
 	}
 	return out, nil
 }
