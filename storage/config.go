@@ -95,6 +95,14 @@ type Config struct {
 	// for Watch (nil: a Watch sees no ids, and recovered entries are
 	// checked by their stamps alone). It must not keep the slice.
 	MessageID func(payload []byte) (string, bool)
+	// Fingerprint reads the fingerprint of a stored record from its
+	// payload, which the queue index keeps beside each record so that
+	// ReadMatching and CountMatching skip records by the index alone (the
+	// broker sets it to the tag fingerprint of the message). It must accept
+	// any bytes, not keep the slice, and give the same answer for the same
+	// payload every time: recovery and AppendRaw compute it again. nil:
+	// every record's fingerprint is 0.
+	Fingerprint func(payload []byte) uint32
 	// ProducerIdle is how long a (producer, queue) pair is remembered after
 	// its last record, by record times (Config.Now stamps). Default 7 days.
 	ProducerIdle time.Duration

@@ -155,7 +155,7 @@ func (l *Log) writeChunk(c indexCut) error {
 	for k, qi := range l.index {
 		n := sort.Search(len(qi.pos), func(i int) bool { return qi.pos[i] >= c.to })
 		if n > 0 {
-			qs = append(qs, chunkQueue{k: k, firstQO: qi.base, pos: qi.pos[:n], size: qi.size[:n]})
+			qs = append(qs, chunkQueue{k: k, firstQO: qi.base, pos: qi.pos[:n], size: qi.size[:n], fp: qi.fp[:n]})
 		}
 	}
 	l.mu.RUnlock()
@@ -188,6 +188,7 @@ func (l *Log) writeChunk(c indexCut) error {
 		qi.base += n
 		qi.pos = slices.Clone(qi.pos[n:])
 		qi.size = slices.Clone(qi.size[n:])
+		qi.fp = slices.Clone(qi.fp[n:])
 	}
 	l.chunks = append(l.chunks, ic)
 	l.mu.Unlock()
@@ -436,7 +437,7 @@ type IndexStats struct {
 	IndexedOffset int64
 	Chunks        int   // index chunk files
 	Parts         int   // (queue, chunk) pairs held in memory, about 56 bytes each
-	TailEntries   int64 // entries held in memory, 12 bytes each
+	TailEntries   int64 // entries held in memory, 16 bytes each
 	PendingCuts   int   // chunks cut but not yet written
 }
 

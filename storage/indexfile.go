@@ -22,9 +22,9 @@ import (
 const (
 	indexDirName     = "index"
 	indexMagic       = "FYIX"
-	indexVersion     = 1
+	indexVersion     = 2
 	indexHeaderSize  = 80
-	indexEntrySize   = 12 // log offset u64, record size u32
+	indexEntrySize   = 16 // log offset u64, record size u32, fingerprint u32
 	indexFileSuffix  = ".idx"
 	indexNameDigits  = 20
 	snapshotVersion  = 1
@@ -220,6 +220,7 @@ type chunkQueue struct {
 	firstQO int64
 	pos     []int64
 	size    []int32
+	fp      []uint32
 }
 
 // chunkLast identifies the last record of a chunk's range, so that opening
@@ -264,6 +265,7 @@ func encodeIndexChunk(from, to int64, last chunkLast, queues []chunkQueue, snap 
 		for i, p := range q.pos {
 			b = binary.BigEndian.AppendUint64(b, uint64(p))
 			b = binary.BigEndian.AppendUint32(b, uint32(q.size[i]))
+			b = binary.BigEndian.AppendUint32(b, q.fp[i])
 		}
 	}
 	binary.BigEndian.PutUint32(b[60:], crc32.Checksum(b[entriesAt:], castagnoli))

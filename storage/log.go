@@ -52,6 +52,9 @@ type StoredEntry struct {
 	StoreTime   int64 // unix milliseconds
 	Payload     []byte
 	Recovered   bool // appended again after a failover (Entry.Recovered)
+	// Fingerprint is the record's fingerprint (Config.Fingerprint of its
+	// payload) as the index holds it.
+	Fingerprint uint32
 }
 
 // Log is a segmented commit log. Appends from any goroutine are queued and
@@ -110,7 +113,8 @@ type Log struct {
 	writerDone chan struct{}
 	stopFlush  chan struct{}
 	flushDone  chan struct{}
-	buf        []byte // the writer's scratch buffer
+	buf        []byte   // the writer's scratch buffer
+	fpBuf      []uint32 // the writer's: fingerprints of a group's records
 	prod       producerTable
 	pt         pretoucher
 	scanned    int64 // records Open read (after the index chunks)

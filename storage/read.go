@@ -2,6 +2,7 @@ package storage
 
 import (
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -57,7 +58,7 @@ type span struct {
 // Truncate may fail with ErrReadTruncated.
 func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]StoredEntry, error) {
 	var out []StoredEntry
-	_, err := l.read(nil, topic, queue, offset, maxBytes, func(dst []byte, e StoredEntry) []byte {
+	_, _, err := l.read(nil, topic, queue, offset, maxBytes, -1, nil, 0, func(dst []byte, e StoredEntry) []byte {
 		out = append(out, e)
 		return dst
 	})
@@ -79,15 +80,50 @@ func (l *Log) Read(topic string, queue uint32, offset int64, maxBytes int) ([]St
 // holds what emit appended so far; the caller drops it.
 func (l *Log) ReadAppend(dst []byte, topic string, queue uint32, offset int64, maxBytes int,
 	emit func(dst []byte, e StoredEntry) []byte) ([]byte, error) {
-	return l.read(dst, topic, queue, offset, maxBytes, emit)
+	dst, _, err := l.ReadMatching(dst, topic, queue, offset, maxBytes, -1, nil, emit)
+	return dst, err
 }
 
-func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxBytes int,
-	emit func(dst []byte, e StoredEntry) []byte) ([]byte, error) {
-	locs, gen, err := l.planRead(queueKey{topic, queue}, offset, maxBytes)
-	if err != nil || len(locs) == 0 {
-		return dst, err
+// ReadMatching is ReadAppend that reads only the records whose fingerprint
+// (Config.Fingerprint) want accepts (nil: all), such as those a consumer
+// group's filter may let through. The others are skipped by the index
+// alone: they are neither decoded nor checked, and read from a segment
+// only in passing, when they lie in a small gap between two records read
+// (see readGap). next is the queue offset after the last entry considered,
+// emitted or skipped: where the next read starts, past skipped entries at
+// the end too, so that a reader can tell that nothing matched up to there.
+// stopAt is a log offset (-1: none): an entry at or past it is neither
+// skipped nor emitted and ends the read, as at a slave's readable end. A
+// read looks at most at maxSkipScan entries (when want is not nil), so
+// that it costs a bounded time when nothing matches; next says where it
+// stopped. At or past the queue's end (or at stopAt) it returns nothing
+// and next = offset.
+func (l *Log) ReadMatching(dst []byte, topic string, queue uint32, offset int64, maxBytes int, stopAt int64, want func(fp uint32) bool,
+	emit func([]byte, StoredEntry) []byte) (out []byte, next int64, err error) {
+	return l.read(dst, topic, queue, offset, maxBytes, stopAt, want, maxSkipScan, emit)
+}
+
+// read is ReadMatching looking at most at maxScan entries when want is not
+// nil.
+func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxBytes int, stopAt int64, want func(uint32) bool, maxScan int,
+	emit func(dst []byte, e StoredEntry) []byte) ([]byte, int64, error) {
+	if want == nil {
+		maxScan = math.MaxInt // nothing is skipped: maxBytes bounds the read
 	}
+	locs, next, gen, err := l.planRead(queueKey{topic, queue}, offset, maxBytes, stopAt, want, maxScan)
+	if err != nil || len(locs) == 0 {
+		return dst, next, err
+	}
+	dst, err = l.readLocs(dst, topic, queue, offset, maxBytes, locs, gen, emit)
+	if err != nil {
+		return dst, offset, err
+	}
+	return dst, next, nil
+}
+
+// readLocs reads the records planRead listed and emits them.
+func (l *Log) readLocs(dst []byte, topic string, queue uint32, offset int64, maxBytes int, locs []loc, gen uint64,
+	emit func(dst []byte, e StoredEntry) []byte) ([]byte, error) {
 	// Runs of records in one segment at most readGap apart become one
 	// read: a queue's records are rarely adjacent when producers send to
 	// many queues, and a pread per record cost more than the bytes
@@ -118,7 +154,7 @@ func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxByte
 			}
 			l.mu.RUnlock()
 			reason := fmt.Sprintf("the index names a record of %d bytes at log offset %d for %s/%d offset %d, which the log does not hold",
-				lc.size, lc.pos, topic, queue, offset+int64(i))
+				lc.size, lc.pos, topic, queue, lc.qo)
 			if lc.chunk != nil {
 				reason += fmt.Sprintf(" (the index chunk %s is damaged: deleting the index directory makes Open rebuild it)", lc.chunk.name)
 			}
@@ -184,12 +220,12 @@ func (l *Log) read(dst []byte, topic string, queue uint32, offset int64, maxByte
 			if err != nil {
 				return dst, corrupt(err.Error())
 			}
-			if want := offset + int64(read); rec.QueueOffset != want || rec.Queue != queue || string(recTopic) != topic {
+			if want := locs[read].qo; rec.QueueOffset != want || rec.Queue != queue || string(recTopic) != topic {
 				return dst, corrupt(fmt.Sprintf("the index says %s/%d offset %d is here, the record is %s/%d offset %d",
 					topic, queue, want, recTopic, rec.Queue, rec.QueueOffset))
 			}
 			dst = emit(dst, StoredEntry{QueueOffset: rec.QueueOffset, LogOffset: at, StoreTime: rec.StoreTime, Payload: rec.Payload,
-				Recovered: rec.Flags&flagRecovered != 0})
+				Recovered: rec.Flags&flagRecovered != 0, Fingerprint: locs[read].fp})
 			read++
 		}
 	}

@@ -342,7 +342,7 @@ func (l *Log) scanSegment(s *segment, from int64) (good int64, reason string, er
 		if qi := l.index[k]; qi != nil && rec.QueueOffset != qi.next() {
 			return at, fmt.Sprintf("queue offset %d of %s/%d does not follow %d", rec.QueueOffset, rec.Topic, rec.Queue, qi.next()-1), nil
 		}
-		l.indexAdd(k, rec.QueueOffset, s.base+at, int32(n))
+		l.indexAdd(k, rec.QueueOffset, s.base+at, int32(n), l.fingerprint(rec.Payload))
 		if rec.Flags&flagRecovered != 0 {
 			l.prod.replayRecovered(k, rec.Payload, rec.QueueOffset, rec.StoreTime)
 		} else {

@@ -117,6 +117,7 @@ func (l *Log) DeleteBefore(offset int64) (int64, error) {
 				qi.base += int64(i)
 				qi.pos = slices.Clone(qi.pos[i:])
 				qi.size = slices.Clone(qi.size[i:])
+				qi.fp = slices.Clone(qi.fp[i:])
 			}
 			qi.first = max(qi.first, qi.base)
 		}

@@ -344,6 +344,21 @@ func (l *Log) writeChunks(chunks []chunk) error {
 
 // index entries and the end offset.
 func (l *Log) publish(chunks []chunk, ok []*appendReq) {
+	// The fingerprints are computed before l.mu is taken: readers wait for
+	// none of it.
+	fps := l.fpBuf[:0]
+	for _, r := range ok {
+		if r.raw != nil {
+			fps = l.rawFingerprints(fps, r.raw)
+			continue
+		}
+		for i, e := range r.entries {
+			if p := r.positions[i]; !p.Duplicate && p.Err == nil {
+				fps = append(fps, l.fingerprint(e.Payload))
+			}
+		}
+	}
+	l.fpBuf = fps
 	l.mu.Lock()
 	for i := range chunks {
 		c := &chunks[i]
@@ -354,7 +369,7 @@ func (l *Log) publish(chunks []chunk, ok []*appendReq) {
 	}
 	for _, r := range ok {
 		if r.raw != nil {
-			l.indexRaw(r.raw, r.rawOffset)
+			fps = fps[l.indexRaw(r.raw, r.rawOffset, fps):]
 			continue
 		}
 		for i, e := range r.entries {
@@ -362,7 +377,8 @@ func (l *Log) publish(chunks []chunk, ok []*appendReq) {
 			if p.Duplicate || p.Err != nil {
 				continue // not written
 			}
-			l.indexAdd(queueKey{e.Topic, e.Queue}, p.QueueOffset, p.LogOffset, int32(p.End-p.LogOffset))
+			l.indexAdd(queueKey{e.Topic, e.Queue}, p.QueueOffset, p.LogOffset, int32(p.End-p.LogOffset), fps[0])
+			fps = fps[1:]
 		}
 	}
 	l.end.Store(ok[len(ok)-1].end) // appends are placed in order: the last ends the group
