@@ -28,7 +28,8 @@ const (
 	indexFileSuffix  = ".idx"
 	indexNameDigits  = 20
 	snapshotVersion  = 1
-	indexEntriesPage = 256 // entries read at a time from a chunk file
+	indexEntriesPage = 256  // entries a read first reads at a time from a chunk file
+	maxIndexPage     = 4096 // entries a long scan reads at a time from a chunk file
 )
 
 // indexChunk is one index chunk file: where the records of the log range
