@@ -179,7 +179,7 @@ func (c *indexChunk) readAt(b []byte, off int64) error {
 	return nil
 }
 
-// indexEntry is one record of a queue, as an index chunk holds it.
+// indexEntry is where one record of a queue is, as the index says.
 type indexEntry struct {
 	pos  int64
 	size int32
