@@ -66,8 +66,8 @@
 //
 // # Index
 //
-// Each queue's records are found through its index: which log offset and
-// size each queue offset has. The older part of it is on disk, in index
+// Each queue's records are found through its index: which log offset,
+// size and fingerprint each queue offset has. The older part of it is on disk, in index
 // chunk files; the newest part is in memory. The writer cuts the index
 // after a group once the records since the last cut cover
 // Config.IndexChunkBytes (64 MiB) of log, and Close cuts whatever is left;
@@ -81,7 +81,7 @@
 // written to a temporary name, synced and renamed, its directory synced.
 // All integers are big-endian:
 //
-//	header, 80 bytes: magic "FYIX", u16 version 1, u16 0; u64 from, u64 to
+//	header, 80 bytes: magic "FYIX", u16 version 2, u16 0; u64 from, u64 to
 //	  (the log range it covers); u64 log offset and u32 CRC of the last
 //	  record in that range; u32 queues, u64 entries; u32 directory bytes,
 //	  u32 snapshot bytes; u32 CRC32C of the header's first 56 bytes and the
@@ -89,12 +89,12 @@
 //	  12 bytes 0
 //	directory, per queue (ordered by topic, then queue): u16 topic length,
 //	  topic, u32 queue, u64 first queue offset, u64 entries
-//	entries, queue by queue in directory order, 12 bytes each: u64 log
-//	  offset, u32 record size
+//	entries, queue by queue in directory order, 16 bytes each: u64 log
+//	  offset, u32 record size, u32 fingerprint
 //	snapshot: the deduplication state as of the end of the range
 //
 // Memory: a queue costs about 100 bytes and about 56 more per chunk holding
-// it; the entries in memory (12 bytes each) are those of the records since
+// it; the entries in memory (16 bytes each) are those of the records since
 // the last chunk written: about IndexChunkBytes of log (about 64k entries
 // of 1 KiB messages), plus what the indexer has not written yet (it waits
 // for a sync: at most a FlushInterval of appends). So memory grows with the
@@ -103,11 +103,24 @@
 // or after the index directory was removed) writes each chunk as it goes.
 // Each chunk carries the whole deduplication state (about 140 bytes per
 // tracked producer and queue). A read of an older queue offset reads its
-// entries from the chunk file (256 at a time), checks each entry (inside
-// the log, after the one before it) and that each record it then reads is
-// the one the entry names: a damaged entry is a *CorruptError. A log keeps
-// at most 64 chunk files open for reads, closing the least recently read
-// (a reader of the whole history opens them again as it goes).
+// entries from the chunk file (256 at a time, then twice as many per read
+// up to 4096, so that a read that skips many entries reads the file in a
+// few large pieces), checks each entry it reads a record for (inside the
+// log, after the one before it) and that each record it then reads is the
+// one the entry names: a damaged entry is a *CorruptError. A log keeps at
+// most 64 chunk files open for reads, closing the least recently read (a
+// reader of the whole history opens them again as it goes).
+//
+// A record's fingerprint is Config.Fingerprint of its payload (the broker
+// gives a message's tag fingerprint), computed when the record is indexed:
+// on append, on AppendRaw, and when Open or Truncate reads records. It is
+// a function of the log, as the rest of the index is. ReadMatching and
+// CountMatching judge entries by it without reading their records: a
+// skipped record is neither decoded nor checked (its bytes are read only
+// in passing, when it lies in a gap of at most readGap between two records
+// read). A chunk of an older version (version 1 had entries of 12 bytes,
+// without fingerprints) does not check out: Open drops it and rebuilds
+// the index from the log, as it does for any bad chunk.
 //
 // # Recovery
 //

@@ -225,11 +225,17 @@ func (v *indexView) release() {
 // through chunk c), or tail, the tail's slices; first is the queue offset
 // of the run's first entry. page returns how many of the run's entries it
 // took; fewer than the run holds ends the scan. scan returns the queue
-// offset after the last entry taken. Chunk pages are read into buf.
-func (v *indexView) scan(from int64, maxScan int, stopAt int64, buf []byte,
+// offset after the last entry taken.
+//
+// Chunk pages start at indexEntriesPage entries and double, up to
+// maxIndexPage, as the scan goes on: a read of a few records reads little
+// of the file, and one that skips many entries takes them with few reads.
+func (v *indexView) scan(from int64, maxScan int, stopAt int64,
 	page func(first int64, raw []byte, c *indexChunk, pos []int64, size []int32, fp []uint32) int) (int64, error) {
 	qo := from
 	left := int64(maxScan)
+	var buf []byte
+	pageLen := int64(indexEntriesPage)
 	for pi := range v.parts {
 		p := &v.parts[pi]
 		if qo >= p.firstQO+p.count {
@@ -237,10 +243,14 @@ func (v *indexView) scan(from int64, maxScan int, stopAt int64, buf []byte,
 		}
 		whole := stopAt < 0 || p.c.to <= stopAt // no entry of the part reaches stopAt
 		for i := qo - p.firstQO; i < p.count; {
-			n := min(p.count-i, indexEntriesPage, left)
+			n := min(p.count-i, pageLen, left)
 			if n <= 0 {
 				return qo, nil
 			}
+			if int64(len(buf)) < n*indexEntrySize {
+				buf = make([]byte, pageLen*indexEntrySize)
+			}
+			pageLen = min(2*pageLen, maxIndexPage)
 			b := buf[:n*indexEntrySize]
 			if err := p.c.readAt(b, p.at+i*indexEntrySize); err != nil {
 				return qo, err
@@ -305,11 +315,7 @@ func (l *Log) planRead(k queueKey, offset int64, maxBytes int, stopAt int64, wan
 	defer v.release()
 
 	pl := plan{maxBytes: maxBytes, want: want}
-	var buf []byte
-	if len(v.parts) > 0 {
-		buf = make([]byte, indexEntriesPage*indexEntrySize)
-	}
-	next, err = v.scan(offset, maxScan, stopAt, buf, pl.page)
+	next, err = v.scan(offset, maxScan, stopAt, pl.page)
 	if err != nil {
 		return nil, offset, 0, err
 	}
@@ -376,11 +382,7 @@ func (l *Log) CountMatching(topic string, queue uint32, from, to int64, want fun
 	v := qi.view(from)
 	l.mu.RUnlock()
 	defer v.release()
-	var buf []byte
-	if len(v.parts) > 0 {
-		buf = make([]byte, indexEntriesPage*indexEntrySize)
-	}
-	scannedTo, err = v.scan(from, int(min(int64(maxScan), to-from)), -1, buf,
+	scannedTo, err = v.scan(from, int(min(int64(maxScan), to-from)), -1,
 		func(_ int64, raw []byte, _ *indexChunk, _ []int64, _ []int32, fp []uint32) int {
 			if raw != nil {
 				for j := 12; j < len(raw); j += indexEntrySize {

@@ -28,7 +28,8 @@ const (
 	indexFileSuffix  = ".idx"
 	indexNameDigits  = 20
 	snapshotVersion  = 1
-	indexEntriesPage = 256 // entries read at a time from a chunk file
+	indexEntriesPage = 256  // entries a read first reads at a time from a chunk file
+	maxIndexPage     = 4096 // entries a long scan reads at a time from a chunk file
 )
 
 // indexChunk is one index chunk file: where the records of the log range
@@ -178,7 +179,7 @@ func (c *indexChunk) readAt(b []byte, off int64) error {
 	return nil
 }
 
-// indexEntry is one record of a queue, as an index chunk holds it.
+// indexEntry is where one record of a queue is, as the index says.
 type indexEntry struct {
 	pos  int64
 	size int32
