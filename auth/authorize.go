@@ -73,6 +73,9 @@ var rules = map[protocol.Code]need{
 	protocol.CodeDelayedList:   needDescribe,
 	// PULL names no group: a consumer of any group may read the topic.
 	protocol.CodePull: needConsumeTopics,
+	// Counting what a filter takes of a queue (a group's lag) shows no
+	// message: describe, or who may read the topic.
+	protocol.CodeQueueCount: needDescribe | needConsumeTopics,
 
 	protocol.CodeHAFetch: needCluster,
 	protocol.CodeHAAck:   needCluster,

@@ -93,6 +93,11 @@ var expect = map[string][]allow{
 		{Topic("orders.eu"), []string{"admin", "consPrefix", "consAll", "consBoth", "mixed"}},
 		{Topic("payments"), []string{"admin", "consAll"}},
 	},
+	// Counting what a filter takes of a queue: describe, or a reader.
+	"QUEUE_COUNT": {
+		{Topic("orders"), []string{"admin", "describe", "consBilling", "consAll", "consBoth"}},
+		{Topic("payments"), []string{"admin", "describe", "consAll"}},
+	},
 	"HA_FETCH":  clusterOnly,
 	"HA_ACK":    clusterOnly,
 	"HEARTBEAT": clusterOnly,

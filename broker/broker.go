@@ -157,6 +157,7 @@ func openCommitLog(cfg Config, stats *Stats, lg hclog.Logger) (*storage.Log, err
 			return storage.ProducerStamp(ps), ok
 		},
 		MessageID:    protocol.PeekMessageID,
+		Fingerprint:  protocol.EncodedTagFingerprint,
 		ProducerIdle: cfg.ProducerIdle,
 		Pretouch:     cfg.Pretouch,
 		OnSync:       stats.observeFlush,

@@ -141,6 +141,9 @@ func (b *Broker) endpoints() []endpoint {
 			access: byTarget(protocol.DecodePullRequest, pullTarget, func(r *transport.Request, q protocol.PullRequest) {
 				handlePull(b.pulls.store, b.sess.claim, b.pulls, r, q)
 			})},
+		{port: dataPort, code: protocol.CodeQueueCount, access: byTarget(decodeQueueCount, func(q protocol.QueueCountRequest) auth.Target {
+			return auth.Topic(q.Topic)
+		}, b.handleQueueCount)},
 		{port: dataPort, code: protocol.CodeDelayedCancel, access: byRecordTopic(b.decodeDelayedRef, b.handleDelayedCancel)},
 		{port: dataPort, code: protocol.CodeDelayedState, access: byRecordTopic(b.decodeDelayedRef, b.handleDelayedState)},
 		{port: dataPort, code: protocol.CodeDelayedList, access: byPrincipal(b.handleDelayedList)},

@@ -130,8 +130,9 @@ func TestCheckedCodesRefusedBeforeTheirHandler(t *testing.T) {
 		addrs[p] = a.String()
 	}
 	bodies := map[protocol.Code][]byte{
-		protocol.CodeSend: protocol.AppendSendRequest(nil, 0, []protocol.Message{{ID: "m", Topic: "orders", Timestamp: 1, Body: []byte("x")}}),
-		protocol.CodePull: protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "orders", MaxBytes: 1024}),
+		protocol.CodeSend:       protocol.AppendSendRequest(nil, 0, []protocol.Message{{ID: "m", Topic: "orders", Timestamp: 1, Body: []byte("x")}}),
+		protocol.CodePull:       protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "orders", MaxBytes: 1024}),
+		protocol.CodeQueueCount: []byte(`{"topic":"orders","to":10}`),
 	}
 	call := func(e endpoint, tok string) error {
 		c := transport.NewClient(addrs[e.port], transport.ClientConfig{Login: auth.TokenLogin(tok)})

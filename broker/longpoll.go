@@ -110,13 +110,20 @@ func (lp *longPoll) signal() {
 func (lp *longPoll) park(rep replier, req protocol.PullRequest, next int64) bool {
 	wait := min(time.Duration(req.WaitMillis)*time.Millisecond, lp.maxWait)
 	p := &parkedPull{rep: rep, req: req, key: pullKey{req.Topic, req.Queue}, seen: next, deadline: lp.clock.Now().Add(wait)}
+	return lp.enqueue(p, true)
+}
+
+// enqueue parks p (fresh: a PULL not parked before, refused with false
+// when too many are parked) and reports true.
+func (lp *longPoll) enqueue(p *parkedPull, fresh bool) bool {
+	rep, req := p.rep, p.req
 	lp.mu.Lock()
 	switch {
 	case lp.closed:
 		lp.mu.Unlock()
 		rep.ReplyError(&protocol.Error{Status: protocol.StatusShuttingDown, Message: "the broker is shutting down"})
 		return true
-	case len(lp.heap) >= lp.maxParked:
+	case fresh && len(lp.heap) >= lp.maxParked:
 		lp.mu.Unlock()
 		lp.stats.PullsOverflow.Add(1)
 		return false
@@ -140,6 +147,28 @@ func (lp *longPoll) park(rep replier, req protocol.PullRequest, next int64) bool
 		lp.signal() // run's timer is set for a later deadline
 	}
 	return true
+}
+
+// serveWoken answers a PULL that its queue's growth woke. A filtered PULL
+// that finds no message its filter takes (the queue grew by others only)
+// parks again past them until its deadline, rather than be answered
+// empty and come back.
+func (lp *longPoll) serveWoken(p *parkedPull) {
+	if p.req.Filter == "" {
+		lp.stats.PullWakeups.Add(1)
+		servePull(lp.store, p.rep, p.req)
+		return
+	}
+	if diverged(lp.store, p.rep, p.req) {
+		return // answered: a failover sent its reader back
+	}
+	n, past := serveRead(lp.store, p.rep, p.req, true)
+	if n < 0 {
+		p.req.Offset, p.seen = past, readableNext(lp.store, p.req.Topic, p.req.Queue)
+		lp.enqueue(p, false)
+		return
+	}
+	lp.stats.PullWakeups.Add(1) // after its answer, which a filter decides
 }
 
 // take removes p if it is still parked and reports whether it was.
@@ -347,12 +376,12 @@ func (lp *longPoll) step(now time.Time) (time.Time, bool) {
 	lp.mu.Unlock()
 
 	// Answers go out after the lock, the freshest first; each is counted
-	// before it is sent.
-	lp.stats.PullWakeups.Add(int64(len(woken)))
+	// before it is sent (a woken one as it is answered: a filtered PULL
+	// may park again).
 	lp.stats.PullsReleased.Add(int64(len(released)))
 	lp.stats.PullsExpired.Add(int64(len(expired)))
 	for _, p := range woken {
-		servePull(lp.store, p.rep, p.req)
+		lp.serveWoken(p)
 	}
 	for _, p := range released {
 		servePull(lp.store, p.rep, p.req)

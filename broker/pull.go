@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -18,8 +19,9 @@ const (
 // queueReader is the part of the commit log that PULL reads.
 type queueReader interface {
 	QueueRange(topic string, queue uint32) (first, next int64)
-	// ReadAppend is storage.Log.ReadAppend.
-	ReadAppend(dst []byte, topic string, queue uint32, offset int64, maxBytes int, emit func([]byte, storage.StoredEntry) []byte) ([]byte, error)
+	// ReadMatching is storage.Log.ReadMatching.
+	ReadMatching(dst []byte, topic string, queue uint32, offset int64, maxBytes int, stopAt int64, want func(fp uint32) bool,
+		emit func([]byte, storage.StoredEntry) []byte) ([]byte, int64, error)
 	QueueOffsetAt(topic string, queue uint32, logOffset int64) (int64, error)
 	// LogEpoch is the group epoch of the broker's log, answered in every PULL.
 	LogEpoch() uint32
@@ -105,15 +107,70 @@ func pullReplySize(body []byte) int {
 // EpochStart says where the epoch after a given one began.
 func handlePull(store queueReader, claim func(uint32) bool, pulls *longPoll, rep replier, req protocol.PullRequest) {
 	claim(req.Epoch)
-	if unplaced(store, rep, req) || diverged(store, rep, req) {
+	if badFilter(rep, req) || unplaced(store, rep, req) || diverged(store, rep, req) {
 		return
 	}
 	if req.WaitMillis > 0 && pulls != nil {
 		if next := readableNext(store, req.Topic, req.Queue); req.Offset >= next && pulls.park(rep, req, next) {
 			return
 		}
+		if req.Filter != "" {
+			// Nothing the filter takes up to the queue's end: wait there.
+			n, past := serveRead(store, rep, req, true)
+			if n >= 0 {
+				return
+			}
+			req.Offset = past
+			if next := readableNext(store, req.Topic, req.Queue); req.Offset >= next && pulls.park(rep, req, next) {
+				return
+			}
+		}
 	}
-	serveRead(store, rep, req)
+	serveRead(store, rep, req, false)
+}
+
+// badFilter answers req INVALID and reports true when its filter does not
+// parse.
+func badFilter(rep replier, req protocol.PullRequest) bool {
+	if req.Filter == "" {
+		return false
+	}
+	if _, err := filters.get(req.Filter); err != nil {
+		rep.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: err.Error()})
+		return true
+	}
+	return false
+}
+
+// filterCache keeps parsed filters by their text: a group's members send
+// the same one in every PULL. It is bounded: when full it starts again.
+type filterCache struct {
+	mu sync.Mutex
+	m  map[string]*protocol.Filter
+}
+
+const maxCachedFilters = 1024
+
+var filters filterCache
+
+func (c *filterCache) get(expr string) (*protocol.Filter, error) {
+	c.mu.Lock()
+	f := c.m[expr]
+	c.mu.Unlock()
+	if f != nil {
+		return f, nil
+	}
+	f, err := protocol.ParseFilter(expr)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= maxCachedFilters {
+		c.m = map[string]*protocol.Filter{}
+	}
+	c.m[expr] = f
+	c.mu.Unlock()
+	return f, nil
 }
 
 // readableNext is the queue's next offset, or where its readable part ends
@@ -187,15 +244,31 @@ func servePull(store queueReader, rep replier, req protocol.PullRequest) (count 
 	if diverged(store, rep, req) {
 		return 0
 	}
-	return serveRead(store, rep, req)
+	count, _ = serveRead(store, rep, req, false)
+	return count
 }
 
 // serveRead is servePull for a request already checked by diverged. The
 // records are read into the answer's buffer and rewritten there in place
-// (storage.ReadAppend): one copy of each body, from the file. The buffer
+// (storage.ReadMatching): one copy of each body, from the file. The buffer
 // goes to the connection's writer (ReplyGiven), which sends it without a
 // copy and gives it back for later PULLs once written.
-func serveRead(store queueReader, rep replier, req protocol.PullRequest) (count int) {
+//
+// A PULL with a filter gets the messages it takes: the index skips those
+// whose tag cannot match without reading them, the filter judges the rest
+// (MatchEncoded), and the answer's next offset passes the skipped ones.
+// With holdEmpty, an answer that would hold no message is not sent: count
+// is -1 and past the offset where the read stopped (the caller parks the
+// PULL there).
+func serveRead(store queueReader, rep replier, req protocol.PullRequest, holdEmpty bool) (count int, past int64) {
+	var flt *protocol.Filter
+	var want func(uint32) bool
+	if req.Filter != "" {
+		flt, _ = filters.get(req.Filter) // parsed by badFilter before
+		if flt != nil && flt.SkipsByTag() {
+			want = flt.Candidate
+		}
+	}
 	first, next := store.QueueRange(req.Topic, req.Queue)
 	offset := max(req.Offset, first)
 	bp, _ := pullBufs.Get().(*[]byte)
@@ -210,16 +283,12 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest) (count 
 	out := append((*bp)[:0], make([]byte, pullHeaderSize)...) // ReadAppend grows it to what it reads
 	// A slave stops where every member of the sync set held the log at the
 	// master's last report (acknowledgements are at record boundaries).
-	limit, held := store.ReadableEnd(), int64(-1)
-	out, err := store.ReadAppend(out, req.Topic, req.Queue, offset, pullBytes(req), func(dst []byte, e storage.StoredEntry) []byte {
-		if limit >= 0 && e.LogOffset >= limit {
-			if held < 0 {
-				held = e.QueueOffset
-			}
+	limit := store.ReadableEnd()
+	out, readTo, err := store.ReadMatching(out, req.Topic, req.Queue, offset, pullBytes(req), limit, want, func(dst []byte, e storage.StoredEntry) []byte {
+		if flt != nil && !flt.MatchEncoded(e.Payload) {
 			return dst
 		}
 		count++
-		offset = e.QueueOffset + 1
 		return protocol.AppendStoredRaw(dst, e.QueueOffset, e.LogOffset, e.StoreTime, e.Payload)
 	})
 	if err != nil {
@@ -235,21 +304,30 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest) (count 
 		*bp = out[:0]
 		giveBack()
 		rep.ReplyError(&protocol.Error{Status: st, Message: err.Error()})
-		return 0
+		return 0, 0
 	}
-	// offset is now the answer's next offset. A read that raced with
-	// appends can see entries past the range read before it: the header
-	// never claims less than was returned.
-	if count > 0 {
+	// readTo is the answer's next offset (past what was skipped). A read
+	// that raced with appends can see entries past the range read before
+	// it: the header never claims less than was read. A slave's answer
+	// claims no more than its readable end.
+	if readTo > offset {
+		offset = readTo
 		next = max(next, offset)
 	}
-	if held >= 0 {
-		next = min(next, held)
+	if limit >= 0 {
+		if at, err := store.QueueOffsetAt(req.Topic, req.Queue, limit); err == nil {
+			next = min(next, max(at, offset))
+		}
+	}
+	if holdEmpty && count == 0 {
+		*bp = out[:0]
+		giveBack()
+		return -1, offset
 	}
 	protocol.AppendPullResponseHeader(out[:0], offset, first, next, store.LogEpoch(), count)
 	*bp = out[:0]
 	_ = rep.ReplyGiven(out, giveBack)
-	return count
+	return count, offset
 }
 
 // pullBufs holds the buffers of PULL answers between PULLs (*[]byte): a
@@ -263,3 +341,47 @@ const maxPooledPull = maxPullBytes + 1<<20
 // pullHeaderSize is the size of a PULL answer's header
 // (protocol.AppendPullResponseHeader).
 const pullHeaderSize = 8 + 8 + 8 + 4 + 4
+
+// maxCountScan bounds the index entries one QUEUE_COUNT looks at.
+const maxCountScan = 1 << 22
+
+// handleQueueCount answers QUEUE_COUNT from the index: how many of a
+// queue's messages in a range a filter can take (protocol.QueueCount).
+func (b *Broker) handleQueueCount(r *transport.Request, q protocol.QueueCountRequest) {
+	var want func(uint32) bool
+	if q.Filter != "" {
+		f, err := filters.get(q.Filter)
+		if err != nil {
+			r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: err.Error()})
+			return
+		}
+		if f.SkipsByTag() {
+			want = f.Candidate
+		}
+	}
+	first, next := b.store.QueueRange(q.Topic, q.Queue)
+	from, to := max(q.From, first), min(q.To, next)
+	out := protocol.QueueCount{ScannedTo: max(from, to)}
+	if from < to {
+		n, scanned, err := b.store.CountMatching(q.Topic, q.Queue, from, to, want, maxCountScan)
+		if err != nil {
+			r.ReplyError(&protocol.Error{Status: protocol.StatusStoreError, Message: err.Error()})
+			return
+		}
+		out.Count, out.ScannedTo = n, scanned
+	}
+	body, _ := json.Marshal(out)
+	_ = r.Reply(body)
+}
+
+// decodeQueueCount decodes a QUEUE_COUNT body.
+func decodeQueueCount(body []byte) (protocol.QueueCountRequest, error) {
+	var q protocol.QueueCountRequest
+	if err := json.Unmarshal(body, &q); err != nil {
+		return q, &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("queue count request: %v", err)}
+	}
+	if q.From < 0 || q.To < q.From {
+		return q, &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("queue count range [%d, %d) is not a range", q.From, q.To)}
+	}
+	return q, nil
+}

@@ -28,7 +28,8 @@ import (
 
 func openLog(t *testing.T) *storage.Log {
 	t.Helper()
-	l, err := storage.Open(storage.Config{Dir: t.TempDir(), SegmentSize: 1 << 20, Logger: hclog.NewNullLogger()})
+	l, err := storage.Open(storage.Config{Dir: t.TempDir(), SegmentSize: 1 << 20, Logger: hclog.NewNullLogger(),
+		Fingerprint: protocol.EncodedTagFingerprint})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,6 +116,10 @@ type Consumer struct {
 	bg       context.Context // ends at Close: bounds background calls
 	cancelBg context.CancelFunc
 
+	// filter is the group's filter as the last heartbeat's reply named it
+	// ("": every message), which PULLs name.
+	filter atomic.Pointer[string]
+
 	mu       sync.Mutex
 	gen      uint64
 	parts    map[qkey]*part

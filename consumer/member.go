@@ -14,7 +14,7 @@ func (c *Consumer) heartbeatReq(leave bool, released []api.QueueRef) api.Consume
 	gen := c.gen
 	c.mu.Unlock()
 	return api.ConsumerHeartbeat{Group: c.group, Member: c.cfg.member, Topics: c.topics, Generation: gen,
-		SessionMillis: c.cfg.session.Milliseconds(), Leave: leave, Incarnation: c.incarnation, Released: released}
+		SessionMillis: c.cfg.session.Milliseconds(), Leave: leave, Incarnation: c.incarnation, Released: released, Filter: c.cfg.filter}
 }
 
 // permanent reports whether the metaserver refused the member for good:
@@ -39,12 +39,16 @@ func (c *Consumer) memberLoop() {
 		commitC = t.Chan()
 	}
 	session := c.cfg.session
+	refused := false // refused for good: no more heartbeats (Close still leaves)
 	for {
 		select {
 		case <-c.stopMember:
 			return
 		case <-hb.Chan():
 		case <-c.kick:
+			if refused {
+				continue
+			}
 		case <-commitC:
 			ctx, cancel := context.WithTimeout(c.bg, c.cfg.requestTimeout)
 			err := c.commit(ctx)
@@ -81,8 +85,14 @@ func (c *Consumer) memberLoop() {
 			default:
 			}
 			if permanent(err) {
+				// Run and Poll end with the error. The member stops here,
+				// so that it never holds queues it will not consume should
+				// the refusal's cause go away (a set-filter, a new topic).
 				c.cfg.Logger.Error("the metaserver refuses this member for good", "group", c.group, "member", c.cfg.member, "err", err)
 				c.fail(metaErr("heartbeat", err))
+				c.dropAll("refused by the metaserver")
+				refused = true
+				continue
 			} else {
 				c.cfg.Logger.Warn("heartbeat failed; retrying", "group", c.group, "member", c.cfg.member, "err", err)
 			}
@@ -95,6 +105,7 @@ func (c *Consumer) memberLoop() {
 		}
 		c.renewLease(sent, session)
 		c.reported(released)
+		c.setFilter(reply.Filter)
 		c.apply(reply)
 		c.releaseUnheld(reply.Release)
 		if reply.Waiting > 0 || reply.JoinWindowMillis > 0 {
@@ -107,6 +118,17 @@ func (c *Consumer) memberLoop() {
 		}
 		hb.Reset(next)
 	}
+}
+
+// setFilter records the group's filter from a heartbeat's reply: the
+// PULLs sent from now on name it.
+func (c *Consumer) setFilter(f string) {
+	if old := c.filter.Load(); old != nil && *old == f {
+		return
+	} else if old != nil || f != "" {
+		c.cfg.Logger.Info("the group's filter", "group", c.group, "filter", f)
+	}
+	c.filter.Store(&f)
 }
 
 // leaseLeft is how long the lease has left (at least a millisecond), so a

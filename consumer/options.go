@@ -14,6 +14,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/internal/clientcore"
+	"github.com/ferrymq/ferrymq/protocol"
 )
 
 // Opt configures a Consumer: one of this package's options, or one of
@@ -82,6 +83,7 @@ type config struct {
 	// retry topic, not in its queue (NonBlockingRetries).
 	nonBlocking bool
 	retryTopic  string // "" unless nonBlocking: "%RETRY%" + group
+	filter      string // Filter's expression; "": none asked for
 	deadLetter  string // "" until New: "%DLQ%" + group
 	clock       clockwork.Clock
 	realClock   bool // clock is the real clock (withClock not given)
@@ -143,6 +145,11 @@ func (c *config) validate() error {
 	}
 	if c.start != Earliest && c.start != Latest {
 		bad("StartFrom %v is neither Earliest nor Latest", c.start)
+	}
+	if c.filter != "" {
+		if _, err := protocol.ParseFilter(c.filter); err != nil {
+			bad("Filter: %v", err)
+		}
 	}
 	for _, d := range []struct {
 		name string
@@ -376,6 +383,19 @@ func RetrySchedule(ds ...time.Duration) Opt {
 // retries' pending records are stored under the internal topic
 // "%DELAY%%RETRY%" followed by the group, at most 255 bytes).
 func NonBlockingRetries() Opt { return optFunc(func(c *config) { c.nonBlocking = true }) }
+
+// Filter asks that the group receive only the messages the expression
+// matches (protocol.Filter: tags such as "A || B", and properties such as
+// "region = 'eu' AND amount > 100"). The filter is the group's, not the
+// member's: the group's first member sets it (unless an operator did, with
+// ferryctl group set-filter), and a member asking for another is refused
+// (Run and Poll end with an INVALID error naming the group's filter), so no
+// member silently skips what another should receive. A member that gives
+// no filter receives by the group's. The broker skips the other messages
+// without reading them, and the committed offsets pass them. Members
+// follow the group's filter as the registry has it: a set-filter takes
+// effect from their next heartbeat.
+func Filter(expr string) Opt { return optFunc(func(c *config) { c.filter = expr }) }
 
 // DeadLetterTopic names the topic that messages out of retries go to.
 // Default "%DLQ%" followed by the group. The topic is created on first use

@@ -36,8 +36,12 @@ type part struct {
 	room      chan struct{} // the buffer shrank (the fetcher waits on it)
 	ready     chan struct{} // the buffer grew (Run's worker waits on it)
 	delivered int64         // the offset after the last message handed out; -1 until the start is known
-	pending   []int64       // offsets handed out and not processed, ascending
-	committed int64         // the group's committed offset as this member knows it; -1 none
+	// readTo is where the last answer's messages and the ones the broker
+	// skipped past them (the group's filter) end: once the buffer is
+	// handed out, delivered moves there, so the commits pass the skipped.
+	readTo    int64
+	pending   []int64 // offsets handed out and not processed, ascending
+	committed int64   // the group's committed offset as this member knows it; -1 none
 	// rewound: the broker sent this member below the committed offset (the
 	// queue's log ends before it, or a failover cut it): its next commit
 	// says so, and the registry takes the lower offset.
@@ -152,6 +156,7 @@ func (p *part) rewind(offset int64) {
 	}
 	p.pending = pend
 	p.delivered = min(p.delivered, offset)
+	p.readTo = min(p.readTo, offset)
 	if p.committed > offset {
 		p.committed = -1 // so the lower offset is committed again
 		p.rewound = true
@@ -159,9 +164,9 @@ func (p *part) rewind(offset int64) {
 	signal(p.room)
 }
 
-// take appends up to max buffered messages to dst, recording them as
+// take appends up to most buffered messages to dst, recording them as
 // pending.
-func (p *part) take(dst []*Message, max int) []*Message {
+func (p *part) take(dst []*Message, most int) []*Message {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.revoked || len(p.buf) == 0 {
@@ -169,7 +174,7 @@ func (p *part) take(dst []*Message, max int) []*Message {
 	}
 	// The fetcher waits for room only while the share is full (fetch).
 	full := p.bufBytes >= p.share
-	n := min(max, len(p.buf))
+	n := min(most, len(p.buf))
 	out := p.buf[:n]
 	dst = append(dst, out...)
 	clear(out)
@@ -181,6 +186,9 @@ func (p *part) take(dst []*Message, max int) []*Message {
 		m.Deliveries = 1
 	}
 	p.delivered = out[n-1].Offset + 1
+	if len(p.buf) == 0 {
+		p.delivered = max(p.delivered, p.readTo)
+	}
 	if full {
 		signal(p.room)
 	}
@@ -294,6 +302,9 @@ func (p *part) fetch(pos int64) {
 		p.mu.Unlock()
 		req := protocol.PullRequest{Topic: p.key.topic, Queue: p.key.queue, Offset: max(pos, 0),
 			MaxBytes: uint32(min(max(want, 1), ask)), WaitMillis: uint32(c.cfg.pollWait / time.Millisecond)}
+		if f := c.filter.Load(); f != nil && p.key.topic != c.cfg.retryTopic {
+			req.Filter = *f // a retry is of a message the group received
+		}
 		if !resolved {
 			req.WaitMillis = 0 // the queue's range is wanted at once
 			if start == Latest {
@@ -343,6 +354,9 @@ func (p *part) fetch(pos int64) {
 		}
 		backoff = 50 * time.Millisecond
 		c.stats.fetches.Add(1)
+		if f := c.filter.Load(); f != nil && *f != req.Filter && p.key.topic != c.cfg.retryTopic {
+			continue // the group's filter changed while the PULL was out: read again by the new one
+		}
 		if fromSlave {
 			c.stats.fromSlave.Add(1)
 		}
@@ -417,6 +431,14 @@ func (p *part) fetch(pos int64) {
 			pos = msgs[i].QueueOffset + 1
 		}
 		p.bufBytes += size
+		if resp.NextOffset > pos && resp.NextOffset <= resp.MaxOffset && req.Filter != "" {
+			// The broker skipped messages the filter does not take.
+			pos = resp.NextOffset
+			p.readTo = pos
+			if len(p.buf) == 0 {
+				p.delivered = max(p.delivered, pos)
+			}
+		}
 		if len(msgs) > 0 {
 			signal(p.ready)
 		}

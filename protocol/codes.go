@@ -28,6 +28,7 @@ const (
 	CodeDelayedCancel Code = 12 // cancel a pending delayed message (DelayedRef -> DelayedState)
 	CodeDelayedState  Code = 13 // where a delayed message is: pending, released, cancelled (DelayedRef -> DelayedState)
 	CodeDelayedList   Code = 14 // the pending delayed messages by due time (DelayedListRequest -> DelayedList)
+	CodeQueueCount    Code = 15 // how many messages of a queue's range a filter can take, by the index (JSON: QueueCountRequest -> QueueCount)
 
 	CodeHAFetch Code = 20 // a slave fetches raw log bytes from its master
 	CodeHAAck   Code = 21 // oneway: a slave tells its master how far it has appended
@@ -83,6 +84,7 @@ var codeNames = map[Code]string{
 	CodeDelayedCancel:     "DELAYED_CANCEL",
 	CodeDelayedState:      "DELAYED_STATE",
 	CodeDelayedList:       "DELAYED_LIST",
+	CodeQueueCount:        "QUEUE_COUNT",
 	CodeHAFetch:           "HA_FETCH",
 	CodeHAAck:             "HA_ACK",
 	CodeRecover:           "RECOVER",

@@ -112,45 +112,80 @@ func (f *Filter) String() string { return f.src }
 
 // Canonical is the expression in one spelling: keywords AND OR NOT IN IS
 // NULL in capitals, one space between tokens, parentheses only where
-// precedence needs them, numbers in plain decimal. Two expressions that
-// differ only in spelling have the same canonical form, so a registry can
-// tell whether two members ask for the same filter; ParseFilter of it
-// gives the same filter.
-func (f *Filter) Canonical() string {
-	var b strings.Builder
-	f.root.print(&b)
-	return b.String()
+// precedence needs them, numbers in plain decimal, and the operands of a
+// run of ANDs or of ORs sorted and without repeats (both are commutative,
+// associative and idempotent in SQL's logic too). Two expressions that
+// differ only so ("B || A" and "A OR B") have the same canonical form, so a
+// registry can tell whether two members ask for the same filter;
+// ParseFilter of it gives a filter that matches the same messages.
+func (f *Filter) Canonical() string { return canonOf(f.root).text }
+
+// canonForm is a node's canonical text, its operator and, for a run of
+// ANDs or ORs, its operands' forms (sorted, without repeats).
+type canonForm struct {
+	op    fop
+	text  string
+	terms []canonForm
 }
 
-// print writes n canonically: an OR inside an AND, and an AND or an OR
-// under a NOT, in parentheses (AND and OR are associative in SQL's logic
-// too, so A AND (B AND C) is written as (A AND B) AND C is).
-func (n *fnode) print(b *strings.Builder) {
-	sub := func(c *fnode, paren bool) {
-		if paren {
-			b.WriteByte('(')
+func canonOf(n *fnode) canonForm {
+	switch n.op {
+	case fAnd, fOr:
+		var ts []canonForm
+		n.operands(n.op, func(c *fnode) {
+			if f := canonOf(c); f.op == n.op {
+				ts = append(ts, f.terms...) // (a OR a) OR b: one run
+			} else {
+				ts = append(ts, f)
+			}
+		})
+		slices.SortFunc(ts, func(x, y canonForm) int { return strings.Compare(x.text, y.text) })
+		ts = slices.CompactFunc(ts, func(x, y canonForm) bool { return x.text == y.text })
+		if len(ts) == 1 {
+			return ts[0] // a AND a is a
 		}
-		c.print(b)
-		if paren {
-			b.WriteByte(')')
+		parts := make([]string, len(ts))
+		for i, t := range ts {
+			parts[i] = t.text
+			if n.op == fAnd && t.op == fOr {
+				parts[i] = "(" + t.text + ")"
+			}
 		}
+		sep := " AND "
+		if n.op == fOr {
+			sep = " OR "
+		}
+		return canonForm{op: n.op, text: strings.Join(parts, sep), terms: ts}
+	case fNot:
+		f := canonOf(n.a)
+		if f.op == fAnd || f.op == fOr {
+			return canonForm{op: fNot, text: "NOT (" + f.text + ")"}
+		}
+		return canonForm{op: fNot, text: "NOT " + f.text}
 	}
+	var b strings.Builder
+	n.printLeaf(&b)
+	return canonForm{op: n.op, text: b.String()}
+}
+
+// operands calls fn with each operand of the run of op (AND or OR) that n
+// heads, in order.
+func (n *fnode) operands(op fop, fn func(*fnode)) {
+	if n.op != op {
+		fn(n)
+		return
+	}
+	n.a.operands(op, fn)
+	n.b.operands(op, fn)
+}
+
+// printLeaf writes a node that is neither AND, OR nor NOT.
+func (n *fnode) printLeaf(b *strings.Builder) {
 	switch n.op {
 	case fAll:
 		b.WriteByte('*')
 	case fTag:
 		b.WriteString(n.tag)
-	case fNot:
-		b.WriteString("NOT ")
-		sub(n.a, n.a.op == fAnd || n.a.op == fOr)
-	case fAnd:
-		sub(n.a, n.a.op == fOr)
-		b.WriteString(" AND ")
-		sub(n.b, n.b.op == fOr)
-	case fOr:
-		sub(n.a, false)
-		b.WriteString(" OR ")
-		sub(n.b, false)
 	case fNull:
 		b.WriteString(n.name + " IS ")
 		if n.isNot {
@@ -729,4 +764,25 @@ func EncodedTagFingerprint(raw []byte) uint32 {
 		return 0
 	}
 	return TagFingerprint(unsafeString(tag))
+}
+
+// QueueCountRequest is the body of QUEUE_COUNT (JSON): how many messages
+// of a queue in [From, To) the filter (empty: every message) can take.
+type QueueCountRequest struct {
+	Topic  string `json:"topic"`
+	Queue  uint32 `json:"queue"`
+	From   int64  `json:"from"`
+	To     int64  `json:"to"`
+	Filter string `json:"filter,omitempty"`
+}
+
+// QueueCount answers QUEUE_COUNT. The broker judges by its index alone
+// (no message is read), so Count is at most: the messages whose tag's
+// fingerprint the filter can take (Candidate). For a filter of tags alone
+// it is exact but for tags that share a fingerprint (1 in 496); what a
+// filter asks of properties is not judged. A scan stops after a bound of
+// entries: ScannedTo is where it stopped (To when it did not).
+type QueueCount struct {
+	Count     int64 `json:"count"`
+	ScannedTo int64 `json:"scanned_to"`
 }

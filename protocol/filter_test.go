@@ -309,10 +309,13 @@ func TestFilterExamples(t *testing.T) {
 func TestFilterCanonical(t *testing.T) {
 	for src, want := range map[string]string{
 		"A||B":                              "A OR B",
-		"a || b && !c":                      "a OR b AND NOT c",
-		"(a || b) and not (c or d)":         "(a OR b) AND NOT (c OR d)",
+		"B || A || B":                       "A OR B",
+		"c && (b || a) && a":                "a AND (a OR b) AND c",
+		"a || b && !c":                      "NOT c AND b OR a",
+		"(a || b) and not (c or d)":         "NOT (c OR d) AND (a OR b)",
 		"x in ( 'a','b' ) or y is not null": "x IN ('a', 'b') OR y IS NOT NULL",
 		"amount>=100.50 && n <> 'it''s'":    "amount >= 100.5 AND n <> 'it''s'",
+		"n <> 'it''s' && amount>=100.50":    "amount >= 100.5 AND n <> 'it''s'",
 		"*":                                 "*",
 	} {
 		f, err := ParseFilter(src)

@@ -652,14 +652,18 @@ func TestConsumerOffsetsSurviveBrokerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	send := func(prefix string, n int) {
+	sendTo := func(topic, prefix string, n int, tags ...string) {
 		t.Helper()
 		var wg sync.WaitGroup
 		var failed atomic.Int64
 		var firstErr atomic.Value
 		for i := range n {
 			wg.Add(1)
-			p.SendAsync(context.Background(), &producer.Message{Topic: topic, Key: fmt.Sprintf("k%d", i%64), Body: []byte(fmt.Sprintf("%s-%d", prefix, i))},
+			tag := ""
+			if len(tags) > 0 {
+				tag = tags[i%len(tags)]
+			}
+			p.SendAsync(context.Background(), &producer.Message{Topic: topic, Key: fmt.Sprintf("k%d", i%64), Tag: tag, Body: []byte(fmt.Sprintf("%s-%d-%s", prefix, i, tag))},
 				func(_ producer.Result, err error) {
 					if err != nil && failed.Add(1) == 1 {
 						firstErr.Store(err)
@@ -672,7 +676,12 @@ func TestConsumerOffsetsSurviveBrokerRestart(t *testing.T) {
 			t.Fatalf("%d of %d sends failed, e.g. %v", failed.Load(), n, firstErr.Load())
 		}
 	}
+	send := func(prefix string, n int) { sendTo(topic, prefix, n) }
 	send("before", 1600)
+	// Tagged messages, for a group with a filter after the restarts.
+	const tagged, tagGroup = "cg-tagged", "cg-tagged-a"
+	c.ctl("topic", "create", tagged, "--queues", "4")
+	sendTo(tagged, "tagged", 400, "A", "B", "C", "")
 	queues := readAll(t, c, topic)
 	ends := logEnds(queues)
 	half := make([]int64, len(ends))
@@ -742,6 +751,26 @@ func TestConsumerOffsetsSurviveBrokerRestart(t *testing.T) {
 			t.Errorf("after the restart, ferryctl group describe: queue %d committed %d, log end %s; want %d and %d", q.Queue, q.Committed, optStr(q.LogEnd), half[q.Queue], ends[q.Queue])
 		}
 	}
+
+	// A group with the filter A receives exactly the messages tagged A
+	// (the restarted brokers' index rebuilt their fingerprints), and its
+	// committed offsets reach the queues' ends past the others.
+	tagRec := newRecorder()
+	tagMember := startMember(t, c, tagRec, tagGroup, tagged, "tags", consumer.Filter("A"))
+	if !testwait.Until(30*time.Second, func() bool { return tagRec.count() >= 100 }) {
+		t.Errorf("the group of A received %d of the 100 tagged A within 30 s", tagRec.count())
+	}
+	tagMember.close(t)
+	for _, d := range tagRec.snapshot() {
+		if !strings.HasSuffix(d.body, "-A") {
+			t.Errorf("the group of A received %q", d.body)
+		}
+	}
+	if n := tagRec.count(); n != 100 {
+		t.Errorf("the group of A received %d messages, want the 100 tagged A", n)
+	}
+	assertCommittedAtEnds(t, c, tagGroup, tagged, logEnds(readAll(t, c, tagged)))
+	t.Logf("FILTERED: the group of A received the 100 tagged A of 400 and committed every queue at its end")
 
 	// A new member resumes at the committed offsets.
 	rec := newRecorder()

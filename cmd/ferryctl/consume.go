@@ -23,6 +23,7 @@ type consumeOptions struct {
 	from   string
 	count  int
 	member string
+	filter string
 }
 
 // consumedJSON is one consumed message as --json prints it (one object a
@@ -67,6 +68,9 @@ and stop. Without --timeout it waits for messages until interrupted.`,
 			if o.member != "" {
 				opts = append(opts, consumer.MemberID(o.member))
 			}
+			if o.filter != "" {
+				opts = append(opts, consumer.Filter(o.filter))
+			}
 			if o.count > 0 {
 				opts = append(opts, consumer.MaxPollRecords(min(o.count, 500)))
 			}
@@ -95,11 +99,13 @@ and stop. Without --timeout it waits for messages until interrupted.`,
 	f.StringVar(&o.from, "from", "earliest", "where a queue the group never committed starts: earliest or latest")
 	f.IntVar(&o.count, "count", 0, "stop after this many messages (0: no limit)")
 	f.StringVar(&o.member, "member", "", "this member's id in the group (default: hostname-pid-random)")
+	f.StringVar(&o.filter, "filter", "", "the group's filter of tags and properties, e.g. \"A || B\" (refused if the group has another; see group set-filter)")
 	_ = cmd.MarkFlagRequired("group")
 	c := g.checker(f)
 	c.name("group", groupWant, checkConsumerGroup)
 	c.oneOf("from", "earliest", "latest")
 	c.intRange("count", 0, maxCount)
+	c.name("filter", "a filter such as \"A || B\" or \"region = 'eu'\"", checkFilter)
 	c.name("member", "a member name: 1 to 255 letters, digits, '.', '_', '-'", func(s string) error {
 		return fsm.ValidateConsumerName("member", s)
 	})

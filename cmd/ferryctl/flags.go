@@ -194,6 +194,11 @@ const (
 
 func checkTopic(s string) error { return protocol.ValidateTopic(s) }
 
+func checkFilter(s string) error {
+	_, err := protocol.ParseFilter(s)
+	return err
+}
+
 // checkNewTopic checks the name of a topic to be created (no '%' but a
 // dead-letter topic's, no name of dots alone).
 func checkNewTopic(s string) error { return protocol.ValidateNewTopic(s) }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +41,11 @@ type groupDescribeJSON struct {
 	Members    []memberJSON   `json:"members"`
 	Queues     []queueLagJSON `json:"queues"`
 	TotalLag   *int64         `json:"total_lag"`
+	// Filter is the group's filter ("": every message) and FilterBy who
+	// set it; TotalToReceive sums the queues' ToReceive.
+	Filter         string `json:"filter,omitempty"`
+	FilterBy       string `json:"filter_by,omitempty"`
+	TotalToReceive *int64 `json:"total_to_receive,omitempty"`
 }
 
 type memberJSON struct {
@@ -66,8 +72,12 @@ type queueLagJSON struct {
 	LogEnd   *int64 `json:"log_end"`
 	// Lag is LogEnd - Committed, or LogEnd - LogStart with nothing
 	// committed; null when the log could not be read.
-	Lag   *int64 `json:"lag"`
-	Error string `json:"error,omitempty"`
+	Lag *int64 `json:"lag"`
+	// ToReceive (a group with a filter) is how many messages of the lag
+	// the filter can take, by the broker's index: at most (what a filter
+	// asks of properties is not judged); null when it could not be read.
+	ToReceive *int64 `json:"to_receive,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 func newGroupsCommand(g *globalOptions) *cobra.Command {
@@ -104,9 +114,45 @@ func newGroupsCommand(g *globalOptions) *cobra.Command {
 }
 
 func newGroupCommand(g *globalOptions) *cobra.Command {
-	cmd := &cobra.Command{Use: "group", Short: "Inspect a consumer group, reset its offsets, or delete it"}
-	cmd.AddCommand(newGroupDescribeCommand(g), newGroupResetOffsetsCommand(g), newGroupDeleteCommand(g))
+	cmd := &cobra.Command{Use: "group", Short: "Inspect a consumer group, reset its offsets, set its filter, or delete it"}
+	cmd.AddCommand(newGroupDescribeCommand(g), newGroupResetOffsetsCommand(g), newGroupSetFilterCommand(g), newGroupDeleteCommand(g))
 	return cmd
+}
+
+func newGroupSetFilterCommand(g *globalOptions) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "set-filter GROUP EXPR",
+		Short: "Set the filter of the messages a consumer group receives (\"*\": every message)",
+		Long: `Set the filter of tags and properties (such as "A || B" or
+"(A || B) AND region = 'eu'") of the messages the consumer group receives,
+creating the group if it does not exist. Every member receives by it: its
+live members take it from their next heartbeat, and a member that asks for
+another filter is refused. Messages the filter does not take are skipped,
+and the group's committed offsets pass them.`,
+		Args: usageArgs(cobra.ExactArgs(2)),
+		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
+			if err := checkConsumerGroup(args[0]); err != nil {
+				return usageError{fmt.Errorf("group %q: %w", args[0], err)}
+			}
+			if err := checkFilter(args[1]); err != nil {
+				return usageError{err}
+			}
+			info, err := cl.SetGroupFilter(ctx, args[0], args[1])
+			if err != nil {
+				return err
+			}
+			out := groupFilterJSON{Group: info.Name, Filter: info.Filter, FilterBy: info.FilterBy}
+			return g.printer().print(out, []string{"GROUP", "FILTER", "SET-BY"}, [][]string{{out.Group, out.Filter, out.FilterBy}})
+		}),
+	}
+	return cmd
+}
+
+// groupFilterJSON is what 'group set-filter' prints with --json.
+type groupFilterJSON struct {
+	Group    string `json:"group"`
+	Filter   string `json:"filter"`
+	FilterBy string `json:"filter_by"`
 }
 
 func newGroupDeleteCommand(g *globalOptions) *cobra.Command {
@@ -144,8 +190,12 @@ func newGroupDescribeCommand(g *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			d := groupDescribeJSON{Name: info.Name, Generation: info.Generation, Topics: groupTopics(info), Members: []memberJSON{}, Queues: queues}
+			d := groupDescribeJSON{Name: info.Name, Generation: info.Generation, Topics: groupTopics(info), Members: []memberJSON{}, Queues: queues,
+				Filter: info.Filter, FilterBy: info.FilterBy}
 			d.TotalLag, _ = totalLag(queues)
+			if info.Filter != "" && info.Filter != "*" {
+				d.TotalToReceive = totalToReceive(queues)
+			}
 			members := slices.Clone(info.Members)
 			sort.Slice(members, func(i, j int) bool { return members[i].ID < members[j].ID })
 			for _, m := range members {
@@ -160,8 +210,17 @@ func newGroupDescribeCommand(g *globalOptions) *cobra.Command {
 }
 
 func printGroupDescribe(w io.Writer, d groupDescribeJSON) error {
-	fmt.Fprintf(w, "group %s  generation %d  topics %s  members %d  total lag %s\n\n", d.Name, d.Generation,
+	fmt.Fprintf(w, "group %s  generation %d  topics %s  members %d  total lag %s\n", d.Name, d.Generation,
 		orDash(strings.Join(d.Topics, ",")), len(d.Members), optInt(d.TotalLag))
+	filtered := d.TotalToReceive != nil
+	if d.Filter != "" {
+		fmt.Fprintf(w, "filter %s  (set by %s)", d.Filter, d.FilterBy)
+		if filtered {
+			fmt.Fprintf(w, "  to receive at most %s", optInt(d.TotalToReceive))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w)
 	tp := tablePrinter{w}
 	if len(d.Members) == 0 {
 		fmt.Fprintln(w, "no live members")
@@ -185,9 +244,17 @@ func printGroupDescribe(w io.Writer, d groupDescribeJSON) error {
 		if q.Committed >= 0 {
 			committed = fmt.Sprint(q.Committed)
 		}
-		rows = append(rows, []string{q.Topic, fmt.Sprint(q.Queue), orDash(q.Owner), committed, optInt(q.LogStart), optInt(q.LogEnd), optInt(q.Lag)})
+		row := []string{q.Topic, fmt.Sprint(q.Queue), orDash(q.Owner), committed, optInt(q.LogStart), optInt(q.LogEnd), optInt(q.Lag)}
+		if filtered {
+			row = append(row, optInt(q.ToReceive))
+		}
+		rows = append(rows, row)
 	}
-	return tp.print(nil, []string{"TOPIC", "QUEUE", "OWNER", "COMMITTED", "LOG-START", "LOG-END", "LAG"}, rows)
+	header := []string{"TOPIC", "QUEUE", "OWNER", "COMMITTED", "LOG-START", "LOG-END", "LAG"}
+	if filtered {
+		header = append(header, "TO-RECEIVE")
+	}
+	return tp.print(nil, header, rows)
 }
 
 // formatQueues writes queues as "topic:0,2 other:1".
@@ -363,6 +430,17 @@ func groupQueues(ctx context.Context, routes *routeCache, info api.ConsumerGroup
 			lag = max(maxOff-q.Committed, 0)
 		}
 		q.LogStart, q.LogEnd, q.Lag = &minOff, &maxOff, &lag
+		if info.Filter == "" || info.Filter == "*" {
+			return
+		}
+		from := max(q.Committed, minOff)
+		n, err := queueCount(ctx, qr, protocol.QueueCountRequest{Topic: q.Topic, Queue: q.Queue, From: from, To: maxOff, Filter: info.Filter}, stderr)
+		if err != nil {
+			q.Error = err.Error()
+			fmt.Fprintf(stderr, "ferryctl: %s queue %d: %v\n", q.Topic, q.Queue, err)
+			return
+		}
+		q.ToReceive = &n
 	})
 	res := make([]queueLagJSON, len(out))
 	for i, q := range out {
@@ -381,6 +459,39 @@ func totalLag(qs []queueLagJSON) (*int64, string) {
 		sum += *q.Lag
 	}
 	return &sum, ""
+}
+
+// totalToReceive sums the queues' ToReceive; nil when one is unknown.
+func totalToReceive(qs []queueLagJSON) *int64 {
+	var sum int64
+	for _, q := range qs {
+		if q.ToReceive == nil {
+			return nil
+		}
+		sum += *q.ToReceive
+	}
+	return &sum
+}
+
+// queueCount asks a queue's broker how many messages of a range a filter
+// can take (QUEUE_COUNT). A count the broker's scan bound cut short counts
+// the rest of the range as taken: the figure stays at most.
+func queueCount(ctx context.Context, qr routing.QueueRoute, q protocol.QueueCountRequest, stderr io.Writer) (int64, error) {
+	var n int64
+	err := onQueueBroker(ctx, qr, q.Topic, stderr, func(ctx context.Context, tc *transport.Client) error {
+		body, _ := json.Marshal(q)
+		resp, err := tc.Call(ctx, protocol.CodeQueueCount, body)
+		if err != nil {
+			return err
+		}
+		var c protocol.QueueCount
+		if err := json.Unmarshal(resp.Body, &c); err != nil {
+			return fmt.Errorf("QUEUE_COUNT answer: %w", err)
+		}
+		n = c.Count + max(q.To-c.ScannedTo, 0)
+		return nil
+	})
+	return n, err
 }
 
 // queueRange reads a queue's oldest offset and its next offset to be

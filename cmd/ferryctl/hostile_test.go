@@ -109,6 +109,13 @@ var (
 		return wantNetwork
 	}
 	anything = func(string) int { return wantNetwork }
+	// A filter is refused before any call unless it parses.
+	filterExpr = func(v string) int {
+		if _, err := protocol.ParseFilter(v); err != nil {
+			return wantUsage
+		}
+		return wantNetwork
+	}
 )
 
 // flagCase is one flag of one command: the command line it is tried on
@@ -198,6 +205,8 @@ var flagCases = map[string]flagCase{
 	"consume/from":   {[]string{"consume", "t", "--group", "g"}, words("earliest", "latest")},
 	"consume/count":  {[]string{"consume", "t", "--group", "g"}, intIn(0, 1e12)},
 	"consume/member": {[]string{"consume", "t", "--group", "g"}, consumerName},
+	"consume/filter": {[]string{"consume", "t", "--group", "g"}, filterExpr},
+	"read/filter":    {[]string{"read", "t"}, filterExpr},
 
 	"group reset-offsets/topic": {[]string{"group", "reset-offsets", "g", "--to-earliest"}, topicName},
 	"group reset-offsets/queues": {[]string{"group", "reset-offsets", "g", "--topic", "t", "--to-earliest"},
@@ -288,6 +297,7 @@ var argCases = map[string]flagCase{
 	"group describe":      {[]string{"group", "describe", "ARG"}, consumerName},
 	"group reset-offsets": {[]string{"group", "reset-offsets", "ARG", "--topic", "t", "--to-earliest"}, consumerName},
 	"group delete":        {[]string{"group", "delete", "ARG"}, consumerName},
+	"group set-filter":    {[]string{"group", "set-filter", "ARG", "A || B"}, consumerName},
 	"consume":             {[]string{"consume", "ARG", "--group", "g"}, topicName},
 	"acl add":             {[]string{"acl", "add", "ARG", "--perm", "describe"}, principalName},
 	"acl grant":           {[]string{"acl", "grant", "ARG", "--perm", "describe"}, principalName},

@@ -23,6 +23,7 @@ type readOptions struct {
 	from     int64
 	limit    int
 	maxBytes uint32
+	filter   string
 }
 
 // storedJSON is a read message as --json prints it.
@@ -50,7 +51,7 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 			if int(o.queue) >= len(route.Queues) {
 				return usageError{fmt.Errorf("topic %s has %d queues; no queue %d", args[0], len(route.Queues), o.queue)}
 			}
-			req := protocol.PullRequest{Topic: args[0], Queue: o.queue, Offset: o.from, MaxBytes: o.maxBytes}
+			req := protocol.PullRequest{Topic: args[0], Queue: o.queue, Offset: o.from, MaxBytes: o.maxBytes, Filter: o.filter}
 			msgs, err := readQueue(ctx, route.Queues[o.queue], req, o.limit, cmd.ErrOrStderr())
 			if err != nil {
 				return err
@@ -83,11 +84,13 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 	f.Int64Var(&o.from, "from", 0, "first queue offset")
 	f.IntVar(&o.limit, "limit", 20, "at most this many messages")
 	f.Uint32Var(&o.maxBytes, "max-bytes", 1<<20, "bytes per PULL")
+	f.StringVar(&o.filter, "filter", "", "only the messages this filter takes, e.g. \"A || B\"")
 	c := g.checker(f)
 	c.intRange("queue", 0, math.MaxUint32)
 	c.intRange("from", 0, math.MaxInt64)
 	c.intRange("limit", 1, maxReadLimit)
 	c.intRange("max-bytes", 1, protocol.MaxFrameSize)
+	c.name("filter", "a filter such as \"A || B\"", checkFilter)
 	return cmd
 }
 
@@ -188,10 +191,11 @@ func pull(ctx context.Context, tc *transport.Client, req *protocol.PullRequest, 
 		if err != nil {
 			return nil, err
 		}
-		if len(pr.Messages) == 0 {
+		out = append(out, pr.Messages...)
+		// An answer with a filter may hold nothing and still move on.
+		if pr.NextOffset <= req.Offset || pr.NextOffset >= pr.MaxOffset {
 			break
 		}
-		out = append(out, pr.Messages...)
 		req.Offset = pr.NextOffset
 	}
 	if len(out) > limit {
