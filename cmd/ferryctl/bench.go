@@ -31,6 +31,7 @@ type benchOptions struct {
 	delay       time.Duration
 	delaySpread time.Duration
 	tag         string
+	filter      string
 	deliverAt   string
 	mode        string
 	window      int
@@ -57,8 +58,8 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Each flag was checked when parsed; here what they say together.
-			if o.backlog && o.consumers == 0 {
-				return usageError{fmt.Errorf("--backlog needs --consumers")}
+			if (o.backlog || o.filter != "") && o.consumers == 0 {
+				return usageError{fmt.Errorf("--backlog and --filter need --consumers")}
 			}
 			if cmd.Flags().Changed("duration") && !cmd.Flags().Changed("count") {
 				o.count = 0 // --duration alone: as many as fit in it
@@ -110,7 +111,7 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&o.deliveryTO, "delivery-timeout", 30*time.Second, "a message not acknowledged this long after its send fails (the producer's DeliveryTimeout)")
 	f.StringVar(&o.reliability, "reliability", "normal", "normal or high")
 	f.DurationVar(&o.delay, "delay", 0, "send delayed messages, each due this long after its send (0: ordinary messages)")
-	f.StringVar(&o.tag, "tag", "", "tag every message with this tag")
+	f.StringVar(&o.tag, "tag", "", "tag every message with this tag, or with each of a comma-separated list in turn")
 	f.DurationVar(&o.delaySpread, "delay-spread", 0, "with --delay, add to each message's delay a uniformly random duration below this (messages due over a span)")
 	f.StringVar(&o.deliverAt, "deliver-at", "", "send delayed messages all due at this time (RFC 3339)")
 	f.StringVar(&o.mode, "mode", "async", "sync (one message at a time per producer) or async (--window in flight per producer)")
@@ -123,6 +124,7 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	f.Float64Var(&o.rate, "rate", 0, "send at most this many messages/s in all (0: as fast as the cluster takes them)")
 	f.IntVar(&o.consumers, "consumers", 0, "consume what is sent with a consumer group of this many members, measuring consumer throughput and end-to-end latency (0: no consume side)")
 	f.StringVar(&o.group, "group", "", "the consumer group (default: a new one per run)")
+	f.StringVar(&o.filter, "filter", "", "the consumer group's filter, e.g. \"A || B\" (with --consumers; the run waits for what it takes)")
 	f.BoolVar(&o.backlog, "backlog", false, "consume after sending everything, measuring how fast the group drains a backlog (default: consume while sending)")
 	f.DurationVar(&o.consumeWait, "consume-wait", 10*time.Second, "stop consuming when no message came for this long")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "debug: write a CPU profile of this process while it sends to this file (go tool pprof FILE)")
@@ -138,7 +140,8 @@ func newBenchCommand(g *globalOptions) *cobra.Command {
 	c.oneOf("reliability", "normal", "high")
 	c.durationRange("delay", 0, maxBenchDelay)
 	c.durationRange("delay-spread", 0, maxBenchDelay)
-	c.name("tag", fmt.Sprintf("1 to %d letters, digits or %q", protocol.MaxTagLen, protocol.TagChars), protocol.ValidateTag)
+	c.name("tag", fmt.Sprintf("tags of 1 to %d letters, digits or %q, separated by commas", protocol.MaxTagLen, protocol.TagChars), checkTags)
+	c.name("filter", "a filter such as \"A || B\"", checkFilter)
 	c.oneOf("mode", "sync", "async")
 	c.intRange("window", 1, maxWindow)
 	c.durationRange("linger", 0, maxLinger)
@@ -235,7 +238,7 @@ func runBench(ctx context.Context, g *globalOptions, o *benchOptions, rel protoc
 		MetaAddrs: g.addrs(), TLS: g.tls.config, Token: g.token, CallTimeout: g.timeout,
 		Topic: o.topic, Queues: o.queues, Producers: o.producers, Size: o.size,
 		Count: o.count, Duration: o.duration, Rate: o.rate, Mode: loadgen.Mode(o.mode), Window: o.window,
-		Reliability: rel, DeliverAfter: o.delay, DelaySpread: o.delaySpread, DeliverAt: o.at, Tag: o.tag, DeliveryTimeout: o.deliveryTO, Linger: o.linger, BatchBytes: o.batchBytes,
+		Reliability: rel, DeliverAfter: o.delay, DelaySpread: o.delaySpread, DeliverAt: o.at, Tags: splitTags(o.tag), Filter: o.filter, DeliveryTimeout: o.deliveryTO, Linger: o.linger, BatchBytes: o.batchBytes,
 		MaxInflight: o.inflight, Idempotence: o.idempotence,
 		Consumers: o.consumers, Group: o.group, Backlog: o.backlog, ConsumeWait: o.consumeWait, QueueEnds: queueEnds,
 		CPUProfile: o.cpuProfile, MemProfile: o.memProfile,
@@ -270,3 +273,20 @@ func queueEnds(ctx context.Context, route routing.Route) ([]api.QueueOffset, err
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// splitTags is --tag's list ("": none).
+func splitTags(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
+func checkTags(s string) error {
+	for _, t := range strings.Split(s, ",") {
+		if err := protocol.ValidateTag(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}

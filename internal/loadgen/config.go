@@ -71,7 +71,7 @@ type Config struct {
 	DeliverAfter    time.Duration
 	DeliverAt       time.Time
 	DelaySpread     time.Duration
-	Tag             string // every message's tag ("" none)
+	Tags            []string // the messages' tags, taken in turn (none: untagged)
 	DeliveryTimeout time.Duration
 	Linger          time.Duration
 	BatchBytes      int
@@ -88,6 +88,9 @@ type Config struct {
 	Consumers   int
 	Group       string
 	Backlog     bool
+	// Filter is the consumer group's filter ("": every message); the run
+	// waits for the messages sent that it takes.
+	Filter      string
 	ConsumeWait time.Duration
 	// QueueEnds reads each queue's log end (where a Backlog group starts);
 	// needed only with Backlog.
@@ -140,8 +143,17 @@ func (c *Config) Validate() error {
 	if c.DelaySpread < 0 || c.DelaySpread > 0 && c.DeliverAfter == 0 {
 		add("delay spread %v: want 0 or more, and only with a deliver-after delay", c.DelaySpread)
 	}
-	if c.Tag != "" && protocol.ValidateTag(c.Tag) != nil {
-		add("tag: %v", protocol.ValidateTag(c.Tag))
+	for _, t := range c.Tags {
+		if err := protocol.ValidateTag(t); err != nil {
+			add("tag: %v", err)
+		}
+	}
+	if c.Filter != "" {
+		if _, err := protocol.ParseFilter(c.Filter); err != nil {
+			add("filter: %v", err)
+		} else if c.Consumers == 0 {
+			add("a filter is the consumers': it needs consumers")
+		}
 	}
 	if c.Count < 0 {
 		add("count %d is negative", c.Count)

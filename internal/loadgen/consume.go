@@ -104,7 +104,8 @@ func (b *consumers) start(ctx context.Context, route routing.Route, start consum
 	b.gate = make(chan struct{})
 	for i := range b.cs {
 		c, err := consumer.New(b.group, []string{b.o.Topic}, sdk.MetaAddrs(b.o.MetaAddrs...), consumer.StartFrom(start),
-			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), sdk.TLS(b.o.TLS), sdk.Token(b.o.Token))
+			consumer.MemberID(fmt.Sprintf("bench-%d", i)), consumer.Heartbeat(500*time.Millisecond), consumer.Session(5*time.Second), sdk.TLS(b.o.TLS), sdk.Token(b.o.Token),
+			consumer.Filter(b.o.Filter))
 		if err != nil {
 			return &ConfigError{err}
 		}

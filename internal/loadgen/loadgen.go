@@ -20,6 +20,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/producer"
+	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/sdk"
 )
 
@@ -113,7 +114,20 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		}
 		return o.Count <= 0 || started.Add(1) <= o.Count
 	}
-	record := func(i int, t0 time.Time, err error) {
+	// taken counts the messages sent that the consumers' filter takes.
+	var taken atomic.Int64
+	takes := func(string) bool { return true }
+	if o.Filter != "" {
+		f, _ := protocol.ParseFilter(o.Filter) // checked by Validate
+		takes = func(tag string) bool { return f.Match(tag, func(string) (string, bool) { return "", false }) }
+	}
+	tagOf := func(n int64) string {
+		if len(o.Tags) == 0 {
+			return ""
+		}
+		return o.Tags[n%int64(len(o.Tags))]
+	}
+	record := func(i int, t0 time.Time, tag string, err error) {
 		if err != nil {
 			errs.Add(1)
 			firstErr.CompareAndSwap(nil, err.Error())
@@ -121,6 +135,9 @@ func Run(ctx context.Context, c Config) (Result, error) {
 			return
 		}
 		sent.Add(1)
+		if takes(tag) {
+			taken.Add(1)
+		}
 		hmu[i].Lock()
 		_ = hists[i].RecordValue(time.Since(t0).Microseconds())
 		hmu[i].Unlock()
@@ -207,11 +224,12 @@ func Run(ctx context.Context, c Config) (Result, error) {
 			var n int64
 			if o.Mode == Sync {
 				for pace(n) && more() {
+					tag := tagOf(n)
 					n++
 					t0 := time.Now()
-					_, err := p.Send(ctx, &producer.Message{Topic: o.Topic, Tag: o.Tag, Body: stamped(), Reliability: o.Reliability,
+					_, err := p.Send(ctx, &producer.Message{Topic: o.Topic, Tag: tag, Body: stamped(), Reliability: o.Reliability,
 						DeliverAfter: delay(), DeliverAt: o.DeliverAt})
-					record(i, t0, err)
+					record(i, t0, tag, err)
 				}
 				return
 			}
@@ -222,15 +240,17 @@ func Run(ctx context.Context, c Config) (Result, error) {
 			// has returned. One Message serves every send: SendAsync copies
 			// what it needs before it returns.
 			var pending sync.WaitGroup
-			m := &producer.Message{Topic: o.Topic, Tag: o.Tag, Reliability: o.Reliability, DeliverAfter: o.DeliverAfter, DeliverAt: o.DeliverAt}
+			m := &producer.Message{Topic: o.Topic, Reliability: o.Reliability, DeliverAfter: o.DeliverAfter, DeliverAt: o.DeliverAt}
 			for pace(n) && more() {
+				tag := tagOf(n)
 				n++
 				t0 := time.Now()
 				m.Body = stamped()
+				m.Tag = tag
 				m.DeliverAfter = delay()
 				pending.Add(1)
 				p.SendAsync(ctx, m, func(_ producer.Result, err error) {
-					record(i, t0, err)
+					record(i, t0, tag, err)
 					pending.Done()
 				})
 			}
@@ -282,8 +302,8 @@ func Run(ctx context.Context, c Config) (Result, error) {
 				return res, err
 			}
 		}
-		bc.wait(ctx, res.Sent)
-		res.Consume = bc.result(res.Sent, o.Backlog)
+		bc.wait(ctx, taken.Load())
+		res.Consume = bc.result(taken.Load(), o.Backlog)
 	}
 	return res, nil
 }

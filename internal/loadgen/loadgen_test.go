@@ -34,14 +34,16 @@ func config(meta, topic string) Config {
 // TestValidate: a config that cannot run is refused before any network
 // call, with every problem named at once, as a *ConfigError.
 func TestValidate(t *testing.T) {
-	c := Config{Mode: "fast", Linger: time.Second, DeliveryTimeout: time.Second, Backlog: true, Rate: -1, DelaySpread: -time.Second}
+	c := Config{Mode: "fast", Linger: time.Second, DeliveryTimeout: time.Second, Backlog: true, Rate: -1, DelaySpread: -time.Second,
+		Tags: []string{"ok", "no tag"}, Filter: "A ||"}
 	res, err := Run(context.Background(), c)
 	var ce *ConfigError
 	if !errors.As(err, &ce) || res.Sent != 0 {
 		t.Fatalf("Run of an invalid config: %+v, %v; want a *ConfigError", res, err)
 	}
 	for _, want := range []string{"no metaserver address", "no topic", "0 queues", "0 producers", "the run would not end",
-		"rate -1", "delay spread -1s", `mode "fast"`, "linger 1s must be shorter", "a backlog run needs consumers", "a backlog run needs QueueEnds"} {
+		"rate -1", "delay spread -1s", `mode "fast"`, "linger 1s must be shorter", "a backlog run needs consumers", "a backlog run needs QueueEnds",
+		"tag:", "filter:"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("%q does not say %q", err, want)
 		}
@@ -204,5 +206,25 @@ func TestBacklogConsumeClock(t *testing.T) {
 			t.Errorf("%d members: %d member results summing to %d; want %d summing to %d", members, len(c.Members), sum, members, c.Consumed)
 		}
 		t.Logf("%d members: %d in %.3fs (settle %.3fs): %.0f msgs/s; %+v", members, c.Consumed, c.Seconds, c.SettleSeconds, c.MsgsPerSec, c.Members)
+	}
+
+	// Tags in turn and a filter: the group receives the tenth tagged A (each
+	// producer takes the tags in turn from its first message: up to one
+	// more A each), and the run waits for exactly those.
+	cfg := config(meta, "backlog-filtered")
+	cfg.Queues, cfg.Count, cfg.Size, cfg.Producers = 4, 20000, 128, 2
+	cfg.Consumers, cfg.Backlog, cfg.ConsumeWait = 1, true, 5*time.Second
+	cfg.Tags, cfg.Filter = strings.Split("A,B,C,D,E,F,G,H,I,J", ","), "A"
+	cfg.QueueEnds = func(_ context.Context, r routing.Route) ([]api.QueueOffset, error) {
+		out := make([]api.QueueOffset, len(r.Queues))
+		for i, q := range r.Queues {
+			out[i] = api.QueueOffset{Topic: r.Topic, Queue: q.Queue}
+		}
+		return out, nil
+	}
+	res, err := Run(context.Background(), cfg)
+	if err != nil || res.Sent != cfg.Count || res.Consume == nil || res.Consume.Missing != 0 ||
+		res.Consume.Consumed < 2000 || res.Consume.Consumed > 2000+int64(cfg.Producers) {
+		t.Fatalf("a filtered backlog: %v; sent %d, consume %+v; want every tenth consumed, none missing", err, res.Sent, res.Consume)
 	}
 }
