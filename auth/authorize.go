@@ -76,6 +76,9 @@ var rules = map[protocol.Code]need{
 	// Counting what a filter takes of a queue (a group's lag) shows no
 	// message: describe, or who may read the topic.
 	protocol.CodeQueueCount: needDescribe | needConsumeTopics,
+	// A lookup finds messages of any topic: a reader of some topic may
+	// ask, and sees the messages of the topics it may consume.
+	protocol.CodeLookup: needConsumeTopics,
 
 	protocol.CodeHAFetch: needCluster,
 	protocol.CodeHAAck:   needCluster,

@@ -98,6 +98,10 @@ var expect = map[string][]allow{
 		{Topic("orders"), []string{"admin", "describe", "consBilling", "consAll", "consBoth"}},
 		{Topic("payments"), []string{"admin", "describe", "consAll"}},
 	},
+	"LOOKUP": {
+		{Topic("orders"), []string{"admin", "consBilling", "consAll", "consBoth"}},
+		{Target{}, append([]string{"admin"}, consumers...)},
+	},
 	"HA_FETCH":  clusterOnly,
 	"HA_ACK":    clusterOnly,
 	"HEARTBEAT": clusterOnly,

@@ -144,6 +144,7 @@ func (b *Broker) endpoints() []endpoint {
 		{port: dataPort, code: protocol.CodeQueueCount, access: byTarget(decodeQueueCount, func(q protocol.QueueCountRequest) auth.Target {
 			return auth.Topic(q.Topic)
 		}, b.handleQueueCount)},
+		{port: dataPort, code: protocol.CodeLookup, access: byPrincipal(b.handleLookup)},
 		{port: dataPort, code: protocol.CodeDelayedCancel, access: byRecordTopic(b.decodeDelayedRef, b.handleDelayedCancel)},
 		{port: dataPort, code: protocol.CodeDelayedState, access: byRecordTopic(b.decodeDelayedRef, b.handleDelayedState)},
 		{port: dataPort, code: protocol.CodeDelayedList, access: byPrincipal(b.handleDelayedList)},

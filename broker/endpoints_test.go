@@ -133,6 +133,7 @@ func TestCheckedCodesRefusedBeforeTheirHandler(t *testing.T) {
 		protocol.CodeSend:       protocol.AppendSendRequest(nil, 0, []protocol.Message{{ID: "m", Topic: "orders", Timestamp: 1, Body: []byte("x")}}),
 		protocol.CodePull:       protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "orders", MaxBytes: 1024}),
 		protocol.CodeQueueCount: []byte(`{"topic":"orders","to":10}`),
+		protocol.CodeLookup:     []byte(`{"offset":0}`),
 	}
 	call := func(e endpoint, tok string) error {
 		c := transport.NewClient(addrs[e.port], transport.ClientConfig{Login: auth.TokenLogin(tok)})

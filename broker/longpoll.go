@@ -40,8 +40,12 @@ type parkedPull struct {
 
 // due reports whether a queue whose next offset is next has something for
 // p: a message at its offset, or a log cut back under it (a slave's
-// truncation), which its answer's header shows.
-func (p *parkedPull) due(next int64) bool { return next > p.req.Offset || next < p.seen }
+// truncation), which its answer's header shows. Only who holds p may ask:
+// run, under the lock, once p is parked (serveWoken moves a woken
+// filtered PULL's offset).
+func (p *parkedPull) due(next int64) bool { return dueAt(next, p.req.Offset, p.seen) }
+
+func dueAt(next, offset, seen int64) bool { return next > offset || next < seen }
 
 // longPoll holds PULLs that found nothing at their offset (at or past the
 // queue's next offset: on a slave a consumer may be ahead of the copy)
@@ -116,7 +120,7 @@ func (lp *longPoll) park(rep replier, req protocol.PullRequest, next int64) bool
 // enqueue parks p (fresh: a PULL not parked before, refused with false
 // when too many are parked) and reports true.
 func (lp *longPoll) enqueue(p *parkedPull, fresh bool) bool {
-	rep, req := p.rep, p.req
+	rep, req, seen := p.rep, p.req, p.seen // once parked, p is run's
 	lp.mu.Lock()
 	switch {
 	case lp.closed:
@@ -136,7 +140,7 @@ func (lp *longPoll) enqueue(p *parkedPull, fresh bool) bool {
 	// An append that completed between the caller's look and the parking
 	// saw no parked PULL and woke nobody: look again. (An append after the
 	// parking sees it: parked is written before this read of the log.)
-	if cur := readableNext(lp.store, req.Topic, req.Queue); p.due(cur) {
+	if cur := readableNext(lp.store, req.Topic, req.Queue); dueAt(cur, req.Offset, seen) {
 		if lp.take(p) {
 			lp.stats.PullWakeups.Add(1)
 			servePull(lp.store, rep, req)

@@ -83,6 +83,11 @@ func TestGroupFilter(t *testing.T) {
 		f := a.filter.Load()
 		return f != nil && *f == "C"
 	})
+	// Should a join again (a lapsed session), it asks for the group's
+	// filter, not the option's old one, which would be refused.
+	if hb := a.heartbeatReq(false, nil); hb.Filter != "" {
+		t.Fatalf("after the group named its filter, a heartbeat asks for %q", hb.Filter)
+	}
 	sendTagged(t, e, "orders", "second", 40, "A", "C")
 	waitFor(t, 20*time.Second, "a to commit the second batch", func() bool {
 		return committedSum(e, "grp") == 340
@@ -115,4 +120,23 @@ func committedSum(e *env, group string) int64 {
 		n += o.Offset
 	}
 	return n
+}
+
+// TestFilterNeedsAMetaserverThatKeepsIt: a member asking for a filter whose
+// join is answered with none (a metaserver that keeps no filters) fails
+// rather than receive every message.
+func TestFilterNeedsAMetaserverThatKeepsIt(t *testing.T) {
+	co := newFakeCoord(map[string]int{"t": 1})
+	c, err := New("grp", []string{"t"}, withCoordinator(co), withRouter(fakeRouter{1}), withPuller(&pastEndScript{at8: make(chan struct{})}),
+		withDeadLetterer(&fakeDLQ{}), Heartbeat(50*time.Millisecond), Filter("A || B"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = c.Run(ctx, func(context.Context, *Message) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "keeps no consumer group filters") {
+		t.Fatalf("Run with a filter the metaserver does not keep: %v", err)
+	}
 }

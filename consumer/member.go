@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/ferrymq/ferrymq/metaserver/api"
@@ -13,8 +14,15 @@ func (c *Consumer) heartbeatReq(leave bool, released []api.QueueRef) api.Consume
 	c.mu.Lock()
 	gen := c.gen
 	c.mu.Unlock()
+	// The filter asked for is the option's until the group named its own:
+	// from then on the member follows the group's, also when it joins
+	// again after a set-filter changed it.
+	filter := c.cfg.filter
+	if c.filter.Load() != nil {
+		filter = ""
+	}
 	return api.ConsumerHeartbeat{Group: c.group, Member: c.cfg.member, Topics: c.topics, Generation: gen,
-		SessionMillis: c.cfg.session.Milliseconds(), Leave: leave, Incarnation: c.incarnation, Released: released, Filter: c.cfg.filter}
+		SessionMillis: c.cfg.session.Milliseconds(), Leave: leave, Incarnation: c.incarnation, Released: released, Filter: filter}
 }
 
 // permanent reports whether the metaserver refused the member for good:
@@ -105,7 +113,13 @@ func (c *Consumer) memberLoop() {
 		}
 		c.renewLease(sent, session)
 		c.reported(released)
-		c.setFilter(reply.Filter)
+		if err := c.setFilter(reply.Filter); err != nil {
+			c.cfg.Logger.Error("the metaserver refuses this member for good", "group", c.group, "member", c.cfg.member, "err", err)
+			c.fail(err)
+			c.dropAll("refused by the metaserver")
+			refused = true
+			continue
+		}
 		c.apply(reply)
 		c.releaseUnheld(reply.Release)
 		if reply.Waiting > 0 || reply.JoinWindowMillis > 0 {
@@ -121,14 +135,23 @@ func (c *Consumer) memberLoop() {
 }
 
 // setFilter records the group's filter from a heartbeat's reply: the
-// PULLs sent from now on name it.
-func (c *Consumer) setFilter(f string) {
-	if old := c.filter.Load(); old != nil && *old == f {
-		return
-	} else if old != nil || f != "" {
+// PULLs sent from now on name it. The first reply to a member that asked
+// for a filter names one, unless the metaserver keeps no filters (an
+// older one): an error, since the member would receive every message.
+func (c *Consumer) setFilter(f string) error {
+	old := c.filter.Load()
+	if old == nil && f == "" && c.cfg.filter != "" && c.cfg.filter != "*" {
+		return fmt.Errorf("consumer: the metaserver answered the join with no filter for the group, though this member asked for %q: "+
+			"it keeps no consumer group filters (upgrade the metaservers)", c.cfg.filter)
+	}
+	if old != nil && *old == f {
+		return nil
+	}
+	if old != nil || f != "" {
 		c.cfg.Logger.Info("the group's filter", "group", c.group, "filter", f)
 	}
 	c.filter.Store(&f)
+	return nil
 }
 
 // leaseLeft is how long the lease has left (at least a millisecond), so a

@@ -147,8 +147,10 @@ func (c *config) validate() error {
 		bad("StartFrom %v is neither Earliest nor Latest", c.start)
 	}
 	if c.filter != "" {
-		if _, err := protocol.ParseFilter(c.filter); err != nil {
+		if f, err := protocol.ParseFilter(c.filter); err != nil {
 			bad("Filter: %v", err)
+		} else {
+			c.filter = f.Canonical() // as the registry keeps it ("*": every message)
 		}
 	}
 	for _, d := range []struct {

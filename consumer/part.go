@@ -412,6 +412,9 @@ func (p *part) fetch(pos int64) {
 			if len(p.buf) == 0 && len(p.pending) == 0 {
 				p.delivered = pos
 			}
+			// Nothing past the new end counts as read: not what was
+			// handed out there, nor what a filter skipped there.
+			p.delivered, p.readTo = min(p.delivered, pos), min(p.readTo, pos)
 			if p.committed > pos {
 				p.rewound = true
 			}
@@ -451,9 +454,10 @@ func (p *part) fetch(pos int64) {
 		if resp.NextOffset <= resp.MaxOffset { // not an offset past the end, answered as asked
 			pos = max(pos, resp.NextOffset)
 		}
-		// An empty answer well before the wait: a broker that does not hold
-		// PULLs (or a slave). Do not spin.
-		if req.WaitMillis > 0 && c.cfg.clock.Since(began) < c.cfg.pollWait/2 {
+		// An empty answer well before the wait that did not move on (a
+		// filter's skip does): a broker that does not hold PULLs (or a
+		// slave). Do not spin.
+		if req.WaitMillis > 0 && resp.NextOffset <= req.Offset && c.cfg.clock.Since(began) < c.cfg.pollWait/2 {
 			if !wait(p.ctx, c.cfg.clock, min(c.cfg.pollWait/2, 20*time.Millisecond)) {
 				return
 			}
@@ -545,7 +549,7 @@ func toMessage(m *Message, sm *protocol.StoredMessage, p *part, group string) {
 		}
 	}
 	for _, pr := range pm.Properties {
-		if pr.Key == "key" {
+		if pr.Key == protocol.KeyProperty {
 			m.Key = pr.Value
 			continue
 		}

@@ -475,7 +475,11 @@ func canonicalFilter(expr string) (string, error) {
 	if err != nil {
 		return "", invalid("%v", err)
 	}
-	return f.Canonical(), nil
+	c := f.Canonical()
+	if len(c) > protocol.MaxFilterLen {
+		return "", invalid("filter %.32q...: its canonical form is %d bytes, over the cap %d (write it shorter)", expr, len(c), protocol.MaxFilterLen)
+	}
+	return c, nil
 }
 
 // setGroupFilter sets the filter of the messages a group receives; its

@@ -29,6 +29,7 @@ const (
 	CodeDelayedState  Code = 13 // where a delayed message is: pending, released, cancelled (DelayedRef -> DelayedState)
 	CodeDelayedList   Code = 14 // the pending delayed messages by due time (DelayedListRequest -> DelayedList)
 	CodeQueueCount    Code = 15 // how many messages of a queue's range a filter can take, by the index (JSON: QueueCountRequest -> QueueCount)
+	CodeLookup        Code = 16 // messages of a group by handle, id or key (JSON: LookupRequest -> LookupReply)
 
 	CodeHAFetch Code = 20 // a slave fetches raw log bytes from its master
 	CodeHAAck   Code = 21 // oneway: a slave tells its master how far it has appended
@@ -85,6 +86,7 @@ var codeNames = map[Code]string{
 	CodeDelayedState:      "DELAYED_STATE",
 	CodeDelayedList:       "DELAYED_LIST",
 	CodeQueueCount:        "QUEUE_COUNT",
+	CodeLookup:            "LOOKUP",
 	CodeHAFetch:           "HA_FETCH",
 	CodeHAAck:             "HA_ACK",
 	CodeRecover:           "RECOVER",

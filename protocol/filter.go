@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -193,27 +194,41 @@ func (n *fnode) printLeaf(b *strings.Builder) {
 		}
 		b.WriteString("NULL")
 	case fCmp:
-		b.WriteString(n.name + " " + n.cmp + " ")
+		op := n.cmp
+		if op == "!=" {
+			op = "<>"
+		}
+		b.WriteString(n.name + " " + op + " ")
 		n.lits[0].print(b)
 	case fIn:
-		b.WriteString(n.name)
-		if n.isNot {
-			b.WriteString(" NOT")
-		}
-		b.WriteString(" IN (")
+		// A list is a set: sorted, without repeats; a set of one is a
+		// comparison (x IN (1) is x = 1, x NOT IN (1) is x <> 1).
+		lits := make([]string, len(n.lits))
 		for i, l := range n.lits {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			l.print(b)
+			var t strings.Builder
+			l.print(&t)
+			lits[i] = t.String()
 		}
-		b.WriteByte(')')
+		slices.Sort(lits)
+		lits = slices.Compact(lits)
+		switch {
+		case len(lits) == 1 && n.isNot:
+			b.WriteString(n.name + " <> " + lits[0])
+		case len(lits) == 1:
+			b.WriteString(n.name + " = " + lits[0])
+		case n.isNot:
+			b.WriteString(n.name + " NOT IN (" + strings.Join(lits, ", ") + ")")
+		default:
+			b.WriteString(n.name + " IN (" + strings.Join(lits, ", ") + ")")
+		}
 	}
 }
 
 func (l flit) print(b *strings.Builder) {
 	if l.isNum {
-		b.WriteString(strconv.FormatFloat(l.num, 'f', -1, 64))
+		// The shortest form, its exponent without "+" (which the lexer
+		// reads only at a word's start): 1e300, not 301 digits.
+		b.WriteString(strings.Replace(strconv.FormatFloat(l.num, 'g', -1, 64), "e+", "e", 1))
 		return
 	}
 	b.WriteString("'" + strings.ReplaceAll(l.text, "'", "''") + "'")
@@ -580,7 +595,7 @@ func isReserved(w string) bool {
 
 func checkPropName(p *fparser, t ftok) error {
 	c := t.text[0]
-	if c >= '0' && c <= '9' || c == '-' || c == '.' || strings.ContainsAny(t.text, ":/") {
+	if c >= '0' && c <= '9' || c == '-' || c == '.' || c == '+' || strings.ContainsAny(t.text, ":/+") {
 		return p.errAt(t, fmt.Sprintf("%q is not a property name (letters, digits, _ . -, not starting with a digit)", t.text))
 	}
 	return nil
@@ -601,7 +616,8 @@ func (p *fparser) literal() (flit, error) {
 // TagFingerprint is what a broker's queue index keeps of a message's tag
 // so that a filter can skip messages without reading them: two of 32 bits
 // set by the tag's hash (no bit for no tag). Two tags share a fingerprint
-// with odds of about 1 in 496.
+// with odds of about 1 in 496. Brokers' index files keep it: changing it
+// needs a new index format version, so that they are rebuilt.
 func TagFingerprint(tag string) uint32 {
 	if tag == "" {
 		return 0
@@ -624,6 +640,9 @@ func TagFingerprint(tag string) uint32 {
 type candidates struct {
 	anyTag bool
 	fps    []uint32
+	// pairs holds fps for Candidate: pairs[a] has bit b for a fingerprint
+	// of bits a < b, so a look-up is one load whatever the number of tags.
+	pairs [32]uint32
 }
 
 // Candidate says whether a message whose tag has fingerprint fp may match:
@@ -634,21 +653,24 @@ func (f *Filter) Candidate(fp uint32) bool {
 	if c.anyTag {
 		return true
 	}
-	for _, x := range c.fps {
-		if x == fp {
-			return true
-		}
-	}
-	return false
+	lo := fp & -fp
+	hi := fp &^ lo
+	return lo != 0 && hi != 0 && hi&(hi-1) == 0 && c.pairs[bits.TrailingZeros32(lo)]&hi != 0
 }
 
 // SkipsByTag says whether Candidate ever says false: a filter over tags,
 // not one that any tag can match (a property comparison, a NOT, "*").
 func (f *Filter) SkipsByTag() bool { return !f.cands().anyTag }
 
-func (f *Filter) cands() candidates {
-	f.once.Do(func() { f.cand = f.root.cands() })
-	return f.cand
+func (f *Filter) cands() *candidates {
+	f.once.Do(func() {
+		f.cand = f.root.cands()
+		for _, fp := range f.cand.fps {
+			lo := fp & -fp
+			f.cand.pairs[bits.TrailingZeros32(lo)] |= fp &^ lo
+		}
+	})
+	return &f.cand
 }
 
 // cands is the tags a message n holds for has: a tag names one; AND keeps
@@ -699,7 +721,9 @@ func union(a, b []uint32) []uint32 {
 // and a broker stores it), reading only its tag and, when the filter asks,
 // its properties: a broker judges the messages it reads without decoding
 // them. A malformed message matches, so that its reader sees the error
-// rather than lose the message.
+// rather than lose the message (its index fingerprint is 0, though: a
+// filter of tags skips it unread; a broker stores only messages that
+// decode).
 func (f *Filter) MatchEncoded(raw []byte) bool {
 	r := reader{b: raw}
 	tag := r.peekTag()

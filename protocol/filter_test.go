@@ -315,6 +315,11 @@ func TestFilterCanonical(t *testing.T) {
 		"(a || b) and not (c or d)":         "NOT (c OR d) AND (a OR b)",
 		"x in ( 'a','b' ) or y is not null": "x IN ('a', 'b') OR y IS NOT NULL",
 		"amount>=100.50 && n <> 'it''s'":    "amount >= 100.5 AND n <> 'it''s'",
+		"a != 1":                            "a <> 1",
+		"a IN (2, 1, 2)":                    "a IN (1, 2)",
+		"a IN (1, 1)":                       "a = 1",
+		"a NOT IN ('x')":                    "a <> 'x'",
+		"n > 1e300 OR n < 5e-324":           "n < 5e-324 OR n > 1e300",
 		"n <> 'it''s' && amount>=100.50":    "amount >= 100.5 AND n <> 'it''s'",
 		"*":                                 "*",
 	} {
@@ -332,7 +337,7 @@ func TestFilterRefuses(t *testing.T) {
 	for _, bad := range []string{
 		"", "   ", "A ||", "|| A", "A B", "(A", "A)", "region =", "region = eu", "= 'x'", "'text'",
 		"region IN ()", "region IN ('a'", "region IS", "region IS NOT", "a NOT b", "AND", "NOT",
-		"1x = 3", "a:b = 1", "A # B", "region = 'open", strings.Repeat("(", 200) + "A" + strings.Repeat(")", 200),
+		"1x = 3", "a:b = 1", "+x = 1", "A # B", "region = 'open", strings.Repeat("(", 200) + "A" + strings.Repeat(")", 200),
 		strings.Repeat("!", 100) + "A", strings.Repeat("A || ", 1000) + "A",
 	} {
 		if f, err := ParseFilter(bad); err == nil {

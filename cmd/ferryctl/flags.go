@@ -359,5 +359,6 @@ var argKinds = map[string]string{
 	"group reset-offsets": "consumer group",
 	"group delete":        "consumer group",
 	"delayed get":         "handle",
+	"message get":         "handle",
 	"delayed cancel":      "handle",
 }

@@ -34,7 +34,7 @@ func Properties(props map[string]string, key string) []protocol.Property {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	if key != "" {
-		out = append(out, protocol.Property{Key: "key", Value: key})
+		out = append(out, protocol.Property{Key: protocol.KeyProperty, Value: key})
 	}
 	return out
 }

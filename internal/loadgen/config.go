@@ -85,9 +85,9 @@ type Config struct {
 	// measures how fast it drains them; else it consumes while the
 	// producers send. ConsumeWait is how long the run waits for a message
 	// before it stops consuming.
-	Consumers   int
-	Group       string
-	Backlog     bool
+	Consumers int
+	Group     string
+	Backlog   bool
 	// Filter is the consumer group's filter ("": every message); the run
 	// waits for the messages sent that it takes.
 	Filter      string

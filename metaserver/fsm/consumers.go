@@ -180,18 +180,10 @@ func NormalizeTopics(topics []string) []string {
 // set; members take a changed one from their next heartbeat. Members
 // already in the group are not checked again (they follow the group's).
 
-// admitFilter checks the filter a member joining g asks for, and sets the
-// group's when it may.
-func (g *ConsumerGroup) admitFilter(member, filter string) error {
-	if filter == "" || filter == g.Filter || filter == "*" && g.Filter == "" {
-		return nil
-	}
-	others := len(g.Members)
-	if g.Members[member] != nil {
-		others--
-	}
-	if g.FilterBy == "" && others == 0 {
-		g.Filter, g.FilterBy = filter, "member "+member
+// refuseFilter refuses the filter a member joining g (nil: a new group)
+// asks for when it is not the group's and cannot become it.
+func (g *ConsumerGroup) refuseFilter(member, filter string) error {
+	if g == nil || filter == "" || filter == g.Filter || filter == "*" && g.Filter == "" || g.mayTake(member) {
 		return nil
 	}
 	has := g.Filter
@@ -200,6 +192,24 @@ func (g *ConsumerGroup) admitFilter(member, filter string) error {
 	}
 	return invalidErr("consumer group %q receives the messages of the filter %q (set by %s), and member %q asks for %q: every member of a group receives the same messages "+
 		"(change the group's filter with ferryctl group set-filter, or consume in another group)", g.Name, has, cmp.Or(g.FilterBy, "its first members"), member, filter)
+}
+
+// mayTake says whether a joining member's filter becomes g's: none is set
+// and no other member is in.
+func (g *ConsumerGroup) mayTake(member string) bool {
+	others := len(g.Members)
+	if g.Members[member] != nil {
+		others--
+	}
+	return g.FilterBy == "" && others == 0
+}
+
+// takeFilter makes a joining member's filter, admitted by refuseFilter,
+// the group's when it may.
+func (g *ConsumerGroup) takeFilter(member, filter string) {
+	if filter != "" && filter != g.Filter && g.mayTake(member) {
+		g.Filter, g.FilterBy = filter, "member "+member
+	}
 }
 
 // SetGroupFilter sets the filter of the messages a consumer group receives,
@@ -221,6 +231,9 @@ func (f *FSM) setGroupFilter(c *SetGroupFilter) any {
 	if err := ValidateConsumerName("group", c.Group); err != nil {
 		return invalidErr("%v", err)
 	}
+	if c.Filter == "" {
+		return invalidErr("a filter is needed (\"*\" for every message)")
+	}
 	if err := checkFilter(c.Filter); err != nil {
 		return err
 	}
@@ -236,18 +249,13 @@ func (f *FSM) setGroupFilter(c *SetGroupFilter) any {
 	return &Result{Changed: true, Generation: g.Generation}
 }
 
-// checkFilter refuses a filter that is not in canonical form (the servers
-// make it so before they propose a command).
+// checkFilter bounds a filter's length. The servers put it in canonical
+// form before they propose a command; Apply does not parse it, so that a
+// later release's canonical form cannot make a replay refuse what was
+// applied.
 func checkFilter(filter string) error {
-	if filter == "" {
-		return nil
-	}
-	f, err := protocol.ParseFilter(filter)
-	if err != nil {
-		return invalidErr("%v", err)
-	}
-	if f.Canonical() != filter {
-		return invalidErr("filter %q is not in canonical form %q", filter, f.Canonical())
+	if len(filter) > protocol.MaxFilterLen {
+		return invalidErr("filter of %d bytes over the cap %d", len(filter), protocol.MaxFilterLen)
 	}
 	return nil
 }
@@ -412,11 +420,14 @@ func (f *FSM) joinGroup(c *JoinGroup) any {
 	if err := checkFilter(c.Filter); err != nil {
 		return err
 	}
-	g := f.consumerGroup(c.Group, true)
-	if g.Members[c.Member] == nil {
-		if err := g.admitFilter(c.Member, c.Filter); err != nil {
+	if g := f.s.ConsumerGroups[c.Group]; g == nil || g.Members[c.Member] == nil {
+		if err := g.refuseFilter(c.Member, c.Filter); err != nil {
 			return err
 		}
+	}
+	g := f.consumerGroup(c.Group, true)
+	if g.Members[c.Member] == nil {
+		g.takeFilter(c.Member, c.Filter)
 	}
 	if m := g.Members[c.Member]; m != nil && slices.Equal(m.Topics, topics) {
 		bind := m.Principal == "" && c.Principal != ""

@@ -60,11 +60,11 @@ func TestGroupFilter(t *testing.T) {
 		t.Fatalf("a member asking for the new filter: %v", err)
 	}
 	wantStatus(t, join("f", "A OR B"), invalid, "a member asking for the old filter")
-	// Only canonical filters get into the registry.
-	_, err = apply(t, f, &SetGroupFilter{Group: "cg", Filter: "a||b", At: 5})
-	wantStatus(t, err, invalid, "a filter not in canonical form")
-	_, err = apply(t, f, &SetGroupFilter{Group: "cg", Filter: "a OR", At: 5})
-	wantStatus(t, err, invalid, "a filter that does not parse")
+	// The servers canonicalize; Apply bounds the length and wants one.
+	_, err = apply(t, f, &SetGroupFilter{Group: "cg", Filter: strings.Repeat("A", protocol.MaxFilterLen+1), At: 5})
+	wantStatus(t, err, invalid, "a filter over the cap")
+	_, err = apply(t, f, &SetGroupFilter{Group: "cg", Filter: "", At: 5})
+	wantStatus(t, err, invalid, "no filter")
 
 	// A group whose first members asked for none receives every message:
 	// a member asking for one is refused, "*" is the same as none.
@@ -87,5 +87,11 @@ func TestGroupFilter(t *testing.T) {
 	wantStatus(t, err, invalid, "a new incarnation asking for another filter")
 	if _, err := apply(t, f, &JoinMember{Group: "coop", Member: "a", Incarnation: 2, Topics: []string{"orders"}, At: 2, Filter: "X"}); err != nil {
 		t.Fatal(err)
+	}
+	// A refusal changes nothing: an eager group stays eager.
+	_, err = apply(t, f, &JoinMember{Group: "all", Member: "c", Incarnation: 1, Topics: []string{"orders"}, At: 3, Filter: "Y"})
+	wantStatus(t, err, invalid, "a cooperative member asking for another filter")
+	if g := cgroup(t, f, "all"); g.Cooperative || g.Members["c"] != nil {
+		t.Fatalf("a refused JoinMember changed the group: cooperative %v, members %v", g.Cooperative, g.Members)
 	}
 }

@@ -155,6 +155,11 @@ func (f *FSM) joinMember(c *JoinMember) any {
 	if err := checkFilter(c.Filter); err != nil {
 		return err
 	}
+	if g := f.s.ConsumerGroups[c.Group]; g == nil || g.Members[c.Member] == nil || c.Incarnation > g.Members[c.Member].Incarnation {
+		if err := g.refuseFilter(c.Member, c.Filter); err != nil {
+			return err // before anything changes
+		}
+	}
 	g := f.consumerGroup(c.Group, true)
 	g.Cooperative = true
 	m := g.Members[c.Member]
@@ -163,9 +168,7 @@ func (f *FSM) joinMember(c *JoinMember) any {
 	}
 	newer := m != nil && c.Incarnation > m.Incarnation
 	if m == nil || newer {
-		if err := g.admitFilter(c.Member, c.Filter); err != nil {
-			return err
-		}
+		g.takeFilter(c.Member, c.Filter)
 	}
 	if m != nil && !newer && slices.Equal(m.Topics, topics) {
 		bind := m.Principal == "" && c.Principal != ""
