@@ -70,6 +70,7 @@ type Broker struct {
 	routes *routeCache
 	send   *sender
 	pulls  *longPoll
+	reads  *deliveries // who read what, for LOOKUP (deliveries.go)
 	delays *delayer
 	roles  *roles
 	acl    *aclCopy      // nil: authorization off
@@ -116,7 +117,9 @@ func New(cfg Config) (*Broker, error) {
 	b.routes = newRouteCache(cfg.Group, b.meta, cfg.Clock, lg.Named("routes"))
 	b.routes.store = b.store
 	epochs := &epochState{}
-	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: epochs.local.Load, epochStart: epochs.epochStart, routed: b.routes.routed, readable: b.readableEnd},
+	b.reads = newDeliveries(cfg.Clock)
+	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: epochs.local.Load, epochStart: epochs.epochStart, routed: b.routes.routed, readable: b.readableEnd,
+		reads: b.reads},
 		cfg.Clock, &b.stats, lg.Named("longpoll"))
 	if cfg.ClusterToken != "" {
 		b.acl = newACLCopy(cfg.ClusterToken, b.meta, b.sess, lg.Named("acl"))

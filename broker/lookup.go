@@ -40,7 +40,10 @@ func (b *Broker) handleLookup(r *transport.Request) {
 			out.Hidden++
 			return
 		}
-		out.Messages = append(out.Messages, foundMessage(b.cfg.Group, ri, &m))
+		f := foundMessage(b.cfg.Group, ri, &m)
+		f.HeldBy = b.heldBy(ri.Offset + int64(ri.Size))
+		f.Deliveries = b.reads.of(ri.Topic, ri.Queue, ri.QueueOffset)
+		out.Messages = append(out.Messages, f)
 	}
 	if q.Offset != nil {
 		ri, err := b.store.ReadRecordAt(*q.Offset)
@@ -53,6 +56,20 @@ func (b *Broker) handleLookup(r *transport.Request) {
 		return
 	}
 	r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: "lookup by id or key: not served by this broker"})
+}
+
+// heldBy lists the group's brokers known to hold the log up to end: this
+// one and, on a master, each slave that acknowledged it.
+func (b *Broker) heldBy(end int64) []string {
+	out := []string{b.cfg.ID}
+	if rep := b.roles.replication(); rep != nil {
+		for _, s := range rep.replicas() {
+			if s.AckOffset >= end {
+				out = append(out, s.ID)
+			}
+		}
+	}
+	return out
 }
 
 // checkLookup checks a LOOKUP request and fills its defaults.

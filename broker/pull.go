@@ -33,6 +33,9 @@ type queueReader interface {
 	// ReadableEnd is the log offset reads stop at (a slave's: what every
 	// member of the sync set held at the master's last report); -1: none.
 	ReadableEnd() int64
+	// Delivered notes that a PULL naming group and member was answered the
+	// queue's offsets [from, to) (deliveries.record).
+	Delivered(topic string, queue uint32, group, member string, from, to int64)
 }
 
 // pullStore is the commit log with the broker's epochs, as PULL reads it.
@@ -46,6 +49,12 @@ type pullStore struct {
 	routed func(topic string, queue uint32) bool
 	// readable is ReadableEnd (nil: no limit).
 	readable func() int64
+	// reads remembers who read what (nil: nothing is remembered).
+	reads *deliveries
+}
+
+func (s pullStore) Delivered(topic string, queue uint32, group, member string, from, to int64) {
+	s.reads.record(topic, queue, group, member, from, to)
 }
 
 func (s pullStore) ReadableEnd() int64 {
@@ -284,11 +293,16 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest, holdEmp
 	// A slave stops where every member of the sync set held the log at the
 	// master's last report (acknowledgements are at record boundaries).
 	limit := store.ReadableEnd()
+	var firstSent, lastSent int64
 	out, readTo, err := store.ReadMatching(out, req.Topic, req.Queue, offset, pullBytes(req), limit, want, func(dst []byte, e storage.StoredEntry) []byte {
 		if flt != nil && !flt.MatchEncoded(e.Payload) {
 			return dst
 		}
+		if count == 0 {
+			firstSent = e.QueueOffset
+		}
 		count++
+		lastSent = e.QueueOffset
 		return protocol.AppendStoredRaw(dst, e.QueueOffset, e.LogOffset, e.StoreTime, e.Payload)
 	})
 	if err != nil {
@@ -323,6 +337,9 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest, holdEmp
 		*bp = out[:0]
 		giveBack()
 		return -1, offset
+	}
+	if count > 0 {
+		store.Delivered(req.Topic, req.Queue, req.Group, req.Member, firstSent, lastSent+1)
 	}
 	protocol.AppendPullResponseHeader(out[:0], offset, first, next, store.LogEpoch(), count)
 	*bp = out[:0]

@@ -107,7 +107,7 @@ func FuzzDecodeSendResponse(f *testing.F) {
 
 func FuzzDecodePullRequest(f *testing.F) {
 	addWithPrefixes(f, AppendPullRequest(nil, &PullRequest{Topic: "orders", Queue: 1, Offset: 5, MaxBytes: 4096, Epoch: 2}))
-	addWithPrefixes(f, AppendPullRequest(nil, &PullRequest{Topic: "orders", Queue: 1, Offset: 5, Filter: "A || B"}))
+	addWithPrefixes(f, AppendPullRequest(nil, &PullRequest{Topic: "orders", Queue: 1, Offset: 5, Filter: "A || B", Group: "g", Member: "m"}))
 	fuzzRoundTrip(f, DecodePullRequest, func(p *PullRequest) []byte { return AppendPullRequest(nil, p) })
 }
 

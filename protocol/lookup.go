@@ -54,6 +54,24 @@ type FoundMessage struct {
 	Recovered     bool              `json:"recovered,omitempty"`
 	Properties    map[string]string `json:"properties,omitempty"`
 	Body          []byte            `json:"body"`
+	// HeldBy are the group's brokers that hold the record, as the answering
+	// broker knows (a master: itself and each slave that acknowledged it; a
+	// slave: itself).
+	HeldBy []string `json:"held_by"`
+	// Deliveries are the reads of the message's queue that included it, as
+	// the answering broker remembers them (a bounded record in memory: a
+	// restart or a failover forgets it; the latest reads of a queue).
+	Deliveries []Delivery `json:"deliveries,omitempty"`
+}
+
+// Delivery is a read of a queue's offsets [From, To) by a member of a
+// consumer group, as its PULL named them, first answered at At (unix ms).
+type Delivery struct {
+	Group  string `json:"group"`
+	Member string `json:"member"`
+	From   int64  `json:"from"`
+	To     int64  `json:"to"`
+	At     int64  `json:"at"`
 }
 
 // KeyProperty is the property that holds a message's key (the producer

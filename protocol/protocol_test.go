@@ -185,6 +185,11 @@ func TestPullRoundTrip(t *testing.T) {
 	if err != nil || got != req {
 		t.Fatalf("with a filter: got %+v, %v; want %+v", got, err, req)
 	}
+	req.Filter, req.Group, req.Member = "", "billing", "m-1"
+	got, err = DecodePullRequest(AppendPullRequest(nil, &req))
+	if err != nil || got != req {
+		t.Fatalf("with a group and member: got %+v, %v; want %+v", got, err, req)
+	}
 	long := req
 	long.Filter = strings.Repeat("A", MaxFilterLen+1)
 	if _, err := DecodePullRequest(AppendPullRequest(nil, &long)); !errors.Is(err, ErrMalformed) {

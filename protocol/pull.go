@@ -17,10 +17,18 @@ import (
 //	wait ms    u32, how long the broker may hold a PULL that finds nothing
 //	           at offset, answering as soon as a message arrives (a long
 //	           poll; 0 answers at once)
-//	filter     u16 length + bytes, optional (absent: every message): the
-//	           reader's consumer group's filter (Filter), at most
-//	           MaxFilterLen bytes; the broker answers only the messages it
-//	           matches, and its next offset passes the others
+//
+// and then, all three or none (none: an anonymous reader of every message):
+//
+//	filter     u16 length + bytes: the reader's consumer group's filter
+//	           (Filter; "": every message), at most MaxFilterLen bytes;
+//	           the broker answers only the messages it matches, and its
+//	           next offset passes the others
+//	group      u16 length + bytes: the reader's consumer group ("": none)
+//	member     u16 length + bytes: the member reading, in the group
+//
+// The broker keeps a short record of which member of which group read
+// which offsets (a message's journey).
 type PullRequest struct {
 	Topic      string
 	Queue      uint32
@@ -29,6 +37,8 @@ type PullRequest struct {
 	Epoch      uint32
 	WaitMillis uint32
 	Filter     string
+	Group      string
+	Member     string
 }
 
 // AppendPullRequest appends p's encoding.
@@ -39,8 +49,10 @@ func AppendPullRequest(dst []byte, p *PullRequest) []byte {
 	dst = appendU32(dst, p.MaxBytes)
 	dst = appendU32(dst, p.Epoch)
 	dst = appendU32(dst, p.WaitMillis)
-	if p.Filter != "" {
+	if p.Filter != "" || p.Group != "" || p.Member != "" {
 		dst = appendStr16(dst, clip16(p.Filter))
+		dst = appendStr16(dst, clip16(p.Group))
+		dst = appendStr16(dst, clip16(p.Member))
 	}
 	return dst
 }
@@ -56,10 +68,15 @@ func DecodePullRequest(b []byte) (PullRequest, error) {
 	p.Epoch = r.u32("epoch")
 	p.WaitMillis = r.u32("wait millis")
 	if len(r.b) > 0 {
-		if n := r.u16("filter"); n == 0 || int(n) > MaxFilterLen {
-			r.fail(fmt.Sprintf("filter of %d bytes: 1 to %d, or none at all", n, MaxFilterLen))
+		if n := r.u16("filter"); int(n) > MaxFilterLen {
+			r.fail(fmt.Sprintf("filter of %d bytes over the cap %d", n, MaxFilterLen))
 		} else {
 			p.Filter = string(r.span(int(n), "filter"))
+		}
+		p.Group = r.str16("group")
+		p.Member = r.str16("member")
+		if r.err == nil && p.Filter == "" && p.Group == "" && p.Member == "" {
+			r.fail("an empty filter, group and member (leave them out)")
 		}
 	}
 	if err := r.done("pull request"); err != nil {

@@ -360,5 +360,6 @@ var argKinds = map[string]string{
 	"group delete":        "consumer group",
 	"delayed get":         "handle",
 	"message get":         "handle",
+	"message journey":     "handle",
 	"delayed cancel":      "handle",
 }

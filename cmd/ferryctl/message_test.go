@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -21,7 +22,7 @@ func TestMessageGet(t *testing.T) {
 		"--body", "the second", "--json")), &s); err != nil {
 		t.Fatalf("send --json: %+v %v", s, err)
 	}
-	sent := []sendJSON{s}
+	sent, s0 := []sendJSON{s}, s
 	var got []foundJSON
 	if err := json.Unmarshal([]byte(mustCtl(t, meta, "message", "get", sent[0].Handle, "--json")), &got); err != nil || len(got) != 1 {
 		t.Fatalf("message get --json: %+v %v", got, err)
@@ -34,6 +35,45 @@ func TestMessageGet(t *testing.T) {
 	if out := mustCtl(t, meta, "message", "get", sent[0].Handle); !strings.Contains(out, "order-4711") || !strings.Contains(out, "the second") {
 		t.Fatalf("message get:\n%s", out)
 	}
+	// Its journey: sent by the ferryctl producer, stored in g1; nobody read
+	// it yet; then a group reads and commits it.
+	journey := func() journeyJSON {
+		var j journeyJSON
+		if err := json.Unmarshal([]byte(mustCtl(t, meta, "message", "journey", sent[0].Handle, "--json")), &j); err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	steps := func(j journeyJSON, name string) (out []journeyStep) {
+		for _, s := range j.Steps {
+			if s.Step == name {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	j := journey()
+	if s := steps(j, "sent"); len(s) != 1 || !s[0].Known || !strings.Contains(s[0].What, fmt.Sprint("producer ", s0.ProducerID)) {
+		t.Fatalf("journey, sent: %+v (producer %d)", s, s0.ProducerID)
+	}
+	if s := steps(j, "stored"); len(s) != 1 || !strings.Contains(s[0].What, "broker group g1") {
+		t.Fatalf("journey, stored: %+v", s)
+	}
+	if s := steps(j, "delivered"); len(s) != 1 || s[0].Known {
+		t.Fatalf("journey before any read, delivered: %+v", s)
+	}
+	mustCtl(t, meta, "consume", "orders", "--group", "readers", "--member", "reader-1", "--count", "2", "--timeout", "10s")
+	j = journey()
+	if s := steps(j, "delivered"); len(s) != 1 || !s[0].Known || !strings.Contains(s[0].What, "member reader-1 of consumer group readers") {
+		t.Fatalf("journey after a read, delivered: %+v", s)
+	}
+	if s := steps(j, "committed"); len(s) != 1 || !strings.Contains(s[0].What, "by consumer group readers (its offset") || strings.Contains(s[0].What, "not yet") {
+		t.Fatalf("journey after a read, committed: %+v", s)
+	}
+	if out := mustCtl(t, meta, "message", "journey", sent[0].Handle); !strings.Contains(out, "STEP") || !strings.Contains(out, "reader-1") {
+		t.Fatalf("journey:\n%s", out)
+	}
+
 	for _, h := range []string{"g1@1", "g1@999999", "nope@0"} {
 		code, _, errOut := ctl(meta, "message", "get", h)
 		if code != exitError || !strings.Contains(errOut, "NOT_FOUND") {
