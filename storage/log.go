@@ -139,11 +139,11 @@ type Log struct {
 	// keys holds the key refs of the records past the last index chunk
 	// written, in log order (lookup.go); changed under mu, never below
 	// its length. kc is the writer's collector of a group's refs.
-	keys []keyRef
-	kc   keyCollector
-	idxWake    chan struct{}
-	stopIdx    chan struct{}
-	idxDone    chan struct{}
+	keys    []keyRef
+	kc      keyCollector
+	idxWake chan struct{}
+	stopIdx chan struct{}
+	idxDone chan struct{}
 }
 
 // Open opens (or creates) the log in cfg.Dir, recovering it after a crash.
