@@ -104,8 +104,11 @@ func (v *lookupView) release() {
 // with ErrReadTruncated.
 func (l *Log) Lookup(q LookupQuery) (LookupResult, error) {
 	var res LookupResult
+	if l.cfg.LookupKeys == nil {
+		return res, nil
+	}
 	v, err := l.takeLookupView()
-	if err != nil || l.cfg.LookupKeys == nil {
+	if err != nil {
 		return res, err
 	}
 	defer v.release()
