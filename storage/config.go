@@ -103,6 +103,14 @@ type Config struct {
 	// payload every time: recovery and AppendRaw compute it again. nil:
 	// every record's fingerprint is 0.
 	Fingerprint func(payload []byte) uint32
+	// LookupKeys gives the keys of a stored record's payload, through
+	// add, by which Lookup finds the record (the broker gives "i:" and the
+	// message id, "k:" and each message key). Like Fingerprint, it must
+	// accept any bytes, not keep the slices (add copies nothing it keeps:
+	// it hashes the key) and give the same keys for the same payload every
+	// time: recovery, AppendRaw and rebuilt key tables compute them again.
+	// nil: nothing can be looked up.
+	LookupKeys func(payload []byte, add func(key []byte))
 	// ProducerIdle is how long a (producer, queue) pair is remembered after
 	// its last record, by record times (Config.Now stamps). Default 7 days.
 	ProducerIdle time.Duration

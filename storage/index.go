@@ -128,12 +128,15 @@ func (l *Log) indexRaw(raw []byte, at int64, fps []uint32) int {
 }
 
 // rawFingerprints appends the fingerprints of the records of a raw append
-// (validated by placeRaw) to fps.
-func (l *Log) rawFingerprints(fps []uint32, raw []byte) []uint32 {
+// (validated by placeRaw) at log offset at to fps, and their key refs to
+// the writer's collector.
+func (l *Log) rawFingerprints(fps []uint32, raw []byte, at int64) []uint32 {
 	for len(raw) > 0 {
 		n, _ := recordLen(raw, maxRecordSize)
 		rec, _, _ := decodeRecordView(raw[:n])
 		fps = append(fps, l.fingerprint(rec.Payload))
+		l.collectKeys(&l.kc, rec.Payload, at, rec.StoreTime)
+		at += int64(n)
 		raw = raw[n:]
 	}
 	return fps

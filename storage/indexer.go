@@ -94,6 +94,9 @@ func (l *Log) indexer() {
 		select {
 		case <-l.idxWake:
 			l.writeCuts()
+			if l.rebuildKeyTable() {
+				l.wakeIndexer() // the next one after the next turn's cuts
+			}
 		case <-l.stopIdx:
 			if !l.crashed {
 				l.writeCuts()
@@ -132,8 +135,9 @@ func (l *Log) writeCuts() {
 	}
 }
 
-// writeChunk writes the chunk of cut c, then moves its entries from the
-// queues' tails to parts that read the file.
+// writeChunk writes the key table and the chunk of cut c, then moves its
+// entries from the queues' tails to parts that read the file, and its key
+// refs out of memory.
 func (l *Log) writeChunk(c indexCut) error {
 	l.idxMu.Lock()
 	defer l.idxMu.Unlock()
@@ -158,6 +162,7 @@ func (l *Log) writeChunk(c indexCut) error {
 			qs = append(qs, chunkQueue{k: k, firstQO: qi.base, pos: qi.pos[:n], size: qi.size[:n], fp: qi.fp[:n]})
 		}
 	}
+	refs := l.keys[:sort.Search(len(l.keys), func(i int) bool { return l.keys[i].at >= c.to })]
 	l.mu.RUnlock()
 	b := encodeIndexChunk(c.from, c.to, c.last, qs, c.snap) // sorts qs as the file lists them
 
@@ -169,6 +174,16 @@ func (l *Log) writeChunk(c indexCut) error {
 		}
 		l.idxDirMade = true
 	}
+	// The key table goes first: a chunk that counts has one (unless it
+	// is lost or damaged later: then lookups scan and the indexer rebuilds
+	// it).
+	var kt *keyTable
+	if l.cfg.LookupKeys != nil {
+		var err error
+		if kt, err = l.writeKeyTable(c.from, c.to, c.last, refs); err != nil {
+			return err
+		}
+	}
 	name := indexChunkName(l.cfg.Dir, c.from)
 	if err := l.writeFileAtomic(name, b); err != nil {
 		return err
@@ -179,6 +194,9 @@ func (l *Log) writeChunk(c indexCut) error {
 	}
 	ic := oc.c
 	ic.files = &l.openChunks
+	if kt != nil {
+		ic.keys.Store(kt)
+	}
 
 	l.mu.Lock()
 	for i, q := range qs {
@@ -191,6 +209,7 @@ func (l *Log) writeChunk(c indexCut) error {
 		qi.fp = slices.Clone(qi.fp[n:])
 	}
 	l.chunks = append(l.chunks, ic)
+	l.keys = slices.Clone(l.keys[len(refs):])
 	l.mu.Unlock()
 
 	l.cutMu.Lock()
@@ -236,22 +255,28 @@ func (l *Log) writeFileAtomicFunc(name string, write func(f vfs.File) error) err
 	return l.fs.SyncDir(filepath.Dir(name))
 }
 
-// removeChunks deletes the files of chunks and syncs their directory. The
-// chunks are opened first, so that readers holding the index that refers
-// to them can still read them.
+// removeChunks deletes the files of chunks and of their key tables, and
+// syncs their directory. The files are opened first, so that readers
+// holding the index that refers to them can still read them (a key table
+// that cannot be opened is scanned instead).
 func (l *Log) removeChunks(chunks []*indexChunk) error {
 	if len(chunks) == 0 {
 		return nil
 	}
+	var b [1]byte
 	for _, c := range chunks {
-		var b [1]byte
 		if err := c.readAt(b[:], 0); err != nil {
 			return err
 		}
+		if kt := c.keys.Load(); kt != nil {
+			_ = kt.f.readAt(b[:], 0)
+		}
 	}
 	for _, c := range chunks {
-		if err := l.fs.Remove(c.name); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("storage: remove index chunk: %w", err)
+		for _, name := range []string{c.name, keyTableName(l.cfg.Dir, c.from)} {
+			if err := l.fs.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("storage: remove index chunk: %w", err)
+			}
 		}
 	}
 	return l.fs.SyncDir(filepath.Join(l.cfg.Dir, indexDirName))
@@ -357,6 +382,7 @@ func (l *Log) loadChunks(limit int64) (int64, error) {
 			return 0, fmt.Errorf("storage: sync %s: %w", dir, err)
 		}
 	}
+	l.loadKeyTables(dir, names, chain)
 	if len(chain) == 0 {
 		return start, nil
 	}
@@ -377,6 +403,46 @@ func (l *Log) loadChunks(limit int64) (int64, error) {
 	l.lastAt = last.c.last.at
 	l.prod.forgetBefore(func(k queueKey) int64 { return l.firstAt(k, start) })
 	return last.c.to, nil
+}
+
+// loadKeyTables gives the chunks of the chain their key tables, and
+// removes the key tables of no chunk of it and those that do not check
+// out. Neither a missing key table nor one that cannot be read fails Open:
+// lookups scan the chunk's records, and the indexer rebuilds it.
+func (l *Log) loadKeyTables(dir string, names []string, chain []*openedChunk) {
+	byFrom := make(map[int64]*indexChunk, len(chain))
+	for _, oc := range chain {
+		byFrom[oc.c.from] = oc.c
+	}
+	removed := false
+	for _, n := range names {
+		from, ok := parseChunkFileName(n, keysFileSuffix)
+		if !ok {
+			continue
+		}
+		name := filepath.Join(dir, n)
+		if c := byFrom[from]; c != nil {
+			kt, err := readKeyTable(l.fs, name, c.from, c.to, c.last)
+			if err == nil {
+				kt.f.files = &l.openChunks
+				c.keys.Store(kt)
+				continue
+			}
+			l.log.Warn("ignoring a key table; lookups scan its chunk until it is rebuilt", "file", name, "error", err)
+			if !errors.Is(err, errBadChunk) {
+				continue
+			}
+		}
+		if err := l.fs.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			l.log.Warn("cannot remove a stale key table", "file", name, "error", err)
+		}
+		removed = true
+	}
+	if removed {
+		if err := l.fs.SyncDir(dir); err != nil {
+			l.log.Warn("cannot sync the index directory", "dir", dir, "error", err)
+		}
+	}
 }
 
 // firstAt is the first queue offset of queue k at or past log offset
@@ -439,6 +505,8 @@ type IndexStats struct {
 	Parts         int   // (queue, chunk) pairs held in memory, about 56 bytes each
 	TailEntries   int64 // entries held in memory, 16 bytes each
 	PendingCuts   int   // chunks cut but not yet written
+	KeyTables     int   // chunks with a key table that checks out so far
+	KeyRefs       int64 // key refs held in memory (of the records past the last chunk written), 24 bytes each
 }
 
 // IndexStats returns the index's figures.
@@ -452,6 +520,12 @@ func (l *Log) IndexStats() IndexStats {
 		s.Parts += len(qi.parts)
 		s.TailEntries += int64(len(qi.pos))
 	}
+	for _, c := range l.chunks {
+		if kt := c.keys.Load(); kt != nil && !kt.bad.Load() {
+			s.KeyTables++
+		}
+	}
+	s.KeyRefs = int64(len(l.keys))
 	l.mu.RUnlock()
 	l.cutMu.Lock()
 	s.PendingCuts = len(l.cuts)

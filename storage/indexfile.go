@@ -56,6 +56,11 @@ type indexChunk struct {
 
 	files *openChunks   // nil: not counted (a chunk not in a log)
 	elem  *list.Element // in files.lru while its file is open; files.mu
+
+	// keys is the chunk's key table (nil: none), replaced when the indexer
+	// rebuilds it; keysTried (idxMu) says the indexer tried since Open.
+	keys      atomic.Pointer[keyTable]
+	keysTried bool
 }
 
 // maxOpenChunks bounds the chunk files a log keeps open.
@@ -141,8 +146,12 @@ func (c *indexChunk) close() {
 	}
 }
 
-// drop marks the chunk gone (its file removed); the last holder closes it.
+// drop marks the chunk gone (its file removed, and its key table's); the
+// last holder of each closes it.
 func (c *indexChunk) drop() {
+	if kt := c.keys.Load(); kt != nil {
+		kt.f.drop()
+	}
 	c.removed.Store(true)
 	if c.refs.Load() == 0 {
 		c.close()
@@ -205,8 +214,12 @@ func indexChunkName(dir string, from int64) string {
 
 // parseIndexChunkName returns the log offset an index chunk file name
 // starts at.
-func parseIndexChunkName(name string) (int64, bool) {
-	s, ok := strings.CutSuffix(name, indexFileSuffix)
+func parseIndexChunkName(name string) (int64, bool) { return parseChunkFileName(name, indexFileSuffix) }
+
+// parseChunkFileName returns the log offset the name of a file of the
+// index directory with this suffix starts at.
+func parseChunkFileName(name, suffix string) (int64, bool) {
+	s, ok := strings.CutSuffix(name, suffix)
 	if !ok || len(s) != indexNameDigits {
 		return 0, false
 	}

@@ -136,9 +136,14 @@ type Log struct {
 	lastAt     int64                 // writer-owned, changed under mu: log offset of the last record indexed
 	watches    map[queueKey][]*Watch // writer-owned: open watches by queue (recovered.go)
 	idxFailing bool                  // indexer-owned: the last chunk write failed
-	idxWake    chan struct{}
-	stopIdx    chan struct{}
-	idxDone    chan struct{}
+	// keys holds the key refs of the records past the last index chunk
+	// written, in log order (lookup.go); changed under mu, never below
+	// its length. kc is the writer's collector of a group's refs.
+	keys    []keyRef
+	kc      keyCollector
+	idxWake chan struct{}
+	stopIdx chan struct{}
+	idxDone chan struct{}
 }
 
 // Open opens (or creates) the log in cfg.Dir, recovering it after a crash.
@@ -243,6 +248,9 @@ func (l *Log) closeFiles() error {
 	}
 	for _, c := range l.chunks {
 		c.close()
+		if kt := c.keys.Load(); kt != nil {
+			kt.f.close()
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -343,6 +343,9 @@ func (l *Log) scanSegment(s *segment, from int64) (good int64, reason string, er
 			return at, fmt.Sprintf("queue offset %d of %s/%d does not follow %d", rec.QueueOffset, rec.Topic, rec.Queue, qi.next()-1), nil
 		}
 		l.indexAdd(k, rec.QueueOffset, s.base+at, int32(n), l.fingerprint(rec.Payload))
+		l.kc.refs = l.kc.refs[:0]
+		l.collectKeys(&l.kc, rec.Payload, s.base+at, rec.StoreTime)
+		l.keys = append(l.keys, l.kc.refs...)
 		if rec.Flags&flagRecovered != 0 {
 			l.prod.replayRecovered(k, rec.Payload, rec.QueueOffset, rec.StoreTime)
 		} else {

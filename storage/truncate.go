@@ -204,6 +204,7 @@ func (l *Log) truncate(offset int64, sideFile string) (TruncateResult, error) {
 	s.size = keep
 	l.index = cut.index
 	l.chunks = cut.chunks
+	l.keys = cut.keys
 	l.end.Store(offset)
 	l.flushed.Store(offset)
 	l.lastAt = cut.lastAt // under mu: LastRecord reads it there
@@ -313,6 +314,7 @@ type cutState struct {
 	chunks []*indexChunk // the index chunks that end at or before the cut
 	end    int64         // where the last of them ends (or the log's start)
 	lastAt int64         // the last record before the cut
+	keys   []keyRef      // the key refs of the records after end
 }
 
 // rescan builds the indexes and the producer state of the log cut at
@@ -377,7 +379,7 @@ func (l *Log) rescan(segs []*segment, offset int64) (*cutState, error) {
 			qi.first = min(max(f, qi.lowest()), qi.next())
 		}
 	}
-	cut.index, cut.prod, cut.lastAt = tmp.index, &tmp.prod, tmp.lastAt
+	cut.index, cut.prod, cut.lastAt, cut.keys = tmp.index, &tmp.prod, tmp.lastAt, tmp.keys
 	return cut, nil
 }
 

@@ -201,7 +201,7 @@ func (l *Log) writeGroup(batch []*appendReq) {
 		l.prod.refused.Add(refused)
 	}
 	if len(ok) > 0 {
-		l.publish(chunks, ok)
+		l.publish(chunks, ok, now)
 	}
 	for _, r := range batch {
 		if r.err != nil {
@@ -343,18 +343,20 @@ func (l *Log) writeChunks(chunks []chunk) error {
 }
 
 // index entries and the end offset.
-func (l *Log) publish(chunks []chunk, ok []*appendReq) {
-	// The fingerprints are computed before l.mu is taken: readers wait for
-	// none of it.
+func (l *Log) publish(chunks []chunk, ok []*appendReq, now int64) {
+	// The fingerprints and key refs are computed before l.mu is taken:
+	// readers wait for none of it.
 	fps := l.fpBuf[:0]
+	l.kc.refs = l.kc.refs[:0]
 	for _, r := range ok {
 		if r.raw != nil {
-			fps = l.rawFingerprints(fps, r.raw)
+			fps = l.rawFingerprints(fps, r.raw, r.rawOffset)
 			continue
 		}
 		for i, e := range r.entries {
 			if p := r.positions[i]; !p.Duplicate && p.Err == nil {
 				fps = append(fps, l.fingerprint(e.Payload))
+				l.collectKeys(&l.kc, e.Payload, p.LogOffset, now)
 			}
 		}
 	}
@@ -381,6 +383,7 @@ func (l *Log) publish(chunks []chunk, ok []*appendReq) {
 			fps = fps[1:]
 		}
 	}
+	l.keys = append(l.keys, l.kc.refs...)
 	l.end.Store(ok[len(ok)-1].end) // appends are placed in order: the last ends the group
 	last, due := l.cutDue(false)
 	l.mu.Unlock()
