@@ -161,6 +161,7 @@ func openCommitLog(cfg Config, stats *Stats, lg hclog.Logger) (*storage.Log, err
 		},
 		MessageID:    protocol.PeekMessageID,
 		Fingerprint:  protocol.EncodedTagFingerprint,
+		LookupKeys:   protocol.LookupKeys,
 		ProducerIdle: cfg.ProducerIdle,
 		Pretouch:     cfg.Pretouch,
 		OnSync:       stats.observeFlush,

@@ -11,8 +11,13 @@ import (
 	"github.com/ferrymq/ferrymq/storage"
 )
 
-// defaultLookupLimit is a LOOKUP page when the request names none.
-const defaultLookupLimit = 20
+const (
+	// defaultLookupLimit is a LOOKUP page when the request names none.
+	defaultLookupLimit = 20
+	// lookupBytes bounds what one LOOKUP by id or key reads of key tables
+	// and records before it answers with a cursor.
+	lookupBytes = 64 << 20
+)
 
 // handleLookup answers LOOKUP (protocol.LookupRequest): the record at a
 // handle's log offset, or a page of the records of a message id or key
@@ -33,8 +38,8 @@ func (b *Broker) handleLookup(r *transport.Request) {
 	limit := b.pulls.store.ReadableEnd()
 	show := func(ri storage.RecordInfo) {
 		m, err := protocol.DecodeMessage(ri.Payload)
-		if err != nil || limit >= 0 && ri.Offset+int64(ri.Size) > limit {
-			return // not a message (never stored so), or not readable here yet
+		if err != nil || limit >= 0 && ri.Offset+int64(ri.Size) > limit || !lookedFor(&q, ri, &m) {
+			return // not a message (never stored so), not readable here yet, or another's key
 		}
 		if b.acl != nil && b.acl.check(r, protocol.CodeLookup, auth.Topic(m.Topic)) != nil {
 			out.Hidden++
@@ -55,7 +60,49 @@ func (b *Broker) handleLookup(r *transport.Request) {
 		replyJSON(r, out)
 		return
 	}
-	r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: "lookup by id or key: not served by this broker"})
+	key := q.ID + q.Key // one of them
+	until := int64(0)
+	if q.Until > 0 {
+		until = q.Until + 1 // the request's window includes Until
+	}
+	res, err := b.store.Lookup(storage.LookupQuery{Key: []byte(key), Since: q.Since, Until: until, Before: q.Before, Limit: q.Limit, MaxBytes: lookupBytes})
+	if err != nil {
+		r.ReplyError(&protocol.Error{Status: protocol.StatusStoreError, Message: err.Error()})
+		return
+	}
+	out.Next, out.ScannedBytes = res.Next, res.ScannedBytes
+	for _, at := range res.Offsets {
+		ri, err := b.store.ReadRecordAt(at)
+		if err != nil {
+			continue // deleted by retention or cut since: not there any more
+		}
+		out.ScannedBytes += int64(ri.Size)
+		show(ri)
+	}
+	replyJSON(r, out)
+}
+
+// lookedFor says whether a record is one the request looks for: any at a
+// handle's offset; by id, the message of that id or a dead letter or retry
+// copy of it; by key, a message of that key; in the window of store times.
+func lookedFor(q *protocol.LookupRequest, ri storage.RecordInfo, m *protocol.Message) bool {
+	if q.Offset != nil {
+		return true
+	}
+	if ri.StoreTime < q.Since || q.Until > 0 && ri.StoreTime > q.Until {
+		return false
+	}
+	if q.ID != "" && m.ID == q.ID {
+		return true
+	}
+	for _, p := range m.Properties {
+		switch {
+		case q.Key != "" && p.Key == protocol.KeyProperty && p.Value == q.Key,
+			q.ID != "" && (p.Key == protocol.DeadLetterOriginID || p.Key == protocol.RetryOriginID) && p.Value == q.ID:
+			return true
+		}
+	}
+	return false
 }
 
 // heldBy lists the group's brokers known to hold the log up to end: this

@@ -16,7 +16,7 @@ const (
 	PropOriginTopic  = "DLQ_ORIGIN_TOPIC"
 	PropOriginQueue  = "DLQ_ORIGIN_QUEUE"
 	PropOriginOffset = "DLQ_ORIGIN_OFFSET"
-	PropOriginID     = "DLQ_ORIGIN_ID"
+	PropOriginID     = protocol.DeadLetterOriginID
 	PropError        = "DLQ_ERROR"      // the last delivery's error (cut to 1 KiB)
 	PropDeliveries   = "DLQ_DELIVERIES" // how many times it was delivered
 )

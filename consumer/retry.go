@@ -67,7 +67,7 @@ const (
 	PropRetryTopic      = "RETRY_ORIGIN_TOPIC"
 	PropRetryQueue      = "RETRY_ORIGIN_QUEUE"
 	PropRetryOffset     = "RETRY_ORIGIN_OFFSET"
-	PropRetryID         = "RETRY_ORIGIN_ID"
+	PropRetryID         = protocol.RetryOriginID
 	PropRetryStoreTime  = "RETRY_ORIGIN_STORE_TIME" // unix milliseconds
 	PropRetryProducer   = "RETRY_ORIGIN_PRODUCER"   // the producer stamp's id (absent: unstamped)
 	PropRetrySeq        = "RETRY_ORIGIN_SEQ"        // the producer stamp's sequence

@@ -77,3 +77,33 @@ type Delivery struct {
 // KeyProperty is the property that holds a message's key (the producer
 // SDK's Message.Key).
 const KeyProperty = "key"
+
+// The properties that name the message a dead letter or a retry copy is
+// of (the consumer SDK writes them): a lookup by id finds those too.
+const (
+	DeadLetterOriginID = "DLQ_ORIGIN_ID"
+	RetryOriginID      = "RETRY_ORIGIN_ID"
+)
+
+// LookupKeys calls add with what one encoded message can be looked up by:
+// its id, its key (KeyProperty), and the id of the message it is a dead
+// letter or a retry of. The slices alias raw. A malformed message gives
+// what could be read of it.
+func LookupKeys(raw []byte, add func(key []byte)) {
+	r := reader{b: raw}
+	if id := r.span(int(r.u16("message id")), "message id"); len(id) > 0 {
+		add(id)
+	}
+	r = reader{b: raw}
+	r.peekTag()
+	for range int(r.u16("property count")) {
+		k := r.span(int(r.u16("property key")), "property key")
+		v := r.span(int(r.u16("property value")), "property value")
+		if r.err != nil {
+			return
+		}
+		if len(v) > 0 && (string(k) == KeyProperty || string(k) == DeadLetterOriginID || string(k) == RetryOriginID) {
+			add(v)
+		}
+	}
+}

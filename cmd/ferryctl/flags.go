@@ -360,6 +360,5 @@ var argKinds = map[string]string{
 	"group delete":        "consumer group",
 	"delayed get":         "handle",
 	"message get":         "handle",
-	"message journey":     "handle",
 	"delayed cancel":      "handle",
 }

@@ -300,7 +300,7 @@ var argCases = map[string]flagCase{
 	"group delete":        {[]string{"group", "delete", "ARG"}, consumerName},
 	"group set-filter":    {[]string{"group", "set-filter", "ARG", "A || B"}, consumerName},
 	"message get":         {[]string{"message", "get", "ARG"}, handle},
-	"message journey":     {[]string{"message", "journey", "ARG"}, handle},
+	"message journey":     {[]string{"message", "journey", "ARG"}, nonEmpty},
 	"consume":             {[]string{"consume", "ARG", "--group", "g"}, topicName},
 	"acl add":             {[]string{"acl", "add", "ARG", "--perm", "describe"}, principalName},
 	"acl grant":           {[]string{"acl", "grant", "ARG", "--perm", "describe"}, principalName},

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/consumer"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -18,7 +21,7 @@ import (
 
 func newMessageCommand(g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{Use: "message", Short: "Find stored messages: by handle, message id or key"}
-	cmd.AddCommand(newMessageGetCommand(g), newMessageJourneyCommand(g))
+	cmd.AddCommand(newMessageGetCommand(g), newMessageFindCommand(g), newMessageJourneyCommand(g))
 	return cmd
 }
 
@@ -126,37 +129,29 @@ func printFound(g *globalOptions, msgs []protocol.FoundMessage) error {
 
 func newMessageJourneyCommand(g *globalOptions) *cobra.Command {
 	return &cobra.Command{
-		Use:   "journey HANDLE",
+		Use:   "journey HANDLE|ID",
 		Short: "A message's journey: sent by whom, stored where and when, delayed and released, delivered to whom, committed",
-		Long: `Print what is known of the message at HANDLE (GROUP@OFFSET, as send prints it):
+		Long: `Print what is known of the message at HANDLE (GROUP@OFFSET, as send prints it), or
+of the message id ID (found in every group's key tables, with its retry copies and
+dead letters):
 sent by which producer (id, epoch, sequence) and when; stored in which group, at
 which offsets and when, and which of the group's brokers hold it; for a delayed
 message its due time and its pending record or release; the reads of it the
 broker remembers (which member of which consumer group, when: a bounded record
 in the broker's memory); and, for every consumer group with offsets on its
-queue, whether it committed past it. A step that cannot be known says so.`,
+queue, whether it committed past it; by id, its retries and dead letters too. A
+step that cannot be known says so.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: g.metaRun(func(ctx context.Context, cl *client.Client, args []string) error {
-			h, err := protocol.ParseHandle(args[0])
-			if err != nil {
-				return usageError{err}
-			}
-			gi, err := brokerGroup(ctx, cl, h.Group)
+			m, copies, err := journeyMessage(ctx, cl, args[0])
 			if err != nil {
 				return err
-			}
-			reply, err := lookupIn(ctx, gi, protocol.LookupRequest{Offset: &h.Offset})
-			if err != nil {
-				return err
-			}
-			if len(reply.Messages) == 0 {
-				return &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("%s: no message you may read", args[0])}
 			}
 			groups, err := cl.ConsumerGroups(ctx, "")
 			if err != nil {
 				return err
 			}
-			j := journeyOf(reply.Messages[0], groups)
+			j := journeyOf(m, copies, groups)
 			if g.json {
 				return g.printer().print(j, nil, nil)
 			}
@@ -184,9 +179,47 @@ type journeyStep struct {
 	Known bool   `json:"known"`
 }
 
+// journeyMessage finds the message a journey is of: at a handle
+// (GROUP@OFFSET of a group that exists), else by its id, with the retry
+// copies and dead letters of it.
+func journeyMessage(ctx context.Context, cl *client.Client, arg string) (protocol.FoundMessage, []protocol.FoundMessage, error) {
+	notFound := &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("%s: no message you may read", arg)}
+	if h, err := protocol.ParseHandle(arg); err == nil {
+		if gi, err := brokerGroup(ctx, cl, h.Group); err == nil {
+			reply, err := lookupIn(ctx, gi, protocol.LookupRequest{Offset: &h.Offset})
+			if err != nil {
+				return protocol.FoundMessage{}, nil, err
+			}
+			if len(reply.Messages) == 0 {
+				return protocol.FoundMessage{}, nil, notFound
+			}
+			return reply.Messages[0], nil, nil
+		}
+	}
+	found, _, _, err := findAll(ctx, cl, protocol.LookupRequest{ID: arg, Limit: protocol.MaxLookupLimit}, nil)
+	if err != nil {
+		return protocol.FoundMessage{}, nil, err
+	}
+	var m *protocol.FoundMessage
+	var copies []protocol.FoundMessage
+	for i := range found { // newest first: the original is the oldest of the id
+		if f := &found[i]; f.Properties[protocol.DeadLetterOriginID] == arg || f.Properties[protocol.RetryOriginID] == arg {
+			copies = append(copies, *f)
+		} else if f.ID == arg {
+			m = f
+		}
+	}
+	if m == nil {
+		return protocol.FoundMessage{}, nil, notFound
+	}
+	slices.Reverse(copies)
+	return *m, copies, nil
+}
+
 // journeyOf puts together what is known of a found message's journey, with
-// the consumer groups' committed offsets.
-func journeyOf(m protocol.FoundMessage, groups []api.ConsumerGroupInfo) journeyJSON {
+// its retry copies and dead letters (oldest first) and the consumer groups'
+// committed offsets.
+func journeyOf(m protocol.FoundMessage, copies []protocol.FoundMessage, groups []api.ConsumerGroupInfo) journeyJSON {
 	j := journeyJSON{Message: foundJSON{FoundMessage: m, Body: string(m.Body)}}
 	step := func(name string, known bool, format string, args ...any) {
 		j.Steps = append(j.Steps, journeyStep{Step: name, What: fmt.Sprintf(format, args...), Known: known})
@@ -231,5 +264,166 @@ func journeyOf(m protocol.FoundMessage, groups []api.ConsumerGroupInfo) journeyJ
 	if !committed {
 		step("committed", false, "no consumer group has an offset of its queue")
 	}
+	for _, c := range copies {
+		if c.Properties[protocol.DeadLetterOriginID] != "" {
+			step("dead-lettered", true, "to %s at %s (handle %s) after %s deliveries: %s", c.Topic, formatMillis(c.StoreTime), c.Handle,
+				orDash(c.Properties[consumer.PropDeliveries]), orDash(c.Properties[consumer.PropError]))
+		} else {
+			step("retried", true, "stored for a retry in %s at %s (handle %s): %s", c.Topic, formatMillis(c.StoreTime), c.Handle, orDash(c.Properties[consumer.PropRetry]))
+		}
+	}
 	return j
+}
+
+type findOptions struct {
+	id, key      string
+	since, until string
+	limit        int
+	cursor       string
+}
+
+func newMessageFindCommand(g *globalOptions) *cobra.Command {
+	o := &findOptions{}
+	cmd := &cobra.Command{
+		Use:   "find (--id ID | --key K) [--since T] [--until T]",
+		Short: "Find messages by id or key in every broker group, newest first, a page at a time",
+		Long: `Find the messages of a message id (and the dead letters and retry copies of it)
+or of a key, stored between --since and --until (RFC 3339 or unix ms; default:
+the whole retention), in every broker group, newest first. Each group reads the
+key tables of the log ranges in the window (at most 64 MiB a page) and answers
+at most --limit messages; when a group has more, the output ends with the
+--cursor that continues. Bodies are shown only for topics you may consume.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: g.metaRunCmd(func(ctx context.Context, cmd *cobra.Command, cl *client.Client, _ []string) error {
+			q, err := o.request()
+			if err != nil {
+				return usageError{err}
+			}
+			cursors, err := parseCursor(o.cursor)
+			if err != nil {
+				return usageError{err}
+			}
+			found, next, hidden, err := findAll(ctx, cl, q, cursors)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printer().print(findJSON{Messages: toFoundJSON(found), Hidden: hidden, Cursor: next}, nil, nil)
+			}
+			if err := printFound(g, found); err != nil {
+				return err
+			}
+			if hidden > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "ferryctl: %d more of topics you may not consume\n", hidden)
+			}
+			if next != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "ferryctl: more: --cursor %s\n", next)
+			}
+			return nil
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.id, "id", "", "the message id")
+	f.StringVar(&o.key, "key", "", "the message key")
+	f.StringVar(&o.since, "since", "", "stored at or after this time (RFC 3339 or unix ms)")
+	f.StringVar(&o.until, "until", "", "stored at or before this time (RFC 3339 or unix ms)")
+	f.IntVar(&o.limit, "limit", 20, "at most this many messages from each group")
+	f.StringVar(&o.cursor, "cursor", "", "continue where a find ended (it prints the cursor)")
+	c := g.checker(f)
+	c.name("since", "a time: RFC 3339 or unix ms", func(s string) error { _, err := parseTime(s); return err })
+	c.name("until", "a time: RFC 3339 or unix ms", func(s string) error { _, err := parseTime(s); return err })
+	c.intRange("limit", 1, protocol.MaxLookupLimit)
+	c.name("cursor", "a cursor a find printed (GROUP:OFFSET,...)", func(s string) error { _, err := parseCursor(s); return err })
+	return cmd
+}
+
+// findJSON is what find prints with --json.
+type findJSON struct {
+	Messages []foundJSON `json:"messages"`
+	Hidden   int         `json:"hidden"`
+	Cursor   string      `json:"cursor,omitempty"`
+}
+
+func toFoundJSON(msgs []protocol.FoundMessage) []foundJSON {
+	out := make([]foundJSON, len(msgs))
+	for i, m := range msgs {
+		out[i] = foundJSON{FoundMessage: m, Body: string(m.Body)}
+	}
+	return out
+}
+
+// request is the LOOKUP the options ask for.
+func (o *findOptions) request() (protocol.LookupRequest, error) {
+	q := protocol.LookupRequest{ID: o.id, Key: o.key, Limit: o.limit}
+	if (o.id == "") == (o.key == "") {
+		return q, fmt.Errorf("give one of --id and --key")
+	}
+	var err error
+	if o.since != "" {
+		if q.Since, err = parseTime(o.since); err != nil {
+			return q, err
+		}
+	}
+	if o.until != "" {
+		if q.Until, err = parseTime(o.until); err != nil {
+			return q, err
+		}
+		if q.Until < q.Since {
+			return q, fmt.Errorf("--until is before --since")
+		}
+	}
+	return q, nil
+}
+
+// parseCursor reads a find's cursor: GROUP:BEFORE pairs, comma-separated;
+// a group a cursor does not name was searched to its start.
+func parseCursor(s string) (map[string]int64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	out := map[string]int64{}
+	for _, part := range strings.Split(s, ",") {
+		i := strings.LastIndexByte(part, ':')
+		if i <= 0 {
+			return nil, fmt.Errorf("cursor %s: want GROUP:OFFSET pairs", shown(s))
+		}
+		var at int64
+		if _, err := fmt.Sscan(part[i+1:], &at); err != nil || at <= 0 {
+			return nil, fmt.Errorf("cursor %s: %q is not a log offset above 0", shown(s), part[i+1:])
+		}
+		out[part[:i]] = at
+	}
+	return out, nil
+}
+
+// findAll asks every broker group that is not retired (or, with cursors,
+// the groups they name) a LOOKUP, and returns what they found newest first,
+// the cursor of what is left ("" none) and how many were hidden.
+func findAll(ctx context.Context, cl *client.Client, q protocol.LookupRequest, cursors map[string]int64) ([]protocol.FoundMessage, string, int, error) {
+	groups, err := cl.Groups(ctx)
+	if err != nil {
+		return nil, "", 0, err
+	}
+	var found []protocol.FoundMessage
+	var next []string
+	hidden := 0
+	for _, gi := range groups {
+		before, named := cursors[gi.Name]
+		if cursors != nil && !named || cursors == nil && gi.Admission == routing.Retired {
+			continue
+		}
+		gq := q
+		gq.Before = before
+		reply, err := lookupIn(ctx, gi.Group, gq)
+		if err != nil {
+			return nil, "", 0, fmt.Errorf("group %s: %w", gi.Name, err)
+		}
+		found = append(found, reply.Messages...)
+		hidden += reply.Hidden
+		if reply.Next > 0 {
+			next = append(next, fmt.Sprintf("%s:%d", gi.Name, reply.Next))
+		}
+	}
+	slices.SortStableFunc(found, func(a, b protocol.FoundMessage) int { return cmp.Compare(b.StoreTime, a.StoreTime) })
+	return found, strings.Join(next, ","), hidden, nil
 }

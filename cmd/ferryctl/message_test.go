@@ -1,12 +1,18 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/ferrymq/ferrymq/consumer"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // TestMessageGet: a send's handle finds its message, with where and when it
@@ -79,5 +85,93 @@ func TestMessageGet(t *testing.T) {
 		if code != exitError || !strings.Contains(errOut, "NOT_FOUND") {
 			t.Errorf("message get %s: exit %d %q; want NOT_FOUND (1)", h, code, errOut)
 		}
+	}
+}
+
+// TestMessageFind: find by key and by id across the groups, with a cursor
+// when a group has more than the limit; a dead letter is found by its
+// original's id, and the original's journey shows it.
+func TestMessageFind(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Opts{Groups: []string{"g1", "g2"}})
+	meta := "--meta=" + c.MetaAddr()
+	mustCtl(t, meta, "topic", "create", "orders", "--queues", "4")
+	mustCtl(t, meta, "topic", "create", "%DLQ%billing", "--queues", "1")
+	var handles []string
+	for i := range 5 {
+		var s sendJSON
+		if err := json.Unmarshal([]byte(mustCtl(t, meta, "send", "orders", "--key", "order-4711", "--body", fmt.Sprint("v", i), "--json")), &s); err != nil {
+			t.Fatal(err)
+		}
+		handles = append(handles, s.Handle)
+	}
+	mustCtl(t, meta, "send", "orders", "--key", "order-1", "--body", "other")
+	find := func(args ...string) findJSON {
+		t.Helper()
+		var f findJSON
+		if err := json.Unmarshal([]byte(mustCtl(t, append([]string{meta, "message", "find", "--json"}, args...)...)), &f); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	f := find("--key", "order-4711")
+	if len(f.Messages) != 5 || f.Cursor != "" {
+		t.Fatalf("find --key order-4711: %d messages, cursor %q; want 5, none", len(f.Messages), f.Cursor)
+	}
+	for i, m := range f.Messages { // newest first
+		if m.Handle != handles[4-i] || m.Key != "order-4711" {
+			t.Fatalf("find --key: message %d is %s (key %s), want %s", i, m.Handle, m.Key, handles[4-i])
+		}
+	}
+	var pages []string
+	for cursor := ""; ; {
+		args := []string{"--key", "order-4711", "--limit", "2"}
+		if cursor != "" {
+			args = append(args, "--cursor", cursor)
+		}
+		f := find(args...)
+		for _, m := range f.Messages {
+			pages = append(pages, m.Handle)
+		}
+		if cursor = f.Cursor; cursor == "" {
+			break
+		}
+	}
+	if len(pages) != 5 {
+		t.Fatalf("find --key by pages of 2: %v, want the 5", pages)
+	}
+	if f := find("--key", "order-4711", "--until", "1000"); len(f.Messages) != 0 {
+		t.Fatalf("find in a window before anything was stored: %+v", f.Messages)
+	}
+
+	// A message that fails in group billing is dead-lettered; finding its
+	// id finds both, and its journey says where it went.
+	orig := f.Messages[0]
+	cons, err := consumer.New("billing", []string{"orders"}, sdk.MetaAddrs(c.MetaAddr()), consumer.MaxRetries(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- cons.Run(ctx, func(context.Context, *consumer.Message) error { return errors.New("no such account") })
+	}()
+	testwait.For(t, 20*time.Second, "the dead letter", func() bool {
+		var f findJSON
+		_ = json.Unmarshal([]byte(mustCtl(t, meta, "message", "find", "--json", "--id", orig.ID)), &f)
+		return len(f.Messages) == 2
+	})
+	cancel()
+	<-done
+	_ = cons.Close()
+	var j journeyJSON
+	if err := json.Unmarshal([]byte(mustCtl(t, meta, "message", "journey", orig.ID, "--json")), &j); err != nil {
+		t.Fatal(err)
+	}
+	dead := false
+	for _, s := range j.Steps {
+		dead = dead || s.Step == "dead-lettered" && strings.Contains(s.What, "%DLQ%billing") && strings.Contains(s.What, "no such account")
+	}
+	if j.Message.Handle != orig.Handle || !dead {
+		t.Fatalf("journey of %s: %+v", orig.ID, j)
 	}
 }
