@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
@@ -109,6 +110,16 @@ var (
 		return wantNetwork
 	}
 	anything = func(string) int { return wantNetwork }
+	// A time: unix ms of 0 or more, or RFC 3339.
+	timeArg = func(v string) int {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return map[bool]int{true: wantNetwork, false: wantUsage}[n >= 0]
+		}
+		if _, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			return wantNetwork
+		}
+		return wantUsage
+	}
 	// A filter is refused before any call unless it parses.
 	filterExpr = func(v string) int {
 		if _, err := protocol.ParseFilter(v); err != nil {
@@ -202,27 +213,30 @@ var flagCases = map[string]flagCase{
 	"bench/cpuprofile":   {[]string{"bench"}, nonEmpty},
 	"bench/memprofile":   {[]string{"bench"}, nonEmpty},
 
-	"consume/group":  {[]string{"consume", "t"}, consumerName},
-	"consume/from":   {[]string{"consume", "t", "--group", "g"}, words("earliest", "latest")},
-	"consume/count":  {[]string{"consume", "t", "--group", "g"}, intIn(0, 1e12)},
-	"consume/member": {[]string{"consume", "t", "--group", "g"}, consumerName},
-	"consume/filter": {[]string{"consume", "t", "--group", "g"}, filterExpr},
-	"read/filter":    {[]string{"read", "t"}, filterExpr},
+	"consume/group":      {[]string{"consume", "t"}, consumerName},
+	"consume/from":       {[]string{"consume", "t", "--group", "g"}, words("earliest", "latest")},
+	"consume/count":      {[]string{"consume", "t", "--group", "g"}, intIn(0, 1e12)},
+	"consume/member":     {[]string{"consume", "t", "--group", "g"}, consumerName},
+	"consume/filter":     {[]string{"consume", "t", "--group", "g"}, filterExpr},
+	"message find/id":    {[]string{"message", "find"}, nonEmpty},
+	"message find/key":   {[]string{"message", "find"}, nonEmpty},
+	"message find/since": {[]string{"message", "find", "--id", "x"}, timeArg},
+	"message find/until": {[]string{"message", "find", "--id", "x"}, timeArg},
+	"message find/limit": {[]string{"message", "find", "--id", "x"}, intIn(1, protocol.MaxLookupLimit)},
+	"message find/cursor": {[]string{"message", "find", "--id", "x"}, func(v string) int {
+		if _, err := clientcore.ParseLookupCursor(v); err != nil { // "": from the newest
+			return wantUsage
+		}
+		return wantNetwork
+	}},
+	"read/filter": {[]string{"read", "t"}, filterExpr},
 
 	"group reset-offsets/topic": {[]string{"group", "reset-offsets", "g", "--to-earliest"}, topicName},
 	"group reset-offsets/queues": {[]string{"group", "reset-offsets", "g", "--topic", "t", "--to-earliest"},
 		matches(`^(0|[1-9][0-9]{0,9})(,(0|[1-9][0-9]{0,9}))*$`)},
 	// The --to-* flags: exactly one is needed.
-	"group reset-offsets/to-offset": {[]string{"group", "reset-offsets", "g", "--topic", "t"}, intIn(0, math.MaxInt64)},
-	"group reset-offsets/to-time": {[]string{"group", "reset-offsets", "g", "--topic", "t"}, func(v string) int {
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			return map[bool]int{true: wantNetwork, false: wantUsage}[n >= 0]
-		}
-		if _, err := time.Parse(time.RFC3339Nano, v); err == nil {
-			return wantNetwork
-		}
-		return wantUsage
-	}},
+	"group reset-offsets/to-offset":   {[]string{"group", "reset-offsets", "g", "--topic", "t"}, intIn(0, math.MaxInt64)},
+	"group reset-offsets/to-time":     {[]string{"group", "reset-offsets", "g", "--topic", "t"}, timeArg},
 	"group reset-offsets/to-earliest": {[]string{"group", "reset-offsets", "g", "--topic", "t"}, trueOnly},
 	"group reset-offsets/to-latest":   {[]string{"group", "reset-offsets", "g", "--topic", "t"}, trueOnly},
 	"group reset-offsets/dry-run":     {[]string{"group", "reset-offsets", "g", "--topic", "t", "--to-earliest"}, anyBool},
@@ -300,6 +314,7 @@ var argCases = map[string]flagCase{
 	"group delete":        {[]string{"group", "delete", "ARG"}, consumerName},
 	"group set-filter":    {[]string{"group", "set-filter", "ARG", "A || B"}, consumerName},
 	"message get":         {[]string{"message", "get", "ARG"}, handle},
+	"message find":        {[]string{"message", "find", "--id", "ARG"}, nonEmpty}, // no argument: the id is a flag
 	"message journey":     {[]string{"message", "journey", "ARG"}, nonEmpty},
 	"consume":             {[]string{"consume", "ARG", "--group", "g"}, topicName},
 	"acl add":             {[]string{"acl", "add", "ARG", "--perm", "describe"}, principalName},

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferrymq/ferrymq/consumer"
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -77,29 +76,19 @@ func brokerGroup(ctx context.Context, cl *client.Client, name string) (routing.G
 // lookupIn asks a broker group's master (or, when it does not answer, its
 // slaves in turn) a LOOKUP.
 func lookupIn(ctx context.Context, gi routing.Group, q protocol.LookupRequest) (protocol.LookupReply, error) {
-	body, _ := json.Marshal(q)
-	var reply protocol.LookupReply
-	addrs := []string{gi.Master.Addr}
-	for _, s := range gi.Slaves {
-		addrs = append(addrs, s.Addr)
-	}
-	err := fmt.Errorf("broker group %s has no broker", gi.Name)
-	for _, addr := range addrs {
-		if addr == "" {
-			continue
-		}
+	return clientcore.LookupIn(ctx, callerOf(ctx), gi, q)
+}
+
+// callerOf makes broker calls with the connection settings ctx carries.
+func callerOf(ctx context.Context) clientcore.Caller {
+	return func(ctx context.Context, addr string, code protocol.Code, body []byte) (out []byte, err error) {
 		err = callBroker(ctx, addr, func(ctx context.Context, tc *transport.Client) error {
-			resp, err := tc.Call(ctx, protocol.CodeLookup, body)
-			if err != nil {
-				return err
-			}
-			return json.Unmarshal(resp.Body, &reply)
+			resp, err := tc.Call(ctx, code, body)
+			out = resp.Body
+			return err
 		})
-		if err == nil || !masterDown(err) {
-			return reply, err
-		}
+		return out, err
 	}
-	return reply, err
 }
 
 // foundJSON is a found message as --json prints it: the body as text.
@@ -196,10 +185,11 @@ func journeyMessage(ctx context.Context, cl *client.Client, arg string) (protoco
 			return reply.Messages[0], nil, nil
 		}
 	}
-	found, _, _, err := findAll(ctx, cl, protocol.LookupRequest{ID: arg, Limit: protocol.MaxLookupLimit}, nil)
+	page, err := findAll(ctx, cl, protocol.LookupRequest{ID: arg, Limit: protocol.MaxLookupLimit}, "")
 	if err != nil {
 		return protocol.FoundMessage{}, nil, err
 	}
+	found := page.Messages
 	var m *protocol.FoundMessage
 	var copies []protocol.FoundMessage
 	for i := range found { // newest first: the original is the oldest of the id
@@ -299,25 +289,21 @@ at most --limit messages; when a group has more, the output ends with the
 			if err != nil {
 				return usageError{err}
 			}
-			cursors, err := parseCursor(o.cursor)
-			if err != nil {
-				return usageError{err}
-			}
-			found, next, hidden, err := findAll(ctx, cl, q, cursors)
+			page, err := findAll(ctx, cl, q, o.cursor)
 			if err != nil {
 				return err
 			}
 			if g.json {
-				return g.printer().print(findJSON{Messages: toFoundJSON(found), Hidden: hidden, Cursor: next}, nil, nil)
+				return g.printer().print(findJSON{Messages: toFoundJSON(page.Messages), Hidden: page.Hidden, Cursor: page.Cursor}, nil, nil)
 			}
-			if err := printFound(g, found); err != nil {
+			if err := printFound(g, page.Messages); err != nil {
 				return err
 			}
-			if hidden > 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "ferryctl: %d more of topics you may not consume\n", hidden)
+			if page.Hidden > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "ferryctl: %d more of topics you may not consume\n", page.Hidden)
 			}
-			if next != "" {
-				fmt.Fprintf(cmd.ErrOrStderr(), "ferryctl: more: --cursor %s\n", next)
+			if page.Cursor != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "ferryctl: more: --cursor %s\n", page.Cursor)
 			}
 			return nil
 		}),
@@ -333,7 +319,7 @@ at most --limit messages; when a group has more, the output ends with the
 	c.name("since", "a time: RFC 3339 or unix ms", func(s string) error { _, err := parseTime(s); return err })
 	c.name("until", "a time: RFC 3339 or unix ms", func(s string) error { _, err := parseTime(s); return err })
 	c.intRange("limit", 1, protocol.MaxLookupLimit)
-	c.name("cursor", "a cursor a find printed (GROUP:OFFSET,...)", func(s string) error { _, err := parseCursor(s); return err })
+	c.name("cursor", "a cursor a find printed (GROUP:OFFSET,...)", func(s string) error { _, err := clientcore.ParseLookupCursor(s); return err })
 	return cmd
 }
 
@@ -375,55 +361,18 @@ func (o *findOptions) request() (protocol.LookupRequest, error) {
 	return q, nil
 }
 
-// parseCursor reads a find's cursor: GROUP:BEFORE pairs, comma-separated;
-// a group a cursor does not name was searched to its start.
-func parseCursor(s string) (map[string]int64, error) {
-	if s == "" {
-		return nil, nil
-	}
-	out := map[string]int64{}
-	for _, part := range strings.Split(s, ",") {
-		i := strings.LastIndexByte(part, ':')
-		if i <= 0 {
-			return nil, fmt.Errorf("cursor %s: want GROUP:OFFSET pairs", shown(s))
-		}
-		var at int64
-		if _, err := fmt.Sscan(part[i+1:], &at); err != nil || at <= 0 {
-			return nil, fmt.Errorf("cursor %s: %q is not a log offset above 0", shown(s), part[i+1:])
-		}
-		out[part[:i]] = at
-	}
-	return out, nil
-}
-
-// findAll asks every broker group that is not retired (or, with cursors,
-// the groups they name) a LOOKUP, and returns what they found newest first,
-// the cursor of what is left ("" none) and how many were hidden.
-func findAll(ctx context.Context, cl *client.Client, q protocol.LookupRequest, cursors map[string]int64) ([]protocol.FoundMessage, string, int, error) {
+// findAll asks every broker group that is not retired a LOOKUP by id or
+// key from where cursor says, and returns what they found newest first.
+func findAll(ctx context.Context, cl *client.Client, q protocol.LookupRequest, cursor string) (clientcore.LookupPage, error) {
 	groups, err := cl.Groups(ctx)
 	if err != nil {
-		return nil, "", 0, err
+		return clientcore.LookupPage{}, err
 	}
-	var found []protocol.FoundMessage
-	var next []string
-	hidden := 0
+	var gs []routing.Group
 	for _, gi := range groups {
-		before, named := cursors[gi.Name]
-		if cursors != nil && !named || cursors == nil && gi.Admission == routing.Retired {
-			continue
-		}
-		gq := q
-		gq.Before = before
-		reply, err := lookupIn(ctx, gi.Group, gq)
-		if err != nil {
-			return nil, "", 0, fmt.Errorf("group %s: %w", gi.Name, err)
-		}
-		found = append(found, reply.Messages...)
-		hidden += reply.Hidden
-		if reply.Next > 0 {
-			next = append(next, fmt.Sprintf("%s:%d", gi.Name, reply.Next))
+		if gi.Admission != routing.Retired {
+			gs = append(gs, gi.Group)
 		}
 	}
-	slices.SortStableFunc(found, func(a, b protocol.FoundMessage) int { return cmp.Compare(b.StoreTime, a.StoreTime) })
-	return found, strings.Join(next, ","), hidden, nil
+	return clientcore.LookupAll(ctx, callerOf(ctx), gs, q, cursor)
 }

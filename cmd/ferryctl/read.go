@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -129,7 +130,7 @@ func onQueueBroker(ctx context.Context, qr routing.QueueRoute, topic string, std
 			return nil
 		}
 		masterErr = fmt.Errorf("read from the master %s: %w", qr.Master, err)
-		if qr.Slave == "" || !masterDown(err) || ctx.Err() != nil {
+		if qr.Slave == "" || !clientcore.NotServing(err) || ctx.Err() != nil {
 			return masterErr
 		}
 		fmt.Fprintf(stderr, "ferryctl: the master %s did not answer (%v); reading from the slave %s\n", qr.Master, err, qr.Slave)
@@ -149,14 +150,6 @@ func callBroker(ctx context.Context, addr string, fn func(context.Context, *tran
 	tc := transport.NewClient(addr, transport.ClientConfig{TLS: brokerTLS(ctx), Login: auth.TokenLogin(ctxToken(ctx))})
 	defer tc.Close()
 	return fn(ctx, tc)
-}
-
-// masterDown reports whether a failed read means the master is not
-// serving, so the slave should be asked.
-func masterDown(err error) bool {
-	return errors.Is(err, transport.ErrConnLost) || errors.Is(err, protocol.ErrTimeout) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, protocol.ErrNotMaster) ||
-		errors.Is(err, protocol.ErrShuttingDown)
 }
 
 // pullOnce sends one PULL. NO_ROUTE, which a broker answers while it
