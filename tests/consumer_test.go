@@ -772,6 +772,32 @@ func TestConsumerOffsetsSurviveBrokerRestart(t *testing.T) {
 	assertCommittedAtEnds(t, c, tagGroup, tagged, logEnds(readAll(t, c, tagged)))
 	t.Logf("FILTERED: the group of A received the 100 tagged A of 400 and committed every queue at its end")
 
+	// The key tables (and the tails' keys) came back with the logs: a key's
+	// messages of the tagged topic are found in every group, newest first.
+	var found struct {
+		Messages []struct {
+			Topic     string `json:"topic"`
+			Key       string `json:"key"`
+			StoreTime int64  `json:"store_time"`
+		} `json:"messages"`
+		Cursor string `json:"cursor"`
+	}
+	if err := json.Unmarshal([]byte(c.ctl("message", "find", "--key", "k3", "--limit", "1000", "--json")), &found); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for i, m := range found.Messages {
+		if m.Key != "k3" || i > 0 && m.StoreTime > found.Messages[i-1].StoreTime {
+			t.Errorf("message find --key k3: %+v at %d, not k3 newest first", m, i)
+		}
+		if m.Topic == tagged {
+			n++
+		}
+	}
+	if n != 7 || found.Cursor != "" {
+		t.Errorf("message find --key k3 after the restarts: %d of %s (want the 7 sent), cursor %q", n, tagged, found.Cursor)
+	}
+
 	// A new member resumes at the committed offsets.
 	rec := newRecorder()
 	second := startMember(t, c, rec, group, topic, "second")
