@@ -239,6 +239,51 @@ func TestKeyTablesSurviveReopen(t *testing.T) {
 	if n := reads.Load() - before; n != 0 {
 		t.Fatalf("lookups read %d bytes of segments, want none", n)
 	}
+	// A key no record holds: the bloom filters answer (one false positive
+	// allowed, which reads a page).
+	var meta int64
+	l.mu.RLock()
+	for _, c := range l.chunks {
+		meta += c.keys.Load().metaLen()
+	}
+	l.mu.RUnlock()
+	res, err := l.Lookup(LookupQuery{Key: []byte("nobody"), Limit: 1})
+	if err != nil || len(res.Offsets) != 0 || res.ScannedBytes > meta+keyPagePairs*keyPairSize {
+		t.Fatalf("lookup of an absent key: %+v, %v; want nothing, reading about %d bytes", res, err, meta)
+	}
+}
+
+// A slave, whose log is its master's bytes copied with AppendRaw, finds
+// the same records by key, before and after its chunks are written.
+func TestLookupAfterAppendRaw(t *testing.T) {
+	var now int64
+	master := openLog(t, keyConfig(t.TempDir(), &now))
+	defer master.Close()
+	m := fillKeyed(t, master, &now, 120, 4)
+	slave := openLog(t, keyConfig(t.TempDir(), &now))
+	defer slave.Close()
+	raw := rawFrom(t, master, 0)
+	for off := 0; off < len(raw); {
+		// A few whole records at a time (at most 900 bytes, or one).
+		b := raw[off:]
+		k := 0
+		for k < len(b) {
+			rl, err := recordLen(b[k:], maxRecordSize)
+			must(t, err)
+			if k > 0 && k+rl > 900 {
+				break
+			}
+			k += rl
+		}
+		if _, err := slave.AppendRaw(int64(off), b[:k], false); err != nil {
+			t.Fatal(err)
+		}
+		off += k
+	}
+	checkLookups(t, slave, m, 4, 0)
+	must(t, slave.Flush())
+	waitIndexed(t, slave)
+	checkLookups(t, slave, m, 4, 0)
 }
 
 // A missing key table and one that does not check out fail neither Open
