@@ -496,3 +496,54 @@ func TestLookupAcrossKeyTablePages(t *testing.T) {
 	}
 	check()
 }
+
+// Lookups run alongside appends, chunk writes and retention (under the
+// race detector): every offset a lookup returns is a record holding the
+// key, unless retention deleted it since.
+func TestLookupWhileWriting(t *testing.T) {
+	var now int64 // the writer's: lookups do not use store times here
+	cfg := keyConfig(t.TempDir(), &now)
+	cfg.Now = nil
+	l := openLog(t, cfg)
+	defer l.Close()
+	done := make(chan struct{})
+	errs := make(chan error, 1)
+	go func() {
+		defer close(errs)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			res, err := l.Lookup(LookupQuery{Key: []byte("k1"), Limit: 1000})
+			if err != nil {
+				errs <- err
+				return
+			}
+			for _, at := range res.Offsets {
+				raw, err := l.ReadRaw(at, 1)
+				if errors.Is(err, ErrOutOfRange) {
+					continue // deleted since
+				}
+				if err != nil || !bytes.HasPrefix(raw[recordHeaderSize+recordFixedSize+2:], []byte("Kk1#")) {
+					errs <- fmt.Errorf("lookup gave %d: %q, %v", at, raw, err)
+					return
+				}
+			}
+		}
+	}()
+	var m keyModel
+	for i := range 400 {
+		m.appendKeyed(t, l, &now, 0, []string{fmt.Sprintf("k%d", i%3)}, 100)
+		if i%100 == 99 {
+			must(t, l.Flush())
+			_, err := l.DeleteBefore(l.EndOffset() / 3)
+			must(t, err)
+		}
+	}
+	close(done)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+}
