@@ -341,10 +341,10 @@ func readKeyTableFile(t testing.TB, name string, l *Log) (*keyTable, error) {
 			return nil, err
 		}
 		defer kt.f.close()
-		_, fences, err := kt.readMeta()
-		for i := range fences {
+		_, fences, err := kt.readMeta(new([]byte))
+		for i := range fences.len() {
 			if err == nil {
-				_, err = kt.readPage(int64(i), fences[i])
+				_, err = kt.readPage(int64(i), fences.at(i))
 			}
 		}
 		return kt, err
