@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 
 	"github.com/ferrymq/ferrymq/storage/vfs"
@@ -218,22 +219,33 @@ type keyFence struct {
 	crc  uint32
 }
 
-// readMeta reads and checks the bloom filter and the page fences.
-func (t *keyTable) readMeta() (bloom []byte, fences []keyFence, err error) {
-	b := make([]byte, t.metaLen())
+// keyFences is the fences of a key table as the file lists them, decoded
+// one at a time (a lookup looks at a few of them).
+type keyFences []byte
+
+func (f keyFences) len() int { return len(f) / keyFenceSize }
+
+func (f keyFences) at(i int) keyFence {
+	e := f[i*keyFenceSize:]
+	return keyFence{binary.BigEndian.Uint64(e), int64(binary.BigEndian.Uint64(e[8:])), binary.BigEndian.Uint32(e[16:])}
+}
+
+// metaBufs holds buffers for the bloom filters and fences lookups read,
+// so that a lookup over many chunks does not make as much garbage.
+var metaBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// readMeta reads and checks the bloom filter and the page fences into
+// *buf (grown if it must).
+func (t *keyTable) readMeta(buf *[]byte) (bloom []byte, fences keyFences, err error) {
+	b := slices.Grow((*buf)[:0], int(t.metaLen()))[:t.metaLen()]
+	*buf = b
 	if err := t.f.readAt(b, keysHeaderSize); err != nil {
 		return nil, nil, err
 	}
 	if crc32.Checksum(b, castagnoli) != t.metaCRC {
 		return nil, nil, fmt.Errorf("%w: key table %s: bloom filter or fences do not check out", errBadChunk, t.f.name)
 	}
-	bloom = b[:t.bloomLen]
-	fences = make([]keyFence, t.pages())
-	for i := range fences {
-		e := b[t.bloomLen+int64(i)*keyFenceSize:]
-		fences[i] = keyFence{binary.BigEndian.Uint64(e), int64(binary.BigEndian.Uint64(e[8:])), binary.BigEndian.Uint32(e[16:])}
-	}
-	return bloom, fences, nil
+	return b[:t.bloomLen], keyFences(b[t.bloomLen:]), nil
 }
 
 // readPage reads and checks page i, whose fence is fe.
@@ -261,23 +273,26 @@ func (t *keyTable) find(h uint64, before int64, want int, keep func(keyRef) bool
 	if t.pairs == 0 {
 		return nil, 0, nil
 	}
-	bloom, fences, err := t.readMeta()
+	buf := metaBufs.Get().(*[]byte)
+	defer metaBufs.Put(buf)
+	bloom, fences, err := t.readMeta(buf)
 	if err != nil {
 		return nil, 0, err
 	}
-	read := int64(len(bloom) + len(fences)*keyFenceSize)
+	read := int64(len(bloom) + len(fences))
 	if !bloomMayHold(bloom, t.hashes, h) {
 		return nil, read, nil
 	}
 	probe := keyRef{hash: h, at: before}
 	// The last page whose first pair is below the probe holds the pair
 	// just below it; earlier pages follow while they hold hash h.
-	p := int64(sort.Search(len(fences), func(i int) bool {
-		return !(keyRef{hash: fences[i].hash, at: fences[i].at}).less(probe)
+	p := int64(sort.Search(fences.len(), func(i int) bool {
+		fe := fences.at(i)
+		return !(keyRef{hash: fe.hash, at: fe.at}).less(probe)
 	})) - 1
 	var out []int64
 	for ; p >= 0 && len(out) < want; p-- {
-		refs, err := t.readPage(p, fences[p])
+		refs, err := t.readPage(p, fences.at(int(p)))
 		if err != nil {
 			return nil, read, err
 		}

@@ -239,6 +239,51 @@ func TestKeyTablesSurviveReopen(t *testing.T) {
 	if n := reads.Load() - before; n != 0 {
 		t.Fatalf("lookups read %d bytes of segments, want none", n)
 	}
+	// A key no record holds: the bloom filters answer (one false positive
+	// allowed, which reads a page).
+	var meta int64
+	l.mu.RLock()
+	for _, c := range l.chunks {
+		meta += c.keys.Load().metaLen()
+	}
+	l.mu.RUnlock()
+	res, err := l.Lookup(LookupQuery{Key: []byte("nobody"), Limit: 1})
+	if err != nil || len(res.Offsets) != 0 || res.ScannedBytes > meta+keyPagePairs*keyPairSize {
+		t.Fatalf("lookup of an absent key: %+v, %v; want nothing, reading about %d bytes", res, err, meta)
+	}
+}
+
+// A slave, whose log is its master's bytes copied with AppendRaw, finds
+// the same records by key, before and after its chunks are written.
+func TestLookupAfterAppendRaw(t *testing.T) {
+	var now int64
+	master := openLog(t, keyConfig(t.TempDir(), &now))
+	defer master.Close()
+	m := fillKeyed(t, master, &now, 120, 4)
+	slave := openLog(t, keyConfig(t.TempDir(), &now))
+	defer slave.Close()
+	raw := rawFrom(t, master, 0)
+	for off := 0; off < len(raw); {
+		// A few whole records at a time (at most 900 bytes, or one).
+		b := raw[off:]
+		k := 0
+		for k < len(b) {
+			rl, err := recordLen(b[k:], maxRecordSize)
+			must(t, err)
+			if k > 0 && k+rl > 900 {
+				break
+			}
+			k += rl
+		}
+		if _, err := slave.AppendRaw(int64(off), b[:k], false); err != nil {
+			t.Fatal(err)
+		}
+		off += k
+	}
+	checkLookups(t, slave, m, 4, 0)
+	must(t, slave.Flush())
+	waitIndexed(t, slave)
+	checkLookups(t, slave, m, 4, 0)
 }
 
 // A missing key table and one that does not check out fail neither Open
@@ -296,10 +341,10 @@ func readKeyTableFile(t testing.TB, name string, l *Log) (*keyTable, error) {
 			return nil, err
 		}
 		defer kt.f.close()
-		_, fences, err := kt.readMeta()
-		for i := range fences {
+		_, fences, err := kt.readMeta(new([]byte))
+		for i := range fences.len() {
 			if err == nil {
-				_, err = kt.readPage(int64(i), fences[i])
+				_, err = kt.readPage(int64(i), fences.at(i))
 			}
 		}
 		return kt, err
@@ -450,4 +495,55 @@ func TestLookupAcrossKeyTablePages(t *testing.T) {
 		t.Fatalf("%+v: want key tables for two chunks or more", st)
 	}
 	check()
+}
+
+// Lookups run alongside appends, chunk writes and retention (under the
+// race detector): every offset a lookup returns is a record holding the
+// key, unless retention deleted it since.
+func TestLookupWhileWriting(t *testing.T) {
+	var now int64 // the writer's: lookups do not use store times here
+	cfg := keyConfig(t.TempDir(), &now)
+	cfg.Now = nil
+	l := openLog(t, cfg)
+	defer l.Close()
+	done := make(chan struct{})
+	errs := make(chan error, 1)
+	go func() {
+		defer close(errs)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			res, err := l.Lookup(LookupQuery{Key: []byte("k1"), Limit: 1000})
+			if err != nil {
+				errs <- err
+				return
+			}
+			for _, at := range res.Offsets {
+				raw, err := l.ReadRaw(at, 1)
+				if errors.Is(err, ErrOutOfRange) {
+					continue // deleted since
+				}
+				if err != nil || !bytes.HasPrefix(raw[recordHeaderSize+recordFixedSize+2:], []byte("Kk1#")) {
+					errs <- fmt.Errorf("lookup gave %d: %q, %v", at, raw, err)
+					return
+				}
+			}
+		}
+	}()
+	var m keyModel
+	for i := range 400 {
+		m.appendKeyed(t, l, &now, 0, []string{fmt.Sprintf("k%d", i%3)}, 100)
+		if i%100 == 99 {
+			must(t, l.Flush())
+			_, err := l.DeleteBefore(l.EndOffset() / 3)
+			must(t, err)
+		}
+	}
+	close(done)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
 }

@@ -342,7 +342,9 @@ func (l *Log) writeChunks(chunks []chunk) error {
 	return nil
 }
 
-// index entries and the end offset.
+// publish makes a written group visible to readers: the new segments,
+// the index entries, the key refs and the end offset. now is the store
+// time of the group's entries.
 func (l *Log) publish(chunks []chunk, ok []*appendReq, now int64) {
 	// The fingerprints and key refs are computed before l.mu is taken:
 	// readers wait for none of it.
