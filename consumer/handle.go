@@ -92,6 +92,7 @@ func (c *Consumer) deliver(p *part, msgs []*Message) bool {
 	for {
 		err := c.call(p, msgs, log)
 		if err == nil {
+			p.noteRedelivered(msgs, c.cfg.clock.Now())
 			p.done(first, last)
 			return true
 		}

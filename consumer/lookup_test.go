@@ -33,8 +33,29 @@ func TestLookupAndFind(t *testing.T) {
 	}
 	rec := newRecorder()
 	c := e.consumer(t, "billing", []string{"orders"}, MemberID("reader"))
-	stop := runIn(t, c, rec.handler("reader"))
+	failed := false
+	handle := rec.handler("reader")
+	stop := runIn(t, c, func(ctx context.Context, m *Message) error {
+		if string(m.Body) == "b" && !failed {
+			failed = true // one worker per queue: no race
+			return errors.New("not yet")
+		}
+		return handle(ctx, m)
+	})
 	waitFor(t, 20*time.Second, "the three read", func() bool { return rec.count() == 3 })
+	// Its commit reports the message handled at its second delivery.
+	waitFor(t, 10*time.Second, "the redelivery reported", func() bool {
+		infos, err := e.meta.ConsumerGroups(ctx, "billing")
+		if err != nil || len(infos) != 1 {
+			return false
+		}
+		for _, r := range infos[0].Redelivered {
+			if r.Offset == results[1].QueueOffset && r.Queue == results[1].Queue && r.Deliveries == 2 && r.Member == "reader" {
+				return true
+			}
+		}
+		return false
+	})
 	stop()
 
 	m, err := c.Lookup(ctx, results[1].Handle)

@@ -280,11 +280,19 @@ func (c *Consumer) commitParts(ctx context.Context, parts []*part) error {
 	if len(offs) == 0 {
 		return nil
 	}
+	var redelivered []api.Redelivery // reported once: a failed commit drops them
+	for _, p := range parts {
+		p.mu.Lock()
+		n := min(api.MaxRedelivered-len(redelivered), len(p.redelivered))
+		redelivered = append(redelivered, p.redelivered[:n]...)
+		p.redelivered = p.redelivered[n:]
+		p.mu.Unlock()
+	}
 	c.mu.Lock()
 	gen := c.gen
 	c.mu.Unlock()
 	_, err := c.cfg.coord.CommitOffsets(ctx, api.CommitRequest{Group: c.group, Member: c.cfg.member, Generation: gen,
-		Incarnation: c.incarnation, Offsets: offs})
+		Incarnation: c.incarnation, Offsets: offs, Redelivered: redelivered})
 	if err != nil {
 		c.stats.commitErrors.Add(1)
 		if errors.Is(err, protocol.ErrNotAuthorized) || errors.Is(err, protocol.ErrMemberFenced) {

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -36,6 +38,9 @@ type part struct {
 	room      chan struct{} // the buffer shrank (the fetcher waits on it)
 	ready     chan struct{} // the buffer grew (Run's worker waits on it)
 	delivered int64         // the offset after the last message handed out; -1 until the start is known
+	// redelivered are messages handled after more than one delivery, for
+	// the next commit to report (at most api.MaxRedelivered).
+	redelivered []api.Redelivery
 	// readTo is where the last answer's messages and the ones the broker
 	// skipped past them (the group's filter) end: once the buffer is
 	// handed out, delivered moves there, so the commits pass the skipped.
@@ -193,6 +198,22 @@ func (p *part) take(dst []*Message, most int) []*Message {
 		signal(p.room)
 	}
 	return dst
+}
+
+// noteRedelivered records, for the next commit, the messages of msgs handled
+// after more than one delivery; past the bound the oldest are dropped.
+func (p *part) noteRedelivered(msgs []*Message, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range msgs {
+		if m.Deliveries > 1 {
+			p.redelivered = append(p.redelivered, api.Redelivery{Topic: m.Topic, Queue: m.Queue, Offset: m.Offset, Deliveries: m.Deliveries,
+				At: at.UnixMilli()})
+		}
+	}
+	if over := len(p.redelivered) - api.MaxRedelivered; over > 0 {
+		p.redelivered = slices.Clone(p.redelivered[over:])
+	}
 }
 
 // done marks the pending offsets from first to last (inclusive) processed.

@@ -60,6 +60,43 @@ type consumers struct {
 	// incs is the last heartbeat of each incarnation of a member that
 	// names one (handover.go).
 	incs map[memberKey]map[uint64]time.Time
+	// redelivered holds the latest redeliveries each group's commits
+	// reported, at most redeliveredPerGroup a group, redeliveredGroups
+	// groups.
+	redelivered map[string][]api.Redelivery
+}
+
+// Bounds of the redeliveries a leader keeps.
+const (
+	redeliveredPerGroup = 1024
+	redeliveredGroups   = 4096
+)
+
+// noteRedelivered keeps what a member's commit reported.
+func (c *consumers) noteRedelivered(group, member string, rs []api.Redelivery) {
+	if len(rs) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.redelivered == nil {
+		c.redelivered = map[string][]api.Redelivery{}
+	}
+	if _, ok := c.redelivered[group]; !ok && len(c.redelivered) >= redeliveredGroups {
+		for g := range c.redelivered {
+			delete(c.redelivered, g)
+			break
+		}
+	}
+	kept := c.redelivered[group]
+	for _, r := range rs {
+		r.Member = member
+		kept = append(kept, r)
+	}
+	if over := len(kept) - redeliveredPerGroup; over > 0 {
+		kept = slices.Clone(kept[over:])
+	}
+	c.redelivered[group] = kept
 }
 
 func (c *consumers) init(cfg Config, f *fsm.FSM, apply func(context.Context, fsm.Command) (*fsm.Result, error), log hclog.Logger) {
@@ -338,6 +375,9 @@ func (s *Server) commitOffsets(ctx context.Context, req api.CommitRequest) (api.
 	if err := checkOffsets("commit", req.Offsets); err != nil {
 		return api.CommitReply{}, err
 	}
+	if len(req.Redelivered) > api.MaxRedelivered {
+		return api.CommitReply{}, invalid("a commit reports at most %d redeliveries, got %d", api.MaxRedelivered, len(req.Redelivered))
+	}
 	who := principalOf(ctx)
 	cmd := &fsm.CommitOffsets{Group: req.Group, Member: req.Member, Generation: req.Generation, Offsets: toFSMOffsets(req.Offsets), Principal: who}
 	g, ok := s.fsm.ConsumerGroup(req.Group)
@@ -347,6 +387,7 @@ func (s *Server) commitOffsets(ctx context.Context, req api.CommitRequest) (api.
 	if err := g.CheckBound(req.Member, who); err != nil {
 		return api.CommitReply{}, err
 	}
+	s.consumers.noteRedelivered(req.Group, req.Member, req.Redelivered)
 	if req.Incarnation != 0 {
 		// The queues this instance holds, whatever the generation: the
 		// registry checks at apply (a local refusal saves a write).
@@ -449,6 +490,7 @@ func (s *Server) consumerGroupInfo(g fsm.ConsumerGroup, now time.Time) api.Consu
 	c := &s.consumers
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	gi.Redelivered = slices.Clone(c.redelivered[g.Name])
 	for _, id := range slices.Sorted(maps.Keys(g.Members)) {
 		mi := api.ConsumerMemberInfo{ID: id, Topics: slices.Clone(g.Members[id].Topics), Queues: toAPIOffsets(g.Queues(id)),
 			HeartbeatAgeMillis: -1}

@@ -237,6 +237,14 @@ func journeyOf(m protocol.FoundMessage, copies []protocol.FoundMessage, groups [
 	for _, d := range m.Deliveries {
 		step("delivered", true, "to member %s of consumer group %s at %s", d.Member, d.Group, formatMillis(d.At))
 	}
+	for _, cg := range groups {
+		for _, r := range cg.Redelivered {
+			if r.Topic == m.Topic && r.Queue == m.Queue && r.Offset == m.QueueOffset {
+				step("delivered", true, "%d times to member %s of consumer group %s (its handler failed before), handled at %s",
+					r.Deliveries, r.Member, cg.Name, formatMillis(r.At))
+			}
+		}
+	}
 	committed := false
 	for _, cg := range groups {
 		for _, o := range cg.Offsets {

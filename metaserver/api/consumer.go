@@ -130,6 +130,24 @@ type CommitRequest struct {
 	// holds, whatever the generation; an offset below the committed one is
 	// refused (STALE_GENERATION) unless read in a later broker epoch.
 	Incarnation uint64 `json:"incarnation,omitempty"`
+	// Redelivered are messages the member handled since its last commit
+	// after more than one delivery (at most MaxRedelivered): the leader
+	// keeps the latest of each group in memory for a message's journey.
+	Redelivered []Redelivery `json:"redelivered,omitempty"`
+}
+
+// MaxRedelivered bounds the redeliveries one commit reports.
+const MaxRedelivered = 256
+
+// Redelivery is a message a member handled (or dead-lettered) after
+// Deliveries deliveries, at At (unix ms, the member's clock).
+type Redelivery struct {
+	Topic      string `json:"topic"`
+	Queue      uint32 `json:"queue"`
+	Offset     int64  `json:"offset"`
+	Deliveries int    `json:"deliveries"`
+	Member     string `json:"member,omitempty"` // filled by the leader
+	At         int64  `json:"at"`
 }
 
 // DeleteGroupRequest removes a consumer group with no member, and its
@@ -169,6 +187,9 @@ type ConsumerGroupInfo struct {
 	// and FilterBy who set it (see fsm.ConsumerGroup).
 	Filter   string `json:"filter,omitempty"`
 	FilterBy string `json:"filter_by,omitempty"`
+	// Redelivered are the latest redeliveries the group's members reported
+	// to this leader (memory: a new leader starts with none).
+	Redelivered []Redelivery `json:"redelivered,omitempty"`
 }
 
 // ConsumerMemberInfo is one member of a group.
