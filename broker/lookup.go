@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
@@ -15,15 +16,20 @@ const (
 	// defaultLookupLimit is a LOOKUP page when the request names none.
 	defaultLookupLimit = 20
 	// lookupBytes bounds what one LOOKUP by id or key reads of key tables
-	// and records before it answers with a cursor.
+	// before it answers with a cursor, lookupReply the bodies it answers.
 	lookupBytes = 64 << 20
+	lookupReply = 8 << 20
 )
 
 // handleLookup answers LOOKUP (protocol.LookupRequest): the record at a
 // handle's log offset, or a page of the records of a message id or key
 // within a window of store times. Each message found is shown only to a
-// principal that may consume its topic; the others are counted (Hidden).
-// A slave shows nothing past what every member of the sync set holds.
+// principal that may consume its topic (a pending delayed message, only to
+// one that may look it up with DELAYED_STATE); the others are counted
+// (Hidden). A page holds at most lookupReply bytes of bodies (and at least
+// one message). A slave searches nothing past what every member of the
+// sync set holds: it refuses BUSY a cursor past that, so that the reader
+// asks another broker rather than miss what lies between.
 func (b *Broker) handleLookup(r *transport.Request) {
 	var q protocol.LookupRequest
 	if err := json.Unmarshal(r.Body, &q); err != nil {
@@ -35,57 +41,87 @@ func (b *Broker) handleLookup(r *transport.Request) {
 		return
 	}
 	out := protocol.LookupReply{Group: b.cfg.Group, Messages: []protocol.FoundMessage{}}
-	limit := b.pulls.store.ReadableEnd()
-	show := func(ri storage.RecordInfo) {
-		m, err := protocol.DecodeMessage(ri.Payload)
-		if err != nil || limit >= 0 && ri.Offset+int64(ri.Size) > limit || !lookedFor(&q, ri, &m) {
-			return // not a message (never stored so), not readable here yet, or another's key
-		}
-		if b.acl != nil && b.acl.check(r, protocol.CodeLookup, auth.Topic(m.Topic)) != nil {
-			out.Hidden++
-			return
-		}
-		f := foundMessage(b.cfg.Group, ri, &m)
-		f.HeldBy = b.heldBy(ri.Offset + int64(ri.Size))
-		f.Deliveries = b.reads.of(ri.Topic, ri.Queue, ri.QueueOffset)
-		out.Messages = append(out.Messages, f)
-	}
+	readable := b.pulls.store.ReadableEnd()
 	if q.Offset != nil {
 		ri, err := b.store.ReadRecordAt(*q.Offset)
 		if err != nil {
 			r.ReplyError(b.lookupReadError(*q.Offset, err))
 			return
 		}
-		show(ri)
+		if readable < 0 || ri.Offset+int64(ri.Size) <= readable {
+			b.showFound(r, &q, ri, &out)
+		}
 		replyJSON(r, out)
 		return
 	}
-	key := q.ID + q.Key // one of them
+	if readable >= 0 {
+		if q.Before > readable {
+			r.ReplyError(&protocol.Error{Status: protocol.StatusBusy,
+				Message: fmt.Sprintf("this slave holds what every copy has up to log offset %d, below the cursor %d: ask the master", readable, q.Before)})
+			return
+		}
+		if q.Before == 0 {
+			q.Before = readable
+		}
+	}
 	until := int64(0)
-	if q.Until > 0 {
+	if q.Until > 0 && q.Until < math.MaxInt64 {
 		until = q.Until + 1 // the request's window includes Until
 	}
-	res, err := b.store.Lookup(storage.LookupQuery{Key: []byte(key), Since: q.Since, Until: until, Before: q.Before, Limit: q.Limit, MaxBytes: lookupBytes})
+	res, err := b.store.Lookup(storage.LookupQuery{Key: []byte(q.ID + q.Key), Since: q.Since, Until: until, Before: q.Before, Limit: q.Limit,
+		MaxBytes: lookupBytes})
 	if err != nil {
 		r.ReplyError(&protocol.Error{Status: protocol.StatusStoreError, Message: err.Error()})
 		return
 	}
 	out.Next, out.ScannedBytes = res.Next, res.ScannedBytes
-	for _, at := range res.Offsets {
+	body := 0
+	for i, at := range res.Offsets {
+		if body >= lookupReply && len(out.Messages) > 0 {
+			out.Next = res.Offsets[i-1] // the next page starts below the last read
+			break
+		}
 		ri, err := b.store.ReadRecordAt(at)
 		if err != nil {
 			continue // deleted by retention or cut since: not there any more
 		}
 		out.ScannedBytes += int64(ri.Size)
-		show(ri)
+		body += ri.Size * 4 / 3 // base64 in the JSON answer
+		b.showFound(r, &q, ri, &out)
 	}
 	replyJSON(r, out)
+}
+
+// showFound adds a record LOOKUP read to its answer: a message the request
+// looks for (lookedFor), shown if the principal may see it, else counted.
+func (b *Broker) showFound(r *transport.Request, q *protocol.LookupRequest, ri storage.RecordInfo, out *protocol.LookupReply) {
+	m, err := protocol.DecodeMessage(ri.Payload)
+	if err != nil || !lookedFor(q, ri, &m) {
+		return // not a message (never stored so), another's key, or a delayed message's mark
+	}
+	// A pending delayed message is not yet its topic's to read: it is
+	// shown to who may look it up (DELAYED_STATE: its producers, describe).
+	code := protocol.CodeLookup
+	if m.Schedule.Kind == protocol.ScheduleDelayed {
+		code = protocol.CodeDelayedState
+	}
+	if b.acl != nil && b.acl.check(r, code, auth.Topic(m.Topic)) != nil {
+		out.Hidden++
+		return
+	}
+	f := foundMessage(b.cfg.Group, ri, &m)
+	f.HeldBy = b.heldBy(ri.Offset + int64(ri.Size))
+	f.Deliveries = b.reads.of(ri.Topic, ri.Queue, ri.QueueOffset)
+	out.Messages = append(out.Messages, f)
 }
 
 // lookedFor says whether a record is one the request looks for: any at a
 // handle's offset; by id, the message of that id or a dead letter or retry
 // copy of it; by key, a message of that key; in the window of store times.
 func lookedFor(q *protocol.LookupRequest, ri storage.RecordInfo, m *protocol.Message) bool {
+	if k := m.Schedule.Kind; k == protocol.ScheduleReleaseMark || k == protocol.ScheduleCancelMark {
+		return false // a delayed message's bookkeeping, not a message
+	}
 	if q.Offset != nil {
 		return true
 	}

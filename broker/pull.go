@@ -293,16 +293,19 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest, holdEmp
 	// A slave stops where every member of the sync set held the log at the
 	// master's last report (acknowledgements are at record boundaries).
 	limit := store.ReadableEnd()
-	var firstSent, lastSent int64
+	// The runs of consecutive offsets answered, for the record of who read
+	// what (a filter's skips end a run: those were not delivered).
+	var runs [][2]int64
 	out, readTo, err := store.ReadMatching(out, req.Topic, req.Queue, offset, pullBytes(req), limit, want, func(dst []byte, e storage.StoredEntry) []byte {
 		if flt != nil && !flt.MatchEncoded(e.Payload) {
 			return dst
 		}
-		if count == 0 {
-			firstSent = e.QueueOffset
+		if n := len(runs); n > 0 && runs[n-1][1] == e.QueueOffset {
+			runs[n-1][1]++
+		} else if req.Group != "" {
+			runs = append(runs, [2]int64{e.QueueOffset, e.QueueOffset + 1})
 		}
 		count++
-		lastSent = e.QueueOffset
 		return protocol.AppendStoredRaw(dst, e.QueueOffset, e.LogOffset, e.StoreTime, e.Payload)
 	})
 	if err != nil {
@@ -338,8 +341,8 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest, holdEmp
 		giveBack()
 		return -1, offset
 	}
-	if count > 0 {
-		store.Delivered(req.Topic, req.Queue, req.Group, req.Member, firstSent, lastSent+1)
+	for _, r := range runs {
+		store.Delivered(req.Topic, req.Queue, req.Group, req.Member, r[0], r[1])
 	}
 	protocol.AppendPullResponseHeader(out[:0], offset, first, next, store.LogEpoch(), count)
 	*bp = out[:0]

@@ -24,8 +24,11 @@ import (
 //	           (Filter; "": every message), at most MaxFilterLen bytes;
 //	           the broker answers only the messages it matches, and its
 //	           next offset passes the others
-//	group      u16 length + bytes: the reader's consumer group ("": none)
-//	member     u16 length + bytes: the member reading, in the group
+//	group      u16 length + bytes: the reader's consumer group ("": none),
+//	           at most MaxTopicLen bytes
+//	member     u16 length + bytes: the member reading, in the group, at
+//	           most MaxTopicLen bytes (both as the reader says: nothing
+//	           checks them against the registry)
 //
 // The broker keeps a short record of which member of which group read
 // which offsets (a message's journey).
@@ -75,8 +78,12 @@ func DecodePullRequest(b []byte) (PullRequest, error) {
 		}
 		p.Group = r.str16("group")
 		p.Member = r.str16("member")
-		if r.err == nil && p.Filter == "" && p.Group == "" && p.Member == "" {
+		switch {
+		case r.err != nil:
+		case p.Filter == "" && p.Group == "" && p.Member == "":
 			r.fail("an empty filter, group and member (leave them out)")
+		case len(p.Group) > MaxTopicLen || len(p.Member) > MaxTopicLen:
+			r.fail(fmt.Sprintf("group or member name over %d bytes", MaxTopicLen))
 		}
 	}
 	if err := r.done("pull request"); err != nil {

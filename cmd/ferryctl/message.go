@@ -185,19 +185,35 @@ func journeyMessage(ctx context.Context, cl *client.Client, arg string) (protoco
 			return reply.Messages[0], nil, nil
 		}
 	}
-	page, err := findAll(ctx, cl, protocol.LookupRequest{ID: arg, Limit: protocol.MaxLookupLimit}, "")
-	if err != nil {
-		return protocol.FoundMessage{}, nil, err
-	}
-	found := page.Messages
-	var m *protocol.FoundMessage
-	var copies []protocol.FoundMessage
-	for i := range found { // newest first: the original is the oldest of the id
-		if f := &found[i]; f.Properties[protocol.DeadLetterOriginID] == arg || f.Properties[protocol.RetryOriginID] == arg {
-			copies = append(copies, *f)
-		} else if f.ID == arg {
-			m = f
+	var found []protocol.FoundMessage
+	cursor := ""
+	for range journeyPages {
+		page, err := findAll(ctx, cl, protocol.LookupRequest{ID: arg, Limit: 100}, cursor)
+		if err != nil {
+			return protocol.FoundMessage{}, nil, err
 		}
+		found = append(found, page.Messages...)
+		if cursor = page.Cursor; cursor == "" {
+			break
+		}
+	}
+	// Newest first: the message is the oldest record of the id in its own
+	// queue (a released delayed message: its released copy), else its
+	// pending record; the others are its retry copies and dead letters.
+	var m, pending *protocol.FoundMessage
+	var copies []protocol.FoundMessage
+	for i := range found {
+		switch f := &found[i]; {
+		case f.Properties[protocol.DeadLetterOriginID] == arg || f.Properties[protocol.RetryOriginID] == arg:
+			copies = append(copies, *f)
+		case f.ID == arg && f.InternalTopic == "":
+			m = f
+		case f.ID == arg:
+			pending = f
+		}
+	}
+	if m == nil {
+		m = pending
 	}
 	if m == nil {
 		return protocol.FoundMessage{}, nil, notFound
@@ -205,6 +221,9 @@ func journeyMessage(ctx context.Context, cl *client.Client, arg string) (protoco
 	slices.Reverse(copies)
 	return *m, copies, nil
 }
+
+// journeyPages bounds the pages of a search by id a journey reads.
+const journeyPages = 20
 
 // journeyOf puts together what is known of a found message's journey, with
 // its retry copies and dead letters (oldest first) and the consumer groups'
@@ -230,6 +249,10 @@ func journeyOf(m protocol.FoundMessage, copies []protocol.FoundMessage, groups [
 			step("delayed", true, "due at %s, released into its queue at %s (%s late) from the pending record at log offset %d",
 				formatMillis(s.At), formatMillis(m.StoreTime), time.Duration(max(m.StoreTime-s.At, 0))*time.Millisecond, s.Ref)
 		}
+	}
+	if m.InternalTopic != "" { // a pending delayed message: not in its queue yet
+		step("delivered", false, "not yet: it is pending in %s until it is due", m.InternalTopic)
+		return j
 	}
 	if len(m.Deliveries) == 0 {
 		step("delivered", false, "no read of it that names a consumer group is remembered by the broker (a bounded record in its memory)")

@@ -18,12 +18,12 @@ import (
 // Lookups: the SDK's and ferryctl's LOOKUP over every broker group.
 
 // NotServing reports whether a failed call means the broker is not
-// serving (down, stopping, not the master), so that another member of its
-// group should be asked.
+// serving (down, stopping, not the master, busy), so that another member
+// of its group should be asked.
 func NotServing(err error) bool {
 	return errors.Is(err, transport.ErrConnLost) || errors.Is(err, protocol.ErrTimeout) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, protocol.ErrNotMaster) ||
-		errors.Is(err, protocol.ErrShuttingDown)
+		errors.Is(err, protocol.ErrShuttingDown) || errors.Is(err, protocol.ErrBusy)
 }
 
 // Caller makes one call to the broker at addr.
