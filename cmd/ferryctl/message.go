@@ -238,8 +238,11 @@ func journeyOf(m protocol.FoundMessage, copies []protocol.FoundMessage, groups [
 	} else {
 		step("sent", false, "at %s by its producer's clock; the producer is not known (its message carries no stamp)", formatMillis(m.Timestamp))
 	}
-	step("stored", true, "in broker group %s at log offset %d, %s; held by %s", strings.SplitN(m.Handle, "@", 2)[0], m.LogOffset,
-		formatMillis(m.StoreTime), strings.Join(m.HeldBy, ", "))
+	step("stored", true, "%s, in broker group %s at log offset %d, %s; held by %s", m.Reliability, strings.SplitN(m.Handle, "@", 2)[0],
+		m.LogOffset, formatMillis(m.StoreTime), strings.Join(m.HeldBy, ", "))
+	if m.Reliability == protocol.High.String() {
+		step("acknowledged", false, "once the group's sync set held it (how long that took is not recorded)")
+	}
 	if s := m.Schedule; s != nil {
 		switch s.Kind {
 		case protocol.ScheduleDelayed:
