@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/producer"
-	"github.com/ferrymq/ferrymq/sdk"
 )
 
 // TestFilterSkipsAreNotDeliveries: a message the group's filter passed
@@ -16,20 +15,12 @@ import (
 func TestFilterSkipsAreNotDeliveries(t *testing.T) {
 	e := startEnv(t, []string{"g1"}, false)
 	e.cl.Meta.CreateTopic(t, "orders", "g1")
-	p, err := producer.New(sdk.MetaAddrs(e.cl.Meta.Addrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	ctx := context.Background()
-	var rs []producer.Result
+	var msgs []*producer.Message
 	for i, tag := range []string{"A", "B", "A"} {
-		r, err := p.Send(ctx, &producer.Message{Topic: "orders", Key: "k", Tag: tag, Body: []byte{byte('0' + i)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rs = append(rs, r)
+		msgs = append(msgs, &producer.Message{Topic: "orders", Key: "k", Tag: tag, Body: []byte{byte('0' + i)}})
 	}
+	rs := sendEach(t, e, msgs...)
 	if rs[0].Queue != rs[1].Queue || rs[1].Queue != rs[2].Queue {
 		t.Fatalf("one key's messages in queues %d, %d, %d", rs[0].Queue, rs[1].Queue, rs[2].Queue)
 	}
@@ -53,18 +44,13 @@ func TestFilterSkipsAreNotDeliveries(t *testing.T) {
 func TestFindPagesBigMessages(t *testing.T) {
 	e := startEnv(t, []string{"g1"}, false)
 	e.cl.Meta.CreateTopic(t, "orders", "g1")
-	p, err := producer.New(sdk.MetaAddrs(e.cl.Meta.Addrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	ctx := context.Background()
 	body := bytes.Repeat([]byte("x"), 3<<20)
+	var msgs []*producer.Message
 	for range 4 {
-		if _, err := p.Send(ctx, &producer.Message{Topic: "orders", Key: "big", Body: body}); err != nil {
-			t.Fatal(err)
-		}
+		msgs = append(msgs, &producer.Message{Topic: "orders", Key: "big", Body: body})
 	}
+	sendEach(t, e, msgs...)
 	c := e.consumer(t, "billing", []string{"orders"}, MemberID("reader"))
 	found, pages := 0, 0
 	for cursor := ""; ; pages++ {

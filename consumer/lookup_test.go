@@ -17,20 +17,12 @@ import (
 func TestLookupAndFind(t *testing.T) {
 	e := startEnv(t, []string{"g1", "g2"}, false)
 	e.cl.Meta.CreateTopic(t, "orders", "g1", "g2")
-	p, err := producer.New(sdk.MetaAddrs(e.cl.Meta.Addrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	ctx := context.Background()
-	var results []producer.Result
+	var msgs []*producer.Message
 	for i := range 3 {
-		r, err := p.Send(ctx, &producer.Message{Topic: "orders", Key: "order-4711", Tag: "paid", Body: []byte{byte('a' + i)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		results = append(results, r)
+		msgs = append(msgs, &producer.Message{Topic: "orders", Key: "order-4711", Tag: "paid", Body: []byte{byte('a' + i)}})
 	}
+	results := sendEach(t, e, msgs...)
 	rec := newRecorder()
 	c := e.consumer(t, "billing", []string{"orders"}, MemberID("reader"))
 	failed := false
@@ -82,4 +74,21 @@ func TestLookupAndFind(t *testing.T) {
 	if _, err := c.Lookup(ctx, h); !errors.Is(err, protocol.ErrNotFound) {
 		t.Fatalf("Lookup of an offset where no message starts: %v", err)
 	}
+}
+
+// sendEach sends msgs one at a time, in order, and returns their results.
+func sendEach(t *testing.T, e *env, msgs ...*producer.Message) []producer.Result {
+	t.Helper()
+	p, err := producer.New(sdk.MetaAddrs(e.cl.Meta.Addrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	out := make([]producer.Result, len(msgs))
+	for i, m := range msgs {
+		if out[i], err = p.Send(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
 }

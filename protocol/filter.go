@@ -762,11 +762,7 @@ func unsafeString(b []byte) string {
 // peekTag reads an encoded message up to its tag and returns the tag
 // (nil: none), leaving r at its properties.
 func (r *reader) peekTag() []byte {
-	r.span(int(r.u16("message id")), "message id")
-	r.span(int(r.u16("topic")), "topic")
-	r.u32("queue")
-	rel := r.u8("reliability")
-	r.i64("timestamp")
+	rel := r.head()
 	if rel&stampedFlag != 0 {
 		r.span(stampSize, "producer stamp")
 	}

@@ -393,16 +393,23 @@ func (m *Message) Equal(o *Message) bool {
 		slices.Equal(m.Properties, o.Properties) && string(m.Body) == string(o.Body)
 }
 
-// PeekProducerStamp reads the producer stamp of one encoded message (as
-// AppendMessage writes it and a broker stores it) without decoding the
-// rest. ok is false for an unstamped or malformed message.
-func PeekProducerStamp(raw []byte) (s ProducerStamp, ok bool) {
-	r := reader{b: raw}
+// head reads an encoded message up to its timestamp, without keeping
+// anything, and returns its reliability byte (the flags of what follows).
+func (r *reader) head() uint8 {
 	r.span(int(r.u16("message id")), "message id")
 	r.span(int(r.u16("topic")), "topic")
 	r.u32("queue")
 	rel := r.u8("reliability")
 	r.i64("timestamp")
+	return rel
+}
+
+// PeekProducerStamp reads the producer stamp of one encoded message (as
+// AppendMessage writes it and a broker stores it) without decoding the
+// rest. ok is false for an unstamped or malformed message.
+func PeekProducerStamp(raw []byte) (s ProducerStamp, ok bool) {
+	r := reader{b: raw}
+	rel := r.head()
 	if r.err != nil || rel&stampedFlag == 0 {
 		return ProducerStamp{}, false
 	}
@@ -417,11 +424,7 @@ func PeekProducerStamp(raw []byte) (s ProducerStamp, ok bool) {
 // true: an ordinary one).
 func PeekSchedule(raw []byte) (sc Schedule, ok bool) {
 	r := reader{b: raw}
-	r.span(int(r.u16("message id")), "message id")
-	r.span(int(r.u16("topic")), "topic")
-	r.u32("queue")
-	rel := r.u8("reliability")
-	r.i64("timestamp")
+	rel := r.head()
 	if rel&stampedFlag != 0 {
 		r.span(stampSize, "producer stamp")
 	}
