@@ -162,7 +162,7 @@ func (l *Log) writeChunk(c indexCut) error {
 			qs = append(qs, chunkQueue{k: k, firstQO: qi.base, pos: qi.pos[:n], size: qi.size[:n], fp: qi.fp[:n]})
 		}
 	}
-	refs := l.keys[:sort.Search(len(l.keys), func(i int) bool { return l.keys[i].at >= c.to })]
+	refs := l.keys.below(c.to)
 	l.mu.RUnlock()
 	b := encodeIndexChunk(c.from, c.to, c.last, qs, c.snap) // sorts qs as the file lists them
 
@@ -209,7 +209,7 @@ func (l *Log) writeChunk(c indexCut) error {
 		qi.fp = slices.Clone(qi.fp[n:])
 	}
 	l.chunks = append(l.chunks, ic)
-	l.keys = slices.Clone(l.keys[len(refs):])
+	l.keys.dropBelow(c.to)
 	l.mu.Unlock()
 
 	l.cutMu.Lock()
@@ -525,7 +525,7 @@ func (l *Log) IndexStats() IndexStats {
 			s.KeyTables++
 		}
 	}
-	s.KeyRefs = int64(len(l.keys))
+	s.KeyRefs = int64(l.keys.n)
 	l.mu.RUnlock()
 	l.cutMu.Lock()
 	s.PendingCuts = len(l.cuts)

@@ -118,16 +118,7 @@ func bloomMayHold(bloom []byte, hashes int, h uint64) bool {
 // encodeKeyTable lays out the key table of the chunk [from, to) ending on
 // last, from its refs (in any order; sorted here).
 func encodeKeyTable(from, to int64, last chunkLast, refs []keyRef) []byte {
-	refs = slices.Clone(refs)
-	slices.SortFunc(refs, func(a, b keyRef) int {
-		if a.less(b) {
-			return -1
-		}
-		if b.less(a) {
-			return 1
-		}
-		return 0
-	})
+	refs = sortRefs(refs)
 	minT, maxT := int64(math.MaxInt64), int64(math.MinInt64)
 	bloom := make([]byte, bloomBytes(len(refs)))
 	for _, r := range refs {
@@ -308,4 +299,28 @@ func (t *keyTable) find(h uint64, before int64, want int, keep func(keyRef) bool
 		}
 	}
 	return out, read, nil
+}
+
+// sortRefs returns refs (in log order) sorted by hash, then log offset: a
+// radix sort by the hash, a byte at a time, which keeps the log order of
+// equal hashes. It is several times faster than a comparison sort of the
+// hundred thousand refs of a chunk.
+func sortRefs(refs []keyRef) []keyRef {
+	a, b := slices.Clone(refs), make([]keyRef, len(refs))
+	for shift := 0; shift < 64; shift += 8 {
+		var count [257]int
+		for _, r := range a {
+			count[r.hash>>shift&0xff+1]++
+		}
+		for i := 1; i < len(count); i++ {
+			count[i] += count[i-1]
+		}
+		for _, r := range a {
+			d := r.hash >> shift & 0xff
+			b[count[d]] = r
+			count[d]++
+		}
+		a, b = b, a
+	}
+	return a
 }

@@ -139,7 +139,7 @@ type Log struct {
 	// keys holds the key refs of the records past the last index chunk
 	// written, in log order (lookup.go); changed under mu, never below
 	// its length. kc is the writer's collector of a group's refs.
-	keys    []keyRef
+	keys    keyTail
 	kc      keyCollector
 	idxWake chan struct{}
 	stopIdx chan struct{}

@@ -52,7 +52,7 @@ func (l *Log) collectKeys(kc *keyCollector, payload []byte, at, t int64) {
 type lookupView struct {
 	start, end int64
 	gen        uint64
-	tail       []keyRef
+	tail       keyTail
 	tailFrom   int64 // where the tail's refs start
 	chunks     []lookupChunk
 }
@@ -168,12 +168,11 @@ func (c lookupChunk) cost(before, start int64) int64 {
 }
 
 // tailFind is keyTable.find for the refs in memory (in log order).
-func tailFind(tail []keyRef, h uint64, before int64, want int, keep func(keyRef) bool) []int64 {
+func tailFind(tail keyTail, h uint64, before int64, want int, keep func(keyRef) bool) []int64 {
 	var out []int64
-	i := sort.Search(len(tail), func(i int) bool { return tail[i].at >= before })
-	for i--; i >= 0 && len(out) < want; i-- {
-		if tail[i].hash == h && keep(tail[i]) {
-			out = appendOffset(out, tail[i].at)
+	for i := tail.search(before) - 1; i >= 0 && len(out) < want; i-- {
+		if r := tail.at(i); r.hash == h && keep(r) {
+			out = appendOffset(out, r.at)
 		}
 	}
 	return out
@@ -297,4 +296,58 @@ func (l *Log) rebuildKeyTable() bool {
 		old.f.drop()
 	}
 	return true
+}
+
+// keyTailBlock is how many refs a block of the tail holds.
+const keyTailBlock = 4096
+
+// keyTail holds the key refs of the records past the last index chunk, in
+// log order, in fixed blocks: appending never moves a ref (a lookup's copy
+// of the tail reads its first n while the writer appends past them), and
+// dropping refs at a chunk cut or retention only moves the front.
+type keyTail struct {
+	blocks []*[keyTailBlock]keyRef
+	skip   int // refs of blocks[0] dropped
+	n      int // refs held
+}
+
+func (t *keyTail) at(i int) keyRef {
+	j := t.skip + i
+	return t.blocks[j/keyTailBlock][j%keyTailBlock]
+}
+
+// add appends refs.
+func (t *keyTail) add(refs []keyRef) {
+	for _, r := range refs {
+		j := t.skip + t.n
+		if j == len(t.blocks)*keyTailBlock {
+			t.blocks = append(t.blocks, new([keyTailBlock]keyRef))
+		}
+		t.blocks[j/keyTailBlock][j%keyTailBlock] = r
+		t.n++
+	}
+}
+
+// search returns the index of the first ref at or past log offset off.
+func (t *keyTail) search(off int64) int {
+	return sort.Search(t.n, func(i int) bool { return t.at(i).at >= off })
+}
+
+// dropBelow drops the refs of records below log offset off.
+func (t *keyTail) dropBelow(off int64) {
+	k := t.search(off)
+	t.skip, t.n = t.skip+k, t.n-k
+	if full := t.skip / keyTailBlock; full > 0 {
+		t.blocks = t.blocks[full:]
+		t.skip -= full * keyTailBlock
+	}
+}
+
+// below returns a copy of the refs of records below log offset off.
+func (t *keyTail) below(off int64) []keyRef {
+	out := make([]keyRef, t.search(off))
+	for i := range out {
+		out[i] = t.at(i)
+	}
+	return out
 }

@@ -2,11 +2,13 @@ package storage
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -381,8 +383,8 @@ func TestKeyTablesFollowRetentionAndTruncation(t *testing.T) {
 	start, err = l.DeleteBefore(l.EndOffset())
 	must(t, err)
 	l.mu.RLock()
-	for _, r := range l.keys {
-		if r.at < start {
+	for i := range l.keys.n {
+		if r := l.keys.at(i); r.at < start {
 			t.Errorf("retention to %d kept the ref of the record at %d", start, r.at)
 		}
 	}
@@ -546,4 +548,63 @@ func TestLookupWhileWriting(t *testing.T) {
 	if err := <-errs; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestSortRefs: the radix sort orders refs by hash, then log offset, as a
+// comparison sort does, with many equal hashes.
+func TestSortRefs(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(0, 300).Draw(t, "n")
+		refs := make([]keyRef, n)
+		for i := range refs {
+			refs[i] = keyRef{hash: rapid.SampledFrom([]uint64{0, 1, 1 << 8, 1 << 40, 1<<63 + 5, ^uint64(0)}).Draw(t, "h") ^ uint64(rapid.IntRange(0, 3).Draw(t, "x")),
+				at: int64(i) * 10, time: int64(i)}
+		}
+		want := slices.Clone(refs)
+		slices.SortStableFunc(want, func(a, b keyRef) int { return cmp.Compare(a.hash, b.hash) })
+		if got := sortRefs(refs); !slices.Equal(got, want) {
+			t.Fatalf("sortRefs:\n got %v\nwant %v", got, want)
+		}
+	})
+}
+
+// TestKeyTail: the blocked tail holds what a slice would across blocks,
+// through appends and drops at any offset.
+func TestKeyTail(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var tail keyTail
+		var model []keyRef
+		next := int64(0)
+		for range rapid.IntRange(1, 20).Draw(t, "steps") {
+			if rapid.Bool().Draw(t, "add") {
+				n := rapid.IntRange(0, 3*keyTailBlock).Draw(t, "n")
+				refs := make([]keyRef, n)
+				for i := range refs {
+					refs[i] = keyRef{hash: uint64(next * 7), at: next, time: next}
+					next++
+				}
+				tail.add(refs)
+				model = append(model, refs...)
+			} else {
+				off := rapid.Int64Range(0, next+1).Draw(t, "off")
+				tail.dropBelow(off)
+				i := 0
+				for i < len(model) && model[i].at < off {
+					i++
+				}
+				model = model[i:]
+			}
+			if tail.n != len(model) {
+				t.Fatalf("%d refs held, the model %d", tail.n, len(model))
+			}
+			for i, r := range model {
+				if tail.at(i) != r {
+					t.Fatalf("ref %d is %+v, the model's %+v", i, tail.at(i), r)
+				}
+			}
+			if off := rapid.Int64Range(0, next+1).Draw(t, "below"); len(tail.below(off)) != sort.Search(len(model), func(i int) bool { return model[i].at >= off }) {
+				t.Fatalf("below(%d) holds %d", off, len(tail.below(off)))
+			}
+		}
+	})
 }

@@ -345,7 +345,7 @@ func (l *Log) scanSegment(s *segment, from int64) (good int64, reason string, er
 		l.indexAdd(k, rec.QueueOffset, s.base+at, int32(n), l.fingerprint(rec.Payload))
 		l.kc.refs = l.kc.refs[:0]
 		l.collectKeys(&l.kc, rec.Payload, s.base+at, rec.StoreTime)
-		l.keys = append(l.keys, l.kc.refs...)
+		l.keys.add(l.kc.refs)
 		if rec.Flags&flagRecovered != 0 {
 			l.prod.replayRecovered(k, rec.Payload, rec.QueueOffset, rec.StoreTime)
 		} else {

@@ -103,9 +103,7 @@ func (l *Log) DeleteBefore(offset int64) (int64, error) {
 	}
 	gone := l.chunks[:c]
 	l.chunks = slices.Clone(l.chunks[c:])
-	if i := sort.Search(len(l.keys), func(i int) bool { return l.keys[i].at >= start }); i > 0 {
-		l.keys = slices.Clone(l.keys[i:])
-	}
+	l.keys.dropBelow(start)
 	for k, qi := range l.index {
 		p := 0
 		for p < len(qi.parts) && qi.parts[p].c.to <= start {

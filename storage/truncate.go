@@ -314,7 +314,7 @@ type cutState struct {
 	chunks []*indexChunk // the index chunks that end at or before the cut
 	end    int64         // where the last of them ends (or the log's start)
 	lastAt int64         // the last record before the cut
-	keys   []keyRef      // the key refs of the records after end
+	keys   keyTail       // the key refs of the records after end
 }
 
 // rescan builds the indexes and the producer state of the log cut at

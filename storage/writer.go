@@ -385,7 +385,7 @@ func (l *Log) publish(chunks []chunk, ok []*appendReq, now int64) {
 			fps = fps[1:]
 		}
 	}
-	l.keys = append(l.keys, l.kc.refs...)
+	l.keys.add(l.kc.refs)
 	l.end.Store(ok[len(ok)-1].end) // appends are placed in order: the last ends the group
 	last, due := l.cutDue(false)
 	l.mu.Unlock()
