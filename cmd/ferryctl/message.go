@@ -39,7 +39,7 @@ may consume its topic.`,
 			if err != nil {
 				return usageError{err}
 			}
-			gi, err := brokerGroup(ctx, cl, h.Group)
+			gi, err := groupNamed(ctx, cl, h.Group)
 			if err != nil {
 				return err
 			}
@@ -57,20 +57,6 @@ may consume its topic.`,
 			return printFound(g, reply.Messages)
 		}),
 	}
-}
-
-// brokerGroup returns the broker group named name.
-func brokerGroup(ctx context.Context, cl *client.Client, name string) (routing.Group, error) {
-	groups, err := cl.Groups(ctx)
-	if err != nil {
-		return routing.Group{}, err
-	}
-	for _, gi := range groups {
-		if gi.Name == name {
-			return gi.Group, nil
-		}
-	}
-	return routing.Group{}, &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("no broker group %s", shown(name))}
 }
 
 // lookupIn asks a broker group's master (or, when it does not answer, its
@@ -174,7 +160,7 @@ type journeyStep struct {
 func journeyMessage(ctx context.Context, cl *client.Client, arg string) (protocol.FoundMessage, []protocol.FoundMessage, error) {
 	notFound := &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("%s: no message you may read", arg)}
 	if h, err := protocol.ParseHandle(arg); err == nil {
-		if gi, err := brokerGroup(ctx, cl, h.Group); err == nil {
+		if gi, err := groupNamed(ctx, cl, h.Group); err == nil {
 			reply, err := lookupIn(ctx, gi, protocol.LookupRequest{Offset: &h.Offset})
 			if err != nil {
 				return protocol.FoundMessage{}, nil, err
