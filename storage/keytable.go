@@ -160,9 +160,8 @@ func encodeKeyTable(from, to int64, last chunkLast, refs []keyRef) []byte {
 }
 
 // readKeyTable reads and checks the header of the key table of the chunk
-// [from, to) ending on last
-// (its bloom filter, fences and pages are checked as lookups read them).
-// A file that does not check out is an errBadChunk.
+// [from, to) ending on last (its bloom filter, fences and pages are checked
+// as lookups read them). A file that does not check out is an errBadChunk.
 func readKeyTable(fs vfs.FS, name string, from, to int64, last chunkLast) (*keyTable, error) {
 	f, err := fs.OpenRW(name)
 	if err != nil {

@@ -200,6 +200,18 @@ func removeKeyTables(t keyTB, dir string) int {
 
 // fillKeyed appends n records, record i holding key "k<i%distinct>", at
 // store time i.
+// closedKeyedLog writes 200 records of 7 keys into a new log with key tables
+// and closes it; it returns the log's config and what it holds.
+func closedKeyedLog(t *testing.T) (Config, *keyModel) {
+	t.Helper()
+	now := new(int64)
+	cfg := keyConfig(t.TempDir(), now)
+	l := openLog(t, cfg)
+	m := fillKeyed(t, l, now, 200, 7)
+	must(t, l.Close())
+	return cfg, m
+}
+
 func fillKeyed(t testing.TB, l *Log, now *int64, n, distinct int) *keyModel {
 	t.Helper()
 	var m keyModel
@@ -223,12 +235,7 @@ func checkLookups(t testing.TB, l *Log, m *keyModel, distinct int, start int64) 
 // A reopened log finds records through the key tables its chunks got,
 // reading no record.
 func TestKeyTablesSurviveReopen(t *testing.T) {
-	dir := t.TempDir()
-	var now int64
-	cfg := keyConfig(dir, &now)
-	l := openLog(t, cfg)
-	m := fillKeyed(t, l, &now, 200, 7)
-	must(t, l.Close())
+	cfg, m := closedKeyedLog(t)
 	cfg.FS = vfs.NewErrorFS(vfs.Default)
 	l, reads := openCountingReads(t, cfg)
 	defer l.Close()
@@ -292,13 +299,8 @@ func TestLookupAfterAppendRaw(t *testing.T) {
 // nor a lookup: the lookup scans their chunks, and the indexer writes them
 // again after Open.
 func TestMissingOrBadKeyTableIsScannedAndRebuilt(t *testing.T) {
-	dir := t.TempDir()
-	var now int64
-	cfg := keyConfig(dir, &now)
-	l := openLog(t, cfg)
-	m := fillKeyed(t, l, &now, 200, 7)
-	must(t, l.Close())
-	names, _ := filepath.Glob(filepath.Join(dir, indexDirName, "*"+keysFileSuffix))
+	cfg, m := closedKeyedLog(t)
+	names, _ := filepath.Glob(filepath.Join(cfg.Dir, indexDirName, "*"+keysFileSuffix))
 	slices.Sort(names)
 	must(t, os.Remove(names[1]))
 	// A bad page (past the header and bloom filter, so Open takes it):
@@ -313,7 +315,7 @@ func TestMissingOrBadKeyTableIsScannedAndRebuilt(t *testing.T) {
 	b[9] ^= 0xff
 	must(t, os.WriteFile(names[3], b, 0o644))
 
-	l = openLog(t, cfg)
+	l := openLog(t, cfg)
 	defer l.Close()
 	checkLookups(t, l, m, 7, 0)
 	testwait.For(t, 10*time.Second, "the key tables to be rebuilt", func() bool {
