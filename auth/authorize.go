@@ -79,6 +79,12 @@ var rules = map[protocol.Code]need{
 	// A lookup finds messages of any topic: a reader of some topic may
 	// ask, and sees the messages of the topics it may consume.
 	protocol.CodeLookup: needConsumeTopics,
+	// A transaction is decided by who may send to every topic it wrote
+	// (its producer, or that producer's checker); admin decides any. Open
+	// transactions are listed by describe, or by a producer, which sees
+	// those that wrote only topics it may send to.
+	protocol.CodeTxnEnd:  needProduce,
+	protocol.CodeTxnList: needDescribe | needProduce,
 
 	protocol.CodeHAFetch: needCluster,
 	protocol.CodeHAAck:   needCluster,

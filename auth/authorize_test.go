@@ -102,6 +102,14 @@ var expect = map[string][]allow{
 		{Topic("orders"), []string{"admin", "consBilling", "consAll", "consBoth"}},
 		{Target{}, append([]string{"admin"}, consumers...)},
 	},
+	"TXN_END": {
+		{Target{Topics: []string{"orders", "payments"}}, []string{"admin", "prodAll"}},
+		{Topic("orders"), []string{"admin", "prodExact", "prodAll", "mixed"}},
+	},
+	"TXN_LIST": {
+		{Target{}, []string{"admin", "describe", "prodExact", "prodPrefix", "prodAll", "mixed"}},
+		{Topic("payments"), []string{"admin", "describe", "prodAll"}},
+	},
 	"HA_FETCH":  clusterOnly,
 	"HA_ACK":    clusterOnly,
 	"HEARTBEAT": clusterOnly,

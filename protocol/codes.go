@@ -30,6 +30,8 @@ const (
 	CodeDelayedList   Code = 14 // the pending delayed messages by due time (DelayedListRequest -> DelayedList)
 	CodeQueueCount    Code = 15 // how many messages of a queue's range a filter can take, by the index (JSON: QueueCountRequest -> QueueCount)
 	CodeLookup        Code = 16 // messages of a group by handle, id or key (JSON: LookupRequest -> LookupReply)
+	CodeTxnEnd        Code = 17 // commit or abort a transaction on its group's master (JSON: TxnEndRequest -> TxnEndReply)
+	CodeTxnList       Code = 18 // a group's open transactions (JSON: TxnListRequest -> TxnList)
 
 	CodeHAFetch Code = 20 // a slave fetches raw log bytes from its master
 	CodeHAAck   Code = 21 // oneway: a slave tells its master how far it has appended
@@ -87,6 +89,8 @@ var codeNames = map[Code]string{
 	CodeDelayedList:       "DELAYED_LIST",
 	CodeQueueCount:        "QUEUE_COUNT",
 	CodeLookup:            "LOOKUP",
+	CodeTxnEnd:            "TXN_END",
+	CodeTxnList:           "TXN_LIST",
 	CodeHAFetch:           "HA_FETCH",
 	CodeHAAck:             "HA_ACK",
 	CodeRecover:           "RECOVER",

@@ -763,9 +763,7 @@ func unsafeString(b []byte) string {
 // (nil: none), leaving r at its properties.
 func (r *reader) peekTag() []byte {
 	rel := r.head()
-	if rel&stampedFlag != 0 {
-		r.span(stampSize, "producer stamp")
-	}
+	r.skipStamp(rel)
 	if rel&scheduleFlag != 0 {
 		r.span(scheduleSize, "schedule")
 	}

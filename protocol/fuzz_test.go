@@ -108,6 +108,7 @@ func FuzzDecodeSendResponse(f *testing.F) {
 func FuzzDecodePullRequest(f *testing.F) {
 	addWithPrefixes(f, AppendPullRequest(nil, &PullRequest{Topic: "orders", Queue: 1, Offset: 5, MaxBytes: 4096, Epoch: 2}))
 	addWithPrefixes(f, AppendPullRequest(nil, &PullRequest{Topic: "orders", Queue: 1, Offset: 5, Filter: "A || B", Group: "g", Member: "m"}))
+	addWithPrefixes(f, AppendPullRequest(nil, &PullRequest{Topic: "orders", Queue: 1, Offset: 5, ReadUncommitted: true}))
 	fuzzRoundTrip(f, DecodePullRequest, func(p *PullRequest) []byte { return AppendPullRequest(nil, p) })
 }
 
@@ -126,6 +127,12 @@ func FuzzDecodeMessage(f *testing.F) {
 		addWithPrefixes(f, AppendMessage(nil, &m))
 	}
 	fuzzRoundTrip(f, DecodeMessage, func(m *Message) []byte { return AppendMessage(nil, m) })
+}
+
+func FuzzDecodeTxnMark(f *testing.F) {
+	addWithPrefixes(f, AppendTxnMark(nil, &TxnMark{Kind: TxnOpen, ID: TxnID{Producer: 7, Epoch: 2, Number: 9}, Time: 1 << 40, Topic: "orders", Queue: 3, First: 1 << 33}))
+	addWithPrefixes(f, AppendTxnMark(nil, &TxnMark{Kind: TxnAbort, ID: TxnID{Producer: 7, Epoch: 2, Number: 9}, Time: 1 << 40, By: TxnByTimeout}))
+	fuzzRoundTrip(f, DecodeTxnMark, func(m *TxnMark) []byte { return AppendTxnMark(nil, m) })
 }
 
 func FuzzDecodeHAFetchRequest(f *testing.F) {

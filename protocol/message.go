@@ -87,7 +87,12 @@ const scheduleSize = 1 + 8 + 8
 // what comes before it): u8 length (1 to MaxTagLen) + bytes.
 const tagFlag = 0x20
 
-const relFlags = stampedFlag | scheduleFlag | tagFlag
+// txnFlag, in the reliability byte, says the message belongs to a
+// transaction of its producer: the transaction's number (u64, not 0)
+// follows the stamp, which such a message always has.
+const txnFlag = 0x10
+
+const relFlags = stampedFlag | scheduleFlag | tagFlag | txnFlag
 
 // Message is one message as it crosses the wire and as it is stored.
 //
@@ -97,9 +102,11 @@ const relFlags = stampedFlag | scheduleFlag | tagFlag
 //	topic       u16 length + bytes
 //	queue       u32
 //	reliability u8; bit 0x80 set: a producer stamp follows the timestamp;
-//	            bit 0x40 set: a schedule follows the stamp; bit 0x20: a tag
+//	            bit 0x40 set: a schedule follows the stamp; bit 0x20: a tag;
+//	            bit 0x10: a transaction number follows the stamp
 //	timestamp   i64, unix milliseconds
 //	[stamp]     producer id u64, epoch u16, sequence i64 (only with bit 0x80)
+//	[txn]       transaction number u64 (only with bit 0x10, which needs 0x80)
 //	[schedule]  kind u8, at i64 (unix milliseconds), ref i64 (only with bit 0x40)
 //	[tag]       u8 length + bytes (only with bit 0x20)
 //	properties  u16 count, then per property: u16 length + key, u16 length + value
@@ -107,7 +114,8 @@ const relFlags = stampedFlag | scheduleFlag | tagFlag
 //
 // The encoding is canonical: bit 0x80 is set exactly when the stamp's
 // producer id is not zero, bit 0x40 exactly when the schedule's kind is not
-// ScheduleNone, bit 0x20 exactly when the tag is not empty.
+// ScheduleNone, bit 0x20 exactly when the tag is not empty, bit 0x10
+// exactly when Txn is not 0.
 type Message struct {
 	ID          string
 	Topic       string
@@ -115,7 +123,10 @@ type Message struct {
 	Reliability Reliability
 	Timestamp   int64
 	Producer    ProducerStamp
-	Schedule    Schedule // the zero Schedule: an ordinary message
+	// Txn is the number of the transaction of Producer (its id and epoch)
+	// the message belongs to; 0: none. See TxnID.
+	Txn      uint64
+	Schedule Schedule // the zero Schedule: an ordinary message
 	Tag         string   // one tag (ValidateTag), which consumer groups filter on; "" none
 	Properties  []Property
 	Body        []byte // aliases the decoded buffer
@@ -192,6 +203,9 @@ func (m *Message) EncodedSize() int {
 	if !m.Producer.IsZero() {
 		n += stampSize
 	}
+	if m.Txn != 0 {
+		n += 8
+	}
 	if m.Schedule.Kind != ScheduleNone {
 		n += scheduleSize
 	}
@@ -228,6 +242,9 @@ func (m *Message) Validate() error {
 	if !m.Producer.IsZero() && m.Producer.Seq < 0 {
 		invalid("negative producer sequence %d", m.Producer.Seq)
 	}
+	if m.Txn != 0 && m.Producer.IsZero() {
+		invalid("a message of a transaction needs its producer's stamp")
+	}
 	switch m.Schedule.Kind {
 	case ScheduleNone:
 	case ScheduleDelayed:
@@ -243,6 +260,9 @@ func (m *Message) Validate() error {
 	}
 	if _, ok := IsDelayTopic(m.Topic); ok {
 		invalid("topic %q is internal (its prefix %s is reserved)", m.Topic, DelayTopicPrefix)
+	}
+	if m.Topic == TxnTopic {
+		invalid("topic %q is internal", m.Topic)
 	}
 	if m.Tag != "" {
 		if err := ValidateTag(m.Tag); err != nil {
@@ -271,6 +291,9 @@ func AppendMessage(dst []byte, m *Message) []byte {
 	rel := uint8(m.Reliability)
 	if !m.Producer.IsZero() {
 		rel |= stampedFlag
+		if m.Txn != 0 {
+			rel |= txnFlag
+		}
 	}
 	if m.Schedule.Kind != ScheduleNone {
 		rel |= scheduleFlag
@@ -288,6 +311,9 @@ func AppendMessage(dst []byte, m *Message) []byte {
 		dst = appendU64(dst, m.Producer.ID)
 		dst = appendU16(dst, m.Producer.Epoch)
 		dst = appendI64(dst, m.Producer.Seq)
+		if m.Txn != 0 {
+			dst = appendU64(dst, m.Txn)
+		}
 	}
 	if m.Schedule.Kind != ScheduleNone {
 		dst = appendU8(dst, uint8(m.Schedule.Kind))
@@ -346,6 +372,13 @@ func (r *reader) message(m *Message) {
 			r.fail("a producer stamp with producer id 0")
 		}
 	}
+	m.Txn = 0
+	if rel&txnFlag != 0 {
+		m.Txn = r.u64("transaction number")
+		if r.err == nil && (m.Txn == 0 || rel&stampedFlag == 0) {
+			r.fail("a transaction number of 0 or without a producer stamp")
+		}
+	}
 	m.Schedule = Schedule{}
 	if rel&scheduleFlag != 0 {
 		m.Schedule.Kind = ScheduleKind(r.u8("schedule kind"))
@@ -389,7 +422,7 @@ func DecodeMessage(b []byte) (Message, error) {
 // Equal reports whether two messages are the same, field by field.
 func (m *Message) Equal(o *Message) bool {
 	return m.ID == o.ID && m.Topic == o.Topic && m.Queue == o.Queue && m.Tag == o.Tag &&
-		m.Reliability == o.Reliability && m.Timestamp == o.Timestamp && m.Producer == o.Producer && m.Schedule == o.Schedule &&
+		m.Reliability == o.Reliability && m.Timestamp == o.Timestamp && m.Producer == o.Producer && m.Txn == o.Txn && m.Schedule == o.Schedule &&
 		slices.Equal(m.Properties, o.Properties) && string(m.Body) == string(o.Body)
 }
 
@@ -425,15 +458,39 @@ func PeekProducerStamp(raw []byte) (s ProducerStamp, ok bool) {
 func PeekSchedule(raw []byte) (sc Schedule, ok bool) {
 	r := reader{b: raw}
 	rel := r.head()
-	if rel&stampedFlag != 0 {
-		r.span(stampSize, "producer stamp")
-	}
+	r.skipStamp(rel)
 	if rel&scheduleFlag != 0 {
 		sc.Kind = ScheduleKind(r.u8("schedule kind"))
 		sc.At = r.i64("schedule time")
 		sc.Ref = r.i64("schedule reference")
 	}
 	return sc, r.err == nil
+}
+
+// skipStamp passes the stamp and transaction number that rel says follow.
+func (r *reader) skipStamp(rel uint8) {
+	if rel&stampedFlag != 0 {
+		r.span(stampSize, "producer stamp")
+	}
+	if rel&txnFlag != 0 {
+		r.span(8, "transaction number")
+	}
+}
+
+// PeekTxn reads the producer stamp and transaction number of one encoded
+// message; ok is false for a malformed one (a zero TxnID with ok true: not
+// in a transaction).
+func PeekTxn(raw []byte) (id TxnID, ok bool) {
+	r := reader{b: raw}
+	rel := r.head()
+	if rel&txnFlag == 0 || rel&stampedFlag == 0 {
+		return TxnID{}, r.err == nil
+	}
+	id.Producer = r.u64("producer id")
+	id.Epoch = r.u16("producer epoch")
+	r.i64("producer sequence")
+	id.Number = r.u64("transaction number")
+	return id, r.err == nil
 }
 
 // RecoveredProperty is the property a message carries when a new master

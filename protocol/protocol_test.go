@@ -22,6 +22,8 @@ func sampleMessages() []Message {
 		{ID: "m-6", Topic: "orders", Queue: 1, Timestamp: 7, Producer: ProducerStamp{ID: 9, Seq: 1},
 			Schedule: Schedule{Kind: ScheduleDelayed, At: 1 << 41, Ref: -1}, Tag: strings.Repeat("t", MaxTagLen),
 			Properties: []Property{{"key", "k"}}, Body: []byte("all of it")},
+		{ID: "m-7", Topic: "orders", Queue: 4, Timestamp: 8, Producer: ProducerStamp{ID: 9, Epoch: 2, Seq: 3}, Txn: 1<<40 + 1,
+			Schedule: Schedule{Kind: ScheduleDelayed, At: 1 << 41, Ref: -1}, Tag: "t", Body: []byte("in a transaction")},
 	}
 }
 
@@ -428,5 +430,34 @@ func TestPullDecoderReuse(t *testing.T) {
 	}
 	if _, err := d.Decode(b[:36+10]); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("answer cut in its first message: %v", err)
+	}
+}
+
+func TestTxnIDs(t *testing.T) {
+	id := TxnID{Producer: 12, Epoch: 3, Number: 40}
+	got, err := ParseTxnID(id.String())
+	if err != nil || got != id {
+		t.Fatalf("ParseTxnID(%q) = %+v, %v", id.String(), got, err)
+	}
+	for _, bad := range []string{"", "1.2", "0.1.1", "1.1.0", "1.70000.1", "1.2.3x", "01.2.3", "-1.2.3"} {
+		if _, err := ParseTxnID(bad); err == nil {
+			t.Errorf("ParseTxnID(%q) took it", bad)
+		}
+	}
+	if !(TxnID{1, 2, 9}).Before(TxnID{1, 3, 1}) || !(TxnID{1, 3, 1}).Before(TxnID{1, 3, 2}) || (TxnID{1, 3, 2}).Before(TxnID{1, 3, 2}) {
+		t.Error("Before orders by epoch, then number")
+	}
+	m := Message{ID: "a", Topic: "t", Producer: ProducerStamp{ID: 12, Epoch: 3, Seq: 5}, Txn: 40}
+	raw := AppendMessage(nil, &m)
+	if got, ok := PeekTxn(raw); !ok || got != id || TxnOf(&m) != id {
+		t.Fatalf("PeekTxn = %+v %v, TxnOf = %+v; want %+v", got, ok, TxnOf(&m), id)
+	}
+	m.Txn, m.Producer = 0, ProducerStamp{}
+	if got, ok := PeekTxn(AppendMessage(nil, &m)); !ok || !got.IsZero() {
+		t.Fatalf("PeekTxn of a plain message = %+v %v", got, ok)
+	}
+	m.Txn = 4
+	if err := m.Validate(); err == nil {
+		t.Error("a transaction's message without a stamp validated")
 	}
 }

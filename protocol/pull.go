@@ -29,7 +29,13 @@ import (
 //	member     u16 length + bytes: the member reading, in the group, at
 //	           most MaxTopicLen bytes (both as the reader says: nothing
 //	           checks them against the registry)
+//	[flags]    u8, only when not 0 (and then after the three above): bit
+//	           0x01, read uncommitted: messages of open transactions too
 //
+// A reader of committed messages (the default) reads a queue only up to
+// the first record of its oldest open transaction, and never a record of
+// an aborted one; a reader of uncommitted messages reads to the end and
+// skips aborted records only.
 // The broker keeps a short record of which member of which group read
 // which offsets (a message's journey).
 type PullRequest struct {
@@ -42,7 +48,12 @@ type PullRequest struct {
 	Filter     string
 	Group      string
 	Member     string
+	// ReadUncommitted reads messages of open transactions too.
+	ReadUncommitted bool
 }
+
+// pullUncommitted is the flags bit of ReadUncommitted.
+const pullUncommitted = 0x01
 
 // AppendPullRequest appends p's encoding.
 func AppendPullRequest(dst []byte, p *PullRequest) []byte {
@@ -52,10 +63,13 @@ func AppendPullRequest(dst []byte, p *PullRequest) []byte {
 	dst = appendU32(dst, p.MaxBytes)
 	dst = appendU32(dst, p.Epoch)
 	dst = appendU32(dst, p.WaitMillis)
-	if p.Filter != "" || p.Group != "" || p.Member != "" {
+	if p.Filter != "" || p.Group != "" || p.Member != "" || p.ReadUncommitted {
 		dst = appendStr16(dst, clip16(p.Filter))
 		dst = appendStr16(dst, clip16(p.Group))
 		dst = appendStr16(dst, clip16(p.Member))
+	}
+	if p.ReadUncommitted {
+		dst = appendU8(dst, pullUncommitted)
 	}
 	return dst
 }
@@ -78,9 +92,15 @@ func DecodePullRequest(b []byte) (PullRequest, error) {
 		}
 		p.Group = r.str16("group")
 		p.Member = r.str16("member")
+		if len(r.b) > 0 {
+			if f := r.u8("flags"); f != pullUncommitted {
+				r.fail(fmt.Sprintf("pull flags %#x (want 0x01, or none)", f))
+			}
+			p.ReadUncommitted = true
+		}
 		switch {
 		case r.err != nil:
-		case p.Filter == "" && p.Group == "" && p.Member == "":
+		case p.Filter == "" && p.Group == "" && p.Member == "" && !p.ReadUncommitted:
 			r.fail("an empty filter, group and member (leave them out)")
 		case len(p.Group) > MaxTopicLen || len(p.Member) > MaxTopicLen:
 			r.fail(fmt.Sprintf("group or member name over %d bytes", MaxTopicLen))

@@ -79,6 +79,14 @@ const (
 	// StatusDelayQuota: the topic's pending delayed messages on this broker
 	// group reached the group's quota: nothing was stored.
 	StatusDelayQuota Status = 30
+	// StatusTxnFenced: the message's transaction is decided, or its
+	// producer has begun a newer one on this group: nothing was stored
+	// (a late write cannot join a decided transaction or a newer one).
+	StatusTxnFenced Status = 31
+	// StatusTxnLimit: the message would take its transaction, or its
+	// producer's open transactions, past the broker's limits: nothing was
+	// stored.
+	StatusTxnLimit Status = 32
 )
 
 // statusFlags are the columns of the status table.
@@ -147,6 +155,8 @@ var statusTable = [...]statusInfo{
 	StatusNotEnoughReplicas:            {"NOT_ENOUGH_REPLICAS", retry},
 	StatusNotEnoughReplicasAfterAppend: {"NOT_ENOUGH_REPLICAS_AFTER_APPEND", retry | fault | maybe},
 	StatusDelayQuota:                   {"DELAY_QUOTA", 0},
+	StatusTxnFenced:                    {"TXN_FENCED", 0},
+	StatusTxnLimit:                     {"TXN_LIMIT", 0},
 }
 
 // String returns the status's name, e.g. "READ_ONLY".

@@ -49,6 +49,8 @@ func TestStatusColumns(t *testing.T) {
 		StatusNotEnoughReplicas:            {"NOT_ENOUGH_REPLICAS", true, false, false, false},
 		StatusNotEnoughReplicasAfterAppend: {"NOT_ENOUGH_REPLICAS_AFTER_APPEND", true, true, false, true},
 		StatusDelayQuota:                   {"DELAY_QUOTA", false, false, false, false},
+		StatusTxnFenced:                    {"TXN_FENCED", false, false, false, false},
+		StatusTxnLimit:                     {"TXN_LIMIT", false, false, false, false},
 	}
 	for s := Status(0); s < 1<<10; s++ {
 		w, known := want[s]
