@@ -125,11 +125,11 @@ type Message struct {
 	Producer    ProducerStamp
 	// Txn is the number of the transaction of Producer (its id and epoch)
 	// the message belongs to; 0: none. See TxnID.
-	Txn      uint64
-	Schedule Schedule // the zero Schedule: an ordinary message
-	Tag         string   // one tag (ValidateTag), which consumer groups filter on; "" none
-	Properties  []Property
-	Body        []byte // aliases the decoded buffer
+	Txn        uint64
+	Schedule   Schedule // the zero Schedule: an ordinary message
+	Tag        string   // one tag (ValidateTag), which consumer groups filter on; "" none
+	Properties []Property
+	Body       []byte // aliases the decoded buffer
 }
 
 // ScheduleKind says what a message's Schedule makes of it.

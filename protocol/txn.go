@@ -187,7 +187,9 @@ type TxnEndRequest struct {
 }
 
 // ID is the transaction r names.
-func (r TxnEndRequest) ID() TxnID { return TxnID{Producer: r.Producer, Epoch: r.Epoch, Number: r.Number} }
+func (r TxnEndRequest) ID() TxnID {
+	return TxnID{Producer: r.Producer, Epoch: r.Epoch, Number: r.Number}
+}
 
 // TxnEndReply answers TXN_END: the transaction's decision (the one asked
 // for, or the one made before: Committed says which), and how many of its
