@@ -349,3 +349,31 @@ func (b *Broker) LookupPrincipal(name string) (auth.Principal, bool, error) {
 	p, ok := t.Lookup(name)
 	return p, ok, nil
 }
+
+// holds reports whether the connection's principal holds a permission of
+// kind (admin holds every kind): what an answer may show beyond what the
+// request's rule already allowed.
+func (a *aclCopy) holds(c auth.Conn, kind auth.Kind) bool {
+	return a.holdsAny(c, kind, auth.KindAdmin)
+}
+
+// holdsOnly reports whether the connection's principal holds a permission
+// of kind itself.
+func (a *aclCopy) holdsOnly(c auth.Conn, kind auth.Kind) bool { return a.holdsAny(c, kind, kind) }
+
+func (a *aclCopy) holdsAny(c auth.Conn, kind, or auth.Kind) bool {
+	t := a.table.Load()
+	if t == nil {
+		return false
+	}
+	p, err := auth.Resolve(c, t)
+	if err != nil {
+		return false
+	}
+	for _, q := range p.Permissions {
+		if q.Kind == kind || q.Kind == or {
+			return true
+		}
+	}
+	return false
+}

@@ -72,6 +72,7 @@ type Broker struct {
 	pulls  *longPoll
 	reads  *deliveries // who read what, for LOOKUP (deliveries.go)
 	delays *delayer
+	txns   *txns // the transactions (txns.go)
 	roles  *roles
 	acl    *aclCopy      // nil: authorization off
 	gates  [2]*auth.Gate // by port; nil: authorization off
@@ -118,9 +119,11 @@ func New(cfg Config) (*Broker, error) {
 	b.routes.store = b.store
 	epochs := &epochState{}
 	b.reads = newDeliveries(cfg.Clock)
+	b.txns = newTxns(cfg, b.store, &b.sess.lease, func() *replication { return b.roles.replication() }, &b.stats, lg.Named("txns"))
 	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: epochs.local.Load, epochStart: epochs.epochStart, routed: b.routes.routed, readable: b.readableEnd,
-		reads: b.reads},
+		reads: b.reads, txns: b.txns},
 		cfg.Clock, &b.stats, lg.Named("longpoll"))
+	b.txns.pulls = b.pulls
 	if cfg.ClusterToken != "" {
 		b.acl = newACLCopy(cfg.ClusterToken, b.meta, b.sess, lg.Named("acl"))
 	}
@@ -136,9 +139,13 @@ func New(cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker: open the timer index: %w", err)
 	}
 	b.delays = newDelayer(cfg, idx, b.store, b.roles, &b.sess.lease, b.pulls, &b.stats, lg.Named("delayer"))
-	b.roles.cut = b.delays.truncated
+	b.roles.cut = func() {
+		b.delays.truncated()
+		b.txns.truncated()
+	}
 	b.send = newSender(cfg, b.store, b.sess, b.routes, b.roles.replication, b.pulls, &b.stats, lg)
 	b.send.delays = b.delays
+	b.send.txns = b.txns
 
 	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
 	if err := b.listen(); err != nil {
@@ -233,6 +240,7 @@ func (b *Broker) start() {
 	}
 	b.goFunc(b.roles.run)
 	b.goFunc(b.delays.run)
+	b.goFunc(b.txns.run)
 	if b.handover != nil {
 		b.goFunc(b.handover.run)
 	}

@@ -16,6 +16,9 @@ import (
 	"github.com/ferrymq/ferrymq/storage/vfs"
 )
 
+// MaxTxnTimeout bounds Config.TxnTimeout.
+const MaxTxnTimeout = 15 * time.Minute
+
 // Config configures a broker. Zero fields take their defaults; negative
 // ones are refused by Validate.
 type Config struct {
@@ -106,6 +109,19 @@ type Config struct {
 	// the slave follows its index). Default 10 ms.
 	DelayTick time.Duration
 
+	// TxnTimeout is how long a transaction may stay open: the master
+	// aborts one that began longer ago (so no reader of committed messages
+	// waits longer). Default 60 s, at most MaxTxnTimeout.
+	TxnTimeout time.Duration
+	// TxnMaxMessages and TxnMaxBytes bound one transaction's messages and
+	// their bytes on this group; TxnMaxOpenPerProducer a producer id's open
+	// transactions (its instances' together), TxnMaxOpen the group's. Past
+	// them a message gets TXN_LIMIT. Defaults 100k, 256 MiB, 8, 10k.
+	TxnMaxMessages        int64
+	TxnMaxBytes           int64
+	TxnMaxOpenPerProducer int
+	TxnMaxOpen            int
+
 	// MaxInflightRequests and MaxInflightBytes bound the SEND requests (and
 	// their bytes) being processed across the broker; past them a request
 	// gets BUSY. Defaults 8192 and 256 MiB.
@@ -190,6 +206,21 @@ func (c Config) withDefaults() Config {
 	if c.DelayTick <= 0 {
 		c.DelayTick = 10 * time.Millisecond
 	}
+	if c.TxnTimeout <= 0 {
+		c.TxnTimeout = time.Minute
+	}
+	if c.TxnMaxMessages <= 0 {
+		c.TxnMaxMessages = 100_000
+	}
+	if c.TxnMaxBytes <= 0 {
+		c.TxnMaxBytes = 256 << 20
+	}
+	if c.TxnMaxOpenPerProducer <= 0 {
+		c.TxnMaxOpenPerProducer = 8
+	}
+	if c.TxnMaxOpen <= 0 {
+		c.TxnMaxOpen = 10_000
+	}
 	if c.MaxInflightRequests <= 0 {
 		c.MaxInflightRequests = 8192
 	}
@@ -229,7 +260,7 @@ func (c Config) Validate() error {
 		{"FlushInterval", c.FlushInterval}, {"RetentionCheck", c.RetentionCheck}, {"HeartbeatInterval", c.HeartbeatInterval},
 		{"SessionTimeout", c.SessionTimeout}, {"HighWait", c.HighWait}, {"SlaveLagTime", c.SlaveLagTime}, {"HAFetchWait", c.HAFetchWait},
 		{"WriteTimeout", c.WriteTimeout}, {"ProducerIdle", c.ProducerIdle}, {"RecoverWindow", c.RecoverWindow},
-		{"MaxDelay", c.MaxDelay}, {"DelayTick", c.DelayTick},
+		{"MaxDelay", c.MaxDelay}, {"DelayTick", c.DelayTick}, {"TxnTimeout", c.TxnTimeout},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("broker: %s must not be negative, got %v", d.name, d.v))
@@ -244,7 +275,14 @@ func (c Config) Validate() error {
 	negative("MaxInflightPerConn", int64(c.MaxInflightPerConn))
 	negative("Workers", int64(c.Workers))
 	negative("DelayQuota", c.DelayQuota)
+	negative("TxnMaxMessages", c.TxnMaxMessages)
+	negative("TxnMaxBytes", c.TxnMaxBytes)
+	negative("TxnMaxOpenPerProducer", int64(c.TxnMaxOpenPerProducer))
+	negative("TxnMaxOpen", int64(c.TxnMaxOpen))
 	d := c.withDefaults()
+	if d.TxnTimeout > MaxTxnTimeout {
+		errs = append(errs, fmt.Errorf("broker: TxnTimeout (%v) must be at most %v: an open transaction holds back every reader of its queues", d.TxnTimeout, MaxTxnTimeout))
+	}
 	if d.HeartbeatInterval >= d.SessionTimeout {
 		errs = append(errs, fmt.Errorf("broker: HeartbeatInterval (%v) must be shorter than SessionTimeout (%v), or one lost heartbeat fences the broker",
 			d.HeartbeatInterval, d.SessionTimeout))

@@ -148,6 +148,8 @@ func (b *Broker) endpoints() []endpoint {
 		{port: dataPort, code: protocol.CodeDelayedCancel, access: byRecordTopic(b.decodeDelayedRef, b.handleDelayedCancel)},
 		{port: dataPort, code: protocol.CodeDelayedState, access: byRecordTopic(b.decodeDelayedRef, b.handleDelayedState)},
 		{port: dataPort, code: protocol.CodeDelayedList, access: byPrincipal(b.handleDelayedList)},
+		{port: dataPort, code: protocol.CodeTxnEnd, access: byPrincipal(b.handleTxnEnd)},
+		{port: dataPort, code: protocol.CodeTxnList, access: byPrincipal(b.handleTxnList)},
 		{port: dataPort, code: protocol.CodeIdentify, access: open(b.handleIdentify)},
 		{port: dataPort, code: protocol.CodeAuth, access: open(b.handleAuth)},
 

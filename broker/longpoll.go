@@ -140,7 +140,7 @@ func (lp *longPoll) enqueue(p *parkedPull, fresh bool) bool {
 	// An append that completed between the caller's look and the parking
 	// saw no parked PULL and woke nobody: look again. (An append after the
 	// parking sees it: parked is written before this read of the log.)
-	if cur := readableNext(lp.store, req.Topic, req.Queue); dueAt(cur, req.Offset, seen) {
+	if cur := readableNext(lp.store, req.Topic, req.Queue, req.ReadUncommitted); dueAt(cur, req.Offset, seen) {
 		if lp.take(p) {
 			lp.stats.PullWakeups.Add(1)
 			servePull(lp.store, rep, req)
@@ -168,7 +168,7 @@ func (lp *longPoll) serveWoken(p *parkedPull) {
 	}
 	n, past := serveRead(lp.store, p.rep, p.req, true)
 	if n < 0 {
-		p.req.Offset, p.seen = past, readableNext(lp.store, p.req.Topic, p.req.Queue)
+		p.req.Offset, p.seen = past, readableNext(lp.store, p.req.Topic, p.req.Queue, p.req.ReadUncommitted)
 		lp.enqueue(p, false)
 		return
 	}
@@ -237,6 +237,27 @@ func (lp *longPoll) appended(msgs []protocol.Message, good []int, pos []storage.
 			continue
 		}
 		last = k
+		if _, ok := lp.byKey[k]; ok {
+			lp.dirty[k] = struct{}{}
+			marked = true
+		}
+	}
+	lp.mu.Unlock()
+	if marked {
+		lp.signal()
+	}
+}
+
+// wakeQueues has run look at the PULLs parked on queues: a transaction
+// writing them was decided, which may have moved their stable ends.
+func (lp *longPoll) wakeQueues(queues []protocol.TxnQueue) {
+	if !lp.waiting() {
+		return
+	}
+	marked := false
+	lp.mu.Lock()
+	for _, q := range queues {
+		k := pullKey{q.Topic, q.Queue}
 		if _, ok := lp.byKey[k]; ok {
 			lp.dirty[k] = struct{}{}
 			marked = true
@@ -344,16 +365,21 @@ func (lp *longPoll) step(now time.Time) (time.Time, bool) {
 	// across a call into the log.
 	var woken []*parkedPull
 	if len(keys) > 0 {
-		nexts := make([]int64, len(keys))
+		nexts := make([][2]int64, len(keys)) // committed, uncommitted
 		for i, k := range keys {
-			nexts[i] = readableNext(lp.store, k.topic, k.queue)
+			nexts[i][0] = readableNext(lp.store, k.topic, k.queue, false)
+			nexts[i][1] = readableNext(lp.store, k.topic, k.queue, true)
 		}
 		lp.mu.Lock()
 		for i, k := range keys {
 			ps := lp.byKey[k]
 			kept := ps[:0]
 			for _, p := range ps {
-				if p.due(nexts[i]) {
+				n := nexts[i][0]
+				if p.req.ReadUncommitted {
+					n = nexts[i][1]
+				}
+				if p.due(n) {
 					heap.Remove(&lp.heap, p.at)
 					woken = append(woken, p)
 				} else {

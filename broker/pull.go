@@ -36,6 +36,16 @@ type queueReader interface {
 	// Delivered notes that a PULL naming group and member was answered the
 	// queue's offsets [from, to) (deliveries.record).
 	Delivered(topic string, queue uint32, group, member string, from, to int64)
+	// TxnLimit is the log offset reads stop at so that no record is read
+	// before the transaction index saw its open mark (-1: none);
+	// StableEnd is a queue's end for a reader of committed messages
+	// (next, the queue's next offset, when no transaction is open on it);
+	// Aborted says a record's payload belongs to an aborted transaction.
+	TxnLimit() int64
+	StableEnd(topic string, queue uint32, next int64) int64
+	Aborted(payload []byte) bool
+	// LogOffsetOf is storage.Log.LogOffsetOf.
+	LogOffsetOf(topic string, queue uint32, qo int64) (int64, error)
 }
 
 // pullStore is the commit log with the broker's epochs, as PULL reads it.
@@ -51,7 +61,25 @@ type pullStore struct {
 	readable func() int64
 	// reads remembers who read what (nil: nothing is remembered).
 	reads *deliveries
+	// txns is the transaction index (nil: every record is committed).
+	txns *txns
 }
+
+func (s pullStore) TxnLimit() int64 {
+	if s.txns == nil {
+		return -1
+	}
+	return s.txns.readLimit()
+}
+
+func (s pullStore) StableEnd(topic string, queue uint32, next int64) int64 {
+	if s.txns == nil {
+		return next
+	}
+	return s.txns.stableEnd(topic, queue, next)
+}
+
+func (s pullStore) Aborted(payload []byte) bool { return s.txns != nil && s.txns.aborted(payload) }
 
 func (s pullStore) Delivered(topic string, queue uint32, group, member string, from, to int64) {
 	s.reads.record(topic, queue, group, member, from, to)
@@ -120,17 +148,18 @@ func handlePull(store queueReader, claim func(uint32) bool, pulls *longPoll, rep
 		return
 	}
 	if req.WaitMillis > 0 && pulls != nil {
-		if next := readableNext(store, req.Topic, req.Queue); req.Offset >= next && pulls.park(rep, req, next) {
+		if next := readableNext(store, req.Topic, req.Queue, req.ReadUncommitted); req.Offset >= next && pulls.park(rep, req, next) {
 			return
 		}
-		if req.Filter != "" {
-			// Nothing the filter takes up to the queue's end: wait there.
+		if req.Filter != "" || store.TxnLimit() >= 0 {
+			// Nothing the filter takes (or only records of aborted
+			// transactions) up to the queue's end: wait there.
 			n, past := serveRead(store, rep, req, true)
 			if n >= 0 {
 				return
 			}
 			req.Offset = past
-			if next := readableNext(store, req.Topic, req.Queue); req.Offset >= next && pulls.park(rep, req, next) {
+			if next := readableNext(store, req.Topic, req.Queue, req.ReadUncommitted); req.Offset >= next && pulls.park(rep, req, next) {
 				return
 			}
 		}
@@ -183,16 +212,30 @@ func (c *filterCache) get(expr string) (*protocol.Filter, error) {
 }
 
 // readableNext is the queue's next offset, or where its readable part ends
-// when reads stop short of the log's end (ReadableEnd): a PULL there waits
-// as at the end of the queue.
-func readableNext(store queueReader, topic string, queue uint32) int64 {
+// when reads stop short of the log's end (ReadableEnd, TxnLimit) or, for a
+// reader of committed messages, at the first record of an open
+// transaction: a PULL there waits as at the end of the queue.
+func readableNext(store queueReader, topic string, queue uint32, uncommitted bool) int64 {
 	_, next := store.QueueRange(topic, queue)
-	if limit := store.ReadableEnd(); limit >= 0 {
+	if limit := readLimit(store); limit >= 0 {
 		if at, err := store.QueueOffsetAt(topic, queue, limit); err == nil {
 			next = min(next, at)
 		}
 	}
+	if !uncommitted {
+		next = store.StableEnd(topic, queue, next)
+	}
 	return next
+}
+
+// readLimit is the log offset a read stops at: a slave's readable end, or
+// where the transaction index stands, whichever comes first (-1: none).
+func readLimit(store queueReader) int64 {
+	limit := store.ReadableEnd()
+	if tl := store.TxnLimit(); tl >= 0 && (limit < 0 || tl < limit) {
+		limit = tl
+	}
+	return limit
 }
 
 // unplaced answers req NO_ROUTE and reports true when it asks for an offset
@@ -291,13 +334,23 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest, holdEmp
 	}
 	out := append((*bp)[:0], make([]byte, pullHeaderSize)...) // ReadAppend grows it to what it reads
 	// A slave stops where every member of the sync set held the log at the
-	// master's last report (acknowledgements are at record boundaries).
-	limit := store.ReadableEnd()
+	// master's last report (acknowledgements are at record boundaries),
+	// every broker where its transaction index stands and, for a reader of
+	// committed messages, at the first record of an open transaction.
+	limit := readLimit(store)
+	if !req.ReadUncommitted {
+		if stable := store.StableEnd(req.Topic, req.Queue, next); stable < next {
+			at, err := store.LogOffsetOf(req.Topic, req.Queue, max(stable, offset))
+			if err == nil && (limit < 0 || at < limit) {
+				limit = at
+			}
+		}
+	}
 	// The runs of consecutive offsets answered, for the record of who read
 	// what (a filter's skips end a run: those were not delivered).
 	var runs [][2]int64
 	out, readTo, err := store.ReadMatching(out, req.Topic, req.Queue, offset, pullBytes(req), limit, want, func(dst []byte, e storage.StoredEntry) []byte {
-		if flt != nil && !flt.MatchEncoded(e.Payload) {
+		if flt != nil && !flt.MatchEncoded(e.Payload) || store.Aborted(e.Payload) {
 			return dst
 		}
 		if n := len(runs); n > 0 && runs[n-1][1] == e.QueueOffset {

@@ -44,7 +44,10 @@ type sender struct {
 	// topics' quotas, and is told when some were stored (nil: none are
 	// taken).
 	delays *delayer
-	stats  *Stats
+	// txns admits the messages of transactions and writes their open
+	// marks (nil: none are taken).
+	txns  *txns
+	stats *Stats
 	clock  clockwork.Clock
 	lg     hclog.Logger
 
@@ -240,16 +243,54 @@ func (s *sender) handle(rep sendReplier, req sendRequest) {
 		}
 		good = append(good, i)
 	}
+	var tx *txns
+	if s.txns != nil && hasTxn(msgs, good) {
+		// Admitted and appended in one order with the decisions (txns).
+		tx = s.txns
+		tx.wmu.Lock()
+		defer tx.wmu.Unlock()
+		tx.mu.Lock()
+		good = tx.admitBatchLocked(msgs, raws, good, sb, &checks)
+	}
 	good = checks.dropAfterRefused(msgs, good, sb)
-	if len(good) > 0 {
-		entries := make([]storage.Entry, len(good))
+	if len(good) == 0 {
+		if tx != nil {
+			tx.mu.Unlock()
+		}
+	} else {
+		entries := make([]storage.Entry, 0, len(good))
+		var at []int // with marks: the entry of each good message
 		for j, i := range good {
-			entries[j] = storage.Entry{Topic: storedTopic(&msgs[i]), Queue: msgs[i].Queue, Payload: raws[i],
-				Producer: storage.ProducerStamp(msgs[i].Producer)}
+			if tx != nil && msgs[i].Txn != 0 {
+				if mark, ok := tx.openLocked(&msgs[i], len(raws[i])); ok {
+					if at == nil {
+						at = make([]int, j, len(good))
+						for k := range at {
+							at[k] = k
+						}
+					}
+					entries = append(entries, mark)
+				}
+			}
+			if at != nil {
+				at = append(at, len(entries))
+			}
+			entries = append(entries, storage.Entry{Topic: storedTopic(&msgs[i]), Queue: msgs[i].Queue, Payload: raws[i],
+				Producer: storage.ProducerStamp(msgs[i].Producer)})
+		}
+		if tx != nil {
+			tx.mu.Unlock()
 		}
 		repl := checks.repl
 		sb.holds.Add(1)
 		s.store.AppendAsync(entries, false, func(pos []storage.Position, err error) {
+			if at != nil && err == nil {
+				mine := make([]storage.Position, len(at))
+				for j, e := range at {
+					mine[j] = pos[e]
+				}
+				pos = mine
+			}
 			s.appended(sb, repl, msgs, good, pos, err)
 			sb.drop()
 		})

@@ -49,6 +49,14 @@ type Stats struct {
 	TailsHandedOver       atomic.Int64 // as former master: cut tails handed to the new master whole
 	TailRecordsHandedOver atomic.Int64 // as former master: records of those tails
 
+	// Transactions (txns.go).
+	TxnCommits  atomic.Int64 // transactions committed (decision marks written by this broker)
+	TxnAborts   atomic.Int64 // transactions aborted, timeouts included
+	TxnTimeouts atomic.Int64 // of them, open past the timeout
+	TxnRefused  atomic.Int64 // messages refused TXN_LIMIT
+	TxnOpen     atomic.Int64 // open transactions at the last sweep
+	TxnOldest   atomic.Int64 // when the oldest of them began, unix milliseconds (0: none)
+
 	// Delayed messages (delayed.go).
 	DelayedIn          atomic.Int64 // delayed messages stored pending
 	DelayedFired       atomic.Int64 // released into their target queues

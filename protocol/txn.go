@@ -184,6 +184,8 @@ type TxnEndRequest struct {
 	Number   uint64 `json:"number"`
 	Commit   bool   `json:"commit"`
 	By       string `json:"by,omitempty"`
+	// High answers only once the group's sync set holds the decision.
+	High bool `json:"high,omitempty"`
 }
 
 // ID is the transaction r names.
@@ -192,9 +194,9 @@ func (r TxnEndRequest) ID() TxnID {
 }
 
 // TxnEndReply answers TXN_END: the transaction's decision (the one asked
-// for, or the one made before: Committed says which), and how many of its
-// queues this group holds (0: it wrote nothing here; the decision is then
-// not recorded).
+// for, or the one made before: Committed says which), and how many of this
+// group's queues it covered: 0 when the transaction wrote nothing here
+// (nothing is recorded), -1 when it was decided before.
 type TxnEndReply struct {
 	Committed bool   `json:"committed"`
 	By        string `json:"by"`

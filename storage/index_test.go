@@ -240,6 +240,19 @@ func TestIndexAndRetention(t *testing.T) {
 		if qo, err := l.QueueOffsetAt("ix", 0, pos[400].LogOffset); err != nil || qo != 400 {
 			t.Fatalf("%s: QueueOffsetAt(record 400) = %d, %v", what, qo, err)
 		}
+		// LogOffsetOf reads a chunk's entry (400 is indexed on disk) or
+		// the tail's, and gives the end past the queue's.
+		for _, qo := range []int64{wantFirst, 400, 599} {
+			if at, err := l.LogOffsetOf("ix", 0, qo); err != nil || at != pos[qo].LogOffset {
+				t.Fatalf("%s: LogOffsetOf(%d) = %d, %v; want %d", what, qo, at, err, pos[qo].LogOffset)
+			}
+		}
+		if at, err := l.LogOffsetOf("ix", 0, 600); err != nil || at != l.EndOffset() {
+			t.Fatalf("%s: LogOffsetOf(the end) = %d, %v; want the log's end %d", what, at, err, l.EndOffset())
+		}
+		if _, err := l.LogOffsetOf("ix", 0, wantFirst-1); !errors.Is(err, ErrOutOfRange) {
+			t.Fatalf("%s: LogOffsetOf below the first offset: %v", what, err)
+		}
 	}
 	check("after the deletion")
 	if after := l.IndexStats().Chunks; after >= chunks {

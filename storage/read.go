@@ -33,6 +33,24 @@ func (l *Log) QueueOffsetAt(topic string, queue uint32, logOffset int64) (int64,
 	return max(qo, qi.first), err
 }
 
+// LogOffsetOf is the log offset of the record at queue offset qo, or the
+// log's end when qo is at or past the queue's end (an offset below the
+// queue's first is ErrOutOfRange). A reader that must stop at a queue
+// offset passes it to ReadMatching as its stopAt.
+func (l *Log) LogOffsetOf(topic string, queue uint32, qo int64) (int64, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	qi := l.index[queueKey{topic, queue}]
+	if qi == nil || qo >= qi.next() {
+		return l.end.Load(), nil
+	}
+	if qo < qi.first {
+		return 0, ErrOutOfRange
+	}
+	e, err := qi.entryAt(qo)
+	return e.pos, err
+}
+
 // Queues calls fn for every queue the log holds, with its offset range.
 func (l *Log) Queues(fn func(topic string, queue uint32, first, next int64)) {
 	l.mu.RLock()

@@ -1,0 +1,468 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/ferrymq/ferrymq/broker/txn"
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/storage"
+)
+
+// txnLog is the part of the commit log the transactions read and write.
+type txnLog interface {
+	appender
+	QueueRange(topic string, queue uint32) (first, next int64)
+	Read(topic string, queue uint32, offset int64, maxBytes int) ([]storage.StoredEntry, error)
+	EndOffset() int64
+	StartOffset() int64
+}
+
+// txns are the broker's transactions (decision `transactions`): the index
+// of the log's transaction marks (package txn), brought up to the log
+// before every use, and, on the master, the marks it writes.
+//
+// Why a reader never sees a record of an undecided or aborted transaction:
+// the master applies a transaction's open mark for a queue to the index
+// before it hands the mark and the record behind it to the commit log, so
+// from the moment the record is readable the queue's stable end is at or
+// below it; it applies the decision only once the decision mark is written
+// (behind every record of the transaction: a record admitted later would be
+// appended later, and none is admitted once a decision is under way). A
+// reader of another broker (a slave, or this one after a restart) stops at
+// the log offset up to which the index applied the marks (followedTo), so
+// it cannot read a record whose open mark the index has not seen.
+//
+// Every method takes mu; the index is brought up to the log (catchUp)
+// under it. Marks and the records of transactions are handed to the commit
+// log under wmu, taken before mu and held from their admission to their
+// append, so that the order in which they are admitted is their order in
+// the log; mu is let go before the append, whose completion (on this
+// goroutine when the commit log was idle) takes it.
+type txns struct {
+	log   txnLog
+	lease *writeLease
+	repl  func() *replication
+	pulls *longPoll
+	stats *Stats
+	clock clockwork.Clock
+	lg    hclog.Logger
+
+	timeout                          time.Duration
+	maxMessages, maxBytes            int64
+	maxOpenPerProducer, maxOpenTotal int
+
+	// seen is set once a transaction mark or record was met: until then
+	// reads take no lock.
+	seen atomic.Bool
+
+	wmu sync.Mutex // the order of admissions and appends
+	mu  sync.Mutex
+	idx *txn.Index
+	// followed is the queue offset of TxnTopic's next mark to apply from
+	// the log, followedTo the log offset before which every mark is
+	// applied.
+	followed, followedTo int64
+	// deciding holds the transactions whose decision mark is being
+	// written, with who waits for its answer.
+	deciding map[protocol.TxnID][]func(protocol.TxnEndReply, error)
+	cut      bool // the log was cut back: rebuild the index from the log
+}
+
+// newTxns makes the transactions of the broker cfg configures; the long
+// poll it wakes is set before the broker starts.
+func newTxns(cfg Config, log txnLog, ls *writeLease, repl func() *replication, stats *Stats, lg hclog.Logger) *txns {
+	t := &txns{log: log, lease: ls, repl: repl, stats: stats, clock: cfg.Clock, lg: lg,
+		timeout: cfg.TxnTimeout, maxMessages: cfg.TxnMaxMessages, maxBytes: cfg.TxnMaxBytes,
+		maxOpenPerProducer: cfg.TxnMaxOpenPerProducer, maxOpenTotal: cfg.TxnMaxOpen,
+		idx: txn.New(), deciding: map[protocol.TxnID][]func(protocol.TxnEndReply, error){}}
+	if first, next := log.QueueRange(protocol.TxnTopic, 0); next > 0 {
+		t.followed = first
+		t.seen.Store(true)
+	}
+	return t
+}
+
+// truncated is told that the log was cut back: the index is rebuilt
+// before its next use.
+func (t *txns) truncated() {
+	t.mu.Lock()
+	t.cut = true
+	t.mu.Unlock()
+}
+
+// catchUpBytes is how much of TxnTopic one read takes.
+const catchUpBytes = 1 << 20
+
+// catchUpLocked applies the marks the log holds past followed. mu is held.
+func (t *txns) catchUpLocked() error {
+	first, next := t.log.QueueRange(protocol.TxnTopic, 0)
+	if t.cut || t.followed > next || t.followed < first {
+		// Cut back under the index, or retention deleted marks it never
+		// read: start again from the log.
+		t.idx, t.followed, t.followedTo, t.cut = txn.New(), first, 0, false
+	}
+	end := t.log.EndOffset()
+	for t.followed < next {
+		es, err := t.log.Read(protocol.TxnTopic, 0, t.followed, catchUpBytes)
+		if err != nil {
+			return fmt.Errorf("read the transaction marks: %w", err)
+		}
+		if len(es) == 0 {
+			break
+		}
+		for _, e := range es {
+			m, err := protocol.DecodeMessage(e.Payload)
+			var mark protocol.TxnMark
+			if err == nil {
+				mark, err = protocol.DecodeTxnMark(m.Body)
+			}
+			if err != nil {
+				return fmt.Errorf("transaction mark at log offset %d: %w", e.LogOffset, err)
+			}
+			t.idx.Apply(&mark, e.LogOffset)
+			t.followed = e.QueueOffset + 1
+			t.seen.Store(true)
+		}
+	}
+	t.followedTo = max(t.followedTo, end)
+	return nil
+}
+
+// readLimit is the log offset reads stop at so that no record is read
+// whose open mark the index has not applied (-1: no limit), and keeps the
+// index up to the log.
+func (t *txns) readLimit() int64 {
+	if !t.seen.Load() {
+		if _, next := t.log.QueueRange(protocol.TxnTopic, 0); next == 0 {
+			return -1
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.catchUpLocked(); err != nil {
+		t.lg.Warn("cannot follow the transaction marks; reads stop where they were followed", "error", err)
+	}
+	return t.followedTo
+}
+
+// stableEnd is where a reader of committed messages stops in a queue whose
+// next offset is next.
+func (t *txns) stableEnd(topic string, queue uint32, next int64) int64 {
+	if !t.seen.Load() {
+		return next
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.idx.StableEnd(topic, queue, next)
+}
+
+// aborted reports whether the encoded message payload belongs to an
+// aborted transaction.
+func (t *txns) aborted(payload []byte) bool {
+	if !t.seen.Load() {
+		return false
+	}
+	id, ok := protocol.PeekTxn(payload)
+	if !ok || id.IsZero() {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.idx.IsAborted(id)
+}
+
+// hasTxn reports whether a message of good is in a transaction.
+func hasTxn(msgs []protocol.Message, good []int) bool {
+	for _, i := range good {
+		if msgs[i].Txn != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// txnLoad is what a batch adds to a transaction's counts.
+type txnLoad struct{ messages, bytes int64 }
+
+// admitLocked checks message m of a transaction against its state and the
+// limits, with what the batch added before it (load, updated), and fresh
+// the transactions the batch began. mu is held.
+func (t *txns) admitLocked(m *protocol.Message, size int, load map[protocol.TxnID]txnLoad) protocol.Status {
+	id := protocol.TxnOf(m)
+	if _, busy := t.deciding[id]; busy {
+		return protocol.StatusTxnFenced
+	}
+	if st := t.idx.Admit(id); st != protocol.StatusOK {
+		return st
+	}
+	l, inBatch := load[id]
+	if open := t.idx.OpenTxn(id); open != nil {
+		l.messages += open.Messages
+		l.bytes += open.Bytes
+	} else if !inBatch {
+		fresh := 0
+		for bid := range load {
+			if t.idx.OpenTxn(bid) == nil && bid.Producer == id.Producer {
+				fresh++
+			}
+		}
+		if n, _ := t.idx.Opens(); n+len(load) >= t.maxOpenTotal || t.idx.OpenOf(id.Producer)+fresh >= t.maxOpenPerProducer {
+			t.stats.TxnRefused.Add(1)
+			return protocol.StatusTxnLimit
+		}
+	}
+	if l.messages+1 > t.maxMessages || l.bytes+int64(size) > t.maxBytes {
+		t.stats.TxnRefused.Add(1)
+		return protocol.StatusTxnLimit
+	}
+	b := load[id]
+	load[id] = txnLoad{b.messages + 1, b.bytes + int64(size)}
+	return protocol.StatusOK
+}
+
+// admitBatchLocked checks the good messages of a batch that are in
+// transactions (admitLocked) and returns the good ones left; a refused one
+// is answered. mu is held.
+func (t *txns) admitBatchLocked(msgs []protocol.Message, raws [][]byte, good []int, sb *sendBatch, checks *batchCheck) []int {
+	caught := t.catchUpLocked()
+	load := map[protocol.TxnID]txnLoad{}
+	kept := good[:0]
+	for _, i := range good {
+		m := &msgs[i]
+		if m.Txn == 0 {
+			kept = append(kept, i)
+			continue
+		}
+		st := protocol.StatusOK
+		if caught != nil {
+			st = protocol.StatusStoreError
+		} else {
+			st = t.admitLocked(m, len(raws[i]), load)
+		}
+		if st != protocol.StatusOK {
+			checks.anyRefused = true
+			sb.complete(i, protocol.SendResult{Status: st})
+			continue
+		}
+		kept = append(kept, i)
+	}
+	return kept
+}
+
+// openLocked returns the entry of the open mark that must precede m's
+// record in the log, applied to the index already (ok false: the
+// transaction holds the queue already). mu is held.
+func (t *txns) openLocked(m *protocol.Message, size int) (storage.Entry, bool) {
+	id := protocol.TxnOf(m)
+	topic := storedTopic(m)
+	defer t.idx.Count(id, int64(size))
+	if t.idx.Holds(id, topic, m.Queue) {
+		return storage.Entry{}, false
+	}
+	began := t.clock.Now().UnixMilli()
+	if open := t.idx.OpenTxn(id); open != nil {
+		began = open.Began
+	}
+	_, first := t.log.QueueRange(topic, m.Queue)
+	mark := protocol.TxnMark{Kind: protocol.TxnOpen, ID: id, Time: began, Topic: topic, Queue: m.Queue, First: first}
+	t.idx.Apply(&mark, t.log.EndOffset())
+	t.seen.Store(true)
+	return markEntry(&mark), true
+}
+
+// markEntry is the commit log entry of a transaction mark.
+func markEntry(mark *protocol.TxnMark) storage.Entry {
+	msg := protocol.TxnMarkMessage(mark)
+	return storage.Entry{Topic: protocol.TxnTopic, Queue: 0, Payload: protocol.AppendMessage(nil, &msg)}
+}
+
+// end decides transaction id (commit or abort) as the writable master and
+// calls answer once with the decision in force: the one asked for, or the
+// one made before. high waits for the sync set to hold the mark.
+func (t *txns) end(id protocol.TxnID, commit bool, by string, high bool, answer func(protocol.TxnEndReply, error)) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	t.mu.Lock()
+	now, err := t.endLocked(id, commit, by)
+	if err != nil || now != nil {
+		t.mu.Unlock()
+		if err != nil {
+			answer(protocol.TxnEndReply{}, err)
+		} else {
+			answer(*now, nil)
+		}
+		return
+	}
+	if waiters, busy := t.deciding[id]; busy {
+		t.deciding[id] = append(waiters, answer)
+		t.mu.Unlock()
+		return
+	}
+	queues := t.idx.OpenTxn(id).Queues
+	kind := protocol.TxnAbort
+	if commit {
+		kind = protocol.TxnCommit
+	}
+	mark := protocol.TxnMark{Kind: kind, ID: id, Time: t.clock.Now().UnixMilli(), By: by}
+	t.deciding[id] = []func(protocol.TxnEndReply, error){answer}
+	rep := t.repl()
+	t.mu.Unlock()
+	reply := protocol.TxnEndReply{Committed: commit, By: by, Queues: len(queues)}
+	t.log.AppendAsync([]storage.Entry{markEntry(&mark)}, false, func(pos []storage.Position, err error) {
+		if err == nil && pos[0].Err != nil {
+			err = pos[0].Err
+		}
+		t.decided(id, &mark, queues, pos, err, rep, high, reply)
+	})
+}
+
+// endLocked checks that this broker may decide id now and answers what
+// needs no mark: an error, or (now) the decision made before, or that id
+// wrote nothing here. Both nil: id is open (or being decided). mu is held.
+func (t *txns) endLocked(id protocol.TxnID, commit bool, by string) (now *protocol.TxnEndReply, err error) {
+	if err := t.catchUpLocked(); err != nil {
+		return nil, &protocol.Error{Status: protocol.StatusStoreError, Message: err.Error()}
+	}
+	switch {
+	case t.repl() == nil:
+		return nil, &protocol.Error{Status: protocol.StatusNotMaster, Message: "this broker is not its group's master"}
+	case !t.lease.valid():
+		return nil, &protocol.Error{Status: protocol.StatusReadOnly, Message: "this broker's write lease does not hold"}
+	}
+	if _, busy := t.deciding[id]; busy {
+		return nil, nil
+	}
+	switch st := t.idx.State(id); st {
+	case txn.Committed, txn.Aborted:
+		return &protocol.TxnEndReply{Committed: st == txn.Committed, Queues: -1}, nil
+	case txn.Unknown:
+		return &protocol.TxnEndReply{Committed: commit, By: by}, nil
+	}
+	return nil, nil
+}
+
+// decided completes a decision's append: it applies the mark, wakes the
+// readers of the transaction's queues and answers who waits (after the
+// sync set holds the mark, for high).
+func (t *txns) decided(id protocol.TxnID, mark *protocol.TxnMark, queues []protocol.TxnQueue, pos []storage.Position, err error,
+	rep *replication, high bool, reply protocol.TxnEndReply) {
+	t.mu.Lock()
+	waiters := t.deciding[id]
+	delete(t.deciding, id)
+	if err == nil {
+		t.idx.Apply(mark, pos[0].LogOffset)
+	}
+	t.mu.Unlock()
+	if err != nil {
+		t.lg.Warn("cannot write a transaction's decision", "txn", id.String(), "error", err)
+		st := statusOfStoreError(err)
+		for _, w := range waiters {
+			w(protocol.TxnEndReply{}, &protocol.Error{Status: st, Message: "the decision mark: " + err.Error()})
+		}
+		return
+	}
+	if mark.Kind == protocol.TxnCommit {
+		t.stats.TxnCommits.Add(1)
+	} else {
+		t.stats.TxnAborts.Add(1)
+		if mark.By == protocol.TxnByTimeout {
+			t.stats.TxnTimeouts.Add(1)
+		}
+	}
+	t.pulls.wakeQueues(queues)
+	finish := func(st protocol.Status) {
+		for _, w := range waiters {
+			if st != protocol.StatusOK {
+				w(protocol.TxnEndReply{}, &protocol.Error{Status: st, Message: "the decision mark was not confirmed by the sync set"})
+				continue
+			}
+			w(reply, nil)
+		}
+	}
+	if high && rep != nil {
+		rep.await(pos[0].End, finish)
+		return
+	}
+	finish(protocol.StatusOK)
+}
+
+// list is the open transactions (of producer, when not 0) and the recent
+// decisions not made by their producers.
+func (t *txns) list(producer uint64) ([]protocol.TxnInfo, []protocol.TxnDecided, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.catchUpLocked(); err != nil {
+		return nil, nil, err
+	}
+	open, others := t.idx.List(producer)
+	return open, others, nil
+}
+
+// queuesOf is the queues open transaction id holds (nil: not open here).
+func (t *txns) queuesOf(id protocol.TxnID) []protocol.TxnQueue {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.catchUpLocked(); err != nil {
+		return nil
+	}
+	if open := t.idx.OpenTxn(id); open != nil {
+		return append([]protocol.TxnQueue(nil), open.Queues...)
+	}
+	return nil
+}
+
+// txnSweep is how often the master looks for transactions past their
+// timeout.
+const txnSweep = time.Second
+
+// run aborts, as the writable master, the transactions open longer than
+// the timeout, and forgets aborted ones retention deleted, until ctx ends.
+func (t *txns) run(ctx context.Context) {
+	tick := t.clock.NewTicker(txnSweep)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.Chan():
+		}
+		t.sweep()
+	}
+}
+
+// sweep is one turn of run.
+func (t *txns) sweep() {
+	if !t.seen.Load() {
+		return
+	}
+	t.mu.Lock()
+	err := t.catchUpLocked()
+	t.idx.Prune(t.log.StartOffset())
+	n, oldest := t.idx.Opens()
+	t.stats.TxnOpen.Store(int64(n))
+	t.stats.TxnOldest.Store(oldest)
+	var expired []protocol.TxnID
+	if err == nil && t.repl() != nil && t.lease.valid() {
+		for _, id := range t.idx.Expired(t.clock.Now().Add(-t.timeout).UnixMilli()) {
+			if _, busy := t.deciding[id]; !busy {
+				expired = append(expired, id)
+			}
+		}
+	}
+	t.mu.Unlock()
+	for _, id := range expired {
+		t.lg.Info("aborting a transaction open past its timeout", "txn", id.String(), "timeout", t.timeout)
+		t.end(id, false, protocol.TxnByTimeout, false, func(_ protocol.TxnEndReply, err error) {
+			if err != nil {
+				t.lg.Warn("cannot abort a transaction past its timeout; trying again", "txn", id.String(), "error", err)
+			}
+		})
+	}
+}
