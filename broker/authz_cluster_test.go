@@ -103,11 +103,15 @@ func requests() map[protocol.Code]request {
 		protocol.CodePull:     {onData, protocol.AppendPullRequest(nil, &protocol.PullRequest{Topic: "orders", MaxBytes: 1024})},
 		// Past the log's end: NOT_FOUND once the principal may send to (or
 		// describe) some topic; the record's own topic is checked after.
-		protocol.CodeDelayedCancel:     {onData, js(protocol.DelayedRef{Offset: 1 << 40})},
-		protocol.CodeDelayedState:      {onData, js(protocol.DelayedRef{Offset: 1 << 40})},
-		protocol.CodeDelayedList:       {onData, js(protocol.DelayedListRequest{})},
-		protocol.CodeQueueCount:        {onData, js(protocol.QueueCountRequest{Topic: "orders", To: 10, Filter: "A"})},
-		protocol.CodeLookup:            {onData, []byte(`{"offset":0}`)},
+		protocol.CodeDelayedCancel: {onData, js(protocol.DelayedRef{Offset: 1 << 40})},
+		protocol.CodeDelayedState:  {onData, js(protocol.DelayedRef{Offset: 1 << 40})},
+		protocol.CodeDelayedList:   {onData, js(protocol.DelayedListRequest{})},
+		protocol.CodeQueueCount:    {onData, js(protocol.QueueCountRequest{Topic: "orders", To: 10, Filter: "A"})},
+		protocol.CodeLookup:        {onData, []byte(`{"offset":0}`)},
+		// A transaction with nothing here: who may send to some topic
+		// decides it (nothing is recorded).
+		protocol.CodeTxnEnd:            {onData, js(protocol.TxnEndRequest{Producer: 1, Epoch: 1, Number: 1})},
+		protocol.CodeTxnList:           {onData, js(protocol.TxnListRequest{})},
 		protocol.CodeHAFetch:           {onHA, protocol.AppendHAFetchRequest(nil, &protocol.HAFetchRequest{BrokerID: "nobody", MaxBytes: 1024})},
 		protocol.CodeHAAck:             {onHA, protocol.AppendHAAck(nil, &protocol.HAAck{BrokerID: "nobody"})},
 		protocol.CodeRecover:           {onHA, protocol.AppendRecoverRequest(nil, &protocol.RecoverRequest{Epoch: 99, BrokerID: "nobody"})},
@@ -209,6 +213,8 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeDelayedList:       {"admin", "desc"},
 		protocol.CodeQueueCount:        {"admin", "desc", "cons"},
 		protocol.CodeLookup:            {"admin", "cons", "other"},
+		protocol.CodeTxnEnd:            {"admin", "prod", "other"},
+		protocol.CodeTxnList:           {"admin", "desc", "prod", "other"},
 		protocol.CodeHAFetch:           {"admin", "cluster"},
 		protocol.CodeHAAck:             {"admin", "cluster"},
 		protocol.CodeRecover:           {"admin", "cluster"},

@@ -48,8 +48,8 @@ type sender struct {
 	// marks (nil: none are taken).
 	txns  *txns
 	stats *Stats
-	clock  clockwork.Clock
-	lg     hclog.Logger
+	clock clockwork.Clock
+	lg    hclog.Logger
 
 	// Broker-wide bounds on SEND requests in flight and their bytes; past
 	// them a request is refused whole with BUSY.

@@ -26,9 +26,9 @@ func (b *Broker) handleTxnEnd(r *transport.Request) {
 		return
 	case q.By == "":
 		q.By = protocol.TxnByProducer
-	case q.By != protocol.TxnByProducer && q.By != protocol.TxnByChecker && q.By != protocol.TxnByAdmin:
-		r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("a transaction is decided by %q, %q or %q, not %q",
-			protocol.TxnByProducer, protocol.TxnByChecker, protocol.TxnByAdmin, q.By)})
+	case q.By != protocol.TxnByProducer && q.By != protocol.TxnByChecker && q.By != protocol.TxnByChecks && q.By != protocol.TxnByAdmin:
+		r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("a transaction is decided by %q, %q, %q or %q, not %q",
+			protocol.TxnByProducer, protocol.TxnByChecker, protocol.TxnByChecks, protocol.TxnByAdmin, q.By)})
 		return
 	}
 	if b.acl != nil {

@@ -84,6 +84,7 @@ type config struct {
 	nonBlocking bool
 	retryTopic  string // "" unless nonBlocking: "%RETRY%" + group
 	filter      string // Filter's expression; "": none asked for
+	uncommitted bool   // ReadUncommitted
 	deadLetter  string // "" until New: "%DLQ%" + group
 	clock       clockwork.Clock
 	realClock   bool // clock is the real clock (withClock not given)
@@ -398,6 +399,14 @@ func NonBlockingRetries() Opt { return optFunc(func(c *config) { c.nonBlocking =
 // follow the group's filter as the registry has it: a set-filter takes
 // effect from their next heartbeat.
 func Filter(expr string) Opt { return optFunc(func(c *config) { c.filter = expr }) }
+
+// ReadUncommitted has the consumer receive the messages of open
+// transactions too, as they are stored (a transaction aborted later has
+// then delivered some). Default off: a queue is read only up to the first
+// message of its oldest open transaction, so messages are received once
+// their transaction committed, in queue order. Messages of aborted
+// transactions are never received either way.
+func ReadUncommitted() Opt { return optFunc(func(c *config) { c.uncommitted = true }) }
 
 // DeadLetterTopic names the topic that messages out of retries go to.
 // Default "%DLQ%" followed by the group. The topic is created on first use

@@ -323,7 +323,8 @@ func (p *part) fetch(pos int64) {
 		p.mu.Unlock()
 		req := protocol.PullRequest{Topic: p.key.topic, Queue: p.key.queue, Offset: max(pos, 0),
 			MaxBytes: uint32(min(max(want, 1), ask)), WaitMillis: uint32(c.cfg.pollWait / time.Millisecond),
-			Group: c.group, Member: c.cfg.member} // who reads: a message's journey shows it
+			Group: c.group, Member: c.cfg.member, // who reads: a message's journey shows it
+			ReadUncommitted: c.cfg.uncommitted}
 		if f := c.filter.Load(); f != nil && p.key.topic != c.cfg.retryTopic {
 			req.Filter = *f // a retry is of a message the group received
 		}

@@ -165,6 +165,10 @@ func (ln *line) stamp(recs []*record, cur *identity) {
 		r.msg.Producer = protocol.ProducerStamp{ID: cur.id, Epoch: cur.epoch, Seq: ln.next}
 		r.gen = cur.gen
 		ln.next++
+		if r.txn != nil {
+			r.msg.Txn = r.txn.id.Number
+			r.txn.stamped(cur)
+		}
 	}
 }
 

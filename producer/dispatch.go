@@ -22,7 +22,7 @@ func (c *Client) dispatch(rec *record, urgent bool) { c.dispatchBy(rec, urgent, 
 // leaves now, is then sent from this goroutine, not a new one (one
 // goroutine hand-off and one wake-up less on each side of the call).
 func (c *Client) dispatchBy(rec *record, urgent, caller bool) {
-	if !c.cfg.stays(rec) {
+	if !c.cfg.gated(rec) {
 		c.dispatchOne(rec, urgent, caller)
 		return
 	}

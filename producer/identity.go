@@ -41,13 +41,21 @@ func (c *Client) ensureIdentity(rec *record) error {
 	if c.ident.Load() != nil {
 		return nil
 	}
+	ctx, cancel := context.WithDeadline(rec.ctx, rec.deadlineWithin(c.cfg.requestTimeout))
+	defer cancel()
+	return c.takeIdentity(ctx)
+}
+
+// takeIdentity takes the producer's first identity unless it has one.
+func (c *Client) takeIdentity(ctx context.Context) error {
+	if c.ident.Load() != nil {
+		return nil
+	}
 	c.identMu.Lock()
 	defer c.identMu.Unlock()
 	if c.ident.Load() != nil {
 		return nil
 	}
-	ctx, cancel := context.WithDeadline(rec.ctx, rec.deadlineWithin(c.cfg.requestTimeout))
-	defer cancel()
 	id, epoch, err := c.cfg.idSource.initProducer(ctx, c.cfg.name)
 	if err != nil {
 		return initErr(err)
@@ -130,6 +138,10 @@ type Stats struct {
 	// messages had an unknown outcome and were retried like after a
 	// timeout.
 	GivenUp int64
+	// TxnCommits and TxnAborts count this producer's transactions
+	// committed and aborted; TxnChecks the open transactions of earlier
+	// instances it asked its TxnChecker about.
+	TxnCommits, TxnAborts, TxnChecks int64
 }
 
 // statCounters are Stats' counters, each also reported to the Metrics
@@ -159,5 +171,8 @@ func (c *Client) Stats() Stats {
 		Retries:            s.counts[sdkmetrics.ProducerRetries].Load(),
 		Renewals:           s.counts[sdkmetrics.ProducerRenewals].Load(),
 		GivenUp:            s.counts[sdkmetrics.ProducerGivenUp].Load(),
+		TxnCommits:         s.counts[sdkmetrics.ProducerTxnCommits].Load(),
+		TxnAborts:          s.counts[sdkmetrics.ProducerTxnAborts].Load(),
+		TxnChecks:          s.counts[sdkmetrics.ProducerTxnChecks].Load(),
 	}
 }

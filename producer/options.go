@@ -52,6 +52,9 @@ type config struct {
 	moveKeyed       bool
 	moveOnUnknown   bool
 	failoverWait    time.Duration
+	txnCheck        TxnChecker // nil: none (CheckTxns)
+	txnTopics       []string
+	txnCheckEvery   time.Duration
 	idSource        identitySource      // nil: the metaserver
 	routeSrc        routeSource         // nil: the metaserver
 	dialAddr        func(string) string // nil: brokers' addresses as routed (tests put a proxy between)
@@ -71,6 +74,7 @@ func defaults() config {
 		routeRefresh:    30 * time.Second,
 		routePoll:       300 * time.Millisecond,
 		failoverWait:    20 * time.Second,
+		txnCheckEvery:   10 * time.Second,
 		clock:           clockwork.NewRealClock(),
 		idempotent:      true,
 	}
@@ -112,10 +116,14 @@ func (c *config) validate() error {
 		{"RouteRefresh", c.routeRefresh},
 		{"RoutePoll", c.routePoll},
 		{"FailoverWait", c.failoverWait},
+		{"TxnCheckInterval", c.txnCheckEvery},
 	} {
 		if d.v <= 0 {
 			bad("%s %v must be positive", d.name, d.v)
 		}
+	}
+	if c.txnCheck != nil && (c.name == "" || !c.idempotent || len(c.txnTopics) == 0) {
+		bad("CheckTxns needs a named idempotent producer (Identity) and the topics its transactions write")
 	}
 	if len(c.name) > maxNameLen {
 		bad("Identity name of %d bytes over the cap %d", len(c.name), maxNameLen)

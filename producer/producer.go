@@ -114,6 +114,13 @@ type Client struct {
 	identMu  sync.Mutex
 	renewing atomic.Bool
 	fenced   atomic.Bool
+
+	// Transactions: the open one (nil: none), the last number given under
+	// any identity (numbers only grow), and the checker's state.
+	txnMu  sync.Mutex
+	txn    *Txn
+	txnNum uint64
+	checks txnChecks
 }
 
 // life is the producer's goroutines and its end, shared by its parts.
@@ -175,6 +182,10 @@ func New(opts ...Opt) (*Client, error) {
 	c.wire = newWire(&c.cfg, &c.life, c.router.sel.Avoider())
 	c.life.wg.Add(1)
 	go c.router.refresher()
+	if cfg.txnCheck != nil {
+		c.life.wg.Add(1)
+		go c.runTxnChecks()
+	}
 	return c, nil
 }
 
@@ -205,6 +216,11 @@ func (c *Client) SendAsync(ctx context.Context, m *Message, promise func(Result,
 }
 
 func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func(Result, error)) {
+	c.sendIn(ctx, m, nil, urgent, promise)
+}
+
+// sendIn sends m, in transaction txn when it is not nil.
+func (c *Client) sendIn(ctx context.Context, m *Message, txn *Txn, urgent bool, promise func(Result, error)) {
 	if c.life.closed.Load() {
 		promise(Result{}, ErrClosed)
 		return
@@ -219,6 +235,7 @@ func (c *Client) send(ctx context.Context, m *Message, urgent bool, promise func
 		promise(Result{}, err)
 		return
 	}
+	rec.txn = txn
 	if err := c.buf.acquire(ctx, rec.size); err != nil {
 		promise(Result{}, err)
 		return

@@ -23,6 +23,7 @@ type record struct {
 	key      string
 	promise  func(Result, error)
 	done     atomic.Bool
+	txn      *Txn // the transaction it belongs to (nil: none)
 
 	// Set by dispatch, read by the batch that carries the record.
 	group    string
@@ -168,11 +169,17 @@ func (r *record) unstamp(stats *statCounters) {
 	}
 	r.maybe, r.maybeSince, r.maybeEpoch = false, time.Time{}, 0
 	r.gen = 0
-	r.msg.Producer = protocol.ProducerStamp{}
+	r.msg.Producer, r.msg.Txn = protocol.ProducerStamp{}, 0
 }
 
-// stays reports whether a failed record must wait for its own queue.
-func (c *config) stays(rec *record) bool { return rec.key != "" && !c.moveKeyed }
+// stays reports whether a failed record must wait for its own queue: a
+// keyed one (gated), and one of a transaction, which must not reach a
+// second group.
+func (c *config) stays(rec *record) bool { return c.gated(rec) || rec.txn != nil }
+
+// gated reports whether a record passes its key's gate: its key's records
+// reach their queue one at a time, in order.
+func (c *config) gated(rec *record) bool { return rec.key != "" && !c.moveKeyed }
 
 func lastGroup(rec *record) string {
 	if rec.attempts == 0 {

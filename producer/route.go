@@ -145,6 +145,12 @@ func (r *router) pick(plan *plan, rec *record) (routing.QueueRoute, error) {
 			return q, nil
 		}
 	}
+	if rec.txn != nil {
+		// A transaction's messages go to its first message's group.
+		if q, ok := rec.txn.queueIn(plan.Route.Queues); ok {
+			return q, nil
+		}
+	}
 	var now time.Time // a plan of one group takes its queues in turn: no clock read per message
 	if !plan.oneGroup {
 		now = r.cfg.clock.Now()

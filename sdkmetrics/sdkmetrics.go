@@ -33,6 +33,13 @@ const (
 	// ProducerGivenUp: SEND requests abandoned without an answer because
 	// the group's master was replaced or the group stayed read-only.
 	ProducerGivenUp
+	// ProducerTxnCommits and ProducerTxnAborts: transactions the producer
+	// committed and aborted (its own, not those its checker resolved).
+	ProducerTxnCommits
+	ProducerTxnAborts
+	// ProducerTxnChecks: open transactions of earlier instances the
+	// producer asked its TxnChecker about.
+	ProducerTxnChecks
 
 	// NumCounters is the number of counters: a Counter is below it.
 	NumCounters

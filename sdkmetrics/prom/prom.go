@@ -59,6 +59,10 @@ var counterInfo = [sdkmetrics.NumCounters]struct{ name, help string }{
 		"Producer identities taken after the first."},
 	sdkmetrics.ProducerGivenUp: {"ferrymq_producer_given_up_total",
 		"SEND requests abandoned without an answer because the group's master was replaced or the group stayed read-only."},
+	sdkmetrics.ProducerTxnCommits: {"ferrymq_producer_txn_commits_total", "Transactions the producer committed."},
+	sdkmetrics.ProducerTxnAborts:  {"ferrymq_producer_txn_aborts_total", "Transactions the producer aborted, or found aborted at its commit."},
+	sdkmetrics.ProducerTxnChecks: {"ferrymq_producer_txn_checks_total",
+		"Open transactions of earlier instances of the producer's identity that it asked its checker about."},
 }
 
 // NewMetrics returns metrics at zero, to register with a registry and give
