@@ -317,6 +317,8 @@ func checkArgs(cmd *cobra.Command, args []string) error {
 			err = checkBrokerID(a)
 		case "handle":
 			err = checkHandle(a)
+		case "transaction":
+			_, err = protocol.ParseTxnID(a)
 		}
 		if err != nil {
 			return usageError{fmt.Errorf("%s: %w", path, err)}
@@ -361,4 +363,5 @@ var argKinds = map[string]string{
 	"delayed get":         "handle",
 	"message get":         "handle",
 	"delayed cancel":      "handle",
+	"txn abort":           "transaction",
 }

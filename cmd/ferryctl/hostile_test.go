@@ -178,6 +178,9 @@ var flagCases = map[string]flagCase{
 	"delayed ls/topic":  {[]string{"delayed", "ls"}, topicName},
 	"delayed ls/bucket": {[]string{"delayed", "ls"}, durationIn(time.Second, 366*24*time.Hour)},
 	"delayed ls/limit":  {[]string{"delayed", "ls"}, intIn(1, 1000)},
+	"txn ls/group":      {[]string{"txn", "ls"}, brokerGroupName},
+	"txn ls/producer":   {[]string{"txn", "ls"}, uintAny},
+	"txn abort/group":   {[]string{"txn", "abort", "1.1.1"}, brokerGroupName},
 
 	"bench/topic":            {[]string{"bench"}, topicName},
 	"bench/queues":           {[]string{"bench"}, intIn(1, 4096)},
@@ -305,6 +308,8 @@ var argCases = map[string]flagCase{
 	"delayed ls":          {nil, nil},
 	"delayed get":         {[]string{"delayed", "get", "ARG"}, handle},
 	"delayed cancel":      {[]string{"delayed", "cancel", "ARG"}, handle},
+	"txn ls":              {nil, nil},
+	"txn abort":           {[]string{"txn", "abort", "ARG", "--group", "g1"}, txnID},
 	"read":                {[]string{"read", "ARG"}, topicName},
 	"truncated":           {[]string{"truncated", "ARG"}, missingFile},
 	"bench":               {nil, nil},
@@ -370,6 +375,22 @@ func rfc3339(v string) int {
 		return wantNetwork
 	}
 	return wantUsage
+}
+
+// uintAny: any unsigned 64-bit number.
+func uintAny(v string) int {
+	if _, err := strconv.ParseUint(v, 0, 64); err != nil {
+		return wantUsage
+	}
+	return wantNetwork
+}
+
+// txnID: PRODUCER.EPOCH.NUMBER.
+func txnID(v string) int {
+	if _, err := protocol.ParseTxnID(v); err != nil {
+		return wantUsage
+	}
+	return wantNetwork
 }
 
 // handle: GROUP@OFFSET[/DUE], a broker group name, a log offset and a due time.

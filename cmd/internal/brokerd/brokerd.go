@@ -51,6 +51,10 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.MaxDelay, "max-delay", 90*24*time.Hour, "refuse (INVALID) a delayed message due further ahead than this")
 	fs.Int64Var(&cfg.DelayQuota, "delay-quota", 10_000_000, "refuse (DELAY_QUOTA) a delayed message when its topic has this many pending in the group")
 	fs.DurationVar(&cfg.DelayTick, "delay-tick", 10*time.Millisecond, "how often the master releases due delayed messages")
+	fs.DurationVar(&cfg.TxnTimeout, "txn-timeout", time.Minute, "abort a transaction open longer than this (at most 15m): no reader of committed messages waits longer")
+	fs.Int64Var(&cfg.TxnMaxMessages, "txn-max-messages", 100_000, "refuse (TXN_LIMIT) a transaction's message past this many in the group")
+	fs.Int64Var(&cfg.TxnMaxBytes, "txn-max-bytes", 256<<20, "refuse (TXN_LIMIT) a transaction's message past this many bytes in the group")
+	fs.IntVar(&cfg.TxnMaxOpenPerProducer, "txn-max-open-per-producer", 8, "refuse (TXN_LIMIT) a producer's new transaction past this many open in the group")
 	fs.StringVar(&failoverTail, "failover-tail", "recover", "what a former master does with the records a failover cut from its log (NORMAL messages it acknowledged that its slave never copied): recover (hand them to the new master, which stores each again once, flagged) or discard (keep them in truncated/ for the operator only)")
 	sf.Register(fs, false)
 	if err := cli.Parse(fs, args); err != nil {
@@ -132,6 +136,18 @@ func register(m *cli.Metrics, b *broker.Broker, dir string) {
 	m.CounterFunc("ferrymq_broker_delayed_moved_total", "Pending delayed messages appended again before retention deleted their segment.", f(&st.DelayedMoved))
 	m.CounterFunc("ferrymq_broker_delayed_unreadable_total", "Due delayed messages whose pending record could not be read (cancelled, and logged): should stay 0.", f(&st.DelayedUnreadable))
 	m.CounterFunc("ferrymq_broker_delayed_refused_total", "Delayed messages refused: due beyond -max-delay, or over their topic's -delay-quota.", f(&st.DelayedRefused))
+	m.CounterFunc("ferrymq_broker_txn_commits_total", "Transactions committed (decision marks written by this broker as master).", f(&st.TxnCommits))
+	m.CounterFunc("ferrymq_broker_txn_aborts_total", "Transactions aborted, those past -txn-timeout included.", f(&st.TxnAborts))
+	m.CounterFunc("ferrymq_broker_txn_timeouts_total", "Transactions aborted because they were open longer than -txn-timeout.", f(&st.TxnTimeouts))
+	m.CounterFunc("ferrymq_broker_txn_refused_total", "Messages of transactions refused TXN_LIMIT.", f(&st.TxnRefused))
+	m.GaugeFunc("ferrymq_broker_txn_open", "Open transactions in the group's log, at the last sweep (every second).", func() float64 { return float64(st.TxnOpen.Load()) })
+	m.GaugeFunc("ferrymq_broker_txn_oldest_age_seconds", "Age of the oldest open transaction at the last sweep (0: none): readers of committed messages of its queues wait for it.",
+		func() float64 {
+			if began := st.TxnOldest.Load(); began > 0 {
+				return time.Since(time.UnixMilli(began)).Seconds()
+			}
+			return 0
+		})
 	m.CounterFunc("ferrymq_broker_high_acked_total", "HIGH messages confirmed by the slave.", f(&st.HighAcked))
 	m.CounterFunc("ferrymq_broker_high_timeouts_total", "HIGH messages answered SLAVE_SYNC_TIMEOUT.", f(&st.HighTimeouts))
 	m.GaugeFunc("ferrymq_broker_producers_tracked", "Idempotent (producer, queue) pairs whose sequences the broker remembers.",
