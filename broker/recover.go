@@ -112,7 +112,7 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 	}
 	var resp protocol.RecoverResponse
 	var entries []storage.Entry
-	notDelayed := 0
+	leftHere := 0
 	delayedIDs := map[string]struct{}{} // delayed messages of this batch: a pending record and its move are one
 	for _, ri := range recs {
 		m, err := protocol.DecodeMessage(ri.Payload)
@@ -120,11 +120,19 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 			return protocol.RecoverResponse{}, &protocol.Error{Status: protocol.StatusInvalid,
 				Message: fmt.Sprintf("the record at log offset %d holds no message: %v", ri.Offset, err)}
 		}
+		if m.Txn != 0 || ri.Topic == protocol.TxnTopic {
+			// A transaction's record or mark: a commit is answered only
+			// once the sync set holds its mark, and so every record of
+			// its transaction: one cut here was never committed (and a
+			// commit of it here is refused: the records are missing).
+			leftHere++
+			continue
+		}
 		if k := m.Schedule.Kind; k != protocol.ScheduleNone && k != protocol.ScheduleDelayed {
 			// A release (its copy and mark) or a cancel mark names a pending
 			// record by its offset in the old master's log: this log's own
 			// index decides what is pending here, and releases it once.
-			notDelayed++
+			leftHere++
 			continue
 		}
 		if held[m.ID] {
@@ -136,7 +144,7 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 			if m.Schedule.Ref < q.Cut {
 				// Retention's move of a record both logs hold: this log's
 				// own index decides what became of that one.
-				notDelayed++
+				leftHere++
 				continue
 			}
 			// The move of a record that was in the cut tail too: pending
@@ -178,7 +186,7 @@ func (b *Broker) recoverTail(ctx context.Context, q protocol.RecoverRequest) (pr
 	b.stats.Recovered.Add(int64(resp.Stored))
 	b.stats.RecoverDuplicates.Add(int64(resp.Duplicates))
 	b.log.Info("appended again the records a failover cut from a former master", "from", q.BrokerID, "epoch", q.Epoch,
-		"records", len(recs), "stored", resp.Stored, "held-already", resp.Duplicates, "delayed-marks-and-moves-left", notDelayed, "log-end", resp.End)
+		"records", len(recs), "stored", resp.Stored, "held-already", resp.Duplicates, "left-to-this-log (releases, marks, moves, transactions)", leftHere, "log-end", resp.End)
 	return resp, nil
 }
 

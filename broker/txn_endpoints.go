@@ -41,7 +41,7 @@ func (b *Broker) handleTxnEnd(r *transport.Request) {
 			return
 		}
 	}
-	b.txns.end(id, q.Commit, q.By, q.High, func(rep protocol.TxnEndReply, err error) {
+	b.txns.end(id, q.Commit, q.By, q.Seqs, func(rep protocol.TxnEndReply, err error) {
 		if err != nil {
 			r.ReplyError(err)
 			return

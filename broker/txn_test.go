@@ -225,3 +225,46 @@ func TestTxnLimits(t *testing.T) {
 		t.Fatalf("open %+v, want two", l.Open)
 	}
 }
+
+// A commit requires the log to hold the last message its producer was told
+// was stored in each queue (else TXN_INCOMPLETE, and the transaction stays
+// open); a commit waits for the sync set, so a group below its minimum
+// refuses it before writing anything, while an abort goes through.
+func TestTxnCommitChecks(t *testing.T) {
+	meta := tc.StartMeta(t, 1, nil)
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Slave: true})
+	lone := tc.StartGroup(t, meta.Addrs(), "g2", tc.GroupOpts{})
+	meta.CreateTopic(t, "tx", "g1", "g2")
+	c := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, c, "tx", 0)
+	id := protocol.TxnID{Producer: 4, Epoch: 1, Number: 1}
+	tc.Send(t, c, []protocol.Message{txnMsg("tx", 0, id, 0, "x"), txnMsg("tx", 0, id, 1, "y")})
+	end := func(c *transport.Client, id protocol.TxnID, commit bool, seqs ...protocol.TxnSeq) (protocol.TxnEndReply, error) {
+		var out protocol.TxnEndReply
+		err := callDelayed(t, c, protocol.CodeTxnEnd, protocol.TxnEndRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number,
+			Commit: commit, Seqs: seqs}, &out)
+		return out, err
+	}
+	if _, err := end(c, id, true, protocol.TxnSeq{Topic: "tx", Queue: 0, Seq: 2}); protocol.StatusOf(err) != protocol.StatusTxnIncomplete {
+		t.Fatalf("a commit naming a sequence the log lacks: %v, want TXN_INCOMPLETE", err)
+	}
+	if l := listTxns(t, c); len(l.Open) != 1 {
+		t.Fatalf("after the refused commit: open %+v, want it still open", l.Open)
+	}
+	if rep, err := end(c, id, true, protocol.TxnSeq{Topic: "tx", Queue: 0, Seq: 1}); err != nil || !rep.Committed {
+		t.Fatalf("a commit naming what the log holds: %+v, %v", rep, err)
+	}
+	got, _ := readQueue(t, c, "tx", 0, false)
+	wantBodies(t, "after the commit", got, "probe", "x", "y")
+
+	lc := tc.Dial(t, lone.Master.Addr())
+	warmRoute(t, lc, "tx", 1)
+	id2 := protocol.TxnID{Producer: 4, Epoch: 1, Number: 2}
+	tc.Send(t, lc, []protocol.Message{txnMsg("tx", 1, id2, 0, "z")})
+	if _, err := end(lc, id2, true); protocol.StatusOf(err) != protocol.StatusNotEnoughReplicas {
+		t.Fatalf("a commit in a group below its minimum copies: %v, want NOT_ENOUGH_REPLICAS", err)
+	}
+	if rep, err := end(lc, id2, false); err != nil || rep.Committed || rep.Queues != 1 {
+		t.Fatalf("an abort in a group below its minimum copies: %+v, %v", rep, err)
+	}
+}

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -285,18 +286,24 @@ func markEntry(mark *protocol.TxnMark) storage.Entry {
 
 // end decides transaction id (commit or abort) as the writable master and
 // calls answer once with the decision in force: the one asked for, or the
-// one made before. high waits for the sync set to hold the mark.
-func (t *txns) end(id protocol.TxnID, commit bool, by string, high bool, answer func(protocol.TxnEndReply, error)) {
+// one made before. A commit is answered once the sync set holds its mark
+// (and so every record of the transaction, before it in the log), like a
+// HIGH message: refused NOT_ENOUGH_REPLICAS, before anything is written,
+// while the set is below the group's minimum. A commit with seqs is written
+// only if the log holds each queue's last sequence (storage.Requirement).
+// An abort is written whatever the set, and answered once the set holds it
+// or its wait ran out: one lost in a failover is made again at the timeout.
+func (t *txns) end(id protocol.TxnID, commit bool, by string, seqs []protocol.TxnSeq, answer func(protocol.TxnEndReply, error)) {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	t.mu.Lock()
-	now, err := t.endLocked(id, commit, by)
-	if err != nil || now != nil {
+	rep, done, err := t.endLocked(id, commit)
+	if err != nil || done != nil {
 		t.mu.Unlock()
 		if err != nil {
 			answer(protocol.TxnEndReply{}, err)
 		} else {
-			answer(*now, nil)
+			t.confirm(rep, done.Committed, done.at, func(st error) { answer(done.TxnEndReply, st) })
 		}
 		return
 	}
@@ -312,47 +319,80 @@ func (t *txns) end(id protocol.TxnID, commit bool, by string, high bool, answer 
 	}
 	mark := protocol.TxnMark{Kind: kind, ID: id, Time: t.clock.Now().UnixMilli(), By: by}
 	t.deciding[id] = []func(protocol.TxnEndReply, error){answer}
-	rep := t.repl()
 	t.mu.Unlock()
 	reply := protocol.TxnEndReply{Committed: commit, By: by, Queues: len(queues)}
-	t.log.AppendAsync([]storage.Entry{markEntry(&mark)}, false, func(pos []storage.Position, err error) {
+	e := markEntry(&mark)
+	if commit {
+		for _, q := range seqs {
+			e.Requires = append(e.Requires, storage.Requirement{Topic: q.Topic, Queue: q.Queue, Producer: id.Producer, Epoch: id.Epoch, Seq: q.Seq})
+		}
+	}
+	t.log.AppendAsync([]storage.Entry{e}, false, func(pos []storage.Position, err error) {
 		if err == nil && pos[0].Err != nil {
 			err = pos[0].Err
 		}
-		t.decided(id, &mark, queues, pos, err, rep, high, reply)
+		t.decided(id, &mark, queues, pos, err, rep, reply)
 	})
 }
 
-// endLocked checks that this broker may decide id now and answers what
-// needs no mark: an error, or (now) the decision made before, or that id
-// wrote nothing here. Both nil: id is open (or being decided). mu is held.
-func (t *txns) endLocked(id protocol.TxnID, commit bool, by string) (now *protocol.TxnEndReply, err error) {
+// doneTxn is the answer to a TXN_END of a transaction decided before (or
+// with nothing here), and where its mark is.
+type doneTxn struct {
+	protocol.TxnEndReply
+	at int64 // -1: no mark to wait for
+}
+
+// endLocked checks that this broker may decide id now, and answers what
+// needs no new mark (done): the decision made before, or that id wrote
+// nothing here. Neither: id is open (or being decided). mu is held.
+func (t *txns) endLocked(id protocol.TxnID, commit bool) (rep *replication, done *doneTxn, err error) {
 	if err := t.catchUpLocked(); err != nil {
-		return nil, &protocol.Error{Status: protocol.StatusStoreError, Message: err.Error()}
+		return nil, nil, &protocol.Error{Status: protocol.StatusStoreError, Message: err.Error()}
 	}
+	rep = t.repl()
 	switch {
-	case t.repl() == nil:
-		return nil, &protocol.Error{Status: protocol.StatusNotMaster, Message: "this broker is not its group's master"}
+	case rep == nil:
+		return nil, nil, &protocol.Error{Status: protocol.StatusNotMaster, Message: "this broker is not its group's master"}
 	case !t.lease.valid():
-		return nil, &protocol.Error{Status: protocol.StatusReadOnly, Message: "this broker's write lease does not hold"}
+		return nil, nil, &protocol.Error{Status: protocol.StatusReadOnly, Message: "this broker's write lease does not hold"}
 	}
 	if _, busy := t.deciding[id]; busy {
-		return nil, nil
+		return rep, nil, nil
 	}
-	switch st := t.idx.State(id); st {
-	case txn.Committed, txn.Aborted:
-		return &protocol.TxnEndReply{Committed: st == txn.Committed, Queues: -1}, nil
-	case txn.Unknown:
-		return &protocol.TxnEndReply{Committed: commit, By: by}, nil
+	if committed, at, ok := t.idx.Decision(id); ok {
+		return rep, &doneTxn{protocol.TxnEndReply{Committed: committed, Queues: -1}, at}, nil
 	}
-	return nil, nil
+	if t.idx.OpenTxn(id) == nil {
+		return rep, &doneTxn{protocol.TxnEndReply{Committed: commit}, -1}, nil // nothing of it here
+	}
+	if commit && rep.refusesHigh() {
+		return nil, nil, &protocol.Error{Status: protocol.StatusNotEnoughReplicas,
+			Message: "the group's sync set is below its minimum: a commit waits for it (HIGH)"}
+	}
+	return rep, nil, nil
+}
+
+// confirm calls answer once the sync set holds the mark at log offset at
+// (at < 0: at once): with the refusal, for a commit the set did not take
+// in time; an abort is answered either way.
+func (t *txns) confirm(rep *replication, committed bool, at int64, answer func(error)) {
+	if at < 0 || rep == nil {
+		answer(nil)
+		return
+	}
+	rep.await(at+1, func(st protocol.Status) {
+		if st != protocol.StatusOK && committed {
+			answer(&protocol.Error{Status: st, Message: "the commit mark is not confirmed by the group's sync set yet"})
+			return
+		}
+		answer(nil)
+	})
 }
 
 // decided completes a decision's append: it applies the mark, wakes the
-// readers of the transaction's queues and answers who waits (after the
-// sync set holds the mark, for high).
+// readers of the transaction's queues and answers who waits (confirm).
 func (t *txns) decided(id protocol.TxnID, mark *protocol.TxnMark, queues []protocol.TxnQueue, pos []storage.Position, err error,
-	rep *replication, high bool, reply protocol.TxnEndReply) {
+	rep *replication, reply protocol.TxnEndReply) {
 	t.mu.Lock()
 	waiters := t.deciding[id]
 	delete(t.deciding, id)
@@ -360,12 +400,19 @@ func (t *txns) decided(id protocol.TxnID, mark *protocol.TxnMark, queues []proto
 		t.idx.Apply(mark, pos[0].LogOffset)
 	}
 	t.mu.Unlock()
+	fail := func(e error) {
+		for _, w := range waiters {
+			w(protocol.TxnEndReply{}, e)
+		}
+	}
+	if errors.Is(err, storage.ErrMissingRecords) {
+		fail(&protocol.Error{Status: protocol.StatusTxnIncomplete,
+			Message: fmt.Sprintf("transaction %s: messages its producer was told were stored are not in this group's log (a failover lost them): abort it", id)})
+		return
+	}
 	if err != nil {
 		t.lg.Warn("cannot write a transaction's decision", "txn", id.String(), "error", err)
-		st := statusOfStoreError(err)
-		for _, w := range waiters {
-			w(protocol.TxnEndReply{}, &protocol.Error{Status: st, Message: "the decision mark: " + err.Error()})
-		}
+		fail(&protocol.Error{Status: statusOfStoreError(err), Message: "the decision mark: " + err.Error()})
 		return
 	}
 	if mark.Kind == protocol.TxnCommit {
@@ -377,20 +424,15 @@ func (t *txns) decided(id protocol.TxnID, mark *protocol.TxnMark, queues []proto
 		}
 	}
 	t.pulls.wakeQueues(queues)
-	finish := func(st protocol.Status) {
+	t.confirm(rep, mark.Kind == protocol.TxnCommit, pos[0].LogOffset, func(e error) {
+		if e != nil {
+			fail(e)
+			return
+		}
 		for _, w := range waiters {
-			if st != protocol.StatusOK {
-				w(protocol.TxnEndReply{}, &protocol.Error{Status: st, Message: "the decision mark was not confirmed by the sync set"})
-				continue
-			}
 			w(reply, nil)
 		}
-	}
-	if high && rep != nil {
-		rep.await(pos[0].End, finish)
-		return
-	}
-	finish(protocol.StatusOK)
+	})
 }
 
 // list is the open transactions (of producer, when not 0) and the recent
@@ -459,7 +501,7 @@ func (t *txns) sweep() {
 	t.mu.Unlock()
 	for _, id := range expired {
 		t.lg.Info("aborting a transaction open past its timeout", "txn", id.String(), "timeout", t.timeout)
-		t.end(id, false, protocol.TxnByTimeout, false, func(_ protocol.TxnEndReply, err error) {
+		t.end(id, false, protocol.TxnByTimeout, nil, func(_ protocol.TxnEndReply, err error) {
 			if err != nil {
 				t.lg.Warn("cannot abort a transaction past its timeout; trying again", "txn", id.String(), "error", err)
 			}

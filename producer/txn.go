@@ -50,7 +50,6 @@ type Txn struct {
 	settled chan struct{} // closed when pending drops to 0 (nil while 0)
 	group   string        // the group of its messages
 	parts   map[txnPartKey]txnPart
-	high    bool  // a HIGH message: the decision waits for the sync set
 	err     error // the first message that failed
 	ended   bool
 }
@@ -63,11 +62,27 @@ type txnPartKey struct {
 }
 
 // txnPart is a queue of a part's messages, to find its group's master by
-// the queue's route.
+// the queue's route, and the last sequence stored in each of its queues,
+// which the commit requires of the group's log.
 type txnPart struct {
 	group string
 	topic string
 	queue uint32
+	seqs  map[txnQueue]int64
+}
+
+type txnQueue struct {
+	topic string
+	queue uint32
+}
+
+// lastSeqs is the part's last sequence per queue, as a commit names them.
+func (p txnPart) lastSeqs() []protocol.TxnSeq {
+	out := make([]protocol.TxnSeq, 0, len(p.seqs))
+	for q, seq := range p.seqs {
+		out = append(out, protocol.TxnSeq{Topic: q.topic, Queue: q.queue, Seq: seq})
+	}
+	return out
 }
 
 // BeginTxn opens a transaction. It takes the producer's identity first if
@@ -127,9 +142,6 @@ func (t *Txn) SendAsync(ctx context.Context, m *Message, promise func(Result, er
 	if t.pending == 1 {
 		t.settled = make(chan struct{})
 	}
-	if m.Reliability == protocol.High {
-		t.high = true
-	}
 	t.mu.Unlock()
 	t.c.sendIn(ctx, m, t, true, func(r Result, err error) {
 		t.settle(r, err)
@@ -146,8 +158,15 @@ func (t *Txn) settle(r Result, err error) {
 			t.err = err
 		}
 	} else {
-		id := protocol.TxnID{Producer: r.ProducerID, Epoch: r.Epoch, Number: t.id.Number}
-		t.parts[txnPartKey{id, r.Group}] = txnPart{group: r.Group, topic: r.Topic, queue: r.Queue}
+		k := txnPartKey{protocol.TxnID{Producer: r.ProducerID, Epoch: r.Epoch, Number: t.id.Number}, r.Group}
+		p, ok := t.parts[k]
+		if !ok {
+			p = txnPart{group: r.Group, topic: r.Topic, queue: r.Queue, seqs: map[txnQueue]int64{}}
+			t.parts[k] = p
+		}
+		if q := (txnQueue{r.Topic, r.Queue}); r.Seq >= p.seqs[q] {
+			p.seqs[q] = r.Seq
+		}
 	}
 	t.pending--
 	if t.pending == 0 {
@@ -224,7 +243,7 @@ func (t *Txn) Commit(ctx context.Context) error {
 		t.mu.Unlock()
 		return ErrTxnEnded
 	}
-	failed, parts, high := t.err, t.parts, t.high
+	failed, parts := t.err, t.parts
 	t.mu.Unlock()
 	switch {
 	case failed != nil:
@@ -236,7 +255,11 @@ func (t *Txn) Commit(ctx context.Context) error {
 	}
 	for k, p := range parts {
 		id := k.id
-		rep, err := t.c.endTxn(ctx, id, p, true, protocol.TxnByProducer, high)
+		rep, err := t.c.endTxn(ctx, id, p, true, protocol.TxnByProducer)
+		if protocol.StatusOf(err) == protocol.StatusTxnIncomplete {
+			// A failover lost messages the old master had stored: abort.
+			return errors.Join(fmt.Errorf("producer: transaction %s: %w (%w)", id, ErrTxnAborted, err), t.abortParts(ctx, parts, protocol.TxnByProducer))
+		}
 		if err != nil {
 			return fmt.Errorf("producer: commit transaction %s: %w", id, err)
 		}
@@ -274,7 +297,7 @@ func (t *Txn) abortParts(ctx context.Context, parts map[txnPartKey]txnPart, by s
 	var errs []error
 	for k, p := range parts {
 		id := k.id
-		rep, err := t.c.endTxn(ctx, id, p, false, by, false)
+		rep, err := t.c.endTxn(ctx, id, p, false, by)
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("producer: abort transaction %s: %w", id, err))
@@ -351,8 +374,12 @@ func (c *Client) bounded(ctx context.Context) (context.Context, context.CancelFu
 // endTxn decides transaction id on its group's master, found by the route
 // of a queue it wrote, retrying what may succeed later (a failover, a
 // busy or read-only group, a lost connection) until ctx ends.
-func (c *Client) endTxn(ctx context.Context, id protocol.TxnID, p txnPart, commit bool, by string, high bool) (protocol.TxnEndReply, error) {
-	body, _ := json.Marshal(protocol.TxnEndRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Commit: commit, By: by, High: high})
+func (c *Client) endTxn(ctx context.Context, id protocol.TxnID, p txnPart, commit bool, by string) (protocol.TxnEndReply, error) {
+	req := protocol.TxnEndRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Commit: commit, By: by}
+	if commit && by == protocol.TxnByProducer {
+		req.Seqs = p.lastSeqs()
+	}
+	body, _ := json.Marshal(req)
 	var rep protocol.TxnEndReply
 	err := c.callMaster(ctx, p.topic, p.queue, protocol.CodeTxnEnd, body, &rep)
 	return rep, err

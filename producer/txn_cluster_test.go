@@ -13,6 +13,7 @@ import (
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
@@ -48,6 +49,17 @@ func readCommitted(t *testing.T, tc *transport.Client, topic string, queue uint3
 	}
 }
 
+// oneCopy lets groups without a slave take HIGH messages and commits (a
+// commit waits for the sync set, as HIGH does).
+func oneCopy(t *testing.T, c *testcluster.Cluster, groups ...string) {
+	t.Helper()
+	for _, g := range groups {
+		if _, err := c.Meta.Client(t).SetGroupPolicy(context.Background(), api.GroupPolicyRequest{Group: g, MinInSync: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func mustJSON(t *testing.T, b []byte, v any) {
 	t.Helper()
 	if err := json.Unmarshal(b, v); err != nil {
@@ -70,6 +82,7 @@ func bodies(prefix string, n int) []string {
 // one runs any.
 func TestTxnCommitAndAbort(t *testing.T) {
 	c := start(t, false, "g1")
+	oneCopy(t, c, "g1")
 	c.Meta.CreateTopic(t, "tx", "g1", "g1")
 	p := newProducer(t, c, Identity("txp"), Linger(0))
 	ctx := context.Background()
@@ -138,6 +151,7 @@ func TestTxnCommitAndAbort(t *testing.T) {
 // commit fail, and nothing of it is delivered.
 func TestTxnSpansGroups(t *testing.T) {
 	c := start(t, false, "g1", "g2")
+	oneCopy(t, c, "g1", "g2")
 	c.Meta.CreateTopic(t, "tx", "g1", "g2")
 	p := newProducer(t, c, Identity("txp"), Linger(0))
 	ctx := context.Background()
@@ -182,6 +196,7 @@ func TestTxnSpansGroups(t *testing.T) {
 // aborted, or, answered unknown MaxTxnChecks times, aborted by checks.
 func TestTxnChecker(t *testing.T) {
 	c := start(t, false, "g1")
+	oneCopy(t, c, "g1")
 	c.Meta.CreateTopic(t, "tx", "g1")
 	ctx := context.Background()
 	leave := func(name, body string) protocol.TxnID {

@@ -142,7 +142,7 @@ func (c *Client) resolve(ctx context.Context, id protocol.TxnID, g txnPart, info
 		d, by = TxnAbort, protocol.TxnByChecks
 	}
 	delete(c.checks.unknown, id)
-	if _, err := c.endTxn(ctx, id, g, d == TxnCommit, by, false); err != nil {
+	if _, err := c.endTxn(ctx, id, g, d == TxnCommit, by); err != nil {
 		return fmt.Errorf("producer: resolve transaction %s: %w", id, err)
 	}
 	return nil

@@ -87,6 +87,11 @@ const (
 	// producer's open transactions, past the broker's limits: nothing was
 	// stored.
 	StatusTxnLimit Status = 32
+	// StatusTxnIncomplete: a commit refused because messages of the
+	// transaction its producer was told were stored are not in the group's
+	// log (a failover lost the old master's tail): the transaction stays
+	// open, and its producer must abort it.
+	StatusTxnIncomplete Status = 33
 )
 
 // statusFlags are the columns of the status table.
@@ -157,6 +162,7 @@ var statusTable = [...]statusInfo{
 	StatusDelayQuota:                   {"DELAY_QUOTA", 0},
 	StatusTxnFenced:                    {"TXN_FENCED", 0},
 	StatusTxnLimit:                     {"TXN_LIMIT", 0},
+	StatusTxnIncomplete:                {"TXN_INCOMPLETE", 0},
 }
 
 // String returns the status's name, e.g. "READ_ONLY".

@@ -51,6 +51,7 @@ func TestStatusColumns(t *testing.T) {
 		StatusDelayQuota:                   {"DELAY_QUOTA", false, false, false, false},
 		StatusTxnFenced:                    {"TXN_FENCED", false, false, false, false},
 		StatusTxnLimit:                     {"TXN_LIMIT", false, false, false, false},
+		StatusTxnIncomplete:                {"TXN_INCOMPLETE", false, false, false, false},
 	}
 	for s := Status(0); s < 1<<10; s++ {
 		w, known := want[s]

@@ -177,15 +177,27 @@ func TxnMarkMessage(m *TxnMark) Message {
 
 // TxnEndRequest is the body of TXN_END (JSON): decide a transaction of the
 // broker's group. Commit false aborts. By says who decides (the producer
-// or its checker; an operator's is always TxnByAdmin).
+// or its checker; an operator's is always TxnByAdmin). The answer comes
+// once the group's sync set holds the decision mark: its members then hold
+// every record of the transaction too, which precede the mark in the log.
 type TxnEndRequest struct {
 	Producer uint64 `json:"producer"`
 	Epoch    uint16 `json:"epoch"`
 	Number   uint64 `json:"number"`
 	Commit   bool   `json:"commit"`
 	By       string `json:"by,omitempty"`
-	// High answers only once the group's sync set holds the decision.
-	High bool `json:"high,omitempty"`
+	// Seqs, for a commit by its producer, are the last sequence the
+	// producer was told was stored in each queue it wrote here: a commit
+	// is refused (TXN_INCOMPLETE) unless the group's log holds them all
+	// (a failover can lose what the old master acknowledged).
+	Seqs []TxnSeq `json:"seqs,omitempty"`
+}
+
+// TxnSeq is the last sequence of a producer in a queue.
+type TxnSeq struct {
+	Topic string `json:"topic"`
+	Queue uint32 `json:"queue"`
+	Seq   int64  `json:"seq"`
 }
 
 // ID is the transaction r names.

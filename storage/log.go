@@ -29,6 +29,22 @@ type Entry struct {
 	// the next one its producer's state expects: it never refuses, fences
 	// or renumbers a live producer.
 	Recovered bool
+	// Requires makes the entry's append conditional: it is written only if
+	// the deduplication state holds, for each requirement, the producer in
+	// the queue at the epoch with the sequence stored (in this group's
+	// earlier entries too); else its Position's Err is ErrMissingRecords
+	// and nothing of it is written. A transaction's commit mark requires
+	// the last message its producer was told was stored in each queue.
+	Requires []Requirement
+}
+
+// Requirement is one condition of Entry.Requires.
+type Requirement struct {
+	Topic    string
+	Queue    uint32
+	Producer uint64
+	Epoch    uint16
+	Seq      int64
 }
 
 // Position is where an appended entry landed.

@@ -197,6 +197,19 @@ func (t *producerTable) check(st *producerState, ps ProducerStamp, now int64) (v
 	return refuse, 0, ErrOutOfOrderSequence
 }
 
+// holds reports whether the state has every requirement's producer in its
+// queue at its epoch with its sequence stored, at record time now (a state
+// idle past ProducerIdle counts as none, as in check).
+func (t *producerTable) holds(reqs []Requirement, now int64) bool {
+	for _, q := range reqs {
+		st := t.queues[queueKey{q.Topic, q.Queue}][q.Producer]
+		if st == nil || now-st.lastSeen > t.idle || st.epoch != q.Epoch || st.newest().lastSeq < q.Seq {
+			return false
+		}
+	}
+	return true
+}
+
 // apply records a stamped record stored in queue k at queue offset qo with
 // record time now, without checks: a state that is missing, forgotten or of
 // another epoch starts over at this record, else the record joins its runs.

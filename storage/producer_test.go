@@ -616,3 +616,40 @@ func TestProducerStampValidity(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// An entry with requirements is written only if the deduplication state
+// holds each producer in its queue at its epoch with its sequence stored,
+// earlier entries of its own group counted; a refused one writes nothing
+// and takes no offset. After a reopen the state, rebuilt from the log,
+// judges the same.
+func TestRequiresJudgedByTheState(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, ProducerStamp: testStamp}
+	l := openLog(t, cfg)
+	mark := func(reqs ...Requirement) Entry {
+		return Entry{Topic: "marks", Queue: 0, Payload: []byte("mark"), Requires: reqs}
+	}
+	need := func(queue uint32, epoch uint16, seq int64) Requirement {
+		return Requirement{Topic: "d", Queue: queue, Producer: 7, Epoch: epoch, Seq: seq}
+	}
+	mustAppend(t, l, []Entry{se("d", 0, 7, 1, 0), se("d", 0, 7, 1, 1), se("d", 1, 7, 1, 0)}, false)
+	pos := mustAppend(t, l, []Entry{
+		mark(need(0, 1, 1), need(1, 1, 0)), // held
+		mark(need(0, 1, 2)),                // seq 2 is missing
+		mark(need(0, 2, 1)),                // another epoch
+		mark(need(2, 1, 0)),                // a queue it never wrote
+		se("d", 0, 7, 1, 2),
+		mark(need(0, 1, 2)), // held now: the group's entry before it counts
+	}, false)
+	checkPositions(t, "marks", pos, []Position{
+		stored(pos[0]), refused(ErrMissingRecords), refused(ErrMissingRecords), refused(ErrMissingRecords), stored(pos[4]), stored(pos[5]),
+	})
+	if first, next := l.QueueRange("marks", 0); first != 0 || next != 2 {
+		t.Fatalf("marks queue [%d, %d): want the two held marks only", first, next)
+	}
+	must(t, l.Close())
+	l = openLog(t, cfg)
+	defer l.Close()
+	pos = mustAppend(t, l, []Entry{mark(need(0, 1, 2)), mark(need(0, 1, 3))}, false)
+	checkPositions(t, "after a reopen", pos, []Position{stored(pos[0]), refused(ErrMissingRecords)})
+}

@@ -39,6 +39,9 @@ var (
 	// ErrInvalidEntry is returned for an entry the log cannot store (empty or
 	// too long topic, payload over the cap).
 	ErrInvalidEntry = errors.New("storage: invalid entry")
+	// ErrMissingRecords refuses an entry whose Requires the deduplication
+	// state does not hold.
+	ErrMissingRecords = errors.New("storage: records an entry requires are not in the log")
 )
 
 // CorruptError reports corruption found in durable data, with its place.

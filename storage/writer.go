@@ -147,6 +147,9 @@ func (l *Log) writeGroup(batch []*appendReq) {
 				if applyStamp {
 					ids, st = l.prod.find(k, e.Producer.ID)
 				}
+			} else if len(e.Requires) > 0 && !l.prod.holds(e.Requires, now) {
+				r.positions[i] = Position{QueueOffset: -1, LogOffset: -1, End: -1, Err: ErrMissingRecords}
+				continue
 			} else if e.Producer.ID != 0 {
 				// Checked in append order: the state holds every entry
 				// placed before this one, in this group too.

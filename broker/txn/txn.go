@@ -55,6 +55,12 @@ func (s State) String() string {
 	return [...]string{"unknown", "open", "committed", "aborted"}[s]
 }
 
+// decision is a transaction's outcome and where its mark is in the log.
+type decision struct {
+	committed bool
+	at        int64
+}
+
 type queueKey struct {
 	topic string
 	queue uint32
@@ -79,9 +85,9 @@ type Index struct {
 	// aborted holds every aborted transaction whose records may still be
 	// in the log, with the log offset of its abort mark.
 	aborted map[protocol.TxnID]int64
-	// recent remembers recent decisions (committed true), oldest first
-	// in order.
-	recent map[protocol.TxnID]bool
+	// recent remembers recent decisions and their marks' log offsets,
+	// oldest first in order.
+	recent map[protocol.TxnID]decision
 	order  []protocol.TxnID
 	others []protocol.TxnDecided // newest last
 }
@@ -93,7 +99,7 @@ func New() *Index {
 		queues:  map[queueKey]map[protocol.TxnID]int64{},
 		newest:  map[uint64]protocol.TxnID{},
 		aborted: map[protocol.TxnID]int64{},
-		recent:  map[protocol.TxnID]bool{},
+		recent:  map[protocol.TxnID]decision{},
 	}
 }
 
@@ -101,7 +107,7 @@ func New() *Index {
 // log order; a mark of a transaction already decided changes nothing.
 func (x *Index) Apply(m *protocol.TxnMark, at int64) {
 	id := m.ID
-	if _, done := x.decision(id); done {
+	if _, _, done := x.Decision(id); done {
 		return
 	}
 	if n, ok := x.newest[id.Producer]; !ok || n.Before(id) {
@@ -141,7 +147,7 @@ func (x *Index) Apply(m *protocol.TxnMark, at int64) {
 		if !committed {
 			x.aborted[id] = at
 		}
-		x.remember(id, committed)
+		x.remember(id, decision{committed, at})
 		if m.By != protocol.TxnByProducer {
 			x.others = append(x.others, protocol.TxnDecided{ID: id.String(), Committed: committed, By: m.By, At: m.Time})
 			if len(x.others) > recentByOthers {
@@ -151,8 +157,8 @@ func (x *Index) Apply(m *protocol.TxnMark, at int64) {
 	}
 }
 
-func (x *Index) remember(id protocol.TxnID, committed bool) {
-	x.recent[id] = committed
+func (x *Index) remember(id protocol.TxnID, d decision) {
+	x.recent[id] = d
 	x.order = append(x.order, id)
 	if len(x.order) > recentDecisions {
 		old := x.order[0]
@@ -161,15 +167,16 @@ func (x *Index) remember(id protocol.TxnID, committed bool) {
 	}
 }
 
-// decision is id's decision, if the index knows it.
-func (x *Index) decision(id protocol.TxnID) (committed, ok bool) {
-	if c, ok := x.recent[id]; ok {
-		return c, true
+// Decision is id's decision and the log offset of its mark, if the index
+// knows it.
+func (x *Index) Decision(id protocol.TxnID) (committed bool, at int64, ok bool) {
+	if d, ok := x.recent[id]; ok {
+		return d.committed, d.at, true
 	}
-	if _, ok := x.aborted[id]; ok {
-		return false, true
+	if at, ok := x.aborted[id]; ok {
+		return false, at, true
 	}
-	return false, false
+	return false, 0, false
 }
 
 // State is where id is, as far as the index knows.
@@ -177,7 +184,7 @@ func (x *Index) State(id protocol.TxnID) State {
 	if _, ok := x.open[id]; ok {
 		return Open
 	}
-	if committed, ok := x.decision(id); ok {
+	if committed, _, ok := x.Decision(id); ok {
 		if committed {
 			return Committed
 		}
@@ -189,7 +196,7 @@ func (x *Index) State(id protocol.TxnID) State {
 // Admit says whether a record of id may be stored: only while id is open
 // or new, and no newer transaction of its producer was seen.
 func (x *Index) Admit(id protocol.TxnID) protocol.Status {
-	if _, done := x.decision(id); done {
+	if _, _, done := x.Decision(id); done {
 		return protocol.StatusTxnFenced
 	}
 	if n, ok := x.newest[id.Producer]; ok && id.Before(n) {

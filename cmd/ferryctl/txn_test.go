@@ -18,6 +18,9 @@ func TestTxnCommands(t *testing.T) {
 	addr := startCluster(t)
 	meta := "--meta=" + addr
 	mustCtl(t, meta, "topic", "create", "tx", "--queues", "1")
+	for _, g := range []string{"g1", "g2"} { // a commit waits for the sync set, as HIGH does: no slave here
+		mustCtl(t, meta, "broker", "set-group", g, "--min-insync", "1")
+	}
 	p, err := producer.New(sdk.MetaAddrs(addr), producer.Identity("ctl-txn"), producer.Linger(0))
 	if err != nil {
 		t.Fatal(err)
