@@ -1,0 +1,126 @@
+package broker
+
+import (
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/ferrymq/ferrymq/broker/txn"
+	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/storage"
+)
+
+// Review of the transactions (commits 3ac3ab4..271018d): the read side of
+// a broker that did not write the marks itself (a slave, a restarted
+// master), over a real commit log.
+
+// reviewTxns is the transactions of a broker that only reads log (no
+// lease, no replication: a slave's).
+func reviewTxns(log txnLog) *txns {
+	t := &txns{log: log, lg: hclog.NewNullLogger(), idx: txn.New(),
+		deciding: map[protocol.TxnID][]func(protocol.TxnEndReply, error){}}
+	t.seen.Store(true)
+	return t
+}
+
+// txnEntries are the commit log entries a master writes for the first
+// record of transaction id in topic's queue 0: its open mark, then the
+// record.
+func txnEntries(id protocol.TxnID, topic string, first int64, body string) []storage.Entry {
+	open := protocol.TxnMark{Kind: protocol.TxnOpen, ID: id, Topic: topic, Queue: 0, First: first}
+	m := protocol.Message{ID: "m-" + body, Topic: topic, Queue: 0, Body: []byte(body),
+		Producer: protocol.ProducerStamp{ID: id.Producer, Epoch: id.Epoch, Seq: 0}, Txn: id.Number}
+	return []storage.Entry{markEntry(&open), {Topic: topic, Queue: 0, Payload: protocol.AppendMessage(nil, &m)}}
+}
+
+func decisionEntry(id protocol.TxnID, commit bool) storage.Entry {
+	kind := protocol.TxnAbort
+	if commit {
+		kind = protocol.TxnCommit
+	}
+	return markEntry(&protocol.TxnMark{Kind: kind, ID: id, By: protocol.TxnByProducer})
+}
+
+// racingLog is a commit log to which the follower appends an open mark and
+// its record right after the index's catch-up read TxnTopic's range, as a
+// slave's follower can at any moment.
+type racingLog struct {
+	*storage.Log
+	t      *testing.T
+	append []storage.Entry // appended once, after the next QueueRange of TxnTopic
+}
+
+func (l *racingLog) QueueRange(topic string, queue uint32) (int64, int64) {
+	first, next := l.Log.QueueRange(topic, queue)
+	if topic == protocol.TxnTopic && l.append != nil {
+		es := l.append
+		l.append = nil
+		if _, err := l.Log.Append(es, false); err != nil {
+			l.t.Fatal(err)
+		}
+	}
+	return first, next
+}
+
+// A slave's reader of committed messages must never read a record whose
+// open mark the index has not applied: catchUpLocked reads TxnTopic's
+// range, then the log's end, so a group of [open mark, record] the
+// follower appends in between lies below followedTo while its mark is
+// unapplied, and the record reads as committed. (Fails on 271018d.)
+func TestReviewTxnCatchUpRaceShowsAnOpenRecord(t *testing.T) {
+	l := openLog(t)
+	id := protocol.TxnID{Producer: 7, Epoch: 1, Number: 1}
+	// A first mark, so that the index has followed TxnTopic before.
+	other := protocol.TxnID{Producer: 8, Epoch: 1, Number: 1}
+	if _, err := l.Append(append(txnEntries(other, "other", 0, "o1"), decisionEntry(other, true)), false); err != nil {
+		t.Fatal(err)
+	}
+	rl := &racingLog{Log: l, t: t}
+	tx := reviewTxns(rl)
+	ps := pullStore{Log: l, txns: tx, epoch: func() uint32 { return 1 }}
+
+	rl.append = txnEntries(id, "tx", 0, "open record") // the follower appends while the index catches up
+	rep := make(chanReplier, 1)
+	serveRead(ps, rep, protocol.PullRequest{Topic: "tx", Queue: 0, Offset: 0, MaxBytes: 1 << 20}, false)
+	a := <-rep
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	pr, err := protocol.DecodePullResponse(a.body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, qnext := l.QueueRange("tx", 0); qnext != 1 {
+		t.Fatalf("the follower's append is not in: next %d", qnext)
+	}
+	for _, m := range pr.Messages {
+		t.Errorf("a committed reader read %q at queue offset %d, a record of open transaction %s (its open mark unapplied, the read limit %d past it)",
+			m.Message.Body, m.QueueOffset, id, tx.followedTo)
+	}
+}
+
+// A slave's reader of committed messages stops at the slave's readable
+// end (the sync set's acknowledgement) so that it never reads what a
+// failover to another member would not have: a commit mark past that end
+// must not make the transaction's records, below it, readable, since the
+// member promoted may lack the mark and abort the transaction at its
+// timeout. The index applies every mark of the slave's log whatever the
+// readable end. (Fails on 271018d.)
+func TestReviewTxnSlaveAppliesCommitPastReadableEnd(t *testing.T) {
+	l := openLog(t)
+	id := protocol.TxnID{Producer: 7, Epoch: 1, Number: 1}
+	pos, err := l.Append(txnEntries(id, "tx", 0, "r1"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readable := pos[1].End // the sync set holds the open mark and the record
+	if _, err := l.Append([]storage.Entry{decisionEntry(id, true)}, false); err != nil {
+		t.Fatal(err)
+	}
+	tx := reviewTxns(l)
+	ps := pullStore{Log: l, txns: tx, epoch: func() uint32 { return 1 }, readable: func() int64 { return readable }}
+	if next := readableNext(ps, "tx", 0, false); next != 0 {
+		t.Fatalf("a slave's committed reader may read up to queue offset %d: the record of %s, whose commit mark (past the readable end %d) the sync set does not hold",
+			next, id, readable)
+	}
+}
