@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/protocol"
+	"github.com/ferrymq/ferrymq/routing"
 
 	tc "github.com/ferrymq/ferrymq/internal/testcluster"
 )
@@ -72,6 +74,50 @@ func TestReviewTxnDelayedMessageReleasedDespiteAbort(t *testing.T) {
 	for _, b := range got {
 		if b == "delayed" {
 			t.Fatalf("a committed reader reads %q: the released copy of a message of aborted transaction %s", got, id)
+		}
+	}
+}
+
+// A former master's cut tail is appended again by the new master (RECOVER)
+// past the transactions' admission: its marks and records go straight to
+// the log. The new master drops a tail record whose message id it holds
+// past the cut, and every open mark of a transaction has the same id
+// ("txn/<id>/open"), whatever its queue: here the tail's open mark of
+// queue 1 is dropped (the new master wrote transaction T's open mark of
+// queue 2) and T's record of queue 1 is appended without one, so a reader
+// of committed messages reads it while T is open. (Fails on 271018d.)
+func TestReviewTxnRecoveredTailLosesAnOpenMark(t *testing.T) {
+	meta := tc.StartMeta(t, 1, func(c *metaserver.Config) { c.FailoverMargin = 200 * time.Millisecond })
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Slave: true})
+	meta.CreateTopic(t, "tx", "g1", "g1", "g1")
+	mc := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, mc, "tx", 0, 1, 2)
+	id := protocol.TxnID{Producer: 7, Epoch: 1, Number: 1}
+	sendAll(t, mc, protocol.StatusOK, txnMsg("tx", 0, id, 0, "r0"))
+	testwait.For(t, 10*time.Second, "the slave to copy T's first record", func() bool {
+		return g.Slave.Store().EndOffset() == g.Master.Store().EndOffset()
+	})
+	_ = g.Slave.Close()
+	sendAll(t, mc, protocol.StatusOK, txnMsg("tx", 1, id, 0, "r1")) // the old master alone: its open mark of queue 1, r1
+	_ = g.Master.Close()
+
+	nm := tc.StartBroker(t, g.Config(routing.RoleSlave))
+	testwait.For(t, 15*time.Second, "the slave to be promoted", func() bool { return nm.IsMaster() && nm.Writable() })
+	nc := tc.Dial(t, nm.Addr())
+	warmRoute(t, nc, "tx", 2)
+	sendAll(t, nc, protocol.StatusOK, txnMsg("tx", 2, id, 0, "r2")) // T goes on at the new master: its open mark of queue 2
+
+	old := tc.StartBroker(t, g.Config(routing.RoleMaster))
+	testwait.For(t, 15*time.Second, "the old master to hand its tail over", func() bool {
+		return old.Stats().TailsHandedOver.Load() == 1
+	})
+	if l := listTxns(t, nc); len(l.Open) != 1 || l.Open[0].ID != id.String() {
+		t.Fatalf("open transactions %+v, want %s", l.Open, id)
+	}
+	got, _ := readQueue(t, nc, "tx", 1, false)
+	for _, b := range got {
+		if b == "r1" {
+			t.Fatalf("a committed reader of queue 1 reads %q: r1 of open transaction %s (open: %+v)", got, id, listTxns(t, nc).Open[0].Queues)
 		}
 	}
 }
