@@ -9,6 +9,7 @@ import (
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 
+	"github.com/ferrymq/ferrymq/broker"
 	tc "github.com/ferrymq/ferrymq/internal/testcluster"
 )
 
@@ -119,5 +120,48 @@ func TestReviewTxnRecoveredTailLosesAnOpenMark(t *testing.T) {
 		if b == "r1" {
 			t.Fatalf("a committed reader of queue 1 reads %q: r1 of open transaction %s (open: %+v)", got, id, listTxns(t, nc).Open[0].Queues)
 		}
+	}
+}
+
+// A producer's older transaction takes no record once a newer one was
+// seen; in one SEND batch, the newer one's first record is not "seen"
+// until the batch's open marks are made, after every message of it was
+// admitted: [T2's first record, T1's record] stores both, T1's after
+// T2's open mark. (Fails on 271018d.)
+func TestReviewTxnOlderAdmittedInTheNewersBatch(t *testing.T) {
+	meta := tc.StartMeta(t, 1, nil)
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{})
+	meta.CreateTopic(t, "tx", "g1")
+	c := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, c, "tx", 0)
+	t1 := protocol.TxnID{Producer: 7, Epoch: 1, Number: 1}
+	t2 := protocol.TxnID{Producer: 7, Epoch: 1, Number: 2}
+	sendAll(t, c, protocol.StatusOK, txnMsg("tx", 0, t1, 0, "a1"))
+	rs := tc.Send(t, c, []protocol.Message{txnMsg("tx", 0, t2, 1, "b1"), txnMsg("tx", 0, t1, 2, "a2")})
+	if rs[0].Status != protocol.StatusOK {
+		t.Fatalf("T2's first record: %v", rs[0].Status)
+	}
+	if rs[1].Status != protocol.StatusTxnFenced {
+		t.Errorf("T1's record after T2's first, in one batch: %v, want TXN_FENCED", rs[1].Status)
+	}
+}
+
+// TxnMaxOpen bounds the group's open transactions: with a limit of 2 and
+// T1 open, T2 may open. Admission counts every transaction the batch
+// wrote so far as new, T1 too (it is counted open already): T2's first
+// record is refused TXN_LIMIT when it follows one of T1 in its batch,
+// and taken alone. (Fails on 271018d.)
+func TestReviewTxnMaxOpenCountsAnOpenOneTwice(t *testing.T) {
+	meta := tc.StartMeta(t, 1, nil)
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Edit: func(c *broker.Config) { c.TxnMaxOpen = 2 }})
+	meta.CreateTopic(t, "tx", "g1")
+	c := tc.Dial(t, g.Master.Addr())
+	warmRoute(t, c, "tx", 0)
+	t1 := protocol.TxnID{Producer: 7, Epoch: 1, Number: 1}
+	t2 := protocol.TxnID{Producer: 8, Epoch: 1, Number: 1}
+	sendAll(t, c, protocol.StatusOK, txnMsg("tx", 0, t1, 0, "a1"))
+	rs := tc.Send(t, c, []protocol.Message{txnMsg("tx", 0, t1, 1, "a2"), txnMsg("tx", 0, t2, 0, "b1")})
+	if rs[0].Status != protocol.StatusOK || rs[1].Status != protocol.StatusOK {
+		t.Errorf("T1's second record and T2's first, 2 open of 2: %v, %v; want OK, OK", rs[0].Status, rs[1].Status)
 	}
 }
