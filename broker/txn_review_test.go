@@ -167,3 +167,37 @@ func TestReviewTxnRepeatedHighCommitSkipsTheSyncSet(t *testing.T) {
 	default:
 	}
 }
+
+// BenchmarkReviewPullWithTxns is the cost of one PULL of 100 ordinary
+// records, without the transactions and once a transaction mark was seen
+// (the index caught up, one mutex taken per record for Aborted).
+func BenchmarkReviewPullWithTxns(b *testing.B) {
+	l, err := storage.Open(storage.Config{Dir: b.TempDir(), SegmentSize: 1 << 24, Logger: hclog.NewNullLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	var es []storage.Entry
+	for i := range 100 {
+		m := protocol.Message{ID: "m", Topic: "q", Body: make([]byte, 100+i%2)}
+		es = append(es, storage.Entry{Topic: "q", Payload: protocol.AppendMessage(nil, &m)})
+	}
+	id := protocol.TxnID{Producer: 1, Epoch: 1, Number: 1}
+	es = append(es, append(txnEntries(id, "other", 0, "x"), decisionEntry(id, true))...)
+	if _, err := l.Append(es, false); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		txns *txns
+	}{{"none", nil}, {"seen", reviewTxns(l)}} {
+		ps := pullStore{Log: l, txns: c.txns, epoch: func() uint32 { return 1 }}
+		b.Run(c.name, func(b *testing.B) {
+			rep := make(chanReplier, 1)
+			for range b.N {
+				serveRead(ps, rep, protocol.PullRequest{Topic: "q", MaxBytes: 1 << 20}, false)
+				<-rep
+			}
+		})
+	}
+}
