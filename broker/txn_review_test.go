@@ -201,3 +201,36 @@ func BenchmarkReviewPullWithTxns(b *testing.B) {
 		})
 	}
 }
+
+// The same race on the fast path of a broker that has seen no mark yet (a
+// slave copying its group's first transaction): readLimit finds TxnTopic
+// empty and sets no limit, and the follower's [open mark, record] lands
+// before the read, which takes the record. (Fails on 271018d.)
+func TestReviewTxnFirstMarkRaceShowsAnOpenRecord(t *testing.T) {
+	l := openLog(t)
+	if _, err := l.Append([]storage.Entry{{Topic: "tx", Payload: protocol.AppendMessage(nil, &protocol.Message{ID: "p", Topic: "tx", Body: []byte("plain")})}}, false); err != nil {
+		t.Fatal(err)
+	}
+	rl := &racingLog{Log: l, t: t}
+	tx := reviewTxns(rl)
+	tx.seen.Store(false)
+	ps := pullStore{Log: l, txns: tx, epoch: func() uint32 { return 1 }}
+	id := protocol.TxnID{Producer: 7, Epoch: 1, Number: 1}
+	rl.append = txnEntries(id, "tx", 1, "open record")
+	rep := make(chanReplier, 1)
+	serveRead(ps, rep, protocol.PullRequest{Topic: "tx", Queue: 0, Offset: 1, MaxBytes: 1 << 20}, false)
+	a := <-rep
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	pr, err := protocol.DecodePullResponse(a.body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, qnext := l.QueueRange("tx", 0); qnext != 2 {
+		t.Fatalf("the follower's append is not in: next %d", qnext)
+	}
+	for _, m := range pr.Messages {
+		t.Errorf("a committed reader read %q at queue offset %d, a record of open transaction %s", m.Message.Body, m.QueueOffset, id)
+	}
+}
