@@ -123,7 +123,7 @@ func New(cfg Config) (*Broker, error) {
 	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: epochs.local.Load, epochStart: epochs.epochStart, routed: b.routes.routed, readable: b.readableEnd,
 		reads: b.reads, txns: b.txns},
 		cfg.Clock, &b.stats, lg.Named("longpoll"))
-	b.txns.pulls = b.pulls
+	b.txns.pulls, b.txns.readable = b.pulls, b.readableEnd
 	if cfg.ClusterToken != "" {
 		b.acl = newACLCopy(cfg.ClusterToken, b.meta, b.sess, lg.Named("acl"))
 	}
@@ -146,6 +146,7 @@ func New(cfg Config) (*Broker, error) {
 	b.send = newSender(cfg, b.store, b.sess, b.routes, b.roles.replication, b.pulls, &b.stats, lg)
 	b.send.delays = b.delays
 	b.send.txns = b.txns
+	b.delays.txns = b.txns
 
 	b.goFunc(b.pulls.run) // before the data server listens: it answers parked PULLs at Close
 	if err := b.listen(); err != nil {
@@ -249,7 +250,9 @@ func (b *Broker) start() {
 	b.goFunc(func(ctx context.Context) { b.routes.watch(ctx, b.meta, b.cfg.ID) })
 	if b.cfg.RetentionBytes > 0 {
 		r := &retainer{log: b.store, keep: b.cfg.RetentionBytes, every: b.cfg.RetentionCheck, clock: b.cfg.Clock, lg: b.log.Named("retention"),
-			pending: b.delays.retainFrom}
+			pending: func(ctx context.Context, before int64) int64 {
+				return b.txns.retainFrom(b.delays.retainFrom(ctx, before))
+			}}
 		b.goFunc(r.run)
 	}
 }
@@ -427,8 +430,9 @@ type retainer struct {
 	clock clockwork.Clock
 	lg    hclog.Logger
 	// pending moves (master) or keeps (slave) the pending delayed messages
-	// before a log offset: it returns the offset retention may delete
-	// before (nil: delete up to it).
+	// before a log offset, and keeps the open marks of open transactions:
+	// it returns the offset retention may delete before (nil: delete up to
+	// it).
 	pending func(ctx context.Context, before int64) int64
 }
 

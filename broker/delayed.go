@@ -15,6 +15,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/broker/delay"
+	"github.com/ferrymq/ferrymq/broker/txn"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/storage"
 )
@@ -40,6 +41,9 @@ type delayer struct {
 	roles *roles
 	lease *writeLease
 	pulls *longPoll
+	// txns says whether a pending message of a transaction may be
+	// released: once it committed (an aborted one's is cancelled).
+	txns  *txns
 	stats *Stats
 	clock clockwork.Clock
 	lg    hclog.Logger
@@ -273,6 +277,7 @@ func (d *delayer) fire(rep *replication) {
 		}
 		entries := make([]storage.Entry, 0, 2*len(due))
 		released := make([]protocol.Message, 0, len(due))
+		blocked := 0                     // messages of open transactions: left pending
 		marked := make([]bool, len(due)) // a record is appended that resolves it
 		recs, errs := d.readPendings(due)
 		for i, e := range due {
@@ -284,9 +289,23 @@ func (d *delayer) fire(rep *replication) {
 				marked[i] = true
 				continue
 			}
+			if rec.msg.Txn != 0 {
+				switch d.txns.state(protocol.TxnOf(&rec.msg)) {
+				case txn.Open:
+					blocked++ // released once its transaction commits
+					continue
+				case txn.Aborted:
+					// Never released: the index resolves it at the mark.
+					marked[i] = true
+					d.stats.DelayedCancelled.Add(1)
+					entries = append(entries, storage.Entry{Topic: protocol.DelayTopic(rec.msg.Topic), Queue: rec.msg.Queue,
+						Payload: cancelMark(&rec.msg, e.At)})
+					continue
+				}
+			}
 			marked[i] = true
 			cp := rec.msg
-			cp.Producer = protocol.ProducerStamp{}
+			cp.Producer, cp.Txn = protocol.ProducerStamp{}, 0
 			if rec.msg.Schedule.Ref < 0 {
 				cp.Properties = withoutOrigin(cp.Properties) // not moved: whatever it says is no origin
 			}
@@ -309,6 +328,9 @@ func (d *delayer) fire(rep *replication) {
 		if err != nil {
 			d.warn("cannot append released delayed messages; they stay pending", err)
 			return
+		}
+		if len(entries) == 0 && blocked > 0 {
+			return // all that is due waits for its transaction: look again at the next tick
 		}
 		at := d.clock.Now()
 		for _, e := range due {

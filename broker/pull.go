@@ -69,7 +69,7 @@ func (s pullStore) TxnLimit() int64 {
 	if s.txns == nil {
 		return -1
 	}
-	return s.txns.readLimit()
+	return s.txns.readLimit(s.ReadableEnd())
 }
 
 func (s pullStore) StableEnd(topic string, queue uint32, next int64) int64 {
@@ -323,6 +323,24 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest, holdEmp
 	}
 	first, next := store.QueueRange(req.Topic, req.Queue)
 	offset := max(req.Offset, first)
+	// A slave stops where every member of the sync set held the log at the
+	// master's last report (acknowledgements are at record boundaries),
+	// every broker where its transaction index stands and, for a reader of
+	// committed messages, at the first record of an open transaction.
+	limit := readLimit(store)
+	if !req.ReadUncommitted {
+		if stable := store.StableEnd(req.Topic, req.Queue, next); stable < next {
+			at, err := store.LogOffsetOf(req.Topic, req.Queue, max(stable, offset))
+			if err != nil {
+				// Without the stable end's place nothing may be read.
+				rep.ReplyError(&protocol.Error{Status: protocol.StatusStoreError, Message: "the first open transaction's record: " + err.Error()})
+				return 0, 0
+			}
+			if limit < 0 || at < limit {
+				limit = at
+			}
+		}
+	}
 	bp, _ := pullBufs.Get().(*[]byte)
 	if bp == nil {
 		bp = new([]byte)
@@ -333,19 +351,6 @@ func serveRead(store queueReader, rep replier, req protocol.PullRequest, holdEmp
 		}
 	}
 	out := append((*bp)[:0], make([]byte, pullHeaderSize)...) // ReadAppend grows it to what it reads
-	// A slave stops where every member of the sync set held the log at the
-	// master's last report (acknowledgements are at record boundaries),
-	// every broker where its transaction index stands and, for a reader of
-	// committed messages, at the first record of an open transaction.
-	limit := readLimit(store)
-	if !req.ReadUncommitted {
-		if stable := store.StableEnd(req.Topic, req.Queue, next); stable < next {
-			at, err := store.LogOffsetOf(req.Topic, req.Queue, max(stable, offset))
-			if err == nil && (limit < 0 || at < limit) {
-				limit = at
-			}
-		}
-	}
 	// The runs of consecutive offsets answered, for the record of who read
 	// what (a filter's skips end a run: those were not delivered).
 	var runs [][2]int64

@@ -375,8 +375,8 @@ func (r *roles) becomeSlave(ctx context.Context, g routing.Group) {
 					off, led, err, r.id))
 				return
 			}
+			r.logCut()             // first: the parked PULLs answered next read by the rebuilt index
 			r.releaseParkedPulls() // a queue's next offset may have gone back under them
-			r.logCut()
 			r.stats.Truncations.Add(1)
 			r.stats.TruncatedBytes.Add(res.To - res.From)
 			r.lastCut.Store(&api.Cut{Epoch: g.Epoch, Bytes: res.To - res.From, Records: res.Records, SideFile: res.SideFile})
@@ -450,8 +450,8 @@ func (r *roles) resync(v *groupView, seq uint64) {
 			r.setBroken(fmt.Sprintf("the resync could not set the log aside: %v", err))
 			return
 		}
-		r.releaseParkedPulls()
 		r.logCut()
+		r.releaseParkedPulls()
 		h := r.hist.joined(g, g.Epoch, nil)
 		if err := h.save(r.dir); err != nil {
 			r.setBroken(fmt.Sprintf("the resync could not record the epochs: %v", err))

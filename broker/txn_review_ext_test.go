@@ -45,37 +45,59 @@ func TestReviewTxnLateRecordAfterAnsweredAbort(t *testing.T) {
 	}
 }
 
-// A delayed message of a transaction (the broker takes one: only the Go
-// producer refuses it) is held back while it is pending, but the delayer
-// releases a copy without its stamp and transaction number: the copy is
-// an ordinary message, delivered to readers of committed messages though
-// the transaction is still open, and though it was aborted. (Fails on
-// 271018d.)
-func TestReviewTxnDelayedMessageReleasedDespiteAbort(t *testing.T) {
+// A delayed message of a transaction is released only once its
+// transaction committed: an aborted one's is cancelled (never released),
+// and an open one's stays pending past its time, until the commit.
+func TestTxnDelayedReleasedOnlyIfCommitted(t *testing.T) {
 	meta := tc.StartMeta(t, 1, nil)
-	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{})
+	g := tc.StartGroup(t, meta.Addrs(), "g1", tc.GroupOpts{Slave: true})
 	meta.CreateTopic(t, "tx", "g1")
 	c := tc.Dial(t, g.Master.Addr())
 	warmRoute(t, c, "tx", 0)
 
-	id := protocol.TxnID{Producer: 7, Epoch: 1, Number: 1}
-	m := txnMsg("tx", 0, id, 0, "delayed")
-	m.Schedule = protocol.Schedule{Kind: protocol.ScheduleDelayed, At: time.Now().Add(200 * time.Millisecond).UnixMilli(), Ref: -1}
-	r := tc.Send(t, c, []protocol.Message{m})[0]
-	if r.Status != protocol.StatusOK {
-		t.Skipf("the broker refuses a delayed message of a transaction: %v", r.Status)
+	due := time.Now().Add(100 * time.Millisecond).UnixMilli()
+	send := func(id protocol.TxnID, body string) protocol.DelayedRef {
+		m := txnMsg("tx", 0, id, 0, body)
+		m.Schedule = protocol.Schedule{Kind: protocol.ScheduleDelayed, At: due, Ref: -1}
+		r := tc.Send(t, c, []protocol.Message{m})[0]
+		if r.Status != protocol.StatusOK {
+			t.Fatalf("a delayed message of %s: %v", id, r.Status)
+		}
+		return protocol.DelayedRef{Offset: r.LogOffset, DueAt: due}
 	}
-	if rep, err := endTxn(t, c, id, false); err != nil || rep.Committed {
+	state := func(ref protocol.DelayedRef) string {
+		var st protocol.DelayedState
+		if err := callDelayed(t, c, protocol.CodeDelayedState, ref, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.State
+	}
+	aborted := protocol.TxnID{Producer: 7, Epoch: 1, Number: 1}
+	open := protocol.TxnID{Producer: 8, Epoch: 1, Number: 1}
+	ra := send(aborted, "aborted")
+	ro := send(open, "committed later") // due at the same time: the delayer looks at both
+	if rep, err := endTxn(t, c, aborted, false); err != nil || rep.Committed {
 		t.Fatalf("abort: %+v, %v", rep, err)
 	}
-	testwait.For(t, 10*time.Second, "the delayed message's release", func() bool {
-		return len(released(t, c, "tx", 0)) == 1
+	testwait.For(t, 10*time.Second, "the aborted transaction's delayed message to be cancelled", func() bool {
+		return state(ra) == protocol.DelayCancelled
+	})
+	if st := state(ro); st != protocol.DelayPending {
+		t.Fatalf("the open transaction's delayed message, due with the cancelled one: %s, want pending", st)
+	}
+	if got := released(t, c, "tx", 0); len(got) != 0 {
+		t.Fatalf("released before the commit: %d copies", len(got))
+	}
+	if rep, err := endTxn(t, c, open, true); err != nil || !rep.Committed {
+		t.Fatalf("commit: %+v, %v", rep, err)
+	}
+	testwait.For(t, 10*time.Second, "the committed transaction's delayed message's release", func() bool {
+		return state(ro) == protocol.DelayReleased
 	})
 	got, _ := readQueue(t, c, "tx", 0, false)
-	for _, b := range got {
-		if b == "delayed" {
-			t.Fatalf("a committed reader reads %q: the released copy of a message of aborted transaction %s", got, id)
-		}
+	wantBodies(t, "a committed reader", got, "probe", "committed later")
+	if cp := released(t, c, "tx", 0); len(cp) != 1 || cp[0].Message.Txn != 0 || !cp[0].Message.Producer.IsZero() {
+		t.Fatalf("released copies %+v: want one, plain", cp)
 	}
 }
 

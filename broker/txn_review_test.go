@@ -151,9 +151,10 @@ func TestReviewTxnRepeatedHighCommitSkipsTheSyncSet(t *testing.T) {
 		t.Fatal("the test's lease does not hold")
 	}
 	tx := reviewTxns(l)
-	tx.lease, tx.repl = lease, func() *replication { return &replication{} }
+	repl := modelRepl(l, clockwork.NewFakeClock())
+	tx.lease, tx.repl = lease, func() *replication { return repl }
 	answered := make(chan error, 1)
-	tx.end(id, true, protocol.TxnByProducer, true, func(rep protocol.TxnEndReply, err error) {
+	tx.end(id, true, protocol.TxnByProducer, nil, func(rep protocol.TxnEndReply, err error) {
 		if err == nil && !rep.Committed {
 			err = errors.New("answered not committed")
 		}

@@ -50,10 +50,13 @@ type txns struct {
 	log   txnLog
 	lease *writeLease
 	repl  func() *replication
-	pulls *longPoll
-	stats *Stats
-	clock clockwork.Clock
-	lg    hclog.Logger
+	// readable is the slave's readable end (roles; -1: none): marks past
+	// it are not applied (nil: no limit).
+	readable func() int64
+	pulls    *longPoll
+	stats    *Stats
+	clock    clockwork.Clock
+	lg       hclog.Logger
 
 	timeout                          time.Duration
 	maxMessages, maxBytes            int64
@@ -101,15 +104,24 @@ func (t *txns) truncated() {
 // catchUpBytes is how much of TxnTopic one read takes.
 const catchUpBytes = 1 << 20
 
-// catchUpLocked applies the marks the log holds past followed. mu is held.
-func (t *txns) catchUpLocked() error {
+// catchUpLocked applies the marks the log holds past followed, up to the
+// log offset readable (-1: none): a slave applies no mark past what the
+// sync set holds (a decision there may be lost to a failover; and reads
+// stop there anyway). mu is held.
+func (t *txns) catchUpLocked(readable int64) error {
+	// The end is read before TxnTopic's range: the log publishes its end
+	// after its queues, so every mark before end is in the range read
+	// next, and a record before end has its open mark before it.
+	end := t.log.EndOffset()
+	if readable >= 0 {
+		end = min(end, readable)
+	}
 	first, next := t.log.QueueRange(protocol.TxnTopic, 0)
 	if t.cut || t.followed > next || t.followed < first {
 		// Cut back under the index, or retention deleted marks it never
 		// read: start again from the log.
 		t.idx, t.followed, t.followedTo, t.cut = txn.New(), first, 0, false
 	}
-	end := t.log.EndOffset()
 	for t.followed < next {
 		es, err := t.log.Read(protocol.TxnTopic, 0, t.followed, catchUpBytes)
 		if err != nil {
@@ -119,6 +131,10 @@ func (t *txns) catchUpLocked() error {
 			break
 		}
 		for _, e := range es {
+			if e.LogOffset >= end {
+				t.followedTo = max(t.followedTo, end)
+				return nil
+			}
 			m, err := protocol.DecodeMessage(e.Payload)
 			var mark protocol.TxnMark
 			if err == nil {
@@ -136,19 +152,46 @@ func (t *txns) catchUpLocked() error {
 	return nil
 }
 
-// readLimit is the log offset reads stop at so that no record is read
-// whose open mark the index has not applied (-1: no limit), and keeps the
-// index up to the log.
-func (t *txns) readLimit() int64 {
+// master is the running replication while this broker is the master (nil:
+// it is not).
+func (t *txns) master() *replication {
+	if t.repl == nil {
+		return nil
+	}
+	return t.repl()
+}
+
+// readableEnd is how far a slave may apply marks: its readable end (-1:
+// none, and on the master).
+func (t *txns) readableEnd() int64 {
+	if t.readable == nil || t.master() != nil {
+		return -1
+	}
+	return t.readable()
+}
+
+// readLimit brings the index up to the log (to readable, a slave's
+// readable end; -1: none) and returns the log offset reads stop at so
+// that no record is read whose open mark the index has not applied: -1
+// (none) on the master, whose open marks are applied before their records
+// are written.
+func (t *txns) readLimit(readable int64) int64 {
 	if !t.seen.Load() {
+		end := t.log.EndOffset()
 		if _, next := t.log.QueueRange(protocol.TxnTopic, 0); next == 0 {
-			return -1
+			if t.master() != nil {
+				return -1
+			}
+			return end
 		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err := t.catchUpLocked(); err != nil {
+	if err := t.catchUpLocked(readable); err != nil {
 		t.lg.Warn("cannot follow the transaction marks; reads stop where they were followed", "error", err)
+	}
+	if t.master() != nil {
+		return -1
 	}
 	return t.followedTo
 }
@@ -192,10 +235,17 @@ func hasTxn(msgs []protocol.Message, good []int) bool {
 // txnLoad is what a batch adds to a transaction's counts.
 type txnLoad struct{ messages, bytes int64 }
 
+// batchTxns is what the messages of one batch admitted so far add to the
+// index's view: each transaction's counts, and each producer's newest
+// transaction.
+type batchTxns struct {
+	load   map[protocol.TxnID]txnLoad
+	newest map[uint64]protocol.TxnID
+}
+
 // admitLocked checks message m of a transaction against its state and the
-// limits, with what the batch added before it (load, updated), and fresh
-// the transactions the batch began. mu is held.
-func (t *txns) admitLocked(m *protocol.Message, size int, load map[protocol.TxnID]txnLoad) protocol.Status {
+// limits, with what the batch admitted before it (b, updated). mu is held.
+func (t *txns) admitLocked(m *protocol.Message, size int, b *batchTxns) protocol.Status {
 	id := protocol.TxnOf(m)
 	if _, busy := t.deciding[id]; busy {
 		return protocol.StatusTxnFenced
@@ -203,18 +253,24 @@ func (t *txns) admitLocked(m *protocol.Message, size int, load map[protocol.TxnI
 	if st := t.idx.Admit(id); st != protocol.StatusOK {
 		return st
 	}
-	l, inBatch := load[id]
+	if n, ok := b.newest[id.Producer]; ok && id.Before(n) {
+		return protocol.StatusTxnFenced // a newer one of its producer is earlier in the batch
+	}
+	l, inBatch := b.load[id]
 	if open := t.idx.OpenTxn(id); open != nil {
 		l.messages += open.Messages
 		l.bytes += open.Bytes
 	} else if !inBatch {
-		fresh := 0
-		for bid := range load {
-			if t.idx.OpenTxn(bid) == nil && bid.Producer == id.Producer {
+		fresh, freshOfProducer := 0, 0 // transactions the batch begins
+		for bid := range b.load {
+			if t.idx.OpenTxn(bid) == nil {
 				fresh++
+				if bid.Producer == id.Producer {
+					freshOfProducer++
+				}
 			}
 		}
-		if n, _ := t.idx.Opens(); n+len(load) >= t.maxOpenTotal || t.idx.OpenOf(id.Producer)+fresh >= t.maxOpenPerProducer {
+		if n, _ := t.idx.Opens(); n+fresh >= t.maxOpenTotal || t.idx.OpenOf(id.Producer)+freshOfProducer >= t.maxOpenPerProducer {
 			t.stats.TxnRefused.Add(1)
 			return protocol.StatusTxnLimit
 		}
@@ -223,8 +279,11 @@ func (t *txns) admitLocked(m *protocol.Message, size int, load map[protocol.TxnI
 		t.stats.TxnRefused.Add(1)
 		return protocol.StatusTxnLimit
 	}
-	b := load[id]
-	load[id] = txnLoad{b.messages + 1, b.bytes + int64(size)}
+	add := b.load[id]
+	b.load[id] = txnLoad{add.messages + 1, add.bytes + int64(size)}
+	if n, ok := b.newest[id.Producer]; !ok || n.Before(id) {
+		b.newest[id.Producer] = id
+	}
 	return protocol.StatusOK
 }
 
@@ -232,8 +291,8 @@ func (t *txns) admitLocked(m *protocol.Message, size int, load map[protocol.TxnI
 // transactions (admitLocked) and returns the good ones left; a refused one
 // is answered. mu is held.
 func (t *txns) admitBatchLocked(msgs []protocol.Message, raws [][]byte, good []int, sb *sendBatch, checks *batchCheck) []int {
-	caught := t.catchUpLocked()
-	load := map[protocol.TxnID]txnLoad{}
+	caught := t.catchUpLocked(t.readableEnd())
+	b := &batchTxns{load: map[protocol.TxnID]txnLoad{}, newest: map[uint64]protocol.TxnID{}}
 	kept := good[:0]
 	for _, i := range good {
 		m := &msgs[i]
@@ -245,7 +304,7 @@ func (t *txns) admitBatchLocked(msgs []protocol.Message, raws [][]byte, good []i
 		if caught != nil {
 			st = protocol.StatusStoreError
 		} else {
-			st = t.admitLocked(m, len(raws[i]), load)
+			st = t.admitLocked(m, len(raws[i]), b)
 		}
 		if st != protocol.StatusOK {
 			checks.anyRefused = true
@@ -312,7 +371,10 @@ func (t *txns) end(id protocol.TxnID, commit bool, by string, seqs []protocol.Tx
 		t.mu.Unlock()
 		return
 	}
-	queues := t.idx.OpenTxn(id).Queues
+	var queues []protocol.TxnQueue
+	if open := t.idx.OpenTxn(id); open != nil {
+		queues = open.Queues
+	}
 	kind := protocol.TxnAbort
 	if commit {
 		kind = protocol.TxnCommit
@@ -343,13 +405,13 @@ type doneTxn struct {
 }
 
 // endLocked checks that this broker may decide id now, and answers what
-// needs no new mark (done): the decision made before, or that id wrote
-// nothing here. Neither: id is open (or being decided). mu is held.
+// needs no new mark (done): the decision made before. Else id is open,
+// being decided, or unknown here. mu is held.
 func (t *txns) endLocked(id protocol.TxnID, commit bool) (rep *replication, done *doneTxn, err error) {
-	if err := t.catchUpLocked(); err != nil {
+	if err := t.catchUpLocked(t.readableEnd()); err != nil {
 		return nil, nil, &protocol.Error{Status: protocol.StatusStoreError, Message: err.Error()}
 	}
-	rep = t.repl()
+	rep = t.master()
 	switch {
 	case rep == nil:
 		return nil, nil, &protocol.Error{Status: protocol.StatusNotMaster, Message: "this broker is not its group's master"}
@@ -362,9 +424,9 @@ func (t *txns) endLocked(id protocol.TxnID, commit bool) (rep *replication, done
 	if committed, at, ok := t.idx.Decision(id); ok {
 		return rep, &doneTxn{protocol.TxnEndReply{Committed: committed, Queues: -1}, at}, nil
 	}
-	if t.idx.OpenTxn(id) == nil {
-		return rep, &doneTxn{protocol.TxnEndReply{Committed: commit}, -1}, nil // nothing of it here
-	}
+	// Open, or with nothing here: a mark is written either way, so that a
+	// record of it still on its way is refused (TXN_FENCED), not taken as
+	// the beginning of an open transaction.
 	if commit && rep.refusesHigh() {
 		return nil, nil, &protocol.Error{Status: protocol.StatusNotEnoughReplicas,
 			Message: "the group's sync set is below its minimum: a commit waits for it (HIGH)"}
@@ -440,24 +502,54 @@ func (t *txns) decided(id protocol.TxnID, mark *protocol.TxnMark, queues []proto
 func (t *txns) list(producer uint64) ([]protocol.TxnInfo, []protocol.TxnDecided, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err := t.catchUpLocked(); err != nil {
+	if err := t.catchUpLocked(t.readableEnd()); err != nil {
 		return nil, nil, err
 	}
 	open, others := t.idx.List(producer)
 	return open, others, nil
 }
 
+// state is where transaction id is, with the log's marks applied (a
+// slave's up to its readable end).
+func (t *txns) state(id protocol.TxnID) txn.State {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.catchUpLocked(t.readableEnd()); err != nil {
+		t.lg.Warn("cannot follow the transaction marks", "error", err)
+	}
+	if _, busy := t.deciding[id]; busy {
+		return txn.Open
+	}
+	return t.idx.State(id)
+}
+
 // queuesOf is the queues open transaction id holds (nil: not open here).
 func (t *txns) queuesOf(id protocol.TxnID) []protocol.TxnQueue {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err := t.catchUpLocked(); err != nil {
+	if err := t.catchUpLocked(t.readableEnd()); err != nil {
 		return nil
 	}
 	if open := t.idx.OpenTxn(id); open != nil {
 		return append([]protocol.TxnQueue(nil), open.Queues...)
 	}
 	return nil
+}
+
+// retainFrom is where retention may delete the log before, at most
+// before: not past the first open mark of an open transaction (a rebuilt
+// index would take its records for decided ones).
+func (t *txns) retainFrom(before int64) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.catchUpLocked(t.readableEnd()); err != nil {
+		t.lg.Warn("cannot follow the transaction marks; retention waits", "error", err)
+		return min(before, t.followedTo)
+	}
+	if at, ok := t.idx.Oldest(); ok {
+		return min(before, at)
+	}
+	return before
 }
 
 // txnSweep is how often the master looks for transactions past their
@@ -485,13 +577,13 @@ func (t *txns) sweep() {
 		return
 	}
 	t.mu.Lock()
-	err := t.catchUpLocked()
+	err := t.catchUpLocked(t.readableEnd())
 	t.idx.Prune(t.log.StartOffset())
 	n, oldest := t.idx.Opens()
 	t.stats.TxnOpen.Store(int64(n))
 	t.stats.TxnOldest.Store(oldest)
 	var expired []protocol.TxnID
-	if err == nil && t.repl() != nil && t.lease.valid() {
+	if err == nil && t.master() != nil && t.lease.valid() {
 		for _, id := range t.idx.Expired(t.clock.Now().Add(-t.timeout).UnixMilli()) {
 			if _, busy := t.deciding[id]; !busy {
 				expired = append(expired, id)

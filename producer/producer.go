@@ -279,8 +279,9 @@ func (c *Client) Flush(ctx context.Context) error {
 }
 
 // Close stops taking messages, sends everything buffered (waiting up to the
-// delivery timeout), fails what is still left with ErrClosed, and stops
-// every goroutine and connection.
+// delivery timeout), aborts the open transaction if any (best effort),
+// fails what is still left with ErrClosed, and stops every goroutine and
+// connection.
 func (c *Client) Close() error {
 	if !c.life.closed.CompareAndSwap(false, true) {
 		return nil
@@ -288,6 +289,15 @@ func (c *Client) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.deliveryTimeout)
 	flushErr := c.Flush(ctx)
 	cancel()
+	c.txnMu.Lock()
+	open := c.txn
+	c.txnMu.Unlock()
+	if open != nil {
+		// Best effort: its readers need not wait for the broker's timeout.
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.requestTimeout)
+		_ = open.Abort(ctx)
+		cancel()
+	}
 
 	c.sinks.mu.Lock()
 	c.life.dead.Store(true)

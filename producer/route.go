@@ -147,7 +147,7 @@ func (r *router) pick(plan *plan, rec *record) (routing.QueueRoute, error) {
 	}
 	if rec.txn != nil {
 		// A transaction's messages go to its first message's group.
-		if q, ok := rec.txn.queueIn(plan.Route.Queues); ok {
+		if q, ok := rec.txn.queueIn(rec.msg.Topic, plan.Route.Queues); ok {
 			return q, nil
 		}
 	}

@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
-	"time"
 
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
@@ -49,6 +49,8 @@ type Txn struct {
 	pending int           // messages sent and not yet settled
 	settled chan struct{} // closed when pending drops to 0 (nil while 0)
 	group   string        // the group of its messages
+	first   txnPart       // a queue of that group (its first message's), to abort it whatever came of its messages
+	closing bool          // Commit or Abort began: no more messages
 	parts   map[txnPartKey]txnPart
 	err     error // the first message that failed
 	ended   bool
@@ -127,13 +129,8 @@ func (t *Txn) Send(ctx context.Context, m *Message) (Result, error) {
 
 // SendAsync is Send in the background, as Client.SendAsync.
 func (t *Txn) SendAsync(ctx context.Context, m *Message, promise func(Result, error)) {
-	if m.DeliverAt != (time.Time{}) || m.DeliverAfter != 0 {
-		promise(Result{}, fmt.Errorf("producer: message to %q: %w", m.Topic,
-			&protocol.Error{Status: protocol.StatusInvalid, Message: "a transaction's message cannot be delayed"}))
-		return
-	}
 	t.mu.Lock()
-	if t.ended {
+	if t.ended || t.closing {
 		t.mu.Unlock()
 		promise(Result{}, ErrTxnEnded)
 		return
@@ -164,7 +161,11 @@ func (t *Txn) settle(r Result, err error) {
 			p = txnPart{group: r.Group, topic: r.Topic, queue: r.Queue, seqs: map[txnQueue]int64{}}
 			t.parts[k] = p
 		}
-		if q := (txnQueue{r.Topic, r.Queue}); r.Seq >= p.seqs[q] {
+		topic := r.Topic
+		if r.Delayed {
+			topic = protocol.DelayTopic(topic) // its stamp's queue: the pending records'
+		}
+		if q := (txnQueue{topic, r.Queue}); r.Seq >= p.seqs[q] {
 			p.seqs[q] = r.Seq
 		}
 	}
@@ -192,7 +193,7 @@ func (t *Txn) stamped(cur *identity) {
 // queueIn picks, for a message of the transaction, a queue of the group of
 // its first message among qs (ok false: none there, or no message yet,
 // which then sets the group).
-func (t *Txn) queueIn(qs []routing.QueueRoute) (routing.QueueRoute, bool) {
+func (t *Txn) queueIn(topic string, qs []routing.QueueRoute) (routing.QueueRoute, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var mine []routing.QueueRoute
@@ -207,7 +208,18 @@ func (t *Txn) queueIn(qs []routing.QueueRoute) (routing.QueueRoute, bool) {
 	if len(mine) == 0 {
 		return routing.QueueRoute{}, false
 	}
-	return mine[t.c.seq.Load()%uint64(len(mine))], true
+	q := mine[t.c.seq.Load()%uint64(len(mine))]
+	if t.first.group == "" {
+		t.first = txnPart{group: q.Group, topic: topic, queue: q.Queue}
+	}
+	return q, true
+}
+
+// close refuses the transaction's later messages (Commit or Abort began).
+func (t *Txn) close() {
+	t.mu.Lock()
+	t.closing = true
+	t.mu.Unlock()
 }
 
 // wait waits until every message sent so far has its result.
@@ -235,6 +247,7 @@ func (t *Txn) wait(ctx context.Context) error {
 func (t *Txn) Commit(ctx context.Context) error {
 	ctx, cancel := t.c.bounded(ctx)
 	defer cancel()
+	t.close()
 	if err := t.wait(ctx); err != nil {
 		return err
 	}
@@ -279,6 +292,7 @@ func (t *Txn) Commit(ctx context.Context) error {
 func (t *Txn) Abort(ctx context.Context) error {
 	ctx, cancel := t.c.bounded(ctx)
 	defer cancel()
+	t.close()
 	if err := t.wait(ctx); err != nil {
 		return err
 	}
@@ -294,6 +308,13 @@ func (t *Txn) Abort(ctx context.Context) error {
 
 // abortParts aborts every part and ends the transaction once all are.
 func (t *Txn) abortParts(ctx context.Context, parts map[txnPartKey]txnPart, by string) error {
+	t.mu.Lock()
+	if k := (txnPartKey{t.id, t.first.group}); t.first.group != "" && parts[k].group == "" {
+		// Its messages there all failed, some maybe stored: abort it too.
+		parts = maps.Clone(parts)
+		parts[k] = t.first
+	}
+	t.mu.Unlock()
 	var errs []error
 	for k, p := range parts {
 		id := k.id

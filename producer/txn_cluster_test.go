@@ -144,6 +144,29 @@ func TestTxnCommitAndAbort(t *testing.T) {
 	if _, err := anon.BeginTxn(ctx); !errors.Is(err, ErrTxnNeedsIdentity) {
 		t.Fatalf("an anonymous producer's BeginTxn: %v", err)
 	}
+
+	// Close aborts the open transaction: its readers need not wait for the
+	// broker's timeout.
+	closing := newProducer(t, c, Identity("closing"), Linger(0))
+	left, err := closing.BeginTxn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := left.Send(ctx, &Message{Topic: "tx", Body: []byte("left")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := closing.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var l protocol.TxnList
+	resp, err := testcluster.Dial(t, c.Master("g1").Addr()).Call(ctx, protocol.CodeTxnList, []byte("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustJSON(t, resp.Body, &l)
+	if len(l.Open) != 0 {
+		t.Fatalf("open after Close: %+v", l.Open)
+	}
 }
 
 // A transaction commits on one broker group: its unkeyed messages follow
@@ -208,7 +231,8 @@ func TestTxnChecker(t *testing.T) {
 		if _, err := txn.Send(ctx, &Message{Topic: "tx", Body: []byte(body)}); err != nil {
 			t.Fatal(err)
 		}
-		_ = p.Close() // the transaction stays open on the broker
+		// Left open, as by a process that died: a later instance of the
+		// identity fences this one (Close would abort it).
 		return txn.ID()
 	}
 	committed := leave("keep", "kept")

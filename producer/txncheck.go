@@ -89,23 +89,43 @@ func (c *Client) checkTxns(ctx context.Context) error {
 	cur := c.ident.Load()
 	body, _ := json.Marshal(protocol.TxnListRequest{Producer: cur.id})
 	var errs []error
+	listed := map[protocol.TxnID]bool{}
+	defer func() {
+		for id := range c.checks.unknown {
+			if !listed[id] && len(errs) == 0 {
+				delete(c.checks.unknown, id) // decided elsewhere
+			}
+		}
+	}()
 	for _, g := range c.txnGroups(ctx, &errs) {
 		var list protocol.TxnList
 		if err := c.callMaster(ctx, g.topic, g.queue, protocol.CodeTxnList, body, &list); err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		live := c.liveTxn()
 		for _, info := range list.Open {
 			id := protocol.TxnID{Producer: info.Producer, Epoch: info.Epoch, Number: info.Number}
-			if id.Producer != cur.id || id.Epoch >= cur.epoch {
+			if id.Producer != cur.id || id.Epoch >= cur.epoch || id == live {
 				continue // this instance's own: its application commits or aborts it
 			}
+			listed[id] = true
 			if err := c.resolve(ctx, id, g, info); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// liveTxn is the id of this instance's open transaction (zero: none).
+func (c *Client) liveTxn() protocol.TxnID {
+	c.txnMu.Lock()
+	defer c.txnMu.Unlock()
+	if c.txn == nil {
+		return protocol.TxnID{}
+	}
+	return c.txn.id
 }
 
 // txnGroups is one queue of each group holding a queue of the checked

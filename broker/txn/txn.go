@@ -70,6 +70,7 @@ type queueKey struct {
 type OpenTxn struct {
 	ID     protocol.TxnID
 	Began  int64 // unix milliseconds, from its first open mark
+	At     int64 // the log offset of its first open mark (at or below it)
 	Queues []protocol.TxnQueue
 	// Messages and Bytes count what the master admitted in this process
 	// (Count); a rebuilt index starts them at 0.
@@ -117,7 +118,7 @@ func (x *Index) Apply(m *protocol.TxnMark, at int64) {
 	case protocol.TxnOpen:
 		t := x.open[id]
 		if t == nil {
-			t = &OpenTxn{ID: id, Began: m.Time}
+			t = &OpenTxn{ID: id, Began: m.Time, At: at}
 			x.open[id] = t
 		}
 		k := queueKey{m.Topic, m.Queue}
@@ -291,6 +292,18 @@ func (x *Index) Opens() (n int, oldest int64) {
 		n++
 	}
 	return n, oldest
+}
+
+// Oldest is the log offset of the oldest open transaction's first open
+// mark (ok false: none is open): retention must keep it, or a rebuilt
+// index would not know the transaction's records are undecided.
+func (x *Index) Oldest() (at int64, ok bool) {
+	for _, t := range x.open {
+		if !ok || t.At < at {
+			at, ok = t.At, true
+		}
+	}
+	return at, ok
 }
 
 // Expired lists the open transactions that began at or before cutoff.
