@@ -81,6 +81,8 @@ func (d Dialect) schema(table string) []string {
 	failed_at BIGINT,
 	last_error TEXT NOT NULL DEFAULT ''
 )`, table, id, blob),
+		// The relay's check that no earlier row of a key waits for a retry.
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s_key ON %s (topic, msg_key, id)`, table, table),
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s_lease (
 	name TEXT PRIMARY KEY,
 	owner TEXT NOT NULL,

@@ -310,3 +310,57 @@ func TestOptionsAndMisuse(t *testing.T) {
 		t.Errorf("Run after Close: %v", err)
 	}
 }
+
+// The ready query keeps a key's order: a keyed row waiting for a retry
+// holds back its topic and key's later rows (not another key's, another
+// topic's, or unkeyed ones); a row marked failed holds nothing back.
+func TestReadyHoldsKeyBehindRetry(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			db := b.open(t, b.dsn(t))
+			o, err := New(db, "relay", WithDialect(b.dialect), Table(newTable()), Client(sdk.MetaAddrs("127.0.0.1:1")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if err := o.EnsureTable(ctx); err != nil {
+				t.Fatal(err)
+			}
+			a := addCommitted(t, o, db, &Message{Topic: "t", Key: "k1", ID: "a"})
+			for _, m := range []*Message{{Topic: "t", Key: "k2", ID: "b"}, {Topic: "t", Key: "k1", ID: "c"},
+				{Topic: "t", ID: "d"}, {Topic: "u", Key: "k1", ID: "e"}} {
+				addCommitted(t, o, db, m)
+			}
+			ready := func() string {
+				rows, err := o.readyRows(ctx, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ids []string
+				for _, r := range rows {
+					ids = append(ids, r.msgID)
+				}
+				return strings.Join(ids, ",")
+			}
+			if got := ready(); got != "a,b,c,d,e" {
+				t.Fatalf("ready %s, want all", got)
+			}
+			rowA := row{msgID: a}
+			if err := db.QueryRow(b.dialect.bind("SELECT id FROM "+o.cfg.table+" WHERE msg_id = ?"), a).Scan(&rowA.id); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.putOff(ctx, rowA, time.Hour, errors.New("later"), false); err != nil {
+				t.Fatal(err)
+			}
+			if got := ready(); got != "b,d,e" {
+				t.Fatalf("with a waiting: ready %s, want b,d,e", got)
+			}
+			if err := o.putOff(ctx, rowA, 0, errors.New("refused"), true); err != nil {
+				t.Fatal(err)
+			}
+			if got := ready(); got != "b,c,d,e" {
+				t.Fatalf("with a failed: ready %s, want b,c,d,e", got)
+			}
+		})
+	}
+}

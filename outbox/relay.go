@@ -182,28 +182,39 @@ func (o *Outbox) pass(ctx context.Context, find *finder, t *term) (n int, held b
 	if err != nil || len(rows) == 0 {
 		return 0, true, err
 	}
-	if err := o.markAttempted(ctx, rows); err != nil {
-		return 0, true, err
-	}
 	o.stats.passes.Add(1)
 	dbCtx, cancelDB := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancelDB()
 
+	// An attempted row may be stored already (its relay died, or lost its
+	// lease, before deleting it): it is sent again only if a lookup says
+	// it is not. A keyed row put off here holds its key's later rows back
+	// for this pass (the ready query holds them in later passes).
 	var done, toSend []row
+	blocked := map[[2]string]bool{}
 	for _, r := range rows {
-		if r.attempts == 0 {
-			toSend = append(toSend, r)
+		if r.key != "" && blocked[[2]string{r.topic, r.key}] {
 			continue
 		}
-		found, err := find.stored(sendCtx, &r, o.cfg.margin)
+		var found bool
+		var lookupErr error
+		if r.attempts > 0 {
+			found, lookupErr = find.stored(sendCtx, &r, o.cfg.margin)
+		}
 		switch {
-		case err != nil:
-			o.retryLater(dbCtx, r, err)
+		case lookupErr != nil:
+			o.retryLater(dbCtx, r, lookupErr)
+			blocked[[2]string{r.topic, r.key}] = true
 		case found:
 			o.stats.resolved.Add(1)
 			done = append(done, r)
 		default:
 			toSend = append(toSend, r)
+		}
+	}
+	if len(toSend) > 0 {
+		if err := o.markAttempted(ctx, toSend); err != nil {
+			return len(rows), true, errors.Join(err, o.deleteRows(dbCtx, done))
 		}
 	}
 	results := o.send(sendCtx, t.p, toSend)
@@ -258,14 +269,17 @@ func (o *Outbox) send(ctx context.Context, p *producer.Client, rows []row) []sen
 	return results
 }
 
-// retryLater leaves row r for a pass after its backoff.
+// retryLater leaves row r for a pass after its backoff, and no sooner than
+// a quarter of the lease: a send given up at its deadline may still reach
+// the broker, and the lookup before the next attempt must see it, as it
+// must after a relay's death (see the package doc).
 func (o *Outbox) retryLater(ctx context.Context, r row, cause error) {
 	o.stats.retried.Add(1)
 	wait := o.cfg.backoff
 	for i := 0; i < r.attempts && wait < o.cfg.maxBackoff; i++ {
 		wait *= 2
 	}
-	wait = min(wait, o.cfg.maxBackoff)
+	wait = max(min(wait, o.cfg.maxBackoff), o.cfg.leaseTTL/4)
 	o.cfg.logger.Warn("outbox message not sent, retried later", "id", r.msgID, "topic", r.topic, "attempts", r.attempts+1, "wait", wait, "error", cause)
 	if err := o.putOff(ctx, r, wait, cause, false); err != nil {
 		o.cfg.logger.Warn("outbox row not put off", "id", r.msgID, "error", err)

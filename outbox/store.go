@@ -26,8 +26,12 @@ func newQueries(d Dialect, table string) queries {
 		table: table,
 		insert: d.bind(fmt.Sprintf(`INSERT INTO %s (msg_id, topic, msg_key, tag, properties, body, reliability, created_at, next_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, %s, 0)`, table, now)),
+		// A keyed row is ready only when no earlier row of its topic and
+		// key waits for a retry: a key's messages are sent in id order.
 		ready: d.bind(fmt.Sprintf(`SELECT id, msg_id, topic, msg_key, tag, properties, body, reliability, attempted_at, attempts
-FROM %s WHERE failed_at IS NULL AND next_at <= %s ORDER BY id LIMIT ?`, table, now)),
+FROM %[1]s r WHERE r.failed_at IS NULL AND r.next_at <= %[2]s AND (r.msg_key = '' OR NOT EXISTS (
+	SELECT 1 FROM %[1]s e WHERE e.topic = r.topic AND e.msg_key = r.msg_key AND e.id < r.id AND e.failed_at IS NULL AND e.next_at > %[2]s))
+ORDER BY r.id LIMIT ?`, table, now)),
 		leaseRow: d.bind(fmt.Sprintf(`INSERT INTO %s (name, owner, expires_at) VALUES (?, '', 0) ON CONFLICT (name) DO NOTHING`, lease)),
 		lease: d.bind(fmt.Sprintf(`UPDATE %s SET owner = ?, expires_at = %s + ? WHERE name = ? AND (owner = ? OR expires_at < %s)`,
 			lease, now, now)),
