@@ -281,7 +281,8 @@ func (o *Outbox) Notify() {
 
 // Flush asks the relay for passes until no row is ready (rows failed or
 // waiting for a backoff are not), and waits for them. It needs the relay
-// running (Run or Start), and ends with ctx.
+// running (Run or Start) and holding the lease (while another relay of the
+// table holds it, this one sends nothing): ctx bounds the wait.
 func (o *Outbox) Flush(ctx context.Context) error {
 	done := make(chan struct{})
 	select {

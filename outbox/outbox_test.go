@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/sdk"
 )
@@ -214,18 +215,18 @@ func TestRefusedMessageKeptAndReported(t *testing.T) {
 	if r.ID != big || !errors.Is(r.Err, protocol.ErrMessageTooLarge) {
 		t.Fatalf("failed row %+v, want %s too large", r, big)
 	}
-	var lastErr string
-	var failedAt sql.NullInt64
-	if err := db.QueryRow("SELECT last_error, failed_at FROM "+table+" WHERE msg_id = ?", big).Scan(&lastErr, &failedAt); err != nil {
-		t.Fatal(err)
-	}
-	if !failedAt.Valid || !strings.Contains(lastErr, "MESSAGE_TOO_LARGE") && !strings.Contains(strings.ToLower(lastErr), "too large") {
-		t.Fatalf("row of %s: failed_at %v, last_error %q", big, failedAt, lastErr)
-	}
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := o.Flush(fctx); err != nil {
 		t.Fatal(err)
+	}
+	var lastErr string
+	var failedAt sql.NullInt64
+	if err := db.QueryRow("SELECT last_error, failed_at FROM "+table+" WHERE msg_id = ?", big).Scan(&lastErr, &failedAt); err != nil {
+		t.Fatalf("the row of %s after the relay's passes: %v", big, err)
+	}
+	if !failedAt.Valid || !strings.Contains(lastErr, "MESSAGE_TOO_LARGE") && !strings.Contains(strings.ToLower(lastErr), "too large") {
+		t.Fatalf("row of %s: failed_at %v, last_error %q", big, failedAt, lastErr)
 	}
 	if s := o.Stats(); s.Failed != 1 || len(failed) != 0 {
 		t.Fatalf("stats %+v, %d more reports: want the row failed once", s, len(failed))
@@ -362,5 +363,45 @@ func TestReadyHoldsKeyBehindRetry(t *testing.T) {
 				t.Fatalf("with a failed: ready %s, want b,c,d,e", got)
 			}
 		})
+	}
+}
+
+// None lost when sends fail: a relay whose producer gives every message
+// up at once (a delivery timeout of a microsecond) keeps the rows, pass
+// after pass; a relay started after it stores every one once (any an
+// attempt stored meanwhile is found by its lookup).
+func TestFailedSendsKeepRows(t *testing.T) {
+	c := startCluster(t)
+	b := sqliteBackend
+	db := b.open(t, b.dsn(t))
+	table := newTable()
+	failing := c.newOutbox(t, db, b.dialect, table, ProducerOptions(producer.Linger(0), producer.DeliveryTimeout(time.Microsecond)))
+	if err := failing.EnsureTable(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ids := commitMessages(t, failing, db, c.topic, 6, "failing")
+	if err := failing.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 20*time.Second, "two failed passes over the 6 rows", func() bool {
+		if n := rowsLeft(t, db, table); n != 6 {
+			t.Fatalf("%d rows left after failed sends, want 6", n)
+		}
+		return failing.Stats().Retried >= 12
+	})
+	if err := failing.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := rowsLeft(t, db, table); n != 6 {
+		t.Fatalf("%d rows left after failed sends, want 6", n)
+	}
+	o := c.newOutbox(t, db, b.dialect, table)
+	if err := o.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitEmpty(t, db, table, 20*time.Second)
+	exactlyOnce(t, c.counts(t), ids)
+	if s := o.Stats(); s.Sent+s.Resolved != 6 {
+		t.Errorf("stats %+v, want 6 sent or found", s)
 	}
 }
