@@ -16,7 +16,9 @@
 //
 // The package has no database driver: the application opens db with its
 // own (SQLite and PostgreSQL dialects; the tests use
-// github.com/glebarez/go-sqlite and github.com/lib/pq).
+// github.com/glebarez/go-sqlite and github.com/lib/pq). On SQLite, open it
+// with a busy timeout (and preferably WAL): the relay writes to the table
+// while the application's transactions do.
 //
 // # The table
 //
@@ -77,16 +79,20 @@
 // to. The same lease works on both dialects (no SELECT ... FOR UPDATE SKIP
 // LOCKED): one relay sends while the others poll the lease.
 //
-// Order: within a topic, a key's messages are stored in the order they
-// were added (row id order): passes take rows in id order and send them in
-// that order, one pass at a time, the producer keeps a key's messages in
-// order across its retries, and a keyed row waiting for a retry holds its
-// key's later rows back (in its pass and in the ready query). The
-// exceptions: a row marked failed (refused for good) is passed by its
-// key's later rows, and a row whose send failed in a pass where later rows
-// of its key were stored (its delivery deadline, the pass's, passed while
-// theirs did not) is stored after them. Unkeyed messages have no order
-// between them (each has its own key).
+// Order: within a topic, a key's messages are stored in the order of
+// their rows' ids: passes take rows in id order and send them in that
+// order, one pass at a time, the producer keeps a key's messages in order
+// across its retries, and a keyed row waiting for a retry holds its key's
+// later rows back (in its pass and in the ready query). Ids follow Add
+// order within a transaction, and commit order between transactions that
+// do not overlap; between overlapping ones (PostgreSQL hands ids out at
+// the INSERT) a row with a lower id committed later is sent after a
+// higher one already sent. The exceptions: a row marked failed (refused
+// for good) is passed by its key's later rows, and a row whose send failed
+// in a pass where later rows of its key were stored (its delivery
+// deadline, the pass's, passed while theirs did not) is stored after
+// them. Unkeyed messages have no order between them (each has its own
+// key).
 //
 // # Limits
 //

@@ -196,9 +196,11 @@ type Outbox struct {
 }
 
 // New returns an outbox on db whose relay sends through a producer named
-// name (producer.Identity(name)): every relay of the same table must use
-// the same name, and nothing else may use it. It checks every option at
-// once; it does not touch the database (EnsureTable creates the tables).
+// name (producer.Identity(name)): every relay of the same table uses the
+// same name, and nothing else may use it (not another table's relays: they
+// would fence each other). It checks every option at once, the producer's
+// included; it does not touch the database (EnsureTable creates the
+// tables) or the cluster.
 func New(db *sql.DB, name string, opts ...Opt) (*Outbox, error) {
 	cfg := defaults()
 	for _, o := range opts {
@@ -225,6 +227,13 @@ func New(db *sql.DB, name string, opts ...Opt) (*Outbox, error) {
 	_, _ = rand.Read(b[:])
 	o := &Outbox{db: db, name: name, cfg: cfg, shared: shared, owner: hex.EncodeToString(b[:]),
 		q: newQueries(cfg.dialect, cfg.table), notify: make(chan struct{}, 1), flushq: make(chan chan struct{})}
+	// The relay makes a producer for each lease it takes: one made here
+	// (it dials nothing until it sends) checks the options now.
+	p, err := producer.New(o.producerOpts()...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	_ = p.Close()
 	return o, nil
 }
 
@@ -313,9 +322,9 @@ func (o *Outbox) Start() error {
 	return nil
 }
 
-// Run runs the relay until ctx ends (it returns ctx's error), Close (nil)
-// or a failure that stops it (the producer fenced by a relay that did not
-// take the lease: two outboxes on different tables share a name).
+// Run runs the relay until ctx ends (it returns ctx's error) or Close
+// (nil). Failures of the database or the cluster do not end it: they are
+// logged, and the next pass tries again.
 func (o *Outbox) Run(ctx context.Context) error {
 	ctx, done, err := o.begin(ctx)
 	if err != nil {

@@ -107,8 +107,10 @@ func (o *Outbox) endTerm(t *term) {
 // queue it writes to.
 func (o *Outbox) holdLease(ctx context.Context, t *term) (bool, error) {
 	start := time.Now()
-	if _, err := o.db.ExecContext(ctx, o.q.leaseRow, o.cfg.table); err != nil {
-		return false, fmt.Errorf("lease row: %w", err)
+	if t.until.IsZero() { // not holding it: the row may not exist yet
+		if _, err := o.db.ExecContext(ctx, o.q.leaseRow, o.cfg.table); err != nil {
+			return false, fmt.Errorf("lease row: %w", err)
+		}
 	}
 	res, err := o.db.ExecContext(ctx, o.q.lease, o.owner, o.cfg.leaseTTL.Milliseconds(), o.cfg.table, o.owner)
 	if err != nil {
