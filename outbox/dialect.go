@@ -32,10 +32,14 @@ func (d Dialect) valid() bool { return d == SQLite || d == PostgreSQL }
 
 // now is the database's clock in unix milliseconds. Times the outbox
 // compares (a lease's end, a row's next attempt) are all the database's, so
-// application machines with skewed clocks agree on them.
+// application machines with skewed clocks agree on them. Both are stable
+// within a statement (PostgreSQL's now() is its transaction's start: the
+// relay's statements are transactions of their own), which lets the
+// planners walk the table in id order and stop at a batch, rather than
+// read it all.
 func (d Dialect) now() string {
 	if d == PostgreSQL {
-		return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+		return "CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT)"
 	}
 	return "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 }
@@ -81,8 +85,10 @@ func (d Dialect) schema(table string) []string {
 	failed_at BIGINT,
 	last_error TEXT NOT NULL DEFAULT ''
 )`, table, id, blob),
-		// The relay's check that no earlier row of a key waits for a retry.
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s_key ON %s (topic, msg_key, id)`, table, table),
+		// The relay's check that no earlier row of a key waits for a
+		// retry: a probe of the key's rows due later than now, which are
+		// few (rows wait only after a failure).
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s_wait ON %s (topic, msg_key, next_at)`, table, table),
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s_lease (
 	name TEXT PRIMARY KEY,
 	owner TEXT NOT NULL,

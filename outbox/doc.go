@@ -117,6 +117,10 @@
 //     (LeaseTTL); Close gives the lease up, so a clean restart does not.
 //   - An attempted row costs a LOOKUP, done one row at a time, before it is
 //     sent again.
+//   - A pass reads the ready rows in id order and stops at its batch when
+//     the planner knows the table's size: PostgreSQL reads a large backlog
+//     whole at each pass until the table is analyzed (autovacuum does it,
+//     or ANALYZE).
 //
 // # Goroutines
 //

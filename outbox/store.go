@@ -30,7 +30,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, %s, 0)`, table, now)),
 		// key waits for a retry: a key's messages are sent in id order.
 		ready: d.bind(fmt.Sprintf(`SELECT id, msg_id, topic, msg_key, tag, properties, body, reliability, attempted_at, attempts
 FROM %[1]s r WHERE r.failed_at IS NULL AND r.next_at <= %[2]s AND (r.msg_key = '' OR NOT EXISTS (
-	SELECT 1 FROM %[1]s e WHERE e.topic = r.topic AND e.msg_key = r.msg_key AND e.id < r.id AND e.failed_at IS NULL AND e.next_at > %[2]s))
+	SELECT 1 FROM %[1]s e WHERE e.topic = r.topic AND e.msg_key = r.msg_key AND e.next_at > %[2]s AND e.id < r.id AND e.failed_at IS NULL))
 ORDER BY r.id LIMIT ?`, table, now)),
 		leaseRow: d.bind(fmt.Sprintf(`INSERT INTO %s (name, owner, expires_at) VALUES (?, '', 0) ON CONFLICT (name) DO NOTHING`, lease)),
 		lease: d.bind(fmt.Sprintf(`UPDATE %s SET owner = ?, expires_at = %s + ? WHERE name = ? AND (owner = ? OR expires_at < %s)`,
