@@ -105,6 +105,10 @@
 //     older than LookupMargin by the brokers' clocks (skew between the
 //     database and the brokers larger than the margin), or if the broker
 //     no longer has it (retention deleted it before a relay came back).
+//   - The producer's own cases of a message stored twice remain (see
+//     package producer: a message moved or re-stamped after an unknown
+//     outcome, Result.PossibleDuplicate, counted in
+//     Stats.PossibleDuplicates).
 //   - A second Add of an id still in the table fails (msg_id is unique);
 //     an id added again after its row was deleted is a new message.
 //   - The relay's principal needs produce and consume on the outbox's

@@ -68,6 +68,9 @@ type Stats struct {
 	Retried  int64 // sends or lookups that failed and left their row for a later pass
 	Failed   int64 // rows marked failed (FailedRow)
 	Passes   int64 // passes that took at least one row
+	// PossibleDuplicates: messages the producer stored with
+	// Result.PossibleDuplicate (its own cases, see package producer).
+	PossibleDuplicates int64
 }
 
 // Opt configures an Outbox.
@@ -192,7 +195,7 @@ type Outbox struct {
 	stop   context.CancelFunc
 	done   chan struct{}
 
-	stats struct{ sent, resolved, retried, failed, passes atomic.Int64 }
+	stats struct{ sent, resolved, retried, failed, passes, possibleDups atomic.Int64 }
 }
 
 // New returns an outbox on db whose relay sends through a producer named
@@ -374,5 +377,6 @@ func (o *Outbox) Close() error {
 // Stats returns the relay's counters.
 func (o *Outbox) Stats() Stats {
 	s := &o.stats
-	return Stats{Sent: s.sent.Load(), Resolved: s.resolved.Load(), Retried: s.retried.Load(), Failed: s.failed.Load(), Passes: s.passes.Load()}
+	return Stats{Sent: s.sent.Load(), Resolved: s.resolved.Load(), Retried: s.retried.Load(), Failed: s.failed.Load(), Passes: s.passes.Load(),
+		PossibleDuplicates: s.possibleDups.Load()}
 }

@@ -189,8 +189,7 @@ func TestRelayDiesBeforeDelete(t *testing.T) {
 // A message the broker refuses for good (too large) is kept in its table,
 // marked failed with the reason, reported once, and not tried again; the
 // messages after it are sent.
-func TestRefusedMessageKeptAndReported(t *testing.T) {
-	c := startCluster(t)
+func refusedMessageKeptAndReported(t *testing.T, c *cluster) {
 	b := sqliteBackend
 	db := b.open(t, b.dsn(t))
 	table := newTable()
@@ -200,8 +199,8 @@ func TestRefusedMessageKeptAndReported(t *testing.T) {
 	if err := o.EnsureTable(ctx); err != nil {
 		t.Fatal(err)
 	}
-	big := addCommitted(t, o, db, &Message{Topic: "orders", Body: make([]byte, 8<<20)})
-	ok := addCommitted(t, o, db, &Message{Topic: "orders", Body: []byte("fine")})
+	big := addCommitted(t, o, db, &Message{Topic: c.topic, Body: make([]byte, protocol.MaxMessageSize+1)})
+	ok := addCommitted(t, o, db, &Message{Topic: c.topic, Body: []byte("fine")})
 	if err := o.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -370,8 +369,7 @@ func TestReadyHoldsKeyBehindRetry(t *testing.T) {
 // up at once (a delivery timeout of a microsecond) keeps the rows, pass
 // after pass; a relay started after it stores every one once (any an
 // attempt stored meanwhile is found by its lookup).
-func TestFailedSendsKeepRows(t *testing.T) {
-	c := startCluster(t)
+func failedSendsKeepRows(t *testing.T, c *cluster) {
 	b := sqliteBackend
 	db := b.open(t, b.dsn(t))
 	table := newTable()
@@ -403,5 +401,58 @@ func TestFailedSendsKeepRows(t *testing.T) {
 	exactlyOnce(t, c.counts(t), ids)
 	if s := o.Stats(); s.Sent+s.Resolved != 6 {
 		t.Errorf("stats %+v, want 6 sent or found", s)
+	}
+}
+
+// Close gives the lease up: a relay started after it (a restarted
+// application) sends at once, without waiting for the lease (a minute
+// here) to expire.
+func closeHandsLeaseOver(t *testing.T, c *cluster) {
+	b := sqliteBackend
+	db := b.open(t, b.dsn(t))
+	table := newTable()
+	first := c.newOutbox(t, db, b.dialect, table, LeaseTTL(time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := first.EnsureTable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ids := commitMessages(t, first, db, c.topic, 5, "first")
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second := c.newOutbox(t, db, b.dialect, table, LeaseTTL(time.Minute))
+	if err := second.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ids = append(ids, commitMessages(t, second, db, c.topic, 5, "second")...)
+	second.Notify()
+	if err := second.Flush(ctx); err != nil {
+		t.Fatalf("the second relay's flush: %v (the first's lease not given up?)", err)
+	}
+	exactlyOnce(t, c.counts(t), ids)
+}
+
+// The relay's cases on SQLite, on one cluster (a topic each).
+func TestRelayCases(t *testing.T) {
+	c := startCluster(t)
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T, *cluster)
+	}{
+		{"refused-message-kept-and-reported", refusedMessageKeptAndReported},
+		{"failed-sends-keep-rows", failedSendsKeepRows},
+		{"close-hands-lease-over", closeHandsLeaseOver},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c.useTopic(t, tc.name)
+			tc.f(t, c)
+		})
 	}
 }

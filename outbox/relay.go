@@ -178,7 +178,11 @@ func (o *Outbox) pass(ctx context.Context, find *finder, t *term) (n int, held b
 	// Sends end well before the lease could pass to another relay, which
 	// then looks up what this one sent. They are not cut by ctx: Close
 	// waits for the pass.
-	sendCtx, cancel := context.WithDeadline(context.WithoutCancel(ctx), t.until.Add(-o.cfg.leaseTTL/4))
+	deadline := t.until.Add(-o.cfg.leaseTTL / 4)
+	if !time.Now().Before(deadline) {
+		return 0, true, fmt.Errorf("taking the lease took over %v (LeaseTTL less a quarter): no time left to send", o.cfg.leaseTTL*3/4)
+	}
+	sendCtx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	rows, err := o.readyRows(ctx, o.cfg.batch)
 	if err != nil || len(rows) == 0 {
@@ -232,6 +236,9 @@ func (o *Outbox) pass(ctx context.Context, find *finder, t *term) (n int, held b
 				o.stats.resolved.Add(1)
 			} else {
 				o.stats.sent.Add(1)
+			}
+			if res.res.PossibleDuplicate {
+				o.stats.possibleDups.Add(1)
 			}
 			done = append(done, r)
 		case errors.Is(res.err, protocol.ErrInvalid) || errors.Is(res.err, protocol.ErrMessageTooLarge):
