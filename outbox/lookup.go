@@ -47,22 +47,34 @@ func (f *finder) close() {
 	_ = f.meta.Close()
 }
 
+// pass returns the lookups of one pass, which share the broker groups.
+func (f *finder) pass() *passLookups { return &passLookups{f: f} }
+
+// passLookups are a pass's lookups: the broker groups, asked once.
+type passLookups struct {
+	f      *finder
+	groups []routing.Group
+}
+
 // stored says whether the message of row r is stored in its topic: a
 // message of r's key carrying r's outbox id, stored since r's first attempt
 // less margin. It fails (errUndecided) rather than answer false when it
 // could not read everything: a group that did not answer, messages hidden
 // from the relay's principal, more pages than maxLookupPages.
-func (f *finder) stored(ctx context.Context, r *row, margin time.Duration) (bool, error) {
-	infos, err := f.meta.Groups(ctx)
-	if err != nil {
-		return false, fmt.Errorf("%w: broker groups: %w", errUndecided, err)
-	}
-	var groups []routing.Group
-	for _, gi := range infos {
-		if gi.Admission != routing.Retired {
-			groups = append(groups, gi.Group)
+func (pl *passLookups) stored(ctx context.Context, r *row, margin time.Duration) (bool, error) {
+	if pl.groups == nil {
+		infos, err := pl.f.meta.Groups(ctx)
+		if err != nil {
+			return false, fmt.Errorf("%w: broker groups: %w", errUndecided, err)
+		}
+		pl.groups = []routing.Group{}
+		for _, gi := range infos {
+			if gi.Admission != routing.Retired {
+				pl.groups = append(pl.groups, gi.Group)
+			}
 		}
 	}
+	f, groups := pl.f, pl.groups
 	q := protocol.LookupRequest{Key: sendKey(r), Limit: protocol.MaxLookupLimit}
 	if since := r.attemptedAt - margin.Milliseconds(); since > 0 {
 		q.Since = since

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"sync"
 	"time"
@@ -197,7 +198,9 @@ func (o *Outbox) pass(ctx context.Context, find *finder, t *term) (n int, held b
 	// it is not. A keyed row put off here holds its key's later rows back
 	// for this pass (the ready query holds them in later passes).
 	var done, toSend []row
+	var later retries
 	blocked := map[[2]string]bool{}
+	look := find.pass()
 	for _, r := range rows {
 		if r.key != "" && blocked[[2]string{r.topic, r.key}] {
 			continue
@@ -205,11 +208,11 @@ func (o *Outbox) pass(ctx context.Context, find *finder, t *term) (n int, held b
 		var found bool
 		var lookupErr error
 		if r.attempts > 0 {
-			found, lookupErr = find.stored(sendCtx, &r, o.cfg.margin)
+			found, lookupErr = look.stored(sendCtx, &r, o.cfg.margin)
 		}
 		switch {
 		case lookupErr != nil:
-			o.retryLater(dbCtx, r, lookupErr)
+			later.add(o.retryLater(dbCtx, r, lookupErr), lookupErr)
 			blocked[[2]string{r.topic, r.key}] = true
 		case found:
 			o.stats.resolved.Add(1)
@@ -218,9 +221,10 @@ func (o *Outbox) pass(ctx context.Context, find *finder, t *term) (n int, held b
 			toSend = append(toSend, r)
 		}
 	}
+	defer later.log(o.cfg.logger)
 	if len(toSend) > 0 {
 		if err := o.markAttempted(ctx, toSend); err != nil {
-			return len(rows), true, errors.Join(err, o.deleteRows(dbCtx, done))
+			return len(rows), true, errors.Join(err, o.deleteRows(dbCtx, done), later.dbErr)
 		}
 	}
 	results := o.send(sendCtx, t.p, toSend)
@@ -242,10 +246,10 @@ func (o *Outbox) pass(ctx context.Context, find *finder, t *term) (n int, held b
 			}
 			done = append(done, r)
 		case errors.Is(res.err, protocol.ErrInvalid) || errors.Is(res.err, protocol.ErrMessageTooLarge):
-			o.fail(dbCtx, r, res.err)
+			later.dbErr = errors.Join(later.dbErr, o.fail(dbCtx, r, res.err))
 		default:
 			fenced = fenced || errors.Is(res.err, producer.ErrFenced)
-			o.retryLater(dbCtx, r, res.err)
+			later.add(o.retryLater(dbCtx, r, res.err), res.err)
 		}
 	}
 	if fenced {
@@ -253,7 +257,31 @@ func (o *Outbox) pass(ctx context.Context, find *finder, t *term) (n int, held b
 		// began: this term is over; the next lease taken starts another.
 		o.endTermQuietly(t)
 	}
-	return len(rows), true, o.deleteRows(dbCtx, done)
+	// A row not put off as it should be would come back at once: the
+	// error ends the drain until the next poll.
+	return len(rows), true, errors.Join(o.deleteRows(dbCtx, done), later.dbErr)
+}
+
+// retries are a pass's rows left for later: counted and logged once per
+// pass (the first cause), and the errors of putting them off.
+type retries struct {
+	n     int
+	first error
+	dbErr error
+}
+
+func (rs *retries) add(dbErr, cause error) {
+	rs.n++
+	if rs.first == nil {
+		rs.first = cause
+	}
+	rs.dbErr = errors.Join(rs.dbErr, dbErr)
+}
+
+func (rs *retries) log(l *slog.Logger) {
+	if rs.n > 0 {
+		l.Warn("outbox messages not sent, retried later", "rows", rs.n, "error", rs.first)
+	}
 }
 
 // send sends the rows' messages at once and waits for every result.
@@ -282,28 +310,24 @@ func (o *Outbox) send(ctx context.Context, p *producer.Client, rows []row) []sen
 // a quarter of the lease: a send given up at its deadline may still reach
 // the broker, and the lookup before the next attempt must see it, as it
 // must after a relay's death (see the package doc).
-func (o *Outbox) retryLater(ctx context.Context, r row, cause error) {
+func (o *Outbox) retryLater(ctx context.Context, r row, cause error) error {
 	o.stats.retried.Add(1)
 	wait := o.cfg.backoff
 	for i := 0; i < r.attempts && wait < o.cfg.maxBackoff; i++ {
 		wait *= 2
 	}
 	wait = max(min(wait, o.cfg.maxBackoff), o.cfg.leaseTTL/4)
-	o.cfg.logger.Warn("outbox message not sent, retried later", "id", r.msgID, "topic", r.topic, "attempts", r.attempts+1, "wait", wait, "error", cause)
-	if err := o.putOff(ctx, r, wait, cause, false); err != nil {
-		o.cfg.logger.Warn("outbox row not put off", "id", r.msgID, "error", err)
-	}
+	return o.putOff(ctx, r, wait, cause, false)
 }
 
 // fail marks row r failed for good: kept, skipped, and reported.
-func (o *Outbox) fail(ctx context.Context, r row, cause error) {
+func (o *Outbox) fail(ctx context.Context, r row, cause error) error {
 	o.stats.failed.Add(1)
-	if err := o.putOff(ctx, r, 0, cause, true); err != nil {
-		o.cfg.logger.Warn("outbox row not marked failed", "id", r.msgID, "error", err)
-	}
+	err := o.putOff(ctx, r, 0, cause, true)
 	if o.cfg.onFailed != nil {
 		o.cfg.onFailed(FailedRow{RowID: r.id, ID: r.msgID, Topic: r.topic, Err: cause})
-		return
+	} else {
+		o.cfg.logger.Error("outbox message refused for good, kept in its table as failed", "id", r.msgID, "topic", r.topic, "row", r.id, "error", cause)
 	}
-	o.cfg.logger.Error("outbox message refused for good, kept in its table as failed", "id", r.msgID, "topic", r.topic, "row", r.id, "error", cause)
+	return err
 }
