@@ -50,12 +50,14 @@
 // that dies in between leaves rows marked attempted whose messages may be
 // stored. The producer's dedupe cannot answer for them (a new process is a
 // new producer epoch, and its sequences restart), so the relay that finds
-// an attempted row looks its message up first (LOOKUP by key, in every
-// broker group, from the row's first attempt less LookupMargin): found,
-// the row is deleted without a send; not found, it is sent; undecided (a
-// group that does not answer, messages hidden from the relay's principal,
+// an attempted row looks its message up first (LOOKUP by key, at the
+// master of each broker group of the topic's route, from the row's first
+// attempt less LookupMargin): found, the row is deleted without a send;
+// not found, it is sent; undecided (a group without a master, or whose
+// master does not answer, messages hidden from the relay's principal,
 // more than 20 pages of the key in the window), it waits for a later
-// pass, never sent blind. Every message carries its outbox id in the
+// pass, never sent blind. Only masters are asked: a slave may lack the
+// newest records. Every message carries its outbox id in the
 // property OUTBOX_ID (IDProperty), which the lookup matches, and a consumer
 // can dedupe on.
 //
@@ -105,6 +107,12 @@
 //     older than LookupMargin by the brokers' clocks (skew between the
 //     database and the brokers larger than the margin), or if the broker
 //     no longer has it (retention deleted it before a relay came back).
+//   - A failover between an attempt and its lookup: a message only the
+//     failed master held (not yet copied to the slave promoted in its
+//     place) is not found and is sent again; when that master comes back,
+//     the group appends its cut tail (DESIGN.md, "The recovered tail"), and
+//     the message is then stored twice. Consumers that must not see it
+//     twice dedupe on OUTBOX_ID.
 //   - The producer's own cases of a message stored twice remain (see
 //     package producer: a message moved or re-stamped after an unknown
 //     outcome, Result.PossibleDuplicate, counted in
@@ -113,9 +121,10 @@
 //     an id added again after its row was deleted is a new message.
 //   - The relay's principal needs produce and consume on the outbox's
 //     topics (LOOKUP shows a message only to who may consume its topic),
-//     and consume on every topic that uses the same keys: a lookup that
-//     sees hidden messages of its key cannot tell and leaves the row
-//     undecided.
+//     consume on every topic that uses the same keys (a lookup that sees
+//     hidden messages of its key cannot tell, and leaves the row
+//     undecided), and describe when a topic's queues moved from a retired
+//     group (the lookup then asks every group the metaserver lists).
 //   - Delayed messages are not supported (Message has no DeliverAt).
 //   - A relay after a crash waits for the dead one's lease to expire
 //     (LeaseTTL); Close gives the lease up, so a clean restart does not.

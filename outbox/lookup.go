@@ -47,34 +47,70 @@ func (f *finder) close() {
 	_ = f.meta.Close()
 }
 
-// pass returns the lookups of one pass, which share the broker groups.
-func (f *finder) pass() *passLookups { return &passLookups{f: f} }
+// pass returns the lookups of one pass, which share the topics' groups.
+func (f *finder) pass() *passLookups { return &passLookups{f: f, groups: map[string][]routing.Group{}} }
 
-// passLookups are a pass's lookups: the broker groups, asked once.
+// passLookups are a pass's lookups: each topic's groups, asked once.
 type passLookups struct {
 	f      *finder
-	groups []routing.Group
+	groups map[string][]routing.Group
+}
+
+// groupsOf returns the groups a message of topic may be stored in, each
+// with its master only: the groups of the topic's route (which its
+// producers may read), and every group the metaserver knows (which needs
+// describe) when a queue of the topic moved from another group.
+func (pl *passLookups) groupsOf(ctx context.Context, topic string) ([]routing.Group, error) {
+	if gs, ok := pl.groups[topic]; ok {
+		return gs, nil
+	}
+	route, err := pl.f.meta.RouteExisting(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("route of %q: %w", topic, err)
+	}
+	seen := map[string]bool{}
+	var out []routing.Group
+	moved := false
+	for _, q := range route.Queues {
+		moved = moved || q.Base > 0
+		if seen[q.Group] {
+			continue
+		}
+		seen[q.Group] = true
+		if q.Master == "" {
+			return nil, fmt.Errorf("group %s of %q has no master", q.Group, topic)
+		}
+		out = append(out, routing.Group{Name: q.Group, Master: routing.Broker{Addr: q.Master}})
+	}
+	if moved {
+		infos, err := pl.f.meta.Groups(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("queues of %q moved from other groups, and the groups could not be listed (describe): %w", topic, err)
+		}
+		for _, gi := range infos {
+			if !seen[gi.Name] && gi.Master.Addr != "" {
+				seen[gi.Name] = true
+				out = append(out, routing.Group{Name: gi.Name, Master: routing.Broker{Addr: gi.Master.Addr}})
+			}
+		}
+	}
+	pl.groups[topic] = out
+	return out, nil
 }
 
 // stored says whether the message of row r is stored in its topic: a
 // message of r's key carrying r's outbox id, stored since r's first attempt
-// less margin. It fails (errUndecided) rather than answer false when it
-// could not read everything: a group that did not answer, messages hidden
-// from the relay's principal, more pages than maxLookupPages.
+// less margin, as each group's master says (a slave may lack the newest
+// records). It fails (errUndecided) rather than answer false when it could
+// not read everything: a group without a master or whose master did not
+// answer, messages hidden from the relay's principal, more pages than
+// maxLookupPages.
 func (pl *passLookups) stored(ctx context.Context, r *row, margin time.Duration) (bool, error) {
-	if pl.groups == nil {
-		infos, err := pl.f.meta.Groups(ctx)
-		if err != nil {
-			return false, fmt.Errorf("%w: broker groups: %w", errUndecided, err)
-		}
-		pl.groups = []routing.Group{}
-		for _, gi := range infos {
-			if gi.Admission != routing.Retired {
-				pl.groups = append(pl.groups, gi.Group)
-			}
-		}
+	groups, err := pl.groupsOf(ctx, r.topic)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", errUndecided, err)
 	}
-	f, groups := pl.f, pl.groups
+	f := pl.f
 	q := protocol.LookupRequest{Key: sendKey(r), Limit: protocol.MaxLookupLimit}
 	if since := r.attemptedAt - margin.Milliseconds(); since > 0 {
 		q.Since = since

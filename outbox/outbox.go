@@ -114,7 +114,8 @@ func Table(name string) Opt { return optFunc(func(c *config) { c.table = name })
 // Client gives the options of the relay's producer and lookups: the
 // metaservers (sdk.MetaAddrs, required), sdk.Token, sdk.TLS, sdk.Logger
 // and sdk.Metrics. The principal of the token needs produce and consume
-// on the outbox's topics (consume: the relay looks its messages up).
+// on the outbox's topics (consume: the relay looks its messages up; see
+// the package doc's Limits).
 func Client(opts ...sdk.Opt) Opt {
 	return optFunc(func(c *config) { c.client = append(c.client, opts...) })
 }
