@@ -37,9 +37,8 @@
 // None lost: a row is deleted only after the broker answered OK or
 // DUPLICATE for its message, or a lookup found the message stored. Any
 // other outcome leaves the row, tried again after a backoff (Backoff, and
-// at least LeaseTTL/4);
-// rows a dead process left are found by the next relay's poll
-// (PollInterval). A message the broker refuses for good (INVALID,
+// at least LeaseTTL/4); rows a dead process left are found by the next
+// relay's poll (PollInterval). A message the broker refuses for good (INVALID,
 // MESSAGE_TOO_LARGE) is never dropped either: its row is kept with
 // failed_at and last_error set, reported to OnFailed (or logged at Error)
 // and counted in Stats.Failed, and skipped until someone clears failed_at.
@@ -98,15 +97,15 @@
 //
 // # Limits
 //
-//   - Once holds for a message found by its lookup. It is stored twice if
+//   - Once holds for a message its lookup can find. It is stored twice if
 //     an attempt of it is still on its way to the broker when a relay
 //     looks it up, which the lease (after a relay's death) and the least
 //     wait before a retry (LeaseTTL/4, after a failed send) make an
-//     attempt of at least LeaseTTL/4 in flight (a broker or network that
-//     slow), or if it is
-//     older than LookupMargin by the brokers' clocks (skew between the
-//     database and the brokers larger than the margin), or if the broker
-//     no longer has it (retention deleted it before a relay came back).
+//     attempt in flight for LeaseTTL/4 or more (a broker or network that
+//     slow); if it was stored before its first attempt less LookupMargin
+//     by the brokers' clocks (the database's and the brokers' clocks
+//     apart by more than the margin); or if the broker no longer has it
+//     (retention deleted it before a relay came back).
 //   - A failover between an attempt and its lookup: a message only the
 //     failed master held (not yet copied to the slave promoted in its
 //     place) is not found and is sent again; when that master comes back,
