@@ -73,6 +73,11 @@ var rules = map[string]rule{
 	// Users of the SDKs: what they measure is what an application sees.
 	"internal/loadgen": {7, "the load generator behind `ferryctl bench`: sends (and consumes) and measures throughput and latency",
 		[]string{"producer", "consumer", "sdk", "protocol", "routing", "internal/transport", "metaserver/api", "metaserver/client"}},
+	// An application's library over the producer: it looks its messages up
+	// (LOOKUP) through the client core, as the consumer does.
+	"outbox": {7, "QMQ's transactional outbox over database/sql: messages stored in the application's transaction, relayed once after the commit",
+		[]string{"producer", "sdk", "protocol", "routing", "internal/transport", "internal/clientcore", "metaserver/client", "auth",
+			"internal/testcluster", "internal/testwait"}},
 	// Measurement programs under scripts/ are users of the public packages.
 	"scripts": {7, "start/stop a local cluster, benchmarks, fault runs (and small Go programs they run)",
 		[]string{"producer", "sdk", "protocol", "routing", "metaserver/api", "metaserver/client", "auth"}},
@@ -102,4 +107,6 @@ var sdkForbidden = map[string][]string{
 	"sdk":                 {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
 	"sdkmetrics":          {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
 	"internal/clientcore": {"github.com/prometheus/", "github.com/hashicorp/go-hclog"},
+	// The application brings its database driver; the outbox's tests bring theirs.
+	"outbox": {"github.com/prometheus/", "github.com/hashicorp/go-hclog", "github.com/glebarez/", "modernc.org/", "github.com/lib/pq", "github.com/jackc/"},
 }
