@@ -16,7 +16,7 @@
 //
 // The package has no database driver: the application opens db with its
 // own (SQLite and PostgreSQL dialects; the tests use
-// github.com/glebarez/go-sqlite and github.com/lib/pq). On SQLite, open it
+// github.com/ncruces/go-sqlite3, a pure-Go SQLite, and github.com/lib/pq). On SQLite, open it
 // with a busy timeout (and preferably WAL): the relay writes to the table
 // while the application's transactions do.
 //

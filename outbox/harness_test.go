@@ -17,8 +17,9 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/glebarez/go-sqlite"
 	_ "github.com/lib/pq"
+	_ "github.com/ncruces/go-sqlite3/driver"
+	_ "github.com/ncruces/go-sqlite3/embed"
 	"go.uber.org/goleak"
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"
@@ -51,7 +52,7 @@ type backend struct {
 	dsn     func(t testing.TB) string // "" : skip (the test is skipped with why)
 }
 
-var sqliteBackend = backend{name: "sqlite", dialect: SQLite, driver: "sqlite", dsn: func(t testing.TB) string {
+var sqliteBackend = backend{name: "sqlite", dialect: SQLite, driver: "sqlite3", dsn: func(t testing.TB) string {
 	return "file:" + filepath.Join(t.TempDir(), "app.db") + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
 }}
 
