@@ -29,6 +29,8 @@
 #   FERRY_HIGH_WAIT  the brokers' -high-wait (default 3s): how long a master holds a HIGH message for its
 #                    sync set before it answers SLAVE_SYNC_TIMEOUT (the SDK retries it)
 #   FERRY_FLUSH      brokers' flush mode, async or sync (default async)
+#   FERRY_TXN_TIMEOUT  the brokers' -txn-timeout (default 1m, at most 15m): a master aborts a
+#                    transaction open longer (a Go duration)
 #   FERRY_FAILOVER   on (default): the metaservers promote a lost master's slave; off: the group
 #                    stays read-only until its master is back
 #   FERRY_AUTO_CREATE  1: a route lookup of an unknown topic creates it (8 queues); default 0: an
@@ -81,6 +83,7 @@ SESSION="${FERRY_SESSION:-4s}"
 MARGIN="${FERRY_FAILOVER_MARGIN:-500ms}"
 LAG_TIME="${FERRY_LAG_TIME:-5s}"
 HIGH_WAIT="${FERRY_HIGH_WAIT:-3s}"
+TXN_TIMEOUT="${FERRY_TXN_TIMEOUT:-1m}"
 BIN="$FERRY_HOME/bin"
 PIDS="$FERRY_HOME/pids"
 LOGS="$FERRY_HOME/logs"
@@ -355,7 +358,7 @@ start() {
     mapfile -t authf < <(auth_flags broker)
     launch "$name" "$BIN/ferry-broker" -id "$name" -group "$group" -role "$role" \
       -dir "$FERRY_HOME/data/$name" -addr "127.0.0.1:$(broker_port data "$j")" -ha-addr "127.0.0.1:$(broker_port ha "$j")" \
-      -metrics-addr "127.0.0.1:$(broker_port metrics "$j")" -meta "$META" -flush "$FLUSH" -heartbeat "$HEARTBEAT" -session "$SESSION" -high-wait "$HIGH_WAIT" "${tlsf[@]}" "${authf[@]}"
+      -metrics-addr "127.0.0.1:$(broker_port metrics "$j")" -meta "$META" -flush "$FLUSH" -heartbeat "$HEARTBEAT" -session "$SESSION" -high-wait "$HIGH_WAIT" -txn-timeout "$TXN_TIMEOUT" "${tlsf[@]}" "${authf[@]}"
   done
   wait_ready
   if [ "$ADMIT" = manual ]; then
