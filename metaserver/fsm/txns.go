@@ -151,7 +151,9 @@ func (TxnDone) Type() CommandType   { return TypeTxnDone }
 func (TxnExpire) Type() CommandType { return TypeTxnExpire }
 
 // Key is the transaction c decides.
-func (c *TxnDecide) Key() TxnKey { return TxnKey{Producer: c.Producer, Epoch: c.Epoch, Number: c.Number} }
+func (c *TxnDecide) Key() TxnKey {
+	return TxnKey{Producer: c.Producer, Epoch: c.Epoch, Number: c.Number}
+}
 
 // Key is the transaction c reports on.
 func (c *TxnDone) Key() TxnKey { return TxnKey{Producer: c.Producer, Epoch: c.Epoch, Number: c.Number} }
