@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferrymq/ferrymq/auth"
@@ -31,7 +32,8 @@ import (
 //
 // Goroutines: the RPC server's (see transport), raft's, the leadership loop
 // (leaderLoop), and while leading one leader-work goroutine (lead) that runs
-// the judge. Close stops all of them.
+// the judge, and the expiry of transaction decisions (txns.go). Close stops
+// all of them.
 type Server struct {
 	cfg  Config
 	log  hclog.Logger
@@ -62,6 +64,7 @@ type Server struct {
 	push       routePush // topic changes to the brokers (topicpush.go)
 	// routeLookups observes the route lookups this node answers (metrics.go).
 	routeLookups prometheus.Histogram
+	txnm         txnMetrics // the transaction decisions' (txns.go)
 
 	leaderMu   sync.Mutex
 	leaderConn *transport.Client // to ask the leader for routes this node lacks
@@ -86,6 +89,7 @@ func New(cfg Config) (*Server, error) {
 		loopDone: make(chan struct{}),
 	}
 	s.routeLookups = newRouteLookupHistogram()
+	s.txnm = newTxnMetrics(s.fsm)
 	s.judge.init(cfg, s.fsm, s.apply, s.log.Named("judge"))
 	s.consumers.init(cfg, s.fsm, s.apply, s.log.Named("consumers"))
 	s.judge.consumers = &s.consumers
@@ -277,7 +281,15 @@ func (s *Server) lead(ctx context.Context) {
 			}
 		}
 	}
+	// The expiry's ticker exists before the judge reports ready (see
+	// judge.run); the goroutine ends with ctx, before lead returns.
+	expiry := make(chan struct{})
+	go func(tick clockwork.Ticker) {
+		defer close(expiry)
+		s.expireTxns(ctx, tick)
+	}(s.cfg.Clock.NewTicker(txnExpiryInterval))
 	s.judge.run(ctx)
+	<-expiry
 	s.log.Info("lost leadership; judge stopped")
 }
 
