@@ -14,7 +14,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferrymq/ferrymq/auth"
@@ -32,7 +31,7 @@ import (
 //
 // Goroutines: the RPC server's (see transport), raft's, the leadership loop
 // (leaderLoop), and while leading one leader-work goroutine (lead) that runs
-// the judge, and the expiry of transaction decisions (txns.go). Close stops
+// the judge (which also expires old transaction decisions: txns.go). Close stops
 // all of them.
 type Server struct {
 	cfg  Config
@@ -65,6 +64,9 @@ type Server struct {
 	// routeLookups observes the route lookups this node answers (metrics.go).
 	routeLookups prometheus.Histogram
 	txnm         txnMetrics // the transaction decisions' (txns.go)
+	// txnsCheckedAt is when the judge last looked for decisions to expire
+	// (expireTxns; only the judge's goroutine touches it).
+	txnsCheckedAt time.Time
 
 	leaderMu   sync.Mutex
 	leaderConn *transport.Client // to ask the leader for routes this node lacks
@@ -93,6 +95,7 @@ func New(cfg Config) (*Server, error) {
 	s.judge.init(cfg, s.fsm, s.apply, s.log.Named("judge"))
 	s.consumers.init(cfg, s.fsm, s.apply, s.log.Named("consumers"))
 	s.judge.consumers = &s.consumers
+	s.judge.txnExpiry = s.expireTxns
 	s.push.init(cfg, s.fsm, s.log.Named("route-push"))
 	var err error
 	defer func() {
@@ -281,15 +284,7 @@ func (s *Server) lead(ctx context.Context) {
 			}
 		}
 	}
-	// The expiry's ticker exists before the judge reports ready (see
-	// judge.run); the goroutine ends with ctx, before lead returns.
-	expiry := make(chan struct{})
-	go func(tick clockwork.Ticker) {
-		defer close(expiry)
-		s.expireTxns(ctx, tick)
-	}(s.cfg.Clock.NewTicker(txnExpiryInterval))
 	s.judge.run(ctx)
-	<-expiry
 	s.log.Info("lost leadership; judge stopped")
 }
 

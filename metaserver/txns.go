@@ -3,11 +3,9 @@ package metaserver
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
-	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferrymq/ferrymq/auth"
@@ -185,23 +183,16 @@ func txnDecision(k fsm.TxnKey, r fsm.TxnRecord) api.TxnDecision {
 		Groups: slices.Clone(r.Groups), Pending: slices.Clone(r.Pending)}
 }
 
-// expireTxns expires, every tick until ctx ends, the decisions older than
-// fsm.TxnRetentionMillis (leader work: the ticker is made before the
-// leader reports ready, so a test moving a fake clock cannot miss it).
-func (s *Server) expireTxns(ctx context.Context, tick clockwork.Ticker) {
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.Chan():
-			s.expireTxnsOnce(ctx)
-		}
+// expireTxns deletes, at most once a txnExpiryInterval, the decisions
+// older than fsm.TxnRetentionMillis by the leader's clock: the judge calls
+// it at the end of each round (so it stops with the leader's work, and a
+// test moving a fake clock waits for it with WaitJudged).
+func (s *Server) expireTxns(ctx context.Context, now time.Time) {
+	if !s.txnsCheckedAt.IsZero() && now.Sub(s.txnsCheckedAt) < txnExpiryInterval {
+		return
 	}
-}
-
-func (s *Server) expireTxnsOnce(ctx context.Context) {
-	before := s.cfg.Clock.Now().UnixMilli() - fsm.TxnRetentionMillis
+	s.txnsCheckedAt = now
+	before := now.UnixMilli() - fsm.TxnRetentionMillis
 	if !s.fsm.TxnsDecidedBefore(before) {
 		return
 	}
@@ -214,5 +205,5 @@ func (s *Server) expireTxnsOnce(ctx context.Context) {
 	}
 	s.txnm.expired.Add(float64(res.Expired))
 	s.log.Info("transaction decisions expired: some of their broker groups never reported done",
-		"decisions", res.Expired, "decided-before", fmt.Sprint(before))
+		"decisions", res.Expired, "decided-before", before)
 }
