@@ -180,7 +180,7 @@ func (s *Server) txnDecisions(_ context.Context, req api.TxnDecisionsRequest) (a
 
 func txnDecision(k fsm.TxnKey, r fsm.TxnRecord) api.TxnDecision {
 	return api.TxnDecision{Producer: k.Producer, Epoch: k.Epoch, Number: k.Number, Committed: r.Committed, By: r.By, At: r.At,
-		Groups: slices.Clone(r.Groups), Pending: slices.Clone(r.Pending)}
+		Groups: slices.Clone(r.Groups), Pending: slices.Clone(r.Pending), Offsets: r.Offsets}
 }
 
 // expireTxns deletes, at most once a txnExpiryInterval, the decisions

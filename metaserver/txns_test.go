@@ -255,7 +255,7 @@ func TestTxnDecideWithOffsets(t *testing.T) {
 		t.Fatalf("refusals counted %v, want 1", got)
 	}
 	d, err := cl.DecideTxn(ctx, withOffsets(1, hb.Generation, 5))
-	if err != nil || !d.Committed {
+	if err != nil || !d.Committed || !d.Offsets {
 		t.Fatalf("commit with offsets: %+v %v", d, err)
 	}
 	if c := committed(); len(c) != 1 || c[0].Queue != 1 || c[0].Offset != 5 {

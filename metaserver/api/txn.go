@@ -46,6 +46,12 @@ type TxnDecision struct {
 	// yet reported done (TXN_DONE).
 	Groups  []string `json:"groups"`
 	Pending []string `json:"pending"`
+	// Offsets says the decision committed a consumer group member's
+	// offsets with it. A TXN_DECIDE carrying offsets that is answered a
+	// decision made before (by another request) committed none of its
+	// own: Offsets false on a commit means the consumer's offsets did not
+	// move with it.
+	Offsets bool `json:"offsets,omitempty"`
 }
 
 // TxnDoneRequest is the body of TXN_DONE: Groups applied the decision of

@@ -92,6 +92,10 @@ type TxnRecord struct {
 	Groups    []string `json:"groups"`
 	// Pending are the groups of Groups not yet reported done.
 	Pending []string `json:"pending"`
+	// Offsets says the decision committed a consumer group member's
+	// offsets with it (a later decide carrying offsets, answered this
+	// record, committed none).
+	Offsets bool `json:"offsets,omitempty"`
 }
 
 // TxnEntry is a record with its key (FSM.TxnDecisions).
@@ -248,7 +252,8 @@ func (f *FSM) txnDecide(c *TxnDecide) any {
 		}
 		res.Generation = out.(*Result).Generation
 	}
-	r := &TxnRecord{Committed: c.Commit, By: c.By, At: c.At, Groups: slices.Clone(c.Groups), Pending: slices.Clone(c.Groups)}
+	r := &TxnRecord{Committed: c.Commit, By: c.By, At: c.At, Groups: slices.Clone(c.Groups), Pending: slices.Clone(c.Groups),
+		Offsets: c.Offsets != nil}
 	if f.s.Txns == nil {
 		f.s.Txns = map[TxnKey]*TxnRecord{}
 	}

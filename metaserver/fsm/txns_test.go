@@ -129,8 +129,8 @@ func TestTxnDecideOffsets(t *testing.T) {
 			Offsets: []QueueOffset{{Topic: "orders", Queue: 0, Offset: offset}, {Topic: "orders", Queue: 1, Offset: offset + 1}}}
 	}
 	r := mustApply(t, f, withOffsets(1, offs(1, "app", 10)))
-	if !r.Changed || r.Generation != 1 || !r.Txn.Committed {
-		t.Fatalf("commit with offsets: %+v", r)
+	if !r.Changed || r.Generation != 1 || !r.Txn.Committed || !r.Txn.Offsets {
+		t.Fatalf("commit with offsets: %+v %+v", r, r.Txn)
 	}
 	if o, _ := committed(f, "orders", 0); o != 10 {
 		t.Fatalf("orders/0 committed %d, want 10", o)
@@ -168,7 +168,7 @@ func TestTxnDecideOffsets(t *testing.T) {
 	// A decided transaction answers its decision, whatever offsets come
 	// with a repeat: they are not checked nor committed again.
 	r = mustApply(t, f, withOffsets(1, offs(2, "thief", 99)))
-	if r.Changed || !r.Txn.Committed {
+	if r.Changed || !r.Txn.Committed || !r.Txn.Offsets {
 		t.Fatalf("repeat with other offsets: %+v", r)
 	}
 	if o, _ := committed(f, "orders", 0); o != 10 {
@@ -176,6 +176,12 @@ func TestTxnDecideOffsets(t *testing.T) {
 	}
 	// An abort decided first: a commit with offsets after it commits none.
 	mustApply(t, f, decide(7, 3, false, protocol.TxnByTimeout, "g1"))
+	// A commit without offsets decided first: a commit with offsets after
+	// it is answered committed, but with none of its offsets.
+	mustApply(t, f, decide(7, 4, true, protocol.TxnByChecker, "g1"))
+	if r := mustApply(t, f, withOffsets(4, offs(1, "app", 50))); !r.Txn.Committed || r.Txn.Offsets || r.Changed {
+		t.Fatalf("commit with offsets after a commit without: %+v", r.Txn)
+	}
 	if r := mustApply(t, f, withOffsets(3, offs(1, "app", 50))); r.Txn.Committed || r.Changed {
 		t.Fatalf("commit after an abort: %+v", r.Txn)
 	}
@@ -352,7 +358,7 @@ func TestTxnDecisionsProperty(t *testing.T) {
 					if err != nil || !res.Changed {
 						rt.Fatalf("decide %+v: %+v %v", c, res, err)
 					}
-					m.records[k] = TxnRecord{Committed: c.Commit, By: c.By, At: now, Groups: c.Groups, Pending: c.Groups}
+					m.records[k] = TxnRecord{Committed: c.Commit, By: c.By, At: now, Groups: c.Groups, Pending: c.Groups, Offsets: c.Offsets != nil}
 					if c.Offsets != nil {
 						o := c.Offsets.Offsets[0]
 						m.offsets[o.Queue] = o.Offset
