@@ -94,6 +94,15 @@ var rules = map[protocol.Code]need{
 	protocol.CodeHeartbeat: needCluster,
 	// ALTER_SYNC_SET: a group's master changes the sync set it waits for.
 	protocol.CodeAlterSyncSet: needCluster,
+	// The registry's transaction decisions: a producer decides its
+	// transactions, a broker aborts one at its timeout (admin decides
+	// any); a report that groups applied a decision comes from either.
+	// A decision carrying a consumer group's offsets also needs
+	// COMMIT_OFFSETS's rule for them, which the metaserver checks.
+	// Decisions are listed by describe.
+	protocol.CodeTxnDecide:    needProduce | needCluster,
+	protocol.CodeTxnDone:      needProduce | needCluster,
+	protocol.CodeTxnDecisions: needDescribe,
 	// ROUTE_LOOKUP creates the topic when the metaserver auto-creates:
 	// produce and consume, not describe.
 	protocol.CodeRouteLookup: needProduce | needConsumeTopics,

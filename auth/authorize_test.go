@@ -115,6 +115,11 @@ var expect = map[string][]allow{
 	"HEARTBEAT": clusterOnly,
 	// A group's master changes its sync set.
 	"ALTER_SYNC_SET": clusterOnly,
+	// A transaction's decision names no topic: any producer, a broker
+	// (cluster), or admin; consumers and describe may not decide.
+	"TXN_DECIDE":    {{Target{}, []string{"admin", "cluster", "prodExact", "prodPrefix", "prodAll", "mixed"}}},
+	"TXN_DONE":      {{Target{}, []string{"admin", "cluster", "prodExact", "prodPrefix", "prodAll", "mixed"}}},
+	"TXN_DECISIONS": describeOnly,
 	"ROUTE_LOOKUP": {
 		{Topic("orders"), []string{"admin", "prodExact", "prodAll", "consBilling", "consAll", "consBoth", "mixed"}},
 		{Topic("orders.eu"), []string{"admin", "prodPrefix", "prodAll", "consPrefix", "consAll", "consBoth", "mixed"}},

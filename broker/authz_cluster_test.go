@@ -143,8 +143,12 @@ func requests() map[protocol.Code]request {
 		protocol.CodeAdminAdmitGroup:   {onMeta, js(api.AdmitGroupRequest{Group: "g1"})},
 		protocol.CodeAdminRetireGroup:  {onMeta, js(api.RetireGroupRequest{Group: "g1", DryRun: true})},
 		protocol.CodeAlterSyncSet:      {onMeta, js(api.AlterSyncSetRequest{Group: "no-such-group"})},
-		protocol.CodeAdminGroupPolicy:  {onMeta, js(api.GroupPolicyRequest{Group: "no-such-group"})},
-		protocol.CodeAdminRemoveSlave:  {onMeta, js(api.RemoveSlaveRequest{Group: "no-such-group", Broker: "nobody"})},
+		protocol.CodeTxnDecide: {onMeta, js(api.TxnDecideRequest{Producer: 1, Epoch: 1, Number: 1, By: protocol.TxnByTimeout,
+			Groups: []string{"g1"}})},
+		protocol.CodeTxnDone:          {onMeta, js(api.TxnDoneRequest{Producer: 1, Epoch: 1, Number: 1, Groups: []string{"g1"}})},
+		protocol.CodeTxnDecisions:     {onMeta, js(api.TxnDecisionsRequest{})},
+		protocol.CodeAdminGroupPolicy: {onMeta, js(api.GroupPolicyRequest{Group: "no-such-group"})},
+		protocol.CodeAdminRemoveSlave: {onMeta, js(api.RemoveSlaveRequest{Group: "no-such-group", Broker: "nobody"})},
 	}
 }
 
@@ -246,6 +250,9 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeAdminAdmitGroup:   {"admin"},
 		protocol.CodeAdminRetireGroup:  {"admin"},
 		protocol.CodeAlterSyncSet:      {"admin", "cluster"},
+		protocol.CodeTxnDecide:         {"admin", "cluster", "prod", "other"},
+		protocol.CodeTxnDone:           {"admin", "cluster", "prod", "other"},
+		protocol.CodeTxnDecisions:      {"admin", "desc"},
 		protocol.CodeAdminGroupPolicy:  {"admin"},
 		protocol.CodeAdminRemoveSlave:  {"admin"},
 	}

@@ -53,6 +53,7 @@ func (s *Server) routes() {
 	s.authRoutes()
 	s.groupRoutes()
 	s.syncSetRoutes()
+	s.txnRoutes()
 }
 
 func invalid(format string, args ...any) error {

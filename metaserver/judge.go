@@ -56,6 +56,9 @@ type judge struct {
 	// consumers, when set, has its member sessions started at each
 	// takeover and judged at the end of each round.
 	consumers *consumers
+	// txnExpiry, when set, is called at the end of each round
+	// (Server.expireTxns).
+	txnExpiry func(ctx context.Context, now time.Time)
 
 	mu        sync.Mutex
 	since     time.Time // when this leadership's judge started
@@ -147,6 +150,9 @@ func (j *judge) round(ctx context.Context) {
 	}
 	if j.consumers != nil {
 		j.consumers.round(ctx, now)
+	}
+	if j.txnExpiry != nil {
+		j.txnExpiry(ctx, now)
 	}
 	j.rounds.Add(1)
 	j.mu.Lock()

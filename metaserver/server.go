@@ -31,7 +31,8 @@ import (
 //
 // Goroutines: the RPC server's (see transport), raft's, the leadership loop
 // (leaderLoop), and while leading one leader-work goroutine (lead) that runs
-// the judge. Close stops all of them.
+// the judge (which also expires old transaction decisions: txns.go). Close stops
+// all of them.
 type Server struct {
 	cfg  Config
 	log  hclog.Logger
@@ -62,6 +63,10 @@ type Server struct {
 	push       routePush // topic changes to the brokers (topicpush.go)
 	// routeLookups observes the route lookups this node answers (metrics.go).
 	routeLookups prometheus.Histogram
+	txnm         txnMetrics // the transaction decisions' (txns.go)
+	// txnsCheckedAt is when the judge last looked for decisions to expire
+	// (expireTxns; only the judge's goroutine touches it).
+	txnsCheckedAt time.Time
 
 	leaderMu   sync.Mutex
 	leaderConn *transport.Client // to ask the leader for routes this node lacks
@@ -86,9 +91,11 @@ func New(cfg Config) (*Server, error) {
 		loopDone: make(chan struct{}),
 	}
 	s.routeLookups = newRouteLookupHistogram()
+	s.txnm = newTxnMetrics(s.fsm)
 	s.judge.init(cfg, s.fsm, s.apply, s.log.Named("judge"))
 	s.consumers.init(cfg, s.fsm, s.apply, s.log.Named("consumers"))
 	s.judge.consumers = &s.consumers
+	s.judge.txnExpiry = s.expireTxns
 	s.push.init(cfg, s.fsm, s.log.Named("route-push"))
 	var err error
 	defer func() {

@@ -43,6 +43,13 @@ const (
 	CodeInitProducer Code = 33 // a producer asks the metaserver leader for its id and epoch
 	CodeRouteWatch   Code = 34 // a broker's long poll for the topics routed to its group (leader)
 	CodeAlterSyncSet Code = 35 // a master changes its group's sync set (leader; JSON, metaserver/api)
+	// The registry's transaction decisions (leader; JSON, metaserver/api):
+	// a transaction on several broker groups, or carrying a consumer
+	// group's offsets, is decided by one Raft write, the first decision
+	// winning.
+	CodeTxnDecide    Code = 36 // decide a transaction: commit or abort (TxnDecideRequest -> TxnDecision)
+	CodeTxnDone      Code = 37 // broker groups applied a decision (TxnDoneRequest)
+	CodeTxnDecisions Code = 38 // the decisions the registry holds, for ferryctl (TxnDecisionsRequest -> TxnDecisions)
 
 	CodeAdminGroups       Code = 40
 	CodeAdminTopics       Code = 41
@@ -120,6 +127,9 @@ var codeNames = map[Code]string{
 	CodeAdminGroupPolicy:  "ADMIN_GROUP_POLICY",
 	CodeAdminRemoveSlave:  "ADMIN_REMOVE_SLAVE",
 	CodeAlterSyncSet:      "ALTER_SYNC_SET",
+	CodeTxnDecide:         "TXN_DECIDE",
+	CodeTxnDone:           "TXN_DONE",
+	CodeTxnDecisions:      "TXN_DECISIONS",
 }
 
 func (c Code) String() string {

@@ -268,6 +268,12 @@ func Decode(b []byte) (Command, error) {
 		c = &SetGroupPolicy{}
 	case TypeRemoveGroupBroker:
 		c = &RemoveGroupBroker{}
+	case TypeTxnDecide:
+		c = &TxnDecide{}
+	case TypeTxnDone:
+		c = &TxnDone{}
+	case TypeTxnExpire:
+		c = &TxnExpire{}
 	default:
 		if CommandType(b[0])&IgnoreUnknown != 0 {
 			return nil, nil

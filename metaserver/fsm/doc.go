@@ -65,4 +65,14 @@
 // decided on (CONFLICT otherwise); the version grows at every change, and
 // does not move the registry Version. The registry holds only tokens'
 // SHA-256.
+//
+// The transaction commands (txns.go) record the decisions of transactions
+// on several broker groups: TxnDecide records a commit or an abort unless
+// the transaction has one (the first decision wins, and a later decide
+// answers it, changing nothing), committing a consumer group member's
+// offsets with it through the same checks as CommitOffsets and CommitHeld
+// (a refused commit records nothing); TxnDone removes the groups that
+// applied the decision, and the record once none is left; TxnExpire
+// deletes records decided before a time the leader stamps. None moves the
+// registry Version.
 package fsm

@@ -47,6 +47,9 @@ type State struct {
 	// besides their group (groups.go): the base a moved queue continues
 	// at, the ends brokers reported. A snapshot from before lacks it.
 	Queues map[string]map[uint32]QueueState `json:"queues,omitempty"`
+	// Txns are the transaction decisions held (txns.go). A snapshot from
+	// before them lacks it and is read as none.
+	Txns map[TxnKey]*TxnRecord `json:"txns,omitempty"`
 }
 
 // ProducerIdentity is a producer's id and epoch.
@@ -72,7 +75,7 @@ func ValidateProducerName(name string) error {
 func newState() *State {
 	return &State{Groups: map[string]*routing.Group{}, Topics: map[string]*routing.Topic{}, Members: map[string]string{},
 		NextProducerID: 1, Producers: map[string]ProducerIdentity{}, ConsumerGroups: map[string]*ConsumerGroup{},
-		Principals: map[string]*PrincipalRecord{}}
+		Principals: map[string]*PrincipalRecord{}, Txns: map[TxnKey]*TxnRecord{}}
 }
 
 func (s *State) clone() *State {
@@ -108,6 +111,7 @@ func (s *State) clone() *State {
 	}
 	c.ACLVersion = s.ACLVersion
 	c.Queues = cloneQueueStates(s.Queues)
+	c.Txns = cloneTxns(s.Txns)
 	return c
 }
 
@@ -122,6 +126,11 @@ type Result struct {
 	Generation uint64
 	// Rebalanced is how many consumer groups moved to a new generation.
 	Rebalanced int
+	// Txn is the transaction's decision after TxnDecide (the one recorded
+	// before, when Changed is false) or TxnDone (nil: none is held).
+	Txn *TxnRecord
+	// Expired is how many decisions TxnExpire deleted.
+	Expired int
 }
 
 // FSM is the registry's raft.FSM.
@@ -341,6 +350,12 @@ func (f *FSM) apply(c Command) any {
 		return f.setGroupPolicy(c)
 	case *RemoveGroupBroker:
 		return f.removeGroupBroker(c)
+	case *TxnDecide:
+		return f.txnDecide(c)
+	case *TxnDone:
+		return f.txnDone(c)
+	case *TxnExpire:
+		return f.txnExpire(c)
 	}
 	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown command %T", c)}
 }
@@ -646,6 +661,14 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	for name, p := range s.Principals {
 		if p == nil {
 			delete(s.Principals, name)
+		}
+	}
+	if s.Txns == nil {
+		s.Txns = map[TxnKey]*TxnRecord{} // a snapshot from before transaction decisions
+	}
+	for k, r := range s.Txns {
+		if r == nil {
+			delete(s.Txns, k)
 		}
 	}
 	for _, g := range s.Groups {
