@@ -123,7 +123,7 @@ func New(cfg Config) (*Broker, error) {
 	b.pulls = newLongPoll(pullStore{Log: b.store, epoch: epochs.local.Load, epochStart: epochs.epochStart, routed: b.routes.routed, readable: b.readableEnd,
 		reads: b.reads, txns: b.txns},
 		cfg.Clock, &b.stats, lg.Named("longpoll"))
-	b.txns.pulls, b.txns.readable = b.pulls, b.readableEnd
+	b.txns.pulls, b.txns.readable, b.txns.registry = b.pulls, b.readableEnd, b.meta
 	if cfg.ClusterToken != "" {
 		b.acl = newACLCopy(cfg.ClusterToken, b.meta, b.sess, lg.Named("acl"))
 	}

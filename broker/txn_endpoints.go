@@ -41,13 +41,18 @@ func (b *Broker) handleTxnEnd(r *transport.Request) {
 			return
 		}
 	}
-	b.txns.end(id, q.Commit, q.By, q.Seqs, func(rep protocol.TxnEndReply, err error) {
+	answer := func(rep protocol.TxnEndReply, err error) {
 		if err != nil {
 			r.ReplyError(err)
 			return
 		}
 		replyJSON(r, rep)
-	})
+	}
+	if q.Prepare {
+		b.txns.prepare(id, q.Seqs, answer)
+		return
+	}
+	b.txns.end(id, q.Commit, q.By, q.Seqs, answer)
 }
 
 // txnTopics is the topics a transaction's queues belong to (a delayed

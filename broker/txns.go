@@ -12,6 +12,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/ferrymq/ferrymq/broker/txn"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/storage"
 )
@@ -53,6 +54,10 @@ type txns struct {
 	// readable is the slave's readable end (roles; -1: none): marks past
 	// it are not applied (nil: no limit).
 	readable func() int64
+	// registry decides a transaction past its timeout, and group is this
+	// broker's group (nil: the master aborts it alone).
+	registry txnRegistry
+	group    string
 	pulls    *longPoll
 	stats    *Stats
 	clock    clockwork.Clock
@@ -79,10 +84,16 @@ type txns struct {
 	cut      bool // the log was cut back: rebuild the index from the log
 }
 
+// txnRegistry is the registry's side of transactions (metaserver/client).
+type txnRegistry interface {
+	DecideTxn(ctx context.Context, req api.TxnDecideRequest) (api.TxnDecision, error)
+	TxnDone(ctx context.Context, req api.TxnDoneRequest) error
+}
+
 // newTxns makes the transactions of the broker cfg configures; the long
 // poll it wakes is set before the broker starts.
 func newTxns(cfg Config, log txnLog, ls *writeLease, repl func() *replication, stats *Stats, lg hclog.Logger) *txns {
-	t := &txns{log: log, lease: ls, repl: repl, stats: stats, clock: cfg.Clock, lg: lg,
+	t := &txns{log: log, lease: ls, repl: repl, stats: stats, clock: cfg.Clock, lg: lg, group: cfg.Group,
 		timeout: cfg.TxnTimeout, maxMessages: cfg.TxnMaxMessages, maxBytes: cfg.TxnMaxBytes,
 		maxOpenPerProducer: cfg.TxnMaxOpenPerProducer, maxOpenTotal: cfg.TxnMaxOpen,
 		idx: txn.New(), deciding: map[protocol.TxnID][]func(protocol.TxnEndReply, error){}}
@@ -385,9 +396,7 @@ func (t *txns) end(id protocol.TxnID, commit bool, by string, seqs []protocol.Tx
 	reply := protocol.TxnEndReply{Committed: commit, By: by, Queues: len(queues)}
 	e := markEntry(&mark)
 	if commit {
-		for _, q := range seqs {
-			e.Requires = append(e.Requires, storage.Requirement{Topic: q.Topic, Queue: q.Queue, Producer: id.Producer, Epoch: id.Epoch, Seq: q.Seq})
-		}
+		e.Requires = requirements(id, seqs)
 	}
 	t.log.AppendAsync([]storage.Entry{e}, false, func(pos []storage.Position, err error) {
 		if err == nil && pos[0].Err != nil {
@@ -395,6 +404,72 @@ func (t *txns) end(id protocol.TxnID, commit bool, by string, seqs []protocol.Tx
 		}
 		t.decided(id, &mark, queues, pos, err, rep, reply)
 	})
+}
+
+// prepare answers once the log holds seqs (the last record of transaction
+// id its producer was told was stored in each queue) and the sync set
+// holds them: a prepared mark, written with the requirements, decides
+// nothing; its confirmation covers every record before it. A transaction
+// decided before is answered its decision (Prepared false).
+func (t *txns) prepare(id protocol.TxnID, seqs []protocol.TxnSeq, answer func(protocol.TxnEndReply, error)) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	t.mu.Lock()
+	rep, done, err := t.endLocked(id, true)
+	if err == nil && done == nil {
+		if _, busy := t.deciding[id]; busy {
+			err = &protocol.Error{Status: protocol.StatusTxnFenced, Message: fmt.Sprintf("transaction %s is being decided", id)}
+		}
+	}
+	n := 0
+	if open := t.idx.OpenTxn(id); open != nil {
+		n = len(open.Queues)
+	}
+	t.mu.Unlock()
+	switch {
+	case err != nil:
+		answer(protocol.TxnEndReply{}, err)
+		return
+	case done != nil:
+		answer(done.TxnEndReply, nil)
+		return
+	}
+	mark := protocol.TxnMark{Kind: protocol.TxnPrepared, ID: id, Time: t.clock.Now().UnixMilli(), By: protocol.TxnByProducer}
+	e := markEntry(&mark)
+	e.Requires = requirements(id, seqs)
+	t.log.AppendAsync([]storage.Entry{e}, false, func(pos []storage.Position, err error) {
+		if err == nil && pos[0].Err != nil {
+			err = pos[0].Err
+		}
+		if err != nil {
+			answer(protocol.TxnEndReply{}, markError(id, err))
+			return
+		}
+		t.mu.Lock()
+		t.idx.Apply(&mark, pos[0].LogOffset)
+		t.mu.Unlock()
+		t.confirm(rep, true, pos[0].LogOffset, func(e error) { answer(protocol.TxnEndReply{Prepared: true, Queues: n}, e) })
+	})
+}
+
+// requirements are the storage requirements of a commit's or a prepare's
+// seqs.
+func requirements(id protocol.TxnID, seqs []protocol.TxnSeq) []storage.Requirement {
+	var reqs []storage.Requirement
+	for _, q := range seqs {
+		reqs = append(reqs, storage.Requirement{Topic: q.Topic, Queue: q.Queue, Producer: id.Producer, Epoch: id.Epoch, Seq: q.Seq})
+	}
+	return reqs
+}
+
+// markError is the answer to a decision or prepare whose mark could not be
+// written.
+func markError(id protocol.TxnID, err error) error {
+	if errors.Is(err, storage.ErrMissingRecords) {
+		return &protocol.Error{Status: protocol.StatusTxnIncomplete,
+			Message: fmt.Sprintf("transaction %s: messages its producer was told were stored are not in this group's log (a failover lost them): abort it", id)}
+	}
+	return &protocol.Error{Status: statusOfStoreError(err), Message: "the transaction's mark: " + err.Error()}
 }
 
 // doneTxn is the answer to a TXN_END of a transaction decided before (or
@@ -467,14 +542,11 @@ func (t *txns) decided(id protocol.TxnID, mark *protocol.TxnMark, queues []proto
 			w(protocol.TxnEndReply{}, e)
 		}
 	}
-	if errors.Is(err, storage.ErrMissingRecords) {
-		fail(&protocol.Error{Status: protocol.StatusTxnIncomplete,
-			Message: fmt.Sprintf("transaction %s: messages its producer was told were stored are not in this group's log (a failover lost them): abort it", id)})
-		return
-	}
 	if err != nil {
-		t.lg.Warn("cannot write a transaction's decision", "txn", id.String(), "error", err)
-		fail(&protocol.Error{Status: statusOfStoreError(err), Message: "the decision mark: " + err.Error()})
+		if !errors.Is(err, storage.ErrMissingRecords) {
+			t.lg.Warn("cannot write a transaction's decision", "txn", id.String(), "error", err)
+		}
+		fail(markError(id, err))
 		return
 	}
 	if mark.Kind == protocol.TxnCommit {
@@ -556,8 +628,9 @@ func (t *txns) retainFrom(before int64) int64 {
 // timeout.
 const txnSweep = time.Second
 
-// run aborts, as the writable master, the transactions open longer than
-// the timeout, and forgets aborted ones retention deleted, until ctx ends.
+// run decides, as the writable master, the transactions open longer than
+// the timeout (expire), and forgets aborted ones retention deleted, until
+// ctx ends.
 func (t *txns) run(ctx context.Context) {
 	tick := t.clock.NewTicker(txnSweep)
 	defer tick.Stop()
@@ -567,12 +640,12 @@ func (t *txns) run(ctx context.Context) {
 			return
 		case <-tick.Chan():
 		}
-		t.sweep()
+		t.sweep(ctx)
 	}
 }
 
 // sweep is one turn of run.
-func (t *txns) sweep() {
+func (t *txns) sweep(ctx context.Context) {
 	if !t.seen.Load() {
 		return
 	}
@@ -592,11 +665,55 @@ func (t *txns) sweep() {
 	}
 	t.mu.Unlock()
 	for _, id := range expired {
+		if ctx.Err() != nil {
+			return
+		}
+		t.expire(ctx, id)
+	}
+}
+
+// registryWait bounds one call of the sweep to the registry, and its wait
+// for the decision's mark.
+const registryWait = 5 * time.Second
+
+// expire decides transaction id, open past the timeout: the registry
+// decides abort unless a decision was made (a transaction on several
+// groups that its producer committed there is committed here), then the
+// mark is written and the registry told this group applied it. A failure
+// leaves it open for the next sweep.
+func (t *txns) expire(ctx context.Context, id protocol.TxnID) {
+	commit, by := false, protocol.TxnByTimeout
+	if t.registry != nil {
+		rctx, cancel := context.WithTimeout(ctx, registryWait)
+		d, err := t.registry.DecideTxn(rctx, api.TxnDecideRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number,
+			By: protocol.TxnByTimeout, Groups: []string{t.group}})
+		cancel()
+		if err != nil {
+			t.lg.Warn("cannot ask the registry to abort a transaction past its timeout; trying again", "txn", id.String(), "error", err)
+			return
+		}
+		commit, by = d.Committed, d.By
+	}
+	if !commit {
 		t.lg.Info("aborting a transaction open past its timeout", "txn", id.String(), "timeout", t.timeout)
-		t.end(id, false, protocol.TxnByTimeout, nil, func(_ protocol.TxnEndReply, err error) {
-			if err != nil {
-				t.lg.Warn("cannot abort a transaction past its timeout; trying again", "txn", id.String(), "error", err)
-			}
-		})
+	}
+	answered := make(chan error, 1)
+	t.end(id, commit, by, nil, func(_ protocol.TxnEndReply, err error) { answered <- err })
+	var err error
+	select {
+	case err = <-answered:
+	case <-ctx.Done():
+		return
+	}
+	if err != nil {
+		t.lg.Warn("cannot decide a transaction past its timeout; trying again", "txn", id.String(), "error", err)
+		return
+	}
+	if t.registry != nil {
+		rctx, cancel := context.WithTimeout(ctx, registryWait)
+		if err := t.registry.TxnDone(rctx, api.TxnDoneRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Groups: []string{t.group}}); err != nil {
+			t.lg.Warn("cannot tell the registry a transaction's decision is applied (it expires after 7 days)", "txn", id.String(), "error", err)
+		}
+		cancel()
 	}
 }

@@ -19,7 +19,6 @@ import (
 
 	_ "github.com/lib/pq"
 	_ "github.com/ncruces/go-sqlite3/driver"
-	_ "github.com/ncruces/go-sqlite3/embed"
 	"go.uber.org/goleak"
 
 	"github.com/ferrymq/ferrymq/internal/testcluster"

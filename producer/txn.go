@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/sdkmetrics"
@@ -19,10 +21,6 @@ var (
 	// not stored, the broker aborted it at its timeout, an operator did):
 	// none of its messages is delivered.
 	ErrTxnAborted = errors.New("producer: transaction aborted")
-	// ErrTxnSpansGroups: the transaction's messages went to more than one
-	// broker group (keys or topics whose queues are on different groups);
-	// a transaction commits on one group. It was aborted.
-	ErrTxnSpansGroups = errors.New("producer: transaction spans broker groups")
 	// ErrTxnInProgress: BeginTxn while this producer's transaction is open
 	// (a producer runs one at a time: the broker takes messages only of a
 	// producer's newest transaction).
@@ -37,10 +35,12 @@ var (
 // Txn is a transaction of a named producer (BeginTxn): its messages are
 // stored in their queues as they are sent, and delivered to consumers
 // (reading committed messages, the default) only once Commit returns nil;
-// after Abort, or a failed Commit, never. Its messages go to the broker
-// group of its first message (an unkeyed one picks a queue of that group);
-// a message keyed to another group's queue makes Commit fail with
-// ErrTxnSpansGroups. A Txn is safe for concurrent use until it ends.
+// after Abort, or a failed Commit, never. An unkeyed message goes to a
+// queue of the broker group of the transaction's first message, so that
+// most transactions commit on one group with one write; keyed messages go
+// to their keys' queues, and a transaction on several groups commits
+// through the registry (see Commit). A Txn is safe for concurrent use
+// until it ends.
 type Txn struct {
 	c  *Client
 	id protocol.TxnID // the producer id and epoch at BeginTxn, and its number
@@ -51,6 +51,7 @@ type Txn struct {
 	group   string        // the group of its messages
 	first   txnPart       // a queue of that group (its first message's), to abort it whatever came of its messages
 	closing bool          // Commit or Abort began: no more messages
+	offsets *api.CommitRequest
 	parts   map[txnPartKey]txnPart
 	err     error // the first message that failed
 	ended   bool
@@ -215,13 +216,6 @@ func (t *Txn) queueIn(topic string, qs []routing.QueueRoute) (routing.QueueRoute
 	return q, true
 }
 
-// close refuses the transaction's later messages (Commit or Abort began).
-func (t *Txn) close() {
-	t.mu.Lock()
-	t.closing = true
-	t.mu.Unlock()
-}
-
 // wait waits until every message sent so far has its result.
 func (t *Txn) wait(ctx context.Context) error {
 	t.mu.Lock()
@@ -239,52 +233,153 @@ func (t *Txn) wait(ctx context.Context) error {
 }
 
 // Commit waits for every message of the transaction to be stored, then
-// commits it: consumers then receive them all. An error other than
-// ErrTxnAborted or ErrTxnSpansGroups (the transaction was aborted) leaves
-// the transaction open: Commit may be called again, or Abort; the broker
-// aborts it at its timeout. ctx bounds the whole (default: the delivery
-// timeout).
+// commits it: consumers then receive them all. On one broker group (and
+// without offsets) that is one TXN_END to its master; on several, or with
+// a consumer's offsets (CommitOffsets), each group is prepared (it holds
+// the messages as its sync set does), the registry decides (one Raft
+// write, with the offsets), and each group's master is told. An error
+// other than ErrTxnAborted leaves the transaction
+// open: Commit may be called again, or Abort; the broker aborts it at its
+// timeout. ctx bounds the whole (default: the delivery timeout).
 func (t *Txn) Commit(ctx context.Context) error {
 	ctx, cancel := t.c.bounded(ctx)
 	defer cancel()
-	t.close()
+	parts, offsets, err := t.closed(ctx)
+	if err != nil {
+		return err
+	}
+	if len(parts) <= 1 && offsets == nil {
+		return t.commitOne(ctx, parts)
+	}
+	if err := t.prepareParts(ctx, parts); err != nil {
+		if errors.Is(err, ErrTxnAborted) {
+			return errors.Join(err, t.abortParts(ctx, parts))
+		}
+		return err
+	}
+	d, err := t.c.meta.DecideTxn(ctx, api.TxnDecideRequest{Producer: t.id.Producer, Epoch: t.id.Epoch, Number: t.id.Number,
+		Commit: true, By: protocol.TxnByProducer, Groups: partGroups(parts), Offsets: offsets})
+	switch {
+	case err != nil && !protocol.StatusOf(err).Retriable() && protocol.StatusOf(err).Known():
+		// The offsets were refused (the member lost its queues): nothing is
+		// recorded, and the transaction cannot commit.
+		return errors.Join(fmt.Errorf("producer: transaction %s: the registry refused it: %w (%w)", t.id, ErrTxnAborted, err), t.abortParts(ctx, parts))
+	case err != nil:
+		return fmt.Errorf("producer: commit transaction %s: %w", t.id, metaErr("transaction decision", err))
+	case !d.Committed:
+		return errors.Join(fmt.Errorf("producer: transaction %s: %w (by %s) before its commit", t.id, ErrTxnAborted, orUnknown(d.By)), t.abortParts(ctx, parts))
+	case offsets != nil && !d.Offsets:
+		return fmt.Errorf("producer: transaction %s was committed before without its offsets (by %s)", t.id, orUnknown(d.By))
+	}
+	t.tellParts(ctx, parts, true)
+	t.end(true)
+	return nil
+}
+
+// closed refuses the transaction's later messages, waits for those sent,
+// and returns its parts and offsets, or why it cannot end now: ended
+// before, or a message failed (then it is aborted).
+func (t *Txn) closed(ctx context.Context) (map[txnPartKey]txnPart, *api.CommitRequest, error) {
+	t.mu.Lock()
+	t.closing = true
+	t.mu.Unlock()
+	if err := t.wait(ctx); err != nil {
+		return nil, nil, err
+	}
+	t.mu.Lock()
+	ended, failed, parts, offsets := t.ended, t.err, t.parts, t.offsets
+	t.mu.Unlock()
+	switch {
+	case ended:
+		return nil, nil, ErrTxnEnded
+	case failed != nil:
+		return nil, nil, errors.Join(fmt.Errorf("producer: transaction %s: a message failed: %w (%w)", t.id, ErrTxnAborted, failed), t.abortParts(ctx, parts))
+	case len(parts) > 1 && len(t.ids(parts)) > 1:
+		return nil, nil, errors.Join(fmt.Errorf("producer: transaction %s: %w", t.id, ErrTxnAborted), t.abortParts(ctx, parts))
+	}
+	return parts, offsets, nil
+}
+
+// ids are the transaction ids its parts were written under.
+func (t *Txn) ids(parts map[txnPartKey]txnPart) map[protocol.TxnID]bool {
+	ids := map[protocol.TxnID]bool{}
+	for k := range parts {
+		ids[k.id] = true
+	}
+	return ids
+}
+
+// commitOne commits a transaction of one group (or none) at its master:
+// the master checks its log holds every message (else TXN_INCOMPLETE: a
+// failover lost some, and the transaction is aborted).
+func (t *Txn) commitOne(ctx context.Context, parts map[txnPartKey]txnPart) error {
+	for k, p := range parts {
+		rep, err := t.c.endTxn(ctx, k.id, p, true, protocol.TxnByProducer)
+		if protocol.StatusOf(err) == protocol.StatusTxnIncomplete {
+			return errors.Join(fmt.Errorf("producer: transaction %s: %w (%w)", k.id, ErrTxnAborted, err), t.abortParts(ctx, parts))
+		}
+		if err != nil {
+			return fmt.Errorf("producer: commit transaction %s: %w", k.id, err)
+		}
+		if !rep.Committed {
+			t.end(false)
+			return fmt.Errorf("producer: transaction %s: %w (by %s) before its commit", k.id, ErrTxnAborted, orUnknown(rep.By))
+		}
+	}
+	t.end(true)
+	return nil
+}
+
+// Prepare has every group of the transaction hold its messages as its
+// sync set does, so that no failover loses one before the decision. Commit
+// does it for a transaction on several groups; call it before the local
+// work of a transaction a TxnChecker may commit (SendInTxn does), so that
+// the checker's commit finds every message.
+func (t *Txn) Prepare(ctx context.Context) error {
+	ctx, cancel := t.c.bounded(ctx)
+	defer cancel()
 	if err := t.wait(ctx); err != nil {
 		return err
 	}
 	t.mu.Lock()
-	if t.ended {
-		t.mu.Unlock()
-		return ErrTxnEnded
-	}
-	failed, parts := t.err, t.parts
+	parts, failed := t.parts, t.err
 	t.mu.Unlock()
-	switch {
-	case failed != nil:
-		t.abortParts(ctx, parts, protocol.TxnByProducer)
-		return fmt.Errorf("producer: transaction %s: a message failed: %w (%w)", t.id, ErrTxnAborted, failed)
-	case len(parts) > 1:
-		t.abortParts(ctx, parts, protocol.TxnByProducer)
-		return fmt.Errorf("producer: transaction %s: %w", t.id, ErrTxnSpansGroups)
+	if failed != nil {
+		return fmt.Errorf("producer: transaction %s: a message failed: %w", t.id, failed)
 	}
+	return t.prepareParts(ctx, parts)
+}
+
+// prepareParts prepares every part: ErrTxnAborted when a group lacks
+// messages (TXN_INCOMPLETE) or it was decided aborted before.
+func (t *Txn) prepareParts(ctx context.Context, parts map[txnPartKey]txnPart) error {
 	for k, p := range parts {
-		id := k.id
-		rep, err := t.c.endTxn(ctx, id, p, true, protocol.TxnByProducer)
-		if protocol.StatusOf(err) == protocol.StatusTxnIncomplete {
-			// A failover lost messages the old master had stored: abort.
-			return errors.Join(fmt.Errorf("producer: transaction %s: %w (%w)", id, ErrTxnAborted, err), t.abortParts(ctx, parts, protocol.TxnByProducer))
-		}
-		if err != nil {
-			return fmt.Errorf("producer: commit transaction %s: %w", id, err)
-		}
-		if !rep.Committed {
-			t.end()
-			t.c.stats.add(sdkmetrics.ProducerTxnAborts)
-			return fmt.Errorf("producer: transaction %s: %w (by %s) before its commit", id, ErrTxnAborted, orUnknown(rep.By))
+		body, _ := json.Marshal(protocol.TxnEndRequest{Producer: k.id.Producer, Epoch: k.id.Epoch, Number: k.id.Number,
+			By: protocol.TxnByProducer, Seqs: p.lastSeqs(), Prepare: true})
+		var rep protocol.TxnEndReply
+		err := t.c.callMaster(ctx, p.topic, p.queue, protocol.CodeTxnEnd, body, &rep)
+		switch {
+		case protocol.StatusOf(err) == protocol.StatusTxnIncomplete:
+			return fmt.Errorf("producer: transaction %s: %w (%w)", k.id, ErrTxnAborted, err)
+		case err != nil:
+			return fmt.Errorf("producer: prepare transaction %s in group %s: %w", k.id, p.group, err)
+		case !rep.Prepared && !rep.Committed:
+			return fmt.Errorf("producer: transaction %s: %w before its commit", k.id, ErrTxnAborted)
 		}
 	}
-	t.end()
-	t.c.stats.add(sdkmetrics.ProducerTxnCommits)
 	return nil
+}
+
+// CommitOffsets adds a consumer group member's offsets (see the consumer's
+// TxnOffsets) to the transaction: the registry commits them in the same
+// write as the transaction, so an input's offset moves exactly when the
+// outputs made from it are committed (consume-transform-produce exactly
+// once). A refusal (the member no longer holds a queue) aborts the
+// transaction at Commit.
+func (t *Txn) CommitOffsets(req *api.CommitRequest) {
+	t.mu.Lock()
+	t.offsets = req
+	t.mu.Unlock()
 }
 
 // Abort aborts the transaction: none of its messages is delivered. It
@@ -292,50 +387,130 @@ func (t *Txn) Commit(ctx context.Context) error {
 func (t *Txn) Abort(ctx context.Context) error {
 	ctx, cancel := t.c.bounded(ctx)
 	defer cancel()
-	t.close()
+	t.mu.Lock()
+	t.closing = true
+	t.mu.Unlock()
 	if err := t.wait(ctx); err != nil {
 		return err
 	}
 	t.mu.Lock()
-	if t.ended {
-		t.mu.Unlock()
+	ended, parts := t.ended, t.parts
+	t.mu.Unlock()
+	if ended {
 		return ErrTxnEnded
 	}
-	parts := t.parts
-	t.mu.Unlock()
-	return t.abortParts(ctx, parts, protocol.TxnByProducer)
+	return t.abortParts(ctx, parts)
 }
 
-// abortParts aborts every part and ends the transaction once all are.
-func (t *Txn) abortParts(ctx context.Context, parts map[txnPartKey]txnPart, by string) error {
+// abortParts aborts every part (and the group of its first message, which
+// may hold messages of unknown outcome) and ends the transaction once all
+// are. A transaction on one group is aborted at its master; on several (or
+// with offsets), through the registry first, whose decision (the first
+// made) every group then applies.
+func (t *Txn) abortParts(ctx context.Context, parts map[txnPartKey]txnPart) error {
 	t.mu.Lock()
 	if k := (txnPartKey{t.id, t.first.group}); t.first.group != "" && parts[k].group == "" {
-		// Its messages there all failed, some maybe stored: abort it too.
 		parts = maps.Clone(parts)
 		parts[k] = t.first
 	}
+	viaRegistry := len(parts) > 1 || t.offsets != nil
 	t.mu.Unlock()
+	if viaRegistry {
+		for id := range t.ids(parts) {
+			d, err := t.c.meta.DecideTxn(ctx, api.TxnDecideRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number,
+				By: protocol.TxnByProducer, Groups: partGroups(parts)})
+			if err != nil {
+				return fmt.Errorf("producer: abort transaction %s: %w", id, metaErr("transaction decision", err))
+			}
+			if d.Committed {
+				return fmt.Errorf("producer: abort transaction %s: it was committed before (by %s)", id, orUnknown(d.By))
+			}
+		}
+		if err := t.tellParts(ctx, parts, false); err != nil {
+			return err
+		}
+		t.end(false)
+		return nil
+	}
 	var errs []error
 	for k, p := range parts {
-		id := k.id
-		rep, err := t.c.endTxn(ctx, id, p, false, by)
+		rep, err := t.c.endTxn(ctx, k.id, p, false, protocol.TxnByProducer)
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("producer: abort transaction %s: %w", id, err))
+			errs = append(errs, fmt.Errorf("producer: abort transaction %s: %w", k.id, err))
 		case rep.Committed:
-			errs = append(errs, fmt.Errorf("producer: abort transaction %s: it was committed before", id))
+			errs = append(errs, fmt.Errorf("producer: abort transaction %s: it was committed before", k.id))
 		}
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	t.end()
-	t.c.stats.add(sdkmetrics.ProducerTxnAborts)
+	t.end(false)
 	return nil
 }
 
-// end marks the transaction ended and lets the producer begin another.
-func (t *Txn) end() {
+// tellParts tells every part's master the registry's decision, then, in
+// the background, the registry which groups applied it. A group not told
+// before ctx ends learns the decision from the registry at its timeout.
+func (t *Txn) tellParts(ctx context.Context, parts map[txnPartKey]txnPart, commit bool) error {
+	var errs []error
+	done := map[protocol.TxnID][]string{}
+	for k, p := range parts {
+		if _, err := t.c.endTxn(ctx, k.id, p, commit, protocol.TxnByProducer); err != nil {
+			errs = append(errs, fmt.Errorf("group %s: %w", p.group, err))
+			continue
+		}
+		done[k.id] = append(done[k.id], p.group)
+	}
+	t.c.txnDone(done)
+	if len(errs) > 0 && !commit {
+		return fmt.Errorf("producer: abort transaction %s: %w", t.id, errors.Join(errs...))
+	}
+	if len(errs) > 0 {
+		t.c.cfg.Logger.Warn("producer: a committed transaction's groups not told yet: they apply it at their timeout", "txn", t.id.String(), "error", errors.Join(errs...))
+	}
+	return nil
+}
+
+// txnDone reports to the registry, in the background, the groups that
+// applied its decisions.
+func (c *Client) txnDone(done map[protocol.TxnID][]string) {
+	if len(done) == 0 {
+		return
+	}
+	c.life.wg.Add(1)
+	go func() {
+		defer c.life.wg.Done()
+		ctx, cancel := context.WithTimeout(c.life.ctx, c.cfg.requestTimeout)
+		defer cancel()
+		for id, groups := range done {
+			if err := c.meta.TxnDone(ctx, api.TxnDoneRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Groups: groups}); err != nil {
+				c.cfg.Logger.Debug("producer: reporting a transaction's decision applied (the registry forgets it after 7 days)", "txn", id.String(), "error", err)
+			}
+		}
+	}()
+}
+
+// partGroups are the groups of parts, sorted.
+func partGroups(parts map[txnPartKey]txnPart) []string {
+	var out []string
+	for k := range parts {
+		if !slices.Contains(out, k.group) {
+			out = append(out, k.group)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// end marks the transaction ended (committed or aborted, as counted) and
+// lets the producer begin another.
+func (t *Txn) end(committed bool) {
+	if committed {
+		t.c.stats.add(sdkmetrics.ProducerTxnCommits)
+	} else {
+		t.c.stats.add(sdkmetrics.ProducerTxnAborts)
+	}
 	t.mu.Lock()
 	t.ended = true
 	t.mu.Unlock()
@@ -376,6 +551,11 @@ func (c *Client) SendInTxn(ctx context.Context, msgs []*Message, work func(ctx c
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
+		return results, errors.Join(err, t.Abort(ctx))
+	}
+	// Prepared before the work: should this process die after the work
+	// committed, the checker's commit finds every message.
+	if err := t.Prepare(ctx); err != nil {
 		return results, errors.Join(err, t.Abort(ctx))
 	}
 	if err := work(ctx); err != nil {

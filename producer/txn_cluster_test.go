@@ -169,9 +169,11 @@ func TestTxnCommitAndAbort(t *testing.T) {
 	}
 }
 
-// A transaction commits on one broker group: its unkeyed messages follow
-// the first one's group; keyed ones to another group's queue make the
-// commit fail, and nothing of it is delivered.
+// A transaction's unkeyed messages follow the first one's group (one
+// group, one write); keyed ones go to their queues' groups, and such a
+// transaction is prepared on each group and decided by the registry: none
+// of it is delivered before the commit, all of it after; an abort over two
+// groups delivers nothing.
 func TestTxnSpansGroups(t *testing.T) {
 	c := start(t, false, "g1", "g2")
 	oneCopy(t, c, "g1", "g2")
@@ -205,12 +207,38 @@ func TestTxnSpansGroups(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := two.Commit(ctx); !errors.Is(err, ErrTxnSpansGroups) {
+	if got := committedBodies(t, c, "tx", 2); len(got) != 6 {
+		t.Fatalf("read %q before the commit over two groups: want the 6 of the first transaction only", got)
+	}
+	if err := two.Commit(ctx); err != nil {
 		t.Fatalf("a commit over two groups: %v", err)
 	}
-	got := committedBodies(t, c, "tx", 2)
-	if len(got) != 6 || slices.Contains(got, "two-groups") {
-		t.Fatalf("read %q: want the 6 of the first transaction only", got)
+	if got := committedBodies(t, c, "tx", 2); len(got) != 14 {
+		t.Fatalf("read %q after the commit over two groups: want all 14", got)
+	}
+	d, err := c.Meta.Client(t).TxnDecisions(ctx, api.TxnDecisionsRequest{Producer: two.ID().Producer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Records) > 1 || len(d.Records) == 1 && (!d.Records[0].Committed || len(d.Records[0].Groups) != 2) {
+		t.Fatalf("the registry holds %+v: want the commit over g1 and g2 (or nothing, once both reported)", d.Records)
+	}
+
+	// An abort over two groups goes through the registry too.
+	three, err := p.BeginTxn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range 8 {
+		if _, err := three.Send(ctx, &Message{Topic: "tx", Key: fmt.Sprint("k", k), Body: []byte("aborted")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := three.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := committedBodies(t, c, "tx", 2); len(got) != 14 || slices.Contains(got, "aborted") {
+		t.Fatalf("read %q after the abort over two groups", got)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/sdkmetrics"
 )
@@ -162,8 +163,16 @@ func (c *Client) resolve(ctx context.Context, id protocol.TxnID, g txnPart, info
 		d, by = TxnAbort, protocol.TxnByChecks
 	}
 	delete(c.checks.unknown, id)
-	if _, err := c.endTxn(ctx, id, g, d == TxnCommit, by); err != nil {
+	// The registry decides (the transaction may be on other groups too:
+	// the first decision there is every group's), then this group applies.
+	dec, err := c.meta.DecideTxn(ctx, api.TxnDecideRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number,
+		Commit: d == TxnCommit, By: by, Groups: []string{g.group}})
+	if err != nil {
+		return fmt.Errorf("producer: resolve transaction %s: %w", id, metaErr("transaction decision", err))
+	}
+	if _, err := c.endTxn(ctx, id, g, dec.Committed, dec.By); err != nil {
 		return fmt.Errorf("producer: resolve transaction %s: %w", id, err)
 	}
+	c.txnDone(map[protocol.TxnID][]string{id: {g.group}})
 	return nil
 }

@@ -132,6 +132,7 @@ func FuzzDecodeMessage(f *testing.F) {
 func FuzzDecodeTxnMark(f *testing.F) {
 	addWithPrefixes(f, AppendTxnMark(nil, &TxnMark{Kind: TxnOpen, ID: TxnID{Producer: 7, Epoch: 2, Number: 9}, Time: 1 << 40, Topic: "orders", Queue: 3, First: 1 << 33}))
 	addWithPrefixes(f, AppendTxnMark(nil, &TxnMark{Kind: TxnAbort, ID: TxnID{Producer: 7, Epoch: 2, Number: 9}, Time: 1 << 40, By: TxnByTimeout}))
+	addWithPrefixes(f, AppendTxnMark(nil, &TxnMark{Kind: TxnPrepared, ID: TxnID{Producer: 7, Epoch: 2, Number: 9}, Time: 1 << 40, By: TxnByProducer}))
 	fuzzRoundTrip(f, DecodeTxnMark, func(m *TxnMark) []byte { return AppendTxnMark(nil, m) })
 }
 

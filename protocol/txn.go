@@ -77,6 +77,11 @@ const (
 	TxnCommit TxnKind = 2
 	// TxnAbort: the transaction's records are never delivered.
 	TxnAbort TxnKind = 3
+	// TxnPrepared: every record the producer was told this group stored
+	// is in the log before the mark (a transaction on several groups is
+	// prepared on each before the registry decides it). It decides
+	// nothing.
+	TxnPrepared TxnKind = 4
 )
 
 func (k TxnKind) String() string {
@@ -87,6 +92,8 @@ func (k TxnKind) String() string {
 		return "commit"
 	case TxnAbort:
 		return "abort"
+	case TxnPrepared:
+		return "prepared"
 	}
 	return "txn-kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -151,7 +158,7 @@ func DecodeTxnMark(b []byte) (TxnMark, error) {
 		m.Topic = r.str16("topic")
 		m.Queue = r.u32("queue")
 		m.First = r.i64("first offset")
-	case TxnCommit, TxnAbort:
+	case TxnCommit, TxnAbort, TxnPrepared:
 		m.By = string(r.span(int(r.u8("decided by")), "decided by"))
 	default:
 		r.fail(fmt.Sprintf("unknown mark kind %d", m.Kind))
@@ -191,6 +198,10 @@ type TxnEndRequest struct {
 	// is refused (TXN_INCOMPLETE) unless the group's log holds them all
 	// (a failover can lose what the old master acknowledged).
 	Seqs []TxnSeq `json:"seqs,omitempty"`
+	// Prepare decides nothing: it answers once the group's log holds Seqs
+	// and its sync set holds them, so that no failover can lose them; the
+	// registry then decides (a transaction on several groups).
+	Prepare bool `json:"prepare,omitempty"`
 }
 
 // TxnSeq is the last sequence of a producer in a queue.
@@ -210,6 +221,10 @@ func (r TxnEndRequest) ID() TxnID {
 // group's queues it covered: 0 when the transaction wrote nothing here
 // (nothing is recorded), -1 when it was decided before.
 type TxnEndReply struct {
+	// Prepared answers a Prepare: the group holds the transaction's
+	// messages as the sync set does (false: it was decided before, as
+	// Committed says).
+	Prepared  bool   `json:"prepared,omitempty"`
 	Committed bool   `json:"committed"`
 	By        string `json:"by"`
 	Queues    int    `json:"queues"`
@@ -230,6 +245,7 @@ type TxnInfo struct {
 	Began    int64      `json:"began"`    // unix milliseconds, the master's clock
 	Messages int64      `json:"messages"` // stored so far (the master's count; 0 when rebuilt from the log)
 	Queues   []TxnQueue `json:"queues"`
+	Prepared bool       `json:"prepared,omitempty"` // prepared for the registry's decision (on several groups)
 }
 
 // TxnQueue is a queue an open transaction holds back: readers of committed

@@ -75,6 +75,8 @@ type OpenTxn struct {
 	// Messages and Bytes count what the master admitted in this process
 	// (Count); a rebuilt index starts them at 0.
 	Messages, Bytes int64
+	// Prepared: a prepared mark was applied (the registry decides it).
+	Prepared bool
 }
 
 // Index is the transaction index. It is not safe for concurrent use: its
@@ -133,6 +135,10 @@ func (x *Index) Apply(m *protocol.TxnMark, at int64) {
 		}
 		q[id] = m.First
 		t.Queues = append(t.Queues, protocol.TxnQueue{Topic: m.Topic, Queue: m.Queue, First: m.First})
+	case protocol.TxnPrepared:
+		if t := x.open[id]; t != nil {
+			t.Prepared = true
+		}
 	case protocol.TxnCommit, protocol.TxnAbort:
 		committed := m.Kind == protocol.TxnCommit
 		if t := x.open[id]; t != nil {
@@ -267,7 +273,7 @@ func (x *Index) List(producer uint64) (open []protocol.TxnInfo, others []protoco
 			continue
 		}
 		open = append(open, protocol.TxnInfo{ID: t.ID.String(), Producer: t.ID.Producer, Epoch: t.ID.Epoch, Number: t.ID.Number,
-			Began: t.Began, Messages: t.Messages, Queues: slices.Clone(t.Queues)})
+			Began: t.Began, Messages: t.Messages, Queues: slices.Clone(t.Queues), Prepared: t.Prepared})
 	}
 	slices.SortFunc(open, func(a, b protocol.TxnInfo) int {
 		return cmp.Or(cmp.Compare(a.Began, b.Began), compareIDs(a, b))

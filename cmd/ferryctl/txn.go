@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
@@ -167,11 +168,23 @@ func (o *txnAbortOptions) run(ctx context.Context, g *globalOptions, cl *client.
 	if gr.Master.Addr == "" {
 		return &protocol.Error{Status: protocol.StatusReadOnly, Message: fmt.Sprintf("group %s has no master", o.group)}
 	}
-	req, _ := json.Marshal(protocol.TxnEndRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, By: protocol.TxnByAdmin})
+	// The registry decides first (the transaction may be on other groups:
+	// the first decision there is every group's), then the group applies.
+	d, err := cl.DecideTxn(ctx, api.TxnDecideRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, By: protocol.TxnByAdmin,
+		Groups: []string{o.group}})
+	if err != nil {
+		return err
+	}
+	by := protocol.TxnByAdmin
+	if d.Committed {
+		by = d.By
+	}
+	req, _ := json.Marshal(protocol.TxnEndRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Commit: d.Committed, By: by})
 	var rep protocol.TxnEndReply
 	if err := callBrokerJSON(ctx, gr.Master.Addr, protocol.CodeTxnEnd, req, &rep); err != nil {
 		return err
 	}
+	_ = cl.TxnDone(ctx, api.TxnDoneRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Groups: []string{o.group}})
 	outcome := "aborted"
 	switch {
 	case rep.Committed:

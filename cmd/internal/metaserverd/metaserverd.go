@@ -163,6 +163,7 @@ func register(m *cli.Metrics, s *metaserver.Server) {
 		"Consumer group members this node as leader removed because their session ran out.",
 		func() float64 { return float64(s.ConsumerStats().Expired) })
 	m.Registry.MustRegister(consumerCollector{s})
+	m.Registry.MustRegister(s.TxnCollectors()...)
 }
 
 // registerRaft registers the raft metrics, read from status at scrape time.
