@@ -448,6 +448,7 @@ func (t *txns) prepare(id protocol.TxnID, seqs []protocol.TxnSeq, answer func(pr
 		t.mu.Lock()
 		t.idx.Apply(&mark, pos[0].LogOffset)
 		t.mu.Unlock()
+		rep.notify()
 		t.confirm(rep, true, pos[0].LogOffset, func(e error) { answer(protocol.TxnEndReply{Prepared: true, Queues: n}, e) })
 	})
 }
@@ -558,6 +559,7 @@ func (t *txns) decided(id protocol.TxnID, mark *protocol.TxnMark, queues []proto
 		}
 	}
 	t.pulls.wakeQueues(queues)
+	rep.notify() // the slaves' parked fetches take the mark at once
 	t.confirm(rep, mark.Kind == protocol.TxnCommit, pos[0].LogOffset, func(e error) {
 		if e != nil {
 			fail(e)

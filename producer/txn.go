@@ -123,13 +123,19 @@ func (t *Txn) Send(ctx context.Context, m *Message) (Result, error) {
 		err error
 	}
 	ch := make(chan out, 1)
-	t.SendAsync(ctx, m, func(r Result, err error) { ch <- out{r, err} })
+	t.send(ctx, m, true, func(r Result, err error) { ch <- out{r, err} })
 	o := <-ch
 	return o.r, o.err
 }
 
 // SendAsync is Send in the background, as Client.SendAsync.
 func (t *Txn) SendAsync(ctx context.Context, m *Message, promise func(Result, error)) {
+	t.send(ctx, m, false, promise)
+}
+
+// send sends m in the transaction (urgent: Send's, not waiting for
+// Linger).
+func (t *Txn) send(ctx context.Context, m *Message, urgent bool, promise func(Result, error)) {
 	t.mu.Lock()
 	if t.ended || t.closing {
 		t.mu.Unlock()
@@ -141,7 +147,7 @@ func (t *Txn) SendAsync(ctx context.Context, m *Message, promise func(Result, er
 		t.settled = make(chan struct{})
 	}
 	t.mu.Unlock()
-	t.c.sendIn(ctx, m, t, true, func(r Result, err error) {
+	t.c.sendIn(ctx, m, t, urgent, func(r Result, err error) {
 		t.settle(r, err)
 		promise(r, err)
 	})
@@ -224,6 +230,10 @@ func (t *Txn) wait(ctx context.Context) error {
 	if ch == nil {
 		return nil
 	}
+	// Its messages leave now rather than after Linger, as in a Flush.
+	t.c.buf.flushing.Add(1)
+	defer t.c.buf.flushing.Add(-1)
+	t.c.buf.kick()
 	select {
 	case <-ch:
 		return nil
