@@ -55,6 +55,12 @@ func (s State) String() string {
 	return [...]string{"unknown", "open", "committed", "aborted"}[s]
 }
 
+// abortedAt is an aborted transaction and its mark's log offset.
+type abortedAt struct {
+	id protocol.TxnID
+	at int64
+}
+
 // decision is a transaction's outcome and where its mark is in the log.
 type decision struct {
 	committed bool
@@ -86,8 +92,10 @@ type Index struct {
 	queues map[queueKey]map[protocol.TxnID]int64 // the open transactions of a queue, and their First
 	newest map[uint64]protocol.TxnID             // per producer id, its newest transaction seen
 	// aborted holds every aborted transaction whose records may still be
-	// in the log, with the log offset of its abort mark.
-	aborted map[protocol.TxnID]int64
+	// in the log, with the log offset of its abort mark; abortOrder the
+	// same in the order applied (log order), for Prune.
+	aborted    map[protocol.TxnID]int64
+	abortOrder []abortedAt
 	// recent remembers recent decisions and their marks' log offsets,
 	// oldest first in order.
 	recent map[protocol.TxnID]decision
@@ -153,6 +161,7 @@ func (x *Index) Apply(m *protocol.TxnMark, at int64) {
 		}
 		if !committed {
 			x.aborted[id] = at
+			x.abortOrder = append(x.abortOrder, abortedAt{id, at})
 		}
 		x.remember(id, decision{committed, at})
 		if m.By != protocol.TxnByProducer {
@@ -258,10 +267,13 @@ func (x *Index) IsAborted(id protocol.TxnID) bool {
 // Prune forgets aborted transactions whose abort mark lies before log
 // offset start (retention deleted it, and so every record of theirs).
 func (x *Index) Prune(start int64) {
-	for id, at := range x.aborted {
-		if at < start {
-			delete(x.aborted, id)
-		}
+	n := 0
+	for n < len(x.abortOrder) && x.abortOrder[n].at < start {
+		delete(x.aborted, x.abortOrder[n].id)
+		n++
+	}
+	if n > 0 {
+		x.abortOrder = slices.Delete(x.abortOrder, 0, n)
 	}
 }
 
