@@ -258,8 +258,16 @@ func (t *Txn) Commit(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if len(parts) <= 1 && offsets == nil {
+	switch {
+	case len(parts) <= 1 && offsets == nil:
 		return t.commitOne(ctx, parts)
+	case len(parts) == 0:
+		// Offsets alone (no message came of the inputs): a plain commit.
+		if _, err := t.c.meta.CommitOffsets(ctx, *offsets); err != nil {
+			return fmt.Errorf("producer: transaction %s: its offsets: %w", t.id, metaErr("offsets", err))
+		}
+		t.end(true)
+		return nil
 	}
 	if err := t.prepareParts(ctx, parts); err != nil {
 		if errors.Is(err, ErrTxnAborted) {
