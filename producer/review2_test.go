@@ -92,3 +92,38 @@ func TestReview2PartialGroupDecisionForgotten(t *testing.T) {
 		t.Fatalf("readers of committed messages get %q: %d of the transaction's 8 messages (g1 aborted it, g2 committed it)", got, len(got))
 	}
 }
+
+// Review 2, finding 7: Close aborts the open transaction, even one that
+// SendInTxn prepared and whose work (the application's local transaction)
+// is running: a graceful shutdown during the work aborts the messages,
+// the work commits, and the next instance's checker, which would have
+// said commit, never sees the transaction.
+func TestReview2CloseAbortsAPreparedSendInTxn(t *testing.T) {
+	c := start(t, false, "g1")
+	oneCopy(t, c, "g1")
+	c.Meta.CreateTopic(t, "tx", "g1")
+	ctx := context.Background()
+	p := newProducer(t, c, Identity("app"), Linger(0))
+	g1 := testcluster.Dial(t, c.Master("g1").Addr())
+	closed := make(chan error, 1)
+	workCommitted := false
+	_, err := p.SendInTxn(ctx, []*Message{{Topic: "tx", Body: []byte("order-1")}}, func(context.Context) error {
+		go func() { closed <- p.Close() }() // a shutdown while the work runs
+		testwait.For(t, 10*time.Second, "Close to reach the open transaction", func() bool {
+			var l protocol.TxnList
+			resp, err := g1.Call(ctx, protocol.CodeTxnList, []byte("{}"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustJSON(t, resp.Body, &l)
+			return len(l.Open) == 0
+		})
+		workCommitted = true // the local transaction commits
+		return nil
+	})
+	<-closed
+	got := readCommitted(t, g1, "tx", 0)
+	if workCommitted && !slices.Contains(got, "order-1") {
+		t.Fatalf("the work committed, SendInTxn returned %v, and readers get %q: Close aborted the prepared transaction", err, got)
+	}
+}
