@@ -403,6 +403,14 @@ func (r *replication) highAcked() int64 {
 // refusesHigh reports whether a HIGH message must be refused before it is
 // stored: the committed sync set, with the master, holds fewer copies than
 // the group's minimum.
+// held is how far the sync set holds the log as the policy asks (what a
+// HIGH message up to there is confirmed by); -1: nothing more can be.
+func (r *replication) held() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return max(r.confirm, r.confirmedLocked())
+}
+
 func (r *replication) refusesHigh() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,6 +83,10 @@ type txns struct {
 	// deciding holds the transactions whose decision mark is being
 	// written, with who waits for its answer.
 	deciding map[protocol.TxnID][]func(protocol.TxnEndReply, error)
+	// unconfirmed holds, on the master, the decided transactions whose
+	// mark the sync set does not hold yet: readers see them as open (a
+	// failover to a member without the mark would reopen them).
+	unconfirmed map[protocol.TxnID]unconfirmedTxn
 	cut      bool // the log was cut back: rebuild the index from the log
 }
 
@@ -90,13 +96,20 @@ type txnRegistry interface {
 	TxnDone(ctx context.Context, req api.TxnDoneRequest) error
 }
 
+// unconfirmedTxn is a decision whose mark at log offset at the sync set
+// does not hold yet, and the queues its transaction held.
+type unconfirmedTxn struct {
+	at     int64
+	queues []protocol.TxnQueue
+}
+
 // newTxns makes the transactions of the broker cfg configures; the long
 // poll it wakes is set before the broker starts.
 func newTxns(cfg Config, log txnLog, ls *writeLease, repl func() *replication, stats *Stats, lg hclog.Logger) *txns {
 	t := &txns{log: log, lease: ls, repl: repl, stats: stats, clock: cfg.Clock, lg: lg, group: cfg.Group,
 		timeout: cfg.TxnTimeout, maxMessages: cfg.TxnMaxMessages, maxBytes: cfg.TxnMaxBytes,
 		maxOpenPerProducer: cfg.TxnMaxOpenPerProducer, maxOpenTotal: cfg.TxnMaxOpen,
-		idx: txn.New(), deciding: map[protocol.TxnID][]func(protocol.TxnEndReply, error){}}
+		idx: txn.New(), deciding: map[protocol.TxnID][]func(protocol.TxnEndReply, error){}, unconfirmed: map[protocol.TxnID]unconfirmedTxn{}}
 	if first, next := log.QueueRange(protocol.TxnTopic, 0); next > 0 {
 		t.followed = first
 		t.seen.Store(true)
@@ -132,6 +145,7 @@ func (t *txns) catchUpLocked(readable int64) error {
 		// Cut back under the index, or retention deleted marks it never
 		// read: start again from the log.
 		t.idx, t.followed, t.followedTo, t.cut = txn.New(), first, 0, false
+		clear(t.unconfirmed)
 	}
 	for t.followed < next {
 		es, err := t.log.Read(protocol.TxnTopic, 0, t.followed, catchUpBytes)
@@ -154,6 +168,7 @@ func (t *txns) catchUpLocked(readable int64) error {
 			if err != nil {
 				return fmt.Errorf("transaction mark at log offset %d: %w", e.LogOffset, err)
 			}
+			t.noteUnconfirmedLocked(&mark, e.LogOffset)
 			t.idx.Apply(&mark, e.LogOffset)
 			t.followed = e.QueueOffset + 1
 			t.seen.Store(true)
@@ -208,14 +223,74 @@ func (t *txns) readLimit(readable int64) int64 {
 }
 
 // stableEnd is where a reader of committed messages stops in a queue whose
-// next offset is next.
+// next offset is next: at the first record of an open transaction, or of
+// one whose decision the sync set does not hold yet.
 func (t *txns) stableEnd(topic string, queue uint32, next int64) int64 {
 	if !t.seen.Load() {
 		return next
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.idx.StableEnd(topic, queue, next)
+	end := t.idx.StableEnd(topic, queue, next)
+	woken := t.pruneUnconfirmedLocked()
+	for _, u := range t.unconfirmed {
+		for _, q := range u.queues {
+			if q.Topic == topic && q.Queue == queue {
+				end = min(end, q.First)
+			}
+		}
+	}
+	t.mu.Unlock()
+	if len(woken) > 0 {
+		t.pulls.wakeQueues(woken)
+	}
+	return end
+}
+
+// pruneUnconfirmedLocked forgets the unconfirmed decisions the sync set
+// holds now (all of them on a broker no longer master) and returns their
+// queues, to wake their readers. mu is held.
+func (t *txns) pruneUnconfirmedLocked() []protocol.TxnQueue {
+	if len(t.unconfirmed) == 0 {
+		return nil
+	}
+	held := int64(math.MaxInt64) // a slave's reads stop at its readable end instead
+	if rep := t.master(); rep != nil {
+		held = rep.held()
+	}
+	var woken []protocol.TxnQueue
+	for id, u := range t.unconfirmed {
+		if held > u.at {
+			delete(t.unconfirmed, id)
+			woken = append(woken, u.queues...)
+		}
+	}
+	return woken
+}
+
+// noteUnconfirmedLocked, on the master, keeps a decision mark at log
+// offset at that the sync set does not hold yet among the unconfirmed,
+// with its transaction's queues (before the mark is applied). mu is held.
+func (t *txns) noteUnconfirmedLocked(mark *protocol.TxnMark, at int64) {
+	if mark.Kind != protocol.TxnCommit && mark.Kind != protocol.TxnAbort {
+		return
+	}
+	rep := t.master()
+	open := t.idx.OpenTxn(mark.ID)
+	if rep == nil || open == nil || rep.held() > at {
+		return
+	}
+	t.unconfirmed[mark.ID] = unconfirmedTxn{at: at, queues: slices.Clone(open.Queues)}
+}
+
+// confirmed lets readers see decision id once the sync set holds it.
+func (t *txns) confirmed(id protocol.TxnID) {
+	t.mu.Lock()
+	u, ok := t.unconfirmed[id]
+	delete(t.unconfirmed, id)
+	t.mu.Unlock()
+	if ok {
+		t.pulls.wakeQueues(u.queues)
+	}
 }
 
 // aborted reports whether the encoded message payload belongs to an
@@ -535,6 +610,7 @@ func (t *txns) decided(id protocol.TxnID, mark *protocol.TxnMark, queues []proto
 	waiters := t.deciding[id]
 	delete(t.deciding, id)
 	if err == nil {
+		t.noteUnconfirmedLocked(mark, pos[0].LogOffset)
 		t.idx.Apply(mark, pos[0].LogOffset)
 	}
 	t.mu.Unlock()
@@ -562,9 +638,10 @@ func (t *txns) decided(id protocol.TxnID, mark *protocol.TxnMark, queues []proto
 	rep.notify() // the slaves' parked fetches take the mark at once
 	t.confirm(rep, mark.Kind == protocol.TxnCommit, pos[0].LogOffset, func(e error) {
 		if e != nil {
-			fail(e)
+			fail(e) // readers wait until the sync set holds the mark (stableEnd)
 			return
 		}
+		t.confirmed(id)
 		for _, w := range waiters {
 			w(reply, nil)
 		}
@@ -654,6 +731,9 @@ func (t *txns) sweep(ctx context.Context) {
 	t.mu.Lock()
 	err := t.catchUpLocked(t.readableEnd())
 	t.idx.Prune(t.log.StartOffset())
+	if woken := t.pruneUnconfirmedLocked(); len(woken) > 0 {
+		defer t.pulls.wakeQueues(woken)
+	}
 	n, oldest := t.idx.Opens()
 	t.stats.TxnOpen.Store(int64(n))
 	t.stats.TxnOldest.Store(oldest)

@@ -25,10 +25,12 @@ func TestReview2TxnDecisionsOfAnyProducer(t *testing.T) {
 		t.Fatalf("alice commits her transaction: %+v %v", d, err)
 	}
 	eveDone := eve.TxnDone(ctx, api.TxnDoneRequest{Producer: 7, Epoch: 1, Number: 1, Groups: []string{"g1", "g2"}})
-	d, eveAbort := eve.DecideTxn(ctx, txnReq(1, false, protocol.TxnByAdmin, "g2"))
-	if eveDone == nil || eveAbort == nil || !d.Committed {
-		t.Fatalf("eve, allowed only payments, reports alice's commit done (%v) then decides it: %+v (%v), want both refused and the commit kept",
-			eveDone, d, eveAbort)
+	_, eveAbort := eve.DecideTxn(ctx, txnReq(1, false, protocol.TxnByAdmin, "g2"))
+	if eveDone == nil || eveAbort == nil {
+		t.Fatalf("eve, allowed only payments, reports alice's commit done (%v) then decides it as admin (%v): want both refused", eveDone, eveAbort)
+	}
+	if d, err := alice.DecideTxn(ctx, txnReq(1, false, protocol.TxnByProducer, "g1", "g2")); err != nil || !d.Committed || len(d.Pending) != 2 {
+		t.Fatalf("alice's commit after eve's tries: %+v %v, want kept, both groups pending", d, err)
 	}
 }
 
@@ -52,24 +54,49 @@ func TestReview2LateRetryCommitsOffsetsAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Instances A and B of one named producer.
+	a, err := cl.InitProducer(ctx, "xform")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := cl.InitProducer(ctx, "xform")
+	if err != nil || b.ID != a.ID || b.Epoch <= a.Epoch {
+		t.Fatalf("second instance %+v (first %+v), %v", b, a, err)
+	}
 	withOffsets := func(epoch uint16, offset int64) api.TxnDecideRequest {
 		r := txnReq(1, true, protocol.TxnByProducer, "g1", "g2")
-		r.Epoch = epoch
+		r.Producer, r.Epoch = a.ID, epoch
 		r.Offsets = &api.CommitRequest{Group: "cg", Member: "m", Generation: hb.Generation, Offsets: []api.QueueOffset{{Topic: "orders", Queue: 0, Offset: offset}}}
 		return r
 	}
 	for _, step := range []struct {
 		epoch  uint16
 		offset int64
-	}{{1, 5}, {2, 9}} {
-		if d, err := cl.DecideTxn(ctx, withOffsets(step.epoch, step.offset)); err != nil || !d.Committed || !d.Offsets {
-			t.Fatalf("transaction 7.%d.1: %+v %v", step.epoch, d, err)
+	}{{a.Epoch, 5}, {b.Epoch, 9}} {
+		// B exists already here, so A's own decision would be fenced: its
+		// commit is decided as B's checker would have.
+		req := withOffsets(step.epoch, step.offset)
+		if step.epoch == a.Epoch {
+			req.By = protocol.TxnByChecker
 		}
-		if err := cl.TxnDone(ctx, api.TxnDoneRequest{Producer: 7, Epoch: step.epoch, Number: 1, Groups: []string{"g1", "g2"}}); err != nil {
+		if d, err := cl.DecideTxn(ctx, req); err != nil || !d.Committed || !d.Offsets {
+			t.Fatalf("transaction %d.%d.1: %+v %v", a.ID, step.epoch, d, err)
+		}
+		if err := cl.TxnDone(ctx, api.TxnDoneRequest{Producer: a.ID, Epoch: step.epoch, Number: 1, Groups: []string{"g1", "g2"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	d, err := cl.DecideTxn(ctx, withOffsets(1, 5)) // A's commit, retried late
+	d, err := cl.DecideTxn(ctx, withOffsets(a.Epoch, 5)) // A's commit, retried late: fenced, or answered the kept record
+	if err == nil && (!d.Committed || d.By != protocol.TxnByChecker) {
+		t.Errorf("A's late retry answered %+v: want the checker's kept decision", d)
+	}
+	// A producer's own decision, forgotten once its groups reported, is
+	// fenced when an older instance asks again.
+	older := withOffsets(a.Epoch, 5)
+	older.Number = 2
+	if _, err := cl.DecideTxn(ctx, older); protocol.StatusOf(err) != protocol.StatusProducerFenced {
+		t.Errorf("an older instance's own decision: %v, want PRODUCER_FENCED", err)
+	}
 	gs, gerr := cl.ConsumerGroups(ctx, "cg")
 	if gerr != nil || len(gs) != 1 || len(gs[0].Offsets) != 1 {
 		t.Fatalf("consumer groups: %+v %v", gs, gerr)

@@ -3,6 +3,7 @@ package metaserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -33,7 +34,10 @@ func (s *Server) txnRoutes() {
 // the transaction's decision (this one, or the one recorded before).
 func (s *Server) txnDecide(ctx context.Context, req api.TxnDecideRequest) (api.TxnDecision, error) {
 	cmd := &fsm.TxnDecide{Producer: req.Producer, Epoch: req.Epoch, Number: req.Number, Commit: req.Commit, By: req.By,
-		Groups: req.Groups, At: s.cfg.Clock.Now().UnixMilli()}
+		Groups: req.Groups, At: s.cfg.Clock.Now().UnixMilli(), Principal: principalOf(ctx)}
+	if err := s.mayDecideAs(ctx, req.By); err != nil {
+		return api.TxnDecision{}, s.refuseTxn(err)
+	}
 	if o := req.Offsets; o != nil {
 		off, err := s.txnOffsets(ctx, *o)
 		if err != nil {
@@ -61,6 +65,40 @@ func (s *Server) txnDecide(ctx context.Context, req api.TxnDecideRequest) (api.T
 		s.log.Debug("transaction decided", "txn", cmd.Key().ID(), "outcome", outcome, "by", req.By, "groups", len(req.Groups))
 	}
 	return txnDecision(cmd.Key(), *res.Txn), nil
+}
+
+// reporter is who a TXN_DONE is from, as the record checks it: "" for a
+// broker or an operator (cluster, admin), who report any decision applied;
+// else the principal, who reports only its own decisions.
+func (s *Server) reporter(ctx context.Context) string {
+	p, _ := ctx.Value(principalKey{}).(auth.Principal)
+	for _, q := range p.Permissions {
+		if q.Kind == auth.KindCluster || q.Kind == auth.KindAdmin {
+			return ""
+		}
+	}
+	return p.Name
+}
+
+// mayDecideAs refuses a decision made as an operator by a principal
+// without admin, and one made as a master's timeout by one without the
+// cluster permission (a broker's).
+func (s *Server) mayDecideAs(ctx context.Context, by string) error {
+	if !s.cfg.AuthEnabled() || by != protocol.TxnByAdmin && by != protocol.TxnByTimeout {
+		return nil
+	}
+	p, _ := ctx.Value(principalKey{}).(auth.Principal)
+	want := auth.KindAdmin
+	if by == protocol.TxnByTimeout {
+		want = auth.KindCluster
+	}
+	for _, q := range p.Permissions {
+		if q.Kind == want || q.Kind == auth.KindAdmin {
+			return nil
+		}
+	}
+	return &protocol.Error{Status: protocol.StatusNotAuthorized,
+		Message: fmt.Sprintf("principal %q may not decide a transaction as %q (that needs %s)", p.Name, by, want)}
 }
 
 // txnOffsets checks the offsets a decision commits as COMMIT_OFFSETS
@@ -106,7 +144,7 @@ func (s *Server) refuseTxn(err error) error {
 // answered without a write: a decision is applied here before it is
 // answered, so a report can only be about a record already held.
 func (s *Server) txnDone(ctx context.Context, req api.TxnDoneRequest) (empty, error) {
-	cmd := &fsm.TxnDone{Producer: req.Producer, Epoch: req.Epoch, Number: req.Number, Groups: req.Groups}
+	cmd := &fsm.TxnDone{Producer: req.Producer, Epoch: req.Epoch, Number: req.Number, Groups: req.Groups, Principal: s.reporter(ctx)}
 	if err := fsm.CheckTxnKey(cmd.Key()); err != nil {
 		return empty{}, err
 	}

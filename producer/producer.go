@@ -279,7 +279,8 @@ func (c *Client) Flush(ctx context.Context) error {
 }
 
 // Close stops taking messages, sends everything buffered (waiting up to the
-// delivery timeout), aborts the open transaction if any (best effort),
+// delivery timeout), aborts the open transaction if any and not prepared
+// (best effort),
 // fails what is still left with ErrClosed, and stops every goroutine and
 // connection.
 func (c *Client) Close() error {
@@ -292,8 +293,10 @@ func (c *Client) Close() error {
 	c.txnMu.Lock()
 	open := c.txn
 	c.txnMu.Unlock()
-	if open != nil {
+	if open != nil && !open.isPrepared() {
 		// Best effort: its readers need not wait for the broker's timeout.
+		// A prepared one is left to the next instance's checker: its work
+		// may be committing now.
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.requestTimeout)
 		_ = open.Abort(ctx)
 		cancel()

@@ -51,10 +51,13 @@ type Txn struct {
 	group   string        // the group of its messages
 	first   txnPart       // a queue of that group (its first message's), to abort it whatever came of its messages
 	closing bool          // Commit or Abort began: no more messages
-	offsets *api.CommitRequest
-	parts   map[txnPartKey]txnPart
-	err     error // the first message that failed
-	ended   bool
+	// prepared: Prepare succeeded (its checker may commit it should this
+	// process die), so Close leaves it open.
+	prepared bool
+	offsets  *api.CommitRequest
+	parts    map[txnPartKey]txnPart
+	err      error // the first message that failed
+	ended    bool
 }
 
 // txnPartKey names one transaction id's messages on one group (a new
@@ -110,6 +113,12 @@ func (c *Client) BeginTxn(ctx context.Context) (*Txn, error) {
 	t := &Txn{c: c, id: protocol.TxnID{Producer: cur.id, Epoch: cur.epoch, Number: c.txnNum}, parts: map[txnPartKey]txnPart{}}
 	c.txn = t
 	return t, nil
+}
+
+func (t *Txn) isPrepared() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.prepared
 }
 
 // ID is the transaction's id, as brokers and ferryctl show it.
@@ -278,7 +287,7 @@ func (t *Txn) Commit(ctx context.Context) error {
 	d, err := t.c.meta.DecideTxn(ctx, api.TxnDecideRequest{Producer: t.id.Producer, Epoch: t.id.Epoch, Number: t.id.Number,
 		Commit: true, By: protocol.TxnByProducer, Groups: partGroups(parts), Offsets: offsets})
 	switch {
-	case err != nil && !protocol.StatusOf(err).Retriable() && protocol.StatusOf(err).Known():
+	case err != nil && refusal(protocol.StatusOf(err)):
 		// The offsets were refused (the member lost its queues): nothing is
 		// recorded, and the transaction cannot commit.
 		return errors.Join(fmt.Errorf("producer: transaction %s: the registry refused it: %w (%w)", t.id, ErrTxnAborted, err), t.abortParts(ctx, parts))
@@ -287,7 +296,8 @@ func (t *Txn) Commit(ctx context.Context) error {
 	case !d.Committed:
 		return errors.Join(fmt.Errorf("producer: transaction %s: %w (by %s) before its commit", t.id, ErrTxnAborted, orUnknown(d.By)), t.abortParts(ctx, parts))
 	case offsets != nil && !d.Offsets:
-		return fmt.Errorf("producer: transaction %s was committed before without its offsets (by %s)", t.id, orUnknown(d.By))
+		t.end(true)
+		return fmt.Errorf("producer: transaction %s was committed before without its offsets (by %s): the consumer's offsets did not move", t.id, orUnknown(d.By))
 	}
 	t.tellParts(ctx, parts, true)
 	t.end(true)
@@ -365,7 +375,13 @@ func (t *Txn) Prepare(ctx context.Context) error {
 	if failed != nil {
 		return fmt.Errorf("producer: transaction %s: a message failed: %w", t.id, failed)
 	}
-	return t.prepareParts(ctx, parts)
+	if err := t.prepareParts(ctx, parts); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.prepared = true
+	t.mu.Unlock()
+	return nil
 }
 
 // prepareParts prepares every part: ErrTxnAborted when a group lacks
@@ -474,8 +490,14 @@ func (t *Txn) tellParts(ctx context.Context, parts map[txnPartKey]txnPart, commi
 	var errs []error
 	done := map[protocol.TxnID][]string{}
 	for k, p := range parts {
-		if _, err := t.c.endTxn(ctx, k.id, p, commit, protocol.TxnByProducer); err != nil {
+		rep, err := t.c.endTxn(ctx, k.id, p, commit, protocol.TxnByProducer)
+		switch {
+		case err != nil:
 			errs = append(errs, fmt.Errorf("group %s: %w", p.group, err))
+			continue
+		case rep.Committed != commit:
+			// Never after a registry's decision: say so loudly.
+			errs = append(errs, fmt.Errorf("group %s decided the other way (by %s)", p.group, orUnknown(rep.By)))
 			continue
 		}
 		done[k.id] = append(done[k.id], p.group)
@@ -490,22 +512,39 @@ func (t *Txn) tellParts(ctx context.Context, parts map[txnPartKey]txnPart, commi
 	return nil
 }
 
+// refusal reports whether a decision's error says nothing was recorded:
+// a known status that neither a retry nor the outcome being unknown
+// (INTERNAL, TIMEOUT: maybe written) can change.
+func refusal(st protocol.Status) bool { return st.Known() && !st.Retriable() && !st.MaybeStored() }
+
 // txnDone reports to the registry, in the background, the groups that
 // applied its decisions.
 func (c *Client) txnDone(done map[protocol.TxnID][]string) {
 	if len(done) == 0 {
 		return
 	}
-	c.life.wg.Add(1)
-	go func() {
-		defer c.life.wg.Done()
-		ctx, cancel := context.WithTimeout(c.life.ctx, c.cfg.requestTimeout)
+	report := func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
 		defer cancel()
 		for id, groups := range done {
 			if err := c.meta.TxnDone(ctx, api.TxnDoneRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Groups: groups}); err != nil {
-				c.cfg.Logger.Debug("producer: reporting a transaction's decision applied (the registry forgets it after 7 days)", "txn", id.String(), "error", err)
+				c.cfg.Logger.Warn("producer: reporting a transaction's decision applied failed (the registry forgets it after 7 days)", "txn", id.String(), "error", err)
 			}
 		}
+	}
+	c.sinks.mu.Lock() // Close marks the producer dead under it before it waits for life.wg
+	dead := c.life.dead.Load()
+	if !dead {
+		c.life.wg.Add(1)
+	}
+	c.sinks.mu.Unlock()
+	if dead {
+		report(context.Background()) // closing: at once, bounded by RequestTimeout
+		return
+	}
+	go func() {
+		defer c.life.wg.Done()
+		report(c.life.ctx)
 	}()
 }
 

@@ -170,8 +170,12 @@ func (c *Client) resolve(ctx context.Context, id protocol.TxnID, g txnPart, info
 	if err != nil {
 		return fmt.Errorf("producer: resolve transaction %s: %w", id, metaErr("transaction decision", err))
 	}
-	if _, err := c.endTxn(ctx, id, g, dec.Committed, dec.By); err != nil {
+	rep, err := c.endTxn(ctx, id, g, dec.Committed, by)
+	if err != nil {
 		return fmt.Errorf("producer: resolve transaction %s: %w", id, err)
+	}
+	if rep.Committed != dec.Committed {
+		return fmt.Errorf("producer: resolve transaction %s: group %s decided the other way (by %s) than the registry", id, g.group, orUnknown(rep.By))
 	}
 	c.txnDone(map[protocol.TxnID][]string{id: {g.group}})
 	return nil

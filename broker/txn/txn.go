@@ -121,11 +121,11 @@ func (x *Index) Apply(m *protocol.TxnMark, at int64) {
 	if _, _, done := x.Decision(id); done {
 		return
 	}
-	if n, ok := x.newest[id.Producer]; !ok || n.Before(id) {
-		x.newest[id.Producer] = id
-	}
 	switch m.Kind {
 	case protocol.TxnOpen:
+		if n, ok := x.newest[id.Producer]; !ok || n.Before(id) {
+			x.newest[id.Producer] = id
+		}
 		t := x.open[id]
 		if t == nil {
 			t = &OpenTxn{ID: id, Began: m.Time, At: at}
@@ -149,16 +149,22 @@ func (x *Index) Apply(m *protocol.TxnMark, at int64) {
 		}
 	case protocol.TxnCommit, protocol.TxnAbort:
 		committed := m.Kind == protocol.TxnCommit
-		if t := x.open[id]; t != nil {
-			for _, q := range t.Queues {
-				k := queueKey{q.Topic, q.Queue}
-				delete(x.queues[k], id)
-				if len(x.queues[k]) == 0 {
-					delete(x.queues, k)
-				}
-			}
-			delete(x.open, id)
+		t := x.open[id]
+		if t == nil {
+			// Not open here: it wrote nothing here, or its decision was
+			// forgotten (recentDecisions). Remembered, so that a late
+			// record of it is refused, but it hides no record.
+			x.remember(id, decision{committed, at})
+			return
 		}
+		for _, q := range t.Queues {
+			k := queueKey{q.Topic, q.Queue}
+			delete(x.queues[k], id)
+			if len(x.queues[k]) == 0 {
+				delete(x.queues, k)
+			}
+		}
+		delete(x.open, id)
 		if !committed {
 			x.aborted[id] = at
 			x.abortOrder = append(x.abortOrder, abortedAt{id, at})

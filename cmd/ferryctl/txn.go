@@ -175,11 +175,7 @@ func (o *txnAbortOptions) run(ctx context.Context, g *globalOptions, cl *client.
 	if err != nil {
 		return err
 	}
-	by := protocol.TxnByAdmin
-	if d.Committed {
-		by = d.By
-	}
-	req, _ := json.Marshal(protocol.TxnEndRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Commit: d.Committed, By: by})
+	req, _ := json.Marshal(protocol.TxnEndRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Commit: d.Committed, By: protocol.TxnByAdmin})
 	var rep protocol.TxnEndReply
 	if err := callBrokerJSON(ctx, gr.Master.Addr, protocol.CodeTxnEnd, req, &rep); err != nil {
 		return err

@@ -15,8 +15,12 @@ import (
 // transaction wins, so a producer committing and a broker aborting at its
 // timeout cannot both succeed, and whoever loses learns the decision made.
 // Whoever decided tells each group's master (TXN_END) and reports the
-// groups that applied it (TxnDone); a record is deleted once every group
-// it names reported, or TxnRetentionMillis after its decision (TxnExpire).
+// groups that applied it (TxnDone). A producer's decision names every group
+// of its transaction and is deleted once all reported; one made by another
+// (a master's timeout, a checker, an operator) names only the group that
+// asked, so it is kept: every record goes TxnRetentionMillis after its
+// decision (TxnExpire). A producer's decision from an instance older than
+// its identity's newest is refused (PRODUCER_FENCED).
 //
 // The commands have no IgnoreUnknown bit: a node that skipped a decision
 // would, once it led, let a later request decide the other way.
@@ -96,6 +100,9 @@ type TxnRecord struct {
 	// offsets with it (a later decide carrying offsets, answered this
 	// record, committed none).
 	Offsets bool `json:"offsets,omitempty"`
+	// Principal made the decision (stamped by the leader; "" with
+	// authorization off).
+	Principal string `json:"principal,omitempty"`
 }
 
 // TxnEntry is a record with its key (FSM.TxnDecisions).
@@ -131,6 +138,8 @@ type TxnDecide struct {
 	Groups   []string    `json:"groups"`
 	Offsets  *TxnOffsets `json:"offsets,omitempty"`
 	At       int64       `json:"at"` // unix ms, stamped by the leader
+	// Principal deciding, stamped by the leader ("": authorization off).
+	Principal string `json:"principal,omitempty"`
 }
 
 // TxnDone removes Groups from a record's pending groups, and the record
@@ -141,6 +150,10 @@ type TxnDone struct {
 	Epoch    uint16   `json:"epoch"`
 	Number   uint64   `json:"number"`
 	Groups   []string `json:"groups"`
+	// Principal, stamped by the leader ("": a broker, an operator, or
+	// authorization off), must be the one that decided a producer's
+	// decision: another producer cannot make the registry forget it.
+	Principal string `json:"principal,omitempty"`
 }
 
 // TxnExpire deletes the records decided before Before (unix ms): the
@@ -235,6 +248,17 @@ func (f *FSM) txnDecide(c *TxnDecide) any {
 	if r := f.s.Txns[k]; r != nil {
 		return &Result{Txn: r}
 	}
+	if c.By == protocol.TxnByProducer {
+		// A producer decides only its own instance's transactions: an
+		// older instance (a zombie, or a late retry) is fenced, so a
+		// decision forgotten once applied cannot be made again by it.
+		for _, p := range f.s.Producers {
+			if p.ID == c.Producer && p.Epoch > c.Epoch {
+				return &protocol.Error{Status: protocol.StatusProducerFenced,
+					Message: fmt.Sprintf("transaction %s: a later instance of its producer (epoch %d) has started", k.ID(), p.Epoch)}
+			}
+		}
+	}
 	if len(f.s.Txns) >= MaxTxnRecords {
 		return &protocol.Error{Status: protocol.StatusBusy,
 			Message: fmt.Sprintf("the registry holds %d transaction decisions, its most; try again once groups reported theirs", len(f.s.Txns))}
@@ -253,7 +277,7 @@ func (f *FSM) txnDecide(c *TxnDecide) any {
 		res.Generation = out.(*Result).Generation
 	}
 	r := &TxnRecord{Committed: c.Commit, By: c.By, At: c.At, Groups: slices.Clone(c.Groups), Pending: slices.Clone(c.Groups),
-		Offsets: c.Offsets != nil}
+		Offsets: c.Offsets != nil, Principal: c.Principal}
 	if f.s.Txns == nil {
 		f.s.Txns = map[TxnKey]*TxnRecord{}
 	}
@@ -268,14 +292,22 @@ func (f *FSM) txnDone(c *TxnDone) any {
 	if r == nil {
 		return &Result{}
 	}
+	if c.Principal != "" && c.Principal != r.Principal {
+		return &protocol.Error{Status: protocol.StatusNotAuthorized,
+			Message: fmt.Sprintf("transaction %s was decided by principal %q: %q may not report it applied", k.ID(), r.Principal, c.Principal)}
+	}
 	pending := slices.DeleteFunc(slices.Clone(r.Pending), func(g string) bool { return slices.Contains(c.Groups, g) })
 	switch {
 	case len(pending) == len(r.Pending):
 		return &Result{Txn: r}
-	case len(pending) == 0:
+	case len(pending) == 0 && r.By == protocol.TxnByProducer:
+		// Its producer named every group the transaction wrote.
 		delete(f.s.Txns, k)
 		return &Result{Changed: true}
 	}
+	// A decision made by another (a timeout, a checker, an operator) names
+	// only the group that asked: other groups of the transaction may ask
+	// later, so it is kept until it expires.
 	r2 := *r
 	r2.Pending = pending
 	f.s.Txns[k] = &r2

@@ -236,6 +236,13 @@ func TestTxnDone(t *testing.T) {
 	if r := mustApply(t, f, &TxnDone{Producer: 7, Epoch: 1, Number: 5, Groups: []string{"g1"}}); r.Changed {
 		t.Fatal("done of an unknown record changed something")
 	}
+	// A timeout's decision names only its group: kept once done, so that
+	// another group of the transaction asking later learns it.
+	mustApply(t, f, decide(7, 2, false, protocol.TxnByTimeout, "g1"))
+	mustApply(t, f, &TxnDone{Producer: 7, Epoch: 1, Number: 2, Groups: []string{"g1"}})
+	if r, ok := txnOf(t, f, 7, 2); !ok || r.Committed || len(r.Pending) != 0 {
+		t.Fatalf("a timeout's decision after its group's done: %+v %v, want kept", r, ok)
+	}
 }
 
 func TestTxnExpire(t *testing.T) {
@@ -371,8 +378,8 @@ func TestTxnDecisionsProperty(t *testing.T) {
 				}
 				if r, ok := m.records[k]; ok {
 					r.Pending = slices.DeleteFunc(slices.Clone(r.Pending), func(g string) bool { return slices.Contains(done, g) })
-					if len(r.Pending) == 0 {
-						delete(m.records, k)
+					if len(r.Pending) == 0 && r.By == protocol.TxnByProducer {
+						delete(m.records, k) // another's decision is kept until it expires
 					} else {
 						m.records[k] = r
 					}
@@ -433,4 +440,31 @@ func nonNil(m map[uint32]int64) map[uint32]int64 {
 		return map[uint32]int64{}
 	}
 	return m
+}
+
+// A producer's decision from an older instance of its identity is fenced:
+// a zombie, or a late retry of a decision already applied and forgotten,
+// cannot record a decision (and move offsets) again; the newer instance's
+// checker decides its predecessors' transactions.
+func TestTxnDecideFencesOlderInstances(t *testing.T) {
+	f := seeded(t)
+	id, epoch := f.State().Producers["billing"].ID, f.State().Producers["billing"].Epoch
+	if epoch < 1 {
+		t.Fatalf("billing's epoch %d: want a later instance than the first", epoch)
+	}
+	old := &TxnDecide{Producer: id, Epoch: epoch - 1, Number: 1, Commit: true, By: protocol.TxnByProducer, Groups: []string{"g1"}, At: 1000}
+	before := f.State()
+	_, err := apply(t, f, old)
+	wantStatus(t, err, &protocol.Error{Status: protocol.StatusProducerFenced}, "an older instance's decision")
+	if !reflect.DeepEqual(before, f.State()) {
+		t.Fatal("a fenced decision changed the state")
+	}
+	old.By = protocol.TxnByChecker
+	if r := mustApply(t, f, old); !r.Changed || !r.Txn.Committed {
+		t.Fatalf("the checker's decision of an older instance's transaction: %+v", r)
+	}
+	cur := &TxnDecide{Producer: id, Epoch: epoch, Number: 2, Commit: true, By: protocol.TxnByProducer, Groups: []string{"g1"}, At: 1000}
+	if r := mustApply(t, f, cur); !r.Changed {
+		t.Fatal("the current instance's decision was refused")
+	}
 }
