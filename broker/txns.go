@@ -87,7 +87,7 @@ type txns struct {
 	// mark the sync set does not hold yet: readers see them as open (a
 	// failover to a member without the mark would reopen them).
 	unconfirmed map[protocol.TxnID]unconfirmedTxn
-	cut      bool // the log was cut back: rebuild the index from the log
+	cut         bool // the log was cut back: rebuild the index from the log
 }
 
 // txnRegistry is the registry's side of transactions (metaserver/client).
