@@ -26,14 +26,18 @@ import (
 	"github.com/ferrymq/ferrymq/sdk"
 )
 
-// Consume-transform-produce exactly once, through a real crash: a process
+// Consume-transform-produce exactly once, through real crashes: a process
 // consumes topic "in" (group "xform", ManualCommit, Poll) and, for each
 // batch, sends one output per input to "out" in a transaction of producer
-// Identity "xform-1" that carries the batch's offsets (TxnOffsets). It is
-// killed -9 mid-stream and started again (the same Identity fences the
-// dead instance, its checker aborts what that one left open). What a user
-// relies on: reading "out" as a committed reader, every input's output
-// appears exactly once, and the group's offsets end at the inputs' end.
+// Identity "xform-1" that carries the batch's offsets (TxnOffsets). One
+// process is killed -9 just after a transaction committed (before the
+// consumer heard of it: where an application committing its offsets after
+// the transaction, at least once, loses them), the next with a transaction
+// open (its outputs stored, its offsets not committed), and a third
+// finishes (each new one fences the dead: the same Identity, whose checker
+// aborts what the dead left open). What a user relies on: reading "out" as
+// a committed reader, every input's output appears exactly once, and the
+// group's offsets end at the inputs' end.
 
 // xformEnv carries a transform process's spec (JSON); without it
 // TestHelperXform skips.
@@ -42,11 +46,18 @@ const xformEnv = "FERRY_TEST_XFORM"
 // xformSpec is what a transform process runs.
 type xformSpec struct {
 	Meta []string `json:"meta"`
+	// Hold, once the process committed HoldAfter outputs, stops it for
+	// good (it prints "holding", for the parent to kill it) at a point of
+	// its loop: "committed" once a transaction's Commit returned nil,
+	// before the consumer is told; "sent" once a transaction's outputs are
+	// stored, before its Commit. "": never.
+	Hold      string `json:"hold,omitempty"`
+	HoldAfter int    `json:"hold_after,omitempty"`
 }
 
 // xformLine is a line a transform process prints: "committed" after each
 // committed transaction (Total: the outputs it committed so far), "aborted"
-// after each aborted one, "error" when it gives up.
+// after each aborted one, "holding" at its Hold, "error" when it gives up.
 type xformLine struct {
 	Event string `json:"event"`
 	Total int    `json:"total,omitempty"`
@@ -114,7 +125,14 @@ func runXform(raw string) int {
 			say(xformLine{Event: "error", Err: err.Error()})
 			return 1
 		}
-		committed, err := transformBatch(p, c, batch)
+		hold := func(at string) {
+			if s.Hold == at && total >= s.HoldAfter {
+				say(xformLine{Event: "holding", Total: total})
+				<-ctx.Done() // killed here (or the parent ended)
+				os.Exit(3)
+			}
+		}
+		committed, err := transformBatch(p, c, batch, hold)
 		switch {
 		case err != nil:
 			say(xformLine{Event: "error", Err: err.Error()})
@@ -137,8 +155,8 @@ func runXform(raw string) int {
 // transformBatch sends one output per input of batch to "out" in a
 // transaction carrying the batch's offsets. It reports whether the
 // transaction committed; an abort has the consumer deliver the batch
-// again.
-func transformBatch(p *producer.Client, c *consumer.Consumer, batch []*consumer.Message) (bool, error) {
+// again. hold is called at the points a test may kill the process.
+func transformBatch(p *producer.Client, c *consumer.Consumer, batch []*consumer.Message, hold func(at string)) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	offsets, err := c.TxnOffsets(batch...)
@@ -152,11 +170,15 @@ func transformBatch(p *producer.Client, c *consumer.Consumer, batch []*consumer.
 	if err != nil {
 		return false, err
 	}
+	var sent sync.WaitGroup
 	for _, m := range batch {
+		sent.Add(1)
 		txn.SendAsync(ctx, &producer.Message{Topic: "out", Body: m.Body, Properties: map[string]string{"input": m.ID}},
-			func(producer.Result, error) {}) // Commit waits for them, and aborts if one failed
+			func(producer.Result, error) { sent.Done() }) // Commit aborts if one failed
 	}
 	txn.CommitOffsets(offsets)
+	sent.Wait()
+	hold("sent")
 	err = txn.Commit(ctx)
 	if errors.Is(err, producer.ErrTxnAborted) {
 		c.TxnAborted(offsets)
@@ -165,6 +187,7 @@ func transformBatch(p *producer.Client, c *consumer.Consumer, batch []*consumer.
 	if err != nil {
 		return false, err
 	}
+	hold("committed")
 	c.TxnCommitted(offsets)
 	return true, nil
 }
@@ -173,8 +196,9 @@ func transformBatch(p *producer.Client, c *consumer.Consumer, batch []*consumer.
 type xformProc struct {
 	t      *testing.T
 	pid    int
-	total  atomic.Int64 // outputs committed, by its lines
-	failed atomic.Pointer[string]
+	total   atomic.Int64 // outputs committed, by its lines
+	failed  atomic.Pointer[string]
+	holding chan struct{} // closed at its "holding" line
 	stdin  io.Closer
 	exited chan struct{}
 	code   int
@@ -207,7 +231,7 @@ func startXform(t *testing.T, name string, spec xformSpec) *xformProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &xformProc{t: t, pid: cmd.Process.Pid, stdin: stdin, exited: make(chan struct{})}
+	p := &xformProc{t: t, pid: cmd.Process.Pid, stdin: stdin, exited: make(chan struct{}), holding: make(chan struct{})}
 	go func() {
 		defer close(p.exited)
 		sc := bufio.NewScanner(stdout)
@@ -221,6 +245,8 @@ func startXform(t *testing.T, name string, spec xformSpec) *xformProc {
 				p.total.Store(int64(l.Total))
 			case "error":
 				p.failed.Store(&l.Err)
+			case "holding":
+				close(p.holding)
 			}
 		}
 		_ = cmd.Wait()
@@ -256,6 +282,27 @@ func (p *xformProc) err() string {
 	return ""
 }
 
+// kill9When kills the process with SIGKILL once it holds (see xformSpec),
+// and waits until it is reaped.
+func (p *xformProc) kill9When(timeout time.Duration, what string) {
+	p.t.Helper()
+	select {
+	case <-p.holding:
+	case <-p.exited:
+		p.t.Fatalf("transform process %d exited (%d: %s) before it held %s", p.pid, p.code, p.err(), what)
+	case <-time.After(timeout):
+		p.t.Fatalf("transform process %d: not held %s in %v (committed %d; %s)", p.pid, what, timeout, p.total.Load(), p.err())
+	}
+	if err := syscall.Kill(p.pid, syscall.SIGKILL); err != nil {
+		p.t.Fatalf("kill -9 transform process %d: %v", p.pid, err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		p.t.Fatalf("transform process %d not gone 10 s after SIGKILL", p.pid)
+	}
+}
+
 // TestTxnConsumeTransform: see the top of the file.
 func TestTxnConsumeTransform(t *testing.T) {
 	skipShort(t)
@@ -270,24 +317,23 @@ func TestTxnConsumeTransform(t *testing.T) {
 	// The inputs, and each queue's end.
 	ids, ends := sendInputs(t, meta, n, queues)
 
-	first := startXform(t, "first", xformSpec{Meta: meta})
-	testwait.ForEvery(t, 30*time.Second, 5*time.Millisecond, "the first transform process to commit a third of the outputs", func() bool {
-		if e := first.err(); e != "" {
-			t.Fatalf("the first transform process: %s", e)
-		}
-		return first.total.Load() > n/3
-	})
-	if err := syscall.Kill(first.pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	// Killed just after a transaction committed, before the consumer
+	// heard of it; then the next with a transaction open.
+	killedAt := map[string]int64{}
+	for _, k := range []struct{ name, hold, what string }{
+		{"first", "committed", "just after a transaction committed"},
+		{"second", "sent", "with a transaction's outputs stored, before its commit"},
+	} {
+		proc := startXform(t, k.name, xformSpec{Meta: meta, Hold: k.hold, HoldAfter: n / 3})
+		proc.kill9When(30*time.Second, k.what)
+		killedAt[k.name] = proc.total.Load()
+		t.Logf("KILLED the %s transform process %s, after it committed %d outputs (%v in)", k.name, k.what, killedAt[k.name], time.Since(began).Round(100*time.Millisecond))
 	}
-	<-first.exited
-	killedAt := first.total.Load()
-	t.Logf("KILLED the first transform process after %d outputs committed (%v in)", killedAt, time.Since(began).Round(100*time.Millisecond))
 
-	second := startXform(t, "second", xformSpec{Meta: meta})
+	last := startXform(t, "third", xformSpec{Meta: meta})
 	testwait.ForEvery(t, 30*time.Second, 50*time.Millisecond, "the group's offsets to reach the inputs' end", func() bool {
-		if e := second.err(); e != "" {
-			t.Fatalf("the second transform process: %s", e)
+		if e := last.err(); e != "" {
+			t.Fatalf("the third transform process: %s", e)
 		}
 		got := c.committed("xform", "in")
 		for q, end := range ends {
@@ -297,16 +343,16 @@ func TestTxnConsumeTransform(t *testing.T) {
 		}
 		return true
 	})
-	second.stdin.Close()
+	last.stdin.Close()
 	select {
-	case <-second.exited:
+	case <-last.exited:
 	case <-time.After(15 * time.Second):
-		t.Fatal("the second transform process did not exit 15 s after its stdin closed")
+		t.Fatal("the third transform process did not exit 15 s after its stdin closed")
 	}
-	if second.code != 0 || second.err() != "" {
-		t.Fatalf("the second transform process exited %d: %s", second.code, second.err())
+	if last.code != 0 || last.err() != "" {
+		t.Fatalf("the third transform process exited %d: %s", last.code, last.err())
 	}
-	t.Logf("the second transform process committed %d outputs; done %v in", second.total.Load(), time.Since(began).Round(100*time.Millisecond))
+	t.Logf("the third transform process committed %d outputs; done %v in", last.total.Load(), time.Since(began).Round(100*time.Millisecond))
 	assertCommittedAtEnds(t, c, "xform", "in", ends)
 
 	// Every input's output once. A transaction the first process left open
@@ -332,7 +378,7 @@ func TestTxnConsumeTransform(t *testing.T) {
 		t.Fatalf("out holds %d inputs' outputs (want %d): %d missing %v, %d more than once %v",
 			len(got), len(ids), len(missing), head(missing), len(twice), head(twice))
 	}
-	t.Logf("TIME %v in all: %d inputs, each output once in out; killed at %d", time.Since(began).Round(100*time.Millisecond), n, killedAt)
+	t.Logf("TIME %v in all: %d inputs, each output once in out", time.Since(began).Round(100*time.Millisecond), n)
 }
 
 func head(s []string) []string { return s[:min(len(s), 10)] }
