@@ -194,14 +194,14 @@ func transformBatch(p *producer.Client, c *consumer.Consumer, batch []*consumer.
 
 // xformProc is a transform process the test started.
 type xformProc struct {
-	t      *testing.T
-	pid    int
+	t       *testing.T
+	pid     int
 	total   atomic.Int64 // outputs committed, by its lines
 	failed  atomic.Pointer[string]
 	holding chan struct{} // closed at its "holding" line
-	stdin  io.Closer
-	exited chan struct{}
-	code   int
+	stdin   io.Closer
+	exited  chan struct{}
+	code    int
 }
 
 // startXform starts a transform process. The test's cleanup kills it by
