@@ -30,8 +30,9 @@ import (
 
 // ErrQueueLost is returned by TxnOffsets for a message of a queue the
 // member no longer holds (its queue was let go, its lease lapsed, or the
-// consumer delivered it again after TxnAborted): its transaction must not
-// commit it, and the queue's owner delivers the message again.
+// consumer delivered it again after TxnAborted): the batch is void, its
+// outputs must not commit; the queue's owner delivers the message again,
+// and this member the batch's messages of the queues it still holds.
 var ErrQueueLost = errors.New("consumer: the member no longer holds the message's queue")
 
 // errTxnNeedsPoll: TxnOffsets of a consumer whose own commits could move
@@ -46,8 +47,10 @@ var errTxnNeedsPoll = errors.New("consumer: transaction offsets need a ManualCom
 // no transaction. Messages of a transaction are not processed until
 // TxnCommitted: the consumer's own commits (Commit, a queue let go, Close)
 // stop before them. It fails with ErrQueueLost when the member no longer
-// holds a queue of msgs, and also for a message already processed or
-// committed (its outputs would be committed twice).
+// holds a queue of msgs: the batch is void then (its outputs must not be
+// committed), and the consumer delivers its messages of the queues it still
+// holds again, as after TxnAborted. It fails also for a message already
+// processed or committed (its outputs would be committed twice).
 func (c *Consumer) TxnOffsets(msgs ...*Message) (*api.CommitRequest, error) {
 	if !c.cfg.manualCommit || mode(c.mode.Load()) != modePoll {
 		return nil, errTxnNeedsPoll
@@ -64,11 +67,19 @@ func (c *Consumer) TxnOffsets(msgs ...*Message) (*api.CommitRequest, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if lost := c.lostLocked(byPart); lost != nil {
+		// The batch is void: its outputs must not commit, and the queues
+		// still held deliver its messages again, so that the next batch's
+		// offsets pass nothing transformed in no transaction.
+		for p := range byPart {
+			if !c.closed && c.parts[p.key] == p {
+				c.parts[p.key] = p.restart()
+			}
+		}
+		return nil, fmt.Errorf("%w: %s", ErrQueueLost, lost.key)
+	}
 	req := &api.CommitRequest{Group: c.group, Member: c.cfg.member, Generation: c.gen, Incarnation: c.incarnation}
 	for p, offs := range byPart {
-		if c.closed || c.parts[p.key] != p {
-			return nil, fmt.Errorf("%w: %s", ErrQueueLost, p.key)
-		}
 		o, err := p.txnOffset(offs)
 		if err != nil {
 			return nil, err
@@ -81,14 +92,25 @@ func (c *Consumer) TxnOffsets(msgs ...*Message) (*api.CommitRequest, error) {
 	return req, nil
 }
 
+// lostLocked returns a part of parts the member no longer holds (nil:
+// none). Called with c.mu held.
+func (c *Consumer) lostLocked(parts map[*part][]int64) *part {
+	for p := range parts {
+		p.mu.Lock()
+		revoked := p.revoked
+		p.mu.Unlock()
+		if c.closed || revoked || c.parts[p.key] != p {
+			return p
+		}
+	}
+	return nil
+}
+
 // txnOffset is the part's commit once offs (handed out, in a transaction)
 // are processed: where the member's own commit would then put the queue.
 func (p *part) txnOffset(offs []int64) (api.QueueOffset, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.revoked {
-		return api.QueueOffset{}, fmt.Errorf("%w: %s", ErrQueueLost, p.key)
-	}
 	last := slices.Max(offs)
 	var left []int64
 	for _, o := range p.pending {

@@ -181,7 +181,8 @@ func TestTxnOffsetsNeedPoll(t *testing.T) {
 // TestTxnOffsetsQueueLost: a member whose queue another member took gets
 // ErrQueueLost for its messages, and a transaction carrying offsets built
 // before the move is refused by the registry (the producer's Commit
-// aborts it): the new owner transforms those inputs, once.
+// aborts it): the new owner transforms those inputs, once. The batch is
+// void: the member delivers its kept queue's messages again.
 func TestTxnOffsetsQueueLost(t *testing.T) {
 	e := txnEnv(t, 2)
 	send(t, e, "in", "in", 20)
@@ -208,6 +209,26 @@ func TestTxnOffsetsQueueLost(t *testing.T) {
 	if _, err := a.TxnOffsets(batch...); !errors.Is(err, ErrQueueLost) {
 		t.Fatalf("TxnOffsets of a lost queue: %v", err)
 	}
+	// The batch is void: a delivers its messages of the queue it kept
+	// again, and transforms them in a transaction that commits.
+	var kept []string
+	for q := range queuesOf(a) {
+		for _, m := range batch {
+			if m.Queue == q.queue {
+				kept = append(kept, string(m.Body))
+			}
+		}
+	}
+	slices.Sort(kept)
+	again := pollN(t, a, len(kept))
+	if got := bodiesOf(again); !slices.Equal(got, kept) {
+		t.Fatalf("a delivered again %v, want its kept queue's %v", got, kept)
+	}
+	keptReq, err := transform(t, a, p, again, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.TxnCommitted(keptReq)
 
 	tctx, tcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer tcancel()
@@ -223,9 +244,10 @@ func TestTxnOffsetsQueueLost(t *testing.T) {
 		t.Fatalf("commit with a lost queue's offsets: %v, want ErrTxnAborted", err)
 	}
 	a.TxnAborted(req)
-	for q := range uint32(2) {
-		if off := e.committed(t, "xform", "in", q); off > 0 {
-			t.Fatalf("queue %d committed %d by a refused transaction", q, off)
+	for _, o := range req.Offsets {
+		kept := queuesOf(a)[qkey{o.Topic, o.Queue}]
+		if off := e.committed(t, "xform", "in", o.Queue); kept && off != o.Offset || !kept && off > 0 {
+			t.Fatalf("queue %d (kept by a: %v) committed %d after a's transactions", o.Queue, kept, off)
 		}
 	}
 	var got []*Message

@@ -161,7 +161,7 @@ func transformBatch(p *producer.Client, c *consumer.Consumer, batch []*consumer.
 	defer cancel()
 	offsets, err := c.TxnOffsets(batch...)
 	if errors.Is(err, consumer.ErrQueueLost) {
-		return false, nil // a rebalance took a queue: its new owner transforms it
+		return false, nil // a rebalance took a queue: the batch is void, delivered again
 	}
 	if err != nil {
 		return false, err
