@@ -378,6 +378,11 @@ func TestTxnConsumeTransform(t *testing.T) {
 		t.Fatalf("out holds %d inputs' outputs (want %d): %d missing %v, %d more than once %v",
 			len(got), len(ids), len(missing), head(missing), len(twice), head(twice))
 	}
+	open, decided := c.txnDecisions()
+	if len(open) > 0 {
+		t.Errorf("ferryctl txn ls: transactions %v still open", open)
+	}
+	t.Logf("decided by others than their producers: %v", decided)
 	t.Logf("TIME %v in all: %d inputs, each output once in out", time.Since(began).Round(100*time.Millisecond), n)
 }
 
