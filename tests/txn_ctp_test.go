@@ -376,7 +376,7 @@ func TestTxnConsumeTransform(t *testing.T) {
 	}
 	if len(missing) > 0 || len(twice) > 0 || len(got) != len(ids) {
 		t.Fatalf("out holds %d inputs' outputs (want %d): %d missing %v, %d more than once %v",
-			len(got), len(ids), len(missing), head(missing), len(twice), head(twice))
+			len(got), len(ids), len(missing), firstTen(missing), len(twice), firstTen(twice))
 	}
 	open, decided := c.txnDecisions()
 	if len(open) > 0 {
@@ -386,7 +386,7 @@ func TestTxnConsumeTransform(t *testing.T) {
 	t.Logf("TIME %v in all: %d inputs, each output once in out", time.Since(began).Round(100*time.Millisecond), n)
 }
 
-func head(s []string) []string { return s[:min(len(s), 10)] }
+func firstTen(s []string) []string { return s[:min(len(s), 10)] }
 
 // sendInputs sends n inputs to "in" and returns their ids and each queue's
 // end.
