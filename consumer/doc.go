@@ -53,6 +53,17 @@
 // committed. A handler that must not repeat an effect should key it on
 // (Topic, Queue, Offset) or on the producer's stamp (ProducerID, Seq).
 //
+// # Exactly once with transactions
+//
+// A ManualCommit consumer in poll style can hand a batch's offsets to a
+// producer transaction (TxnOffsets, the producer's Txn.CommitOffsets): the
+// registry commits them in the same write as the transaction's decision,
+// so each input's outputs are committed exactly once, crashes included, as
+// long as every transaction carries its inputs' offsets; a member that
+// lost a queue has its offsets refused, and the transaction aborts. The
+// consumer is told the outcome (TxnCommitted, TxnAborted: the inputs are
+// delivered again). See TxnOffsets.
+//
 // # Order, retries and dead letters
 //
 // Run hands one queue's messages to the handler one at a time, in offset
@@ -136,6 +147,8 @@
 //     looking routes up, Commit, Close leaving the group).
 //   - ErrRebalanced (and protocol.ErrStaleGeneration): Commit or Close found
 //     the group in a newer generation; nothing was committed.
+//   - ErrQueueLost: TxnOffsets of a message of a queue the member no
+//     longer holds; the batch is void.
 //   - The context's error when it ended first.
 //
 // Poll returns an error with NonBlockingRetries (Poll style has no retries).

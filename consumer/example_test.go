@@ -129,3 +129,50 @@ func ExampleNonBlockingRetries() {
 	// orders: order 2 (offset 2, delivery 1)
 	// orders: order 0 (offset 0, delivery 2)
 }
+
+// ExampleConsumer_TxnOffsets: consume-transform-produce exactly once. Each
+// batch's outputs and its inputs' offsets commit in one transaction: after
+// a crash, an input is either transformed and past the group's offset, or
+// neither. (Compiled, not run: it needs a cluster.)
+func ExampleConsumer_TxnOffsets() {
+	ctx := context.Background()
+	meta := sdk.MetaAddrs("10.0.0.1:7101")
+	p, err := producer.New(meta, producer.Identity("enricher")) // a new instance fences a dead one
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
+	c, err := consumer.New("enricher", []string{"orders"}, meta, consumer.ManualCommit())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	for {
+		batch, err := c.Poll(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		offsets, err := c.TxnOffsets(batch...)
+		if errors.Is(err, consumer.ErrQueueLost) {
+			continue // a rebalance moved a queue: its new owner transforms it
+		} else if err != nil {
+			log.Fatal(err)
+		}
+		txn, err := p.BeginTxn(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		for _, m := range batch {
+			txn.SendAsync(ctx, &producer.Message{Topic: "enriched", Key: m.Key, Body: m.Body}, func(producer.Result, error) {})
+		}
+		txn.CommitOffsets(offsets)
+		switch err := txn.Commit(ctx); {
+		case err == nil:
+			c.TxnCommitted(offsets)
+		case errors.Is(err, producer.ErrTxnAborted):
+			c.TxnAborted(offsets) // Poll hands the batch out again
+		default:
+			log.Fatal(err) // unknown outcome: a real loop calls Commit again
+		}
+	}
+}
