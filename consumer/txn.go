@@ -21,11 +21,11 @@ import (
 // messages again) or TxnAborted (it delivers those queues again, so the
 // inputs are transformed again).
 //
-// The offsets are the member's own commit for the queues (group, member,
-// incarnation, offset, epoch): the registry checks them as it checks the
-// member's commits, and refuses them if this member incarnation no longer
-// holds a queue (another member took it, or a newer instance fenced this
-// one). The producer's Commit then aborts the transaction (ErrTxnAborted),
+// The offsets are a commit of the member's queues in its generation
+// (group, member, generation, offset, epoch): the registry checks them as
+// it checks the member's commits, and refuses them once the generation
+// moved on (any rebalance, another member taking a queue, a newer instance
+// fencing this one). The producer's Commit then aborts the transaction (ErrTxnAborted),
 // so a zombie's outputs are never committed.
 
 // ErrQueueLost is returned by TxnOffsets for a message of a queue the
@@ -78,7 +78,11 @@ func (c *Consumer) TxnOffsets(msgs ...*Message) (*api.CommitRequest, error) {
 		}
 		return nil, fmt.Errorf("%w: %s", ErrQueueLost, lost.key)
 	}
-	req := &api.CommitRequest{Group: c.group, Member: c.cfg.member, Generation: c.gen, Incarnation: c.incarnation}
+	// By generation, not incarnation: a member that lost a queue and got it
+	// back (same incarnation) must not commit offsets built before (a
+	// rebalance meanwhile makes the transaction abort, and the inputs come
+	// again).
+	req := &api.CommitRequest{Group: c.group, Member: c.cfg.member, Generation: c.gen}
 	for p, offs := range byPart {
 		o, err := p.txnOffset(offs)
 		if err != nil {
@@ -196,7 +200,7 @@ func (p *part) restart() *part {
 // txnParts are the parts req names that this member holds, with their
 // offsets; none when req is another member's (or another instance's).
 func (c *Consumer) txnParts(req *api.CommitRequest) map[*part]api.QueueOffset {
-	if req == nil || req.Group != c.group || req.Member != c.cfg.member || req.Incarnation != c.incarnation {
+	if req == nil || req.Group != c.group || req.Member != c.cfg.member {
 		return nil
 	}
 	c.mu.Lock()

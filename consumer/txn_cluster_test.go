@@ -124,7 +124,7 @@ func TestTxnOffsets(t *testing.T) {
 	if !errors.Is(err, producer.ErrTxnAborted) {
 		t.Fatal(err)
 	}
-	if got := req.Offsets; len(got) != 1 || got[0].Offset != 10 || req.Incarnation == 0 {
+	if got := req.Offsets; len(got) != 1 || got[0].Offset != 10 || req.Incarnation != 0 || req.Generation == 0 {
 		t.Fatalf("offsets %+v", req)
 	}
 	c.TxnAborted(req)
