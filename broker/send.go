@@ -18,6 +18,9 @@ import (
 // appender is the part of the commit log that the send path writes.
 type appender interface {
 	AppendAsync(entries []storage.Entry, flush bool, done func([]storage.Position, error))
+	// AppendQueued never writes on the caller's goroutine: what is
+	// appended under the transactions' lock (txns) shares group commits.
+	AppendQueued(entries []storage.Entry, flush bool, done func([]storage.Position, error))
 }
 
 // sender is the send path. A SEND request is handled by a worker, or by
@@ -283,7 +286,11 @@ func (s *sender) handle(rep sendReplier, req sendRequest) {
 		}
 		repl := checks.repl
 		sb.holds.Add(1)
-		s.store.AppendAsync(entries, false, func(pos []storage.Position, err error) {
+		appendAsync := s.store.AppendAsync
+		if tx != nil {
+			appendAsync = s.store.AppendQueued // queued under tx.wmu, written with the others
+		}
+		appendAsync(entries, false, func(pos []storage.Position, err error) {
 			if at != nil && err == nil {
 				mine := make([]storage.Position, len(at))
 				for j, e := range at {

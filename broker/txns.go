@@ -47,8 +47,8 @@ type txnLog interface {
 // under it. Marks and the records of transactions are handed to the commit
 // log under wmu, taken before mu and held from their admission to their
 // append, so that the order in which they are admitted is their order in
-// the log; mu is let go before the append, whose completion (on this
-// goroutine when the commit log was idle) takes it.
+// the log; mu is let go before the append, whose completion (on the commit
+// log's writer: AppendQueued) takes it.
 type txns struct {
 	log   txnLog
 	lease *writeLease
@@ -473,7 +473,7 @@ func (t *txns) end(id protocol.TxnID, commit bool, by string, seqs []protocol.Tx
 	if commit {
 		e.Requires = requirements(id, seqs)
 	}
-	t.log.AppendAsync([]storage.Entry{e}, false, func(pos []storage.Position, err error) {
+	t.log.AppendQueued([]storage.Entry{e}, false, func(pos []storage.Position, err error) {
 		if err == nil && pos[0].Err != nil {
 			err = pos[0].Err
 		}
@@ -512,7 +512,7 @@ func (t *txns) prepare(id protocol.TxnID, seqs []protocol.TxnSeq, answer func(pr
 	mark := protocol.TxnMark{Kind: protocol.TxnPrepared, ID: id, Time: t.clock.Now().UnixMilli(), By: protocol.TxnByProducer}
 	e := markEntry(&mark)
 	e.Requires = requirements(id, seqs)
-	t.log.AppendAsync([]storage.Entry{e}, false, func(pos []storage.Position, err error) {
+	t.log.AppendQueued([]storage.Entry{e}, false, func(pos []storage.Position, err error) {
 		if err == nil && pos[0].Err != nil {
 			err = pos[0].Err
 		}

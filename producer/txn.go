@@ -55,6 +55,7 @@ type Txn struct {
 	// process die), so Close leaves it open.
 	prepared bool
 	offsets  *api.CommitRequest
+	queues   map[string]txnQueues // by topic: its queues on group (queueIn)
 	parts    map[txnPartKey]txnPart
 	err      error // the first message that failed
 	ended    bool
@@ -212,23 +213,46 @@ func (t *Txn) stamped(cur *identity) {
 func (t *Txn) queueIn(topic string, qs []routing.QueueRoute) (routing.QueueRoute, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var mine []routing.QueueRoute
-	for _, q := range qs {
-		if t.group == "" && q.Writable {
-			t.group = q.Group
-		}
-		if q.Group == t.group {
-			mine = append(mine, q)
+	if t.group == "" {
+		for _, q := range qs {
+			if q.Writable {
+				t.group = q.Group
+				break
+			}
 		}
 	}
-	if len(mine) == 0 {
+	// The group's queues of the topic, found once per route.
+	c := t.queues[topic]
+	if len(qs) == 0 || c.of != &qs[0] {
+		c = txnQueues{of: nil}
+		if len(qs) > 0 {
+			c.of = &qs[0]
+		}
+		for _, q := range qs {
+			if q.Group == t.group {
+				c.mine = append(c.mine, q)
+			}
+		}
+		if t.queues == nil {
+			t.queues = map[string]txnQueues{}
+		}
+		t.queues[topic] = c
+	}
+	if len(c.mine) == 0 {
 		return routing.QueueRoute{}, false
 	}
-	q := mine[t.c.seq.Load()%uint64(len(mine))]
+	q := c.mine[t.c.seq.Load()%uint64(len(c.mine))]
 	if t.first.group == "" {
 		t.first = txnPart{group: q.Group, topic: topic, queue: q.Queue}
 	}
 	return q, true
+}
+
+// txnQueues are the queues of a topic's route (the one whose first queue
+// is at of) on the transaction's group.
+type txnQueues struct {
+	of   *routing.QueueRoute
+	mine []routing.QueueRoute
 }
 
 // wait waits until every message sent so far has its result.
@@ -666,10 +690,13 @@ func (c *Client) callMaster(ctx context.Context, topic string, queue uint32, cod
 }
 
 func (c *Client) callMasterOnce(ctx context.Context, topic string, queue uint32, code protocol.Code, body []byte, out any) error {
-	if _, err := c.router.cache.Lookup(ctx, topic); err != nil {
-		return lookupErr(err)
-	}
 	q, _, ok := c.router.queueRoute(topic, queue)
+	if !ok {
+		if _, err := c.router.cache.Lookup(ctx, topic); err != nil {
+			return lookupErr(err)
+		}
+		q, _, ok = c.router.queueRoute(topic, queue)
+	}
 	if !ok || q.Master == "" {
 		return &protocol.Error{Status: protocol.StatusNoRoute, Message: fmt.Sprintf("%s queue %d has no master in the route", topic, queue)}
 	}

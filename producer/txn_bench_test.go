@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/ferrymq/ferrymq/broker"
 	"github.com/ferrymq/ferrymq/internal/clientcore"
 	"github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/protocol"
 )
 
 // BenchmarkTxn measures transactions end to end, producer SDK to broker
@@ -19,10 +21,13 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkTxn -benchtime 300x -count 3 ./producer
 //
-// batch-100/plain: 100 SendAsync then Flush, b.N times (msgs/s);
-// batch-100/txn: the same 100 in a transaction, then Commit (msgs/s: the
-// cost of a transaction of 100 against 100 plain sends; a commit waits for
-// the slave, as HIGH). commit/one-group: a transaction of one message,
+// batch-100xN/plain: N producers at once, each 100 SendAsync then Flush,
+// b.N times (msgs/s); batch-100xN/txn: the same 100 in a transaction, then
+// Commit (msgs/s: the cost of a transaction of 100 against 100 plain
+// sends; a commit waits for the slave, as HIGH, so one producer alone pays
+// that round trip per transaction, and four overlap them);
+// batch-100xN/plain-high: the plain sends at HIGH, which wait for the
+// slave as a commit does. commit/one-group: a transaction of one message,
 // Commit's latency (one TXN_END: the decision mark and the slave's copy
 // of it); commit/two-groups: one message keyed to each of two groups,
 // Commit's latency (two prepares, the registry's Raft write, two TXN_ENDs)
@@ -37,43 +42,74 @@ func BenchmarkTxn(b *testing.B) {
 	c.Meta.CreateTopic(b, "two", "g1", "g2")
 	body := make([]byte, 1024)
 	ctx := context.Background()
-	batch := func(b *testing.B, txn bool) {
-		p := newProducer(b, c, Identity(fmt.Sprint("bench-", txn)))
-		var wg sync.WaitGroup
-		b.ResetTimer()
-		start := time.Now()
-		for range b.N {
+	// batch runs b.N rounds on each of n producers at once: 100 messages,
+	// then a Flush or, in a transaction, the Commit.
+	batch := func(b *testing.B, n int, txn bool, rel protocol.Reliability) {
+		ps := make([]*Client, n)
+		for i := range ps {
+			ps[i] = newProducer(b, c, Identity(fmt.Sprint("bench-", txn, "-", i)))
+		}
+		round := func(p *Client) error {
 			send := p.SendAsync
 			var t *Txn
 			if txn {
 				var err error
 				if t, err = p.BeginTxn(ctx); err != nil {
-					b.Fatal(err)
+					return err
 				}
 				send = t.SendAsync
 			}
+			var wg sync.WaitGroup
+			var failed error
+			var mu sync.Mutex
 			wg.Add(100)
 			for range 100 {
-				send(ctx, &Message{Topic: "one", Body: body}, func(_ Result, err error) {
+				send(ctx, &Message{Topic: "one", Body: body, Reliability: rel}, func(_ Result, err error) {
 					if err != nil {
-						b.Error(err)
+						mu.Lock()
+						failed = err
+						mu.Unlock()
 					}
 					wg.Done()
 				})
 			}
+			var err error
 			if txn {
-				if err := t.Commit(ctx); err != nil {
-					b.Fatal(err)
-				}
-			} else if err := p.Flush(ctx); err != nil {
-				b.Fatal(err)
+				err = t.Commit(ctx)
+			} else {
+				err = p.Flush(ctx)
 			}
 			wg.Wait()
+			return cmp.Or(err, failed)
 		}
-		b.ReportMetric(float64(100*b.N)/time.Since(start).Seconds(), "msgs/s")
+		for _, p := range ps { // warm: routes, identities, connections
+			if err := round(p); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ResetTimer()
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, p := range ps {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range b.N {
+					if err := round(p); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		b.ReportMetric(float64(100*n*b.N)/time.Since(start).Seconds(), "msgs/s")
 	}
-	b.Run("batch-100/plain", func(b *testing.B) { batch(b, false) })
-	b.Run("batch-100/txn", func(b *testing.B) { batch(b, true) })
+	for _, n := range []int{1, 4, 16} {
+		b.Run(fmt.Sprintf("batch-100x%d/plain", n), func(b *testing.B) { batch(b, n, false, protocol.Normal) })
+		b.Run(fmt.Sprintf("batch-100x%d/plain-high", n), func(b *testing.B) { batch(b, n, false, protocol.High) })
+		b.Run(fmt.Sprintf("batch-100x%d/txn", n), func(b *testing.B) { batch(b, n, true, protocol.Normal) })
+	}
 
 	commits := func(b *testing.B, keys []string) {
 		p := newProducer(b, c, Identity(fmt.Sprint("commit-", len(keys))), Linger(0))

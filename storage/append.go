@@ -14,6 +14,7 @@ type appendReq struct {
 	trunc     *truncateReq // non-nil: a Truncate, run by the writer between groups
 	run       func()       // non-nil: run by the writer between groups (Watch)
 	base      *baseReq     // non-nil: a SetQueueBase, run by the writer between groups
+	queued    bool         // never written inline by its caller (AppendQueued)
 
 	positions []Position
 	err       error
@@ -43,6 +44,19 @@ func (l *Log) Append(entries []Entry, flush bool) ([]Position, error) {
 // the log was idle and the caller wrote its group inline (see enqueue). It
 // must be quick and must not call back into the log's append methods.
 func (l *Log) AppendAsync(entries []Entry, flush bool, done func([]Position, error)) {
+	l.appendAsync(entries, flush, false, done)
+}
+
+// AppendQueued is AppendAsync that never writes the group on the caller's
+// goroutine: the writer goroutine takes it, with whatever else is queued,
+// and done runs there. A caller that appends under a lock of its own (to
+// keep its appends in the order it admits them) holds the lock only for
+// the queuing, and its appends still share group commits.
+func (l *Log) AppendQueued(entries []Entry, flush bool, done func([]Position, error)) {
+	l.appendAsync(entries, flush, true, done)
+}
+
+func (l *Log) appendAsync(entries []Entry, flush, queued bool, done func([]Position, error)) {
 	for _, e := range entries {
 		if err := l.checkEntry(e); err != nil {
 			done(nil, err)
@@ -53,7 +67,7 @@ func (l *Log) AppendAsync(entries []Entry, flush bool, done func([]Position, err
 		done(nil, nil)
 		return
 	}
-	l.enqueue(&appendReq{entries: entries, flush: flush, done: done})
+	l.enqueue(&appendReq{entries: entries, flush: flush, done: done, queued: queued})
 }
 
 func (l *Log) checkEntry(e Entry) error {
@@ -109,7 +123,7 @@ func (l *Log) enqueue(req *appendReq) {
 		req.done(nil, ErrClosed)
 		return
 	}
-	if !l.writing && len(l.queue) == 0 && req.trunc == nil {
+	if !l.writing && len(l.queue) == 0 && req.trunc == nil && !req.queued {
 		l.writing = true
 		l.qmu.Unlock()
 		l.writeBatch([]*appendReq{req})
