@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # delayed-soak.sh: the long run of the delayed-message tests through real
-# processes (tests/delayed_test.go): 100,000 delayed messages due over 60 s
+# processes (e2e/delayed_test.go): 100,000 delayed messages due over 60 s
 # (two in five in the busiest second, every fifth HIGH) sent to g1 of a
 # local cluster, g1's master killed with SIGKILL in the busiest second and
 # restarted (TestDelayedExactlyOnceKill9), then again with a failover: the
@@ -33,7 +33,7 @@ if [ "$RACE" = 1 ]; then race=(-race); fi
 echo "== $N delayed messages due over $WINDOW, kill -9 and then failover (full output: $OUT)"
 rc=0
 (cd "$ROOT" && FERRY_DELAY_N="$N" FERRY_DELAY_WINDOW="$WINDOW" \
-	go test "${race[@]}" -count=1 -v -timeout 60m -run '^TestDelayedExactlyOnce(Kill9|Failover)$' ./tests/) >"$OUT" 2>&1 || rc=$?
+	go test "${race[@]}" -count=1 -v -timeout 60m -run '^TestDelayedExactlyOnce(Kill9|Failover)$' ./e2e/) >"$OUT" 2>&1 || rc=$?
 grep -E '^(=== RUN|--- |    delayed_test.go:[0-9]+: (PLAN|SENT|KILLED|RESTARTED|PROMOTED|HANDED|FIRED|REPEATED|LATENESS|LOOKUPS))|^(ok|FAIL)' "$OUT" |
 	sed -E 's/^    delayed_test.go:[0-9]+: /  /'
 if [ "$rc" != 0 ]; then

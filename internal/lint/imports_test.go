@@ -185,7 +185,7 @@ func TestForbiddenImports(t *testing.T) {
 		// Tests may import the test-only packages, but no program.
 		for _, imp := range append(p.TestImports, p.XTestImports...) {
 			to := strings.TrimPrefix(strings.TrimPrefix(imp, module), "/")
-			if strings.HasPrefix(to, "cmd/") && !strings.HasPrefix(from, "cmd/") && from != "tests" && from != "deploy" {
+			if strings.HasPrefix(to, "cmd/") && !strings.HasPrefix(from, "cmd/") && from != "e2e" && from != "deploy" {
 				problems = append(problems, "tests of "+from+" import the program "+to)
 			}
 		}
@@ -260,8 +260,8 @@ func TestUpward(t *testing.T) {
 		{"internal/loadgen", "consumer", false},
 		{"consumer", "internal/loadgen", true},
 		{"cmd/ferryctl", "internal/loadgen", false},
-		{"cmd/internal/cli", "tests", true},
-		{"unlisted", "tests", false},
+		{"cmd/internal/cli", "e2e", true},
+		{"unlisted", "e2e", false},
 	})
 }
 

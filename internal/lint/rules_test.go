@@ -85,7 +85,7 @@ var rules = map[string]rule{
 	"cmd": {8, "the programs: `ferry-metaserver` and `ferry-broker` (thin mains), `ferryctl` (the admin CLI); `cmd/internal`: their shared code",
 		[]string{"*"}},
 
-	"tests": {9, "real-process tests: the programs run as a user runs them (scripts/cluster.sh)", []string{"*"}},
+	"e2e": {9, "real-process tests: the programs run as a user runs them (scripts/cluster.sh)", []string{"*"}},
 	// The checks of the deployment files (tests only): they hold the
 	// manifests against the programs' real flags and metrics.
 	"deploy": {9, "the Dockerfile, compose, systemd, Kubernetes, dashboard and alert files, and the tests that hold them to the programs' flags and metrics",

@@ -1,4 +1,4 @@
-package tests
+package e2e
 
 import (
 	"bufio"
@@ -68,12 +68,12 @@ type xformLine struct {
 // one's queues go to the next within it.
 const xformSession = 2 * time.Second
 
-// TestHelperXform is a transform process of TestTxnConsumeTransform, not a
+// TestHelperXform is a transform process of TestTxnThroughProcesses (ConsumeTransform), not a
 // test: it runs only with xformEnv set.
 func TestHelperXform(t *testing.T) {
 	raw := os.Getenv(xformEnv)
 	if raw == "" {
-		t.Skip("a transform process, started by TestTxnConsumeTransform")
+		t.Skip("a transform process, started by TestTxnThroughProcesses")
 	}
 	os.Exit(runXform(raw))
 }
@@ -303,12 +303,10 @@ func (p *xformProc) kill9When(timeout time.Duration, what string) {
 	}
 }
 
-// TestTxnConsumeTransform: see the top of the file.
-func TestTxnConsumeTransform(t *testing.T) {
-	skipShort(t)
+// txnConsumeTransform: see the top of the file (TestTxnThroughProcesses
+// runs it).
+func txnConsumeTransform(t *testing.T, c *localCluster) {
 	began := time.Now()
-	c := startLocalCluster(t, "FERRY_GROUPS=1", "FERRY_TXN_TIMEOUT="+txnTimeout.String())
-	c.waitMaster("g1", 30*time.Second, "at the start")
 	const queues, n = 4, 600
 	c.ctl("topic", "create", "in", "--queues", fmt.Sprint(queues), "--groups", "g1")
 	c.ctl("topic", "create", "out", "--queues", fmt.Sprint(queues), "--groups", "g1")

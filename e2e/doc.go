@@ -1,3 +1,3 @@
 // Package tests holds the end-to-end tests that run ferrymq as a user does:
 // real processes started by scripts/cluster.sh.
-package tests
+package e2e

@@ -1,4 +1,4 @@
-package tests
+package e2e
 
 import (
 	"bufio"
@@ -67,11 +67,11 @@ type txnSentLine struct {
 }
 
 // TestHelperTxnProducer is a transaction producer process of
-// TestTxnProducerKilled, not a test: it runs only with txnProducerEnv set.
+// TestTxnThroughProcesses (ProducerKilled), not a test: it runs only with txnProducerEnv set.
 func TestHelperTxnProducer(t *testing.T) {
 	raw := os.Getenv(txnProducerEnv)
 	if raw == "" {
-		t.Skip("a transaction producer process, started by TestTxnProducerKilled")
+		t.Skip("a transaction producer process, started by TestTxnThroughProcesses")
 	}
 	os.Exit(runTxnProducer(raw))
 }
@@ -124,6 +124,21 @@ type txnProducerProc struct {
 
 // startTxnProducerProc starts a transaction producer process. The test's
 // cleanup kills it by PID if it still runs.
+// TestTxnThroughProcesses runs, on one cluster (one group, a slave,
+// FERRY_TXN_TIMEOUT short), the transaction tests that need no failover:
+// producers killed before their commits (txnProducerKilled), then a
+// consume-transform-produce loop killed twice (txnConsumeTransform, in
+// txn_ctp_test.go). Their topics and identities are their own.
+func TestTxnThroughProcesses(t *testing.T) {
+	skipShort(t)
+	c := startLocalCluster(t, "FERRY_GROUPS=1", "FERRY_TXN_TIMEOUT="+txnTimeout.String())
+	c.waitMaster("g1", 30*time.Second, "at the start")
+	// First: it counts the group's timeouts, and the other's checker
+	// leaves none.
+	t.Run("ProducerKilled", func(t *testing.T) { txnProducerKilled(t, c) })
+	t.Run("ConsumeTransform", func(t *testing.T) { txnConsumeTransform(t, c) })
+}
+
 func startTxnProducerProc(t *testing.T, spec txnProducerSpec) *txnProducerProc {
 	t.Helper()
 	raw, err := json.Marshal(spec)
@@ -258,17 +273,14 @@ func (r *recorder) deliveredBodies() map[string]int {
 // a checker to resolve a transaction first, short enough to wait for.
 const txnTimeout = 5 * time.Second
 
-// TestTxnProducerKilled kills -9 two producer processes, each between its
+// txnProducerKilled kills -9 two producer processes, each between its
 // transaction's messages and its commit. One's Identity comes back with a
 // checker that answers commit: a consumer receives its messages, each
 // once. The other's never comes back: the broker aborts it at its
 // -txn-timeout, `ferryctl txn ls` and the broker's metrics say so, and a
 // consumer reading past it never receives its messages.
-func TestTxnProducerKilled(t *testing.T) {
-	skipShort(t)
+func txnProducerKilled(t *testing.T, c *localCluster) {
 	began := time.Now()
-	c := startLocalCluster(t, "FERRY_GROUPS=1", "FERRY_TXN_TIMEOUT="+txnTimeout.String())
-	c.waitMaster("g1", 30*time.Second, "at the start")
 	c.ctl("topic", "create", "txkeep", "--queues", "2", "--groups", "g1")
 	c.ctl("topic", "create", "txdrop", "--queues", "1", "--groups", "g1")
 	meta := strings.Split(c.meta, ",")
