@@ -109,7 +109,7 @@ func requests() map[protocol.Code]request {
 		protocol.CodeQueueCount:    {onData, js(protocol.QueueCountRequest{Topic: "orders", To: 10, Filter: "A"})},
 		protocol.CodeLookup:        {onData, []byte(`{"offset":0}`)},
 		// A transaction with nothing here: who may send to some topic
-		// decides it (nothing is recorded).
+		// decides it (a mark fences its late records).
 		protocol.CodeTxnEnd:            {onData, js(protocol.TxnEndRequest{Producer: 1, Epoch: 1, Number: 1})},
 		protocol.CodeTxnList:           {onData, js(protocol.TxnListRequest{})},
 		protocol.CodeHAFetch:           {onHA, protocol.AppendHAFetchRequest(nil, &protocol.HAFetchRequest{BrokerID: "nobody", MaxBytes: 1024})},
