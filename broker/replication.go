@@ -404,10 +404,15 @@ func (r *replication) highAcked() int64 {
 // stored: the committed sync set, with the master, holds fewer copies than
 // the group's minimum.
 // held is how far the sync set holds the log as the policy asks (what a
-// HIGH message up to there is confirmed by); -1: nothing more can be.
+// HIGH message up to there is confirmed by). Below the group's minimum it
+// is what was confirmed before: a set emptied by a slave's loss does not
+// make the master's copy alone count.
 func (r *replication) held() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.belowMinLocked() {
+		return r.confirm
+	}
 	return max(r.confirm, r.confirmedLocked())
 }
 

@@ -83,7 +83,7 @@ type txns struct {
 	// deciding holds the transactions whose decision mark is being
 	// written, with who waits for its answer.
 	deciding map[protocol.TxnID][]func(protocol.TxnEndReply, error)
-	// unconfirmed holds, on the master, the decided transactions whose
+	// unconfirmed holds, on the master, the committed transactions whose
 	// mark the sync set does not hold yet: readers see them as open (a
 	// failover to a member without the mark would reopen them).
 	unconfirmed map[protocol.TxnID]unconfirmedTxn
@@ -267,17 +267,22 @@ func (t *txns) pruneUnconfirmedLocked() []protocol.TxnQueue {
 	return woken
 }
 
-// noteUnconfirmedLocked, on the master, keeps a decision mark at log
+// noteUnconfirmedLocked, on the master, keeps a commit mark at log
 // offset at that the sync set does not hold yet among the unconfirmed,
 // with its transaction's queues (before the mark is applied). mu is held.
 func (t *txns) noteUnconfirmedLocked(mark *protocol.TxnMark, at int64) {
-	if mark.Kind != protocol.TxnCommit && mark.Kind != protocol.TxnAbort {
+	if mark.Kind != protocol.TxnCommit {
+		// An abort shows at once: holding it back would stop the queue's
+		// readers for as long as the set is below its minimum.
 		return
 	}
 	rep := t.master()
 	open := t.idx.OpenTxn(mark.ID)
 	if rep == nil || open == nil || rep.held() > at {
 		return
+	}
+	if t.unconfirmed == nil {
+		t.unconfirmed = map[protocol.TxnID]unconfirmedTxn{}
 	}
 	t.unconfirmed[mark.ID] = unconfirmedTxn{at: at, queues: slices.Clone(open.Queues)}
 }
