@@ -1,18 +1,14 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -156,13 +152,8 @@ func runMember(raw string) int {
 
 // memberProc is a member process the test started.
 type memberProc struct {
-	t      *testing.T
-	id     string
-	pid    int
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	log    string        // its stderr (the SDK's log)
-	exited chan struct{} // its stdout is read to the end and it was reaped
+	*childProc
+	id string
 }
 
 // groupRecords collects the records of every member process of a group.
@@ -246,67 +237,13 @@ func (p *memberProc) waitReady(recs *groupRecords) {
 // launchMemberProc is startMemberProc without the wait.
 func launchMemberProc(t *testing.T, recs *groupRecords, spec memberSpec) *memberProc {
 	t.Helper()
-	raw, err := json.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logPath := filepath.Join(t.TempDir(), spec.Member+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperMember$")
-	cmd.Env = append(os.Environ(), memberEnv+"="+string(raw))
-	cmd.Stderr = logf
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &memberProc{t: t, id: spec.Member, pid: cmd.Process.Pid, cmd: cmd, stdin: stdin, log: logPath, exited: make(chan struct{})}
-	go func() {
-		defer close(p.exited)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			if len(line) == 0 || line[0] != '{' {
-				continue
-			}
-			var r memberRecord
-			if json.Unmarshal(line, &r) == nil {
-				recs.add(r)
-			}
-		}
-		_ = cmd.Wait()
-		logf.Close()
-	}()
-	t.Cleanup(func() {
-		if alive(p.pid) {
-			_ = syscall.Kill(p.pid, syscall.SIGCONT)
-			_ = syscall.Kill(p.pid, syscall.SIGKILL)
-		}
-		stdin.Close()
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			t.Errorf("member process %s (pid %d) not reaped 10 s after SIGKILL", p.id, p.pid)
-		}
-		b, _ := os.ReadFile(logPath)
-		if strings.Contains(string(b), "WARNING: DATA RACE") {
-			t.Errorf("member process %s (pid %d) reported a data race:\n%s", p.id, p.pid, b)
-		} else if t.Failed() {
-			lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-			t.Logf("member process %s (pid %d) logged (last 25 lines):\n%s", p.id, p.pid, strings.Join(lines[max(0, len(lines)-25):], "\n"))
+	c := startChild(t, "member "+spec.Member, "TestHelperMember", memberEnv, spec, func(line []byte) {
+		var r memberRecord
+		if json.Unmarshal(line, &r) == nil {
+			recs.add(r)
 		}
 	})
-	return p
+	return &memberProc{childProc: c, id: spec.Member}
 }
 
 // terminate sends SIGTERM (the process Closes its consumer: commit, leave)
@@ -331,19 +268,6 @@ func (p *memberProc) waitClosed(recs *groupRecords) {
 	}
 	if e, ok := recs.event(p.pid, "run-ended"); !ok || e.Err != "" {
 		p.t.Errorf("member %s (pid %d): Run returned %q (recorded %v) after Close, want nil", p.id, p.pid, e.Err, ok)
-	}
-}
-
-// kill9 kills the process with SIGKILL and waits until it is reaped.
-func (p *memberProc) kill9() {
-	p.t.Helper()
-	if err := syscall.Kill(p.pid, syscall.SIGKILL); err != nil {
-		p.t.Fatalf("kill -9 member %s (pid %d): %v", p.id, p.pid, err)
-	}
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-		p.t.Fatalf("member %s (pid %d) not gone 10 s after SIGKILL", p.id, p.pid)
 	}
 }
 

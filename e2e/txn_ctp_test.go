@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,12 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -194,81 +190,29 @@ func transformBatch(p *producer.Client, c *consumer.Consumer, batch []*consumer.
 
 // xformProc is a transform process the test started.
 type xformProc struct {
-	t       *testing.T
-	pid     int
+	*childProc
 	total   atomic.Int64 // outputs committed, by its lines
 	failed  atomic.Pointer[string]
 	holding chan struct{} // closed at its "holding" line
-	stdin   io.Closer
-	exited  chan struct{}
-	code    int
 }
 
 // startXform starts a transform process. The test's cleanup kills it by
 // PID if it still runs.
 func startXform(t *testing.T, name string, spec xformSpec) *xformProc {
 	t.Helper()
-	raw, err := json.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperXform$")
-	cmd.Env = append(os.Environ(), xformEnv+"="+string(raw))
-	cmd.Stderr = logf
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &xformProc{t: t, pid: cmd.Process.Pid, stdin: stdin, exited: make(chan struct{}), holding: make(chan struct{})}
-	go func() {
-		defer close(p.exited)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var l xformLine
-			if b := sc.Bytes(); len(b) == 0 || b[0] != '{' || json.Unmarshal(b, &l) != nil {
-				continue
-			}
-			switch l.Event {
-			case "committed":
-				p.total.Store(int64(l.Total))
-			case "error":
-				p.failed.Store(&l.Err)
-			case "holding":
-				close(p.holding)
-			}
+	p := &xformProc{holding: make(chan struct{})}
+	p.childProc = startChild(t, "transform process "+name, "TestHelperXform", xformEnv, spec, func(b []byte) {
+		var l xformLine
+		if json.Unmarshal(b, &l) != nil {
+			return
 		}
-		_ = cmd.Wait()
-		p.code = cmd.ProcessState.ExitCode()
-		logf.Close()
-	}()
-	t.Cleanup(func() {
-		if alive(p.pid) {
-			_ = syscall.Kill(p.pid, syscall.SIGKILL)
-		}
-		stdin.Close()
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			t.Errorf("transform process %s (pid %d) not reaped 10 s after SIGKILL", name, p.pid)
-		}
-		b, _ := os.ReadFile(logPath)
-		if strings.Contains(string(b), "WARNING: DATA RACE") {
-			t.Errorf("transform process %s (pid %d) reported a data race:\n%s", name, p.pid, b)
-		} else if t.Failed() {
-			lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-			t.Logf("transform process %s (pid %d) logged (last 20 lines):\n%s", name, p.pid, strings.Join(lines[max(0, len(lines)-20):], "\n"))
+		switch l.Event {
+		case "committed":
+			p.total.Store(int64(l.Total))
+		case "error":
+			p.failed.Store(&l.Err)
+		case "holding":
+			close(p.holding)
 		}
 	})
 	return p
@@ -293,14 +237,7 @@ func (p *xformProc) kill9When(timeout time.Duration, what string) {
 	case <-time.After(timeout):
 		p.t.Fatalf("transform process %d: not held %s in %v (committed %d; %s)", p.pid, what, timeout, p.total.Load(), p.err())
 	}
-	if err := syscall.Kill(p.pid, syscall.SIGKILL); err != nil {
-		p.t.Fatalf("kill -9 transform process %d: %v", p.pid, err)
-	}
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-		p.t.Fatalf("transform process %d not gone 10 s after SIGKILL", p.pid)
-	}
+	p.kill9()
 }
 
 // txnConsumeTransform: see the top of the file (TestTxnThroughProcesses

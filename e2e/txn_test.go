@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,8 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -116,10 +113,8 @@ func runTxnProducer(raw string) int {
 
 // txnProducerProc is a transaction producer process the test started.
 type txnProducerProc struct {
-	t      *testing.T
-	pid    int
-	lines  chan txnSentLine
-	exited chan struct{}
+	*childProc
+	lines chan txnSentLine
 }
 
 // startTxnProducerProc starts a transaction producer process. The test's
@@ -141,62 +136,14 @@ func TestTxnThroughProcesses(t *testing.T) {
 
 func startTxnProducerProc(t *testing.T, spec txnProducerSpec) *txnProducerProc {
 	t.Helper()
-	raw, err := json.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logPath := filepath.Join(t.TempDir(), spec.Identity+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperTxnProducer$")
-	cmd.Env = append(os.Environ(), txnProducerEnv+"="+string(raw))
-	cmd.Stderr = logf
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &txnProducerProc{t: t, pid: cmd.Process.Pid, lines: make(chan txnSentLine, 1), exited: make(chan struct{})}
-	go func() {
-		defer close(p.exited)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			var l txnSentLine
-			if b := sc.Bytes(); len(b) > 0 && b[0] == '{' && json.Unmarshal(b, &l) == nil && l.Event == "sent" {
-				select {
-				case p.lines <- l:
-				default:
-				}
+	p := &txnProducerProc{lines: make(chan txnSentLine, 1)}
+	p.childProc = startChild(t, "producer process "+spec.Identity, "TestHelperTxnProducer", txnProducerEnv, spec, func(b []byte) {
+		var l txnSentLine
+		if json.Unmarshal(b, &l) == nil && l.Event == "sent" {
+			select {
+			case p.lines <- l:
+			default:
 			}
-		}
-		_ = cmd.Wait()
-		logf.Close()
-	}()
-	t.Cleanup(func() {
-		if alive(p.pid) {
-			_ = syscall.Kill(p.pid, syscall.SIGKILL)
-		}
-		stdin.Close()
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			t.Errorf("producer process %s (pid %d) not reaped 10 s after SIGKILL", spec.Identity, p.pid)
-		}
-		b, _ := os.ReadFile(logPath)
-		if strings.Contains(string(b), "WARNING: DATA RACE") {
-			t.Errorf("producer process %s (pid %d) reported a data race:\n%s", spec.Identity, p.pid, b)
-		} else if t.Failed() {
-			lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-			t.Logf("producer process %s (pid %d) logged (last 15 lines):\n%s", spec.Identity, p.pid, strings.Join(lines[max(0, len(lines)-15):], "\n"))
 		}
 	})
 	return p
@@ -218,19 +165,6 @@ func (p *txnProducerProc) waitSent() txnSentLine {
 		p.t.Fatalf("producer process %d: no \"sent\" line in 60 s", p.pid)
 	}
 	return txnSentLine{}
-}
-
-// kill9 kills the process with SIGKILL and waits until it is reaped.
-func (p *txnProducerProc) kill9() {
-	p.t.Helper()
-	if err := syscall.Kill(p.pid, syscall.SIGKILL); err != nil {
-		p.t.Fatalf("kill -9 producer process %d: %v", p.pid, err)
-	}
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-		p.t.Fatalf("producer process %d not gone 10 s after SIGKILL", p.pid)
-	}
 }
 
 // txnDecisions runs `ferryctl txn ls --json` and returns the open
