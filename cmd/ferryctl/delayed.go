@@ -10,10 +10,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
-	"github.com/ferrymq/ferrymq/routing"
 	"github.com/ferrymq/ferrymq/sdk"
 )
 
@@ -87,47 +87,26 @@ group. A group that cannot be asked is reported after the others (exit 1, or
 // run lists each group's pending delayed messages, then reports the groups
 // that could not be asked.
 func (o *delayedLsOptions) run(ctx context.Context, g *globalOptions, cl *client.Client) error {
-	groups, err := cl.Groups(ctx)
-	if err != nil {
-		return err
-	}
 	req, _ := json.Marshal(protocol.DelayedListRequest{Topic: o.topic, BucketMillis: o.bucket.Milliseconds(), Limit: o.limit})
 	lists := []protocol.DelayedList{}
-	var errs []error
-	found := false
-	for _, gi := range groups {
-		if o.group != "" && gi.Name != o.group || o.group == "" && gi.Admission == routing.Retired {
-			continue
-		}
-		found = true
-		if gi.Master.Addr == "" {
-			errs = append(errs, fmt.Errorf("group %s has no master", gi.Name))
-			continue
-		}
+	unasked, err := eachGroupMaster(ctx, cl, o.group, func(ctx context.Context, gi api.GroupInfo, tc *transport.Client) error {
 		var l protocol.DelayedList
-		err := callBroker(ctx, gi.Master.Addr, func(ctx context.Context, tc *transport.Client) error {
-			resp, err := tc.Call(ctx, protocol.CodeDelayedList, req)
-			if err != nil {
-				return err
-			}
-			return json.Unmarshal(resp.Body, &l)
-		})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("group %s at %s: %w", gi.Name, gi.Master.Addr, err))
-			continue
+		if err := callJSON(ctx, tc, protocol.CodeDelayedList, req, &l); err != nil {
+			return err
 		}
 		if l.Group == "" {
 			l.Group = gi.Name
 		}
 		lists = append(lists, l)
-	}
-	if o.group != "" && !found {
-		return &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("no broker group %s", shown(o.group))}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if err := o.print(g, lists); err != nil {
 		return err
 	}
-	return errors.Join(errs...)
+	return unasked
 }
 
 // print writes the lists: JSON, or three tables (the groups, their

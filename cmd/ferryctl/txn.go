@@ -62,37 +62,23 @@ the others (exit 1, or 3 when it cannot be reached).`,
 }
 
 func (o *txnLsOptions) run(ctx context.Context, g *globalOptions, cl *client.Client) error {
-	groups, err := cl.Groups(ctx)
-	if err != nil {
-		return err
-	}
 	req, _ := json.Marshal(protocol.TxnListRequest{Producer: o.producer})
 	lists := []protocol.TxnList{}
-	var errs []error
-	found := false
-	for _, gi := range groups {
-		if o.group != "" && gi.Name != o.group || o.group == "" && gi.Admission == routing.Retired {
-			continue
-		}
-		found = true
-		if gi.Master.Addr == "" {
-			errs = append(errs, fmt.Errorf("group %s has no master", gi.Name))
-			continue
-		}
+	unasked, err := eachGroupMaster(ctx, cl, o.group, func(ctx context.Context, gi api.GroupInfo, tc *transport.Client) error {
 		var l protocol.TxnList
-		if err := callBrokerJSON(ctx, gi.Master.Addr, protocol.CodeTxnList, req, &l); err != nil {
-			errs = append(errs, fmt.Errorf("group %s at %s: %w", gi.Name, gi.Master.Addr, err))
-			continue
+		if err := callJSON(ctx, tc, protocol.CodeTxnList, req, &l); err != nil {
+			return err
 		}
 		lists = append(lists, l)
-	}
-	if o.group != "" && !found {
-		return &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("no broker group %s", shown(o.group))}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if err := printTxnLists(g, lists, time.Now()); err != nil {
 		return err
 	}
-	return errors.Join(errs...)
+	return unasked
 }
 
 // printTxnLists writes the lists: JSON, or two tables (the open
@@ -209,11 +195,47 @@ func (o *txnAbortOptions) run(ctx context.Context, g *globalOptions, cl *client.
 // callBrokerJSON calls a broker with a JSON request and decodes its JSON
 // answer into out.
 func callBrokerJSON(ctx context.Context, addr string, code protocol.Code, req []byte, out any) error {
-	return callBroker(ctx, addr, func(ctx context.Context, tc *transport.Client) error {
-		resp, err := tc.Call(ctx, code, req)
-		if err != nil {
-			return err
+	return callBroker(ctx, addr, func(ctx context.Context, tc *transport.Client) error { return callJSON(ctx, tc, code, req, out) })
+}
+
+// callJSON makes a call with a JSON request and decodes its JSON answer
+// into out.
+func callJSON(ctx context.Context, tc *transport.Client, code protocol.Code, req []byte, out any) error {
+	resp, err := tc.Call(ctx, code, req)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(resp.Body, out)
+}
+
+// eachGroupMaster calls fn with the master of every broker group that is
+// not retired (or of the group named only), one after another. A group
+// that has no master or whose call fails is reported in unasked (after the
+// others were asked); err is a failure to list the groups, or NOT_FOUND
+// for a named group that does not exist.
+func eachGroupMaster(ctx context.Context, cl *client.Client, only string,
+	fn func(ctx context.Context, gi api.GroupInfo, tc *transport.Client) error) (unasked, err error) {
+	groups, err := cl.Groups(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	found := false
+	for _, gi := range groups {
+		if only != "" && gi.Name != only || only == "" && gi.Admission == routing.Retired {
+			continue
 		}
-		return json.Unmarshal(resp.Body, out)
-	})
+		found = true
+		if gi.Master.Addr == "" {
+			errs = append(errs, fmt.Errorf("group %s has no master", gi.Name))
+			continue
+		}
+		if err := callBroker(ctx, gi.Master.Addr, func(ctx context.Context, tc *transport.Client) error { return fn(ctx, gi, tc) }); err != nil {
+			errs = append(errs, fmt.Errorf("group %s at %s: %w", gi.Name, gi.Master.Addr, err))
+		}
+	}
+	if only != "" && !found {
+		return nil, &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("no broker group %s", shown(only))}
+	}
+	return errors.Join(errs...), nil
 }
