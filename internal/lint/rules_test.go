@@ -78,6 +78,11 @@ var rules = map[string]rule{
 	"outbox": {7, "QMQ's transactional outbox over database/sql: messages stored in the application's transaction, relayed once after the commit",
 		[]string{"producer", "sdk", "protocol", "routing", "internal/transport", "internal/clientcore", "metaserver/client", "auth",
 			"internal/testcluster", "internal/testwait"}},
+	// The web console is a client of the cluster, as ferryctl is: the
+	// metaserver program serves it.
+	"console": {7, "the web console: pages the metaservers serve, reading and acting through the clients with the session's own credential",
+		[]string{"protocol", "routing", "auth", "internal/transport", "internal/clientcore", "metaserver/api", "metaserver/client",
+			"broker", "metaserver", "producer", "consumer", "sdk", "internal/testcluster", "internal/testlog", "internal/testwait"}},
 	// Measurement programs under scripts/ are users of the public packages.
 	"scripts": {7, "start/stop a local cluster, benchmarks, fault runs (and small Go programs they run)",
 		[]string{"producer", "sdk", "protocol", "routing", "metaserver/api", "metaserver/client", "auth"}},

@@ -166,6 +166,10 @@ type Metrics struct {
 	// Principals, when set, is who may read the endpoint (authorization
 	// on): see httpauth.go.
 	Principals Principals
+	// Console, when set, is served under /console/ (and / leads there):
+	// it checks its own sessions, so the describe guard is not in front
+	// of it.
+	Console http.Handler
 
 	srv     *http.Server
 	done    chan struct{}
@@ -201,6 +205,10 @@ func (m *Metrics) Serve(addr string, log hclog.Logger) error {
 	open.Handle("/healthz", checkHandler(m.Health))
 	open.Handle("/readyz", checkHandler(m.Ready))
 	open.Handle("/", m.guard(mux))
+	if m.Console != nil {
+		open.Handle("/console/", m.Console)
+		open.Handle("GET /{$}", http.RedirectHandler("/console/", http.StatusSeeOther))
+	}
 	m.srv = &http.Server{Handler: open, ReadHeaderTimeout: 5 * time.Second, ErrorLog: log.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug})}
 	m.done = make(chan struct{})
 	go func() {
@@ -210,6 +218,9 @@ func (m *Metrics) Serve(addr string, log hclog.Logger) error {
 		}
 	}()
 	log.Info("serving metrics", "addr", m.Addr, "scheme", scheme, "describe-required", m.Principals != nil, "health", "/healthz /readyz")
+	if m.Console != nil {
+		log.Info("serving the console", "url", scheme+"://"+m.Addr+"/console/")
+	}
 	return nil
 }
 

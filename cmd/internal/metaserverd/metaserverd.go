@@ -65,6 +65,8 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.ConsumerJoinWindow, "consumer-join-window", def.ConsumerJoinWindow, "a consumer group with no member waits this long from its first member's join for others before its first assignment (negative: not at all)")
 	fs.StringVar(&raftSecretFile, "raft-secret-file", "", "file holding the metaservers' own secret, the same on every metaserver and on no broker or client: it alone opens the raft port (required with -auth-cluster-token-file or -tls-*)")
 	fs.BoolVar(&cfg.RaftAcceptClusterKey, "raft-accept-cluster-key", false, "only while moving a running cluster to -raft-secret-file: also accept raft peers keyed by the cluster token, as metaservers were before it (a broker's token opens the raft port meanwhile; see docs/security.md)")
+	var con consoleFlags
+	con.register(fs)
 	sf.Register(fs, true)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -125,6 +127,14 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	m.TLS = cfg.TLSServer
 	if cfg.AuthEnabled() {
 		m.Principals = cli.TablePrincipals(s.ACL)
+	}
+	web, err := con.console(cfg, s, sf.MetricsAddr)
+	if err != nil {
+		return err
+	}
+	if web != nil {
+		defer web.Close()
+		m.Console = web
 	}
 	stop, err := sf.Serve(m, cfg.Logger)
 	if err != nil {

@@ -1,0 +1,54 @@
+package console
+
+import (
+	"sort"
+	"time"
+
+	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/protocol"
+)
+
+// allPages lists the console's pages, in the navigation's order.
+func allPages() []*page {
+	return []*page{
+		{path: "/", title: "Overview", code: protocol.CodeAdminGroups, tmpl: "overview", get: overview},
+	}
+}
+
+// overviewData is the overview page's: the metaservers, and each broker
+// group's state and recent epochs.
+type overviewData struct {
+	Meta      api.MetaStatus
+	MetaError string // why the metaservers' status is not shown
+	Groups    []api.GroupInfo
+	Writable  int
+}
+
+// memberWait bounds how long the overview waits for each metaserver's own
+// answer about itself.
+const memberWait = 500 * time.Millisecond
+
+func overview(q *query) (any, error) {
+	release, err := q.slot()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	var d overviewData
+	if err := q.allow(protocol.CodeAdminRaftStatus, auth.Target{}); err == nil {
+		if d.Meta, err = q.meta().MetaStatus(q.ctx, memberWait); err != nil {
+			d.MetaError = err.Error()
+		}
+	}
+	if d.Groups, err = q.meta().Groups(q.ctx); err != nil {
+		return nil, err
+	}
+	sort.Slice(d.Groups, func(i, j int) bool { return d.Groups[i].Name < d.Groups[j].Name })
+	for _, g := range d.Groups {
+		if g.State == "RW" {
+			d.Writable++
+		}
+	}
+	return d, nil
+}
