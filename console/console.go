@@ -161,7 +161,11 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-	path := strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(Prefix, "/"))
+	path, under := strings.CutPrefix(r.URL.Path, strings.TrimSuffix(Prefix, "/"))
+	if !under || (path != "" && path[0] != '/') {
+		http.NotFound(w, r)
+		return
+	}
 	switch {
 	case strings.HasPrefix(path, "/static/"):
 		c.static.ServeHTTP(w, r)

@@ -149,7 +149,8 @@ func (c *Console) clearCookie(w http.ResponseWriter) {
 // gets one. Otherwise a request without one is sent to the login page
 // (false: answered).
 func (c *Console) sessionOf(w http.ResponseWriter, r *http.Request) (*session, bool) {
-	if ck, err := r.Cookie(cookieName); err == nil {
+	ck, err := r.Cookie(cookieName)
+	if err == nil {
 		if s, ok := c.sessions.get(ck.Value); ok {
 			if err := c.refresh(s); err == nil {
 				return s, true
@@ -162,7 +163,9 @@ func (c *Console) sessionOf(w http.ResponseWriter, r *http.Request) (*session, b
 		c.setCookie(w, s)
 		return s, true
 	}
-	c.clearCookie(w)
+	if ck != nil {
+		c.clearCookie(w) // a session that ended
+	}
 	next := r.URL.RequestURI()
 	if r.Method != http.MethodGet || !strings.HasPrefix(next, Prefix) {
 		next = Prefix

@@ -162,3 +162,16 @@ func TestSafeNext(t *testing.T) {
 		}
 	}
 }
+
+// A request outside the console's path (a browser's /favicon.ico) neither
+// answers with a page nor ends the session whose cookie it did not carry.
+func TestOutsideThePrefixLeavesTheSession(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true})
+	tok := e.principal(t, "viewer", "describe")
+	b := e.browser(t)
+	b.login(tok)
+	if a := b.get("/favicon.ico"); a.status != http.StatusNotFound {
+		t.Fatalf("/favicon.ico: status %d, want 404", a.status)
+	}
+	b.must(Prefix)
+}
