@@ -368,6 +368,15 @@ start() {
     done
     echo "admitted broker groups g1 to g$GROUPS_N (FERRY_ADMIT_GROUPS=manual)"
   fi
+  console_url
+}
+
+# console_url prints where the web console is (every metaserver serves it).
+console_url() {
+  local scheme=http login="no login: authorization is off"
+  if [ "$TLS" = 1 ]; then scheme=https; fi
+  if [ "$AUTH" = 1 ]; then login="log in with the token in $AUTH_DIR/admin.token"; fi
+  echo "web console: $scheme://127.0.0.1:$((BASE + 21))/console/ ($login; every metaserver serves it, on ports $((BASE + 21))-$((BASE + 23)))"
 }
 
 # registered: each group's master and slave ids in the registry, a line "GROUP MASTER SLAVE" each
@@ -612,6 +621,12 @@ demo() {
   echo "== ferryctl meta status"
   ctl meta status
   echo
+  if [ "$TLS" = 0 ] && [ "$AUTH" = 0 ]; then
+    echo "== the web console's overview (curl $(console_url | awk '{ print $3 }'); open it in a browser while the cluster runs)"
+    curl -sf --max-time 5 "http://127.0.0.1:$((BASE + 21))/console/" | tr -d '\n' |
+      sed -e 's/<tr>/\n/g' -e 's/<[^>]*>/ /g' | awk 'NR > 1 && NF { $1 = $1; print }' | head -12
+    echo
+  fi
   echo "== ferryctl read demo --queue 0 --from 0 --limit 5"
   ctl read demo --queue 0 --from 0 --limit 5
   echo
