@@ -1,6 +1,7 @@
 package console
 
 import (
+	"container/list"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
@@ -42,16 +43,19 @@ type session struct {
 	bucket    bucket
 }
 
-// sessions holds the live sessions by id.
+// sessions holds the live sessions by id, least recently used last, so
+// that ending the expired ones and making room at the cap costs as much as
+// the sessions that end.
 type sessions struct {
 	clock     clockwork.Clock
 	idle, max time.Duration
 	mu        sync.Mutex
-	byID      map[string]*session
+	byID      map[string]*list.Element // of *session
+	lru       *list.List               // front: the most recently used
 }
 
 func newSessions(clock clockwork.Clock, idle, max time.Duration) *sessions {
-	return &sessions{clock: clock, idle: idle, max: max, byID: map[string]*session{}}
+	return &sessions{clock: clock, idle: idle, max: max, byID: map[string]*list.Element{}, lru: list.New()}
 }
 
 // randomID is 32 random bytes, URL-safe.
@@ -67,18 +71,15 @@ func (ss *sessions) add(p auth.Principal, token string, byCert bool, meta *clien
 	s := &session{id: randomID(), csrf: randomID(), principal: p, token: token, byCert: byCert, meta: meta,
 		created: now, used: now, bucket: newBucket(rate, now)}
 	ss.mu.Lock()
-	ss.expireLocked(now)
-	if len(ss.byID) >= maxSessions {
-		var oldest *session
-		for _, o := range ss.byID {
-			if oldest == nil || o.used.Before(oldest.used) {
-				oldest = o
-			}
+	defer ss.mu.Unlock()
+	for e := ss.lru.Back(); e != nil; e = ss.lru.Back() {
+		if o := e.Value.(*session); ss.lru.Len() >= maxSessions || ss.expired(o, now) {
+			ss.endLocked(o)
+			continue
 		}
-		ss.endLocked(oldest)
+		break
 	}
-	ss.byID[s.id] = s
-	ss.mu.Unlock()
+	ss.byID[s.id] = ss.lru.PushFront(s)
 	return s
 }
 
@@ -87,28 +88,22 @@ func (ss *sessions) get(id string) (*session, bool) {
 	now := ss.clock.Now()
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	s, ok := ss.byID[id]
+	e, ok := ss.byID[id]
 	if !ok {
 		return nil, false
 	}
+	s := e.Value.(*session)
 	if ss.expired(s, now) {
 		ss.endLocked(s)
 		return nil, false
 	}
 	s.used = now
+	ss.lru.MoveToFront(e)
 	return s, true
 }
 
 func (ss *sessions) expired(s *session, now time.Time) bool {
 	return now.Sub(s.used) >= ss.idle || now.Sub(s.created) >= ss.max
-}
-
-func (ss *sessions) expireLocked(now time.Time) {
-	for _, s := range ss.byID {
-		if ss.expired(s, now) {
-			ss.endLocked(s)
-		}
-	}
 }
 
 // end ends the session.
@@ -119,7 +114,10 @@ func (ss *sessions) end(s *session) {
 }
 
 func (ss *sessions) endLocked(s *session) {
-	delete(ss.byID, s.id)
+	if e, ok := ss.byID[s.id]; ok {
+		ss.lru.Remove(e)
+		delete(ss.byID, s.id)
+	}
 	if s.meta != nil {
 		_ = s.meta.Close()
 	}
@@ -128,8 +126,8 @@ func (ss *sessions) endLocked(s *session) {
 func (ss *sessions) closeAll() {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	for _, s := range ss.byID {
-		ss.endLocked(s)
+	for ss.lru.Len() > 0 {
+		ss.endLocked(ss.lru.Back().Value.(*session))
 	}
 }
 

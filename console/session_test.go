@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferrymq/ferrymq/auth"
+	"github.com/jonboulle/clockwork"
 )
 
 // A visitor without a session is sent to the login page; a wrong token is
@@ -174,4 +177,31 @@ func TestOutsideThePrefixLeavesTheSession(t *testing.T) {
 		t.Fatalf("/favicon.ico: status %d, want 404", a.status)
 	}
 	b.must(Prefix)
+}
+
+// At the cap a new session ends the least recently used one; expired
+// sessions end when the next one is made.
+func TestSessionsCapAndExpiry(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	ss := newSessions(clock, time.Minute, time.Hour)
+	first := ss.add(auth.Principal{Name: "first"}, "", false, nil, 1)
+	second := ss.add(auth.Principal{Name: "second"}, "", false, nil, 1)
+	for range maxSessions - 2 {
+		ss.add(auth.Principal{Name: "filler"}, "", false, nil, 1)
+	}
+	if _, ok := ss.get(first.id); !ok { // used: now the most recent
+		t.Fatal("the first session ended before the cap")
+	}
+	ss.add(auth.Principal{Name: "over"}, "", false, nil, 1)
+	if _, ok := ss.get(second.id); ok {
+		t.Fatal("at the cap the least recently used session did not end")
+	}
+	if _, ok := ss.get(first.id); !ok {
+		t.Fatal("at the cap a recently used session ended")
+	}
+	clock.Advance(time.Minute)
+	ss.add(auth.Principal{Name: "later"}, "", false, nil, 1)
+	if n := len(ss.byID); n != 1 {
+		t.Fatalf("after the idle time a new session leaves %d sessions, want 1 (the expired ones end)", n)
+	}
 }
