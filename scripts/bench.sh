@@ -34,6 +34,8 @@
 #              `run-peers.sh natsconsume` with CONSUME_CLIENTS=1 (NATS `js consume`, MSGS=COUNT)
 #   consume4   the same with four members, beside natsconsume with CONSUME_CLIENTS=4
 #   fixedrate  the async shape held at FIXED_RATE msgs/s for FIXED_SECONDS: p50 and p99
+#   console    the fixedrate shape while a client requests web console pages (no browser) at
+#              CONSOLE_RATE pages/s, its runs interleaved with fixedrate's: p99 with and without
 #   roll       ROLL_COUNT messages (async shape) into a master with -segment-size ROLL_SEGMENT
 #              (several segments rolled): rate and p99 against async
 #   coldstart  COLD_BYTES written into a master, which is stopped; sync, the page cache dropped
@@ -49,13 +51,14 @@
 #                            (flushsync, high, normalslave, queues, consume, consume4); figures name it (w1000)
 #   SYNC_COUNT=20000         messages per run of the sync shape
 #   FIXED_RATE=50000 FIXED_SECONDS=10   the fixedrate shape (bounded by both: at most RATE*SECONDS)
+#   CONSOLE_RATE=20          console pages a second during the console shape (curl --rate, one session)
 #   FIXED_LINGER=2ms     the fixedrate shape's producer linger (the SDK's default; it adds up to
 #                        that to a message's latency, and 0 makes every message a SEND of its own)
 #   ROLL_COUNT=1000000 ROLL_SEGMENT=67108864   the roll shape: ~1 GiB into 64 MiB segments (16)
 #   COLD_BYTES=2147483648    what the coldstart shape writes before the restart (2 GiB)
 #   BUDGET_US=               the CPU budget per message written, in µs (default: from NATS, see below)
 #   BUDGET_CORES=$(nproc)    the cores the budget spends
-#   FERRY_BENCH_BASE_PORT=7600  first of the 30 ports used (metaserver +1,+2; brokers +3..+6; NATS +20)
+#   FERRY_BENCH_BASE_PORT=7600  first of the 30 ports used (metaserver +1,+2, its HTTP port +12; brokers +3..+6; NATS +20)
 #   PEERS=1                  run NATS when run-peers.sh is there (0: skip it)
 #   PEERS_SCRIPT=PATH        where run-peers.sh is (default: ../shared/bench/run-peers.sh from the repository)
 #   PPROF=1                  start the brokers with -pprof on BASE+7 (master) and BASE+8 (slave)
@@ -87,6 +90,7 @@ COUNT="${COUNT:-500000}"
 WINDOW="${WINDOW:-1000}"
 SYNC_COUNT="${SYNC_COUNT:-20000}"
 FIXED_RATE="${FIXED_RATE:-50000}"
+CONSOLE_RATE="${CONSOLE_RATE:-20}"
 FIXED_SECONDS="${FIXED_SECONDS:-10}"
 FIXED_LINGER="${FIXED_LINGER:-2ms}"
 ROLL_COUNT="${ROLL_COUNT:-1000000}"
@@ -115,7 +119,7 @@ SLAVE2_HA="127.0.0.1:$((BASE + 11))"
 RAFT="127.0.0.1:$((BASE + 2))"
 NATS_PORT="${NATS_PORT:-$((BASE + 20))}"
 
-ALL_SHAPES=(async async1 sync flushsync high normalslave high2 normalslave2 delayed queues consume consume4 fixedrate roll coldstart)
+ALL_SHAPES=(async async1 sync flushsync high normalslave high2 normalslave2 delayed queues consume consume4 fixedrate console roll coldstart)
 NAME=bench.sh
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
@@ -127,7 +131,7 @@ SHAPES=()
 WANT_NATS=0
 for a in "$@"; do
 	case "$a" in
-	async | async1 | sync | flushsync | high | normalslave | high2 | normalslave2 | delayed | queues | consume | consume4 | fixedrate | roll | coldstart) SHAPES+=("$a") ;;
+	async | async1 | sync | flushsync | high | normalslave | high2 | normalslave2 | delayed | queues | consume | consume4 | fixedrate | console | roll | coldstart) SHAPES+=("$a") ;;
 	nats) WANT_NATS=1 ;;
 	-h | --help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "bench.sh: unknown shape $a (${ALL_SHAPES[*]} nats)" >&2; exit 2 ;;
@@ -149,7 +153,7 @@ work_init ferry-bench
 # A client that died of SIGINT or SIGTERM means the user interrupted us.
 sig() { case "$1" in 130 | 143) echo "interrupted (rc=$1)" >&2; exit "$1" ;; esac; }
 
-require_free_ports $((BASE + 1)) $((BASE + 11)) "set FERRY_BENCH_BASE_PORT to a free block of 30 ports"
+require_free_ports $((BASE + 1)) $((BASE + 12)) "set FERRY_BENCH_BASE_PORT to a free block of 30 ports"
 
 META_TLS=() BROKER_TLS=() CTL_TLS=()
 case "$TLS" in
@@ -244,9 +248,11 @@ bench_run() {
 	children_cpu
 	m0="$(proc_ticks "${BROKER_PIDS[0]}")" a0="$(procs_ticks "${BROKER_PIDS[@]}" "$META_PID")" c0="$CHILDREN_CPU"
 	[ "$slave" -ge 1 ] && s0="$(proc_ticks "${BROKER_PIDS[1]}")"
+	[ -n "$BG_LOAD" ] && "$BG_LOAD" start "$topic"
 	out="$(timeout --foreground -k 5 "$RUN_TIMEOUT" "$BIN/ferryctl" --meta "$META" --timeout 10s "${CTL_TLS[@]}" --json bench \
 		--topic "$topic" --size "$SIZE" --progress=false "$@" "${prof[@]}" 2>"$WORK/logs/bench.run.err")"
 	rc=$?
+	[ -n "$BG_LOAD" ] && "$BG_LOAD" stop
 	children_cpu
 	m1="$(proc_ticks "${BROKER_PIDS[0]}")" a1="$(procs_ticks "${BROKER_PIDS[@]}" "$META_PID")"
 	[ "$slave" -ge 1 ] && s1="$(proc_ticks "${BROKER_PIDS[1]}")"
@@ -290,6 +296,53 @@ bench_run() {
 }
 
 ASYNC=(--mode async --producers 4 --window "$WINDOW" --count "$COUNT")
+FIXED=(--mode async --producers 4 --window 1000 --rate "$FIXED_RATE" --duration "${FIXED_SECONDS}s"
+	--count "$((FIXED_RATE * FIXED_SECONDS))" --linger "$FIXED_LINGER")
+
+# console_load start TOPIC | stop: requests the metaserver's web console
+# pages (the list pages and a page of TOPIC's messages) at about
+# CONSOLE_RATE a second, as one session (a cookie jar): each second one
+# curl process asks CONSOLE_RATE pages in turn, then waits out the second.
+# Bounded by the run's timeout; stop kills the loop by its PID (a curl
+# under way ends with its second's pages).
+BG_LOAD=
+CONSOLE_PID=
+console_load() {
+	local base="http://127.0.0.1:$((BASE + 12))/console" urls="$WORK/console.urls" i k=()
+	[ "$TLS" = 1 ] && base="https://127.0.0.1:$((BASE + 12))/console" k=(-k)
+	case "$1" in
+	start)
+		for ((i = 0; i < CONSOLE_RATE; i++)); do
+			case $((i % 5)) in
+			0) echo "url = \"$base/\"" ;;
+			1) echo "url = \"$base/topics\"" ;;
+			2) echo "url = \"$base/consumers\"" ;;
+			3) echo "url = \"$base/groups\"" ;;
+			4) echo "url = \"$base/messages?topic=$2&queue=0&offset=0\"" ;;
+			esac
+			echo "output = \"/dev/null\""
+		done >"$urls"
+		: >"$WORK/console.codes"
+		(
+			end=$((SECONDS + RUN_TIMEOUT))
+			while [ $SECONDS -lt $end ]; do
+				t0=$(date +%s%N)
+				curl -s "${k[@]}" --max-time 2 -b "$WORK/console.jar" -c "$WORK/console.jar" -w '%{http_code}\n' -K "$urls" >>"$WORK/console.codes" 2>/dev/null
+				left=$((1000000000 - ($(date +%s%N) - t0)))
+				[ $left -gt 0 ] && sleep "$(awk -v n=$left 'BEGIN { printf "%.3f", n / 1e9 }')"
+			done
+		) &
+		CONSOLE_PID=$!
+		;;
+	stop)
+		stop_pid "$CONSOLE_PID"
+		CONSOLE_PID=
+		;;
+	esac
+}
+# console_pages: how many console pages the last run's load got answered
+# 200, and how many it asked.
+console_pages() { echo "$(grep -c '^200$' "$WORK/console.codes") of $(wc -l <"$WORK/console.codes")"; }
 # rec KEY: adds this run's figures under KEY (rate, p50, p99, CPU per message).
 rec() {
 	add "$1" "$R_RATE"
@@ -378,12 +431,19 @@ run_shapes() {
 			rec $k
 			log "  drained at $R_CRATE msgs/s (written at $R_RATE; $(cpu_log), writing and reading)"
 		done
-		if has fixedrate; then
+		if has fixedrate || has console; then
 			log "fixedrate run $r/$RUNS: async shape held at $FIXED_RATE msgs/s for $FIXED_SECONDS s"
-			bench_run fixedrate async 0 8 --mode async --producers 4 --window 1000 --rate "$FIXED_RATE" \
-				--duration "${FIXED_SECONDS}s" --count "$((FIXED_RATE * FIXED_SECONDS))" --linger "$FIXED_LINGER"
+			bench_run fixedrate async 0 8 "${FIXED[@]}"
 			rec fixedrate
 			log "  p50 $R_P50 µs, p99 $R_P99 µs at $R_RATE msgs/s ($(cpu_log))"
+		fi
+		if has console; then
+			log "console run $r/$RUNS: the fixedrate shape while $CONSOLE_RATE console pages a second are requested"
+			BG_LOAD=console_load
+			bench_run console async 0 8 "${FIXED[@]}"
+			BG_LOAD=
+			rec console
+			log "  p50 $R_P50 µs, p99 $R_P99 µs at $R_RATE msgs/s; $(console_pages) console pages answered ($(cpu_log))"
 		fi
 		if has roll; then
 			log "roll run $r/$RUNS: async shape, $ROLL_COUNT msgs into -segment-size $ROLL_SEGMENT"
@@ -510,6 +570,10 @@ report() {
 		rt=$(ratio "$v" "$n")
 		line "consume.${m}m.backlog" msgs/s "$v" "$(runs $k.crate)" "nats.js.default.consume ${m}c" "${n:--}" "$rt" ">=5x" "$(verdict "$rt" ">=" 5)"
 	done
+	if has console; then
+		rt=$(ratio "$(med console.p99)" "$(med fixedrate.p99)")
+		line console.p99 us "$(med console.p99)" "$(runs console.p99)" "fixedrate p99, no console" "$(med fixedrate.p99)" "$rt" "<=1.05x" "$(verdict "$rt" "<=" 1.05)"
+	fi
 	if has fixedrate; then
 		line fixedrate.p50 us "$(med fixedrate.p50)" "$(runs fixedrate.p50)" "at msgs/s (median)" "$(med fixedrate)" "-" "-" "-"
 		line fixedrate.p99 us "$(med fixedrate.p99)" "$(runs fixedrate.p99)" "at msgs/s (median)" "$(med fixedrate)" "-" "keep" "-"
@@ -546,7 +610,7 @@ if [ ${#SHAPES[@]} -gt 0 ]; then
 		log "TLS on every link: certificates in $WORK/tls"
 		"$BIN/ferryctl" certs "$WORK/tls" --node meta=127.0.0.1 --node broker=127.0.0.1 --client ctl >/dev/null || die "ferryctl certs failed"
 	fi
-	start_meta "${META_TLS[@]}"
+	start_meta -metrics-addr "127.0.0.1:$((BASE + 12))" "${META_TLS[@]}"
 	META_PID="$LAST_PID"
 	run_shapes
 fi
