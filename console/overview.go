@@ -13,6 +13,8 @@ import (
 func allPages() []*page {
 	return []*page{
 		{path: "/", title: "Overview", code: protocol.CodeAdminGroups, tmpl: "overview", get: overview},
+		// Describe, or consume on some topic (QUEUE_COUNT's rule): see messages.go.
+		{path: "/messages", title: "Messages", code: protocol.CodeQueueCount, tmpl: "messages", get: messages},
 	}
 }
 

@@ -1,0 +1,33 @@
+package console
+
+import (
+	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/ops"
+	"github.com/ferrymq/ferrymq/internal/transport"
+)
+
+// Calls to the brokers: made with the session's credential, as its
+// metaserver calls are. A token session presents its principal's token, so
+// the brokers check its permissions as they would on the wire; a
+// certificate session has no token of its own and presents the cluster
+// token (the console checked its permissions before the call); with
+// authorization off, none.
+
+// token is the credential the session's calls present ("": none).
+func (q *query) token() string {
+	switch {
+	case !q.c.authOn():
+		return ""
+	case q.s.byCert:
+		return q.c.cfg.ClusterToken
+	}
+	return q.s.token
+}
+
+// dial connects to a broker with the session's credential.
+func (q *query) dial() ops.Dial { return q.c.dialWith(q.token()) }
+
+func (c *Console) dialWith(token string) ops.Dial {
+	cfg := transport.ClientConfig{TLS: c.cfg.TLS, Login: auth.TokenLogin(token)}
+	return func(addr string) *transport.Client { return transport.NewClient(addr, cfg) }
+}
