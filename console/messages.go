@@ -91,8 +91,9 @@ type messageRow struct {
 	Tag       string
 	Stored    int64 // unix ms
 	Size      int
-	Props     [][2]string // nil when the body is not shown
-	Body      *shownBody  // nil: not shown
+	Props     [][2]string       // nil when the body is not shown
+	Body      *shownBody        // nil: not shown
+	props     map[string]string // every property, for the page's code (not shown)
 }
 
 // shownBody is a body as a page shows it: its text in a kind.
@@ -303,7 +304,9 @@ func queueRoute(ctx context.Context, q *query, topic string, queue uint32) (rout
 func storedRow(q *query, topic string, queue uint32, group string, m protocol.StoredMessage, bodies bool) messageRow {
 	r := messageRow{Topic: topic, Queue: queue, Offset: m.QueueOffset, LogOffset: m.LogOffset, ID: m.Message.ID,
 		Stored: m.StoreTime, Size: len(m.Message.Body), Tag: m.Message.Tag, Handle: protocol.Handle{Group: group, Offset: m.LogOffset}.String()}
+	r.props = map[string]string{}
 	for _, p := range m.Message.Properties {
+		r.props[p.Key] = p.Value
 		if p.Key == protocol.KeyProperty {
 			r.Key = p.Value
 		}

@@ -15,6 +15,7 @@ func allPages() []*page {
 		{path: "/", title: "Overview", code: protocol.CodeAdminGroups, tmpl: "overview", get: overview},
 		// Describe, or consume on some topic (QUEUE_COUNT's rule): see messages.go.
 		{path: "/messages", title: "Messages", code: protocol.CodeQueueCount, tmpl: "messages", get: messages},
+		{path: "/deadletters", title: "Dead letters", code: protocol.CodeQueueCount, tmpl: "deadletters", get: deadLetters, act: resendDeadLetters},
 	}
 }
 
