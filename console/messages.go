@@ -242,7 +242,7 @@ func pullBudget(ctx context.Context, tc *transport.Client, req *protocol.PullReq
 		req.MaxBytes = uint32(min(left, pullBytes))
 		pr, err := ops.PullOnce(ctx, tc, req)
 		if err != nil {
-			if ctx.Err() != nil && len(msgs) > 0 {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) && d.ReadBytes > 0 || len(msgs) > 0 && ctx.Err() != nil {
 				d.Stopped = fmt.Sprintf("this search's %s ran out: go on from offset %d", searchTime, req.Offset)
 				return msgs, req.Offset, nil
 			}

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"fmt"
 	"html"
 	"net/http"
@@ -10,6 +11,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferrymq/ferrymq/broker"
+	tc "github.com/ferrymq/ferrymq/internal/testcluster"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/producer"
 )
 
@@ -237,6 +241,50 @@ func TestMessagesHostile(t *testing.T) {
 		a := b.get(Prefix + path)
 		if a.status != http.StatusBadRequest && a.status != http.StatusNotFound {
 			t.Fatalf("%s: status %d, want 400 or 404:\n%.1000s", path, a.status, a.body)
+		}
+	}
+}
+
+// A lookup over two broker groups past the bytes budget stops after the
+// first group and goes on with a cursor; following the cursors finds every
+// message of the key once.
+func TestMessagesFindByteBudget(t *testing.T) {
+	old := searchBytes
+	searchBytes = 1
+	t.Cleanup(func() { searchBytes = old })
+	e := startEnv(t, envOpts{auth: true})
+	tc.StartGroup(t, e.Meta.Addrs(), "g2", tc.GroupOpts{Edit: func(c *broker.Config) {
+		tc.SteadyBroker(c)
+		c.ClusterToken = e.clusterTok
+	}})
+	e.topic(t, "orders")
+	if _, err := e.admin.CreateTopic(context.Background(), api.CreateTopicRequest{Name: "orders2", Queues: 1, Groups: []string{"g2"}}); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*producer.Message
+	for i := range 6 {
+		topic := "orders"
+		if i%2 == 1 {
+			topic = "orders2"
+		}
+		msgs = append(msgs, &producer.Message{Topic: topic, Key: "same", Body: []byte(fmt.Sprintf("body-%d", i))})
+	}
+	e.send(t, msgs...)
+	b := e.browserAs(t, kind{"admin", nil})
+	// A page may hold 200: only the budget makes more than one.
+	pages := b.follow(Prefix+"messages?key=same&n=200", 20)
+	if len(pages) < 2 || !strings.Contains(pages[0], `id="stopped"`) {
+		t.Fatalf("%d pages; the first does not say the budget stopped it:\n%.3000s", len(pages), pages[0])
+	}
+	seen := map[string]int{}
+	for _, p := range pages {
+		for _, m := range regexp.MustCompile(`body-(\d)`).FindAllStringSubmatch(p, -1) {
+			seen[m[1]]++
+		}
+	}
+	for i := range 6 {
+		if seen[strconv.Itoa(i)] != 1 {
+			t.Fatalf("body-%d found %d times over %d pages, want once (%v)", i, seen[strconv.Itoa(i)], len(pages), seen)
 		}
 	}
 }
