@@ -183,7 +183,7 @@ func browseQueue(ctx context.Context, q *query, d *messagesData, n int) error {
 	}
 	bodies, dial := q.mayConsume(topic), q.dial()
 	d.Mode, d.Topic, d.Queue = "queue", topic, queue
-	qr, err := queueRoute(ctx, q, topic, queue)
+	qr, err := queueRoute(q.ctx, q, topic, queue) // not the search's time
 	if err != nil {
 		return err
 	}
@@ -242,7 +242,7 @@ func pullBudget(ctx context.Context, tc *transport.Client, req *protocol.PullReq
 		req.MaxBytes = uint32(min(left, pullBytes))
 		pr, err := ops.PullOnce(ctx, tc, req)
 		if err != nil {
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) && d.ReadBytes > 0 || len(msgs) > 0 && ctx.Err() != nil {
+			if ctx.Err() != nil {
 				d.Stopped = fmt.Sprintf("this search's %s ran out: go on from offset %d", searchTime, req.Offset)
 				return msgs, req.Offset, nil
 			}
@@ -402,7 +402,7 @@ func messageAt(ctx context.Context, q *query, d *messagesData, whole bool) error
 	}
 	defer release()
 	d.Mode = "handle"
-	gi, err := ops.GroupNamed(ctx, q.meta(), h.Group)
+	gi, err := ops.GroupNamed(q.ctx, q.meta(), h.Group)
 	if errors.Is(err, protocol.ErrNotFound) {
 		return bad("no broker group %s", protocol.Clip(h.Group))
 	}
@@ -455,7 +455,7 @@ func findMessages(ctx context.Context, q *query, d *messagesData, n int) error {
 	}
 	defer release()
 	d.Mode = "find"
-	groups, err := ops.LiveGroups(ctx, q.meta())
+	groups, err := ops.LiveGroups(q.ctx, q.meta()) // not the search's time
 	if err != nil {
 		return err
 	}

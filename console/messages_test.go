@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferrymq/ferrymq/broker"
 	tc "github.com/ferrymq/ferrymq/internal/testcluster"
@@ -286,5 +287,21 @@ func TestMessagesFindByteBudget(t *testing.T) {
 		if seen[strconv.Itoa(i)] != 1 {
 			t.Fatalf("body-%d found %d times over %d pages, want once (%v)", i, seen[strconv.Itoa(i)], len(pages), seen)
 		}
+	}
+}
+
+// A queue read whose time budget runs out answers what it read (here
+// nothing) and a link that goes on from where it stopped, not an error.
+func TestMessagesTimeBudget(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true})
+	e.topic(t, "orders")
+	e.send(t, &producer.Message{Topic: "orders", Body: []byte("b")})
+	old := searchTime
+	searchTime = time.Nanosecond
+	t.Cleanup(func() { searchTime = old })
+	b := e.browserAs(t, kind{"admin", nil})
+	body := b.must(Prefix + "messages?topic=orders&queue=0")
+	if !strings.Contains(body, `id="stopped"`) || !strings.Contains(body, `messages?offset=0&amp;queue=0&amp;topic=orders" rel="next"`) {
+		t.Fatalf("a read out of time: no cursor to go on from offset 0:\n%.3000s", body)
 	}
 }
