@@ -213,7 +213,7 @@ func browseQueue(ctx context.Context, q *query, d *messagesData, n int) error {
 		return err
 	}
 	for _, m := range msgs {
-		d.Rows = append(d.Rows, storedRow(q, topic, queue, qr.Group, m, bodies))
+		d.Rows = append(d.Rows, storedRow(topic, queue, qr.Group, m, bodies))
 	}
 	if !bodies && len(msgs) > 0 {
 		d.BodyNote = bodyNote(q, topic)
@@ -301,7 +301,8 @@ func queueRoute(ctx context.Context, q *query, topic string, queue uint32) (rout
 	return route.Queues[queue], nil
 }
 
-func storedRow(q *query, topic string, queue uint32, group string, m protocol.StoredMessage, bodies bool) messageRow {
+// storedRow is a read message as a page shows it (its body when bodies).
+func storedRow(topic string, queue uint32, group string, m protocol.StoredMessage, bodies bool) messageRow {
 	r := messageRow{Topic: topic, Queue: queue, Offset: m.QueueOffset, LogOffset: m.LogOffset, ID: m.Message.ID,
 		Stored: m.StoreTime, Size: len(m.Message.Body), Tag: m.Message.Tag, Handle: protocol.Handle{Group: group, Offset: m.LogOffset}.String()}
 	r.props = map[string]string{}
@@ -320,6 +321,8 @@ func storedRow(q *query, topic string, queue uint32, group string, m protocol.St
 	return r
 }
 
+// foundRow is a looked-up message as a page shows it: its body (its first
+// max bytes) when the session may consume its topic.
 func foundRow(q *query, m protocol.FoundMessage, max int) messageRow {
 	r := messageRow{Topic: m.Topic, Queue: m.Queue, Offset: m.QueueOffset, LogOffset: m.LogOffset, Handle: m.Handle, ID: m.ID,
 		Key: m.Key, Tag: m.Tag, Stored: m.StoreTime, Size: len(m.Body)}
