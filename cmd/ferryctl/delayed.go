@@ -2,15 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/ferrymq/ferrymq/internal/transport"
-	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/internal/ops"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/producer"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -87,19 +85,8 @@ group. A group that cannot be asked is reported after the others (exit 1, or
 // run lists each group's pending delayed messages, then reports the groups
 // that could not be asked.
 func (o *delayedLsOptions) run(ctx context.Context, g *globalOptions, cl *client.Client) error {
-	req, _ := json.Marshal(protocol.DelayedListRequest{Topic: o.topic, BucketMillis: o.bucket.Milliseconds(), Limit: o.limit})
-	lists := []protocol.DelayedList{}
-	unasked, err := eachGroupMaster(ctx, cl, o.group, func(ctx context.Context, gi api.GroupInfo, tc *transport.Client) error {
-		var l protocol.DelayedList
-		if err := callJSON(ctx, tc, protocol.CodeDelayedList, req, &l); err != nil {
-			return err
-		}
-		if l.Group == "" {
-			l.Group = gi.Name
-		}
-		lists = append(lists, l)
-		return nil
-	})
+	lists, unasked, err := ops.DelayedLists(ctx, cl, dialer(ctx), o.group,
+		protocol.DelayedListRequest{Topic: o.topic, BucketMillis: o.bucket.Milliseconds(), Limit: o.limit})
 	if err != nil {
 		return err
 	}
@@ -270,12 +257,7 @@ func dueIn(due, now int64) string {
 
 // formatMillis is a unix-millisecond time in UTC, to the millisecond, or
 // "-" for 0.
-func formatMillis(ms int64) string {
-	if ms == 0 {
-		return "-"
-	}
-	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z")
-}
+func formatMillis(ms int64) string { return ops.FormatMillis(ms) }
 
 // checkHandle checks a handle argument: GROUP@OFFSET[/DUE] with a broker
 // group name, a log offset and a due time.

@@ -3,15 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/ferrymq/ferrymq/consumer"
 	"github.com/ferrymq/ferrymq/internal/clientcore"
-	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/internal/ops"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -62,19 +59,7 @@ may consume its topic.`,
 // lookupIn asks a broker group's master (or, when it does not answer, its
 // slaves in turn) a LOOKUP.
 func lookupIn(ctx context.Context, gi routing.Group, q protocol.LookupRequest) (protocol.LookupReply, error) {
-	return clientcore.LookupIn(ctx, callerOf(ctx), gi, q)
-}
-
-// callerOf makes broker calls with the connection settings ctx carries.
-func callerOf(ctx context.Context) clientcore.Caller {
-	return func(ctx context.Context, addr string, code protocol.Code, body []byte) (out []byte, err error) {
-		err = callBroker(ctx, addr, func(ctx context.Context, tc *transport.Client) error {
-			resp, err := tc.Call(ctx, code, body)
-			out = resp.Body
-			return err
-		})
-		return out, err
-	}
+	return ops.LookupIn(ctx, dialer(ctx), gi, q)
 }
 
 // foundJSON is a found message as --json prints it: the body as text.
@@ -143,146 +128,19 @@ step that cannot be known says so.`,
 
 // journeyJSON is a message's journey as --json prints it.
 type journeyJSON struct {
-	Message foundJSON     `json:"message"`
-	Steps   []journeyStep `json:"steps"`
+	Message foundJSON         `json:"message"`
+	Steps   []ops.JourneyStep `json:"steps"`
 }
 
-// journeyStep is one step of a journey; Known false: what is not known.
-type journeyStep struct {
-	Step  string `json:"step"`
-	What  string `json:"what"`
-	Known bool   `json:"known"`
-}
-
-// journeyMessage finds the message a journey is of: at a handle
-// (GROUP@OFFSET of a group that exists), else by its id, with the retry
-// copies and dead letters of it.
+// journeyMessage finds the message a journey is of (ops.JourneyMessage).
 func journeyMessage(ctx context.Context, cl *client.Client, arg string) (protocol.FoundMessage, []protocol.FoundMessage, error) {
-	notFound := &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("%s: no message you may read", arg)}
-	if h, err := protocol.ParseHandle(arg); err == nil {
-		if gi, err := groupNamed(ctx, cl, h.Group); err == nil {
-			reply, err := lookupIn(ctx, gi, protocol.LookupRequest{Offset: &h.Offset})
-			if err != nil {
-				return protocol.FoundMessage{}, nil, err
-			}
-			if len(reply.Messages) == 0 {
-				return protocol.FoundMessage{}, nil, notFound
-			}
-			return reply.Messages[0], nil, nil
-		}
-	}
-	var found []protocol.FoundMessage
-	cursor := ""
-	for range journeyPages {
-		page, err := findAll(ctx, cl, protocol.LookupRequest{ID: arg, Limit: 100}, cursor)
-		if err != nil {
-			return protocol.FoundMessage{}, nil, err
-		}
-		found = append(found, page.Messages...)
-		if cursor = page.Cursor; cursor == "" {
-			break
-		}
-	}
-	// Newest first: the message is the oldest record of the id in its own
-	// queue (a released delayed message: its released copy), else its
-	// pending record; the others are its retry copies and dead letters.
-	var m, pending *protocol.FoundMessage
-	var copies []protocol.FoundMessage
-	for i := range found {
-		switch f := &found[i]; {
-		case f.Properties[protocol.DeadLetterOriginID] == arg || f.Properties[protocol.RetryOriginID] == arg:
-			copies = append(copies, *f)
-		case f.ID == arg && f.InternalTopic == "":
-			m = f
-		case f.ID == arg:
-			pending = f
-		}
-	}
-	if m == nil {
-		m = pending
-	}
-	if m == nil {
-		return protocol.FoundMessage{}, nil, notFound
-	}
-	slices.Reverse(copies)
-	return *m, copies, nil
+	return ops.JourneyMessage(ctx, cl, dialer(ctx), arg)
 }
 
-// journeyPages bounds the pages of a search by id a journey reads.
-const journeyPages = 20
-
-// journeyOf puts together what is known of a found message's journey, with
-// its retry copies and dead letters (oldest first) and the consumer groups'
-// committed offsets.
+// journeyOf puts together what is known of a found message's journey
+// (ops.JourneyOf).
 func journeyOf(m protocol.FoundMessage, copies []protocol.FoundMessage, groups []api.ConsumerGroupInfo) journeyJSON {
-	j := journeyJSON{Message: foundJSON{FoundMessage: m, Body: string(m.Body)}}
-	step := func(name string, known bool, format string, args ...any) {
-		j.Steps = append(j.Steps, journeyStep{Step: name, What: fmt.Sprintf(format, args...), Known: known})
-	}
-	if p := m.Producer; p != nil {
-		step("sent", true, "by producer %d (epoch %d), its sequence %d, at %s by its clock", p.ID, p.Epoch, p.Seq, formatMillis(m.Timestamp))
-	} else {
-		step("sent", false, "at %s by its producer's clock; the producer is not known (its message carries no stamp)", formatMillis(m.Timestamp))
-	}
-	step("stored", true, "%s, in broker group %s at log offset %d, %s; held by %s", m.Reliability, strings.SplitN(m.Handle, "@", 2)[0],
-		m.LogOffset, formatMillis(m.StoreTime), strings.Join(m.HeldBy, ", "))
-	if m.Reliability == protocol.High.String() {
-		step("acknowledged", false, "once the group's sync set held it (how long that took is not recorded)")
-	}
-	if s := m.Schedule; s != nil {
-		switch s.Kind {
-		case protocol.ScheduleDelayed:
-			step("delayed", true, "pending, due at %s (ferryctl delayed get %s says whether it was released)", formatMillis(s.At),
-				protocol.Handle{Group: strings.SplitN(m.Handle, "@", 2)[0], Offset: m.LogOffset, DueAt: s.At})
-		case protocol.ScheduleReleased:
-			step("delayed", true, "due at %s, released into its queue at %s (%s late) from the pending record at log offset %d",
-				formatMillis(s.At), formatMillis(m.StoreTime), time.Duration(max(m.StoreTime-s.At, 0))*time.Millisecond, s.Ref)
-		}
-	}
-	if m.InternalTopic != "" { // a pending delayed message: not in its queue yet
-		step("delivered", false, "not yet: it is pending in %s until it is due", m.InternalTopic)
-		return j
-	}
-	if len(m.Deliveries) == 0 {
-		step("delivered", false, "no read of it that names a consumer group is remembered by the broker (a bounded record in its memory)")
-	}
-	for _, d := range m.Deliveries {
-		step("delivered", true, "to member %s of consumer group %s at %s", d.Member, d.Group, formatMillis(d.At))
-	}
-	for _, cg := range groups {
-		for _, r := range cg.Redelivered {
-			if r.Topic == m.Topic && r.Queue == m.Queue && r.Offset == m.QueueOffset {
-				step("delivered", true, "%d times to member %s of consumer group %s (its handler failed before), handled at %s",
-					r.Deliveries, r.Member, cg.Name, formatMillis(r.At))
-			}
-		}
-	}
-	committed := false
-	for _, cg := range groups {
-		for _, o := range cg.Offsets {
-			if o.Topic != m.Topic || o.Queue != m.Queue {
-				continue
-			}
-			committed = true
-			if o.Offset > m.QueueOffset {
-				step("committed", true, "by consumer group %s (its offset %d is past it)", cg.Name, o.Offset)
-			} else {
-				step("committed", true, "not yet by consumer group %s (its offset %d)", cg.Name, o.Offset)
-			}
-		}
-	}
-	if !committed {
-		step("committed", false, "no consumer group has an offset of its queue")
-	}
-	for _, c := range copies {
-		if c.Properties[protocol.DeadLetterOriginID] != "" {
-			step("dead-lettered", true, "to %s at %s (handle %s) after %s deliveries: %s", c.Topic, formatMillis(c.StoreTime), c.Handle,
-				orDash(c.Properties[consumer.PropDeliveries]), orDash(c.Properties[consumer.PropError]))
-		} else {
-			step("retried", true, "stored for a retry in %s at %s (handle %s): %s", c.Topic, formatMillis(c.StoreTime), c.Handle, orDash(c.Properties[consumer.PropRetry]))
-		}
-	}
-	return j
+	return journeyJSON{Message: foundJSON{FoundMessage: m, Body: string(m.Body)}, Steps: ops.JourneyOf(m, copies, groups)}
 }
 
 type findOptions struct {
@@ -384,15 +242,8 @@ func (o *findOptions) request() (protocol.LookupRequest, error) {
 // findAll asks every broker group that is not retired a LOOKUP by id or
 // key from where cursor says, and returns what they found newest first.
 func findAll(ctx context.Context, cl *client.Client, q protocol.LookupRequest, cursor string) (clientcore.LookupPage, error) {
-	groups, err := cl.Groups(ctx)
-	if err != nil {
-		return clientcore.LookupPage{}, err
-	}
-	var gs []routing.Group
-	for _, gi := range groups {
-		if gi.Admission != routing.Retired {
-			gs = append(gs, gi.Group)
-		}
-	}
-	return clientcore.LookupAll(ctx, callerOf(ctx), gs, q, cursor)
+	return ops.FindAll(ctx, cl, dialer(ctx), q, cursor)
 }
+
+// journeyStep is one step of a journey.
+type journeyStep = ops.JourneyStep

@@ -2,17 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/ferrymq/ferrymq/auth"
-	"github.com/ferrymq/ferrymq/internal/clientcore"
+	"github.com/ferrymq/ferrymq/internal/ops"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -98,101 +96,34 @@ func newReadCommand(g *globalOptions) *cobra.Command {
 // readQueue reads up to limit messages of a queue from its group's master
 // or, when the master does not answer, from the slave (see onQueueBroker).
 func readQueue(ctx context.Context, qr routing.QueueRoute, req protocol.PullRequest, limit int, stderr io.Writer) ([]protocol.StoredMessage, error) {
-	var msgs []protocol.StoredMessage
-	err := onQueueBroker(ctx, qr, req.Topic, stderr, func(ctx context.Context, tc *transport.Client) error {
-		r := req
-		var err error
-		msgs, err = pull(ctx, tc, &r, limit)
-		return err
-	})
-	return msgs, err
+	return ops.ReadQueue(ctx, dialer(ctx), qr, req, limit, noteTo(stderr))
 }
 
-// onQueueBroker runs fn against a queue's group master or, when the master
-// does not answer (it cannot be reached, times out, or says it is not the
-// master or is shutting down) and the group has a slave, against the slave,
-// saying so on stderr. With a slave to fall back on, the master gets half
-// of the time left. fn may make several calls; on a fallback it starts
-// again on the slave.
+// onQueueBroker runs fn against a queue's group master or, when it does not
+// answer, its slave, saying so on stderr (ops.OnQueueBroker).
 func onQueueBroker(ctx context.Context, qr routing.QueueRoute, topic string, stderr io.Writer, fn func(context.Context, *transport.Client) error) error {
-	if qr.Master == "" && qr.Slave == "" {
-		return fmt.Errorf("queue %d of %s: its group %s has no broker", qr.Queue, topic, qr.Group)
-	}
-	var masterErr error
-	if qr.Master != "" {
-		mctx, cancel := ctx, context.CancelFunc(func() {})
-		if deadline, ok := ctx.Deadline(); ok && qr.Slave != "" {
-			mctx, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
-		}
-		err := callBroker(mctx, qr.Master, fn)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		masterErr = fmt.Errorf("read from the master %s: %w", qr.Master, err)
-		if qr.Slave == "" || !clientcore.NotServing(err) || ctx.Err() != nil {
-			return masterErr
-		}
-		fmt.Fprintf(stderr, "ferryctl: the master %s did not answer (%v); reading from the slave %s\n", qr.Master, err, qr.Slave)
-	} else {
-		fmt.Fprintf(stderr, "ferryctl: group %s has no master; reading from the slave %s\n", qr.Group, qr.Slave)
-	}
-	if err := callBroker(ctx, qr.Slave, fn); err != nil {
-		return errors.Join(masterErr, fmt.Errorf("read from the slave %s: %w", qr.Slave, err))
-	}
-	fmt.Fprintf(stderr, "ferryctl: read from the slave %s\n", qr.Slave)
-	return nil
+	return ops.OnQueueBroker(ctx, dialer(ctx), qr, topic, noteTo(stderr), fn)
 }
 
-// callBroker runs fn on a connection to the broker at addr, over TLS when
-// ctx carries a config (withBrokerTLS: ferryctl's --tls-* flags).
+// noteTo writes ops' notes to stderr as ferryctl's.
+func noteTo(stderr io.Writer) ops.Note {
+	return func(format string, args ...any) { fmt.Fprintf(stderr, "ferryctl: "+format+"\n", args...) }
+}
+
+// dialer connects to brokers with the token and TLS config ctx carries
+// (withToken, withBrokerTLS: ferryctl's --token and --tls-* flags).
+func dialer(ctx context.Context) ops.Dial {
+	cfg := transport.ClientConfig{TLS: brokerTLS(ctx), Login: auth.TokenLogin(ctxToken(ctx))}
+	return func(addr string) *transport.Client { return transport.NewClient(addr, cfg) }
+}
+
+// callBroker runs fn on a connection to the broker at addr, with the
+// settings ctx carries (dialer).
 func callBroker(ctx context.Context, addr string, fn func(context.Context, *transport.Client) error) error {
-	tc := transport.NewClient(addr, transport.ClientConfig{TLS: brokerTLS(ctx), Login: auth.TokenLogin(ctxToken(ctx))})
-	defer tc.Close()
-	return fn(ctx, tc)
+	return ops.Call(ctx, dialer(ctx), addr, fn)
 }
 
-// pullOnce sends one PULL. NO_ROUTE, which a broker answers while it
-// looks up the route of a queue its log holds nothing of (a queue moved to
-// its group), is asked again every 50 ms until ctx ends.
+// pullOnce sends one PULL (ops.PullOnce).
 func pullOnce(ctx context.Context, tc *transport.Client, req *protocol.PullRequest) (protocol.PullResponse, error) {
-	for {
-		resp, err := tc.Call(ctx, protocol.CodePull, protocol.AppendPullRequest(nil, req))
-		if errors.Is(err, protocol.ErrNoRoute) {
-			select {
-			case <-ctx.Done():
-				return protocol.PullResponse{}, err
-			case <-time.After(50 * time.Millisecond):
-				continue
-			}
-		}
-		if err != nil {
-			return protocol.PullResponse{}, err
-		}
-		return protocol.DecodePullResponse(resp.Body) // bodies alias the response buffer, which is not reused
-	}
-}
-
-// pull reads up to limit messages from a broker.
-func pull(ctx context.Context, tc *transport.Client, req *protocol.PullRequest, limit int) ([]protocol.StoredMessage, error) {
-	var out []protocol.StoredMessage
-	if limit <= 0 {
-		return nil, nil
-	}
-	for len(out) < limit {
-		pr, err := pullOnce(ctx, tc, req)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, pr.Messages...)
-		// An answer with a filter may hold nothing and still move on.
-		if pr.NextOffset <= req.Offset || pr.NextOffset >= pr.MaxOffset {
-			break
-		}
-		req.Offset = pr.NextOffset
-	}
-	if len(out) > limit {
-		out = out[:limit]
-	}
-	return out, nil
+	return ops.PullOnce(ctx, tc, req)
 }

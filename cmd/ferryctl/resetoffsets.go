@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/internal/ops"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -285,28 +286,7 @@ func resetTargetOffset(ctx context.Context, tc *transport.Client, topic string, 
 }
 
 // offsetForTime finds the first offset in [lo, hi) whose message was stored
-// at or after at (unix ms), or hi if none was, by binary search with probe,
-// which reads one message at an offset (store times grow along a queue). A
-// log start that moves up under the search (retention) moves lo with it.
+// at or after at (unix ms), by binary search with probe (ops.OffsetForTime).
 func offsetForTime(lo, hi, at int64, probe func(offset int64) (protocol.PullResponse, error)) (int64, error) {
-	for lo < hi {
-		mid := lo + (hi-lo)/2
-		pr, err := probe(mid)
-		if err != nil {
-			return 0, err
-		}
-		// Each round moves hi down to mid (or less) or lo past mid.
-		lo = max(lo, pr.MinOffset)
-		if len(pr.Messages) == 0 { // the log ends before mid: it was cut
-			hi = max(lo, mid)
-			continue
-		}
-		m := pr.Messages[0]
-		if m.StoreTime >= at {
-			hi = max(lo, min(m.QueueOffset, mid))
-		} else {
-			lo = max(lo, mid+1, m.QueueOffset+1)
-		}
-	}
-	return lo, nil
+	return ops.OffsetForTime(lo, hi, at, probe)
 }

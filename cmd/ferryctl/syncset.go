@@ -9,10 +9,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/internal/ops"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/metaserver/fsm"
-	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
@@ -136,16 +136,7 @@ func inSyncWord(g routing.Group) string {
 
 // groupNamed returns the group called name as the leader has it.
 func groupNamed(ctx context.Context, cl *client.Client, name string) (routing.Group, error) {
-	groups, err := cl.Groups(ctx)
-	if err != nil {
-		return routing.Group{}, err
-	}
-	for _, gi := range groups {
-		if gi.Name == name {
-			return gi.Group, nil
-		}
-	}
-	return routing.Group{}, &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("broker group %q does not exist", name)}
+	return ops.GroupNamed(ctx, cl, name)
 }
 
 type removeSlaveOptions struct{ group string }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,11 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ferrymq/ferrymq/internal/transport"
-	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/internal/ops"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 	"github.com/ferrymq/ferrymq/protocol"
-	"github.com/ferrymq/ferrymq/routing"
 )
 
 func newTxnCommand(g *globalOptions) *cobra.Command {
@@ -62,16 +59,7 @@ the others (exit 1, or 3 when it cannot be reached).`,
 }
 
 func (o *txnLsOptions) run(ctx context.Context, g *globalOptions, cl *client.Client) error {
-	req, _ := json.Marshal(protocol.TxnListRequest{Producer: o.producer})
-	lists := []protocol.TxnList{}
-	unasked, err := eachGroupMaster(ctx, cl, o.group, func(ctx context.Context, gi api.GroupInfo, tc *transport.Client) error {
-		var l protocol.TxnList
-		if err := callJSON(ctx, tc, protocol.CodeTxnList, req, &l); err != nil {
-			return err
-		}
-		lists = append(lists, l)
-		return nil
-	})
+	lists, unasked, err := ops.TxnLists(ctx, cl, dialer(ctx), o.group, protocol.TxnListRequest{Producer: o.producer})
 	if err != nil {
 		return err
 	}
@@ -147,34 +135,9 @@ func (o *txnAbortOptions) run(ctx context.Context, g *globalOptions, cl *client.
 	if err != nil {
 		return usageError{err}
 	}
-	gr, err := groupNamed(ctx, cl, o.group)
+	outcome, err := ops.AbortTxn(ctx, cl, dialer(ctx), id, o.group)
 	if err != nil {
 		return err
-	}
-	if gr.Master.Addr == "" {
-		return &protocol.Error{Status: protocol.StatusReadOnly, Message: fmt.Sprintf("group %s has no master", o.group)}
-	}
-	// The registry decides first (the transaction may be on other groups:
-	// the first decision there is every group's), then the group applies.
-	d, err := cl.DecideTxn(ctx, api.TxnDecideRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, By: protocol.TxnByAdmin,
-		Groups: []string{o.group}})
-	if err != nil {
-		return err
-	}
-	req, _ := json.Marshal(protocol.TxnEndRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Commit: d.Committed, By: protocol.TxnByAdmin})
-	var rep protocol.TxnEndReply
-	if err := callBrokerJSON(ctx, gr.Master.Addr, protocol.CodeTxnEnd, req, &rep); err != nil {
-		return err
-	}
-	_ = cl.TxnDone(ctx, api.TxnDoneRequest{Producer: id.Producer, Epoch: id.Epoch, Number: id.Number, Groups: []string{o.group}})
-	outcome := "aborted"
-	switch {
-	case rep.Committed:
-		outcome = "committed-before"
-	case rep.Queues == 0:
-		outcome = "not-here"
-	case rep.Queues < 0:
-		outcome = "aborted-before"
 	}
 	if g.json {
 		err = g.printer().print(map[string]any{"txn": id.String(), "group": o.group, "outcome": outcome}, nil, nil)
@@ -184,58 +147,10 @@ func (o *txnAbortOptions) run(ctx context.Context, g *globalOptions, cl *client.
 	switch {
 	case err != nil:
 		return err
-	case rep.Committed:
+	case outcome == ops.CommittedBefore:
 		return fmt.Errorf("%w: %s was committed before", errNotAborted, id)
-	case rep.Queues == 0:
+	case outcome == ops.NotHere:
 		return &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("transaction %s wrote nothing in group %s", id, o.group)}
 	}
 	return nil
-}
-
-// callBrokerJSON calls a broker with a JSON request and decodes its JSON
-// answer into out.
-func callBrokerJSON(ctx context.Context, addr string, code protocol.Code, req []byte, out any) error {
-	return callBroker(ctx, addr, func(ctx context.Context, tc *transport.Client) error { return callJSON(ctx, tc, code, req, out) })
-}
-
-// callJSON makes a call with a JSON request and decodes its JSON answer
-// into out.
-func callJSON(ctx context.Context, tc *transport.Client, code protocol.Code, req []byte, out any) error {
-	resp, err := tc.Call(ctx, code, req)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(resp.Body, out)
-}
-
-// eachGroupMaster calls fn with the master of every broker group that is
-// not retired (or of the group named only), one after another. A group
-// that has no master or whose call fails is reported in unasked (after the
-// others were asked); err is a failure to list the groups, or NOT_FOUND
-// for a named group that does not exist.
-func eachGroupMaster(ctx context.Context, cl *client.Client, only string,
-	fn func(ctx context.Context, gi api.GroupInfo, tc *transport.Client) error) (unasked, err error) {
-	groups, err := cl.Groups(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var errs []error
-	found := false
-	for _, gi := range groups {
-		if only != "" && gi.Name != only || only == "" && gi.Admission == routing.Retired {
-			continue
-		}
-		found = true
-		if gi.Master.Addr == "" {
-			errs = append(errs, fmt.Errorf("group %s has no master", gi.Name))
-			continue
-		}
-		if err := callBroker(ctx, gi.Master.Addr, func(ctx context.Context, tc *transport.Client) error { return fn(ctx, gi, tc) }); err != nil {
-			errs = append(errs, fmt.Errorf("group %s at %s: %w", gi.Name, gi.Master.Addr, err))
-		}
-	}
-	if only != "" && !found {
-		return nil, &protocol.Error{Status: protocol.StatusNotFound, Message: fmt.Sprintf("no broker group %s", shown(only))}
-	}
-	return errors.Join(errs...), nil
 }

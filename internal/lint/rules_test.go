@@ -78,10 +78,15 @@ var rules = map[string]rule{
 	"outbox": {7, "QMQ's transactional outbox over database/sql: messages stored in the application's transaction, relayed once after the commit",
 		[]string{"producer", "sdk", "protocol", "routing", "internal/transport", "internal/clientcore", "metaserver/client", "auth",
 			"internal/testcluster", "internal/testwait"}},
+	// What ferryctl and the web console share to read and act as an
+	// operator, each with its own credential (a dial function); consumer:
+	// the names of a dead letter's properties, for a journey.
+	"internal/ops": {7, "what ferryctl and the console share: read a queue (slave fallback), offset at a time, lookups, each group's master, abort a transaction",
+		[]string{"protocol", "routing", "internal/transport", "internal/clientcore", "metaserver/api", "metaserver/client", "consumer"}},
 	// The web console is a client of the cluster, as ferryctl is: the
 	// metaserver program serves it.
 	"console": {7, "the web console: pages the metaservers serve, reading and acting through the clients with the session's own credential",
-		[]string{"protocol", "routing", "auth", "internal/transport", "internal/clientcore", "metaserver/api", "metaserver/client",
+		[]string{"protocol", "routing", "auth", "internal/transport", "internal/clientcore", "internal/ops", "metaserver/api", "metaserver/client",
 			"broker", "metaserver", "producer", "consumer", "sdk", "internal/testcluster", "internal/testlog", "internal/testwait"}},
 	// Measurement programs under scripts/ are users of the public packages.
 	"scripts": {7, "start/stop a local cluster, benchmarks, fault runs (and small Go programs they run)",

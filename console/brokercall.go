@@ -1,0 +1,43 @@
+package console
+
+import (
+	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/ops"
+	"github.com/ferrymq/ferrymq/internal/transport"
+	"github.com/ferrymq/ferrymq/producer"
+	"github.com/ferrymq/ferrymq/sdk"
+)
+
+// Calls to the brokers: made with the session's credential, as its
+// metaserver calls are. A token session presents its principal's token, so
+// the brokers check its permissions as they would on the wire; a
+// certificate session has no token of its own and presents the cluster
+// token (the console checked its permissions before the call); with
+// authorization off, none.
+
+// token is the credential the session's calls present ("": none).
+func (q *query) token() string {
+	switch {
+	case !q.c.authOn():
+		return ""
+	case q.s.byCert:
+		return q.c.cfg.ClusterToken
+	}
+	return q.s.token
+}
+
+// dial connects to a broker with the session's credential.
+func (q *query) dial() ops.Dial { return q.c.dialWith(q.token()) }
+
+func (c *Console) dialWith(token string) ops.Dial {
+	cfg := transport.ClientConfig{TLS: c.cfg.TLS, Login: auth.TokenLogin(token)}
+	return func(addr string) *transport.Client { return transport.NewClient(addr, cfg) }
+}
+
+// producer is a producer SDK client with the session's credential, for an
+// action that sends (a resend) or acts on a delayed message; the caller
+// closes it.
+func (q *query) producer() (*producer.Client, error) {
+	return producer.New(sdk.MetaAddrs(q.c.cfg.MetaAddrs...), sdk.TLS(q.c.cfg.TLS), sdk.Token(q.token()),
+		producer.DeliveryTimeout(q.c.cfg.CallTimeout), producer.RequestTimeout(q.c.cfg.CallTimeout))
+}
