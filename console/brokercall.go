@@ -8,23 +8,13 @@ import (
 	"github.com/ferrymq/ferrymq/sdk"
 )
 
-// Calls to the brokers: made with the session's credential, as its
-// metaserver calls are. A token session presents its principal's token, so
-// the brokers check its permissions as they would on the wire; a
-// certificate session has no token of its own and presents the cluster
-// token (the console checked its permissions before the call); with
-// authorization off, none.
+// Calls to the brokers: made with the session's own token, so the brokers
+// check its permissions as they would on the wire; with authorization off,
+// none. A certificate session has no token and is refused the pages that
+// call brokers (page.brokers, errCertBrokers).
 
-// token is the credential the session's calls present ("": none).
-func (q *query) token() string {
-	switch {
-	case !q.c.authOn():
-		return ""
-	case q.s.byCert:
-		return q.c.cfg.ClusterToken
-	}
-	return q.s.token
-}
+// token is the credential the session's broker calls present ("": none).
+func (q *query) token() string { return q.s.token }
 
 // dial connects to a broker with the session's credential.
 func (q *query) dial() ops.Dial { return q.c.dialWith(q.token()) }

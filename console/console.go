@@ -210,6 +210,9 @@ type page struct {
 	tmpl string // the template file, without .html
 	// get reads what the page shows.
 	get func(q *query) (any, error)
+	// brokers: the page calls brokers, with the session's own token; a
+	// certificate session has none to give them (see certBrokers).
+	brokers bool
 	// act runs the page's form (POST), checked for CSRF first; it returns
 	// where to go next (a console path with its query) or an error shown
 	// on the page.
@@ -261,6 +264,10 @@ func (c *Console) servePage(w http.ResponseWriter, r *http.Request, s *session, 
 		c.fail(w, r, s, http.StatusForbidden, err)
 		return
 	}
+	if p.brokers && s.byCert {
+		c.fail(w, r, s, http.StatusForbidden, errCertBrokers)
+		return
+	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 	case http.MethodPost:
@@ -291,6 +298,12 @@ func (c *Console) servePage(w http.ResponseWriter, r *http.Request, s *session, 
 	}
 	c.render(w, s, http.StatusOK, p, data)
 }
+
+// errCertBrokers refuses a certificate session a page that calls the
+// brokers: the console has no credential of the principal to present to
+// them (a certificate's key stays in the browser), and a broker takes no
+// request made for someone else.
+var errCertBrokers = errors.New("this page reads from the brokers with your own credential, and a client certificate cannot be lent: log in with your token to see it")
 
 // anyTopic reports whether the session's principal holds a permission
 // that authorizes code for some topic (a consumer of one topic may see

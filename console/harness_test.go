@@ -47,7 +47,7 @@ type envOpts struct {
 	edit       func(*Config)
 }
 
-func startEnv(t *testing.T, o envOpts) *env {
+func startEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	e := &env{auth: o.auth}
 	if o.auth {

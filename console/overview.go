@@ -14,11 +14,11 @@ func allPages() []*page {
 	return []*page{
 		{path: "/", title: "Overview", code: protocol.CodeAdminGroups, tmpl: "overview", get: overview},
 		// Describe, or consume on some topic (QUEUE_COUNT's rule): see messages.go.
-		{path: "/messages", title: "Messages", code: protocol.CodeQueueCount, tmpl: "messages", get: messages},
-		{path: "/deadletters", title: "Dead letters", code: protocol.CodeQueueCount, tmpl: "deadletters", get: deadLetters, act: resendDeadLetters},
-		{path: "/delayed", title: "Delayed", code: protocol.CodeDelayedState, tmpl: "delayed", get: delayed, act: cancelDelayed},
+		{path: "/messages", title: "Messages", code: protocol.CodeQueueCount, tmpl: "messages", get: messages, brokers: true},
+		{path: "/deadletters", title: "Dead letters", code: protocol.CodeQueueCount, tmpl: "deadletters", get: deadLetters, act: resendDeadLetters, brokers: true},
+		{path: "/delayed", title: "Delayed", code: protocol.CodeDelayedState, tmpl: "delayed", get: delayed, act: cancelDelayed, brokers: true},
 		// Describe: the groups to ask are listed by ADMIN_GROUPS (see txns.go).
-		{path: "/txns", title: "Transactions", code: protocol.CodeAdminGroups, tmpl: "txns", get: txns, act: abortTxn},
+		{path: "/txns", title: "Transactions", code: protocol.CodeAdminGroups, tmpl: "txns", get: txns, act: abortTxn, brokers: true},
 	}
 }
 

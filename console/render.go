@@ -86,7 +86,7 @@ func (c *Console) view(s *session, path, title string) view {
 	if s != nil {
 		v.Principal, v.CSRF = s.principal.Name, s.csrf
 		for _, p := range c.pages {
-			if p.title == "" {
+			if p.title == "" || (p.brokers && s.byCert) {
 				continue
 			}
 			if c.authOn() && auth.Authorize(s.principal, p.code, auth.Target{}) != nil && !anyTopic(s, p.code) {
