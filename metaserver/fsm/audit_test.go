@@ -30,9 +30,9 @@ func auditLog(t *testing.T) []*raft.Log {
 		p string
 	}{
 		{&CreateTopic{Name: "pay", Queues: []string{"g1"}}, "alice"},
-		{&InitProducer{Name: "p1"}, "app"},                                 // traffic
-		{&CreateTopic{Name: "pay", Queues: []string{"g2"}}, "bob"},         // refused: exists
-		{&CreateTopic{Name: "pay", Queues: []string{"g1"}}, "alice"},       // a retry: changes nothing
+		{&InitProducer{Name: "p1"}, "app"},                                  // traffic
+		{&CreateTopic{Name: "pay", Queues: []string{"g2"}}, "bob"},          // refused: exists
+		{&CreateTopic{Name: "pay", Queues: []string{"g1"}}, "alice"},        // a retry: changes nothing
 		{&SetGroupReasons{Group: "g1", Set: routing.Admin, At: 9}, "alice"}, // group mode
 		{&SetPrincipal{Name: "carol", TokenHash: auth.HashToken("secret-token-of-carol-0123456789"), Permissions: []string{"describe"}}, "admin"},
 		{&TxnDecide{Producer: 7, Epoch: 1, Number: 1, Commit: true, By: protocol.TxnByProducer, Groups: []string{"g1"}, At: 5}, "app"}, // traffic
