@@ -13,6 +13,7 @@ import (
 func allPages() []*page {
 	return []*page{
 		{path: "/", title: "Overview", code: protocol.CodeAdminGroups, tmpl: "overview", get: overview},
+		{path: "/audit", title: "Audit", code: protocol.CodeAuditList, tmpl: "audit", get: auditPage},
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/ferrymq/ferrymq/metaserver"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
+	"github.com/ferrymq/ferrymq/metaserver/fsm"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
@@ -159,5 +160,12 @@ func TestAuditExpires(t *testing.T) {
 	}
 	if cfg := (metaserver.Config{ID: "x", Dir: "d", RaftAddr: "a", RPCAddr: "b", AuditRetention: time.Minute}); cfg.Validate() == nil {
 		t.Fatal("a retention of a minute validated")
+	}
+}
+
+// The console's list of kinds is the registry's.
+func TestAuditKindsListed(t *testing.T) {
+	if !reflect.DeepEqual(api.AuditKinds, fsm.AuditKinds()) {
+		t.Fatalf("api.AuditKinds %v, the registry's %v", api.AuditKinds, fsm.AuditKinds())
 	}
 }

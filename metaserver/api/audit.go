@@ -28,6 +28,16 @@ type AuditList struct {
 	Held int `json:"held"`
 }
 
+// AuditKinds are the kinds of audit records, sorted (the console's filter;
+// the metaserver's tests keep it the registry's list).
+var AuditKinds = []string{
+	"add-queues", "add-voter", "admit-group", "alter-sync-set", "create-topic", "delete-consumer-group",
+	"join-slave", "promote", "register-broker", "remove-broker", "remove-group", "remove-member",
+	"remove-principal", "remove-slave", "remove-voter", "reset-offsets", "resync", "resync-done",
+	"retire-group", "set-group-filter", "set-group-mode", "set-group-policy", "set-member",
+	"set-principal", "txn-decide",
+}
+
 // AuditRecord is one change made through the registry.
 type AuditRecord struct {
 	Index     uint64 `json:"index"` // its Raft index
