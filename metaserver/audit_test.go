@@ -169,3 +169,43 @@ func TestAuditKindsListed(t *testing.T) {
 		t.Fatalf("api.AuditKinds %v, the registry's %v", api.AuditKinds, fsm.AuditKinds())
 	}
 }
+
+// The records, stamps included, come back after a restart from a
+// snapshot and the log after it.
+func TestAuditSurvivesRestart(t *testing.T) {
+	adminTok, clusterTok := auth.NewToken(), auth.NewToken()
+	m := testcluster.StartMeta(t, 1, func(c *metaserver.Config) {
+		c.SnapshotInterval, c.SnapshotThreshold = 20*time.Millisecond, 16
+		c.ClusterToken = clusterTok
+		c.Auth = auth.Builtins{Admin: auth.HashToken(adminTok), Cluster: auth.HashToken(clusterTok)}
+	})
+	ctx := context.Background()
+	cl, err := client.New(client.Config{Addrs: m.Addrs(), Token: adminTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	set := func(name string) {
+		if _, err := cl.SetPrincipal(ctx, api.ACLSetRequest{Name: name, Permissions: []string{"describe"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 20 {
+		set("filler" + string(rune('a'+i)))
+	}
+	_, s := m.Leader()
+	held := s.FSM().AuditLen()
+	testwait.For(t, 10*time.Second, "a snapshot", func() bool { return snapshotIndex(m.Cfgs[0].Dir) > 0 })
+	set("after-the-snapshot")
+	want := s.FSM().State().Audit
+	if len(want) != held+1 || want[len(want)-1].Principal != "admin" {
+		t.Fatalf("records before the restart: %d, want %d, the last by admin: %+v", len(want), held+1, want[len(want)-1])
+	}
+	m.StopAll()
+	m.Restart(0)
+	_, s = m.Leader()
+	testwait.For(t, 10*time.Second, "the restarted node to hold the records", func() bool {
+		a := s.FSM().State().Audit
+		return len(a) >= len(want) && reflect.DeepEqual(a[:len(want)], want)
+	})
+}
