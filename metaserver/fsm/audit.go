@@ -151,9 +151,9 @@ func AuditKinds() []string {
 }
 
 // auditKind is the kind of record c leaves, "" for none: a command of an
-// audited type that changed the registry or was refused. A producer's own
-// transaction decision is traffic; the others' (admin, checker, timeout)
-// are recorded.
+// audited type that changed the registry or was refused. Of transaction
+// decisions, an operator's and a checker's are recorded; a producer's own
+// and the brokers' timeouts are traffic.
 func auditKind(c Command, res any) string {
 	if r, ok := res.(*Result); ok && !r.Changed {
 		return ""
@@ -162,7 +162,7 @@ func auditKind(c Command, res any) string {
 	case *AuditNote:
 		return c.Kind
 	case *TxnDecide:
-		if c.By == protocol.TxnByProducer {
+		if c.By != protocol.TxnByAdmin && c.By != protocol.TxnByChecker {
 			return ""
 		}
 	}

@@ -37,6 +37,7 @@ func auditLog(t *testing.T) []*raft.Log {
 		{&SetPrincipal{Name: "carol", TokenHash: auth.HashToken("secret-token-of-carol-0123456789"), Permissions: []string{"describe"}}, "admin"},
 		{&TxnDecide{Producer: 7, Epoch: 1, Number: 1, Commit: true, By: protocol.TxnByProducer, Groups: []string{"g1"}, At: 5}, "app"}, // traffic
 		{&TxnDecide{Producer: 7, Epoch: 1, Number: 2, Commit: false, By: protocol.TxnByAdmin, Groups: []string{"g1"}, At: 5}, "admin"},
+		{&TxnDecide{Producer: 7, Epoch: 1, Number: 3, Commit: false, By: protocol.TxnByTimeout, Groups: []string{"g1"}, At: 5}, "cluster"}, // traffic
 		{&AuditNote{Kind: "add-voter", Summary: `{"id":"n4"}`}, "admin"},
 		{&Promote{Group: "g2", Epoch: 1, Master: "g2-m", Slave: "g2-s", Start: 10, At: 11}, "cluster"},
 	}
@@ -73,8 +74,8 @@ func TestAuditRecordsTheAuditedCommands(t *testing.T) {
 		{104, 1004, "alice", "set-group-mode", true},
 		{105, 1005, "admin", "set-principal", true},
 		{107, 1007, "admin", "txn-decide", true},
-		{108, 1008, "admin", "add-voter", true},
-		{109, 1009, "cluster", "promote", true},
+		{109, 1009, "admin", "add-voter", true},
+		{110, 1010, "cluster", "promote", true},
 	}
 	var have []rec
 	for _, r := range got {
