@@ -180,3 +180,16 @@ func TestCertificateSessionActsAsItsPrincipal(t *testing.T) {
 }
 
 func tokenHashOf(token string) string { return auth.HashToken(token).String() }
+
+// With authorization off anyone sees the page; the changes have no
+// principal.
+func TestAuditPageAuthorizationOff(t *testing.T) {
+	e := startEnv(t, envOpts{})
+	if _, err := e.admin.CreateTopic(context.Background(), api.CreateTopicRequest{Name: "open-topic", Queues: 1}); err != nil {
+		t.Fatal(err)
+	}
+	body := e.browser(t).must(Prefix + "audit?kind=create-topic")
+	if !strings.Contains(body, "open-topic") || !strings.Contains(body, "<td>-</td>") {
+		t.Fatalf("the audit page with authorization off:\n%s", body)
+	}
+}
