@@ -432,9 +432,11 @@ func handle[Req, Resp any](s *Server, code protocol.Code, leaderOnly bool, fn fu
 			return
 		}
 		actor, err := s.actorOf(r)
-		if err == nil && actor != nil {
+		switch {
+		case err != nil:
+		case actor != nil:
 			err = auth.Authorize(*actor, code, targetOf(req))
-		} else if err == nil {
+		default:
 			err = s.authorize(r, code, targetOf(req))
 		}
 		if err != nil {
