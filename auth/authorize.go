@@ -153,6 +153,9 @@ var rules = map[protocol.Code]need{
 	// from its group: an operator's acts.
 	protocol.CodeAdminGroupPolicy: 0,
 	protocol.CodeAdminRemoveSlave: 0,
+
+	// The registry's audit trail (who changed what): describe reads it.
+	protocol.CodeAuditList: needDescribe,
 }
 
 // HasRule reports whether code has a rule (a code without one is allowed

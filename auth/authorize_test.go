@@ -161,6 +161,8 @@ var expect = map[string][]allow{
 	"ADMIN_RETIRE_GROUP": adminOnly,
 	"ADMIN_GROUP_POLICY": adminOnly,
 	"ADMIN_REMOVE_SLAVE": adminOnly,
+
+	"AUDIT_LIST": describeOnly,
 }
 
 // namedCodes returns every request code protocol gives a name.

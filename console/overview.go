@@ -19,6 +19,7 @@ func allPages() []*page {
 		{path: "/delayed", title: "Delayed", code: protocol.CodeDelayedState, tmpl: "delayed", get: delayed, act: cancelDelayed, brokers: true},
 		// Describe: the groups to ask are listed by ADMIN_GROUPS (see txns.go).
 		{path: "/txns", title: "Transactions", code: protocol.CodeAdminGroups, tmpl: "txns", get: txns, act: abortTxn, brokers: true},
+		{path: "/audit", title: "Audit", code: protocol.CodeAuditList, tmpl: "audit", get: auditPage},
 	}
 }
 

@@ -247,7 +247,7 @@ func (c *Console) login(r *http.Request) (*session, error) {
 		if c.cfg.ClusterToken == "" {
 			return nil, errors.New("certificate logins need the server's cluster token (-auth-cluster-token-file); log in with a token")
 		}
-		meta, err := c.metaClient(c.cfg.ClusterToken)
+		meta, err := c.actingClient(p.Name)
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/metaserver/fsm"
 	"github.com/ferrymq/ferrymq/protocol"
 )
 
@@ -125,16 +126,23 @@ func (s *Server) authorize(r *transport.Request, code protocol.Code, target auth
 type principalKey struct{}
 
 // requestContext is the context a handler of r runs in: with
-// authorization on it carries r's principal (principalOf, describesTopic).
-func (s *Server) requestContext(r *transport.Request) context.Context {
+// authorization on it carries r's principal, or the actor the request is
+// made for (actorOf), (principalOf, describesTopic), and always the audit
+// stamp of the commands it proposes (stampOf).
+func (s *Server) requestContext(r *transport.Request, actor *auth.Principal) context.Context {
 	ctx := context.Background()
 	if !s.cfg.AuthEnabled() {
-		return ctx
+		return context.WithValue(ctx, stampKey{}, fsm.Stamp{})
 	}
-	if p, err := auth.Resolve(r, s.ACL()); err == nil {
+	if actor != nil {
+		ctx = context.WithValue(ctx, principalKey{}, *actor)
+		return context.WithValue(ctx, stampKey{}, fsm.Stamp{Principal: actor.Name, Via: viaConsole})
+	}
+	p, err := auth.Resolve(r, s.ACL())
+	if err == nil {
 		ctx = context.WithValue(ctx, principalKey{}, p)
 	}
-	return ctx
+	return context.WithValue(ctx, stampKey{}, fsm.Stamp{Principal: p.Name})
 }
 
 // principalOf is the name of the principal making the request a handler

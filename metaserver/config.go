@@ -112,6 +112,11 @@ type Config struct {
 	SnapshotInterval  time.Duration
 	SnapshotThreshold uint64
 
+	// AuditRetention is how long the registry keeps its audit records
+	// (audit.go): the leader expires older ones. Default 30 days; at least
+	// MinAuditRetention, at most MaxAuditRetention.
+	AuditRetention time.Duration
+
 	// Logger is the root logger. Default: stderr at info.
 	Logger hclog.Logger
 
@@ -256,6 +261,9 @@ func (c Config) withDefaults() Config {
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = 16384
 	}
+	if c.AuditRetention == 0 {
+		c.AuditRetention = DefaultAuditRetention
+	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()
 	}
@@ -335,6 +343,9 @@ func (c Config) Validate() error {
 	}
 	if c.RaftAddr == "" {
 		bad("RaftAddr is required")
+	}
+	if c.AuditRetention != 0 && (c.AuditRetention < MinAuditRetention || c.AuditRetention > MaxAuditRetention) {
+		bad("AuditRetention (-audit-retention) is %v; it must be from %v to %v", c.AuditRetention, MinAuditRetention, MaxAuditRetention)
 	}
 	if c.RPCAddr == "" {
 		bad("RPCAddr is required")

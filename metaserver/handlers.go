@@ -54,6 +54,7 @@ func (s *Server) routes() {
 	s.groupRoutes()
 	s.syncSetRoutes()
 	s.txnRoutes()
+	s.auditRoutes()
 }
 
 func invalid(format string, args ...any) error {
@@ -121,7 +122,7 @@ func (s *Server) handleRouteLookup(r *transport.Request, create bool) {
 		_ = r.Reply(body)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(s.requestContext(r, nil), 5*time.Second)
 	defer cancel()
 	route, err := s.routeLookup(ctx, topic, create)
 	if err != nil {
@@ -366,6 +367,7 @@ func (s *Server) addVoter(ctx context.Context, req api.VoterRequest) (api.RaftSt
 		return api.RaftStatus{}, fmt.Errorf("add voter %s: %w", req.ID, err)
 	}
 	s.log.Info("voter added", "id", req.ID, "raft-addr", req.RaftAddr)
+	s.noteAudit(ctx, "add-voter", req)
 	return s.raftStatus(), nil
 }
 
@@ -396,6 +398,7 @@ func (s *Server) removeVoter(ctx context.Context, req api.VoterRequest) (api.Raf
 		}
 	}
 	s.log.Info("voter removed", "id", req.ID)
+	s.noteAudit(ctx, "remove-voter", api.VoterRequest{ID: req.ID})
 	return s.raftStatus(), nil
 }
 

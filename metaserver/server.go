@@ -67,6 +67,8 @@ type Server struct {
 	// txnsCheckedAt is when the judge last looked for decisions to expire
 	// (expireTxns; only the judge's goroutine touches it).
 	txnsCheckedAt time.Time
+	// auditCheckedAt is the same for the audit records (expireAudit).
+	auditCheckedAt time.Time
 
 	leaderMu   sync.Mutex
 	leaderConn *transport.Client // to ask the leader for routes this node lacks
@@ -95,7 +97,10 @@ func New(cfg Config) (*Server, error) {
 	s.judge.init(cfg, s.fsm, s.apply, s.log.Named("judge"))
 	s.consumers.init(cfg, s.fsm, s.apply, s.log.Named("consumers"))
 	s.judge.consumers = &s.consumers
-	s.judge.txnExpiry = s.expireTxns
+	s.judge.txnExpiry = func(ctx context.Context, now time.Time) {
+		s.expireTxns(ctx, now)
+		s.expireAudit(ctx, now)
+	}
 	s.push.init(cfg, s.fsm, s.log.Named("route-push"))
 	var err error
 	defer func() {
@@ -339,7 +344,9 @@ func (s *Server) leaderRPC() string {
 	return ""
 }
 
-// apply commits a command through raft and returns the FSM's result.
+// apply commits a command through raft and returns the FSM's result. The
+// entry carries its audit stamp (stampOf: who, and the leader's clock) in
+// its Extensions, so every node keeps the same audit record of it.
 func (s *Server) apply(ctx context.Context, cmd fsm.Command) (*fsm.Result, error) {
 	b, err := fsm.Encode(cmd)
 	if err != nil {
@@ -349,7 +356,7 @@ func (s *Server) apply(ctx context.Context, cmd fsm.Command) (*fsm.Result, error
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
-	f := s.raft.Apply(b, timeout)
+	f := s.raft.ApplyLog(raft.Log{Data: b, Extensions: fsm.EncodeStamp(s.stampOf(ctx))}, timeout)
 	if err := f.Error(); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
 			return nil, &protocol.Error{Status: protocol.StatusNotLeader, Message: s.leaderRPC()}
@@ -407,7 +414,10 @@ func (s *Server) closeResources() {
 }
 
 // handle registers a JSON request/response handler. With authorization
-// on, a request is checked (authz.go) before anything else is said of it.
+// on, a request is checked (authz.go) before anything else is said of it:
+// as the connection's principal, or as the actor the cluster names for it
+// (actorOf: the console's certificate sessions), whose name the audit
+// records of its commands then carry.
 // leaderOnly handlers answer NOT_LEADER (with the leader's address as the
 // body) on a follower.
 func handle[Req, Resp any](s *Server, code protocol.Code, leaderOnly bool, fn func(ctx context.Context, req Req) (Resp, error)) {
@@ -421,7 +431,15 @@ func handle[Req, Resp any](s *Server, code protocol.Code, leaderOnly bool, fn fu
 			r.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("decode %v request: %v", code, err)})
 			return
 		}
-		if err := s.authorize(r, code, targetOf(req)); err != nil {
+		actor, err := s.actorOf(r)
+		switch {
+		case err != nil:
+		case actor != nil:
+			err = auth.Authorize(*actor, code, targetOf(req))
+		default:
+			err = s.authorize(r, code, targetOf(req))
+		}
+		if err != nil {
 			r.ReplyError(err)
 			return
 		}
@@ -433,7 +451,7 @@ func handle[Req, Resp any](s *Server, code protocol.Code, leaderOnly bool, fn fu
 			_ = r.ReplyStatus(protocol.StatusNotLeader, []byte(s.leaderRPC()))
 			return
 		}
-		ctx, cancel := context.WithTimeout(s.requestContext(r), 5*time.Second)
+		ctx, cancel := context.WithTimeout(s.requestContext(r, actor), 5*time.Second)
 		defer cancel()
 		resp, err := fn(ctx, req)
 		if err != nil {

@@ -80,6 +80,8 @@ const (
 	CodeAdminRetireGroup Code = 71 // move a dead broker group's queues to other groups and retire it
 	CodeAdminGroupPolicy Code = 72 // set a broker group's min in-sync copies and ack quorum
 	CodeAdminRemoveSlave Code = 73 // remove a slave from its broker group
+	// The registry's audit trail, newest first (JSON, metaserver/api).
+	CodeAuditList Code = 74
 )
 
 var codeNames = map[Code]string{
@@ -126,6 +128,7 @@ var codeNames = map[Code]string{
 	CodeAdminRetireGroup:  "ADMIN_RETIRE_GROUP",
 	CodeAdminGroupPolicy:  "ADMIN_GROUP_POLICY",
 	CodeAdminRemoveSlave:  "ADMIN_REMOVE_SLAVE",
+	CodeAuditList:         "AUDIT_LIST",
 	CodeAlterSyncSet:      "ALTER_SYNC_SET",
 	CodeTxnDecide:         "TXN_DECIDE",
 	CodeTxnDone:           "TXN_DONE",

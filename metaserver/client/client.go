@@ -34,6 +34,12 @@ type Config struct {
 	// Transport.Token): a servers' cluster token, an admin's, or a
 	// principal's that ferryctl acl add made.
 	Token string
+	// ActAs, with the cluster's Token only, names the principal the
+	// requests are made for: the metaserver checks each JSON request as
+	// that principal and stamps its audit record with it (the console's
+	// certificate sessions; ActAsField). Any other caller naming one is
+	// refused NOT_AUTHORIZED.
+	ActAs string
 }
 
 // Client is the typed metaserver client. Reads go to any node (the last one
@@ -179,6 +185,7 @@ func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLe
 			return nil, fmt.Errorf("metaserver client: encode %v: %w", code, err)
 		}
 	}
+	body = withActor(body, c.cfg.ActAs)
 	deadline, _ := ctx.Deadline()
 	base := attemptBase(max(time.Until(deadline)-hold, 0), len(c.cfg.Addrs))
 	var lastErr error

@@ -67,7 +67,7 @@ func TestSetPrincipalRefusals(t *testing.T) {
 	f := New()
 	tok := auth.HashToken("shared-token-shared-token-shared-token")
 	mustApply(t, f, &SetPrincipal{Name: "app1", TokenHash: tok, Permissions: []string{"produce:a"}})
-	before := f.State()
+	before := registry(f)
 	cases := []struct {
 		cmd    Command
 		status protocol.Status
@@ -95,7 +95,7 @@ func TestSetPrincipalRefusals(t *testing.T) {
 			t.Errorf("%+v: %v; want %v saying %q", c.cmd, err, c.status, c.want)
 		}
 	}
-	if !reflect.DeepEqual(f.State(), before) || f.ACLVersion() != 1 {
+	if !reflect.DeepEqual(registry(f), before) || f.ACLVersion() != 1 {
 		t.Fatalf("a refused command changed the state (ACL version %d)", f.ACLVersion())
 	}
 	// The right version is taken.

@@ -274,6 +274,10 @@ func Decode(b []byte) (Command, error) {
 		c = &TxnDone{}
 	case TypeTxnExpire:
 		c = &TxnExpire{}
+	case TypeAuditExpire:
+		c = &AuditExpire{}
+	case TypeAuditNote:
+		c = &AuditNote{}
 	default:
 		if CommandType(b[0])&IgnoreUnknown != 0 {
 			return nil, nil

@@ -50,6 +50,9 @@ type State struct {
 	// Txns are the transaction decisions held (txns.go). A snapshot from
 	// before them lacks it and is read as none.
 	Txns map[TxnKey]*TxnRecord `json:"txns,omitempty"`
+	// Audit is the audit trail, oldest first (audit.go). A snapshot from
+	// before it lacks it and is read as none.
+	Audit []AuditRecord `json:"audit,omitempty"`
 }
 
 // ProducerIdentity is a producer's id and epoch.
@@ -112,6 +115,10 @@ func (s *State) clone() *State {
 	c.ACLVersion = s.ACLVersion
 	c.Queues = cloneQueueStates(s.Queues)
 	c.Txns = cloneTxns(s.Txns)
+	// Records are never modified and the live slice only grows past the
+	// clone's end or moves its start: the clone shares them (capped, so
+	// that an append to it copies).
+	c.Audit = s.Audit[:len(s.Audit):len(s.Audit)]
 	return c
 }
 
@@ -129,7 +136,8 @@ type Result struct {
 	// Txn is the transaction's decision after TxnDecide (the one recorded
 	// before, when Changed is false) or TxnDone (nil: none is held).
 	Txn *TxnRecord
-	// Expired is how many decisions TxnExpire deleted.
+	// Expired is how many decisions TxnExpire, or records AuditExpire,
+	// deleted.
 	Expired int
 }
 
@@ -171,7 +179,9 @@ func (f *FSM) Apply(l *raft.Log) any {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.apply(c)
+	res := f.apply(c)
+	f.audit(l, c, res)
+	return res
 }
 
 func (f *FSM) apply(c Command) any {
@@ -356,6 +366,10 @@ func (f *FSM) apply(c Command) any {
 		return f.txnDone(c)
 	case *TxnExpire:
 		return f.txnExpire(c)
+	case *AuditExpire:
+		return f.auditExpire(c)
+	case *AuditNote:
+		return f.auditNote(c)
 	}
 	return &protocol.Error{Status: protocol.StatusInvalid, Message: fmt.Sprintf("unknown command %T", c)}
 }

@@ -112,11 +112,11 @@ func TestCommands(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			before := f.State()
+			before := registry(f)
 			if _, err := apply(t, f, tc.cmd); !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}
-			if !reflect.DeepEqual(before, f.State()) {
+			if !reflect.DeepEqual(before, registry(f)) {
 				t.Fatal("a refused command changed the state")
 			}
 		})

@@ -209,10 +209,10 @@ func TestRetireGroupRefusals(t *testing.T) {
 		{"to a pending group", &RetireGroup{Group: "g2", Moves: []QueueMove{{Topic: "orders", Queue: 1, To: "gp"}}}, protocol.ErrConflict},
 		{"to no group", &RetireGroup{Group: "g2", Moves: []QueueMove{{Topic: "orders", Queue: 1, To: "g9"}}}, protocol.ErrNotFound},
 	} {
-		before := f.State()
+		before := registry(f)
 		_, err := apply(t, f, c.cmd)
 		wantStatus(t, err, c.want, c.name)
-		if !reflect.DeepEqual(f.State(), before) {
+		if !reflect.DeepEqual(registry(f), before) {
 			t.Fatalf("%s: the refused retirement changed the registry", c.name)
 		}
 	}

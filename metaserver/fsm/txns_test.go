@@ -102,10 +102,10 @@ func TestTxnDecideInvalid(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := txnGroupSeeded(t)
-			before := f.State()
+			before := registry(f)
 			_, err := apply(t, f, tc.c)
 			wantStatus(t, err, protocol.ErrInvalid, tc.name)
-			if !reflect.DeepEqual(before, f.State()) {
+			if !reflect.DeepEqual(before, registry(f)) {
 				t.Fatal("a refused decide changed the state")
 			}
 		})

@@ -8,8 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -65,6 +67,8 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.ConsumerJoinWindow, "consumer-join-window", def.ConsumerJoinWindow, "a consumer group with no member waits this long from its first member's join for others before its first assignment (negative: not at all)")
 	fs.StringVar(&raftSecretFile, "raft-secret-file", "", "file holding the metaservers' own secret, the same on every metaserver and on no broker or client: it alone opens the raft port (required with -auth-cluster-token-file or -tls-*)")
 	fs.BoolVar(&cfg.RaftAcceptClusterKey, "raft-accept-cluster-key", false, "only while moving a running cluster to -raft-secret-file: also accept raft peers keyed by the cluster token, as metaservers were before it (a broker's token opens the raft port meanwhile; see docs/security.md)")
+	cfg.AuditRetention = def.AuditRetention
+	fs.Var((*daysFlag)(&cfg.AuditRetention), "audit-retention", "how long the registry keeps its audit records (who changed what): a duration or days, 720h or 30d; 1h to 3650d")
 	var con consoleFlags
 	con.register(fs)
 	sf.Register(fs, true)
@@ -84,6 +88,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.RaftSecret == "" && cfg.SecurityOn() {
 		return &cli.ConfigError{Err: errors.New("-raft-secret-file is required with -auth-cluster-token-file or -tls-*: the raft port opens only to the metaservers' own secret, since brokers hold the cluster token and certificates of the same CA. " +
 			"Make one file for all the metaservers, and give it to no broker or client: (umask 077; head -c 32 /dev/urandom | base64 > raft.secret)")}
+	}
+	if cfg.AuditRetention < metaserver.MinAuditRetention || cfg.AuditRetention > metaserver.MaxAuditRetention {
+		return &cli.ConfigError{Err: fmt.Errorf("-audit-retention must be from 1h to 3650d, got %v", cfg.AuditRetention)}
 	}
 	switch failover {
 	case "on":
@@ -340,4 +347,34 @@ func ready(st api.RaftStatus) error {
 		return errors.New("not ready: the node is starting")
 	}
 	return fmt.Errorf("not ready: no raft leader known (this node is %s)", st.State)
+}
+
+// daysFlag is a duration flag that also takes whole days ("30d").
+type daysFlag time.Duration
+
+func (d *daysFlag) String() string {
+	if d == nil {
+		return ""
+	}
+	if v := time.Duration(*d); v > 0 && v%(24*time.Hour) == 0 {
+		return strconv.FormatInt(int64(v/(24*time.Hour)), 10) + "d"
+	}
+	return time.Duration(*d).String()
+}
+
+func (d *daysFlag) Set(s string) error {
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.ParseInt(n, 10, 64)
+		if err != nil || days < 0 || days > math.MaxInt64/int64(24*time.Hour) {
+			return fmt.Errorf("not a number of days: %q", s)
+		}
+		*d = daysFlag(time.Duration(days) * 24 * time.Hour)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = daysFlag(v)
+	return nil
 }

@@ -54,6 +54,7 @@ func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
 		return []string{"-id", "m1", "-dir", t.TempDir(), "-rpc-addr", "127.0.0.1:0", "-raft-addr", "127.0.0.1:0"}
 	}
 	t.Run("base settings are accepted", func(t *testing.T) { clitest.Accepts(t, Run, base()) })
+	t.Run("a retention in days is accepted", func(t *testing.T) { clitest.Accepts(t, Run, append(base(), "-audit-retention", "3650d")) })
 	for _, tc := range []struct{ flag, value, field string }{
 		{"-session", "-5s", "SessionTimeout"},
 		{"-lag-time", "-1s", "LagTime"},
@@ -63,6 +64,10 @@ func TestNegativeDurationFlagsAreConfigErrors(t *testing.T) {
 		{"-failover-margin", "-1s", "FailoverMargin"},
 		{"-consumer-session", "-1s", "ConsumerSession"},
 		{"-consumer-session", "10m", "ConsumerSession"},
+		{"-audit-retention", "59m", "-audit-retention must be from 1h to 3650d"},
+		{"-audit-retention", "3651d", "-audit-retention must be from 1h to 3650d"},
+		{"-audit-retention", "-1d", "not a number of days"},
+		{"-audit-retention", "1y", "audit-retention"},
 	} {
 		t.Run(tc.flag+" "+tc.value, func(t *testing.T) {
 			clitest.Refuses(t, Run, append(base(), tc.flag, tc.value), tc.field, cli.ExitConfig)
