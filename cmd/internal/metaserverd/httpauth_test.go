@@ -117,7 +117,7 @@ func TestMetricsPortTLSAndDescribe(t *testing.T) {
 			want              int
 		}{
 			{"no credentials", "/metrics", "", nil, http.StatusUnauthorized},
-			{"no credentials, another path", "/console", "", nil, http.StatusUnauthorized},
+			{"no credentials, another path", "/other", "", nil, http.StatusUnauthorized},
 			{"a token nobody has", "/metrics", auth.NewToken(), nil, http.StatusUnauthorized},
 			{"a client certificate naming no principal", "/metrics", "", testtls.ClientConfig(t, strangerCert), http.StatusUnauthorized},
 			{"produce:orders", "/metrics", produceTok, nil, http.StatusForbidden},
@@ -145,5 +145,13 @@ func TestMetricsPortTLSAndDescribe(t *testing.T) {
 				t.Fatalf("%s served its metrics over plain HTTP", srv.name)
 			}
 		}
+	}
+	// The metaserver's web console is on the same HTTPS port, outside the
+	// describe guard: its own login page, whatever the credentials.
+	if code, body := get(metaHTTP, "/console/login", "", nil); code != http.StatusOK || !strings.Contains(body, `id="token-login"`) {
+		t.Fatalf("metaserver /console/login without credentials: %d %q, want 200 and the login form", code, body)
+	}
+	if code, _ := get(brokerHTTP, "/console/login", "", nil); code != http.StatusUnauthorized {
+		t.Fatalf("broker /console/login: %d, want 401 (a broker serves no console)", code)
 	}
 }
