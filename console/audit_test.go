@@ -177,6 +177,21 @@ func TestCertificateSessionActsAsItsPrincipal(t *testing.T) {
 	if !strings.Contains(body, "bob (console)") || !strings.Contains(body, "by-bob") {
 		t.Fatalf("the record of bob's topic:\n%s", body)
 	}
+
+	// The pages that read from the brokers need the principal's own token:
+	// a certificate session is refused them, and its navigation omits them.
+	cb := e.browser(t)
+	u, _ := url.Parse(e.srv.URL + Prefix)
+	cb.hc.Jar.SetCookies(u, []*http.Cookie{{Name: cookieName, Value: certSession("bob").id, Path: Prefix}})
+	overview := cb.must(Prefix)
+	for _, p := range []string{"messages", "deadletters", "delayed", "txns"} {
+		if strings.Contains(overview, `href="`+Prefix+p+`"`) {
+			t.Errorf("a certificate session's navigation links %s", p)
+		}
+		if a := cb.get(Prefix + p); a.status != http.StatusForbidden || !strings.Contains(a.body, "log in with your token") {
+			t.Errorf("%s for a certificate session: status %d, want 403 saying to log in with a token", p, a.status)
+		}
+	}
 }
 
 func tokenHashOf(token string) string { return auth.HashToken(token).String() }
