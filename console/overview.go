@@ -13,6 +13,7 @@ import (
 func allPages() []*page {
 	return []*page{
 		{path: "/", title: "Overview", code: protocol.CodeAdminGroups, tmpl: "overview", get: overview},
+		{path: "/groups", title: "Broker groups", code: protocol.CodeAdminGroups, tmpl: "groups", get: groupsPage, act: setGroupMode},
 	}
 }
 
