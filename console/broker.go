@@ -2,8 +2,10 @@ package console
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ferrymq/ferrymq/auth"
@@ -85,13 +87,23 @@ func pullOnce(ctx context.Context, tc *transport.Client, req *protocol.PullReque
 }
 
 // queueRange reads a queue's oldest offset and its next offset to be
-// written: one PULL of at most one byte at offset, whose answer's header
-// carries both (the message it may carry is not shown).
-func (q *query) queueRange(ctx context.Context, topic string, qr routing.QueueRoute, offset int64) (minOff, maxOff int64, err error) {
+// written from its broker: one QUEUE_COUNT of the whole queue without a
+// filter, which the broker answers from its index at once (Count: the
+// messages held, ScannedTo: the log end) and which shows no message, so
+// describe may ask it.
+func (q *query) queueRange(ctx context.Context, topic string, qr routing.QueueRoute) (minOff, maxOff int64, err error) {
 	err = q.onQueueBroker(ctx, qr, func(ctx context.Context, tc *transport.Client) error {
-		pr, err := pullOnce(ctx, tc, &protocol.PullRequest{Topic: topic, Queue: qr.Queue, Offset: offset, MaxBytes: 1})
-		minOff, maxOff = pr.MinOffset, pr.MaxOffset
-		return err
+		body, _ := json.Marshal(protocol.QueueCountRequest{Topic: topic, Queue: qr.Queue, From: 0, To: math.MaxInt64})
+		resp, err := tc.Call(ctx, protocol.CodeQueueCount, body)
+		if err != nil {
+			return err
+		}
+		var c protocol.QueueCount
+		if err := json.Unmarshal(resp.Body, &c); err != nil {
+			return fmt.Errorf("QUEUE_COUNT answer: %w", err)
+		}
+		minOff, maxOff = c.ScannedTo-c.Count, c.ScannedTo
+		return nil
 	})
 	return minOff, maxOff, err
 }

@@ -15,6 +15,8 @@ func allPages() []*page {
 		{path: "/", title: "Overview", code: protocol.CodeAdminGroups, tmpl: "overview", get: overview},
 		{path: "/groups", title: "Broker groups", code: protocol.CodeAdminGroups, tmpl: "groups", get: groupsPage, act: setGroupMode},
 		{path: "/topics", title: "Topics", code: protocol.CodeAdminTopics, tmpl: "topics", get: topicsPage, act: createTopic},
+		{path: "/consumers", title: "Consumer groups", code: protocol.CodeConsumerGroups, tmpl: "consumers", get: consumersPage},
+		{path: "/consumer", code: protocol.CodeConsumerGroups, tmpl: "consumer", get: consumerPage, act: confirmReset},
 		{path: "/topic", code: protocol.CodeRouteGet, tmpl: "topic", get: topicPage, act: addQueues},
 	}
 }

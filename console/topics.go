@@ -125,15 +125,16 @@ func createTopic(q *query) (string, error) {
 }
 
 // topicData is one topic's page: its queues (a page of them) with their
-// groups and brokers, and, for who may read the topic, each queue's log
-// range from its broker.
+// groups and brokers, and, for who may count its messages, each queue's
+// log range from its broker.
 type topicData struct {
 	Name    string
 	Version uint64
 	Queues  []queueRow
 	Pager   pager
-	// Ranges: the log ranges were asked (the principal may read the
-	// topic); else the page says what it would take.
+	// Ranges: the log ranges were asked (the principal may count the
+	// topic's messages: describe, or consume on it); else the page says
+	// what it would take.
 	Ranges    bool
 	MayAdd    bool
 	CSRF      string
@@ -169,7 +170,7 @@ func topicPage(q *query) (any, error) {
 		return nil, err
 	}
 	d := topicData{Name: name, Version: route.Version, Pager: p, CSRF: q.s.csrf, MaxQueues: maxTopicQueues,
-		Ranges: q.allow(protocol.CodePull, auth.Topic(name)) == nil,
+		Ranges: q.allow(protocol.CodeQueueCount, auth.Topic(name)) == nil,
 		MayAdd: q.allow(protocol.CodeAdminAddQueues, auth.Topic(name)) == nil}
 	d.Queues = make([]queueRow, len(shown))
 	for i, qr := range shown {
@@ -196,7 +197,7 @@ func (q *query) readRanges(topic string, rows []queueRow) {
 				return
 			}
 			defer release()
-			lo, hi, err := q.queueRange(q.ctx, topic, r.QueueRoute, 0)
+			lo, hi, err := q.queueRange(q.ctx, topic, r.QueueRoute)
 			if err != nil {
 				r.Error = err.Error()
 				return
