@@ -17,6 +17,7 @@ func allPages() []*page {
 		{path: "/topics", title: "Topics", code: protocol.CodeAdminTopics, tmpl: "topics", get: topicsPage, act: createTopic},
 		{path: "/consumers", title: "Consumer groups", code: protocol.CodeConsumerGroups, tmpl: "consumers", get: consumersPage},
 		{path: "/consumer", code: protocol.CodeConsumerGroups, tmpl: "consumer", get: consumerPage, act: confirmReset},
+		{path: "/principals", title: "Principals", code: protocol.CodeAdminACLList, tmpl: "principals", get: principalsPage},
 		{path: "/topic", code: protocol.CodeRouteGet, tmpl: "topic", get: topicPage, act: addQueues},
 	}
 }
