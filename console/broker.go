@@ -87,23 +87,29 @@ func pullOnce(ctx context.Context, tc *transport.Client, req *protocol.PullReque
 }
 
 // queueRange reads a queue's oldest offset and its next offset to be
-// written from its broker: one QUEUE_COUNT of the whole queue without a
-// filter, which the broker answers from its index at once (Count: the
-// messages held, ScannedTo: the log end) and which shows no message, so
-// describe may ask it.
+// written from its broker (countRange) with the session's credential.
 func (q *query) queueRange(ctx context.Context, topic string, qr routing.QueueRoute) (minOff, maxOff int64, err error) {
 	err = q.onQueueBroker(ctx, qr, func(ctx context.Context, tc *transport.Client) error {
-		body, _ := json.Marshal(protocol.QueueCountRequest{Topic: topic, Queue: qr.Queue, From: 0, To: math.MaxInt64})
-		resp, err := tc.Call(ctx, protocol.CodeQueueCount, body)
-		if err != nil {
-			return err
-		}
-		var c protocol.QueueCount
-		if err := json.Unmarshal(resp.Body, &c); err != nil {
-			return fmt.Errorf("QUEUE_COUNT answer: %w", err)
-		}
-		minOff, maxOff = c.ScannedTo-c.Count, c.ScannedTo
-		return nil
+		minOff, maxOff, err = countRange(ctx, tc, topic, qr.Queue)
+		return err
 	})
 	return minOff, maxOff, err
+}
+
+// countRange reads a queue's oldest offset and its next offset to be
+// written: one QUEUE_COUNT of the whole queue without a filter, which the
+// broker answers from its index at once (Count: the messages held,
+// ScannedTo: the log end) and which shows no message, so describe may ask
+// it.
+func countRange(ctx context.Context, tc *transport.Client, topic string, queue uint32) (minOff, maxOff int64, err error) {
+	body, _ := json.Marshal(protocol.QueueCountRequest{Topic: topic, Queue: queue, From: 0, To: math.MaxInt64})
+	resp, err := tc.Call(ctx, protocol.CodeQueueCount, body)
+	if err != nil {
+		return 0, 0, err
+	}
+	var c protocol.QueueCount
+	if err := json.Unmarshal(resp.Body, &c); err != nil {
+		return 0, 0, fmt.Errorf("QUEUE_COUNT answer: %w", err)
+	}
+	return c.ScannedTo - c.Count, c.ScannedTo, nil
 }

@@ -21,6 +21,7 @@ type groupsData struct {
 	// MayChange: the principal may mark a group read-only or writable.
 	MayChange bool
 	CSRF      string
+	Charts    []chart // the groups' bytes stored a second
 }
 
 // groupView is one broker group with what its template shows besides the
@@ -96,6 +97,11 @@ func groupsPage(q *query) (any, error) {
 			d.Groups = append(d.Groups, newGroupView(g))
 		}
 	}
+	names := make([]string, len(d.Groups))
+	for i, g := range d.Groups {
+		names[i] = g.Name
+	}
+	d.Charts = q.groupCharts(names)
 	return d, nil
 }
 

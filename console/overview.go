@@ -29,7 +29,13 @@ type overviewData struct {
 	MetaError string // why the metaservers' status is not shown
 	Groups    []api.GroupInfo
 	Writable  int
+	// Charts are the broker groups' bytes stored a second, and the lag
+	// of the consumer groups the principal may see (the first few).
+	Charts []chart
 }
+
+// overviewLagCharts bounds the consumer groups' lag charts on the overview.
+const overviewLagCharts = 12
 
 // memberWait bounds how long the overview waits for each metaserver's own
 // answer about itself.
@@ -51,10 +57,13 @@ func overview(q *query) (any, error) {
 		return nil, err
 	}
 	sort.Slice(d.Groups, func(i, j int) bool { return d.Groups[i].Name < d.Groups[j].Name })
-	for _, g := range d.Groups {
+	names := make([]string, len(d.Groups))
+	for i, g := range d.Groups {
 		if g.State == "RW" {
 			d.Writable++
 		}
+		names[i] = g.Name
 	}
+	d.Charts = append(q.groupCharts(names), q.lagCharts(q.c.sampledLagGroups(overviewLagCharts))...)
 	return d, nil
 }
