@@ -317,6 +317,7 @@ type consumerData struct {
 	LagError               string
 	MayReset               bool
 	Reset                  *resetView // the reset form or its preview (?reset=TOPIC)
+	ResetDone              string     // the topic whose offsets were just reset (?reset-done=)
 	CSRF                   string
 	Charts                 []chart
 }
@@ -331,6 +332,11 @@ func consumerPage(q *query) (any, error) {
 		return nil, err
 	}
 	var resetTopic string
+	if v.Has("reset-done") {
+		if _, err := topicParam(v, "reset-done"); err != nil {
+			return nil, err
+		}
+	}
 	if v.Has("reset") {
 		if resetTopic, err = topicParam(v, "reset"); err != nil {
 			return nil, err
@@ -343,6 +349,7 @@ func consumerPage(q *query) (any, error) {
 	d := consumerData{Name: info.Name, Filter: info.Filter, FilterBy: info.FilterBy, Generation: info.Generation,
 		Topics: groupTopics(info), Members: slices.Clone(info.Members), CSRF: q.s.csrf, TotalLag: -1,
 		MayReset: q.allow(protocol.CodeResetOffsets, auth.Target{Group: name}) == nil}
+	d.ResetDone = v.Get("reset-done")
 	sort.Slice(d.Members, func(i, j int) bool { return d.Members[i].ID < d.Members[j].ID })
 	queues, err := q.groupQueues(newRoutes(q), info)
 	if err != nil {

@@ -10,8 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrymq/ferrymq/auth"
+	tc "github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
+	"github.com/ferrymq/ferrymq/protocol"
 )
 
 // member joins consumer group of topic as the admin, and returns its
@@ -28,6 +32,22 @@ func member(t *testing.T, e *env, group, id, topic string, queues int) uint64 {
 		return len(r.Assignment) == queues
 	})
 	return gen
+}
+
+// storeTimes is the store time of every message of a queue, by offset.
+func storeTimes(t *testing.T, e *env, topic string, queue uint32) []int64 {
+	t.Helper()
+	r, err := e.admin.RouteExisting(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := transport.NewClient(r.Queues[queue].Master, transport.ClientConfig{Login: auth.TokenLogin(e.adminTok)})
+	defer c.Close()
+	var out []int64
+	for _, m := range tc.PullAll(t, c, topic, queue) {
+		out = append(out, m.StoreTime)
+	}
+	return out
 }
 
 // leave has the member leave its group.
@@ -179,6 +199,18 @@ func TestConsumerResetPreviewConfirm(t *testing.T) {
 	if want := []string{"0 6 0 10 0 0 6", "1 1 0 4 0 0 1"}; fmt.Sprint(rows) != fmt.Sprint(want) {
 		t.Fatalf("the preview to time 0: %q, want %q", rows, want)
 	}
+	// To the store time of queue 0's 8th message: the first message
+	// stored at or after it, by the broker's own times.
+	stored := storeTimes(t, e, "orders", 0)
+	at := stored[7]
+	first := 0
+	for first < len(stored) && stored[first] < at {
+		first++
+	}
+	rows, body = preview(t, admin, url.Values{"to": {"time"}, "at": {fmt.Sprint(at)}})
+	if len(rows) != 2 || rows[0] != fmt.Sprintf("0 6 0 10 %d %d %d", first, max(first-6, 0), max(6-first, 0)) {
+		t.Fatalf("the preview to %d (queue 0 stored at %v): %q:\n%s", at, stored, rows, body)
+	}
 	rows, _ = preview(t, admin, url.Values{"to": {"time"}, "at": {"2999-01-01T00:00:00Z"}})
 	if want := []string{"0 6 0 10 10 4 0", "1 1 0 4 4 3 0"}; fmt.Sprint(rows) != fmt.Sprint(want) {
 		t.Fatalf("the preview to a time to come: %q, want %q", rows, want)
@@ -202,7 +234,7 @@ func TestConsumerResetPreviewConfirm(t *testing.T) {
 	if c := committed(t, e, "billing", "orders"); c[0] != 8 || c[1] != 2 {
 		t.Fatalf("after the confirm the offsets are %v, want 8 and 2", c)
 	}
-	if body := admin.must(a.location); !strings.Contains(body, `id="total-lag">4<`) {
+	if body := admin.must(a.location); !strings.Contains(body, `id="total-lag">4<`) || !strings.Contains(body, `id="reset-done">The offsets of orders were reset.<`) {
 		t.Errorf("after the reset the lag is not 2+2:\n%s", body)
 	}
 
@@ -238,11 +270,14 @@ func TestConsumersHostileInput(t *testing.T) {
 			noRawScript(t, "consumers?"+param+"="+v, admin.get(Prefix+"consumers?"+url.Values{param: {v}}.Encode()))
 			noRawScript(t, "consumer?"+param+"="+v, admin.get(Prefix+"consumer?"+url.Values{"group": {"billing"}, param: {v}}.Encode()))
 		}
-		for _, param := range []string{"group", "reset"} {
+		for _, param := range []string{"group", "reset", "reset-done"} {
 			q := url.Values{"group": {"billing"}, "reset": {"orders"}}
 			q.Set(param, v)
 			a := admin.get(Prefix + "consumer?" + q.Encode())
 			noRawScript(t, "consumer?"+param+"="+v, a)
+			if param == "reset-done" && protocol.ValidateTopic(v) == nil {
+				continue // a name, shown escaped in the notice
+			}
 			if a.status != http.StatusBadRequest {
 				t.Errorf("consumer?%s=%q: status %d, want 400", param, v, a.status)
 			}

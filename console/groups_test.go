@@ -204,3 +204,24 @@ func TestGroupsHostileInput(t *testing.T) {
 		t.Fatalf("hostile forms changed g1: %s (%s)", g.State, g.Reason)
 	}
 }
+
+// With authorization off every page is open, as the wire is, and its forms
+// work without a login.
+func TestPagesAuthorizationOff(t *testing.T) {
+	e := startEnv(t, envOpts{edit: unlimited})
+	billingSetup(t, e, false)
+	b := e.browser(t)
+	for _, path := range []string{"groups", "groups?group=g1", "topics", "topic?name=orders", "consumers", "consumer?group=billing",
+		"consumer?group=billing&reset=orders", "consumer?group=billing&reset=orders&preview=1&to=latest"} {
+		body := b.must(Prefix + path)
+		if strings.Contains(body, "lacks") {
+			t.Errorf("%s with authorization off says a permission lacks:\n%s", path, body)
+		}
+	}
+	if a := b.get(Prefix + "principals"); a.status != http.StatusOK {
+		t.Errorf("principals with authorization off: status %d", a.status)
+	}
+	if a := b.post(Prefix+"topics", url.Values{"name": {"made"}, "queues": {"1"}}); a.status != http.StatusSeeOther {
+		t.Fatalf("create with authorization off: status %d:\n%s", a.status, a.body)
+	}
+}
