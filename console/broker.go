@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/ferrymq/ferrymq/auth"
@@ -25,22 +26,53 @@ func (q *query) brokerToken() string {
 	return q.s.token
 }
 
-// brokerCall runs fn on a connection to the broker at addr presenting the
-// session's credential, as ferryctl does.
-func (q *query) brokerCall(ctx context.Context, addr string, fn func(context.Context, *transport.Client) error) error {
-	return callBroker(ctx, addr, q.c.cfg, q.brokerToken(), fn)
+// brokers is a page's calls to brokers with the session's credential, as
+// ferryctl makes them: one connection per broker, and each queue's log
+// range read once, however many rows need it. close ends the connections.
+type brokers struct {
+	q      *query
+	mu     sync.Mutex
+	conns  map[string]*transport.Client
+	ranges map[string]*logRange
 }
 
-func callBroker(ctx context.Context, addr string, cfg Config, token string, fn func(context.Context, *transport.Client) error) error {
-	tc := transport.NewClient(addr, transport.ClientConfig{TLS: cfg.TLS, Login: auth.TokenLogin(token), CallTimeout: cfg.CallTimeout})
-	defer tc.Close()
-	return fn(ctx, tc)
+// logRange is a queue's log range, read once (ready closes when it is).
+type logRange struct {
+	ready      chan struct{}
+	start, end int64
+	err        error
+}
+
+func (q *query) brokers() *brokers {
+	return &brokers{q: q, conns: map[string]*transport.Client{}, ranges: map[string]*logRange{}}
+}
+
+func (b *brokers) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, c := range b.conns {
+		_ = c.Close()
+	}
+	b.conns = map[string]*transport.Client{}
+}
+
+// conn is the page's connection to the broker at addr.
+func (b *brokers) conn(addr string) *transport.Client {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.conns[addr]
+	if c == nil {
+		cfg := b.q.c.cfg
+		c = transport.NewClient(addr, transport.ClientConfig{TLS: cfg.TLS, Login: auth.TokenLogin(b.q.brokerToken()), CallTimeout: cfg.CallTimeout})
+		b.conns[addr] = c
+	}
+	return c
 }
 
 // onQueueBroker runs fn on the queue's master, or on its slave when the
 // master does not serve (half the time left goes to each when both are
 // there), as ferryctl reads.
-func (q *query) onQueueBroker(ctx context.Context, qr routing.QueueRoute, fn func(context.Context, *transport.Client) error) error {
+func (b *brokers) onQueueBroker(ctx context.Context, qr routing.QueueRoute, fn func(context.Context, *transport.Client) error) error {
 	if qr.Master == "" && qr.Slave == "" {
 		return fmt.Errorf("its group %s has no broker", qr.Group)
 	}
@@ -50,7 +82,7 @@ func (q *query) onQueueBroker(ctx context.Context, qr routing.QueueRoute, fn fun
 		if deadline, ok := ctx.Deadline(); ok && qr.Slave != "" {
 			mctx, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
 		}
-		err := q.brokerCall(mctx, qr.Master, fn)
+		err := fn(mctx, b.conn(qr.Master))
 		cancel()
 		if err == nil {
 			return nil
@@ -60,10 +92,40 @@ func (q *query) onQueueBroker(ctx context.Context, qr routing.QueueRoute, fn fun
 			return masterErr
 		}
 	}
-	if err := q.brokerCall(ctx, qr.Slave, fn); err != nil {
+	if err := fn(ctx, b.conn(qr.Slave)); err != nil {
 		return errors.Join(masterErr, fmt.Errorf("the slave %s: %w", qr.Slave, err))
 	}
 	return nil
+}
+
+// queueRange reads a queue's oldest offset and its next offset to be
+// written from its broker (countRange), once per page, within a call slot.
+func (b *brokers) queueRange(topic string, qr routing.QueueRoute) (start, end int64, err error) {
+	k := fmt.Sprint(topic, "/", qr.Queue)
+	b.mu.Lock()
+	r, ok := b.ranges[k]
+	if !ok {
+		r = &logRange{ready: make(chan struct{})}
+		b.ranges[k] = r
+	}
+	b.mu.Unlock()
+	if ok {
+		<-r.ready
+		return r.start, r.end, r.err
+	}
+	defer close(r.ready)
+	release, err := b.q.slot()
+	if err != nil {
+		r.err = err
+		return 0, 0, err
+	}
+	defer release()
+	r.err = b.onQueueBroker(b.q.ctx, qr, func(ctx context.Context, tc *transport.Client) error {
+		var err error
+		r.start, r.end, err = countRange(ctx, tc, topic, qr.Queue)
+		return err
+	})
+	return r.start, r.end, r.err
 }
 
 // pullOnce sends one PULL; NO_ROUTE (a broker looking up a queue that just
@@ -84,16 +146,6 @@ func pullOnce(ctx context.Context, tc *transport.Client, req *protocol.PullReque
 		}
 		return protocol.DecodePullResponse(resp.Body)
 	}
-}
-
-// queueRange reads a queue's oldest offset and its next offset to be
-// written from its broker (countRange) with the session's credential.
-func (q *query) queueRange(ctx context.Context, topic string, qr routing.QueueRoute) (minOff, maxOff int64, err error) {
-	err = q.onQueueBroker(ctx, qr, func(ctx context.Context, tc *transport.Client) error {
-		minOff, maxOff, err = countRange(ctx, tc, topic, qr.Queue)
-		return err
-	})
-	return minOff, maxOff, err
 }
 
 // countRange reads a queue's oldest offset and its next offset to be

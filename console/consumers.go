@@ -63,10 +63,11 @@ func consumersPage(q *query) (any, error) {
 		return nil, err
 	}
 	d := consumersData{Pager: p, Filter: q.r.URL.Query().Get("q"), Named: named}
-	routes := newRoutes(q)
+	routes, bs := newRoutes(q), q.brokers()
+	defer bs.close()
 	d.Groups = make([]consumerRow, len(shown))
 	for i, info := range shown {
-		queues, err := q.groupQueues(routes, info)
+		queues, err := q.groupQueues(routes, bs, info)
 		if err != nil {
 			return nil, err
 		}
@@ -205,7 +206,7 @@ type queueLag struct {
 // groupQueues is every queue of the group's topics (and any other it has
 // an offset for), with its owner and committed offset, sorted; rangesOf
 // reads their log ranges.
-func (q *query) groupQueues(rs *routes, info api.ConsumerGroupInfo) ([]queueLag, error) {
+func (q *query) groupQueues(rs *routes, bs *brokers, info api.ConsumerGroupInfo) ([]queueLag, error) {
 	type key struct {
 		topic string
 		queue uint32
@@ -249,7 +250,7 @@ func (q *query) groupQueues(rs *routes, info api.ConsumerGroupInfo) ([]queueLag,
 		}
 		return out[i].Queue < out[j].Queue
 	})
-	q.readLags(out)
+	q.readLags(bs, out)
 	return out, nil
 }
 
@@ -257,7 +258,7 @@ func (q *query) groupQueues(rs *routes, info api.ConsumerGroupInfo) ([]queueLag,
 // messages of (describe, or consume on its topic), a call slot each, and
 // the group's lag on it: the log end less the committed offset, or the
 // messages held when nothing is committed.
-func (q *query) readLags(qs []queueLag) {
+func (q *query) readLags(bs *brokers, qs []queueLag) {
 	var wg sync.WaitGroup
 	for i := range qs {
 		ql := &qs[i]
@@ -272,13 +273,7 @@ func (q *query) readLags(qs []queueLag) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			release, err := q.slot()
-			if err != nil {
-				ql.Error = err.Error()
-				return
-			}
-			defer release()
-			lo, hi, err := q.queueRange(q.ctx, ql.Topic, ql.route)
+			lo, hi, err := bs.queueRange(ql.Topic, ql.route)
 			if err != nil {
 				ql.Error = err.Error()
 				return
@@ -351,7 +346,9 @@ func consumerPage(q *query) (any, error) {
 		MayReset: q.allow(protocol.CodeResetOffsets, auth.Target{Group: name}) == nil}
 	d.ResetDone = v.Get("reset-done")
 	sort.Slice(d.Members, func(i, j int) bool { return d.Members[i].ID < d.Members[j].ID })
-	queues, err := q.groupQueues(newRoutes(q), info)
+	bs := q.brokers()
+	defer bs.close()
+	queues, err := q.groupQueues(newRoutes(q), bs, info)
 	if err != nil {
 		return nil, err
 	}
@@ -363,7 +360,7 @@ func consumerPage(q *query) (any, error) {
 		if !d.MayReset {
 			return nil, q.allow(protocol.CodeResetOffsets, auth.Target{Group: name})
 		}
-		if d.Reset, err = q.resetView(info, resetTopic, v); err != nil {
+		if d.Reset, err = q.resetView(bs, info, resetTopic, v); err != nil {
 			return nil, err
 		}
 	}

@@ -114,7 +114,7 @@ func parseTime(s string) (int64, error) {
 
 // resetView builds the form (prefilled) or, with preview=1 and a choice,
 // the preview, reading the queues' ranges from the brokers.
-func (q *query) resetView(info api.ConsumerGroupInfo, topic string, v url.Values) (*resetView, error) {
+func (q *query) resetView(bs *brokers, info api.ConsumerGroupInfo, topic string, v url.Values) (*resetView, error) {
 	rt, ok, err := newRoutes(q).get(topic)
 	if err != nil {
 		return nil, err
@@ -152,7 +152,7 @@ func (q *query) resetView(info api.ConsumerGroupInfo, topic string, v url.Values
 	if !rv.Preview {
 		return rv, nil
 	}
-	if err := q.newOffsets(topic, rt.Queues, c, rv.Rows); err != nil {
+	if err := q.newOffsets(bs, topic, rt.Queues, c, rv.Rows); err != nil {
 		return nil, err
 	}
 	return rv, nil
@@ -160,20 +160,14 @@ func (q *query) resetView(info api.ConsumerGroupInfo, topic string, v url.Values
 
 // newOffsets computes each queue's new offset for the choice from its
 // broker, and what it skips or reads again.
-func (q *query) newOffsets(topic string, queues []routing.QueueRoute, c resetChoice, rows []resetRow) error {
+func (q *query) newOffsets(bs *brokers, topic string, queues []routing.QueueRoute, c resetChoice, rows []resetRow) error {
 	errs := make([]error, len(rows))
 	var wg sync.WaitGroup
 	for i := range rows {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			release, err := q.slot()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer release()
-			if err := q.newOffset(topic, queues[i], c, &rows[i]); err != nil {
+			if err := q.newOffset(bs, topic, queues[i], c, &rows[i]); err != nil {
 				errs[i] = fmt.Errorf("queue %d: %w", rows[i].Queue, err)
 			}
 		}()
@@ -185,8 +179,8 @@ func (q *query) newOffsets(topic string, queues []routing.QueueRoute, c resetCho
 	return nil
 }
 
-func (q *query) newOffset(topic string, qr routing.QueueRoute, c resetChoice, r *resetRow) error {
-	lo, hi, err := q.queueRange(q.ctx, topic, qr)
+func (q *query) newOffset(bs *brokers, topic string, qr routing.QueueRoute, c resetChoice, r *resetRow) error {
+	lo, hi, err := bs.queueRange(topic, qr)
 	if err != nil {
 		return err
 	}
@@ -206,11 +200,17 @@ func (q *query) newOffset(topic string, qr routing.QueueRoute, c resetChoice, r 
 		}
 		r.New = clampOffset(want, lo, hi, &r.Note)
 	case "time":
-		err := q.onQueueBroker(q.ctx, qr, func(ctx context.Context, tc *transport.Client) error {
-			r.New, err = offsetForTime(lo, hi, c.atMilli, func(offset int64) (protocol.PullResponse, error) {
+		release, err := q.slot()
+		if err != nil {
+			return err
+		}
+		defer release()
+		err = bs.onQueueBroker(q.ctx, qr, func(ctx context.Context, tc *transport.Client) error {
+			var perr error
+			r.New, perr = offsetForTime(lo, hi, c.atMilli, func(offset int64) (protocol.PullResponse, error) {
 				return pullOnce(ctx, tc, &protocol.PullRequest{Topic: topic, Queue: qr.Queue, Offset: offset, MaxBytes: 1})
 			})
-			return err
+			return perr
 		})
 		if err != nil {
 			return err
@@ -312,7 +312,9 @@ func confirmReset(q *query) (string, error) {
 	for i, qr := range rt.Queues {
 		rows[i] = resetRow{Queue: qr.Queue, Committed: -1}
 	}
-	if err := q.newOffsets(topic, rt.Queues, previewed, rows); err != nil {
+	bs := q.brokers()
+	defer bs.close()
+	if err := q.newOffsets(bs, topic, rt.Queues, previewed, rows); err != nil {
 		return "", err
 	}
 	req := api.ResetOffsetsRequest{Group: name}

@@ -177,27 +177,23 @@ func topicPage(q *query) (any, error) {
 		d.Queues[i] = queueRow{QueueRoute: qr, Start: -1, End: -1, Held: -1}
 	}
 	if d.Ranges {
-		q.readRanges(name, d.Queues)
+		bs := q.brokers()
+		defer bs.close()
+		readRanges(bs, name, d.Queues)
 	}
 	return d, nil
 }
 
 // readRanges reads each queue's log range from its broker, a call slot
 // each, and notes the error of a queue it could not read.
-func (q *query) readRanges(topic string, rows []queueRow) {
+func readRanges(bs *brokers, topic string, rows []queueRow) {
 	var wg sync.WaitGroup
 	for i := range rows {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			r := &rows[i]
-			release, err := q.slot()
-			if err != nil {
-				r.Error = err.Error()
-				return
-			}
-			defer release()
-			lo, hi, err := q.queueRange(q.ctx, topic, r.QueueRoute)
+			lo, hi, err := bs.queueRange(topic, r.QueueRoute)
 			if err != nil {
 				r.Error = err.Error()
 				return
