@@ -75,7 +75,10 @@ var rules = map[protocol.Code]need{
 	protocol.CodePull: needConsumeTopics,
 	// Counting what a filter takes of a queue (a group's lag) shows no
 	// message: describe, or who may read the topic.
-	protocol.CodeQueueCount: needDescribe | needConsumeTopics,
+	// The cluster principal may read queue ranges, broker groups and
+	// consumer groups too (metadata, no message): the console's charts
+	// sample them with the cluster token. Refusals name describe only.
+	protocol.CodeQueueCount: needDescribe | needConsumeTopics | needCluster | sayAdmin,
 	// A lookup finds messages of any topic: a reader of some topic may
 	// ask, and sees the messages of the topics it may consume.
 	protocol.CodeLookup: needConsumeTopics,
@@ -113,7 +116,7 @@ var rules = map[protocol.Code]need{
 	// ROUTE_WATCH: a broker learns its group's new topics (route push).
 	protocol.CodeRouteWatch: needCluster,
 
-	protocol.CodeAdminGroups:     needDescribe,
+	protocol.CodeAdminGroups:     needDescribe | needCluster | sayAdmin,
 	protocol.CodeAdminTopics:     needDescribe,
 	protocol.CodeAdminRaftStatus: needDescribe,
 	// A follower that auto-creates a topic on a route lookup forwards the
@@ -130,7 +133,7 @@ var rules = map[protocol.Code]need{
 
 	protocol.CodeConsumerHeartbeat: needConsumeGroup,
 	protocol.CodeCommitOffsets:     needConsumeGroup,
-	protocol.CodeConsumerGroups:    needDescribe | needConsumeGroupNamed,
+	protocol.CodeConsumerGroups:    needDescribe | needConsumeGroupNamed | needCluster | sayAdmin,
 	// Moving a group's offsets, deleting it, or changing what it
 	// receives is an operator's act.
 	protocol.CodeResetOffsets:   0,

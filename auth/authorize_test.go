@@ -93,10 +93,11 @@ var expect = map[string][]allow{
 		{Topic("orders.eu"), []string{"admin", "consPrefix", "consAll", "consBoth", "mixed"}},
 		{Topic("payments"), []string{"admin", "consAll"}},
 	},
-	// Counting what a filter takes of a queue: describe, or a reader.
+	// Counting what a filter takes of a queue: describe, or a reader, or
+	// the cluster (the console's charts).
 	"QUEUE_COUNT": {
-		{Topic("orders"), []string{"admin", "describe", "consBilling", "consAll", "consBoth"}},
-		{Topic("payments"), []string{"admin", "describe", "consAll"}},
+		{Topic("orders"), []string{"admin", "cluster", "describe", "consBilling", "consAll", "consBoth"}},
+		{Topic("payments"), []string{"admin", "cluster", "describe", "consAll"}},
 	},
 	"LOOKUP": {
 		{Topic("orders"), []string{"admin", "consBilling", "consAll", "consBoth"}},
@@ -130,7 +131,7 @@ var expect = map[string][]allow{
 		{Topic("payments"), []string{"admin", "cluster", "describe", "prodAll", "consAll"}},
 	},
 	"INIT_PRODUCER":        {{Target{}, append([]string{"admin"}, producers...)}},
-	"ADMIN_GROUPS":         describeOnly,
+	"ADMIN_GROUPS":         {{Target{}, []string{"admin", "cluster", "describe"}}}, // the cluster: the console's charts
 	"ADMIN_TOPICS":         describeOnly,
 	"ADMIN_RAFT_STATUS":    describeOnly,
 	"ADMIN_CREATE_TOPIC":   {{Topic("orders"), []string{"admin", "cluster"}}},
@@ -142,9 +143,9 @@ var expect = map[string][]allow{
 	"CONSUMER_HEARTBEAT":   consumerGroup,
 	"COMMIT_OFFSETS":       consumerGroup,
 	"CONSUMER_GROUPS": {
-		{Target{Group: "billing"}, []string{"admin", "describe", "consBilling", "consPrefix", "consAll", "consBoth", "mixed"}},
-		{Target{Group: "other"}, []string{"admin", "describe", "consAll"}},
-		{Target{}, []string{"admin", "describe"}}, // every group
+		{Target{Group: "billing"}, []string{"admin", "cluster", "describe", "consBilling", "consPrefix", "consAll", "consBoth", "mixed"}},
+		{Target{Group: "other"}, []string{"admin", "cluster", "describe", "consAll"}},
+		{Target{}, []string{"admin", "cluster", "describe"}}, // every group; the cluster: the console's charts
 	},
 	"RESET_OFFSETS":    adminOnly,
 	"ADMIN_ACL_SET":    adminOnly,

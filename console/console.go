@@ -106,6 +106,10 @@ type Console struct {
 	logins   *loginThrottle
 	calls    chan struct{} // a slot per call to the cluster under way
 	anon     *client.Client
+	// own is the console's client with the cluster token (authorization
+	// on), which the charts' sampler calls with; nil without a token.
+	own     *client.Client
+	sampler *sampler // nil: no charts (authorization on, no cluster token)
 }
 
 // New builds the console; Close releases its sessions' connections.
@@ -130,13 +134,26 @@ func New(cfg Config) (*Console, error) {
 		if c.anon, err = c.metaClient(""); err != nil {
 			return nil, err
 		}
+		c.sampler = startSampler(cfg, c.anon, "")
+	} else if cfg.ClusterToken != "" {
+		var err error
+		if c.own, err = c.metaClient(cfg.ClusterToken); err != nil {
+			return nil, err
+		}
+		c.sampler = startSampler(cfg, c.own, cfg.ClusterToken)
 	}
 	return c, nil
 }
 
 // Close ends every session and closes the console's connections.
 func (c *Console) Close() error {
+	if c.sampler != nil {
+		c.sampler.stop()
+	}
 	c.sessions.closeAll()
+	if c.own != nil {
+		_ = c.own.Close()
+	}
 	if c.anon != nil {
 		return c.anon.Close()
 	}

@@ -13,12 +13,18 @@ import (
 func allPages() []*page {
 	return []*page{
 		{path: "/", title: "Overview", code: protocol.CodeAdminGroups, tmpl: "overview", get: overview},
+		{path: "/groups", title: "Broker groups", code: protocol.CodeAdminGroups, tmpl: "groups", get: groupsPage, act: setGroupMode},
+		{path: "/topics", title: "Topics", code: protocol.CodeAdminTopics, tmpl: "topics", get: topicsPage, act: createTopic},
+		{path: "/topic", code: protocol.CodeRouteGet, tmpl: "topic", get: topicPage, act: addQueues},
+		{path: "/consumers", title: "Consumer groups", code: protocol.CodeConsumerGroups, tmpl: "consumers", get: consumersPage},
+		{path: "/consumer", code: protocol.CodeConsumerGroups, tmpl: "consumer", get: consumerPage, act: confirmReset},
 		// Describe, or consume on some topic (QUEUE_COUNT's rule): see messages.go.
 		{path: "/messages", title: "Messages", code: protocol.CodeQueueCount, tmpl: "messages", get: messages, brokers: true},
 		{path: "/deadletters", title: "Dead letters", code: protocol.CodeQueueCount, tmpl: "deadletters", get: deadLetters, act: resendDeadLetters, brokers: true},
 		{path: "/delayed", title: "Delayed", code: protocol.CodeDelayedState, tmpl: "delayed", get: delayed, act: cancelDelayed, brokers: true},
 		// Describe: the groups to ask are listed by ADMIN_GROUPS (see txns.go).
 		{path: "/txns", title: "Transactions", code: protocol.CodeAdminGroups, tmpl: "txns", get: txns, act: abortTxn, brokers: true},
+		{path: "/principals", title: "Principals", code: protocol.CodeAdminACLList, tmpl: "principals", get: principalsPage},
 		{path: "/audit", title: "Audit", code: protocol.CodeAuditList, tmpl: "audit", get: auditPage},
 	}
 }
@@ -30,7 +36,13 @@ type overviewData struct {
 	MetaError string // why the metaservers' status is not shown
 	Groups    []api.GroupInfo
 	Writable  int
+	// Charts are the broker groups' bytes stored a second, and the lag
+	// of the consumer groups the principal may see (the first few).
+	Charts []chart
 }
+
+// overviewLagCharts bounds the consumer groups' lag charts on the overview.
+const overviewLagCharts = 12
 
 // memberWait bounds how long the overview waits for each metaserver's own
 // answer about itself.
@@ -52,10 +64,13 @@ func overview(q *query) (any, error) {
 		return nil, err
 	}
 	sort.Slice(d.Groups, func(i, j int) bool { return d.Groups[i].Name < d.Groups[j].Name })
-	for _, g := range d.Groups {
+	names := make([]string, len(d.Groups))
+	for i, g := range d.Groups {
 		if g.State == "RW" {
 			d.Writable++
 		}
+		names[i] = g.Name
 	}
+	d.Charts = append(q.groupCharts(names), q.lagCharts(q.c.sampledLagGroups(overviewLagCharts))...)
 	return d, nil
 }
