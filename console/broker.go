@@ -3,22 +3,22 @@ package console
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
-	"time"
 
 	"github.com/ferrymq/ferrymq/auth"
-	"github.com/ferrymq/ferrymq/internal/clientcore"
+	"github.com/ferrymq/ferrymq/internal/ops"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
 )
 
-// brokerToken is the token the session's calls to brokers present: its
-// own, or the cluster token for a certificate session (whose permissions
-// the console checked itself); "" with authorization off.
+// brokerToken is the token a page's calls for queue ranges (QUEUE_COUNT)
+// present: the session's own, or the cluster token for a certificate
+// session, which has none (the console checked its permissions itself, and
+// a range shows no message); "" with authorization off. The pages that read
+// messages refuse a certificate session (page.brokers).
 func (q *query) brokerToken() string {
 	if q.s.byCert {
 		return q.c.cfg.ClusterToken
@@ -69,33 +69,16 @@ func (b *brokers) conn(addr string) *transport.Client {
 	return c
 }
 
+// with runs fn on the page's connection to the broker at addr (an
+// ops.With).
+func (b *brokers) with(ctx context.Context, addr string, fn func(context.Context, *transport.Client) error) error {
+	return fn(ctx, b.conn(addr))
+}
+
 // onQueueBroker runs fn on the queue's master, or on its slave when the
-// master does not serve (half the time left goes to each when both are
-// there), as ferryctl reads.
-func (b *brokers) onQueueBroker(ctx context.Context, qr routing.QueueRoute, fn func(context.Context, *transport.Client) error) error {
-	if qr.Master == "" && qr.Slave == "" {
-		return fmt.Errorf("its group %s has no broker", qr.Group)
-	}
-	var masterErr error
-	if qr.Master != "" {
-		mctx, cancel := ctx, context.CancelFunc(func() {})
-		if deadline, ok := ctx.Deadline(); ok && qr.Slave != "" {
-			mctx, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
-		}
-		err := fn(mctx, b.conn(qr.Master))
-		cancel()
-		if err == nil {
-			return nil
-		}
-		masterErr = fmt.Errorf("the master %s: %w", qr.Master, err)
-		if qr.Slave == "" || !clientcore.NotServing(err) || ctx.Err() != nil {
-			return masterErr
-		}
-	}
-	if err := fn(ctx, b.conn(qr.Slave)); err != nil {
-		return errors.Join(masterErr, fmt.Errorf("the slave %s: %w", qr.Slave, err))
-	}
-	return nil
+// master does not serve, as ferryctl reads (ops.OnQueueBroker).
+func (b *brokers) onQueueBroker(ctx context.Context, topic string, qr routing.QueueRoute, fn func(context.Context, *transport.Client) error) error {
+	return ops.OnQueueBroker(ctx, b.with, qr, topic, nil, fn)
 }
 
 // queueRange reads a queue's oldest offset and its next offset to be
@@ -120,32 +103,12 @@ func (b *brokers) queueRange(topic string, qr routing.QueueRoute) (start, end in
 		return 0, 0, err
 	}
 	defer release()
-	r.err = b.onQueueBroker(b.q.ctx, qr, func(ctx context.Context, tc *transport.Client) error {
+	r.err = b.onQueueBroker(b.q.ctx, topic, qr, func(ctx context.Context, tc *transport.Client) error {
 		var err error
 		r.start, r.end, err = countRange(ctx, tc, topic, qr.Queue)
 		return err
 	})
 	return r.start, r.end, r.err
-}
-
-// pullOnce sends one PULL; NO_ROUTE (a broker looking up a queue that just
-// moved to its group) is asked again every 50 ms until ctx ends.
-func pullOnce(ctx context.Context, tc *transport.Client, req *protocol.PullRequest) (protocol.PullResponse, error) {
-	for {
-		resp, err := tc.Call(ctx, protocol.CodePull, protocol.AppendPullRequest(nil, req))
-		if errors.Is(err, protocol.ErrNoRoute) {
-			select {
-			case <-ctx.Done():
-				return protocol.PullResponse{}, err
-			case <-time.After(50 * time.Millisecond):
-				continue
-			}
-		}
-		if err != nil {
-			return protocol.PullResponse{}, err
-		}
-		return protocol.DecodePullResponse(resp.Body)
-	}
 }
 
 // countRange reads a queue's oldest offset and its next offset to be

@@ -225,7 +225,7 @@ func readDeadLetters(q *query, topic string, queue uint32, offsets []int64) ([]l
 	}
 	defer release()
 	var out []letter
-	err = ops.OnQueueBroker(q.ctx, q.dial(), qr, topic, nil, func(ctx context.Context, tc *transport.Client) error {
+	err = ops.OnQueueBroker(q.ctx, q.dial().With, qr, topic, nil, func(ctx context.Context, tc *transport.Client) error {
 		out = out[:0]
 		for _, off := range offsets {
 			pr, err := ops.PullOnce(ctx, tc, &protocol.PullRequest{Topic: topic, Queue: queue, Offset: off, MaxBytes: 1})

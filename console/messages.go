@@ -195,7 +195,7 @@ func browseQueue(ctx context.Context, q *query, d *messagesData, n int) error {
 	var msgs []protocol.StoredMessage
 	next := int64(-1)
 	note := func(format string, args ...any) { d.Notes = append(d.Notes, fmt.Sprintf(format, args...)) }
-	err = ops.OnQueueBroker(ctx, dial, qr, topic, note, func(ctx context.Context, tc *transport.Client) error {
+	err = ops.OnQueueBroker(ctx, dial.With, qr, topic, note, func(ctx context.Context, tc *transport.Client) error {
 		msgs, next, d.ReadBytes, d.Stopped = nil, -1, 0, ""
 		start := from
 		if at >= 0 {
@@ -553,19 +553,4 @@ func journey(ctx context.Context, q *query, d *messagesData) error {
 	d.addFound(q, m, bodyPreview)
 	d.Journey = ops.JourneyOf(m, copies, groups)
 	return nil
-}
-
-// parseTime reads RFC 3339 or unix milliseconds and returns unix ms.
-func parseTime(s string) (int64, error) {
-	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
-		if ms < 0 {
-			return 0, bad("time: unix milliseconds must not be negative")
-		}
-		return ms, nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil || t.UnixMilli() < 0 {
-		return 0, bad("time: want RFC 3339 (2006-01-02T15:04:05Z) or unix milliseconds")
-	}
-	return t.UnixMilli(), nil
 }

@@ -97,6 +97,3 @@ func noRawMarkup(t *testing.T, where string, a pageAnswer) {
 		t.Fatalf("%s: status %d, want 200, 400, 403 or 404", where, a.status)
 	}
 }
-
-// unlimited lifts the sessions' request rate (tests that make many).
-func unlimited(c *Config) { c.RequestsPerSecond = 1e6 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/ops"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
@@ -205,10 +206,10 @@ func (q *query) newOffset(bs *brokers, topic string, qr routing.QueueRoute, c re
 			return err
 		}
 		defer release()
-		err = bs.onQueueBroker(q.ctx, qr, func(ctx context.Context, tc *transport.Client) error {
+		err = bs.onQueueBroker(q.ctx, topic, qr, func(ctx context.Context, tc *transport.Client) error {
 			var perr error
-			r.New, perr = offsetForTime(lo, hi, c.atMilli, func(offset int64) (protocol.PullResponse, error) {
-				return pullOnce(ctx, tc, &protocol.PullRequest{Topic: topic, Queue: qr.Queue, Offset: offset, MaxBytes: 1})
+			r.New, perr = ops.OffsetForTime(lo, hi, c.atMilli, func(offset int64) (protocol.PullResponse, error) {
+				return ops.PullOnce(ctx, tc, &protocol.PullRequest{Topic: topic, Queue: qr.Queue, Offset: offset, MaxBytes: 1})
 			})
 			return perr
 		})
@@ -239,31 +240,6 @@ func clampOffset(want, lo, hi int64, note *string) int64 {
 		return hi
 	}
 	return want
-}
-
-// offsetForTime finds the first offset in [lo, hi) whose message was stored
-// at or after at (unix ms), or hi if none was, by binary search with probe
-// (store times grow along a queue), as ferryctl does.
-func offsetForTime(lo, hi, at int64, probe func(offset int64) (protocol.PullResponse, error)) (int64, error) {
-	for lo < hi {
-		mid := lo + (hi-lo)/2
-		pr, err := probe(mid)
-		if err != nil {
-			return 0, err
-		}
-		lo = max(lo, pr.MinOffset)
-		if len(pr.Messages) == 0 { // the log ends before mid: it was cut
-			hi = max(lo, mid)
-			continue
-		}
-		m := pr.Messages[0]
-		if m.StoreTime >= at {
-			hi = max(lo, min(m.QueueOffset, mid))
-		} else {
-			lo = max(lo, mid+1, m.QueueOffset+1)
-		}
-	}
-	return lo, nil
 }
 
 // confirmReset is the consumer group page's form: the confirm of a

@@ -102,7 +102,7 @@ func readQueue(ctx context.Context, qr routing.QueueRoute, req protocol.PullRequ
 // onQueueBroker runs fn against a queue's group master or, when it does not
 // answer, its slave, saying so on stderr (ops.OnQueueBroker).
 func onQueueBroker(ctx context.Context, qr routing.QueueRoute, topic string, stderr io.Writer, fn func(context.Context, *transport.Client) error) error {
-	return ops.OnQueueBroker(ctx, dialer(ctx), qr, topic, noteTo(stderr), fn)
+	return ops.OnQueueBroker(ctx, dialer(ctx).With, qr, topic, noteTo(stderr), fn)
 }
 
 // noteTo writes ops' notes to stderr as ferryctl's.

@@ -26,6 +26,15 @@ func Call(ctx context.Context, dial Dial, addr string, fn func(context.Context, 
 	return fn(ctx, tc)
 }
 
+// With runs fn on a connection to the broker at addr: a new one (Dial.With)
+// or one the caller keeps for several calls.
+type With func(ctx context.Context, addr string, fn func(context.Context, *transport.Client) error) error
+
+// With runs fn on a new connection to addr, closed after (Call).
+func (d Dial) With(ctx context.Context, addr string, fn func(context.Context, *transport.Client) error) error {
+	return Call(ctx, d, addr, fn)
+}
+
 // Caller is dial as a clientcore.Caller: one call on a new connection.
 func Caller(dial Dial) clientcore.Caller {
 	return func(ctx context.Context, addr string, code protocol.Code, body []byte) (out []byte, err error) {
@@ -69,7 +78,7 @@ func (n Note) say(format string, args ...any) {
 // slave, saying so through note. With a slave to fall back on, the master
 // gets half of the time left. fn may make several calls; on a fallback it
 // starts again on the slave.
-func OnQueueBroker(ctx context.Context, dial Dial, qr routing.QueueRoute, topic string, note Note, fn func(context.Context, *transport.Client) error) error {
+func OnQueueBroker(ctx context.Context, with With, qr routing.QueueRoute, topic string, note Note, fn func(context.Context, *transport.Client) error) error {
 	if qr.Master == "" && qr.Slave == "" {
 		return fmt.Errorf("queue %d of %s: its group %s has no broker", qr.Queue, topic, qr.Group)
 	}
@@ -79,7 +88,7 @@ func OnQueueBroker(ctx context.Context, dial Dial, qr routing.QueueRoute, topic 
 		if deadline, ok := ctx.Deadline(); ok && qr.Slave != "" {
 			mctx, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
 		}
-		err := Call(mctx, dial, qr.Master, fn)
+		err := with(mctx, qr.Master, fn)
 		cancel()
 		if err == nil {
 			return nil
@@ -92,7 +101,7 @@ func OnQueueBroker(ctx context.Context, dial Dial, qr routing.QueueRoute, topic 
 	} else {
 		note.say("group %s has no master; reading from the slave %s", qr.Group, qr.Slave)
 	}
-	if err := Call(ctx, dial, qr.Slave, fn); err != nil {
+	if err := with(ctx, qr.Slave, fn); err != nil {
 		return errors.Join(masterErr, fmt.Errorf("read from the slave %s: %w", qr.Slave, err))
 	}
 	note.say("read from the slave %s", qr.Slave)
@@ -103,7 +112,7 @@ func OnQueueBroker(ctx context.Context, dial Dial, qr routing.QueueRoute, topic 
 // or, when the master does not answer, from the slave (see OnQueueBroker).
 func ReadQueue(ctx context.Context, dial Dial, qr routing.QueueRoute, req protocol.PullRequest, limit int, note Note) ([]protocol.StoredMessage, error) {
 	var msgs []protocol.StoredMessage
-	err := OnQueueBroker(ctx, dial, qr, req.Topic, note, func(ctx context.Context, tc *transport.Client) error {
+	err := OnQueueBroker(ctx, dial.With, qr, req.Topic, note, func(ctx context.Context, tc *transport.Client) error {
 		r := req
 		var err error
 		msgs, err = Pull(ctx, tc, &r, limit)
