@@ -69,10 +69,15 @@ func BenchmarkListPages(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	worst := 0.0
 	for _, p := range pages {
 		d := times[p]
 		slices.Sort(d)
 		q := func(f float64) float64 { return float64(d[int(f*float64(len(d)-1))]) / float64(time.Millisecond) }
-		b.Logf("%-32s p50 %6.1f ms  p95 %6.1f ms  max %6.1f ms  (%d renders)", p, q(0.5), q(0.95), q(1), len(d))
+		worst = max(worst, q(0.95))
+		if b.N > 1 {
+			fmt.Printf("%-32s p50 %6.1f ms  p95 %6.1f ms  max %6.1f ms  (%d renders)\n", p, q(0.5), q(0.95), q(1), len(d))
+		}
 	}
+	b.ReportMetric(worst, "worst-p95-ms")
 }
