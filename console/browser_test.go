@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	cdppage "github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+
+	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/producer"
 )
 
 // The browser tests drive a real headless Chromium against the console of
@@ -123,8 +128,8 @@ func (c *chrome) visit(path string) (heading, shownError string) {
 	c.do("open "+path, chromedp.Navigate(c.e.srv.URL+path), chromedp.WaitVisible(chromedp.CSS(`h1`)))
 	heading = get(c, "read the heading of "+path, chromedp.Text(chromedp.CSS(`h1`)))
 	errs := get(c, "read the errors of "+path, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#error")).map(e => e.textContent)`))
-	shot := get(c, "screenshot "+path, chromedp.FullScreenshot(80))
-	file := filepath.Join(c.dir, fmt.Sprintf("%s-%s.jpg", c.name, strings.Trim(unsafeName.ReplaceAllString(path, "_"), "_")))
+	shot := get(c, "screenshot "+path, chromedp.FullScreenshot(100))
+	file := filepath.Join(c.dir, fmt.Sprintf("%s-%s.png", c.name, strings.Trim(unsafeName.ReplaceAllString(path, "_"), "_")))
 	if err := os.WriteFile(file, shot, 0o644); err != nil {
 		c.t.Fatal(err)
 	}
@@ -137,20 +142,57 @@ func (c *chrome) navLinks() []string {
 	return get(c, "read the navigation", chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("header nav a")).map(a => a.pathname + a.search)`))
 }
 
-// Every page in the navigation opens without an error for each kind of
-// principal, the navigation shows what each may see, and a page a
-// principal may not see is refused.
+// shot keeps a screenshot of the page shown now, named name.
+func (c *chrome) shot(name string) {
+	c.t.Helper()
+	b := get(c, "screenshot "+name, chromedp.FullScreenshot(100))
+	if err := os.WriteFile(filepath.Join(c.dir, c.name+"-"+name+".png"), b, 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// acceptDialogs answers every confirm() the page asks with OK, as a person
+// who means the action clicks it.
+func (c *chrome) acceptDialogs() {
+	dialogs := chromedp.Events(c.ctx, cdppage.JavascriptDialogOpening)
+	go func() {
+		for _, err := range dialogs {
+			if err != nil {
+				return
+			}
+			_, _ = chromedp.Call(c.ctx, cdppage.HandleJavaScriptDialog, cdppage.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+}
+
+// has reports whether the page shown now has an element matching css.
+func (c *chrome) has(css string) bool {
+	c.t.Helper()
+	return get(c, "look for "+css, chromedp.Evaluate[bool](fmt.Sprintf("document.querySelector(%q) !== null", css)))
+}
+
+// Every page in the navigation, and the pages a row links to, open for
+// each kind of principal without an error (or refused, naming what is
+// missing, where the principal may not see them), and a page a principal
+// may not see at all is refused.
 func TestBrowserWalksEveryPage(t *testing.T) {
 	browserPath(t)
-	e := startEnv(t, envOpts{auth: true})
+	e := startEnv(t, envOpts{auth: true, edit: unlimited})
+	billingSetup(t, e, false)
+	linked := []string{Prefix + "consumer?group=billing", Prefix + "topic?name=orders", Prefix + "groups?group=g1",
+		Prefix + "messages?topic=orders&queue=0&offset=0", Prefix + "consumer?group=billing&reset=orders"}
 	for _, who := range []struct {
 		name  string
 		perms []string
-		// minLinks is how many pages the navigation shows at least.
-		minLinks int
+		// refused are the linked pages the principal may not see, with
+		// what the refusal names.
+		refused map[string]string
 	}{
-		{"admin", nil, 1},
-		{"viewer", []string{"describe"}, 1},
+		{"admin", nil, nil},
+		{"viewer", []string{"describe"}, map[string]string{
+			linked[3]: "lacks consume", linked[4]: "lacks admin"}},
+		{"reader", []string{"consume:orders:billing"}, map[string]string{
+			linked[2]: "lacks describe", linked[4]: "lacks admin"}},
 	} {
 		t.Run(who.name, func(t *testing.T) {
 			tok := e.adminTok
@@ -160,12 +202,19 @@ func TestBrowserWalksEveryPage(t *testing.T) {
 			c := e.chrome(t, who.name)
 			c.login(tok)
 			links := c.navLinks()
-			if len(links) < who.minLinks {
-				t.Fatalf("the navigation shows %v, want at least %d pages", links, who.minLinks)
+			if len(links) < 2 {
+				t.Fatalf("the navigation shows %v", links)
 			}
-			for _, l := range links {
-				if h, shown := c.visit(l); shown != "" || h == "" {
-					t.Errorf("%s: heading %q, error %q", l, h, shown)
+			for _, l := range append(links, linked...) {
+				h, shown := c.visit(l)
+				want, refused := who.refused[l]
+				switch {
+				case h == "":
+					t.Errorf("%s: no heading", l)
+				case refused && !strings.Contains(shown, want):
+					t.Errorf("%s: shows %q, want a refusal naming %q", l, shown, want)
+				case !refused && shown != "":
+					t.Errorf("%s: shows the error %q", l, shown)
 				}
 			}
 		})
@@ -177,5 +226,72 @@ func TestBrowserWalksEveryPage(t *testing.T) {
 		if _, shown := c.visit(Prefix); !strings.Contains(shown, "lacks describe") {
 			t.Fatalf("the overview for a principal without describe shows %q, want a refusal naming describe", shown)
 		}
+	})
+}
+
+// An operator resets a stopped group's offsets in the browser: the form is
+// prefilled with the committed offsets, the preview says what each queue
+// reads again, and only the confirm moves them.
+func TestBrowserResetsOffsets(t *testing.T) {
+	browserPath(t)
+	e := startEnv(t, envOpts{auth: true, edit: unlimited})
+	billingSetup(t, e, false) // orders: 10 and 4 messages; billing committed 6 and 1
+	c := e.chrome(t, "admin")
+	c.acceptDialogs()
+	c.login(e.adminTok)
+	c.do("open the reset form", chromedp.Navigate(e.srv.URL+Prefix+"consumer?group=billing&reset=orders"),
+		chromedp.WaitVisible(chromedp.ID("reset-form")))
+	prefilled := get(c, "read the prefilled offsets", chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll("#reset-offsets input")).map(i => i.value)`))
+	if strings.Join(prefilled, ",") != "6,1" {
+		t.Fatalf("the form is prefilled with %v, want the committed 6,1", prefilled)
+	}
+	c.shot("reset-form")
+	c.do("preview a reset to the earliest", chromedp.Click(chromedp.CSS(`#reset-form input[value=earliest]`)),
+		chromedp.Submit(chromedp.ID("reset-form")), chromedp.WaitVisible(chromedp.ID("reset-preview")))
+	c.shot("reset-preview")
+	row := get(c, "read the preview", chromedp.Text(chromedp.ID("preview-0")))
+	if f := strings.Fields(row); len(f) < 7 || f[4] != "0" || f[6] != "6" {
+		t.Fatalf("queue 0's preview row %q: want new offset 0, 6 read again", row)
+	}
+	if got := committed(t, e, "billing", "orders"); got[0] != 6 || got[1] != 1 {
+		t.Fatalf("the preview moved the offsets: %v", got)
+	}
+	c.do("confirm", chromedp.Click(chromedp.CSS(`#reset-confirm button[type=submit]`)), chromedp.WaitVisible(chromedp.ID("reset-done")))
+	c.shot("reset-done")
+	if got := committed(t, e, "billing", "orders"); got[0] != 0 || got[1] != 0 {
+		t.Fatalf("after the confirm the offsets are %v, want 0 and 0", got)
+	}
+}
+
+// A message its group's handler refuses lands in the dead-letter topic;
+// an operator finds it in the browser, resends it, and the group receives
+// it again.
+func TestBrowserResendsADeadLetter(t *testing.T) {
+	browserPath(t)
+	e := startEnv(t, envOpts{auth: true, edit: unlimited})
+	e.topic(t, "parcels")
+	e.topic(t, "%DLQ%shipping")
+	handled := e.runConsumer(t, "shipping", "parcels", "poison")
+	e.send(t, &producer.Message{Topic: "parcels", Key: "k", Body: []byte("poison")})
+	c := e.chrome(t, "admin")
+	c.acceptDialogs()
+	c.login(e.adminTok)
+	dlq := e.srv.URL + Prefix + "deadletters?topic=" + url.QueryEscape("%DLQ%shipping")
+	testwait.For(t, 20*time.Second, "the dead letter on the page", func() bool {
+		c.do("open the dead letters", chromedp.Navigate(dlq), chromedp.WaitVisible(chromedp.CSS("h1")))
+		return c.has(`#resend input[name=offset]`)
+	})
+	c.shot("deadletters")
+	before := len(handled())
+	c.do("resend it", chromedp.Click(chromedp.CSS(`#resend input[name=offset]`)),
+		chromedp.Click(chromedp.CSS(`#resend button[type=submit]`)), chromedp.WaitVisible(chromedp.ID("resent")))
+	c.shot("resent")
+	if said := get(c, "read where it went", chromedp.Text(chromedp.ID("resent"))); !strings.Contains(said, "parcels") {
+		t.Fatalf("the page after the resend says %q, want where it was stored", said)
+	}
+	testwait.For(t, 20*time.Second, "the group receives the resent message", func() bool {
+		got := handled()
+		return len(got) > before && got[len(got)-1] == "poison"
 	})
 }

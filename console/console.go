@@ -219,6 +219,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type page struct {
 	path  string // under Prefix, e.g. "/" or "/topics"
 	title string // in the navigation ("": not there)
+	// heading is the page's heading when it is not in the navigation (a
+	// row's page: one topic, one consumer group).
+	heading string
 	// code is the request the page stands for: the navigation shows the
 	// page to a principal it authorizes (for any topic), and a page is
 	// refused to others before anything is asked (a page checks its

@@ -15,9 +15,9 @@ func allPages() []*page {
 		{path: "/", title: "Overview", code: protocol.CodeAdminGroups, tmpl: "overview", get: overview},
 		{path: "/groups", title: "Broker groups", code: protocol.CodeAdminGroups, tmpl: "groups", get: groupsPage, act: setGroupMode},
 		{path: "/topics", title: "Topics", code: protocol.CodeAdminTopics, tmpl: "topics", get: topicsPage, act: createTopic},
-		{path: "/topic", code: protocol.CodeRouteGet, tmpl: "topic", get: topicPage, act: addQueues},
+		{path: "/topic", heading: "Topic", code: protocol.CodeRouteGet, tmpl: "topic", get: topicPage, act: addQueues},
 		{path: "/consumers", title: "Consumer groups", code: protocol.CodeConsumerGroups, tmpl: "consumers", get: consumersPage},
-		{path: "/consumer", code: protocol.CodeConsumerGroups, tmpl: "consumer", get: consumerPage, act: confirmReset},
+		{path: "/consumer", heading: "Consumer group", code: protocol.CodeConsumerGroups, tmpl: "consumer", get: consumerPage, act: confirmReset},
 		// Describe, or consume on some topic (QUEUE_COUNT's rule): see messages.go.
 		{path: "/messages", title: "Messages", code: protocol.CodeQueueCount, tmpl: "messages", get: messages, brokers: true},
 		{path: "/deadletters", title: "Dead letters", code: protocol.CodeQueueCount, tmpl: "deadletters", get: deadLetters, act: resendDeadLetters, brokers: true},

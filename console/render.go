@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -76,7 +77,7 @@ func (c *Console) parseTemplates() error {
 
 // render writes page p with data.
 func (c *Console) render(w http.ResponseWriter, s *session, status int, p *page, data any) {
-	v := c.view(s, p.path, p.title)
+	v := c.view(s, p.path, cmp.Or(p.title, p.heading))
 	v.Data = data
 	c.write(w, status, c.tmpl[p.tmpl], v)
 }
