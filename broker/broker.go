@@ -269,7 +269,8 @@ func (b *Broker) goFunc(f func(context.Context)) {
 func (b *Broker) describe(hb *api.Heartbeat) {
 	ps := b.store.ProducerStats()
 	*hb = api.Heartbeat{Group: b.cfg.Group, Role: b.cfg.Role, BrokerID: b.cfg.ID, Addr: b.addr, HAAddr: b.haAddr,
-		LogEnd: b.store.EndOffset(), Epoch: b.roles.epochs.local.Load(), Producers: ps.Tracked, Duplicates: ps.Duplicates}
+		LogEnd: b.store.EndOffset(), LogStart: b.store.StartOffset(), RetentionBytes: b.cfg.RetentionBytes,
+		Epoch: b.roles.epochs.local.Load(), Producers: ps.Tracked, Duplicates: ps.Duplicates}
 	if rep := b.roles.replication(); rep != nil {
 		all := rep.replicas()
 		s := slowest(all)

@@ -2,12 +2,16 @@ package console
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/ferrymq/ferrymq/broker"
+	"github.com/ferrymq/ferrymq/internal/testwait"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/routing"
 )
@@ -223,5 +227,22 @@ func TestPagesAuthorizationOff(t *testing.T) {
 	}
 	if a := b.post(Prefix+"topics", url.Values{"name": {"made"}, "queues": {"1"}}); a.status != http.StatusSeeOther {
 		t.Fatalf("create with authorization off: status %d:\n%s", a.status, a.body)
+	}
+}
+
+// The broker groups page shows how much log the master holds on disk and
+// its retention, from the master's heartbeats.
+func TestGroupsPageShowsDiskAndRetention(t *testing.T) {
+	e := startEnv(t, envOpts{broker: func(c *broker.Config) { c.RetentionBytes = 3 << 20 }})
+	makeTopic(t, e, "orders", 1)
+	end := sendTo(t, e, "orders", 0, 5)
+	testwait.For(t, 10*time.Second, "the master's heartbeat with the log end", func() bool {
+		return groupInfo(t, e, "g1").Last.LogEnd >= end
+	})
+	g := groupInfo(t, e, "g1")
+	body := e.browser(t).must(Prefix + "groups?group=g1")
+	want := fmt.Sprintf(`class="disk">%s (offsets 0 to %d); retention the last 3.0 MiB`, fmtBytes(g.Last.LogEnd), g.Last.LogEnd)
+	if !strings.Contains(body, want) {
+		t.Fatalf("the group's page lacks %q:\n%s", want, body)
 	}
 }

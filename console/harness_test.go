@@ -45,6 +45,7 @@ type envOpts struct {
 	hideBodies bool
 	fakeClock  bool // the console's clock is a fake one (sessions, logins, rates)
 	edit       func(*Config)
+	broker     func(*broker.Config) // more settings for every broker
 }
 
 func startEnv(t testing.TB, o envOpts) *env {
@@ -64,6 +65,9 @@ func startEnv(t testing.TB, o envOpts) *env {
 		BrokerEdit: func(c *broker.Config) {
 			tc.SteadyBroker(c)
 			c.ClusterToken = e.clusterTok
+			if o.broker != nil {
+				o.broker(c)
+			}
 		},
 	})
 	var err error

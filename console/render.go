@@ -44,6 +44,7 @@ var funcs = template.FuncMap{
 	"bytes": fmtBytes,
 	"link":  link,
 	"add":   func(a, b int) int { return a + b },
+	"sub":   func(a, b int64) int64 { return a - b },
 }
 
 // parseTemplates parses every page's template with the layout.

@@ -11,6 +11,12 @@ type Heartbeat struct {
 	HAAddr   string       `json:"ha_addr,omitempty"`
 	// LogEnd is the broker's commit-log end offset.
 	LogEnd int64 `json:"log_end"`
+	// LogStart is where the commit log starts (retention moves it): the
+	// log holds LogEnd-LogStart bytes on disk.
+	LogStart int64 `json:"log_start,omitempty"`
+	// RetentionBytes is the broker's -retention-bytes (0: it keeps
+	// everything).
+	RetentionBytes int64 `json:"retention_bytes,omitempty"`
 	// Epoch is the group epoch the broker last learned (0: none yet).
 	Epoch uint32 `json:"epoch,omitempty"`
 	// Slave only: the master's log end in the last fetch answer, so the
