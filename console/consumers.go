@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/ferrymq/ferrymq/auth"
+	"github.com/ferrymq/ferrymq/internal/ops"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 	"github.com/ferrymq/ferrymq/routing"
@@ -123,16 +124,7 @@ func (q *query) consumerGroup(name string) (api.ConsumerGroupInfo, error) {
 		return api.ConsumerGroupInfo{}, err
 	}
 	defer release()
-	infos, err := q.meta().ConsumerGroups(q.ctx, name)
-	if err != nil {
-		return api.ConsumerGroupInfo{}, err
-	}
-	for _, info := range infos {
-		if info.Name == name {
-			return info, nil
-		}
-	}
-	return api.ConsumerGroupInfo{}, fmt.Errorf("no consumer group %q: %w", name, protocol.ErrNotFound)
+	return ops.ConsumerGroup(q.ctx, q.meta(), name)
 }
 
 // groupTopics is the topics a group subscribes to, its members', and those

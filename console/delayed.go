@@ -2,7 +2,6 @@ package console
 
 import (
 	"errors"
-	"fmt"
 	"net/url"
 	"sort"
 	"time"
@@ -119,7 +118,7 @@ func delayedState(q *query, d *delayedData) error {
 	if err != nil {
 		return err
 	}
-	d.State, d.Where = &st, delayedWhere(st, time.Now())
+	d.State, d.Where = &st, ops.DelayedWhere(st, time.Now())
 	d.Cancel = st.State == protocol.DelayPending && q.allow(protocol.CodeDelayedCancel, auth.Topic(st.Topic)) == nil
 	return nil
 }
@@ -190,30 +189,4 @@ func cancelDelayed(q *query) (string, error) {
 	}
 	q.c.cfg.Logger.Info("console cancelled a delayed message", "principal", q.s.principal.Name, "handle", h.String(), "outcome", outcome)
 	return Prefix + "delayed?" + url.Values{"handle": {h.String()}, "outcome": {outcome}}.Encode(), nil
-}
-
-// delayedWhere says where a delayed message is (as ferryctl delayed get).
-func delayedWhere(st protocol.DelayedState, now time.Time) string {
-	switch {
-	case st.State == protocol.DelayPending:
-		return dueIn(st.DueAt, now.UnixMilli())
-	case st.State == protocol.DelayReleased && st.Released != nil:
-		r := st.Released
-		return fmt.Sprintf("queue offset %d (log offset %d) at %s, %v after due", r.QueueOffset, r.LogOffset, fmtTime(r.At),
-			time.Duration(r.At-st.DueAt)*time.Millisecond)
-	case st.State == protocol.DelayMoved:
-		return fmt.Sprintf("moved to log offset %d", st.MovedTo)
-	}
-	return "-"
-}
-
-// dueIn says how far a due time (unix ms) is from now (unix ms).
-func dueIn(due, now int64) string {
-	switch {
-	case due == 0:
-		return "-"
-	case due >= now:
-		return "due in " + (time.Duration(due-now) * time.Millisecond).String()
-	}
-	return "due " + (time.Duration(now-due) * time.Millisecond).String() + " ago"
 }

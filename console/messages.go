@@ -378,15 +378,19 @@ func hasControl(b []byte) bool {
 // lookupDial is how a lookup asks the brokers: with the session's own
 // credential (the brokers leave out what it may not consume), for a
 // principal that may consume some topic (LOOKUP's rule) and describe the
-// cluster (listing the broker groups to ask, as ferryctl message find).
-func lookupDial(q *query) (ops.Dial, error) {
+// cluster (listing the broker groups to ask, as ferryctl message find),
+// holding one of the console's call slots until release.
+func lookupDial(q *query) (dial ops.Dial, release func(), err error) {
 	if err := q.allow(protocol.CodeLookup, auth.Target{}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := q.allow(protocol.CodeAdminGroups, auth.Target{}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return q.dial(), nil
+	if release, err = q.slot(); err != nil {
+		return nil, nil, err
+	}
+	return q.dial(), release, nil
 }
 
 // messageAt shows the message at a handle (GROUP@OFFSET).
@@ -395,11 +399,7 @@ func messageAt(ctx context.Context, q *query, d *messagesData, whole bool) error
 	if err != nil || h.Offset < 0 || protocol.ValidateName("group", h.Group, 255, protocol.TopicNameChars) != nil {
 		return bad("handle %q: want GROUP@OFFSET, as a send printed it", protocol.Clip(d.Form.Handle))
 	}
-	dial, err := lookupDial(q)
-	if err != nil {
-		return err
-	}
-	release, err := q.slot()
+	dial, release, err := lookupDial(q)
 	if err != nil {
 		return err
 	}
@@ -448,11 +448,7 @@ func findMessages(ctx context.Context, q *query, d *messagesData, n int) error {
 	if err != nil {
 		return err
 	}
-	dial, err := lookupDial(q)
-	if err != nil {
-		return err
-	}
-	release, err := q.slot()
+	dial, release, err := lookupDial(q)
 	if err != nil {
 		return err
 	}
@@ -527,11 +523,7 @@ func parseFindCursor(s string) (map[string]int64, error) {
 // journey shows what is known of a message's journey (as ferryctl message
 // journey prints it).
 func journey(ctx context.Context, q *query, d *messagesData) error {
-	dial, err := lookupDial(q)
-	if err != nil {
-		return err
-	}
-	release, err := q.slot()
+	dial, release, err := lookupDial(q)
 	if err != nil {
 		return err
 	}

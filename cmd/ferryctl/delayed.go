@@ -227,33 +227,11 @@ func outcomeText(outcome string) string {
 	return "not cancelled"
 }
 
-// where says where a delayed message is: when a pending one is due, where
-// and when a released one went (and how late), where a moved one is.
-func where(st protocol.DelayedState, now time.Time) string {
-	switch {
-	case st.State == protocol.DelayPending:
-		return dueIn(st.DueAt, now.UnixMilli())
-	case st.State == protocol.DelayReleased && st.Released != nil:
-		r := st.Released
-		return fmt.Sprintf("queue offset %d (log offset %d) at %s, %v after due", r.QueueOffset, r.LogOffset, formatMillis(r.At),
-			time.Duration(r.At-st.DueAt)*time.Millisecond)
-	case st.State == protocol.DelayMoved:
-		return fmt.Sprintf("moved to log offset %d", st.MovedTo)
-	}
-	return "-"
-}
+// where says where a delayed message is (ops.DelayedWhere).
+func where(st protocol.DelayedState, now time.Time) string { return ops.DelayedWhere(st, now) }
 
-// dueIn says how far a due time (unix ms) is from now (unix ms): "in 5m0s",
-// "due 2s ago", or "-" for none.
-func dueIn(due, now int64) string {
-	switch {
-	case due == 0:
-		return "-"
-	case due >= now:
-		return "in " + (time.Duration(due-now) * time.Millisecond).String()
-	}
-	return "due " + (time.Duration(now-due) * time.Millisecond).String() + " ago"
-}
+// dueIn says how far a due time is from now (ops.DueIn).
+func dueIn(due, now int64) string { return ops.DueIn(due, now) }
 
 // formatMillis is a unix-millisecond time in UTC, to the millisecond, or
 // "-" for 0.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrymq/ferrymq/internal/ops"
 	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
@@ -288,22 +289,9 @@ func optInt(v *int64) string {
 	return fmt.Sprint(*v)
 }
 
-// consumerGroup returns one group, or an error naming it when the
-// metaserver does not know it.
+// consumerGroup returns one group (ops.ConsumerGroup).
 func consumerGroup(ctx context.Context, cl *client.Client, name string) (api.ConsumerGroupInfo, error) {
-	infos, err := cl.ConsumerGroups(ctx, name)
-	if errors.Is(err, protocol.ErrNotFound) {
-		return api.ConsumerGroupInfo{}, fmt.Errorf("no consumer group %q: %w", name, err)
-	}
-	if err != nil {
-		return api.ConsumerGroupInfo{}, err
-	}
-	for _, info := range infos {
-		if info.Name == name {
-			return info, nil
-		}
-	}
-	return api.ConsumerGroupInfo{}, fmt.Errorf("no consumer group %q: %w", name, protocol.ErrNotFound)
+	return ops.ConsumerGroup(ctx, cl, name)
 }
 
 // groupTopics is the topics a group subscribes to, or, when it has no

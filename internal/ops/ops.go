@@ -288,34 +288,29 @@ func EachGroupMaster(ctx context.Context, cl *client.Client, dial Dial, only str
 // DelayedLists asks every group's master (or only's) for its pending
 // delayed messages; unasked as EachGroupMaster's.
 func DelayedLists(ctx context.Context, cl *client.Client, dial Dial, only string, q protocol.DelayedListRequest) (lists []protocol.DelayedList, unasked, err error) {
-	req, _ := json.Marshal(q)
-	lists = []protocol.DelayedList{}
-	unasked, err = EachGroupMaster(ctx, cl, dial, only, func(ctx context.Context, gi api.GroupInfo, tc *transport.Client) error {
-		var l protocol.DelayedList
-		if err := CallJSON(ctx, tc, protocol.CodeDelayedList, req, &l); err != nil {
-			return err
-		}
-		if l.Group == "" {
-			l.Group = gi.Name
-		}
-		lists = append(lists, l)
-		return nil
-	})
-	return lists, unasked, err
+	return groupLists(ctx, cl, dial, only, protocol.CodeDelayedList, q, func(l *protocol.DelayedList) *string { return &l.Group })
 }
 
 // TxnLists asks every group's master (or only's) for its open
 // transactions and recent decisions; unasked as EachGroupMaster's.
 func TxnLists(ctx context.Context, cl *client.Client, dial Dial, only string, q protocol.TxnListRequest) (lists []protocol.TxnList, unasked, err error) {
+	return groupLists(ctx, cl, dial, only, protocol.CodeTxnList, q, func(l *protocol.TxnList) *string { return &l.Group })
+}
+
+// groupLists asks every group's master (or only's) the JSON request q of
+// code and collects the answers, each naming its group (group: where an
+// answer says it; filled in when the broker left it empty).
+func groupLists[L any](ctx context.Context, cl *client.Client, dial Dial, only string, code protocol.Code, q any,
+	group func(*L) *string) (lists []L, unasked, err error) {
 	req, _ := json.Marshal(q)
-	lists = []protocol.TxnList{}
+	lists = []L{}
 	unasked, err = EachGroupMaster(ctx, cl, dial, only, func(ctx context.Context, gi api.GroupInfo, tc *transport.Client) error {
-		var l protocol.TxnList
-		if err := CallJSON(ctx, tc, protocol.CodeTxnList, req, &l); err != nil {
+		var l L
+		if err := CallJSON(ctx, tc, code, req, &l); err != nil {
 			return err
 		}
-		if l.Group == "" {
-			l.Group = gi.Name
+		if g := group(&l); *g == "" {
+			*g = gi.Name
 		}
 		lists = append(lists, l)
 		return nil
@@ -362,4 +357,51 @@ func AbortTxn(ctx context.Context, cl *client.Client, dial Dial, id protocol.Txn
 		return AbortedBefore, nil
 	}
 	return Aborted, nil
+}
+
+// DelayedWhere says where a delayed message is: when a pending one is
+// due, where and when a released one went (and how late), where a moved
+// one is.
+func DelayedWhere(st protocol.DelayedState, now time.Time) string {
+	switch {
+	case st.State == protocol.DelayPending:
+		return DueIn(st.DueAt, now.UnixMilli())
+	case st.State == protocol.DelayReleased && st.Released != nil:
+		r := st.Released
+		return fmt.Sprintf("queue offset %d (log offset %d) at %s, %v after due", r.QueueOffset, r.LogOffset, FormatMillis(r.At),
+			time.Duration(r.At-st.DueAt)*time.Millisecond)
+	case st.State == protocol.DelayMoved:
+		return fmt.Sprintf("moved to log offset %d", st.MovedTo)
+	}
+	return "-"
+}
+
+// DueIn says how far a due time (unix ms) is from now (unix ms): "in 5m0s",
+// "due 2s ago", or "-" for none.
+func DueIn(due, now int64) string {
+	switch {
+	case due == 0:
+		return "-"
+	case due >= now:
+		return "in " + (time.Duration(due-now) * time.Millisecond).String()
+	}
+	return "due " + (time.Duration(now-due) * time.Millisecond).String() + " ago"
+}
+
+// ConsumerGroup returns one consumer group, or an error naming it (wrapping
+// protocol.ErrNotFound) when the metaserver does not know it.
+func ConsumerGroup(ctx context.Context, cl *client.Client, name string) (api.ConsumerGroupInfo, error) {
+	infos, err := cl.ConsumerGroups(ctx, name)
+	if errors.Is(err, protocol.ErrNotFound) {
+		return api.ConsumerGroupInfo{}, fmt.Errorf("no consumer group %q: %w", name, err)
+	}
+	if err != nil {
+		return api.ConsumerGroupInfo{}, err
+	}
+	for _, info := range infos {
+		if info.Name == name {
+			return info, nil
+		}
+	}
+	return api.ConsumerGroupInfo{}, fmt.Errorf("no consumer group %q: %w", name, protocol.ErrNotFound)
 }
