@@ -10,10 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferrymq/ferrymq/auth"
 	tc "github.com/ferrymq/ferrymq/internal/testcluster"
 	"github.com/ferrymq/ferrymq/internal/testwait"
-	"github.com/ferrymq/ferrymq/internal/transport"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/protocol"
 )
@@ -37,12 +35,7 @@ func member(t *testing.T, e *env, group, id, topic string, queues int) uint64 {
 // storeTimes is the store time of every message of a queue, by offset.
 func storeTimes(t *testing.T, e *env, topic string, queue uint32) []int64 {
 	t.Helper()
-	r, err := e.admin.RouteExisting(context.Background(), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := transport.NewClient(r.Queues[queue].Master, transport.ClientConfig{Login: auth.TokenLogin(e.adminTok)})
-	defer c.Close()
+	c := e.masterOf(t, topic, queue)
 	var out []int64
 	for _, m := range tc.PullAll(t, c, topic, queue) {
 		out = append(out, m.StoreTime)

@@ -26,16 +26,24 @@ func makeTopic(t *testing.T, e *env, name string, n int) routing.Route {
 	return r
 }
 
-// sendTo stores n messages in a queue of topic through its master, as the
-// admin, and returns the offset after the last.
-func sendTo(t *testing.T, e *env, topic string, queue uint32, n int) int64 {
+// masterOf is a connection, as the admin, to the master of a topic's
+// queue; the test's end closes it.
+func (e *env) masterOf(t *testing.T, topic string, queue uint32) *transport.Client {
 	t.Helper()
 	r, err := e.admin.RouteExisting(context.Background(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := transport.NewClient(r.Queues[queue].Master, transport.ClientConfig{Login: auth.TokenLogin(e.adminTok)})
-	defer c.Close()
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// sendTo stores n messages in a queue of topic through its master, as the
+// admin, and returns the offset after the last.
+func sendTo(t *testing.T, e *env, topic string, queue uint32, n int) int64 {
+	t.Helper()
+	c := e.masterOf(t, topic, queue)
 	msgs := make([]protocol.Message, n)
 	for i := range msgs {
 		msgs[i] = tc.Msg(topic, queue, protocol.Normal, fmt.Sprintf("body %d", i))
