@@ -2,8 +2,14 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -65,5 +71,69 @@ func TestAuthThroughProcesses(t *testing.T) {
 	}
 	if code, _, errOut := as(appFile, "read", "payments", "--queue", "0", "--from", "0"); code != 1 || !strings.Contains(errOut, `principal "app1" lacks `) || !strings.Contains(errOut, "consume:payments:<group>") {
 		t.Fatalf("app1 reading payments: exit %d: %s", code, errOut)
+	}
+	consoleThroughProcesses(t, c, made.Token)
+}
+
+// consoleThroughProcesses: the web console of each metaserver process (on
+// its metrics port) logs in with a token; app1, which may not describe,
+// is refused the overview; the admin creates a topic with the topics
+// page's form on a metaserver that may be a follower, ferryctl lists it,
+// and the audit page names the admin as who made it.
+func consoleThroughProcesses(t *testing.T, c *localCluster, appToken string) {
+	adminTok, err := os.ReadFile(filepath.Join(c.home, "auth", "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	csrf := regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+	for i := 1; i <= 3; i++ {
+		base := fmt.Sprintf("http://127.0.0.1:%d/console/", c.base+20+i)
+		jar, _ := cookiejar.New(nil)
+		hc := &http.Client{Jar: jar, Timeout: 10 * time.Second}
+		do := func(method, path string, form url.Values) (int, string) {
+			t.Helper()
+			req, err := http.NewRequest(method, base+path, strings.NewReader(form.Encode()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if method == http.MethodPost {
+				req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			}
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", method, base+path, err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		if code, body := do(http.MethodPost, "login", url.Values{"token": {appToken}}); code != http.StatusForbidden || !strings.Contains(body, "lacks describe") {
+			t.Fatalf("metaserver m%d's console for app1: %d, want 403 naming describe", i, code)
+		}
+		hc.Jar, _ = cookiejar.New(nil)
+		code, body := do(http.MethodPost, "login", url.Values{"token": {strings.TrimSpace(string(adminTok))}})
+		if code != http.StatusOK || !strings.Contains(body, `id="meta-leader"`) {
+			t.Fatalf("metaserver m%d's console overview for the admin: %d:\n%s", i, code, body)
+		}
+		if i != 2 {
+			continue
+		}
+		_, body = do(http.MethodGet, "topics", nil)
+		m := csrf.FindStringSubmatch(body)
+		if m == nil {
+			t.Fatalf("the topics page has no form:\n%s", body)
+		}
+		if code, body := do(http.MethodPost, "topics", url.Values{"csrf": {m[1]}, "name": {"made-in-console"}, "queues": {"2"}}); code != http.StatusOK || !strings.Contains(body, "made-in-console") {
+			t.Fatalf("creating a topic in the console: %d:\n%s", code, body)
+		}
+		// ferryctl reads from any metaserver: a follower shows the topic
+		// once it applied the creation.
+		testwait.For(t, 10*time.Second, "ferryctl topics to list the console's topic", func() bool {
+			code, out, _ := c.ctlExit("topics", "--token-file", filepath.Join(c.home, "auth", "admin.token"))
+			return code == 0 && strings.Contains(out, "made-in-console")
+		})
+		if _, body := do(http.MethodGet, "audit?kind=create-topic", nil); !strings.Contains(body, "made-in-console") || !strings.Contains(body, "<td>admin</td>") {
+			t.Fatalf("the audit page lacks the admin's topic:\n%s", body)
+		}
 	}
 }
