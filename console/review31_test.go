@@ -1,0 +1,114 @@
+package console
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/producer"
+)
+
+// Review of issue 31: each test here shows a finding (it fails until the
+// cause is fixed).
+
+// With HideBodies, no body and no property is shown, whoever asks. A
+// dead letter's last error (a property, consumer.PropError) is written by
+// the consumer's handler and often quotes the body; the dead letters page
+// shows it, and so does the message's journey.
+func TestReview31HideBodiesDeadLetterError(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true, hideBodies: true, edit: unlimited})
+	e.topic(t, "orders")
+	e.topic(t, "%DLQ%billing")
+	e.runConsumer(t, "billing", "orders", "secret-card-4111")
+	rs := e.send(t, &producer.Message{Topic: "orders", Key: "k", Body: []byte("secret-card-4111")})
+
+	b := e.browserAs(t, kind{"admin", nil})
+	dlq := Prefix + "deadletters?topic=" + url.QueryEscape("%DLQ%billing")
+	testwait.For(t, 10*time.Second, "the dead letter on the page", func() bool {
+		return strings.Contains(b.must(dlq), `name="offset" value="0"`)
+	})
+	var leaks []string
+	if page := b.must(dlq); strings.Contains(page, "secret-card-4111") {
+		leaks = append(leaks, "the dead letters page shows the last error, which quotes the body")
+	}
+	if page := b.must(Prefix + "messages?journey=" + rs[0].ID); strings.Contains(page, "secret-card-4111") {
+		leaks = append(leaks, "the journey shows the dead letter's last error, which quotes the body")
+	}
+	if len(leaks) > 0 {
+		t.Fatalf("with -console-bodies=false: %s", strings.Join(leaks, "; "))
+	}
+}
+
+// A login is a POST without a CSRF token, checked by its Origin only. A
+// browser sends "Origin: null" from a sandboxed frame or a data: page, and
+// no Referer when the attacker's page asks for none: the console takes
+// that as "not from a browser" and logs the victim's browser in as the
+// attacker's principal (login CSRF), which then sees the attacker's view
+// and whatever the victim types into its forms is done as the attacker.
+func TestReview31LoginCSRFNullOrigin(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true})
+	attacker := e.principal(t, "attacker", "describe")
+	b := e.browser(t)
+	form := url.Values{"token": {attacker}}
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL+Prefix+"login", strings.NewReader(form.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "null") // a sandboxed iframe's form, referrerpolicy=no-referrer: no Referer
+	a := b.do(req)
+	if a.status == http.StatusSeeOther {
+		t.Fatalf("a cross-site login (Origin: null, no Referer) logged the browser in: status %d to %q", a.status, a.location)
+	}
+}
+
+// The login throttle remembers maxThrottled sources; once every one it
+// remembers is waiting, a new source is not counted at all, so an attacker
+// with more addresses than that (an IPv6 /64 has 2^64) guesses without
+// ever waiting from each new one.
+func TestReview31LoginThrottleFullTable(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := newLoginThrottle(nil)
+	for i := range maxThrottled {
+		src := fmt.Sprintf("2001:db8::%x", i)
+		for range freeFailures {
+			l.failed(src, now)
+		}
+	}
+	fresh := "2001:db8::ffff:1"
+	for range 20 * freeFailures {
+		l.failed(fresh, now)
+	}
+	if w := l.wait(fresh, now); w == 0 {
+		t.Fatalf("a source that failed %d logins in a row waits %v: it was never counted (the table was full)", 20*freeFailures, w)
+	}
+}
+
+// Sessions are capped at maxSessions, least recently used first out, and a
+// successful login is not limited: one principal that may log in (any
+// permission) logs in maxSessions times and every other user's session
+// ends.
+func TestReview31SessionCapEvictsOthers(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true})
+	victim := e.browserAs(t, kind{"victim", []string{"describe"}})
+	victim.must(Prefix)
+	tok := e.principal(t, "mallory", "produce:orders")
+	form := url.Values{"token": {tok}}.Encode()
+	for i := range maxSessions {
+		req := httptest.NewRequest(http.MethodPost, Prefix+"login", strings.NewReader(form))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		rec := httptest.NewRecorder()
+		e.con.ServeHTTP(rec, req)
+		if rec.Code != http.StatusSeeOther {
+			t.Fatalf("login %d: status %d", i, rec.Code)
+		}
+	}
+	if a := victim.get(Prefix); a.status != http.StatusOK {
+		t.Fatalf("after another principal logged in %d times, the victim's session ended: status %d to %q", maxSessions, a.status, a.location)
+	}
+}
