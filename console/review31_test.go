@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferrymq/internal/testwait"
+	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/producer"
 )
 
@@ -110,5 +112,31 @@ func TestReview31SessionCapEvictsOthers(t *testing.T) {
 	}
 	if a := victim.get(Prefix); a.status != http.StatusOK {
 		t.Fatalf("after another principal logged in %d times, the victim's session ended: status %d to %q", maxSessions, a.status, a.location)
+	}
+}
+
+// A consumer of a group on one topic sees the group's lag chart, which the
+// sampler sums over every topic the group has offsets for (with the
+// cluster token): the chart shows the backlog of a topic the principal may
+// neither consume nor describe, which the metaserver leaves out of the
+// group's answer to it (describesTopic) and the page's own table refuses.
+func TestReview31LagChartCountsTopicsNotShown(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true, fakeClock: true, edit: unlimited})
+	billingSetup(t, e, false) // orders: lag 4 + 3
+	makeTopic(t, e, "payments", 1)
+	if _, err := e.admin.ResetOffsets(context.Background(), api.ResetOffsetsRequest{Group: "billing",
+		Offsets: []api.QueueOffset{{Topic: "payments", Queue: 0, Offset: 0}}}); err != nil {
+		t.Fatal(err)
+	}
+	sendTo(t, e, "payments", 0, 50) // payments: lag 50
+	sampled(t, e)
+	sampled(t, e)
+	b := e.browserAs(t, kind{"reader", []string{"consume:orders:billing"}})
+	page := b.must(Prefix + "consumer?group=billing")
+	if strings.Contains(page, "payments") {
+		t.Fatalf("the page names payments to a consumer of orders only:\n%.3000s", page)
+	}
+	if got := charts(page)["lag-billing"]; got != "7" {
+		t.Fatalf("billing's lag chart as a consumer of orders only shows %q, want 7 (orders' lag; payments' 50 is not its to see)", got)
 	}
 }
