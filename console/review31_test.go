@@ -140,3 +140,37 @@ func TestReview31LagChartCountsTopicsNotShown(t *testing.T) {
 		t.Fatalf("billing's lag chart as a consumer of orders only shows %q, want 7 (orders' lag; payments' 50 is not its to see)", got)
 	}
 }
+
+// With authorization off the console is open to whoever reaches it, and
+// it checks no Host: a web page the operator visits can rebind its own
+// name to the console's address (DNS rebinding) and then read the pages
+// and submit the forms as a same-origin page (its Origin and the request's
+// Host are both its name, the CSRF token is on the page it read). The
+// console should answer only a Host it is served as (an IP literal,
+// localhost, or names configured).
+func TestReview31AuthOffAnyHost(t *testing.T) {
+	e := startEnv(t, envOpts{})
+	const evil = "rebind.attacker.example"
+	b := e.browser(t)
+	req, err := http.NewRequest(http.MethodGet, e.srv.URL+Prefix+"topics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = evil
+	a := b.do(req)
+	if a.status != http.StatusOK {
+		return // refused: fixed
+	}
+	form := url.Values{"name": {"rebound"}, "queues": {"1"}, "csrf": {b.csrf}}
+	req, err = http.NewRequest(http.MethodPost, e.srv.URL+Prefix+"topics", strings.NewReader(form.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = evil
+	req.Header.Set("Origin", "http://"+evil)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	a = b.do(req)
+	if _, err := e.admin.RouteExisting(context.Background(), "rebound"); err == nil {
+		t.Fatalf("a page served as Host %s read the topics page and created a topic (status %d)", evil, a.status)
+	}
+}
