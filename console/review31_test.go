@@ -174,3 +174,24 @@ func TestReview31AuthOffAnyHost(t *testing.T) {
 		t.Fatalf("a page served as Host %s read the topics page and created a topic (status %d)", evil, a.status)
 	}
 }
+
+// A successful login forgets the source's failures: a source holding any
+// valid token (a producer's) logs in with it after every few guesses and
+// is never made to wait, however many tokens it guesses.
+func TestReview31LoginThrottleResetBySuccess(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true, fakeClock: true})
+	mine := e.principal(t, "app", "produce:orders")
+	b := e.browser(t)
+	wrong := url.Values{"token": {"guessed-token-000000000000000000000000"}}
+	guesses := 0
+	for range 6 {
+		for range freeFailures - 1 {
+			if a := b.post(Prefix+"login", wrong); a.status == http.StatusTooManyRequests {
+				return // throttled: fixed
+			}
+			guesses++
+		}
+		b.post(Prefix+"login", url.Values{"token": {mine}})
+	}
+	t.Fatalf("a source made %d wrong guesses at one instant of the fake clock without waiting (a good login between every %d)", guesses, freeFailures-1)
+}
