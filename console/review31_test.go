@@ -2,6 +2,9 @@ package console
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -194,4 +197,37 @@ func TestReview31LoginThrottleResetBySuccess(t *testing.T) {
 		b.post(Prefix+"login", url.Values{"token": {mine}})
 	}
 	t.Fatalf("a source made %d wrong guesses at one instant of the fake clock without waiting (a good login between every %d)", guesses, freeFailures-1)
+}
+
+// A certificate session may reset a group's offsets (the Consumer group
+// page is not one of the pages that need its own token), but the preview
+// of a reset by time reads messages (PULL) on the page's broker
+// connections, which present the cluster token for a certificate session:
+// the brokers refuse the cluster PULL, and the preview fails.
+func TestReview31CertSessionResetByTime(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true})
+	billingSetup(t, e, false)
+	e.principal(t, "bob", "admin")
+	r := httptest.NewRequest(http.MethodPost, Prefix+"login", strings.NewReader("method=certificate"))
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	r.TLS = &tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{{Subject: pkix.Name{CommonName: "bob"}}}}}
+	s, err := e.con.login(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := e.browser(t)
+	u, _ := url.Parse(e.srv.URL + Prefix)
+	cb.hc.Jar.SetCookies(u, []*http.Cookie{{Name: cookieName, Value: s.id, Path: Prefix}})
+	cb.must(Prefix + "consumer?group=billing&reset=orders&to=earliest&preview=1") // a range: QUEUE_COUNT, allowed
+	if a := cb.get(Prefix + "consumer?group=billing&reset=orders&to=time&at=0&preview=1"); a.status != http.StatusOK {
+		t.Fatalf("an admin's certificate session previews a reset by time: status %d: %s", a.status, errorOf(a.body))
+	}
+}
+
+// errorOf is an error page's message (the whole body when it has none).
+func errorOf(body string) string {
+	if i := strings.Index(body, `class="error"`); i >= 0 {
+		return body[i:min(len(body), i+400)]
+	}
+	return body[:min(len(body), 1500)]
 }
