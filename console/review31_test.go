@@ -231,3 +231,20 @@ func errorOf(body string) string {
 	}
 	return body[:min(len(body), 1500)]
 }
+
+// The outcome notices after a form (resent, outcome) are read back from
+// the query string: a link anyone can make shows its own text in the
+// console's notice box, as if the console said it ("Resent: offset 3 →
+// ..."), to whoever follows it (escaped, but believed). The outcome
+// should come from the session (a flash message), not the URL.
+func TestReview31NoticeFromURL(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true})
+	b := e.browserAs(t, kind{"viewer", []string{"describe"}})
+	const spoof = "Your session expired: log in again at https://ferrymq-login.example"
+	for _, path := range []string{"deadletters?resent=", "delayed?outcome=", "txns?outcome="} {
+		a := b.get(Prefix + path + url.QueryEscape(spoof))
+		if strings.Contains(a.body, spoof) {
+			t.Errorf("%s: the page shows the link's text as its notice", path)
+		}
+	}
+}
