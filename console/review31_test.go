@@ -248,3 +248,23 @@ func TestReview31NoticeFromURL(t *testing.T) {
 		}
 	}
 }
+
+// Two requests of one session at once (two tabs, a page and its chart
+// reload) race: refresh writes s.principal for each request with no lock
+// while the other request reads it (the race detector fails this test).
+func TestReview31ConcurrentRequestsOfOneSession(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true, edit: unlimited})
+	b := e.browserAs(t, kind{"viewer", []string{"describe"}})
+	done := make(chan struct{})
+	for range 2 {
+		tab := &browser{t: t, e: e, hc: b.hc} // the same cookie jar
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for range 5 {
+				tab.get(Prefix + "audit")
+			}
+		}()
+	}
+	<-done
+	<-done
+}
