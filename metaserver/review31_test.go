@@ -35,3 +35,24 @@ func TestReview31ActorRouteLookupCheckedAsActor(t *testing.T) {
 	_, err = asApp.RouteExisting(ctx, "payments")
 	wantNotAuthorized(t, "the cluster acting for a producer of orders looks up payments' route", err)
 }
+
+// Every server holds the cluster token, brokers too (docs/security.md:
+// "every server holds it"). With act_as, the cluster may act for any
+// registry principal, an admin one included: whoever holds a broker's
+// cluster token (a broker host) acts as the registry's admins and gives
+// itself admin for good. Before act_as the cluster token could not change
+// the permission table. Acting should need a credential only the console
+// holds (the metaservers'), not the one every broker has.
+func TestReview31ClusterTokenActsAsAdmin(t *testing.T) {
+	am := startAuthMeta(t, 1)
+	ctx := context.Background()
+	am.principal(t, "ops", "admin")
+	asOps, err := client.New(client.Config{Addrs: am.Addrs(), Token: am.clusterTok, ActAs: "ops"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = asOps.Close() })
+	_, err = asOps.SetPrincipal(ctx, api.ACLSetRequest{Name: "backdoor", TokenSHA256: auth.HashToken(auth.NewToken()).String(),
+		Permissions: []string{"admin"}})
+	wantNotAuthorized(t, "the cluster token (a broker's) acting for an admin principal sets a new admin", err)
+}
