@@ -268,3 +268,19 @@ func TestReview31ConcurrentRequestsOfOneSession(t *testing.T) {
 	<-done
 	<-done
 }
+
+// A handle that names no message (an offset inside a record, or past the
+// log) is the browser's mistake, answered NOT_FOUND by the broker; the
+// page answers 502, as if the cluster failed: statusOf has no case for
+// protocol.StatusNotFound.
+func TestReview31HandleNotFoundIs502(t *testing.T) {
+	e := startEnv(t, envOpts{auth: true})
+	e.topic(t, "orders")
+	e.send(t, &producer.Message{Topic: "orders", Body: []byte("one")})
+	b := e.browserAs(t, kind{"admin", nil})
+	for _, h := range []string{"g1@1", "g1@999999999"} {
+		if a := b.get(Prefix + "messages?handle=" + url.QueryEscape(h)); a.status >= 500 {
+			t.Errorf("handle %s: status %d, want 404 (or 400): %s", h, a.status, errorOf(a.body))
+		}
+	}
+}
