@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -309,3 +310,16 @@ func (t *Table) Principals() []Principal { return t.list }
 // HasAdmin and HasCluster report whether the table has the built-ins.
 func (t *Table) HasAdmin() bool   { return t.admin != nil }
 func (t *Table) HasCluster() bool { return t.cluster != nil }
+
+// ActorProof is what a request naming an actor (the web console's, for a
+// certificate session) carries besides the actor's name: an HMAC of the
+// name under a key derived from the metaservers' own raft secret, which no
+// broker or client holds. So holding the cluster token, which every server
+// has, is not enough to act for another principal.
+func ActorProof(raftSecret, actor string) string {
+	key := hmac.New(sha256.New, []byte(raftSecret))
+	key.Write([]byte("ferrymq act_as v1"))
+	m := hmac.New(sha256.New, key.Sum(nil))
+	m.Write([]byte(actor))
+	return hex.EncodeToString(m.Sum(nil))
+}

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/ferrymq/ferrymq/auth"
 	"github.com/ferrymq/ferrymq/metaserver/api"
 	"github.com/ferrymq/ferrymq/metaserver/client"
 )
@@ -80,11 +81,13 @@ func auditPage(q *query) (any, error) {
 }
 
 // actingClient is a certificate session's metaserver client: it calls with
-// the servers' cluster token and names the session's principal, whom the
-// metaservers then check every request as and stamp its audit records
-// with (client.Config.ActAs).
+// the servers' cluster token and names the session's principal with the
+// proof made from the metaservers' raft secret, whom the metaservers then
+// check every request as and stamp its audit records with
+// (client.Config.ActAs, ActProof).
 func (c *Console) actingClient(principal string) (*client.Client, error) {
-	cc := client.Config{Addrs: c.cfg.MetaAddrs, Token: c.cfg.ClusterToken, ActAs: principal, CallTimeout: c.cfg.CallTimeout}
+	cc := client.Config{Addrs: c.cfg.MetaAddrs, Token: c.cfg.ClusterToken, ActAs: principal,
+		ActProof: auth.ActorProof(c.cfg.RaftSecret, principal), CallTimeout: c.cfg.CallTimeout}
 	cc.Transport.TLS = c.cfg.TLS
 	return client.New(cc)
 }

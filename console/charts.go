@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -48,6 +50,19 @@ type point struct {
 
 // series is a bounded line of samples, oldest first.
 type series struct{ pts []point }
+
+// plus adds o's points to s's at the same times (the sampler takes every
+// series of a sample at one time), keeping s in time order.
+func (s *series) plus(o *series) {
+	for _, p := range o.pts {
+		i := sort.Search(len(s.pts), func(i int) bool { return !s.pts[i].at.Before(p.at) })
+		if i < len(s.pts) && s.pts[i].at.Equal(p.at) {
+			s.pts[i].v += p.v
+			continue
+		}
+		s.pts = slices.Insert(s.pts, i, p)
+	}
+}
 
 func (s *series) add(p point) {
 	s.pts = append(s.pts, p)
@@ -129,8 +144,10 @@ func (s *sampler) sample(ctx context.Context) {
 	}
 	s.mu.Lock()
 	s.addRates(groups, now)
-	for name, lag := range lags {
-		s.serie(s.lags, name).add(point{now, float64(lag)})
+	for group, topics := range lags {
+		for topic, lag := range topics {
+			s.serie(s.lags, lagKey(group, topic)).add(point{now, float64(lag)})
+		}
 	}
 	forget(s.lags, now)
 	s.err = ""
@@ -180,10 +197,13 @@ func forget(m map[string]*series, now time.Time) {
 	}
 }
 
-// lagsNow is the total lag of the first maxSeries consumer groups, reading
-// at most maxLagQueues queues' ends; a group with a queue not read is left
-// out of this sample.
-func (s *sampler) lagsNow(ctx context.Context) (map[string]int64, error) {
+// lagKey names the series of a consumer group's lag on one topic.
+func lagKey(group, topic string) string { return group + "\x00" + topic }
+
+// lagsNow is the lag, per topic, of the first maxSeries consumer groups,
+// reading at most maxLagQueues queues' ends; a group with a queue not read
+// is left out of this sample.
+func (s *sampler) lagsNow(ctx context.Context) (map[string]map[string]int64, error) {
 	infos, err := s.cl.ConsumerGroups(ctx, "")
 	if err != nil {
 		return nil, err
@@ -193,15 +213,16 @@ func (s *sampler) lagsNow(ctx context.Context) (map[string]int64, error) {
 	r := &rangeReader{s: s, ctx: ctx, ranges: map[string][2]int64{}, conns: map[string]*transport.Client{}}
 	defer r.close()
 	routes := map[string]routing.Route{}
-	out := map[string]int64{}
+	out := map[string]map[string]int64{}
 groups:
 	for _, info := range infos {
 		committed := map[string]int64{}
 		for _, o := range info.Offsets {
 			committed[fmt.Sprint(o.Topic, "/", o.Queue)] = o.Offset
 		}
-		var lag int64
+		lags := map[string]int64{}
 		for _, t := range groupTopics(info) {
+			var lag int64
 			rt, ok := routes[t]
 			if !ok {
 				if rt, err = s.cl.RouteExisting(ctx, t); errors.Is(err, protocol.ErrUnknownTopic) {
@@ -222,8 +243,9 @@ groups:
 					lag += hi - lo
 				}
 			}
+			lags[t] = lag
 		}
-		out[info.Name] = lag
+		out[info.Name] = lags
 	}
 	return out, r.err
 }
@@ -334,17 +356,30 @@ func (q *query) groupCharts(groups []string) []chart {
 	return out
 }
 
-// lagCharts are the lag charts of those of the consumer groups the
-// principal may describe or consume.
+// lagCharts are the lag charts of the consumer groups: each sums the
+// group's lag on the topics the principal may see it for (describe: all;
+// a consumer: those its permission names with the group), as the group's
+// table does; a group with none is left out.
 func (q *query) lagCharts(groups []string) []chart {
 	note := q.c.chartNote()
 	var out []chart
 	now := q.c.cfg.Clock.Now()
+	all := q.allow(protocol.CodeConsumerGroups, auth.Target{}) == nil
 	for _, g := range groups {
 		if q.allow(protocol.CodeConsumerGroups, auth.Target{Group: g}) != nil {
 			continue
 		}
-		out = append(out, drawn("lag-"+g, g+" lag (messages)", "", q.c.series(func(s *sampler) *series { return s.lags[g] }), now, note))
+		sum := q.c.series(func(s *sampler) *series {
+			var total series
+			for k, sr := range s.lags {
+				group, topic, _ := strings.Cut(k, "\x00")
+				if group == g && (all || q.allow(protocol.CodeCommitOffsets, auth.Target{Topics: []string{topic}, Group: g}) == nil) {
+					total.plus(sr)
+				}
+			}
+			return &total
+		})
+		out = append(out, drawn("lag-"+g, g+" lag (messages)", "", sum, now, note))
 	}
 	return out
 }
@@ -370,11 +405,12 @@ func (c *Console) sampledLagGroups(n int) []string {
 		return nil
 	}
 	c.sampler.mu.Lock()
-	names := make([]string, 0, len(c.sampler.lags))
-	for name := range c.sampler.lags {
-		names = append(names, name)
+	seen := map[string]bool{}
+	for k := range c.sampler.lags {
+		group, _, _ := strings.Cut(k, "\x00")
+		seen[group] = true
 	}
 	c.sampler.mu.Unlock()
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(seen))
 	return names[:min(len(names), n)]
 }

@@ -95,7 +95,7 @@ func TestChartsSampleRatesAndLag(t *testing.T) {
 		sampled(t, e)
 	}
 	e.con.sampler.mu.Lock()
-	n := len(e.con.sampler.lags["billing"].pts)
+	n := len(e.con.sampler.lags[lagKey("billing", "orders")].pts)
 	e.con.sampler.mu.Unlock()
 	if n != int(sampleWindow/sampleEvery)+1 {
 		t.Errorf("after 132 samples the lag series holds %d, want %d", n, int(sampleWindow/sampleEvery)+1)

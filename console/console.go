@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -39,6 +41,11 @@ type Config struct {
 	// its permissions itself and calls with this one. Empty: certificate
 	// logins are refused.
 	ClusterToken string
+	// RaftSecret is the metaservers' own secret: a certificate session's
+	// requests name their principal with a proof made from it
+	// (auth.ActorProof), which the metaservers take only with it. Empty:
+	// certificate logins are refused.
+	RaftSecret string
 	// HideBodies shows no message body on any page, whatever the
 	// principal may consume.
 	HideBodies bool
@@ -119,6 +126,7 @@ func New(cfg Config) (*Console, error) {
 	}
 	c := &Console{cfg: cfg, byPath: map[string]*page{}, calls: make(chan struct{}, cfg.Calls)}
 	c.sessions = newSessions(cfg.Clock, cfg.SessionIdle, cfg.SessionMax)
+	c.sessions.capped = cfg.Principals != nil
 	c.logins = newLoginThrottle(cfg.Clock)
 	for _, p := range allPages() {
 		c.pages = append(c.pages, p)
@@ -183,6 +191,13 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
+	if !c.authOn() && !addressedByIP(r.Host) {
+		// Open to anyone who reaches the port, it answers only a request
+		// addressed to it by IP or as localhost: a web page whose name
+		// was pointed at this address (DNS rebinding) gets nothing.
+		http.Error(w, "with authorization off the console answers only requests to an IP address or localhost", http.StatusMisdirectedRequest)
+		return
+	}
 	switch {
 	case strings.HasPrefix(path, "/static/"):
 		c.static.ServeHTTP(w, r)
@@ -212,6 +227,16 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.servePage(w, r, s, p)
+}
+
+// addressedByIP reports whether a request's Host names an IP address or
+// localhost.
+func addressedByIP(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	return net.ParseIP(host) != nil || strings.EqualFold(host, "localhost")
 }
 
 // page is one of the console's pages: GET shows it, POST (if act is set)
@@ -255,6 +280,26 @@ func (q *query) allow(code protocol.Code, target auth.Target) error {
 		return nil
 	}
 	return auth.Authorize(q.s.principal, code, target)
+}
+
+// noted keeps what a form did for the page it leads to and returns the
+// query parameter naming it ("done=KEY"), which the page reads with notes.
+func (q *query) noted(lines ...string) url.Values {
+	return url.Values{"done": {q.s.notes.put(lines)}}
+}
+
+// notesOf is what the form that led to this page did (none: nil).
+func (q *query) notesOf() []string { return q.s.notes.take(q.r.URL.Query().Get("done")) }
+
+// routes is the metaserver client the session's route lookups go
+// through: its own, or for a certificate session (whose client acts for
+// its principal, which a route lookup cannot carry) the console's with the
+// cluster token; the pages check the topic themselves first.
+func (q *query) routes() *client.Client {
+	if q.s.byCert && q.c.own != nil {
+		return q.c.own
+	}
+	return q.meta()
 }
 
 // meta is the metaserver client the session calls with.
@@ -361,7 +406,7 @@ func statusOf(err error) int {
 		return http.StatusForbidden
 	case errors.As(err, &pe) && (pe.Status == protocol.StatusInvalid || pe.Status == protocol.StatusConflict):
 		return http.StatusBadRequest
-	case errors.As(err, &pe) && pe.Status == protocol.StatusNoRoute:
+	case errors.As(err, &pe) && (pe.Status == protocol.StatusNoRoute || pe.Status == protocol.StatusNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout

@@ -167,7 +167,7 @@ func (r *routes) get(topic string) (routing.Route, bool, error) {
 	if err != nil {
 		return routing.Route{}, false, err
 	}
-	rt, err := r.q.meta().RouteExisting(r.q.ctx, topic)
+	rt, err := r.q.routes().RouteExisting(r.q.ctx, topic)
 	release()
 	if errors.Is(err, protocol.ErrUnknownTopic) {
 		r.errs[topic] = nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -60,12 +59,7 @@ type deadLetter struct {
 
 func deadLetters(q *query) (any, error) {
 	v := q.r.URL.Query()
-	d := &deadLettersData{Filter: v.Get("q")}
-	for _, s := range v["resent"] {
-		if len(d.Resent) < maxResend && len(s) <= 2*maxParamLen {
-			d.Resent = append(d.Resent, s)
-		}
-	}
+	d := &deadLettersData{Filter: v.Get("q"), Resent: q.notesOf()}
 	if v.Get("topic") == "" {
 		return d, listDeadLetterTopics(q, d)
 	}
@@ -94,7 +88,11 @@ func deadLetters(q *query) (any, error) {
 func (q *query) deadLetterOf(r messageRow) deadLetter {
 	l := deadLetter{messageRow: r}
 	l.OriginTopic, l.OriginQueue, l.OriginOffset = r.props[consumer.PropOriginTopic], r.props[consumer.PropOriginQueue], r.props[consumer.PropOriginOffset]
-	l.Error, l.Deliveries = r.props[consumer.PropError], r.props[consumer.PropDeliveries]
+	l.Deliveries = r.props[consumer.PropDeliveries]
+	if r.Body != nil {
+		// The last error often quotes the body: shown only with it.
+		l.Error = r.props[consumer.PropError]
+	}
 	l.CanResend = l.OriginTopic != "" && q.allow(protocol.CodeSend, auth.Topic(l.OriginTopic)) == nil
 	return l
 }
@@ -180,16 +178,20 @@ func resendDeadLetters(q *query) (string, error) {
 		return "", err
 	}
 	defer p.Close()
-	back := url.Values{"topic": {topic}, "queue": {strconv.Itoa(queue)}, "offset": {strconv.FormatInt(offsets[0], 10)}}
+	var resent []string
 	for _, m := range letters {
 		r, err := p.Send(q.ctx, m.original())
 		if err != nil {
 			return "", fmt.Errorf("resending the dead letter at offset %d: %w", m.offset, err)
 		}
-		back.Add("resent", fmt.Sprintf("offset %d → %s queue %d offset %d (%s)", m.offset, r.Topic, r.Queue, r.QueueOffset, r.Handle))
+		resent = append(resent, fmt.Sprintf("offset %d → %s queue %d offset %d (%s)", m.offset, r.Topic, r.Queue, r.QueueOffset, r.Handle))
 		q.c.cfg.Logger.Info("console resent a dead letter", "principal", q.s.principal.Name, "from", topic, "offset", m.offset,
 			"to", r.Topic, "handle", r.Handle.String())
 	}
+	back := q.noted(resent...)
+	back.Set("topic", topic)
+	back.Set("queue", strconv.Itoa(queue))
+	back.Set("offset", strconv.FormatInt(offsets[0], 10))
 	return Prefix + "deadletters?" + back.Encode(), nil
 }
 

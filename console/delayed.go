@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/url"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/ferrymq/ferrymq/auth"
@@ -44,10 +45,7 @@ const (
 
 func delayed(q *query) (any, error) {
 	v := q.r.URL.Query()
-	d := &delayedData{Filter: v.Get("q"), Handle: v.Get("handle"), Outcome: v.Get("outcome")}
-	if len(d.Outcome) > 64 {
-		d.Outcome = ""
-	}
+	d := &delayedData{Filter: v.Get("q"), Handle: v.Get("handle"), Outcome: strings.Join(q.notesOf(), "; ")}
 	if d.Handle != "" {
 		if err := delayedState(q, d); err != nil {
 			return nil, err
@@ -188,5 +186,7 @@ func cancelDelayed(q *query) (string, error) {
 		outcome = "released before: not cancelled"
 	}
 	q.c.cfg.Logger.Info("console cancelled a delayed message", "principal", q.s.principal.Name, "handle", h.String(), "outcome", outcome)
-	return Prefix + "delayed?" + url.Values{"handle": {h.String()}, "outcome": {outcome}}.Encode(), nil
+	back := q.noted(outcome)
+	back.Set("handle", h.String())
+	return Prefix + "delayed?" + back.Encode(), nil
 }

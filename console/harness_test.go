@@ -82,7 +82,7 @@ func startEnv(t testing.TB, o envOpts) *env {
 	}
 	if o.auth {
 		_, node := e.Meta.Leader()
-		cfg.Principals, cfg.ClusterToken = node.ACL, e.clusterTok
+		cfg.Principals, cfg.ClusterToken, cfg.RaftSecret = node.ACL, e.clusterTok, tc.RaftSecret
 	}
 	if o.edit != nil {
 		o.edit(&cfg)

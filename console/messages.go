@@ -288,7 +288,7 @@ func queueRoute(ctx context.Context, q *query, topic string, queue uint32) (rout
 		return routing.QueueRoute{}, err
 	}
 	defer release()
-	route, err := q.meta().RouteExisting(ctx, topic)
+	route, err := q.routes().RouteExisting(ctx, topic)
 	if errors.Is(err, protocol.ErrUnknownTopic) {
 		return routing.QueueRoute{}, bad("no topic %s", protocol.Clip(topic))
 	}
@@ -543,6 +543,6 @@ func journey(ctx context.Context, q *query, d *messagesData) error {
 		return err
 	}
 	d.addFound(q, m, bodyPreview)
-	d.Journey = ops.JourneyOf(m, copies, groups)
+	d.Journey = ops.JourneyOf(m, copies, groups, !q.mayConsume(m.Topic))
 	return nil
 }

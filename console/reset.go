@@ -201,6 +201,12 @@ func (q *query) newOffset(bs *brokers, topic string, qr routing.QueueRoute, c re
 		}
 		r.New = clampOffset(want, lo, hi, &r.Note)
 	case "time":
+		if q.s.byCert {
+			// Finding the offset reads messages' store times (PULL), which
+			// the brokers allow only with the principal's own credential.
+			return &protocol.Error{Status: protocol.StatusNotAuthorized,
+				Message: "a reset by time reads messages from the brokers with your own credential: log in with your token, or reset by offset"}
+		}
 		release, err := q.slot()
 		if err != nil {
 			return err

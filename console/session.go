@@ -24,8 +24,13 @@ import (
 const cookieName = "ferrymq_console"
 
 // maxSessions bounds the sessions kept: past it the least recently used
-// one ends to make room.
-const maxSessions = 10000
+// one ends to make room. maxPerPrincipal bounds one principal's (with
+// authorization on): past it that principal's least recently used session
+// ends, so no principal's logins crowd out another's sessions.
+const (
+	maxSessions     = 10000
+	maxPerPrincipal = 64
+)
 
 // session is a logged-in principal (with authorization off, a visitor).
 // Its token is kept for its calls and never put in a page.
@@ -40,7 +45,40 @@ type session struct {
 	meta      *client.Client // nil with authorization off (the console's)
 	created   time.Time
 	used      time.Time
-	bucket    bucket
+	bucket    *bucket // shared by the copies each request gets (sessionOf)
+	notes     *notes  // what a form did, for the page it leads to (shared too)
+}
+
+// notes hold what a session's forms did until the page after each shows
+// it once: a page's notice comes from the form, never from its link.
+type notes struct {
+	mu sync.Mutex
+	by map[string][]string
+}
+
+// maxNotes bounds the notes a session holds (forms whose next page was
+// never opened); past it the notes start again.
+const maxNotes = 16
+
+// put keeps lines and returns the key the next page names them by.
+func (n *notes) put(lines []string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.by == nil || len(n.by) >= maxNotes {
+		n.by = map[string][]string{}
+	}
+	k := randomID()[:16]
+	n.by[k] = lines
+	return k
+}
+
+// take returns the lines kept under key, once.
+func (n *notes) take(key string) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	lines := n.by[key]
+	delete(n.by, key)
+	return lines
 }
 
 // sessions holds the live sessions by id, least recently used last, so
@@ -52,10 +90,12 @@ type sessions struct {
 	mu        sync.Mutex
 	byID      map[string]*list.Element // of *session
 	lru       *list.List               // front: the most recently used
+	perName   map[string]int           // sessions per principal (capped when capped)
+	capped    bool                     // maxPerPrincipal applies (authorization on)
 }
 
 func newSessions(clock clockwork.Clock, idle, max time.Duration) *sessions {
-	return &sessions{clock: clock, idle: idle, max: max, byID: map[string]*list.Element{}, lru: list.New()}
+	return &sessions{clock: clock, idle: idle, max: max, byID: map[string]*list.Element{}, lru: list.New(), perName: map[string]int{}}
 }
 
 // randomID is 32 random bytes, URL-safe.
@@ -69,9 +109,17 @@ func randomID() string {
 func (ss *sessions) add(p auth.Principal, token string, byCert bool, meta *client.Client, rate float64) *session {
 	now := ss.clock.Now()
 	s := &session{id: randomID(), csrf: randomID(), principal: p, token: token, byCert: byCert, meta: meta,
-		created: now, used: now, bucket: newBucket(rate, now)}
+		created: now, used: now, bucket: newBucket(rate, now), notes: &notes{}}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	if ss.capped && ss.perName[p.Name] >= maxPerPrincipal {
+		for e := ss.lru.Back(); e != nil; e = e.Prev() {
+			if o := e.Value.(*session); o.principal.Name == p.Name {
+				ss.endLocked(o)
+				break
+			}
+		}
+	}
 	for e := ss.lru.Back(); e != nil; e = ss.lru.Back() {
 		if o := e.Value.(*session); ss.lru.Len() >= maxSessions || ss.expired(o, now) {
 			ss.endLocked(o)
@@ -80,10 +128,11 @@ func (ss *sessions) add(p auth.Principal, token string, byCert bool, meta *clien
 		break
 	}
 	ss.byID[s.id] = ss.lru.PushFront(s)
+	ss.perName[p.Name]++
 	return s
 }
 
-// get returns the live session id names, marking it used.
+// get returns a copy of the live session id names, marking it used.
 func (ss *sessions) get(id string) (*session, bool) {
 	now := ss.clock.Now()
 	ss.mu.Lock()
@@ -99,7 +148,8 @@ func (ss *sessions) get(id string) (*session, bool) {
 	}
 	s.used = now
 	ss.lru.MoveToFront(e)
-	return s, true
+	mine := *s // the caller's copy: the session's other requests may be running
+	return &mine, true
 }
 
 func (ss *sessions) expired(s *session, now time.Time) bool {
@@ -117,6 +167,9 @@ func (ss *sessions) endLocked(s *session) {
 	if e, ok := ss.byID[s.id]; ok {
 		ss.lru.Remove(e)
 		delete(ss.byID, s.id)
+		if ss.perName[s.principal.Name]--; ss.perName[s.principal.Name] <= 0 {
+			delete(ss.perName, s.principal.Name)
+		}
 	}
 	if s.meta != nil {
 		_ = s.meta.Close()
@@ -142,15 +195,16 @@ func (c *Console) clearCookie(w http.ResponseWriter) {
 		Secure: c.cfg.Secure, SameSite: http.SameSiteStrictMode})
 }
 
-// sessionOf returns the request's live session, its principal read again
-// from the registry's table. With authorization off a visitor without one
-// gets one. Otherwise a request without one is sent to the login page
-// (false: answered).
+// sessionOf returns the request's live session: a copy of it for this
+// request alone, its principal read again from the registry's table. With authorization off a
+// visitor without one gets one. Otherwise a request without one is sent to
+// the login page (false: answered).
 func (c *Console) sessionOf(w http.ResponseWriter, r *http.Request) (*session, bool) {
 	ck, err := r.Cookie(cookieName)
 	if err == nil {
 		if s, ok := c.sessions.get(ck.Value); ok {
-			if err := c.refresh(s); err == nil {
+			if p, err := c.refresh(s); err == nil {
+				s.principal = p // s is this request's copy
 				return s, true
 			}
 			c.sessions.end(s)
@@ -174,9 +228,9 @@ func (c *Console) sessionOf(w http.ResponseWriter, r *http.Request) (*session, b
 
 // refresh reads the session's principal again from the table: an error
 // when it is gone or its token changed.
-func (c *Console) refresh(s *session) error {
+func (c *Console) refresh(s *session) (auth.Principal, error) {
 	if !c.authOn() {
-		return nil
+		return s.principal, nil
 	}
 	t := c.cfg.Principals()
 	var p auth.Principal
@@ -187,10 +241,9 @@ func (c *Console) refresh(s *session) error {
 		p, ok = t.Authenticate(s.token)
 	}
 	if !ok || p.Name != s.principal.Name {
-		return errors.New("the principal was removed or its token changed")
+		return auth.Principal{}, errors.New("the principal was removed or its token changed")
 	}
-	s.principal = p
-	return nil
+	return p, nil
 }
 
 // serveLogin shows the login form (GET) or logs in (POST): with a token,
@@ -226,7 +279,6 @@ func (c *Console) serveLogin(w http.ResponseWriter, r *http.Request) {
 		c.renderLogin(w, http.StatusUnauthorized, view)
 		return
 	}
-	c.logins.succeeded(source)
 	c.cfg.Logger.Info("console login", "principal", s.principal.Name, "source", source, "by-certificate", s.byCert)
 	c.setCookie(w, s)
 	http.Redirect(w, r, view.Next, http.StatusSeeOther)
@@ -244,8 +296,8 @@ func (c *Console) login(r *http.Request) (*session, error) {
 		if !ok {
 			return nil, fmt.Errorf("the TLS client certificate's name %q is not a principal", name)
 		}
-		if c.cfg.ClusterToken == "" {
-			return nil, errors.New("certificate logins need the server's cluster token (-auth-cluster-token-file); log in with a token")
+		if c.cfg.ClusterToken == "" || c.cfg.RaftSecret == "" {
+			return nil, errors.New("certificate logins need the server's cluster token and raft secret (-auth-cluster-token-file, -raft-secret-file); log in with a token")
 		}
 		meta, err := c.actingClient(p.Name)
 		if err != nil {
@@ -325,7 +377,12 @@ func (c *Console) checkForm(r *http.Request, s *session) error {
 // with every cross-site form.
 func sameOrigin(r *http.Request) error {
 	from := r.Header.Get("Origin")
-	if from == "" || from == "null" {
+	if from == "null" {
+		// A sandboxed frame or a redirect's: a browser's form from a page
+		// that would not say where it is.
+		return errors.New("a form from an opaque origin may not act on this console")
+	}
+	if from == "" {
 		from = r.Header.Get("Referer")
 	}
 	if from == "" {
@@ -339,7 +396,10 @@ func sameOrigin(r *http.Request) error {
 }
 
 // loginThrottle makes a source that failed to log in wait: 1 s after its
-// fifth failure in a row, doubling to 5 minutes.
+// fifth failure, doubling to 5 minutes. A source's count is forgotten only
+// once it has not failed for forgetAfter, not by a good login (whoever
+// holds one valid token would otherwise guess others between its logins).
+// An IPv6 source counts by its /64, what one host usually holds.
 type loginThrottle struct {
 	clock clockwork.Clock
 	mu    sync.Mutex
@@ -348,25 +408,39 @@ type loginThrottle struct {
 
 type failures struct {
 	n     int
-	until time.Time
+	until time.Time // the wait's end
+	last  time.Time // the last failure
 }
 
-// maxThrottled bounds the sources remembered; past it the oldest go.
-const maxThrottled = 4096
-
-// freeFailures is how many failed logins in a row a source has before it
-// waits.
-const freeFailures = 5
+const (
+	// maxThrottled bounds the sources remembered; past it the one that
+	// failed longest ago makes room.
+	maxThrottled = 4096
+	// freeFailures is how many failed logins a source has before it waits.
+	freeFailures = 5
+	// forgetAfter is how long after its last failure a source's count goes.
+	forgetAfter = 15 * time.Minute
+)
 
 func newLoginThrottle(clock clockwork.Clock) *loginThrottle {
 	return &loginThrottle{clock: clock, by: map[string]*failures{}}
+}
+
+// sourceKey is whom a source's failures count against: its address, or
+// its /64 for IPv6.
+func sourceKey(source string) string {
+	ip := net.ParseIP(source)
+	if ip == nil || ip.To4() != nil {
+		return source
+	}
+	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 // wait is how long source must still wait before its next login.
 func (l *loginThrottle) wait(source string, now time.Time) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	f, ok := l.by[source]
+	f, ok := l.by[sourceKey(source)]
 	if !ok || !now.Before(f.until) {
 		return 0
 	}
@@ -376,44 +450,42 @@ func (l *loginThrottle) wait(source string, now time.Time) time.Duration {
 func (l *loginThrottle) failed(source string, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	f, ok := l.by[source]
+	key := sourceKey(source)
+	f, ok := l.by[key]
+	if ok && now.Sub(f.last) >= forgetAfter {
+		f.n = 0
+	}
 	if !ok {
 		if len(l.by) >= maxThrottled {
+			var oldest string
 			for k, o := range l.by {
-				if !now.Before(o.until) {
-					delete(l.by, k)
+				if oldest == "" || o.last.Before(l.by[oldest].last) {
+					oldest = k
 				}
 			}
-		}
-		if len(l.by) >= maxThrottled {
-			return // every one remembered is waiting: this source is not counted
+			delete(l.by, oldest)
 		}
 		f = &failures{}
-		l.by[source] = f
+		l.by[key] = f
 	}
 	f.n++
+	f.last = now
 	if f.n >= freeFailures {
 		d := time.Second << min(f.n-freeFailures, 9)
 		f.until = now.Add(min(d, 5*time.Minute))
 	}
 }
 
-func (l *loginThrottle) succeeded(source string) {
-	l.mu.Lock()
-	delete(l.by, source)
-	l.mu.Unlock()
-}
-
 // bucket is a token bucket: rate a second, a burst of twice as many.
 type bucket struct {
-	mu     *sync.Mutex
+	mu     sync.Mutex
 	rate   float64
 	tokens float64
 	at     time.Time
 }
 
-func newBucket(rate float64, now time.Time) bucket {
-	return bucket{mu: new(sync.Mutex), rate: rate, tokens: 2 * rate, at: now}
+func newBucket(rate float64, now time.Time) *bucket {
+	return &bucket{rate: rate, tokens: 2 * rate, at: now}
 }
 
 // take takes one token if there is one.

@@ -160,7 +160,7 @@ func topicPage(q *query) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	route, err := q.meta().RouteExisting(q.ctx, name)
+	route, err := q.routes().RouteExisting(q.ctx, name)
 	release()
 	if err != nil {
 		return nil, unknownIsBad(err)

@@ -3,10 +3,10 @@ package console
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ferrymq/ferrymq/auth"
@@ -53,10 +53,7 @@ const maxDecisions = 200
 
 func txns(q *query) (any, error) {
 	v := q.r.URL.Query()
-	d := &txnsData{Filter: v.Get("q"), Admin: q.isAdmin(), Outcome: v.Get("outcome")}
-	if len(d.Outcome) > 2*maxParamLen {
-		d.Outcome = ""
-	}
+	d := &txnsData{Filter: v.Get("q"), Admin: q.isAdmin(), Outcome: strings.Join(q.notesOf(), "; ")}
 	var producer uint64
 	if s := v.Get("producer"); s != "" {
 		var err error
@@ -135,5 +132,5 @@ func abortTxn(q *query) (string, error) {
 		return "", err
 	}
 	q.c.cfg.Logger.Info("console aborted a transaction", "principal", q.s.principal.Name, "txn", id.String(), "group", group, "outcome", outcome)
-	return Prefix + "txns?" + url.Values{"outcome": {fmt.Sprintf("%s in %s: %s", id, group, outcome)}}.Encode(), nil
+	return Prefix + "txns?" + q.noted(fmt.Sprintf("%s in %s: %s", id, group, outcome)).Encode(), nil
 }

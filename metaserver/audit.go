@@ -3,6 +3,7 @@ package metaserver
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -128,7 +129,8 @@ func (s *Server) actorOf(r *transport.Request) (*auth.Principal, error) {
 		return nil, nil
 	}
 	var named struct {
-		ActAs string `json:"act_as"`
+		ActAs    string `json:"act_as"`
+		ActProof string `json:"act_proof"`
 	}
 	if err := json.Unmarshal(r.Body, &named); err != nil || named.ActAs == "" {
 		return nil, nil // the handler's decoding says what is wrong
@@ -138,9 +140,12 @@ func (s *Server) actorOf(r *transport.Request) (*auth.Principal, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !p.Has(auth.Cluster) {
+	// The cluster token is every server's, brokers' too: acting for
+	// another also needs the proof only a raft secret's holder can make.
+	if !p.Has(auth.Cluster) || s.cfg.RaftSecret == "" ||
+		!hmac.Equal([]byte(named.ActProof), []byte(auth.ActorProof(s.cfg.RaftSecret, named.ActAs))) {
 		return nil, &protocol.Error{Status: protocol.StatusNotAuthorized,
-			Message: fmt.Sprintf("principal %q may not act for another principal (only the cluster may)", p.Name)}
+			Message: fmt.Sprintf("principal %q may not act for another principal (only a metaserver's console may)", p.Name)}
 	}
 	actor, ok := t.Lookup(named.ActAs)
 	if !ok {

@@ -97,8 +97,9 @@ func TestAuditActor(t *testing.T) {
 	token("viewer", "describe")
 	opsTok := token("ops", "admin")
 	appTok := token("app", "produce:orders")
-	acting := func(token, actor string) *client.Client {
-		cl, err := client.New(client.Config{Addrs: am.Addrs(), Token: token, ActAs: actor})
+	acting := func(token, actor string) *client.Client { // with the proof a metaserver's console makes
+		cl, err := client.New(client.Config{Addrs: am.Addrs(), Token: token, ActAs: actor,
+			ActProof: auth.ActorProof(testcluster.RaftSecret, actor)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package metaserver_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/ferrymq/ferrymq/auth"
@@ -32,8 +33,11 @@ func TestReview31ActorRouteLookupCheckedAsActor(t *testing.T) {
 	// As itself, app may not look up payments' route.
 	_, err = am.principal(t, "app2", "produce:orders").RouteExisting(ctx, "payments")
 	wantNotAuthorized(t, "a producer of orders looks up payments' route", err)
-	_, err = asApp.RouteExisting(ctx, "payments")
-	wantNotAuthorized(t, "the cluster acting for a producer of orders looks up payments' route", err)
+	// Acting for app, a route lookup (whose body has no room for an actor)
+	// is not made as the cluster: the client refuses it.
+	if _, err = asApp.RouteExisting(ctx, "payments"); err == nil || !strings.Contains(err.Error(), "cannot look routes up") {
+		t.Fatalf("the cluster acting for a producer of orders looks up payments' route: %v, want the client's refusal", err)
+	}
 }
 
 // Every server holds the cluster token, brokers too (docs/security.md:

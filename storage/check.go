@@ -38,7 +38,7 @@ func (l *Log) RecordAt(at int64) (end int64, crc uint32, err error) {
 		return 0, 0, ErrClosed
 	}
 	logEnd, gen := l.end.Load(), l.gen.Load()
-	if at < 0 || at+recordHeaderSize > logEnd {
+	if at < 0 || at > logEnd-recordHeaderSize { // not at+size: it overflows near MaxInt64
 		l.mu.RUnlock()
 		return 0, 0, fmt.Errorf("%w: a record at log offset %d, log ends at %d", ErrOutOfRange, at, logEnd)
 	}
@@ -48,7 +48,7 @@ func (l *Log) RecordAt(at int64) (end int64, crc uint32, err error) {
 		defer seg.release()
 	}
 	l.mu.RUnlock()
-	if !ok || at+recordHeaderSize > segEnd {
+	if !ok || at > segEnd-recordHeaderSize {
 		return 0, 0, fmt.Errorf("%w: no record header at log offset %d", ErrOutOfRange, at)
 	}
 	var h [recordHeaderSize]byte

@@ -140,7 +140,7 @@ func journeyMessage(ctx context.Context, cl *client.Client, arg string) (protoco
 // journeyOf puts together what is known of a found message's journey
 // (ops.JourneyOf).
 func journeyOf(m protocol.FoundMessage, copies []protocol.FoundMessage, groups []api.ConsumerGroupInfo) journeyJSON {
-	return journeyJSON{Message: foundJSON{FoundMessage: m, Body: string(m.Body)}, Steps: ops.JourneyOf(m, copies, groups)}
+	return journeyJSON{Message: foundJSON{FoundMessage: m, Body: string(m.Body)}, Steps: ops.JourneyOf(m, copies, groups, false)}
 }
 
 type findOptions struct {

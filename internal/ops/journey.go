@@ -80,7 +80,10 @@ const JourneyPages = 20
 // JourneyOf puts together what is known of a found message's journey, with
 // its retry copies and dead letters (oldest first) and the consumer groups'
 // committed offsets.
-func JourneyOf(m protocol.FoundMessage, copies []protocol.FoundMessage, groups []api.ConsumerGroupInfo) []JourneyStep {
+//
+// With hideErrors its steps leave out the handler errors a dead letter or
+// a retry carries (they often quote the body).
+func JourneyOf(m protocol.FoundMessage, copies []protocol.FoundMessage, groups []api.ConsumerGroupInfo, hideErrors bool) []JourneyStep {
 	var steps []JourneyStep
 	step := func(name string, known bool, format string, args ...any) {
 		steps = append(steps, JourneyStep{Step: name, What: fmt.Sprintf(format, args...), Known: known})
@@ -140,12 +143,18 @@ func JourneyOf(m protocol.FoundMessage, copies []protocol.FoundMessage, groups [
 	if !committed {
 		step("committed", false, "no consumer group has an offset of its queue")
 	}
+	errOf := func(c protocol.FoundMessage, prop string) string {
+		if hideErrors {
+			return "(the error is not shown)"
+		}
+		return orDash(c.Properties[prop])
+	}
 	for _, c := range copies {
 		if c.Properties[protocol.DeadLetterOriginID] != "" {
 			step("dead-lettered", true, "to %s at %s (handle %s) after %s deliveries: %s", c.Topic, FormatMillis(c.StoreTime), c.Handle,
-				orDash(c.Properties[consumer.PropDeliveries]), orDash(c.Properties[consumer.PropError]))
+				orDash(c.Properties[consumer.PropDeliveries]), errOf(c, consumer.PropError))
 		} else {
-			step("retried", true, "stored for a retry in %s at %s (handle %s): %s", c.Topic, FormatMillis(c.StoreTime), c.Handle, orDash(c.Properties[consumer.PropRetry]))
+			step("retried", true, "stored for a retry in %s at %s (handle %s): %s", c.Topic, FormatMillis(c.StoreTime), c.Handle, errOf(c, consumer.PropRetry))
 		}
 	}
 	return steps

@@ -40,6 +40,9 @@ type Config struct {
 	// certificate sessions; ActAsField). Any other caller naming one is
 	// refused NOT_AUTHORIZED.
 	ActAs string
+	// ActProof is auth.ActorProof of ActAs: only a holder of the
+	// metaservers' raft secret can make it (the console, in a metaserver).
+	ActProof string
 }
 
 // Client is the typed metaserver client. Reads go to any node (the last one
@@ -185,7 +188,7 @@ func (c *Client) callHeld(ctx context.Context, code protocol.Code, req any, toLe
 			return nil, fmt.Errorf("metaserver client: encode %v: %w", code, err)
 		}
 	}
-	body = withActor(body, c.cfg.ActAs)
+	body = withActor(body, c.cfg.ActAs, c.cfg.ActProof)
 	deadline, _ := ctx.Deadline()
 	base := attemptBase(max(time.Until(deadline)-hold, 0), len(c.cfg.Addrs))
 	var lastErr error
@@ -381,6 +384,11 @@ func (c *Client) RouteExisting(ctx context.Context, topic string) (routing.Route
 }
 
 func (c *Client) route(ctx context.Context, code protocol.Code, topic string, leaderFirst bool) (routing.Route, error) {
+	if c.cfg.ActAs != "" {
+		// A route request's body is the topic's name, with no room for an
+		// actor: it would be checked as the cluster, not as ActAs.
+		return routing.Route{}, fmt.Errorf("metaserver client: a client acting for %q cannot look routes up (%v carries no actor)", c.cfg.ActAs, code)
+	}
 	body, err := c.call(ctx, code, []byte(topic), leaderFirst)
 	if err != nil {
 		return routing.Route{}, err

@@ -47,7 +47,7 @@ func (f *consoleFlags) console(cfg metaserver.Config, s *metaserver.Server, http
 		Secure: cfg.TLSServer != nil, RequestsPerSecond: f.perSession, Logger: cfg.Logger.Named("console")}
 	if cfg.AuthEnabled() {
 		cc.Principals = s.ACL
-		cc.ClusterToken = cfg.ClusterToken
+		cc.ClusterToken, cc.RaftSecret = cfg.ClusterToken, cfg.RaftSecret
 	}
 	return console.New(cc)
 }
