@@ -51,7 +51,8 @@
 #                            (flushsync, high, normalslave, queues, consume, consume4); figures name it (w1000)
 #   SYNC_COUNT=20000         messages per run of the sync shape
 #   FIXED_RATE=50000 FIXED_SECONDS=10   the fixedrate shape (bounded by both: at most RATE*SECONDS)
-#   CONSOLE_RATE=20          console pages a second during the console shape (curl --rate, one session)
+#   CONSOLE_RATE=20          console pages a second during the console shape (one session; the metaserver's
+#                            -console-rate is set to it, so every page is answered)
 #   FIXED_LINGER=2ms     the fixedrate shape's producer linger (the SDK's default; it adds up to
 #                        that to a message's latency, and 0 makes every message a SEND of its own)
 #   ROLL_COUNT=1000000 ROLL_SEGMENT=67108864   the roll shape: ~1 GiB into 64 MiB segments (16)
@@ -610,7 +611,7 @@ if [ ${#SHAPES[@]} -gt 0 ]; then
 		log "TLS on every link: certificates in $WORK/tls"
 		"$BIN/ferryctl" certs "$WORK/tls" --node meta=127.0.0.1 --node broker=127.0.0.1 --client ctl >/dev/null || die "ferryctl certs failed"
 	fi
-	start_meta -metrics-addr "127.0.0.1:$((BASE + 12))" "${META_TLS[@]}"
+	start_meta -metrics-addr "127.0.0.1:$((BASE + 12))" -console-rate "$CONSOLE_RATE" "${META_TLS[@]}"
 	META_PID="$LAST_PID"
 	run_shapes
 fi
