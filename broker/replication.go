@@ -136,8 +136,12 @@ type offer struct {
 // pipeline, and forgetting the oldest only makes its lag look longer.
 const maxOffers = 16
 
+// highWaiter is one wait for the sync set: a HIGH message, or every HIGH
+// message of one appended batch (end is the highest of their ends), whose
+// answers all leave together anyway.
 type highWaiter struct {
 	end      int64
+	n        int // messages it answers, for the counters
 	deadline time.Time
 	done     func(protocol.Status)
 }
@@ -426,16 +430,21 @@ func (r *replication) refusesHigh() bool {
 // when the sync set holds it as the policy asks, SLAVE_SYNC_TIMEOUT after
 // HighWait, NOT_ENOUGH_REPLICAS_AFTER_APPEND if the set is below the
 // minimum meanwhile.
-func (r *replication) await(end int64, done func(protocol.Status)) {
+func (r *replication) await(end int64, done func(protocol.Status)) { r.awaitN(end, 1, done) }
+
+// awaitN is await for n HIGH messages ending at or below end, answered
+// together (done is called once, for all of them).
+func (r *replication) awaitN(end int64, n int, done func(protocol.Status)) {
+	w := highWaiter{end: end, n: n, done: done}
 	r.mu.Lock()
 	switch {
 	case r.closed:
 		r.mu.Unlock()
-		r.complete([]highWaiter{{done: done}}, protocol.StatusSlaveSyncTimeout)
+		r.complete([]highWaiter{w}, protocol.StatusSlaveSyncTimeout)
 		return
 	case r.belowMinLocked():
 		r.mu.Unlock()
-		r.complete([]highWaiter{{done: done}}, protocol.StatusNotEnoughReplicasAfterAppend)
+		r.complete([]highWaiter{w}, protocol.StatusNotEnoughReplicasAfterAppend)
 		return
 	}
 	if c := r.confirmedLocked(); c > r.confirm {
@@ -443,10 +452,11 @@ func (r *replication) await(end int64, done func(protocol.Status)) {
 	}
 	if r.confirm >= end {
 		r.mu.Unlock()
-		r.complete([]highWaiter{{done: done}}, protocol.StatusOK)
+		r.complete([]highWaiter{w}, protocol.StatusOK)
 		return
 	}
-	r.waiters = append(r.waiters, highWaiter{end: end, deadline: r.clock.Now().Add(r.cfg.HighWait), done: done})
+	w.deadline = r.clock.Now().Add(r.cfg.HighWait)
+	r.waiters = append(r.waiters, w)
 	r.mu.Unlock()
 }
 
@@ -674,10 +684,14 @@ func (r *replication) complete(ws []highWaiter, st protocol.Status) {
 	if len(ws) == 0 {
 		return
 	}
+	n := 0
+	for _, w := range ws {
+		n += w.n
+	}
 	if st == protocol.StatusOK {
-		r.stats.HighAcked.Add(int64(len(ws)))
+		r.stats.HighAcked.Add(int64(n))
 	} else {
-		r.stats.HighTimeouts.Add(int64(len(ws)))
+		r.stats.HighTimeouts.Add(int64(n))
 	}
 	for _, w := range ws {
 		w.done(st)
