@@ -94,9 +94,11 @@ func (l *transportLink) Close() error { return errors.Join(l.c.Close(), l.acks.C
 // pipeline of two goroutines, so that appending one answer overlaps the
 // transfer of the next:
 //
-//   - the fetcher asks from the received end (the log end plus what it has
-//     received and not yet appended) and hands each answer to the appender,
-//     then fetches again at once;
+//   - the fetcher keeps two fetches in flight (fetchAhead): the first from
+//     the received end (the log end plus what it has received and not yet
+//     appended), each next one following the one before it, so the master
+//     answers it from where its answer to that one ended; it hands each
+//     answer to the appender, then sends one more fetch;
 //   - the appender appends each answer at its offset, then acknowledges the
 //     new log end to the master (a oneway HA_ACK).
 //
@@ -104,7 +106,9 @@ func (l *transportLink) Close() error { return errors.Join(l.c.Close(), l.acks.C
 // acknowledgement lost with a connection is repeated by the next fetch. What
 // the slave acknowledges is always its own log end after an append: bytes it
 // holds. At most one answer waits for the appender, so the fetcher is at
-// most two answers ahead and stops fetching while the appender is stuck.
+// most three answers ahead and stops fetching while the appender is stuck.
+// A master that refuses numbered fetches (one older than them) is fetched
+// from one fetch at a time (single).
 //
 // Every fetch and ack names the slave and its epoch; an answer from a master
 // of another epoch ends the pipeline. After any error the pipeline is

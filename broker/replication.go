@@ -49,12 +49,14 @@ type replConfig struct {
 // replication is the master's side of HA sync with the group's slaves.
 // Each slave fetches raw log bytes from its received end and acknowledges
 // what it has appended, separately: in an HA_ACK after each append, and in
-// every fetch's Acked. HIGH messages wait in a FIFO ordered by log offset
-// (appends complete in log order) until confirmed reaches their end, or
-// their deadline. A fetch with nothing to return is parked until data
-// arrives or its wait passes. run answers parked fetches, expires waiters
-// and keeps the sync set, so no request worker is ever held, and nothing
-// here waits on a slave's socket.
+// every fetch's Acked. HIGH messages (a SEND's together) wait in a FIFO
+// ordered by log offset (appends complete in log order) until confirmed
+// reaches their end, or their deadline. A fetch with nothing to return is
+// parked until data arrives or its wait passes; a fetch that follows
+// another (protocol.HAFetchRequest) is parked until the answer to that one
+// is built, then answered from where it ended. run answers parked fetches,
+// expires waiters and keeps the sync set, so no request worker is ever
+// held, and nothing here waits on a slave's socket.
 //
 // The sync set is the registry's (routing.Group.InSync): the slaves that
 // hold every HIGH message answered in this epoch. With the policy "all",
