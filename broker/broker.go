@@ -190,7 +190,7 @@ func (b *Broker) serverConfig(p port) transport.ServerConfig {
 	cfg := b.cfg
 	if p == haPort {
 		return transport.ServerConfig{Workers: 2, WriteTimeout: cfg.WriteTimeout, Logger: b.log.Named("ha"), TLS: cfg.TLSServer,
-			Gate: b.admissionGate(haPort)}
+			Gate: b.admissionGate(haPort), MaxWriteBuffer: haWriteBuffer(cfg.HAFetchBytes)}
 	}
 	return transport.ServerConfig{Workers: cfg.Workers, MaxInflightPerConn: cfg.MaxInflightPerConn, WriteTimeout: cfg.WriteTimeout,
 		Logger: b.log.Named("rpc"), TLS: cfg.TLSServer, Gate: b.admissionGate(dataPort)}

@@ -133,7 +133,7 @@ func byRecordTopic(read func([]byte) (pendingRecord, error), serve func(*transpo
 // endpoints lists every request code the broker serves. The handlers read
 // the broker's parts when called, not here.
 func (b *Broker) endpoints() []endpoint {
-	haFetchSize := func([]byte) int { return protocol.HAFetchResponseHeaderSize + b.cfg.HAFetchBytes }
+	haFetchSize := func([]byte) int { return haAnswerSize(b.cfg.HAFetchBytes) }
 	return []endpoint{
 		{port: dataPort, code: protocol.CodeSend, inline: true, releases: true, replySize: sendReplyEstimate,
 			access: byTarget(decodeSend, sendRequest.target, func(r *transport.Request, q sendRequest) { b.send.handle(r, q) })},

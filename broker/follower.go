@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -66,12 +67,21 @@ func (l *transportLink) Fetch(ctx context.Context, req protocol.HAFetchRequest) 
 		release()
 		return protocol.HAFetchResponse{}, func() {}, err
 	}
-	a, err := protocol.DecodeHAFetchResponse(resp.Body)
+	a, err := decodeFetchAnswer(req, resp.Body)
 	if err != nil {
 		release()
 		return protocol.HAFetchResponse{}, func() {}, err
 	}
 	return a, release, nil
+}
+
+// decodeFetchAnswer decodes the answer to req: with its start offset when
+// req is sequenced.
+func decodeFetchAnswer(req protocol.HAFetchRequest, body []byte) (protocol.HAFetchResponse, error) {
+	if req.Sequenced {
+		return protocol.DecodeHAFetchResponseSequenced(body)
+	}
+	return protocol.DecodeHAFetchResponse(body)
 }
 
 func (l *transportLink) Ack(ctx context.Context, ack protocol.HAAck) error {
@@ -84,9 +94,11 @@ func (l *transportLink) Close() error { return errors.Join(l.c.Close(), l.acks.C
 // pipeline of two goroutines, so that appending one answer overlaps the
 // transfer of the next:
 //
-//   - the fetcher asks from the received end (the log end plus what it has
-//     received and not yet appended) and hands each answer to the appender,
-//     then fetches again at once;
+//   - the fetcher keeps two fetches in flight (fetchAhead): the first from
+//     the received end (the log end plus what it has received and not yet
+//     appended), each next one following the one before it, so the master
+//     answers it from where its answer to that one ended; it hands each
+//     answer to the appender, then sends one more fetch;
 //   - the appender appends each answer at its offset, then acknowledges the
 //     new log end to the master (a oneway HA_ACK).
 //
@@ -94,7 +106,9 @@ func (l *transportLink) Close() error { return errors.Join(l.c.Close(), l.acks.C
 // acknowledgement lost with a connection is repeated by the next fetch. What
 // the slave acknowledges is always its own log end after an append: bytes it
 // holds. At most one answer waits for the appender, so the fetcher is at
-// most two answers ahead and stops fetching while the appender is stuck.
+// most three answers ahead and stops fetching while the appender is stuck.
+// A master that refuses numbered fetches (one older than them) is fetched
+// from one fetch at a time (single).
 //
 // Every fetch and ack names the slave and its epoch; an answer from a master
 // of another epoch ends the pipeline. After any error the pipeline is
@@ -121,6 +135,10 @@ type follower struct {
 	// the pipeline, kept for BenchmarkReplicationHigh's comparison.
 	serial  bool
 	failing bool // the last copy failed (owned by run's goroutine)
+	// single: one fetch at a time, unsequenced (a master that refuses
+	// sequenced fetches, one older than them; owned by run's goroutine).
+	single bool
+	seq    uint32 // the last sequenced fetch's number (owned by the fetcher)
 }
 
 // chunk is an answer received and not yet appended.
@@ -199,6 +217,13 @@ func (f *follower) fetchLoop(ctx context.Context, link masterLink, chunks chan<-
 	if err != nil {
 		return false, fmt.Errorf("read the log's last record: %w", err)
 	}
+	if !f.serial && !f.single {
+		return f.fetchAhead(ctx, link, chunks, protocol.HAFetchRequest{
+			Offset: next, Acked: next, MaxBytes: uint32(f.fetchBytes),
+			WaitMillis: uint32(f.fetchWait.Milliseconds()), Epoch: f.epoch, BrokerID: f.id,
+			Check: check, CheckAt: at, CheckCRC: crc,
+		})
+	}
 	for {
 		fctx, cancel := context.WithTimeout(ctx, f.fetchWait+5*time.Second)
 		resp, release, err := link.Fetch(fctx, protocol.HAFetchRequest{
@@ -243,6 +268,110 @@ func (f *follower) fetchLoop(ctx context.Context, link masterLink, chunks chan<-
 				return progressed, ctx.Err()
 			}
 		}
+	}
+}
+
+// fetched is the outcome of a fetch in flight.
+type fetched struct {
+	resp    protocol.HAFetchResponse
+	release func()
+	err     error
+}
+
+// pendingFetch is a sequenced fetch in flight.
+type pendingFetch struct {
+	seq  uint32
+	done chan fetched // capacity 1
+}
+
+// fetchAhead is fetchLoop keeping two fetches in flight: first (from the
+// received end), then each one following the one before it (from where
+// the master's answer to that one ends), so a fetch waits at the master
+// while the answer to the previous one travels and new bytes go out as
+// soon as the master has them. Every answer carries its start offset,
+// which must be the received end: otherwise the stream stops and starts
+// again from the log end.
+func (f *follower) fetchAhead(ctx context.Context, link masterLink, chunks chan<- chunk, first protocol.HAFetchRequest) (progressed bool, err error) {
+	var queue []pendingFetch
+	defer func() {
+		for _, p := range queue { // they end with ctx, cancelled first
+			if r := <-p.done; r.err == nil {
+				r.release()
+			}
+		}
+	}()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Numbers start at random, so a fetch of this stream hardly ever names
+	// one the master answered in an earlier stream (or to an earlier
+	// process); if one does, its answer's start shows it.
+	f.seq = rand.Uint32()
+	send := func(req protocol.HAFetchRequest) {
+		f.seq++
+		req.Sequenced, req.Seq = true, f.seq
+		p := pendingFetch{seq: f.seq, done: make(chan fetched, 1)}
+		queue = append(queue, p)
+		go func() {
+			fctx, cancel := context.WithTimeout(ctx, f.fetchWait+5*time.Second)
+			resp, release, err := link.Fetch(fctx, req)
+			cancel()
+			p.done <- fetched{resp, release, err}
+		}()
+	}
+	next := first.Offset // the received end
+	follow := func() {
+		req := first
+		req.Offset, req.Acked, req.Check = next, min(f.log.EndOffset(), next), false
+		req.Follows, req.After = true, queue[len(queue)-1].seq
+		send(req)
+	}
+	send(first)
+	follow()
+	for answered := false; ; answered = true {
+		var r fetched
+		select {
+		case r = <-queue[0].done:
+		case <-ctx.Done():
+			return progressed, ctx.Err()
+		}
+		queue = queue[1:]
+		if r.err != nil {
+			if !answered && errors.Is(r.err, protocol.ErrInvalid) {
+				// A master older than sequenced fetches: one at a time.
+				f.lg.Warn("the master refuses sequenced fetches; fetching one at a time", "master", f.addr, "error", r.err)
+				f.single = true
+			}
+			return progressed, r.err
+		}
+		resp := r.resp
+		if resp.Epoch != f.epoch {
+			r.release()
+			return progressed, fmt.Errorf("the master at %s serves epoch %d, this slave follows epoch %d", f.addr, resp.Epoch, f.epoch)
+		}
+		if resp.Start != next {
+			r.release()
+			return progressed, fmt.Errorf("the master's answer starts at %d, not at the received end %d", resp.Start, next)
+		}
+		if !progressed && f.failing {
+			f.lg.Info("copying from the master again", "master", f.addr)
+			f.failing = false
+		}
+		progressed = true
+		if f.masterEnd != nil {
+			f.masterEnd.Store(resp.MasterEnd)
+		}
+		if len(resp.Records) == 0 {
+			r.release()
+		} else {
+			select {
+			case chunks <- chunk{offset: next, records: resp.Records, release: r.release}:
+			case <-ctx.Done():
+				r.release()
+				return progressed, ctx.Err()
+			}
+			next += int64(len(resp.Records))
+		}
+		follow()
 	}
 }
 

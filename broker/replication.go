@@ -49,12 +49,14 @@ type replConfig struct {
 // replication is the master's side of HA sync with the group's slaves.
 // Each slave fetches raw log bytes from its received end and acknowledges
 // what it has appended, separately: in an HA_ACK after each append, and in
-// every fetch's Acked. HIGH messages wait in a FIFO ordered by log offset
-// (appends complete in log order) until confirmed reaches their end, or
-// their deadline. A fetch with nothing to return is parked until data
-// arrives or its wait passes. run answers parked fetches, expires waiters
-// and keeps the sync set, so no request worker is ever held, and nothing
-// here waits on a slave's socket.
+// every fetch's Acked. HIGH messages (a SEND's together) wait in a FIFO
+// ordered by log offset (appends complete in log order) until confirmed
+// reaches their end, or their deadline. A fetch with nothing to return is
+// parked until data arrives or its wait passes; a fetch that follows
+// another (protocol.HAFetchRequest) is parked until the answer to that one
+// is built, then answered from where it ended. run answers parked fetches,
+// expires waiters and keeps the sync set, so no request worker is ever
+// held, and nothing here waits on a slave's socket.
 //
 // The sync set is the registry's (routing.Group.InSync): the slaves that
 // hold every HIGH message answered in this epoch. With the policy "all",
@@ -123,6 +125,11 @@ type replica struct {
 	// acknowledged: it lost acknowledged bytes (its disk, not its process,
 	// failed) and must leave the set.
 	lost bool
+	// lastSeq and lastEnd: the sequenced fetch last answered and where its
+	// answer ended, what a fetch that follows it starts from (hasLast).
+	lastSeq uint32
+	lastEnd int64
+	hasLast bool
 }
 
 // offer is the master's log end when an answer was built, and when: once
@@ -136,17 +143,28 @@ type offer struct {
 // pipeline, and forgetting the oldest only makes its lag look longer.
 const maxOffers = 16
 
+// highWaiter is one wait for the sync set: a HIGH message, or every HIGH
+// message of one appended batch (end is the highest of their ends), whose
+// answers all leave together anyway.
 type highWaiter struct {
 	end      int64
+	n        int // messages it answers, for the counters
 	deadline time.Time
 	done     func(protocol.Status)
 }
 
+// parkedFetch is a fetch waiting for the log to grow, or, while
+// fetch.Follows is still set, for the answer to the fetch it follows.
 type parkedFetch struct {
 	rep      replier
 	fetch    protocol.HAFetchRequest
 	deadline time.Time
 }
+
+// followGrace is how long past its wait a fetch that follows another may
+// wait for that one's answer before it is refused: the one it follows
+// failed, or never came.
+const followGrace = time.Second
 
 // haSession is what replication tells the registry session (session):
 // fence takes an epoch a fetch or an ack showed (a newer one than the
@@ -426,16 +444,21 @@ func (r *replication) refusesHigh() bool {
 // when the sync set holds it as the policy asks, SLAVE_SYNC_TIMEOUT after
 // HighWait, NOT_ENOUGH_REPLICAS_AFTER_APPEND if the set is below the
 // minimum meanwhile.
-func (r *replication) await(end int64, done func(protocol.Status)) {
+func (r *replication) await(end int64, done func(protocol.Status)) { r.awaitN(end, 1, done) }
+
+// awaitN is await for n HIGH messages ending at or below end, answered
+// together (done is called once, for all of them).
+func (r *replication) awaitN(end int64, n int, done func(protocol.Status)) {
+	w := highWaiter{end: end, n: n, done: done}
 	r.mu.Lock()
 	switch {
 	case r.closed:
 		r.mu.Unlock()
-		r.complete([]highWaiter{{done: done}}, protocol.StatusSlaveSyncTimeout)
+		r.complete([]highWaiter{w}, protocol.StatusSlaveSyncTimeout)
 		return
 	case r.belowMinLocked():
 		r.mu.Unlock()
-		r.complete([]highWaiter{{done: done}}, protocol.StatusNotEnoughReplicasAfterAppend)
+		r.complete([]highWaiter{w}, protocol.StatusNotEnoughReplicasAfterAppend)
 		return
 	}
 	if c := r.confirmedLocked(); c > r.confirm {
@@ -443,10 +466,11 @@ func (r *replication) await(end int64, done func(protocol.Status)) {
 	}
 	if r.confirm >= end {
 		r.mu.Unlock()
-		r.complete([]highWaiter{{done: done}}, protocol.StatusOK)
+		r.complete([]highWaiter{w}, protocol.StatusOK)
 		return
 	}
-	r.waiters = append(r.waiters, highWaiter{end: end, deadline: r.clock.Now().Add(r.cfg.HighWait), done: done})
+	w.deadline = r.clock.Now().Add(r.cfg.HighWait)
+	r.waiters = append(r.waiters, w)
 	r.mu.Unlock()
 }
 
@@ -482,15 +506,26 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 			Message: fmt.Sprintf("the slave's log ends at %d, past the master's end %d: it holds records the master does not", f.Offset, end)})
 		return
 	}
-	if rp := r.slaves[f.BrokerID]; f.Offset < rp.ack && !rp.lost {
+	if rp := r.slaves[f.BrokerID]; !f.Follows && f.Offset < rp.ack && !rp.lost {
 		// It asks from below what it acknowledged: its log lost bytes it
 		// had (a power loss on its machine). It holds only what it has
-		// now, and leaves the sync set.
+		// now, and leaves the sync set. (A fetch that follows another was
+		// sent ahead, and acknowledgements sent after it may have passed
+		// its Offset; every stream starts with a fetch that does not.)
 		r.lg.Warn("a slave lost bytes it had acknowledged; it leaves the sync set", "slave", f.BrokerID,
 			"acknowledged", rp.ack, "log-end", f.Offset)
 		rp.ack, rp.lost = f.Offset, true
 	}
 	released, refused := r.ackLocked(f.BrokerID, f.Acked, end, now)
+	if f.Follows && !r.closed && !r.followLocked(r.slaves[f.BrokerID], &f) {
+		// The answer to the fetch it follows is not built yet: it waits
+		// for it (answer resolves it).
+		r.parked = append(r.parked, parkedFetch{rep: rep, fetch: f, deadline: now.Add(time.Duration(f.WaitMillis) * time.Millisecond)})
+		r.mu.Unlock()
+		r.complete(released, protocol.StatusOK)
+		r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
+		return
+	}
 	if f.Offset == end && !r.closed {
 		r.parked = append(r.parked, parkedFetch{rep: rep, fetch: f, deadline: now.Add(time.Duration(f.WaitMillis) * time.Millisecond)})
 		r.mu.Unlock()
@@ -503,6 +538,17 @@ func (r *replication) handleFetch(rep replier, body []byte) {
 	r.complete(released, protocol.StatusOK)
 	r.complete(refused, protocol.StatusNotEnoughReplicasAfterAppend)
 	r.answer(rep, f)
+}
+
+// followLocked resolves a fetch that follows another: once the answer to
+// that one is built, it asks from where that answer ended. It reports
+// whether f was resolved.
+func (r *replication) followLocked(rp *replica, f *protocol.HAFetchRequest) bool {
+	if rp == nil || !rp.hasLast || rp.lastSeq != f.After {
+		return false
+	}
+	f.Offset, f.Follows = rp.lastEnd, false
+	return true
 }
 
 // checkPrefix checks that the slave's last record, as its fetch names it,
@@ -674,10 +720,14 @@ func (r *replication) complete(ws []highWaiter, st protocol.Status) {
 	if len(ws) == 0 {
 		return
 	}
+	n := 0
+	for _, w := range ws {
+		n += w.n
+	}
 	if st == protocol.StatusOK {
-		r.stats.HighAcked.Add(int64(len(ws)))
+		r.stats.HighAcked.Add(int64(n))
 	} else {
-		r.stats.HighTimeouts.Add(int64(len(ws)))
+		r.stats.HighTimeouts.Add(int64(n))
 	}
 	for _, w := range ws {
 		w.done(st)
@@ -702,7 +752,11 @@ func (r *replication) answer(rep replier, f protocol.HAFetchRequest) {
 	if bp == nil {
 		bp = new([]byte)
 	}
-	body := append((*bp)[:0], make([]byte, haHeaderLen)...)
+	head := haHeaderLen
+	if f.Sequenced {
+		head += protocol.HAFetchResponseStartSize
+	}
+	body := append((*bp)[:0], make([]byte, head)...)
 	body, err := r.log.ReadRawTo(body, f.Offset, maxBytes)
 	*bp = body
 	if err != nil {
@@ -714,13 +768,49 @@ func (r *replication) answer(rep replier, f protocol.HAFetchRequest) {
 	r.mu.Lock()
 	r.offerLocked(f.BrokerID, end, now)
 	epoch := r.epoch
+	if f.Sequenced {
+		r.answeredLocked(f, f.Offset+int64(len(body)-head))
+	}
 	r.mu.Unlock()
-	protocol.AppendHAFetchResponseHeader(body[:0], end, epoch) // fills the room left for it
-	if n := len(body) - haHeaderLen; n > 0 {
+	hdr := protocol.AppendHAFetchResponseHeader(body[:0], end, epoch) // fills the room left for it
+	if f.Sequenced {
+		protocol.AppendHAFetchResponseStart(hdr, f.Offset)
+	}
+	if n := len(body) - head; n > 0 {
 		r.stats.HAAnswers.Add(1)
 		r.stats.HABytes.Add(int64(n))
 	}
 	_ = rep.ReplyGiven(body, func() { answerBufs.Put(bp) })
+}
+
+// answeredLocked records that the answer to sequenced fetch f ends at
+// end, and resolves the parked fetch that follows it (run answers it).
+func (r *replication) answeredLocked(f protocol.HAFetchRequest, end int64) {
+	rp := r.slaves[f.BrokerID]
+	if rp == nil {
+		return
+	}
+	rp.lastSeq, rp.lastEnd, rp.hasLast = f.Seq, end, true
+	for i := range r.parked {
+		if p := &r.parked[i]; p.fetch.Follows && p.fetch.BrokerID == f.BrokerID && r.followLocked(rp, &p.fetch) {
+			select {
+			case r.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// haAnswerSize is the largest answer to a fetch of at most fetchBytes.
+func haAnswerSize(fetchBytes int) int {
+	return protocol.HAFetchResponseHeaderSize + protocol.HAFetchResponseStartSize + fetchBytes
+}
+
+// haWriteBuffer is what the HA server may owe one connection: two answers,
+// so that a slave's second fetch is read (and waits at the master) while
+// the answer to its first is queued or written.
+func haWriteBuffer(fetchBytes int) int {
+	return 2 * (protocol.FixedHeaderSize + haAnswerSize(fetchBytes))
 }
 
 // haHeaderLen is the length of an HA fetch answer's header.
@@ -767,12 +857,17 @@ func (r *replication) step(ctx context.Context) {
 	if req := r.keepSetLocked(now, end); req != nil {
 		r.proposeLocked(ctx, req)
 	}
-	var ready []parkedFetch
+	var ready, lost []parkedFetch
 	kept := r.parked[:0]
 	for _, p := range r.parked {
-		if end > p.fetch.Offset || now.After(p.deadline) {
+		switch {
+		case p.fetch.Follows && now.After(p.deadline.Add(followGrace)):
+			lost = append(lost, p) // the fetch it follows was never answered
+		case p.fetch.Follows:
+			kept = append(kept, p)
+		case end > p.fetch.Offset || now.After(p.deadline):
 			ready = append(ready, p)
-		} else {
+		default:
 			kept = append(kept, p)
 		}
 	}
@@ -785,6 +880,9 @@ func (r *replication) step(ctx context.Context) {
 	r.mu.Unlock()
 	for _, p := range ready {
 		r.answer(p.rep, p.fetch)
+	}
+	for _, p := range lost {
+		p.rep.ReplyError(&protocol.Error{Status: protocol.StatusInvalid, Message: "the fetch this one follows was not answered"})
 	}
 	r.complete(expired, protocol.StatusSlaveSyncTimeout)
 }

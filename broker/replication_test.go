@@ -67,7 +67,7 @@ func (l memLink) Fetch(ctx context.Context, req protocol.HAFetchRequest) (protoc
 		if a.err != nil {
 			return protocol.HAFetchResponse{}, func() {}, a.err
 		}
-		resp, err := protocol.DecodeHAFetchResponse(a.body)
+		resp, err := decodeFetchAnswer(req, a.body)
 		return resp, func() {}, err
 	case <-ctx.Done():
 		return protocol.HAFetchResponse{}, func() {}, ctx.Err()
@@ -834,9 +834,9 @@ func benchReplication(b *testing.B, serial bool, chunk int) {
 	repl := newReplication(master, replConfig{HighWait: 10 * time.Second, FetchBytes: 4 << 20, FetchWait: 100 * time.Millisecond,
 		SlaveLagTime: time.Minute}, &Stats{}, clock, hclog.NewNullLogger(), nil)
 	repl.setGroup(newMemRegistry(testEpoch, testSlave).group(), testMaster)
-	srv := transport.NewServer(transport.ServerConfig{Workers: 2})
+	srv := transport.NewServer(transport.ServerConfig{Workers: 2, MaxWriteBuffer: haWriteBuffer(4 << 20)})
 	srv.HandleWithReply(protocol.CodeHAFetch, func(r *transport.Request) { repl.handleFetch(r, r.Body) },
-		func([]byte) int { return protocol.HAFetchResponseHeaderSize + 4<<20 })
+		func([]byte) int { return haAnswerSize(4 << 20) })
 	srv.Handle(protocol.CodeHAAck, func(r *transport.Request) { repl.handleAck(r, r.Body) })
 	addr, err := srv.Listen("127.0.0.1:0")
 	if err != nil {

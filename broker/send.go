@@ -332,6 +332,8 @@ func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Mess
 		return
 	}
 	var stored, bytes, delayed int64
+	var high []highResult
+	highEnd := int64(-1)
 	for j, i := range good {
 		p := pos[j]
 		if p.Err != nil {
@@ -352,10 +354,17 @@ func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Mess
 			}
 		}
 		if msgs[i].Reliability == protocol.High && p.End >= 0 {
-			awaitSlave(repl, sb, i, p.End, res)
+			if high == nil {
+				high = make([]highResult, 0, len(good)-j)
+			}
+			high = append(high, highResult{i, res})
+			highEnd = max(highEnd, p.End)
 			continue
 		}
 		sb.complete(i, res)
+	}
+	if len(high) > 0 {
+		awaitSlave(repl, sb, high, highEnd)
 	}
 	s.stats.MessagesIn.Add(stored)
 	s.stats.BytesIn.Add(bytes)
@@ -367,16 +376,27 @@ func (s *sender) appended(sb *sendBatch, repl *replication, msgs []protocol.Mess
 	s.pulls.appended(msgs, good, pos)
 }
 
-// awaitSlave completes message i of sb with res once the slave has the log
-// up to end. Its own function so that only a HIGH message's result moves to
-// the heap (with the closure), not every message's.
-func awaitSlave(repl *replication, sb *sendBatch, i int, end int64, res protocol.SendResult) {
-	repl.await(end, func(st protocol.Status) {
-		r := res
-		if st != protocol.StatusOK {
-			r.Status = st
+// highResult is a HIGH message of a batch and its result once the sync
+// set holds it.
+type highResult struct {
+	i   int
+	res protocol.SendResult
+}
+
+// awaitSlave completes the HIGH messages of sb once the sync set holds the
+// log up to end, the highest of their ends: one wait for the batch, not one
+// per message, since its answer leaves only once every message has one.
+// Each is answered OK (its own result), or all with the status that ended
+// the wait.
+func awaitSlave(repl *replication, sb *sendBatch, high []highResult, end int64) {
+	repl.awaitN(end, len(high), func(st protocol.Status) {
+		for _, h := range high {
+			r := h.res
+			if st != protocol.StatusOK {
+				r.Status = st
+			}
+			sb.complete(h.i, r)
 		}
-		sb.complete(i, r)
 	})
 }
 

@@ -139,6 +139,8 @@ func FuzzDecodeTxnMark(f *testing.F) {
 func FuzzDecodeHAFetchRequest(f *testing.F) {
 	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, Acked: 1 << 39, MaxBytes: 1 << 20, WaitMillis: 100, Epoch: 4, BrokerID: "g1-b"}))
 	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, Acked: 1 << 40, Epoch: 4, BrokerID: "g1-b", Check: true, CheckAt: 1<<40 - 99, CheckCRC: 7}))
+	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, Acked: 1 << 40, Epoch: 4, BrokerID: "g1-b", Check: true, CheckAt: 1<<40 - 99, CheckCRC: 7, Sequenced: true, Seq: 9}))
+	addWithPrefixes(f, AppendHAFetchRequest(nil, &HAFetchRequest{Offset: 1 << 40, Acked: 1 << 39, Epoch: 4, BrokerID: "g1-b", Sequenced: true, Seq: 10, After: 9, Follows: true}))
 	fuzzRoundTrip(f, DecodeHAFetchRequest, func(req *HAFetchRequest) []byte { return AppendHAFetchRequest(nil, req) })
 }
 
@@ -161,6 +163,13 @@ func FuzzDecodeHAFetchResponse(f *testing.F) {
 	addWithPrefixes(f, append(AppendHAFetchResponseHeader(nil, 77, 3), "records"...))
 	fuzzRoundTrip(f, DecodeHAFetchResponse, func(resp *HAFetchResponse) []byte {
 		return append(AppendHAFetchResponseHeader(nil, resp.MasterEnd, resp.Epoch), resp.Records...)
+	})
+}
+
+func FuzzDecodeHAFetchResponseSequenced(f *testing.F) {
+	addWithPrefixes(f, append(AppendHAFetchResponseStart(AppendHAFetchResponseHeader(nil, 77, 3), 70), "records"...))
+	fuzzRoundTrip(f, DecodeHAFetchResponseSequenced, func(resp *HAFetchResponse) []byte {
+		return append(AppendHAFetchResponseStart(AppendHAFetchResponseHeader(nil, resp.MasterEnd, resp.Epoch), resp.Start), resp.Records...)
 	})
 }
 

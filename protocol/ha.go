@@ -7,9 +7,11 @@ import "fmt"
 // the next (DESIGN.md, "HA sync"):
 //
 //   - HA_FETCH asks for the log bytes from Offset, the slave's received
-//     end: where its last answer ended, appended or not yet. The slave sends
-//     it as soon as an answer has arrived, while it still appends that
-//     answer. It also carries Acked, the slave's appended end.
+//     end: where its last answer ended, appended or not yet; or, when it
+//     Follows another fetch, from where the master's answer to that one
+//     ends, so the slave keeps two in flight. The slave sends one as soon
+//     as an answer has arrived, while it still appends that answer. It also
+//     carries Acked, the slave's appended end.
 //   - HA_ACK (oneway) carries the slave's appended end, sent right after
 //     each append.
 //
@@ -36,6 +38,15 @@ import "fmt"
 //	             that CRC and ends at Offset. A slave sends it with the
 //	             first fetch of every stream, so it copies only onto a log
 //	             that is a prefix of the master's.]
+//	[sequence    u32 the fetch's number in the slave's stream, then u32
+//	             after and u8 flags (bit 0: Follows): present only when
+//	             Sequenced is set. The answer to a sequenced fetch carries
+//	             its start offset (HAFetchResponse.Start). A fetch that
+//	             Follows asks for the bytes from where the master's answer
+//	             to the slave's fetch numbered After ends (its Offset is
+//	             then only the slave's received end when it sent it): so
+//	             the slave keeps a second fetch waiting at the master while
+//	             the answer to the first is on its way.]
 type HAFetchRequest struct {
 	Offset     int64
 	Acked      int64
@@ -48,7 +59,19 @@ type HAFetchRequest struct {
 	Check    bool
 	CheckAt  int64
 	CheckCRC uint32
+	// Sequenced numbers the fetch (Seq) and asks for the answer's start
+	// offset; Follows asks from the end of the answer to fetch After.
+	Sequenced bool
+	Seq       uint32
+	After     uint32
+	Follows   bool
 }
+
+const (
+	haCheckLen    = 12 // check offset i64, check CRC u32
+	haSequenceLen = 9  // sequence u32, after u32, flags u8
+	haFollows     = 1  // flags bit 0
+)
 
 // AppendHAFetchRequest appends f's encoding.
 func AppendHAFetchRequest(dst []byte, f *HAFetchRequest) []byte {
@@ -61,6 +84,15 @@ func AppendHAFetchRequest(dst []byte, f *HAFetchRequest) []byte {
 	if f.Check {
 		dst = appendI64(dst, f.CheckAt)
 		dst = appendU32(dst, f.CheckCRC)
+	}
+	if f.Sequenced {
+		dst = appendU32(dst, f.Seq)
+		dst = appendU32(dst, f.After)
+		var flags byte
+		if f.Follows {
+			flags |= haFollows
+		}
+		dst = append(dst, flags)
 	}
 	return dst
 }
@@ -75,10 +107,21 @@ func DecodeHAFetchRequest(b []byte) (HAFetchRequest, error) {
 	f.WaitMillis = r.u32("wait millis")
 	f.Epoch = r.u32("epoch")
 	f.BrokerID = r.str16("broker id")
-	if r.err == nil && len(r.b) > 0 {
+	// The optional parts are told apart by their lengths.
+	if r.err == nil && (len(r.b) == haCheckLen || len(r.b) == haCheckLen+haSequenceLen) {
 		f.Check = true
 		f.CheckAt = r.i64("check offset")
 		f.CheckCRC = r.u32("check crc")
+	}
+	if r.err == nil && len(r.b) == haSequenceLen {
+		f.Sequenced = true
+		f.Seq = r.u32("sequence")
+		f.After = r.u32("after")
+		flags := r.u8("flags")
+		f.Follows = flags&haFollows != 0
+		if flags&^haFollows != 0 {
+			return HAFetchRequest{}, fmt.Errorf("%w: unknown fetch flags %#02x", ErrMalformed, flags)
+		}
 	}
 	if err := r.done("ha fetch request"); err != nil {
 		return HAFetchRequest{}, err
@@ -91,6 +134,9 @@ func DecodeHAFetchRequest(b []byte) (HAFetchRequest, error) {
 	}
 	if f.Acked > f.Offset {
 		return HAFetchRequest{}, fmt.Errorf("%w: acked %d past the fetch offset %d", ErrMalformed, f.Acked, f.Offset)
+	}
+	if f.Check && f.Follows {
+		return HAFetchRequest{}, fmt.Errorf("%w: a fetch that follows another checks no record", ErrMalformed)
 	}
 	return f, nil
 }
@@ -137,9 +183,14 @@ func DecodeHAAck(b []byte) (HAAck, error) {
 //	master end  i64
 //	epoch       u32: the epoch the master serves
 //	records     the rest of the body
+//
+// The answer to a sequenced fetch has its start offset after the epoch:
+//
+//	start       i64: the log offset its records start at
 type HAFetchResponse struct {
 	MasterEnd int64
 	Epoch     uint32
+	Start     int64  // only in the answer to a sequenced fetch
 	Records   []byte // aliases the decoded buffer
 }
 
@@ -152,6 +203,14 @@ func AppendHAFetchResponseHeader(dst []byte, masterEnd int64, epoch uint32) []by
 	return appendU32(dst, epoch)
 }
 
+// HAFetchResponseStartSize is the size of the start offset that follows
+// the header in the answer to a sequenced fetch.
+const HAFetchResponseStartSize = 8
+
+// AppendHAFetchResponseStart appends the start offset of the answer to a
+// sequenced fetch, after its header.
+func AppendHAFetchResponseStart(dst []byte, start int64) []byte { return appendI64(dst, start) }
+
 // DecodeHAFetchResponse decodes an HA_FETCH response body.
 func DecodeHAFetchResponse(b []byte) (HAFetchResponse, error) {
 	r := reader{b: b}
@@ -161,4 +220,19 @@ func DecodeHAFetchResponse(b []byte) (HAFetchResponse, error) {
 		return HAFetchResponse{}, r.err
 	}
 	return HAFetchResponse{MasterEnd: end, Epoch: epoch, Records: r.b}, nil
+}
+
+// DecodeHAFetchResponseSequenced decodes the answer to a sequenced fetch.
+func DecodeHAFetchResponseSequenced(b []byte) (HAFetchResponse, error) {
+	r := reader{b: b}
+	end := r.i64("master end")
+	epoch := r.u32("epoch")
+	start := r.i64("start")
+	if r.err != nil {
+		return HAFetchResponse{}, r.err
+	}
+	if start < 0 {
+		return HAFetchResponse{}, fmt.Errorf("%w: negative start offset %d", ErrMalformed, start)
+	}
+	return HAFetchResponse{MasterEnd: end, Epoch: epoch, Start: start, Records: r.b}, nil
 }

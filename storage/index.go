@@ -116,15 +116,26 @@ func (l *Log) fingerprint(payload []byte) uint32 {
 // how many it indexed.
 func (l *Log) indexRaw(raw []byte, at int64, fps []uint32) int {
 	i := 0
+	var topic string
 	for len(raw) > 0 {
 		n, _ := recordLen(raw, maxRecordSize)
-		rec, _ := decodeRecord(raw[:n]) // validated by placeRaw
-		l.indexAdd(queueKey{rec.Topic, rec.Queue}, rec.QueueOffset, at, int32(n), fps[i])
+		rec, tb := parseRecordView(raw[:n]) // validated by placeRaw
+		topic = sameTopic(topic, tb)
+		l.indexAdd(queueKey{topic, rec.Queue}, rec.QueueOffset, at, int32(n), fps[i])
 		at += int64(n)
 		raw = raw[n:]
 		i++
 	}
 	return i
+}
+
+// sameTopic is topic as a string: prev when they are equal (a raw append's
+// records mostly share a few topics), else a new one.
+func sameTopic(prev string, topic []byte) string {
+	if prev == string(topic) { // compared without a conversion
+		return prev
+	}
+	return string(topic)
 }
 
 // rawFingerprints appends the fingerprints of the records of a raw append
@@ -133,7 +144,7 @@ func (l *Log) indexRaw(raw []byte, at int64, fps []uint32) int {
 func (l *Log) rawFingerprints(fps []uint32, raw []byte, at int64) []uint32 {
 	for len(raw) > 0 {
 		n, _ := recordLen(raw, maxRecordSize)
-		rec, _, _ := decodeRecordView(raw[:n])
+		rec, _ := parseRecordView(raw[:n])
 		fps = append(fps, l.fingerprint(rec.Payload))
 		l.collectKeys(&l.kc, rec.Payload, at, rec.StoreTime)
 		at += int64(n)

@@ -229,6 +229,7 @@ func (l *Log) placeRaw(r *appendReq, pos *int64, nextOffset func(queueKey) int64
 		recovered bool
 	}
 	var stamps []stamped
+	var topic string
 	for b := r.raw; len(b) > 0; {
 		n, err := recordLen(b, maxRecordSize)
 		if err == nil && n > len(b) {
@@ -237,11 +238,13 @@ func (l *Log) placeRaw(r *appendReq, pos *int64, nextOffset func(queueKey) int64
 		if err != nil {
 			return fmt.Errorf("%w: raw record at %d: %w", ErrCorrupt, *pos+int64(len(r.raw)-len(b)), err)
 		}
-		rec, err := decodeRecord(b[:n])
+		rec, tb, err := decodeRecordView(b[:n])
 		if err != nil {
 			return fmt.Errorf("%w: raw record at %d: %w", ErrCorrupt, *pos+int64(len(r.raw)-len(b)), err)
 		}
-		k := queueKey{rec.Topic, rec.Queue}
+		topic = sameTopic(topic, tb)
+		rec.Topic = topic
+		k := queueKey{topic, rec.Queue}
 		want, seen := local[k]
 		if !seen {
 			want = nextOffset(k)
