@@ -147,6 +147,7 @@ func requests() map[protocol.Code]request {
 			Groups: []string{"g1"}})},
 		protocol.CodeTxnDone:          {onMeta, js(api.TxnDoneRequest{Producer: 1, Epoch: 1, Number: 1, Groups: []string{"g1"}})},
 		protocol.CodeTxnDecisions:     {onMeta, js(api.TxnDecisionsRequest{})},
+		protocol.CodeAuditList:        {onMeta, js(api.AuditListRequest{})},
 		protocol.CodeAdminGroupPolicy: {onMeta, js(api.GroupPolicyRequest{Group: "no-such-group"})},
 		protocol.CodeAdminRemoveSlave: {onMeta, js(api.RemoveSlaveRequest{Group: "no-such-group", Broker: "nobody"})},
 	}
@@ -215,7 +216,7 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeDelayedCancel:     {"admin", "prod", "other"},
 		protocol.CodeDelayedState:      {"admin", "desc", "prod", "other"},
 		protocol.CodeDelayedList:       {"admin", "desc"},
-		protocol.CodeQueueCount:        {"admin", "desc", "cons"},
+		protocol.CodeQueueCount:        {"admin", "cluster", "desc", "cons"}, // cluster: the console's charts
 		protocol.CodeLookup:            {"admin", "cons", "other"},
 		protocol.CodeTxnEnd:            {"admin", "prod", "other"},
 		protocol.CodeTxnList:           {"admin", "desc", "prod", "other"},
@@ -227,7 +228,7 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeRouteGet:          {"admin", "cluster", "desc", "prod", "cons"},
 		protocol.CodeInitProducer:      {"admin", "prod", "other"},
 		protocol.CodeRouteWatch:        {"admin", "cluster"},
-		protocol.CodeAdminGroups:       {"admin", "desc"},
+		protocol.CodeAdminGroups:       {"admin", "cluster", "desc"},
 		protocol.CodeAdminTopics:       {"admin", "desc"},
 		protocol.CodeAdminRaftStatus:   {"admin", "desc"},
 		protocol.CodeAdminCreateTopic:  {"admin", "cluster"},
@@ -239,7 +240,7 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeAdminApply:        all, // no handler: UNKNOWN_CODE, checked below
 		protocol.CodeConsumerHeartbeat: {"admin", "cons"},
 		protocol.CodeCommitOffsets:     {"admin", "cons"},
-		protocol.CodeConsumerGroups:    {"admin", "desc", "cons", "other"}, // other: consume:payments:* names every group
+		protocol.CodeConsumerGroups:    {"admin", "cluster", "desc", "cons", "other"}, // other: consume:payments:* names every group
 		protocol.CodeResetOffsets:      {"admin"},
 		protocol.CodeDeleteGroup:       {"admin"},
 		protocol.CodeSetGroupFilter:    {"admin"},
@@ -253,6 +254,7 @@ func TestEveryCodeThroughTheServers(t *testing.T) {
 		protocol.CodeTxnDecide:         {"admin", "cluster", "prod", "other"},
 		protocol.CodeTxnDone:           {"admin", "cluster", "prod", "other"},
 		protocol.CodeTxnDecisions:      {"admin", "desc"},
+		protocol.CodeAuditList:         {"admin", "desc"},
 		protocol.CodeAdminGroupPolicy:  {"admin"},
 		protocol.CodeAdminRemoveSlave:  {"admin"},
 	}
