@@ -208,6 +208,20 @@ func (f *follower) stream(ctx context.Context, link masterLink) (progressed bool
 	return progressed, err
 }
 
+// heard notes an answer of the master's, whose log then ended at
+// masterEnd: copying works again (said once after a failure). It returns
+// true: the stream progressed.
+func (f *follower) heard(masterEnd int64) bool {
+	if f.failing {
+		f.lg.Info("copying from the master again", "master", f.addr)
+		f.failing = false
+	}
+	if f.masterEnd != nil {
+		f.masterEnd.Store(masterEnd)
+	}
+	return true
+}
+
 // fetchLoop fetches from the received end and hands the answers over.
 func (f *follower) fetchLoop(ctx context.Context, link masterLink, chunks chan<- chunk) (progressed bool, err error) {
 	next := f.log.EndOffset() // the received end
@@ -239,14 +253,7 @@ func (f *follower) fetchLoop(ctx context.Context, link masterLink, chunks chan<-
 		if resp.Epoch != f.epoch {
 			return progressed, fmt.Errorf("the master at %s serves epoch %d, this slave follows epoch %d", f.addr, resp.Epoch, f.epoch)
 		}
-		if !progressed && f.failing {
-			f.lg.Info("copying from the master again", "master", f.addr)
-			f.failing = false
-		}
-		progressed = true
-		if f.masterEnd != nil {
-			f.masterEnd.Store(resp.MasterEnd)
-		}
+		progressed = f.heard(resp.MasterEnd)
 		if len(resp.Records) == 0 {
 			release()
 			continue
@@ -352,14 +359,7 @@ func (f *follower) fetchAhead(ctx context.Context, link masterLink, chunks chan<
 			r.release()
 			return progressed, fmt.Errorf("the master's answer starts at %d, not at the received end %d", resp.Start, next)
 		}
-		if !progressed && f.failing {
-			f.lg.Info("copying from the master again", "master", f.addr)
-			f.failing = false
-		}
-		progressed = true
-		if f.masterEnd != nil {
-			f.masterEnd.Store(resp.MasterEnd)
-		}
+		progressed = f.heard(resp.MasterEnd)
 		if len(resp.Records) == 0 {
 			r.release()
 		} else {
