@@ -126,6 +126,19 @@ func (l *oldMaster) Fetch(ctx context.Context, req protocol.HAFetchRequest) (pro
 	return l.memLink.Fetch(ctx, req)
 }
 
+// copied waits until the slave's log ends at end, moving the clock past the
+// follower's backoffs, and checks that it is the master's byte for byte.
+func (p *replPair) copied(t *testing.T, end int64) {
+	t.Helper()
+	testwait.For(t, 5*time.Second, "the slave to copy the log", func() bool {
+		p.clock.Advance(100 * time.Millisecond) // past the follower's backoff
+		return p.slave.EndOffset() == end
+	})
+	if !bytes.Equal(rawLog(t, p.slave), rawLog(t, p.master)) {
+		t.Fatal("the slave's log is not the master's")
+	}
+}
+
 // A slave whose master refuses sequenced fetches fetches one at a time.
 func TestFollowerFallsBackToOneFetchAtATime(t *testing.T) {
 	p := newReplPair(t)
@@ -133,13 +146,7 @@ func TestFollowerFallsBackToOneFetchAtATime(t *testing.T) {
 	link := &oldMaster{memLink: memLink{p.repl}}
 	p.follow(t, p.slave, testEpoch, link)
 	pos := p.append(t, 5)
-	testwait.For(t, 5*time.Second, "the slave to copy the log", func() bool {
-		p.clock.Advance(100 * time.Millisecond) // past the follower's backoff
-		return p.slave.EndOffset() == pos[4].End
-	})
-	if !bytes.Equal(rawLog(t, p.slave), rawLog(t, p.master)) {
-		t.Fatal("the slave's log is not the master's")
-	}
+	p.copied(t, pos[4].End)
 	if n := link.refused.Load(); n != 2 {
 		t.Fatalf("%d sequenced fetches refused, want the first stream's two (then one at a time)", n)
 	}
@@ -171,13 +178,7 @@ func TestFollowerRestartsOnAGap(t *testing.T) {
 	link.left.Store(1)
 	p.follow(t, p.slave, testEpoch, link)
 	pos := p.append(t, 5)
-	testwait.For(t, 5*time.Second, "the slave to copy the log", func() bool {
-		p.clock.Advance(100 * time.Millisecond) // past the follower's backoff
-		return p.slave.EndOffset() == pos[4].End
-	})
-	if !bytes.Equal(rawLog(t, p.slave), rawLog(t, p.master)) {
-		t.Fatal("the slave's log is not the master's")
-	}
+	p.copied(t, pos[4].End)
 	if link.left.Load() >= 0 || link.streams.Load() < 2 {
 		t.Fatalf("%d answers left to shift, %d streams: the slave took an answer that did not start at its received end",
 			link.left.Load(), link.streams.Load())

@@ -259,10 +259,8 @@ func TestConsumersHostileInput(t *testing.T) {
 	admin.login(e.adminTok)
 	admin.must(Prefix + "consumers")
 	for _, v := range hostile {
-		for _, param := range []string{"page", "size", "q"} {
-			noRawScript(t, "consumers?"+param+"="+v, admin.get(Prefix+"consumers?"+url.Values{param: {v}}.Encode()))
-			noRawScript(t, "consumer?"+param+"="+v, admin.get(Prefix+"consumer?"+url.Values{"group": {"billing"}, param: {v}}.Encode()))
-		}
+		hostilePaging(t, admin, "consumers", nil, v)
+		hostilePaging(t, admin, "consumer", url.Values{"group": {"billing"}}, v)
 		for _, param := range []string{"group", "reset", "reset-done"} {
 			q := url.Values{"group": {"billing"}, "reset": {"orders"}}
 			q.Set(param, v)

@@ -90,6 +90,20 @@ func noRawScript(t *testing.T, what string, a pageAnswer) {
 	}
 }
 
+// hostilePaging requests page with each hostile value in each paging
+// parameter (page, size, q), besides fixed, and checks each answer with
+// noRawScript.
+func hostilePaging(t *testing.T, b *browser, page string, fixed url.Values, v string) {
+	t.Helper()
+	for _, param := range []string{"page", "size", "q"} {
+		q := url.Values{param: {v}}
+		for k, vs := range fixed {
+			q[k] = vs
+		}
+		noRawScript(t, page+"?"+param+"="+v, b.get(Prefix+page+"?"+q.Encode()))
+	}
+}
+
 // The broker groups page is shown to who may describe (admin, describe)
 // and refused to others; it shows group g1's members, sync set and epochs;
 // one group alone with ?group=.
